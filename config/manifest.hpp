@@ -1,0 +1,150 @@
+// The cluster manifest: one TOML file describes the whole cluster.
+//
+// load_manifest() parses and validates in one pass and reports every problem it finds,
+// each with file:line:column and the dotted key path. A Manifest that comes back is valid:
+// later code never re-checks what is documented here. Reference: docs/manifest.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/base/result.hpp"
+
+namespace tandem::config {
+
+inline constexpr uint32_t protocol_version_current = 1;
+
+enum class Role { gateway, router, prefill, decode, kv_offload, executor };
+inline constexpr Role roles_all[] = {Role::gateway, Role::router,     Role::prefill,
+                                     Role::decode,  Role::kv_offload, Role::executor};
+std::string_view to_string(Role role);               // "gateway", ..., "kv-offload", "executor"
+std::optional<Role> role_from_string(std::string_view text);
+
+enum class DeviceKind { cpu, sim, rbln };
+std::string_view to_string(DeviceKind kind);
+std::optional<DeviceKind> device_kind_from_string(std::string_view text);
+
+struct ClusterSection {
+  std::string name;
+  uint32_t protocol_version = protocol_version_current;
+};
+
+struct FabricSection {
+  std::string provider = "tcp;ofi_rxm";  // also "shm", "verbs;ofi_rxm"
+  uint32_t send_queue_max = 1024;         // frames queued per peer before send() is refused
+  uint32_t frame_bytes_max = 4u << 20;    // largest control frame, bytes
+  uint32_t recv_buffers = 32;             // receive buffers posted, each frame_bytes_max
+  uint32_t rma_chunk_bytes = 8u << 20;    // one RMA read op moves at most this many bytes
+  uint32_t rma_inflight_max = 16;         // RMA read ops in flight per endpoint
+  uint32_t connect_timeout_ms = 2000;     // hello must be answered within this
+  uint32_t spin_us = 50;                  // progress thread busy-polls this long after activity
+};
+
+struct MembershipSection {
+  uint32_t heartbeat_interval_ms = 200;
+  uint32_t heartbeat_miss_max = 5;  // peer declared down after this many missed heartbeats
+};
+
+struct LoggingSection {
+  std::string level = "info";  // trace, debug, info, warn, error
+};
+
+enum class ChatFormat { auto_detect, plain, chatml, minimax_m2 };
+
+struct ModelSection {
+  std::string name;                   // served model id (what /v1/models lists)
+  std::string path;                   // model file or directory; relative to the manifest dir
+  uint32_t block_tokens = 16;         // KV block size, tokens
+  uint32_t max_model_tokens = 256;    // context length, tokens
+  ChatFormat chat_format = ChatFormat::auto_detect;
+};
+
+// Sections that later work fills in. They exist now so that unknown sections stay errors.
+enum class RouterPolicy { prefix_aware, round_robin, random };
+struct RouterSection {
+  RouterPolicy policy = RouterPolicy::prefix_aware;
+  double weight_prefix = 1.0;       // [0, inf)
+  double weight_queue = 1.0;
+  double weight_kv_usage = 1.0;
+  uint32_t prefix_index_blocks_max = 100000;  // per-instance LRU capacity, blocks
+  uint32_t disaggregate_tokens_min = 256;     // uncached tokens at/above which P/D is used
+};
+
+struct KvOffloadSection {
+  bool enabled = false;
+  std::string path;                 // directory for block files + RocksDB index
+  uint64_t capacity_bytes = 0;      // 0 = unbounded by config (bounded by disk)
+  uint64_t host_cache_bytes = 0;
+};
+
+enum class SpeculativeMethod { none, ngram, suffix, eagle3 };
+struct SpeculativeSection {
+  SpeculativeMethod method = SpeculativeMethod::none;
+  uint32_t draft_tokens_max = 4;
+};
+
+struct Instance {
+  Role role = Role::gateway;
+  std::string name;                  // unique in the cluster (after count expansion)
+  // executor only
+  DeviceKind device = DeviceKind::cpu;
+  std::vector<uint32_t> device_ids;  // device indices on the node
+  // prefill and decode only: the executor instance (same node) that runs its batches
+  std::string executor;
+  uint32_t line = 0;                 // manifest line of the [[node.instance]] table
+};
+
+struct Node {
+  std::string name;
+  std::string host;
+  uint16_t fabric_port = 0;
+  std::optional<uint16_t> admin_port;  // /metrics and health, HTTP
+  std::optional<uint16_t> http_port;   // the OpenAI-compatible API (gateway nodes)
+  std::vector<Instance> instances;      // count already expanded
+  uint32_t line = 0;
+};
+
+struct Manifest {
+  std::string file;  // path it was loaded from
+  std::string dir;   // its directory (relative paths resolve against it)
+  ClusterSection cluster;
+  FabricSection fabric;
+  MembershipSection membership;
+  LoggingSection logging;
+  ModelSection model;
+  RouterSection router;
+  KvOffloadSection kv_offload;
+  SpeculativeSection speculative;
+  std::vector<Node> nodes;
+
+  const Node* find_node(std::string_view name) const;        // nullptr if absent
+  // Every instance of a role across the cluster, with its node.
+  std::vector<std::pair<const Node*, const Instance*>> instances_of(Role role) const;
+};
+
+struct ManifestIssue {
+  std::string file;
+  uint32_t line = 0;    // 1-based; 0 when the problem has no single place (e.g. "no gateway")
+  uint32_t column = 0;  // 1-based; 0 when unknown
+  std::string key;      // dotted key path, e.g. "node[1].instance[0].role"
+  std::string message;
+  std::string describe() const;  // "file:line:column: key: message"
+};
+
+struct ManifestErrors {
+  std::vector<ManifestIssue> issues;  // never empty
+  std::string describe() const;       // one issue per line
+};
+
+// Parses and validates the file. Never throws for bad input.
+std::variant<Manifest, ManifestErrors> load_manifest(const std::string& path);
+// Same, from text (file is used only in messages).
+std::variant<Manifest, ManifestErrors> parse_manifest(std::string_view text,
+                                                      const std::string& file);
+
+// One-screen human summary (nodes, their addresses, instances, model).
+std::string summarize(const Manifest& manifest);
+
+}  // namespace tandem::config

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh Debian 12 machine (run as root, or with sudo available).
+# Installs the Debian packages Tandem builds against, the npm packages its tests use,
+# and the bundled demo model (verified by sha256). Safe to run again: it only does what
+# is missing.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+packages=(
+  build-essential g++ pkg-config meson ninja-build python3
+  libcaf-dev                      # CAF 0.17.6: actors (core + io)
+  capnproto libcapnp-dev          # Cap'n Proto + KJ: wire format, kj-http servers
+  libfabric-dev libfabric-bin     # libfabric: node-to-node transport and RMA; fi_pingpong
+  librocksdb-dev                  # tier-2 KV index
+  libspdlog-dev                   # logging
+  doctest-dev                     # tests
+  libtomlplusplus-dev             # cluster manifest
+  libedit-dev                     # admin shell line editing, history, completion
+  libssl-dev openssl              # SHA-256 block hashing; `openssl speed` baseline
+  libopenblas-dev                 # CPU device matmuls on both cores
+  nodejs npm                      # JS tokenizers + official SDKs used by tests
+  curl procps iproute2            # tests talk HTTP, inspect processes and ports
+)
+
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd=(sudo); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends \
+    "${missing[@]}"
+else
+  echo "setup: Debian packages present"
+fi
+
+# Further setup steps (npm packages, models) are appended by their owners below.
+for step in "$here"/tools/setup.d/*.sh; do
+  [ -e "$step" ] || continue
+  bash "$step"
+done
+echo "setup: done"
