@@ -19,7 +19,7 @@ packages=(
   libssl-dev openssl              # SHA-256 block hashing; `openssl speed` baseline
   libopenblas-dev                 # CPU device matmuls on both cores
   nlohmann-json3-dev              # JSON: HTTP bodies, HF config.json / tokenizer.json
-  libpcre2-dev                    # tokenizer pre-split regexes with Unicode classes (\\p{L}, \\p{N})
+  libpcre2-dev                    # tokenizer pre-split regexes with Unicode classes (\p{L}, \p{N})
   nodejs npm                      # JS tokenizers + official SDKs used by tests
   curl procps iproute2            # tests talk HTTP, inspect processes and ports
 )
