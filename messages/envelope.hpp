@@ -1,0 +1,70 @@
+// Framing: one Envelope (envelope.capnp) per fabric message.
+//
+// encode_frame() turns a filled builder into the bytes that go on the wire.
+// decode_frame() checks a received frame completely before anyone reads it: size bounds,
+// word alignment, and a full traversal of the message (every pointer bounds-checked), so
+// later field access on the returned reader does not throw for malformed input. A frame
+// that fails any check comes back as an Error (kind invalid) saying what was wrong.
+#pragma once
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "messages/envelope.capnp.h"
+#include "runtime/base/result.hpp"
+
+namespace tandem::messages {
+
+// An actor's cluster-wide name, "node/role/instance". The node runtime is "node/node/".
+struct ActorName {
+  std::string node;
+  std::string role;
+  std::string instance;
+
+  friend bool operator==(const ActorName&, const ActorName&) = default;
+  friend auto operator<=>(const ActorName&, const ActorName&) = default;
+  std::string to_string() const;                       // "node/role/instance"
+  static Result<ActorName> parse(std::string_view text);  // exactly two '/'; node non-empty
+};
+
+void set_name(wire::ActorName::Builder builder, const ActorName& name);
+ActorName get_name(wire::ActorName::Reader reader);
+
+// Serialized frame bytes, word aligned (capnp flat array).
+using FrameBytes = std::vector<capnp::word>;
+
+FrameBytes encode_frame(capnp::MessageBuilder& message);
+inline std::span<const std::byte> frame_span(const FrameBytes& frame) {
+  return std::as_bytes(std::span<const capnp::word>(frame));
+}
+
+// A received, fully validated frame. Owns its bytes; readers borrow from it and must not
+// outlive it. Move-only.
+class Frame {
+ public:
+  Frame(FrameBytes words, size_t segment_words);
+  Frame(Frame&&) = default;
+  Frame& operator=(Frame&&) = default;
+
+  wire::Envelope::Reader envelope();
+  size_t size_bytes() const { return words_.size() * sizeof(capnp::word); }
+
+ private:
+  FrameBytes words_;
+  std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
+};
+
+inline constexpr uint64_t frame_traversal_words_max = 64ull << 20;  // 512 MiB worth of words
+
+// Validates and wraps `bytes`. Copies once into aligned storage.
+// Errors (kind invalid): empty, larger than frame_bytes_max, not a multiple of 8 bytes,
+// truncated segment table, segments past the end, malformed pointers.
+Result<Frame> decode_frame(std::span<const std::byte> bytes, uint64_t frame_bytes_max);
+
+}  // namespace tandem::messages

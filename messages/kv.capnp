@@ -1,0 +1,70 @@
+@0xaa15136ca58f158b;
+# KV plane: where blocks live, moving them by RMA, and the events that keep the router's
+# and tier 2's views current.
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("tandem::wire");
+
+# A registered memory region a peer may read with one-sided RMA.
+struct RemoteRegion {
+  fabricAddress @0 :Text;     # "host:port" of the endpoint that registered it
+  baseAddress @1 :UInt64;     # what RMA addresses are relative to (0 for offset addressing)
+  lengthBytes @2 :UInt64;
+  key @3 :UInt64;             # memory key (fi_mr_key)
+}
+
+# How a KV block is laid out, so the reader can check it matches its own pool.
+struct KvLayout {
+  blockTokens @0 :UInt32;
+  layers @1 :UInt32;
+  kvHeads @2 :UInt32;
+  headDim @3 :UInt32;
+  elementBytes @4 :UInt32;
+  blockBytes @5 :UInt64;
+}
+
+# One KV block in a peer's registered pool.
+struct BlockDescriptor {
+  region @0 :RemoteRegion;
+  offsetBytes @1 :UInt64;     # from the region's base
+  lengthBytes @2 :UInt64;
+  blockHash @3 :Data;         # the chained hash of the tokens it holds
+  layout @4 :KvLayout;
+}
+
+# Decode -> prefill: the blocks of requestId have been pulled (or abandoned); unpin them.
+struct KvPullDone {
+  requestId @0 :UInt64;
+  ok @1 :Bool;
+}
+
+# Prefill/decode -> router (and kv-offload): blocks entered or left an instance's cache.
+struct KvEvents {
+  instance @0 :Text;
+  stored @1 :List(Data);      # block hashes
+  removed @2 :List(Data);
+  allCleared @3 :Bool;
+}
+
+# Prefill -> kv-offload: keep these blocks in tier 2. The offload instance pulls the bytes
+# by RMA from the given descriptors and answers OffloadStoreDone.
+struct OffloadStore {
+  requestId @0 :UInt64;
+  blocks @1 :List(BlockDescriptor);
+}
+
+struct OffloadStoreDone {
+  requestId @0 :UInt64;
+  storedBlocks @1 :UInt32;
+}
+
+# Prefill -> kv-offload: which of these (chained) hashes do you have? Answered by
+# OffloadLookupReply with the longest stored prefix and descriptors to read them.
+struct OffloadLookup {
+  requestId @0 :UInt64;
+  blockHashes @1 :List(Data);
+}
+
+struct OffloadLookupReply {
+  requestId @0 :UInt64;
+  blocks @1 :List(BlockDescriptor);   # the stored prefix, in order
+}
