@@ -1,0 +1,205 @@
+#include "runtime/node/bridge.hpp"
+
+#include <caf/send.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/node/caf_types.hpp"
+
+namespace tandem::runtime {
+
+using messages::ActorName;
+
+Bridge::Bridge(const config::Manifest& manifest, std::string node, uint64_t incarnation,
+               std::shared_ptr<spdlog::logger> log)
+    : manifest_(manifest), node_(std::move(node)), incarnation_(incarnation), log_(std::move(log)) {
+  RT_ASSERT(manifest_.find_node(node_) != nullptr, node_);
+  RT_ASSERT(log_ != nullptr);
+}
+
+Bridge::~Bridge() { stop(); }
+
+Status Bridge::start() {
+  const config::Node* self = manifest_.find_node(node_);
+  FabricOptions options;
+  options.provider = manifest_.fabric.provider;
+  options.host = self->host;
+  options.port = self->fabric_port;
+  options.send_queue_max = manifest_.fabric.send_queue_max;
+  options.frame_bytes_max = manifest_.fabric.frame_bytes_max;
+  options.recv_buffers = manifest_.fabric.recv_buffers;
+  options.rma_chunk_bytes = manifest_.fabric.rma_chunk_bytes;
+  options.rma_inflight_max = manifest_.fabric.rma_inflight_max;
+  options.spin_us = manifest_.fabric.spin_us;
+  auto opened = open_fabric(options, [this](std::span<const std::byte> b) { on_frame(b); });
+  if (!opened.ok()) return opened.error();
+  fabric_ = std::move(opened).value();
+  log_->info("fabric endpoint {} up (provider {})", fabric_->address(), fabric_->provider());
+  return {};
+}
+
+void Bridge::stop() {
+  std::unique_ptr<FabricEndpoint> fabric;
+  {
+    std::unique_lock lock(mu_);
+    fabric = std::move(fabric_);
+    actors_.clear();
+  }
+  fabric.reset();  // joins the progress thread outside the lock
+}
+
+std::string Bridge::address() const {
+  std::shared_lock lock(mu_);
+  return fabric_ ? fabric_->address() : std::string();
+}
+
+void Bridge::register_actor(const ActorName& name, caf::actor actor) {
+  RT_ASSERT(name.node == node_, name.to_string());
+  std::unique_lock lock(mu_);
+  RT_ASSERT(!actors_.count(name), "actor registered twice", name.to_string());
+  actors_.emplace(name, std::move(actor));
+}
+
+std::vector<ActorName> Bridge::local_actors() const {
+  std::shared_lock lock(mu_);
+  std::vector<ActorName> out;
+  for (const auto& [name, actor] : actors_) out.push_back(name);
+  return out;
+}
+
+Result<std::string> Bridge::address_of(const std::string& node) const {
+  if (const config::Node* n = manifest_.find_node(node)) {
+    return n->host + ":" + std::to_string(n->fabric_port);
+  }
+  auto it = client_addresses_.find(node);
+  if (it != client_addresses_.end()) return it->second;
+  return make_error(ErrorKind::not_found, "no node or client named '" + node + "'");
+}
+
+Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correlation_id,
+                    const Fill& fill) {
+  capnp::MallocMessageBuilder message;
+  auto envelope = message.initRoot<wire::Envelope>();
+  envelope.setProtocolVersion(manifest_.cluster.protocol_version);
+  messages::set_name(envelope.initSource(), from);
+  messages::set_name(envelope.initDestination(), to);
+  envelope.setCorrelationId(correlation_id);
+  envelope.setSourceIncarnation(incarnation_);
+  std::shared_lock lock(mu_);
+  if (!fabric_) return make_error(ErrorKind::disconnected, "node is stopping");
+  envelope.setSourceAddress(fabric_->address());
+  fill(envelope);
+  messages::FrameBytes words = messages::encode_frame(message);
+  if (to.node == node_) {
+    auto it = actors_.find(to);
+    if (it == actors_.end()) {
+      counters_.frames_unroutable.fetch_add(1, std::memory_order_relaxed);
+      return make_error(ErrorKind::not_found, "no actor " + to.to_string());
+    }
+    size_t size = words.size();
+    auto frame = std::make_shared<messages::Frame>(std::move(words), size);
+    counters_.frames_local.fetch_add(1, std::memory_order_relaxed);
+    caf::anon_send(it->second, InboundFrame{std::move(frame)});
+    return {};
+  }
+  auto address = address_of(to.node);
+  if (!address.ok()) return address.error();
+  auto peer = fabric_->peer(*address);
+  if (!peer.ok()) return peer.error();
+  auto bytes = messages::frame_span(words);
+  Status sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  if (!sent.ok()) counters_.sends_failed.fetch_add(1, std::memory_order_relaxed);
+  return sent;
+}
+
+void Bridge::reset_peer(const std::string& node) {
+  std::shared_lock lock(mu_);
+  if (!fabric_) return;
+  if (auto address = address_of(node); address.ok()) fabric_->reset_peer(*address);
+}
+
+void Bridge::warn_limited(const std::string& what) {
+  uint64_t n = warnings_.fetch_add(1, std::memory_order_relaxed);
+  if (n < 20 || n % 1000 == 0) log_->warn("{} (warning #{})", what, n + 1);
+}
+
+void Bridge::learn_client(const std::string& node, const std::string& address) {
+  if (manifest_.find_node(node) != nullptr) return;
+  std::unique_lock lock(mu_);
+  auto it = client_addresses_.find(node);
+  if (it != client_addresses_.end()) {
+    it->second = address;
+    return;
+  }
+  if (client_order_.size() >= clients_max) {
+    client_addresses_.erase(client_order_.front());
+    client_order_.erase(client_order_.begin());
+  }
+  client_addresses_.emplace(node, address);
+  client_order_.push_back(node);
+  RT_ASSERT(client_order_.size() <= clients_max);
+}
+
+void Bridge::on_frame(std::span<const std::byte> bytes) {
+  auto decoded = messages::decode_frame(bytes, manifest_.fabric.frame_bytes_max);
+  if (!decoded.ok()) {
+    counters_.frames_malformed.fetch_add(1, std::memory_order_relaxed);
+    warn_limited("dropped a frame of " + std::to_string(bytes.size()) +
+                 " bytes: " + decoded.error().message);
+    return;
+  }
+  auto frame = std::make_shared<messages::Frame>(std::move(decoded).value());
+  auto envelope = frame->envelope();
+  if (envelope.getProtocolVersion() != manifest_.cluster.protocol_version) {
+    refuse_version(*frame);
+    return;
+  }
+  deliver(std::move(frame));
+}
+
+void Bridge::refuse_version(messages::Frame& frame) {
+  auto envelope = frame.envelope();
+  counters_.frames_version_refused.fetch_add(1, std::memory_order_relaxed);
+  ActorName source = messages::get_name(envelope.getSource());
+  uint32_t theirs = envelope.getProtocolVersion();
+  uint32_t ours = manifest_.cluster.protocol_version;
+  log_->error("refusing peer {} at {}: it speaks protocol version {}, this node speaks {}",
+              source.node, std::string(envelope.getSourceAddress().cStr()), theirs, ours);
+  if (envelope.getBody().which() != wire::Envelope::Body::HELLO) return;
+  learn_client(source.node, envelope.getSourceAddress());
+  ActorName self{node_, "node", ""};
+  (void)send(self, source, envelope.getCorrelationId(), [&](wire::Envelope::Builder b) {
+    auto ack = b.getBody().initHelloAck();
+    ack.setAccepted(false);
+    ack.setProtocolVersion(ours);
+    ack.setNodeName(node_);
+    ack.setIncarnation(incarnation_);
+    ack.setReason("protocol version " + std::to_string(theirs) + " refused; this node speaks " +
+                  std::to_string(ours));
+  });
+}
+
+void Bridge::deliver(std::shared_ptr<messages::Frame> frame) {
+  auto envelope = frame->envelope();
+  ActorName source = messages::get_name(envelope.getSource());
+  ActorName destination = messages::get_name(envelope.getDestination());
+  learn_client(source.node, envelope.getSourceAddress());
+  caf::actor target;
+  {
+    std::shared_lock lock(mu_);
+    if (destination.node == node_) {
+      if (auto it = actors_.find(destination); it != actors_.end()) target = it->second;
+    }
+  }
+  if (!target) {
+    counters_.frames_unroutable.fetch_add(1, std::memory_order_relaxed);
+    warn_limited("no actor " + destination.to_string() + " for a frame from " +
+                 source.to_string());
+    return;
+  }
+  caf::anon_send(target, InboundFrame{std::move(frame)});
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,94 @@
+// The Bridge connects a node's actors to the cluster: naming, sending and receiving.
+//
+// Naming: every actor has a cluster-wide name node/role/instance. send() takes a name and
+// works the same for local and remote destinations: a local destination gets the encoded
+// frame in its mailbox directly; a remote one gets it over the fabric. Replies to clients
+// (the admin shell) find them through the address carried in their envelopes.
+//
+// Threads: all public methods are thread-safe (called from actor handlers and from the
+// fabric progress thread). Frames for this node are validated, version-checked and delivered
+// to the destination actor's mailbox as InboundFrame; malformed, truncated, oversized and
+// unroutable frames are dropped, logged (rate-limited) and counted — never a crash.
+#pragma once
+
+#include <caf/actor.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "config/manifest.hpp"
+#include "messages/envelope.hpp"
+#include "runtime/fabric/endpoint.hpp"
+
+namespace spdlog {
+class logger;
+}
+
+namespace tandem::runtime {
+
+struct BridgeCounters {
+  std::atomic<uint64_t> frames_malformed{0};      // failed decode_frame
+  std::atomic<uint64_t> frames_version_refused{0};
+  std::atomic<uint64_t> frames_unroutable{0};     // no such actor here / not for this node
+  std::atomic<uint64_t> frames_local{0};          // delivered without the fabric
+  std::atomic<uint64_t> sends_failed{0};
+};
+
+class Bridge {
+ public:
+  using Fill = std::function<void(wire::Envelope::Builder)>;
+
+  // `manifest` and `log` outlive the bridge. `node` must be a manifest node (asserted).
+  Bridge(const config::Manifest& manifest, std::string node, uint64_t incarnation,
+         std::shared_ptr<spdlog::logger> log);
+  ~Bridge();
+
+  // Opens the fabric endpoint on the node's host:fabric_port. Error names the address.
+  Status start();
+  void stop();  // stops the fabric; later sends fail with disconnected
+
+  void register_actor(const messages::ActorName& name, caf::actor actor);
+  std::vector<messages::ActorName> local_actors() const;
+
+  // Sends one envelope. `fill` sets the body (and may read nothing else). Errors:
+  // not_found (unknown node), overloaded (peer queue full), disconnected (stopped).
+  Status send(const messages::ActorName& from, const messages::ActorName& to,
+              uint64_t correlation_id, const Fill& fill);
+
+  // Forget connection state for a node that restarted or went down.
+  void reset_peer(const std::string& node);
+
+  const std::string& node() const { return node_; }
+  uint64_t incarnation() const { return incarnation_; }
+  std::string address() const;
+  FabricEndpoint* fabric() { return fabric_.get(); }
+  const BridgeCounters& counters() const { return counters_; }
+
+  static constexpr size_t clients_max = 1024;  // remembered client addresses (LRU-ish)
+
+ private:
+  void on_frame(std::span<const std::byte> bytes);
+  void deliver(std::shared_ptr<messages::Frame> frame);
+  Result<std::string> address_of(const std::string& node) const;
+  void learn_client(const std::string& node, const std::string& address);
+  void refuse_version(messages::Frame& frame);
+  void warn_limited(const std::string& what);
+
+  const config::Manifest& manifest_;
+  std::string node_;
+  uint64_t incarnation_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<FabricEndpoint> fabric_;
+  mutable std::shared_mutex mu_;
+  std::map<messages::ActorName, caf::actor> actors_;
+  std::map<std::string, std::string> client_addresses_;
+  std::vector<std::string> client_order_;
+  std::atomic<uint64_t> warnings_{0};
+  BridgeCounters counters_;
+};
+
+}  // namespace tandem::runtime

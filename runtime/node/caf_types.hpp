@@ -1,0 +1,41 @@
+// CAF message types of the node runtime. Node-to-node traffic never uses CAF's own
+// serialization: actors receive InboundFrame (a validated Cap'n Proto envelope) and send
+// through the Bridge.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <memory>
+
+#include "messages/envelope.hpp"
+#include "runtime/node/membership.hpp"
+
+namespace tandem::runtime {
+
+// One received envelope for this actor. The actor converts it inside its handler and never
+// keeps readers past the handler.
+struct InboundFrame {
+  std::shared_ptr<messages::Frame> frame;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, InboundFrame&) {
+  return f(caf::meta::type_name("tandem.InboundFrame"));  // never crosses CAF's network layer
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MembershipEvent& x) {
+  return f(caf::meta::type_name("tandem.MembershipEvent"), x.kind, x.node);
+}
+
+}  // namespace tandem::runtime
+
+CAF_BEGIN_TYPE_ID_BLOCK(tandem, caf::first_custom_type_id)
+CAF_ADD_TYPE_ID(tandem, (tandem::runtime::InboundFrame))
+CAF_ADD_TYPE_ID(tandem, (tandem::runtime::MembershipEvent))
+CAF_END_TYPE_ID_BLOCK(tandem)
+
+namespace tandem::runtime::atoms {
+using tick = caf::atom_constant<caf::atom("tick")>;
+using subscribe = caf::atom_constant<caf::atom("subscribe")>;
+}  // namespace tandem::runtime::atoms

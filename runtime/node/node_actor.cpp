@@ -1,0 +1,324 @@
+#include "runtime/node/node_actor.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <set>
+
+#include "runtime/node/caf_types.hpp"
+#include "runtime/node/membership.hpp"
+
+namespace tandem::runtime {
+
+using messages::ActorName;
+
+std::string format_age(std::chrono::milliseconds age) {
+  int64_t ms = age.count();
+  char buf[32];
+  if (ms < 1000) {
+    std::snprintf(buf, sizeof(buf), "%lldms", static_cast<long long>(ms));
+  } else if (ms < 60'000) {
+    std::snprintf(buf, sizeof(buf), "%.1fs", ms / 1000.0);
+  } else if (ms < 3'600'000) {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(ms / 60'000),
+                  static_cast<long long>(ms / 1000 % 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(ms / 3'600'000),
+                  static_cast<long long>(ms / 60'000 % 60));
+  }
+  return buf;
+}
+
+namespace {
+
+std::vector<std::string> peer_names(const config::Manifest& manifest, const std::string& self) {
+  std::vector<std::string> out;
+  for (const auto& node : manifest.nodes) {
+    if (node.name != self) out.push_back(node.name);
+  }
+  return out;
+}
+
+struct NodeState {
+  NodeActorDeps deps;
+  std::unique_ptr<Membership> membership;
+  std::set<caf::actor> subscribers;
+  Clock::time_point started;
+  uint64_t heartbeat_sequence = 0;
+  static constexpr size_t subscribers_max = 4096;
+  static inline const char* name = "tandem.node";
+};
+
+using NodeActor = caf::stateful_actor<NodeState>;
+
+ActorName self_name(const NodeState& st) { return {st.deps.bridge->node(), "node", ""}; }
+
+std::chrono::milliseconds uptime(const NodeState& st) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - st.started);
+}
+
+void publish(NodeActor* self, const std::vector<MembershipEvent>& events) {
+  auto& st = self->state;
+  for (const auto& event : events) {
+    const char* what = event.kind == MembershipEvent::Kind::down ? "down"
+                       : event.kind == MembershipEvent::Kind::up ? "up"
+                                                                 : "restarted";
+    st.deps.log->info("peer {} is {}", event.node, what);
+    // A peer that went down or restarted gets a fresh connection next time.
+    if (event.kind != MembershipEvent::Kind::up) st.deps.bridge->reset_peer(event.node);
+    for (const auto& sub : st.subscribers) self->send(sub, event);
+  }
+  if (!events.empty() && st.deps.on_peers_changed) {
+    st.deps.on_peers_changed(static_cast<int64_t>(st.membership->up_count()),
+                             static_cast<int64_t>(st.membership->peers().size()));
+  }
+}
+
+void send_hello(NodeActor* self, const std::string& peer) {
+  auto& st = self->state;
+  (void)st.deps.bridge->send(self_name(st), {peer, "node", ""}, 0, [&](wire::Envelope::Builder b) {
+    auto hello = b.getBody().initHello();
+    hello.setProtocolVersion(st.deps.manifest->cluster.protocol_version);
+    hello.setNodeName(st.deps.bridge->node());
+    hello.setClusterName(st.deps.manifest->cluster.name);
+    hello.setFabricAddress(st.deps.bridge->address());
+    hello.setIncarnation(st.deps.bridge->incarnation());
+    hello.setIsClient(false);
+  });
+}
+
+void heartbeat_tick(NodeActor* self) {
+  auto& st = self->state;
+  ++st.heartbeat_sequence;
+  for (const auto& [peer, view] : st.membership->peers()) {
+    // Peers never heard from get hellos; known ones get heartbeats.
+    if (view.state == PeerState::unknown) {
+      send_hello(self, peer);
+      continue;
+    }
+    (void)st.deps.bridge->send(self_name(st), {peer, "node", ""}, 0,
+                               [&](wire::Envelope::Builder b) {
+                                 auto hb = b.getBody().initHeartbeat();
+                                 hb.setIncarnation(st.deps.bridge->incarnation());
+                                 hb.setSequence(st.heartbeat_sequence);
+                                 hb.setUptimeMs(uptime(st).count());
+                               });
+  }
+  publish(self, st.membership->tick(Clock::now()));
+}
+
+std::vector<std::vector<std::string>> nodes_rows(const NodeState& st) {
+  std::vector<std::vector<std::string>> rows = {
+      {"node", "address", "state", "uptime", "last heartbeat"}};
+  auto now = Clock::now();
+  for (const auto& node : st.deps.manifest->nodes) {
+    std::string address = node.host + ":" + std::to_string(node.fabric_port);
+    if (node.name == st.deps.bridge->node()) {
+      rows.push_back({node.name, address, "up (this node)", format_age(uptime(st)), "-"});
+      continue;
+    }
+    const PeerView& view = st.membership->peers().at(node.name);
+    std::string up = "-", age = "never";
+    if (view.last_heard) {
+      auto since = std::chrono::duration_cast<std::chrono::milliseconds>(now - *view.last_heard);
+      age = format_age(since) + " ago";
+      if (view.state == PeerState::up) up = format_age(view.uptime_at_last_heard + since);
+    }
+    rows.push_back({node.name, address, std::string(to_string(view.state)), up, age});
+  }
+  return rows;
+}
+
+std::string render_rows(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()));
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      out += row[i];
+      if (i + 1 < row.size()) out += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
+  auto& st = self->state;
+  auto request = envelope.getBody().getAdminRequest();
+  std::string command = request.getCommand();
+  std::vector<std::vector<std::string>> rows;
+  std::string text;
+  bool ok = true;
+  if (command == "nodes") {
+    rows = nodes_rows(st);
+    text = render_rows(rows);
+  } else if (command == "actors") {
+    rows.push_back({"actor"});
+    for (const auto& name : st.deps.bridge->local_actors()) rows.push_back({name.to_string()});
+    text = render_rows(rows);
+  } else if (command == "stats") {
+    text = st.deps.render_metrics ? st.deps.render_metrics() : "";
+  } else {
+    ok = false;
+    text = "unknown admin command '" + command + "'";
+  }
+  ActorName to = messages::get_name(envelope.getSource());
+  (void)st.deps.bridge->send(self_name(st), to, envelope.getCorrelationId(),
+                             [&](wire::Envelope::Builder b) {
+                               auto reply = b.getBody().initAdminReply();
+                               reply.setOk(ok);
+                               reply.setText(text);
+                               auto list = reply.initRows(rows.size());
+                               for (size_t r = 0; r < rows.size(); ++r) {
+                                 auto cells = list.init(r, rows[r].size());
+                                 for (size_t c = 0; c < rows[r].size(); ++c)
+                                   cells.set(c, rows[r][c]);
+                               }
+                             });
+}
+
+void answer_ping(Bridge* bridge, const ActorName& self_name, wire::Envelope::Reader envelope) {
+  auto ping = envelope.getBody().getPing();
+  (void)bridge->send(self_name, messages::get_name(envelope.getSource()),
+                     envelope.getCorrelationId(), [&](wire::Envelope::Builder b) {
+                       auto pong = b.getBody().initPong();
+                       pong.setNonce(ping.getNonce());
+                       pong.setSentMonoNs(ping.getSentMonoNs());
+                     });
+}
+
+void on_hello(NodeActor* self, wire::Envelope::Reader envelope) {
+  auto& st = self->state;
+  auto hello = envelope.getBody().getHello();
+  std::string peer = hello.getNodeName();
+  ActorName source = messages::get_name(envelope.getSource());
+  if (!hello.getIsClient()) {
+    if (auto event = st.membership->heard(peer, hello.getIncarnation(), std::chrono::milliseconds(0),
+                                          Clock::now())) {
+      publish(self, {*event});
+    }
+  }
+  (void)st.deps.bridge->send(self_name(st), source, envelope.getCorrelationId(),
+                             [&](wire::Envelope::Builder b) {
+                               auto ack = b.getBody().initHelloAck();
+                               ack.setAccepted(true);
+                               ack.setProtocolVersion(st.deps.manifest->cluster.protocol_version);
+                               ack.setNodeName(st.deps.bridge->node());
+                               ack.setIncarnation(st.deps.bridge->incarnation());
+                             });
+}
+
+void on_frame(NodeActor* self, const InboundFrame& in) {
+  auto& st = self->state;
+  auto envelope = in.frame->envelope();
+  auto body = envelope.getBody();
+  std::string source_node = envelope.getSource().getNode();
+  switch (body.which()) {
+    case wire::Envelope::Body::HELLO:
+      on_hello(self, envelope);
+      return;
+    case wire::Envelope::Body::HELLO_ACK: {
+      auto ack = body.getHelloAck();
+      if (!ack.getAccepted()) {
+        st.deps.log->error("peer {} refused this node: {}", source_node,
+                           std::string(ack.getReason().cStr()));
+        return;
+      }
+      if (auto event = st.membership->heard(source_node, ack.getIncarnation(),
+                                            std::chrono::milliseconds(0), Clock::now()))
+        publish(self, {*event});
+      return;
+    }
+    case wire::Envelope::Body::HEARTBEAT: {
+      auto hb = body.getHeartbeat();
+      if (auto event = st.membership->heard(source_node, hb.getIncarnation(),
+                                            std::chrono::milliseconds(hb.getUptimeMs()),
+                                            Clock::now()))
+        publish(self, {*event});
+      return;
+    }
+    case wire::Envelope::Body::PING:
+      answer_ping(st.deps.bridge, self_name(st), envelope);
+      return;
+    case wire::Envelope::Body::ADMIN_REQUEST:
+      answer_admin(self, envelope);
+      return;
+    default:
+      st.deps.log->warn("node actor ignores message kind {} from {}",
+                        static_cast<int>(body.which()), source_node);
+      return;
+  }
+}
+
+caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
+  auto& st = self->state;
+  st.deps = std::move(deps);
+  st.started = Clock::now();
+  st.membership = std::make_unique<Membership>(
+      peer_names(*st.deps.manifest, st.deps.bridge->node()),
+      std::chrono::milliseconds(st.deps.manifest->membership.heartbeat_interval_ms),
+      st.deps.manifest->membership.heartbeat_miss_max);
+  for (const auto& [peer, view] : st.membership->peers()) send_hello(self, peer);
+  auto interval = std::chrono::milliseconds(st.deps.manifest->membership.heartbeat_interval_ms);
+  self->delayed_send(self, interval, atoms::tick::value);
+  return {
+      [self](const InboundFrame& in) {
+        try {
+          on_frame(self, in);
+        } catch (const kj::Exception& e) {  // a field we could not convert: drop the message
+          self->state.deps.log->warn("dropped a message: {}", e.getDescription().cStr());
+        }
+      },
+      [self, interval](atoms::tick) {
+        heartbeat_tick(self);
+        self->delayed_send(self, interval, atoms::tick::value);
+      },
+      [self](atoms::subscribe, caf::actor subscriber) {
+        auto& subs = self->state.subscribers;
+        if (subs.size() < NodeState::subscribers_max) subs.insert(std::move(subscriber));
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_node_actor(caf::actor_system& system, NodeActorDeps deps) {
+  RT_ASSERT(deps.manifest != nullptr && deps.bridge != nullptr);
+  Bridge* bridge = deps.bridge;
+  caf::actor actor = system.spawn(node_behavior, std::move(deps));
+  bridge->register_actor({bridge->node(), "node", ""}, actor);
+  return actor;
+}
+
+caf::actor spawn_role_actor(caf::actor_system& system, Bridge* bridge,
+                            const config::Instance& instance) {
+  RT_ASSERT(bridge != nullptr);
+  ActorName name{bridge->node(), std::string(config::to_string(instance.role)), instance.name};
+  caf::actor actor = system.spawn([bridge, name](caf::event_based_actor*) -> caf::behavior {
+    return {
+        [bridge, name](const InboundFrame& in) {
+          auto envelope = in.frame->envelope();
+          auto body = envelope.getBody();
+          if (body.which() == wire::Envelope::Body::PING) {
+            answer_ping(bridge, name, envelope);
+          } else if (body.which() == wire::Envelope::Body::ADMIN_REQUEST) {
+            ActorName to = messages::get_name(envelope.getSource());
+            (void)bridge->send(name, to, envelope.getCorrelationId(),
+                               [&](wire::Envelope::Builder b) {
+                                 auto reply = b.getBody().initAdminReply();
+                                 reply.setOk(true);
+                                 reply.setText(name.to_string() + "\n");
+                               });
+          }
+        },
+    };
+  });
+  bridge->register_actor(name, actor);
+  return actor;
+}
+
+}  // namespace tandem::runtime
