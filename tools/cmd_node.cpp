@@ -1,0 +1,38 @@
+// `tandem node --manifest M --node N`: run one node of a cluster in the foreground.
+#include <cstdio>
+
+#include "runtime/node/node.hpp"
+#include "tools/commands.hpp"
+
+namespace tandem::tools {
+
+int cmd_node(cli::Args args) {
+  cli::Flags flags("tandem node --manifest MANIFEST --node NAME",
+                   "Runs one node of the cluster described by MANIFEST: its fabric endpoint,\n"
+                   "its actors (one per role instance the manifest gives it), membership and\n"
+                   "its admin endpoint. Stops cleanly on SIGINT or SIGTERM. `tandem up` starts\n"
+                   "this for every local node.");
+  flags.flag("manifest", "FILE", "the cluster manifest (TOML)")
+      .flag("node", "NAME", "which [[node]] of the manifest this process is");
+  int code = 0;
+  if (!flags.parse(args, &code)) return code;
+  if (!flags.has("manifest") || !flags.has("node")) {
+    std::fprintf(stderr, "tandem node: --manifest and --node are required\n");
+    return 2;
+  }
+  runtime::block_stop_signals();  // before any thread starts
+  auto loaded = config::load_manifest(flags.get("manifest"));
+  if (auto* errors = std::get_if<config::ManifestErrors>(&loaded)) {
+    std::fprintf(stderr, "%s", errors->describe().c_str());
+    return 1;
+  }
+  const auto& manifest = std::get<config::Manifest>(loaded);
+  if (manifest.find_node(flags.get("node")) == nullptr) {
+    std::fprintf(stderr, "tandem node: %s has no node named '%s'\n", flags.get("manifest").c_str(),
+                 flags.get("node").c_str());
+    return 1;
+  }
+  return runtime::run_node(manifest, flags.get("node"));
+}
+
+}  // namespace tandem::tools

@@ -1,0 +1,140 @@
+#include "tools/shell_commands.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace tandem::tools {
+
+using runtime::AdminAnswer;
+
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::string current;
+  bool quoted = false, any = false;
+  for (char c : line) {
+    if (c == '"') {
+      quoted = !quoted;
+      any = true;
+    } else if (!quoted && (c == ' ' || c == '\t')) {
+      if (any) words.push_back(current);
+      current.clear();
+      any = false;
+    } else {
+      current += c;
+      any = true;
+    }
+  }
+  if (any) words.push_back(current);
+  return words;
+}
+
+namespace {
+
+int print_answer(const Result<AdminAnswer>& answer, bool say_who) {
+  if (!answer.ok()) {
+    std::printf("error: %s\n", answer.error().describe().c_str());
+    return 1;
+  }
+  std::fputs(answer->text.c_str(), stdout);
+  if (say_who) std::printf("(as seen by node %s)\n", answer->answered_by.c_str());
+  return answer->ok ? 0 : 1;
+}
+
+int cmd_nodes(ShellContext& ctx, const std::vector<std::string>&) {
+  return print_answer(ctx.client->admin_any("nodes", ctx.timeout), true);
+}
+
+int cmd_actors(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (!args.empty()) return print_answer(ctx.client->admin(args[0], "actors", {}, ctx.timeout), false);
+  int rc = 0;
+  for (const auto& node : ctx.manifest->nodes) {
+    auto answer = ctx.client->admin(node.name, "actors", {}, ctx.timeout);
+    if (!answer.ok()) {
+      std::printf("%s: unreachable (%s)\n", node.name.c_str(), answer.error().message.c_str());
+      rc = 1;
+      continue;
+    }
+    for (size_t r = 1; r < answer->rows.size(); ++r) std::printf("%s\n", answer->rows[r][0].c_str());
+  }
+  return rc;
+}
+
+int cmd_ping(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::printf("usage: ping NODE|NODE/ROLE/INSTANCE [COUNT]\n");
+    return 1;
+  }
+  messages::ActorName target{args[0], "node", ""};
+  if (args[0].find('/') != std::string::npos) {
+    auto parsed = messages::ActorName::parse(args[0]);
+    if (!parsed.ok()) {
+      std::printf("error: %s\n", parsed.error().message.c_str());
+      return 1;
+    }
+    target = *parsed;
+  }
+  int count = args.size() > 1 ? std::max(1, std::min(10000, std::atoi(args[1].c_str()))) : 3;
+  double min_us = 1e18, max_us = 0, sum_us = 0;
+  int ok = 0;
+  for (int i = 0; i < count; ++i) {
+    auto rtt = ctx.client->ping(target, ctx.timeout);
+    if (!rtt.ok()) {
+      std::printf("ping %s: %s\n", target.to_string().c_str(), rtt.error().describe().c_str());
+      continue;
+    }
+    double us = std::chrono::duration<double, std::micro>(*rtt).count();
+    min_us = std::min(min_us, us), max_us = std::max(max_us, us), sum_us += us, ++ok;
+    if (count <= 10) std::printf("reply from %s: %.1f us\n", target.to_string().c_str(), us);
+  }
+  if (ok == 0) return 1;
+  std::printf("%d/%d replies, round trip min/avg/max = %.1f/%.1f/%.1f us\n", ok, count, min_us,
+              sum_us / ok, max_us);
+  return ok == count ? 0 : 1;
+}
+
+int cmd_stats(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::printf("usage: stats NODE\n");
+    return 1;
+  }
+  return print_answer(ctx.client->admin(args[0], "stats", {}, ctx.timeout), false);
+}
+
+int cmd_help(ShellContext&, const std::vector<std::string>&) {
+  for (const auto& c : shell_commands()) {
+    std::printf("  %-28s %s\n", c.usage.c_str(), c.summary.c_str());
+  }
+  return 0;
+}
+
+int cmd_quit(ShellContext& ctx, const std::vector<std::string>&) {
+  ctx.quit = true;
+  return 0;
+}
+
+}  // namespace
+
+const std::vector<ShellCommand>& shell_commands() {
+  static const std::vector<ShellCommand> table = {
+      {"nodes", "nodes", "every node: address, up/down, uptime, last heartbeat", cmd_nodes},
+      {"actors", "actors [NODE]", "actors on one node, or on all", cmd_actors},
+      {"ping", "ping NODE|NODE/ROLE/INST [N]", "fabric round trip in microseconds", cmd_ping},
+      {"stats", "stats NODE", "a node's metrics (Prometheus text)", cmd_stats},
+      {"help", "help", "this list", cmd_help},
+      {"quit", "quit", "leave the shell (also: exit, Ctrl-D)", cmd_quit},
+      {"exit", "exit", "leave the shell", cmd_quit},
+  };
+  return table;
+}
+
+int run_shell_line(ShellContext& ctx, const std::string& line) {
+  auto words = split_words(line);
+  if (words.empty()) return 0;
+  for (const auto& c : shell_commands()) {
+    if (c.name == words[0]) return c.run(ctx, {words.begin() + 1, words.end()});
+  }
+  std::printf("unknown command '%s' (try: help)\n", words[0].c_str());
+  return 1;
+}
+
+}  // namespace tandem::tools

@@ -1,0 +1,36 @@
+// The admin shell's command table. Adding a command = adding one entry to
+// shell_commands() in tools/shell_commands.cpp.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/client/client.hpp"
+
+namespace tandem::tools {
+
+struct ShellContext {
+  const config::Manifest* manifest;
+  runtime::ClusterClient* client;
+  std::chrono::milliseconds timeout{1000};
+  bool quit = false;
+};
+
+struct ShellCommand {
+  std::string name;
+  std::string usage;    // "ping TARGET [COUNT]"
+  std::string summary;
+  // Returns 0 on success, 1 on failure; prints its own output.
+  std::function<int(ShellContext&, const std::vector<std::string>& args)> run;
+};
+
+const std::vector<ShellCommand>& shell_commands();
+
+// Splits a line into words (whitespace; "double quotes" group).
+std::vector<std::string> split_words(const std::string& line);
+
+// Runs one command line. Unknown commands print a hint and return 1.
+int run_shell_line(ShellContext& ctx, const std::string& line);
+
+}  // namespace tandem::tools
