@@ -11,7 +11,6 @@ int pending(const char* name) {
 }
 }  // namespace
 
-int cmd_check(cli::Args) { return pending("check"); }
 int cmd_node(cli::Args) { return pending("node"); }
 int cmd_up(cli::Args) { return pending("up"); }
 int cmd_shell(cli::Args) { return pending("shell"); }
