@@ -1,1 +1,886 @@
+// Parses and validates the cluster manifest (TOML via toml++). Contract: manifest.hpp;
+// every key: docs/manifest.md. The loader reads every section, collecting issues instead of
+// stopping at the first, then runs the cross-checks (names, ports, executors, roles).
 #include "config/manifest.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <span>
+#include <sstream>
+#include <tuple>
+#include <type_traits>
+
+namespace tandem::config {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t no_index = std::numeric_limits<size_t>::max();
+constexpr uint32_t instance_count_max = 1024;
+
+struct Pos {
+  uint32_t line = 0;
+  uint32_t column = 0;
+};
+
+Pos pos_of(const toml::source_region& region) {
+  return {static_cast<uint32_t>(region.begin.line), static_cast<uint32_t>(region.begin.column)};
+}
+
+std::string type_name(toml::node_type type) {
+  switch (type) {
+    case toml::node_type::none: return "nothing";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+  }
+  return "an unknown type";
+}
+
+std::string join_key(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : path + "." + std::string(key);
+}
+
+std::string join_words(std::span<const std::string_view> words) {
+  std::string out;
+  for (auto word : words) out += (out.empty() ? "" : ", ") + std::string(word);
+  return out;
+}
+
+// Names of clusters, nodes and instances end up in logs, metrics and file names.
+bool valid_name(std::string_view name) {
+  if (name.empty()) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '.' || c == '_' || c == '-';
+  });
+}
+
+// Collects the issues of one file.
+class Sink {
+ public:
+  explicit Sink(std::string file) : file_(std::move(file)) {}
+  void add(Pos pos, std::string key, std::string message) {
+    RT_ASSERT(!key.empty(), "issue without a key:", message);
+    issues_.push_back({file_, pos.line, pos.column, std::move(key), std::move(message)});
+  }
+  bool empty() const { return issues_.empty(); }
+  ManifestErrors take() {
+    RT_ASSERT(!issues_.empty(), "no issues to report");
+    // In file order; issues without a place (line 0) last.
+    std::stable_sort(issues_.begin(), issues_.end(), [](const auto& a, const auto& b) {
+      auto rank = [](const ManifestIssue& i) {
+        return std::tuple(i.line == 0, i.line, i.column);
+      };
+      return rank(a) < rank(b);
+    });
+    return ManifestErrors{std::move(issues_)};
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+  std::vector<ManifestIssue> issues_;
+};
+
+// Reads one TOML table. Unknown keys are reported on construction. Each read_* returns true
+// when `out` holds a usable value: read from the table, or (optional key absent) left at
+// its default. Type and range problems are reported and return false.
+class TableReader {
+ public:
+  TableReader(Sink& sink, const toml::table& table, std::string path,
+              std::initializer_list<std::string_view> known)
+      : TableReader(sink, table, std::move(path),
+                    std::span<const std::string_view>(known.begin(), known.size())) {}
+  TableReader(Sink& sink, const toml::table& table, std::string path,
+              std::span<const std::string_view> names)
+      : sink_(sink), table_(table), path_(std::move(path)) {
+    for (auto&& [key, value] : table_) {
+      if (std::find(names.begin(), names.end(), key.str()) != names.end()) continue;
+      std::string where = path_.empty() ? "at the top level" : "in " + path_;
+      sink_.add(pos_of(key.source()), join_key(path_, key.str()),
+                "unknown key " + where + "; accepted: " + join_words(names));
+    }
+  }
+
+  const std::string& path() const { return path_; }
+  std::string key(std::string_view name) const { return join_key(path_, name); }
+  const toml::node* find(std::string_view name) const { return table_.get(name); }
+  Pos pos() const { return pos_of(table_.source()); }
+  // The value's position, or the table's when the key is absent.
+  Pos pos(std::string_view name) const {
+    const toml::node* node = find(name);
+    return node ? pos_of(node->source()) : pos();
+  }
+  void issue(std::string_view name, std::string message) {
+    sink_.add(pos(name), key(name), std::move(message));
+  }
+
+  template <class T>
+  bool read_int(std::string_view name, int64_t min, int64_t max, T& out, bool required = false) {
+    static_assert(std::is_unsigned_v<T>);
+    RT_ASSERT(min >= 0 && min <= max, "bad range for", name);
+    RT_ASSERT(static_cast<uint64_t>(max) <= std::numeric_limits<T>::max(), "range too wide");
+    const toml::node* node = typed(name, toml::node_type::integer, required);
+    if (!node) return !required && !find(name);
+    int64_t value = node->as_integer()->get();
+    if (value < min || value > max) {
+      issue(name, "value " + std::to_string(value) + " is out of range " + std::to_string(min) +
+                      ".." + std::to_string(max));
+      return false;
+    }
+    out = static_cast<T>(value);
+    return true;
+  }
+
+  bool read_double(std::string_view name, double min, double max, double& out) {
+    RT_ASSERT(min <= max, "bad range for", name);
+    const toml::node* node = typed(name, toml::node_type::floating_point, false);
+    if (!node) return !find(name);
+    double value = node->value<double>().value_or(0.0);
+    if (!(value >= min && value <= max)) {
+      std::ostringstream text;
+      text << "value " << value << " is out of range " << min << ".." << max;
+      issue(name, text.str());
+      return false;
+    }
+    out = value;
+    return true;
+  }
+
+  bool read_bool(std::string_view name, bool& out) {
+    const toml::node* node = typed(name, toml::node_type::boolean, false);
+    if (!node) return !find(name);
+    out = node->as_boolean()->get();
+    return true;
+  }
+
+  // Required strings must also be non-empty.
+  bool read_string(std::string_view name, std::string& out, bool required = false) {
+    const toml::node* node = typed(name, toml::node_type::string, required);
+    if (!node) return !required && !find(name);
+    std::string value = node->as_string()->get();
+    if (required && value.empty()) {
+      issue(name, "must not be empty");
+      return false;
+    }
+    out = std::move(value);
+    return true;
+  }
+
+  // A required name of a cluster, node or instance.
+  bool read_name(std::string_view name, std::string& out) {
+    std::string value;
+    if (!read_string(name, value, true)) return false;
+    if (!valid_name(value)) {
+      issue(name, "'" + value + "' may use only letters, digits, '.', '_' and '-'");
+      return false;
+    }
+    out = std::move(value);
+    return true;
+  }
+
+  // One of `options`; sets `index` into it.
+  bool read_one_of(std::string_view name, std::span<const std::string_view> options,
+                   size_t& index, bool required = false) {
+    RT_ASSERT(!options.empty(), "no options for", name);
+    std::string value;
+    if (!read_string(name, value, required)) return false;
+    if (!find(name)) return true;
+    for (size_t i = 0; i < options.size(); ++i) {
+      if (options[i] == value) {
+        index = i;
+        return true;
+      }
+    }
+    issue(name, "unknown value '" + value + "'; accepted: " + join_words(options));
+    return false;
+  }
+
+  // An enum spelled by to_string(E); `all` lists every value.
+  template <class E, size_t N>
+  bool read_enum(std::string_view name, const E (&all)[N], E& out, bool required = false) {
+    std::array<std::string_view, N> options;
+    for (size_t i = 0; i < N; ++i) options[i] = to_string(all[i]);
+    size_t index = no_index;
+    if (!read_one_of(name, options, index, required)) return false;
+    if (index != no_index) out = all[index];
+    return true;
+  }
+
+ private:
+  // The node if present with the right type; reports missing (when required) and wrong type.
+  const toml::node* typed(std::string_view name, toml::node_type type, bool required) {
+    const toml::node* node = find(name);
+    if (!node) {
+      if (required) issue(name, "required key is missing");
+      return nullptr;
+    }
+    bool number_ok = type == toml::node_type::floating_point && node->is_integer();
+    if (node->type() != type && !number_ok) {
+      issue(name, "expected " + type_name(type) + ", got " + type_name(node->type()));
+      return nullptr;
+    }
+    return node;
+  }
+
+  Sink& sink_;
+  const toml::table& table_;
+  std::string path_;
+};
+
+// Where a node was declared (parallel to Manifest::nodes).
+struct NodeDecl {
+  std::string path;  // "node[1]"
+  Pos pos, name_pos;
+  std::array<Pos, 3> port_pos;  // fabric, admin, http
+};
+
+// An instance table as written, before count expansion.
+struct InstanceDecl {
+  std::string path;  // "node[1].instance[0]" or "instance[2]"
+  Pos pos, name_pos, executor_pos, devices_pos;
+  size_t node_index = no_index;
+  bool usable = false;     // role, name and node are known: it can be expanded
+  Instance proto;          // role, name, device and executor as written
+  uint32_t count = 1;
+};
+
+// Where one expanded instance came from.
+struct Origin {
+  size_t decl_index = no_index;
+  uint32_t copy_index = 0;
+};
+
+constexpr std::array<std::string_view, 3> port_keys = {"fabric_port", "admin_port", "http_port"};
+constexpr std::array<std::string_view, 3> providers = {"tcp;ofi_rxm", "shm", "verbs;ofi_rxm"};
+constexpr std::array<std::string_view, 5> log_levels = {"trace", "debug", "info", "warn",
+                                                        "error"};
+constexpr ChatFormat chat_formats_all[] = {ChatFormat::auto_detect, ChatFormat::plain,
+                                           ChatFormat::chatml, ChatFormat::minimax_m2};
+constexpr RouterPolicy router_policies_all[] = {RouterPolicy::prefix_aware,
+                                                RouterPolicy::round_robin, RouterPolicy::random};
+constexpr SpeculativeMethod speculative_methods_all[] = {
+    SpeculativeMethod::none, SpeculativeMethod::ngram, SpeculativeMethod::suffix,
+    SpeculativeMethod::eagle3};
+constexpr DeviceKind device_kinds_all[] = {DeviceKind::cpu, DeviceKind::sim, DeviceKind::rbln};
+
+class Loader {
+ public:
+  Loader(std::string file, std::string dir) : sink_(std::move(file)) {
+    manifest_.file = sink_.file();
+    manifest_.dir = std::move(dir);
+  }
+  std::variant<Manifest, ManifestErrors> run(std::string_view text);
+
+ private:
+  const toml::table* section(const toml::table& root, std::string_view name, bool required);
+  const toml::array* table_array(const toml::node* node, Pos pos, const std::string& key);
+  void read_sections(const toml::table& root);
+  void read_cluster(const toml::table& table);
+  void read_fabric(const toml::table& table);
+  void read_membership(const toml::table& table);
+  void read_logging(const toml::table& table);
+  void read_model(const toml::table& table);
+  void read_router(const toml::table& table);
+  void read_kv_offload(const toml::table& table);
+  void read_speculative(const toml::table& table);
+  void read_node(const toml::table& table, size_t index);
+  void read_instance(const toml::table& table, std::string path, size_t node_index,
+                     bool top_level);
+  void read_role_keys(TableReader& reader, InstanceDecl& decl);
+  void read_devices(TableReader& reader, InstanceDecl& decl);
+  size_t resolve_node(TableReader& reader);
+  void expand();
+  void check_names();
+  void check_ports();
+  void check_executors();
+  void check_executor_use(size_t node_index, size_t instance_index,
+                          std::map<std::string, std::string>& served_by);
+  void check_devices();
+  void check_nodes();
+  void check_roles();
+
+  Sink sink_;
+  Manifest manifest_;
+  std::vector<NodeDecl> node_decls_;             // parallel to manifest_.nodes
+  std::vector<InstanceDecl> decls_;
+  std::vector<std::vector<Origin>> origins_;    // [node][instance]
+  bool roles_known_ = true;                     // every instance table's role parsed
+};
+
+std::variant<Manifest, ManifestErrors> Loader::run(std::string_view text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string_view(sink_.file()));
+  } catch (const toml::parse_error& error) {
+    sink_.add(pos_of(error.source()), "syntax", std::string(error.description()));
+    return sink_.take();
+  }
+  read_sections(root);
+  expand();
+  check_names();
+  check_ports();
+  check_executors();
+  check_devices();
+  check_nodes();
+  check_roles();
+  if (!sink_.empty()) return sink_.take();
+  RT_ASSERT(!manifest_.nodes.empty(), "a valid manifest has nodes");
+  RT_ASSERT(!manifest_.cluster.name.empty(), "a valid manifest has a cluster name");
+  return std::move(manifest_);
+}
+
+const toml::table* Loader::section(const toml::table& root, std::string_view name,
+                                   bool required) {
+  const toml::node* node = root.get(name);
+  if (!node) {
+    if (required) sink_.add({}, std::string(name), "missing required section [" +
+                                                       std::string(name) + "]");
+    return nullptr;
+  }
+  if (!node->is_table()) {
+    sink_.add(pos_of(node->source()), std::string(name),
+              "expected a table [" + std::string(name) + "], got " + type_name(node->type()));
+    return nullptr;
+  }
+  return node->as_table();
+}
+
+// An array of tables ([[x]]), or nullptr (absent, or reported as the wrong type).
+const toml::array* Loader::table_array(const toml::node* node, Pos pos, const std::string& key) {
+  if (!node) return nullptr;
+  const toml::array* array = node->as_array();
+  if (array && (array->empty() || array->is_array_of_tables())) return array;
+  sink_.add(node->source().begin ? pos_of(node->source()) : pos, key,
+            "expected an array of tables [[" + key + "]], got " + type_name(node->type()));
+  return nullptr;
+}
+
+void Loader::read_sections(const toml::table& root) {
+  TableReader reader(sink_, root, "",
+                     {"cluster", "fabric", "membership", "logging", "model", "router",
+                      "kv_offload", "speculative", "node", "instance"});
+  if (auto* t = section(root, "cluster", true)) read_cluster(*t);
+  if (auto* t = section(root, "fabric", false)) read_fabric(*t);
+  if (auto* t = section(root, "membership", false)) read_membership(*t);
+  if (auto* t = section(root, "logging", false)) read_logging(*t);
+  if (auto* t = section(root, "model", true)) read_model(*t);
+  if (auto* t = section(root, "router", false)) read_router(*t);
+  if (auto* t = section(root, "kv_offload", false)) read_kv_offload(*t);
+  if (auto* t = section(root, "speculative", false)) read_speculative(*t);
+  if (const toml::array* nodes = table_array(root.get("node"), {}, "node")) {
+    for (size_t i = 0; i < nodes->size(); ++i) read_node(*nodes->get(i)->as_table(), i);
+  }
+  // Top-level [[instance]] tables join the node they name, so they come after all nodes.
+  if (const toml::array* instances = table_array(root.get("instance"), {}, "instance")) {
+    for (size_t i = 0; i < instances->size(); ++i) {
+      read_instance(*instances->get(i)->as_table(), "instance[" + std::to_string(i) + "]",
+                    no_index, true);
+    }
+  }
+}
+
+void Loader::read_cluster(const toml::table& table) {
+  TableReader reader(sink_, table, "cluster", {"name", "protocol_version"});
+  reader.read_name("name", manifest_.cluster.name);
+  uint32_t version = protocol_version_current;
+  if (reader.read_int("protocol_version", 0, std::numeric_limits<int32_t>::max(), version) &&
+      version != protocol_version_current) {
+    reader.issue("protocol_version", "unsupported protocol_version " + std::to_string(version) +
+                                         "; this build speaks " +
+                                         std::to_string(protocol_version_current));
+  }
+}
+
+void Loader::read_fabric(const toml::table& table) {
+  TableReader reader(sink_, table, "fabric",
+                     {"provider", "send_queue_max", "frame_bytes_max", "recv_buffers",
+                      "rma_chunk_bytes", "rma_inflight_max", "connect_timeout_ms", "spin_us"});
+  FabricSection& fabric = manifest_.fabric;
+  size_t provider_index = no_index;
+  if (reader.read_one_of("provider", providers, provider_index) && provider_index != no_index) {
+    fabric.provider = std::string(providers[provider_index]);
+  }
+  reader.read_int("send_queue_max", 1, 1 << 20, fabric.send_queue_max);
+  reader.read_int("frame_bytes_max", 4 << 10, 64 << 20, fabric.frame_bytes_max);
+  reader.read_int("recv_buffers", 1, 4096, fabric.recv_buffers);
+  reader.read_int("rma_chunk_bytes", 4 << 10, 1 << 30, fabric.rma_chunk_bytes);
+  reader.read_int("rma_inflight_max", 1, 1024, fabric.rma_inflight_max);
+  reader.read_int("connect_timeout_ms", 10, 600000, fabric.connect_timeout_ms);
+  reader.read_int("spin_us", 0, 1000000, fabric.spin_us);
+}
+
+void Loader::read_membership(const toml::table& table) {
+  TableReader reader(sink_, table, "membership", {"heartbeat_interval_ms", "heartbeat_miss_max"});
+  reader.read_int("heartbeat_interval_ms", 10, 60000, manifest_.membership.heartbeat_interval_ms);
+  reader.read_int("heartbeat_miss_max", 1, 100, manifest_.membership.heartbeat_miss_max);
+}
+
+void Loader::read_logging(const toml::table& table) {
+  TableReader reader(sink_, table, "logging", {"level"});
+  size_t index = no_index;
+  if (reader.read_one_of("level", log_levels, index) && index != no_index) {
+    manifest_.logging.level = std::string(log_levels[index]);
+  }
+}
+
+void Loader::read_model(const toml::table& table) {
+  TableReader reader(sink_, table, "model",
+                     {"name", "path", "block_tokens", "max_model_tokens", "chat_format"});
+  ModelSection& model = manifest_.model;
+  reader.read_string("name", model.name, true);
+  if (reader.read_string("path", model.path, true)) {
+    fs::path path(model.path);
+    if (path.is_relative()) path = fs::path(manifest_.dir) / path;
+    model.path = path.lexically_normal().string();
+  }
+  bool block_ok = reader.read_int("block_tokens", 1, 65536, model.block_tokens);
+  if (block_ok && (model.block_tokens & (model.block_tokens - 1)) != 0) {
+    reader.issue("block_tokens",
+                 "value " + std::to_string(model.block_tokens) + " is not a power of two");
+    block_ok = false;
+  }
+  bool max_ok = reader.read_int("max_model_tokens", 1, 1 << 24, model.max_model_tokens);
+  if (block_ok && max_ok && model.max_model_tokens < model.block_tokens) {
+    reader.issue(reader.find("max_model_tokens") ? "max_model_tokens" : "block_tokens",
+                 "max_model_tokens (" + std::to_string(model.max_model_tokens) +
+                     ") must be at least block_tokens (" + std::to_string(model.block_tokens) +
+                     ")");
+  }
+  reader.read_enum("chat_format", chat_formats_all, model.chat_format);
+}
+
+void Loader::read_router(const toml::table& table) {
+  TableReader reader(sink_, table, "router",
+                     {"policy", "weight_prefix", "weight_queue", "weight_kv_usage",
+                      "prefix_index_blocks_max", "disaggregate_tokens_min"});
+  RouterSection& router = manifest_.router;
+  constexpr double weight_max = 1e6;
+  reader.read_enum("policy", router_policies_all, router.policy);
+  bool weights_ok = reader.read_double("weight_prefix", 0.0, weight_max, router.weight_prefix);
+  weights_ok &= reader.read_double("weight_queue", 0.0, weight_max, router.weight_queue);
+  weights_ok &= reader.read_double("weight_kv_usage", 0.0, weight_max, router.weight_kv_usage);
+  if (weights_ok && router.weight_prefix == 0.0 && router.weight_queue == 0.0 &&
+      router.weight_kv_usage == 0.0) {
+    reader.issue("weight_prefix",
+                 "weight_prefix, weight_queue and weight_kv_usage are all zero; at least one "
+                 "must be positive");
+  }
+  reader.read_int("prefix_index_blocks_max", 1, 100000000, router.prefix_index_blocks_max);
+  reader.read_int("disaggregate_tokens_min", 0, std::numeric_limits<int32_t>::max(),
+                  router.disaggregate_tokens_min);
+}
+
+void Loader::read_kv_offload(const toml::table& table) {
+  TableReader reader(sink_, table, "kv_offload",
+                     {"enabled", "path", "capacity_bytes", "host_cache_bytes"});
+  KvOffloadSection& kv = manifest_.kv_offload;
+  constexpr int64_t bytes_max = std::numeric_limits<int64_t>::max();
+  reader.read_bool("enabled", kv.enabled);
+  if (reader.read_string("path", kv.path) && !kv.path.empty()) {
+    fs::path path(kv.path);
+    if (path.is_relative()) path = fs::path(manifest_.dir) / path;
+    kv.path = path.lexically_normal().string();
+  }
+  if (kv.enabled && !reader.find("path")) {
+    reader.issue("path", "required when kv_offload.enabled is true");
+  } else if (kv.enabled && reader.find("path") && kv.path.empty()) {
+    reader.issue("path", "must not be empty when kv_offload.enabled is true");
+  }
+  reader.read_int("capacity_bytes", 0, bytes_max, kv.capacity_bytes);
+  reader.read_int("host_cache_bytes", 0, bytes_max, kv.host_cache_bytes);
+}
+
+void Loader::read_speculative(const toml::table& table) {
+  TableReader reader(sink_, table, "speculative", {"method", "draft_tokens_max"});
+  reader.read_enum("method", speculative_methods_all, manifest_.speculative.method);
+  reader.read_int("draft_tokens_max", 1, 16, manifest_.speculative.draft_tokens_max);
+}
+
+void Loader::read_node(const toml::table& table, size_t index) {
+  std::string path = "node[" + std::to_string(index) + "]";
+  TableReader reader(sink_, table, path,
+                     {"name", "host", "fabric_port", "admin_port", "http_port", "instance"});
+  Node node;
+  node.line = reader.pos().line;
+  NodeDecl decl{path, reader.pos(), reader.pos("name"),
+                {reader.pos("fabric_port"), reader.pos("admin_port"), reader.pos("http_port")}};
+  reader.read_name("name", node.name);
+  if (reader.read_string("host", node.host, true) &&
+      node.host.find_first_of(" \t\r\n") != std::string::npos) {
+    reader.issue("host", "'" + node.host + "' contains whitespace");
+    node.host.clear();
+  }
+  reader.read_int("fabric_port", 1, 65535, node.fabric_port, true);
+  uint16_t port = 0;
+  if (reader.find("admin_port") && reader.read_int("admin_port", 1, 65535, port)) {
+    node.admin_port = port;
+  }
+  if (reader.find("http_port") && reader.read_int("http_port", 1, 65535, port)) {
+    node.http_port = port;
+  }
+  size_t node_index = manifest_.nodes.size();
+  manifest_.nodes.push_back(std::move(node));
+  node_decls_.push_back(std::move(decl));
+  RT_ASSERT(manifest_.nodes.size() == node_decls_.size(), "node lists out of step");
+  if (const toml::array* list =
+          table_array(table.get("instance"), reader.pos(), reader.key("instance"))) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      read_instance(*list->get(i)->as_table(), path + ".instance[" + std::to_string(i) + "]",
+                    node_index, false);
+    }
+  }
+}
+
+void Loader::read_instance(const toml::table& table, std::string path, size_t node_index,
+                           bool top_level) {
+  RT_ASSERT(top_level == (node_index == no_index), "top-level instances resolve their node");
+  static constexpr std::array<std::string_view, 7> keys = {
+      "node", "role", "name", "count", "device", "devices", "executor"};
+  // "node" only in top-level [[instance]] tables.
+  auto known = top_level ? std::span(keys) : std::span(keys).subspan(1);
+  TableReader reader(sink_, table, path, known);
+  InstanceDecl decl;
+  decl.path = path;
+  decl.pos = reader.pos();
+  decl.name_pos = reader.pos("name");
+  decl.proto.line = decl.pos.line;
+  bool role_ok = reader.read_enum("role", roles_all, decl.proto.role, true);
+  roles_known_ = roles_known_ && role_ok;
+  bool name_ok = reader.read_name("name", decl.proto.name);
+  reader.read_int("count", 1, instance_count_max, decl.count);
+  decl.node_index = top_level ? resolve_node(reader) : node_index;
+  if (role_ok) read_role_keys(reader, decl);
+  decl.usable = role_ok && name_ok && decl.node_index != no_index;
+  decls_.push_back(std::move(decl));
+}
+
+// A top-level [[instance]] names its node; without one it is a role without a node.
+size_t Loader::resolve_node(TableReader& reader) {
+  std::string name;
+  if (!reader.find("node")) {
+    reader.issue("node", "role without a node: a top-level [[instance]] must name its node "
+                         "(node = \"...\")");
+    return no_index;
+  }
+  if (!reader.read_string("node", name, true)) return no_index;
+  for (size_t i = 0; i < manifest_.nodes.size(); ++i) {
+    if (manifest_.nodes[i].name == name) return i;
+  }
+  std::string known;
+  for (const auto& node : manifest_.nodes) known += (known.empty() ? "" : ", ") + node.name;
+  reader.issue("node", "role without a node: no node named '" + name + "' (nodes: " +
+                           (known.empty() ? std::string("none") : known) + ")");
+  return no_index;
+}
+
+void Loader::read_role_keys(TableReader& reader, InstanceDecl& decl) {
+  Role role = decl.proto.role;
+  bool executor = role == Role::executor;
+  bool needs_executor = role == Role::prefill || role == Role::decode;
+  std::string role_text(to_string(role));
+  for (std::string_view key : {"device", "devices"}) {
+    if (!executor && reader.find(key)) {
+      reader.issue(key, "only executor instances take '" + std::string(key) + "' (this is a " +
+                            role_text + ")");
+    }
+  }
+  if (!needs_executor && reader.find("executor")) {
+    reader.issue("executor",
+                 "only prefill and decode instances take 'executor' (this is a " + role_text +
+                     ")");
+  }
+  if (executor) {
+    reader.read_enum("device", device_kinds_all, decl.proto.device);
+    read_devices(reader, decl);
+  }
+  if (needs_executor) {
+    decl.executor_pos = reader.pos("executor");
+    if (!reader.find("executor")) {
+      reader.issue("executor", "executor reference missing: a " + role_text +
+                                   " instance names the executor instance (same node) that "
+                                   "runs its batches");
+    } else {
+      reader.read_string("executor", decl.proto.executor, true);
+    }
+  }
+}
+
+// devices = [..]: split into `count` equal consecutive slices. Default: one device per
+// instance, indices 0..count-1.
+void Loader::read_devices(TableReader& reader, InstanceDecl& decl) {
+  decl.devices_pos = reader.pos("devices");
+  std::vector<uint32_t>& ids = decl.proto.device_ids;
+  const toml::node* node = reader.find("devices");
+  if (!node) {
+    for (uint32_t i = 0; i < decl.count; ++i) ids.push_back(i);
+    return;
+  }
+  const toml::array* array = node->as_array();
+  if (!array) {
+    reader.issue("devices", "expected an array of device indices, got " +
+                                type_name(node->type()));
+    return;
+  }
+  std::vector<uint32_t> read;
+  std::string key = reader.key("devices");
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& element = *array->get(i);
+    std::optional<int64_t> value = element.value_exact<int64_t>();
+    std::string element_key = key + "[" + std::to_string(i) + "]";
+    if (!value || *value < 0 || *value > 65535) {
+      sink_.add(pos_of(element.source()), element_key,
+                "expected a device index (an integer 0..65535), got " +
+                    (value ? std::to_string(*value) : type_name(element.type())));
+      return;
+    }
+    if (std::find(read.begin(), read.end(), *value) != read.end()) {
+      sink_.add(pos_of(element.source()), element_key,
+                "device index " + std::to_string(*value) + " is listed twice");
+      return;
+    }
+    read.push_back(static_cast<uint32_t>(*value));
+  }
+  if (read.empty()) {
+    reader.issue("devices", "must list at least one device index");
+  } else if (read.size() % decl.count != 0) {
+    reader.issue("devices", std::to_string(read.size()) + " device indices do not split into " +
+                                std::to_string(decl.count) + " equal slices (count = " +
+                                std::to_string(decl.count) + ")");
+  } else {
+    ids = std::move(read);
+  }
+}
+
+void Loader::expand() {
+  origins_.assign(manifest_.nodes.size(), {});
+  for (size_t d = 0; d < decls_.size(); ++d) {
+    const InstanceDecl& decl = decls_[d];
+    if (!decl.usable) continue;
+    RT_ASSERT(decl.node_index < manifest_.nodes.size(), decl.path);
+    RT_ASSERT(decl.count >= 1 && decl.count <= instance_count_max, decl.path);
+    Node& node = manifest_.nodes[decl.node_index];
+    size_t slice_count = decl.proto.device_ids.size() / decl.count;
+    for (uint32_t copy = 0; copy < decl.count; ++copy) {
+      Instance instance = decl.proto;
+      if (decl.count > 1) {
+        instance.name += "-" + std::to_string(copy);
+        if (!instance.executor.empty()) instance.executor += "-" + std::to_string(copy);
+      }
+      auto first = decl.proto.device_ids.begin() + static_cast<ptrdiff_t>(copy * slice_count);
+      instance.device_ids.assign(first, first + static_cast<ptrdiff_t>(slice_count));
+      node.instances.push_back(std::move(instance));
+      origins_[decl.node_index].push_back({d, copy});
+    }
+  }
+}
+
+void Loader::check_names() {
+  std::map<std::string, size_t> nodes_by_name;
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    const std::string& name = manifest_.nodes[n].name;
+    if (name.empty()) continue;
+    auto [it, fresh] = nodes_by_name.emplace(name, n);
+    if (fresh) continue;
+    const NodeDecl& first = node_decls_[it->second];
+    sink_.add(node_decls_[n].name_pos, node_decls_[n].path + ".name",
+              "duplicate node name '" + name + "' (first used by " + first.path + " at line " +
+                  std::to_string(first.pos.line) + ")");
+  }
+  std::map<std::string, const InstanceDecl*> instances_by_name;
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    for (size_t i = 0; i < manifest_.nodes[n].instances.size(); ++i) {
+      const std::string& name = manifest_.nodes[n].instances[i].name;
+      const InstanceDecl& decl = decls_[origins_[n][i].decl_index];
+      auto [it, fresh] = instances_by_name.emplace(name, &decl);
+      if (fresh) continue;
+      sink_.add(decl.name_pos, decl.path + ".name",
+                "duplicate instance name '" + name + "' (also " + it->second->path +
+                    " at line " + std::to_string(it->second->pos.line) +
+                    "; names are unique across the cluster after count expansion)");
+    }
+  }
+}
+
+// No two listeners on one host may share a port: fabric, admin and http of every node.
+void Loader::check_ports() {
+  std::map<std::pair<std::string, uint16_t>, std::pair<size_t, size_t>> used;  // -> node, key
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    const Node& node = manifest_.nodes[n];
+    if (node.host.empty()) continue;
+    std::array<std::optional<uint16_t>, 3> ports = {node.fabric_port, node.admin_port,
+                                                    node.http_port};
+    if (node.fabric_port == 0) ports[0].reset();
+    for (size_t k = 0; k < ports.size(); ++k) {
+      if (!ports[k]) continue;
+      auto [it, fresh] = used.emplace(std::pair(node.host, *ports[k]), std::pair(n, k));
+      if (fresh) continue;
+      auto [other_node, other_key] = it->second;
+      std::string owner = other_node == n
+                              ? "this node's " + std::string(port_keys[other_key])
+                              : "node '" + manifest_.nodes[other_node].name + "' (" +
+                                    node_decls_[other_node].path + "." +
+                                    std::string(port_keys[other_key]) + ")";
+      sink_.add(node_decls_[n].port_pos[k], node_decls_[n].path + "." + std::string(port_keys[k]),
+                node.host + ":" + std::to_string(*ports[k]) + " is already used by " + owner);
+    }
+  }
+}
+
+void Loader::check_executors() {
+  std::map<std::string, std::string> served_by;  // executor name -> prefill/decode name
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    for (size_t i = 0; i < manifest_.nodes[n].instances.size(); ++i) {
+      check_executor_use(n, i, served_by);
+    }
+  }
+}
+
+void Loader::check_executor_use(size_t node_index, size_t instance_index,
+                                std::map<std::string, std::string>& served_by) {
+  const Node& node = manifest_.nodes[node_index];
+  const Instance& user = node.instances[instance_index];
+  if (user.executor.empty()) return;
+  RT_ASSERT(user.role == Role::prefill || user.role == Role::decode, user.name);
+  const InstanceDecl& decl = decls_[origins_[node_index][instance_index].decl_index];
+  std::string key = decl.path + ".executor";
+  std::string who = decl.count > 1 ? "instance '" + user.name + "': " : "";
+  const Node* target_node = nullptr;
+  const Instance* target = nullptr;
+  for (const auto& candidate_node : manifest_.nodes) {
+    for (const auto& candidate : candidate_node.instances) {
+      if (candidate.name == user.executor && !target) {
+        target_node = &candidate_node;
+        target = &candidate;
+      }
+    }
+  }
+  if (!target) {
+    std::string hint = decl.count > 1 ? " (count " + std::to_string(decl.count) +
+                                            " uses '<executor>-i' for instance i; the executor "
+                                            "needs the same count)"
+                                      : "";
+    sink_.add(decl.executor_pos, key, who + "executor reference missing: no instance named '" +
+                                          user.executor + "'" + hint);
+  } else if (target->role != Role::executor) {
+    sink_.add(decl.executor_pos, key, who + "'" + user.executor + "' is a " +
+                                          std::string(to_string(target->role)) +
+                                          " instance, not an executor");
+  } else if (target_node != &node) {
+    sink_.add(decl.executor_pos, key,
+              who + "executor '" + user.executor + "' is on node '" + target_node->name +
+                  "', not on this instance's node '" + node.name + "'");
+  } else if (auto [it, fresh] = served_by.emplace(user.executor, user.name); !fresh) {
+    sink_.add(decl.executor_pos, key,
+              who + "executor '" + user.executor + "' already serves '" + it->second +
+                  "'; each executor serves at most one prefill or decode instance");
+  }
+}
+
+// Two executors on one node must not drive the same device.
+void Loader::check_devices() {
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    std::map<std::pair<DeviceKind, uint32_t>, std::string> owner;
+    const auto& instances = manifest_.nodes[n].instances;
+    for (size_t i = 0; i < instances.size(); ++i) {
+      if (instances[i].role != Role::executor) continue;
+      for (uint32_t id : instances[i].device_ids) {
+        auto [it, fresh] = owner.emplace(std::pair(instances[i].device, id), instances[i].name);
+        if (fresh) continue;
+        const InstanceDecl& decl = decls_[origins_[n][i].decl_index];
+        sink_.add(decl.devices_pos, decl.path + ".devices",
+                  "device " + std::string(to_string(instances[i].device)) + " " +
+                      std::to_string(id) + " of '" + instances[i].name +
+                      "' is already used by executor '" + it->second + "' on this node");
+      }
+    }
+  }
+}
+
+void Loader::check_nodes() {
+  for (const InstanceDecl& decl : decls_) {
+    if (!decl.usable || decl.proto.role != Role::gateway) continue;
+    const Node& node = manifest_.nodes[decl.node_index];
+    if (node.http_port) continue;
+    sink_.add(decl.pos, decl.path + ".role",
+              "a gateway serves HTTP: its node '" + node.name + "' (" +
+                  node_decls_[decl.node_index].path + ") must set http_port");
+  }
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    if (!manifest_.nodes[n].instances.empty()) continue;
+    bool has_declared = std::any_of(decls_.begin(), decls_.end(),
+                                    [n](const InstanceDecl& d) { return d.node_index == n; });
+    if (has_declared) continue;  // its instances had errors, already reported
+    sink_.add(node_decls_[n].pos, node_decls_[n].path,
+              "node '" + manifest_.nodes[n].name + "' has no instances");
+  }
+}
+
+// The cluster can serve only with a gateway, a router, someone to prefill and a decoder.
+// Skipped when an instance's role did not parse: the gap might be that typo.
+void Loader::check_roles() {
+  if (manifest_.nodes.empty()) {
+    sink_.add({}, "node", "the manifest declares no nodes; add at least one [[node]]");
+    return;
+  }
+  if (!roles_known_) return;
+  auto count = [this](Role role) { return manifest_.instances_of(role).size(); };
+  if (count(Role::gateway) == 0) {
+    sink_.add({}, "node", "no gateway instance: the cluster needs at least one");
+  }
+  if (count(Role::router) == 0) {
+    sink_.add({}, "node", "no router instance: the cluster needs at least one");
+  }
+  if (count(Role::prefill) + count(Role::decode) == 0) {
+    sink_.add({}, "node",
+              "no prefill-capable instance (prefill or decode): the cluster needs at least one");
+  }
+  if (count(Role::decode) == 0) {
+    sink_.add({}, "node", "no decode instance: the cluster needs at least one");
+  }
+}
+
+// The directory relative paths resolve against: the file's, made absolute.
+std::string manifest_dir(const std::string& file) {
+  std::error_code error;
+  fs::path dir = fs::path(file).parent_path();
+  fs::path absolute = fs::absolute(dir.empty() ? fs::path(".") : dir, error);
+  return (error ? dir : absolute).lexically_normal().string();
+}
+
+}  // namespace
+
+std::variant<Manifest, ManifestErrors> parse_manifest(std::string_view text,
+                                                      const std::string& file) {
+  Loader loader(file, manifest_dir(file));
+  return loader.run(text);
+}
+
+std::variant<Manifest, ManifestErrors> load_manifest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::string why = std::strerror(errno);
+    return ManifestErrors{{ManifestIssue{path, 0, 0, "file", "cannot open: " + why}}};
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_manifest(text.str(), path);
+}
+
+}  // namespace tandem::config

@@ -53,6 +53,7 @@ struct LoggingSection {
 };
 
 enum class ChatFormat { auto_detect, plain, chatml, minimax_m2 };
+std::string_view to_string(ChatFormat format);  // "auto", "plain", "chatml", "minimax-m2"
 
 struct ModelSection {
   std::string name;                   // served model id (what /v1/models lists)
@@ -64,6 +65,7 @@ struct ModelSection {
 
 // Sections that later work fills in. They exist now so that unknown sections stay errors.
 enum class RouterPolicy { prefix_aware, round_robin, random };
+std::string_view to_string(RouterPolicy policy);  // "prefix-aware", "round-robin", "random"
 struct RouterSection {
   RouterPolicy policy = RouterPolicy::prefix_aware;
   double weight_prefix = 1.0;       // [0, inf)
@@ -81,6 +83,7 @@ struct KvOffloadSection {
 };
 
 enum class SpeculativeMethod { none, ngram, suffix, eagle3 };
+std::string_view to_string(SpeculativeMethod method);  // "none", "ngram", "suffix", "eagle3"
 struct SpeculativeSection {
   SpeculativeMethod method = SpeculativeMethod::none;
   uint32_t draft_tokens_max = 4;

@@ -1,0 +1,176 @@
+// Names of the manifest's enums, issue formatting, lookups and the human summary.
+// The parser and validator live in manifest.cpp.
+#include "config/manifest.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <map>
+
+namespace tandem::config {
+
+std::string_view to_string(Role role) {
+  switch (role) {
+    case Role::gateway: return "gateway";
+    case Role::router: return "router";
+    case Role::prefill: return "prefill";
+    case Role::decode: return "decode";
+    case Role::kv_offload: return "kv-offload";
+    case Role::executor: return "executor";
+  }
+  RT_ASSERT(false, "unknown Role", static_cast<int>(role));
+  return {};
+}
+
+std::optional<Role> role_from_string(std::string_view text) {
+  for (Role role : roles_all) {
+    if (to_string(role) == text) return role;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::sim: return "sim";
+    case DeviceKind::rbln: return "rbln";
+  }
+  RT_ASSERT(false, "unknown DeviceKind", static_cast<int>(kind));
+  return {};
+}
+
+std::optional<DeviceKind> device_kind_from_string(std::string_view text) {
+  for (DeviceKind kind : {DeviceKind::cpu, DeviceKind::sim, DeviceKind::rbln}) {
+    if (to_string(kind) == text) return kind;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::auto_detect: return "auto";
+    case ChatFormat::plain: return "plain";
+    case ChatFormat::chatml: return "chatml";
+    case ChatFormat::minimax_m2: return "minimax-m2";
+  }
+  RT_ASSERT(false, "unknown ChatFormat", static_cast<int>(format));
+  return {};
+}
+
+std::string_view to_string(RouterPolicy policy) {
+  switch (policy) {
+    case RouterPolicy::prefix_aware: return "prefix-aware";
+    case RouterPolicy::round_robin: return "round-robin";
+    case RouterPolicy::random: return "random";
+  }
+  RT_ASSERT(false, "unknown RouterPolicy", static_cast<int>(policy));
+  return {};
+}
+
+std::string_view to_string(SpeculativeMethod method) {
+  switch (method) {
+    case SpeculativeMethod::none: return "none";
+    case SpeculativeMethod::ngram: return "ngram";
+    case SpeculativeMethod::suffix: return "suffix";
+    case SpeculativeMethod::eagle3: return "eagle3";
+  }
+  RT_ASSERT(false, "unknown SpeculativeMethod", static_cast<int>(method));
+  return {};
+}
+
+std::string ManifestIssue::describe() const {
+  std::string out = file;
+  if (line > 0) {
+    out += ":" + std::to_string(line);
+    if (column > 0) out += ":" + std::to_string(column);
+  }
+  out += ": " + key + ": " + message;
+  return out;
+}
+
+std::string ManifestErrors::describe() const {
+  RT_ASSERT(!issues.empty(), "ManifestErrors without issues");
+  std::string out;
+  for (const auto& issue : issues) out += issue.describe() + "\n";
+  return out;
+}
+
+const Node* Manifest::find_node(std::string_view name) const {
+  for (const auto& node : nodes) {
+    if (node.name == name) return &node;
+  }
+  return nullptr;
+}
+
+std::vector<std::pair<const Node*, const Instance*>> Manifest::instances_of(Role role) const {
+  std::vector<std::pair<const Node*, const Instance*>> out;
+  for (const auto& node : nodes) {
+    for (const auto& instance : node.instances) {
+      if (instance.role == role) out.emplace_back(&node, &instance);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::string port_text(const std::optional<uint16_t>& port) {
+  return port ? std::to_string(*port) : std::string("-");
+}
+
+// "gateway, router, prefill, decode, executor x2" in roles_all order.
+std::string roles_text(const Node& node) {
+  std::string out;
+  for (Role role : roles_all) {
+    size_t count = std::count_if(node.instances.begin(), node.instances.end(),
+                                 [role](const Instance& i) { return i.role == role; });
+    if (count == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += to_string(role);
+    if (count > 1) out += " x" + std::to_string(count);
+  }
+  return out.empty() ? std::string("(none)") : out;
+}
+
+std::string pad(std::string text, size_t width) {
+  if (text.size() < width) text.append(width - text.size(), ' ');
+  return text + "  ";
+}
+
+}  // namespace
+
+std::string summarize(const Manifest& m) {
+  RT_ASSERT(!m.nodes.empty(), "summarize() of a manifest without nodes");
+  RT_ASSERT(!m.cluster.name.empty(), "summarize() of a manifest without a cluster name");
+  std::string out;
+  out += "cluster   " + m.cluster.name + " (protocol " +
+         std::to_string(m.cluster.protocol_version) + ")\n";
+  out += "fabric    " + m.fabric.provider + "\n";
+  out += "model     " + m.model.name + " at " + m.model.path + "\n";
+  out += "          block " + std::to_string(m.model.block_tokens) + " tokens, context " +
+         std::to_string(m.model.max_model_tokens) + " tokens, chat format " +
+         std::string(to_string(m.model.chat_format)) + "\n";
+  out += "router    " + std::string(to_string(m.router.policy)) + "; speculative " +
+         std::string(to_string(m.speculative.method)) + "; kv offload " +
+         (m.kv_offload.enabled ? "on (" + m.kv_offload.path + ")" : std::string("off")) + "\n";
+  size_t name_width = 4, fabric_width = 6;
+  for (const auto& node : m.nodes) {
+    name_width = std::max(name_width, node.name.size());
+    fabric_width = std::max(fabric_width, node.host.size() + 6);
+  }
+  size_t instance_count = 0;
+  for (const auto& node : m.nodes) instance_count += node.instances.size();
+  out += "\n" + std::to_string(m.nodes.size()) + " node(s), " + std::to_string(instance_count) +
+         " instance(s)\n";
+  out += pad("NAME", name_width) + pad("FABRIC", fabric_width) + pad("ADMIN", 5) +
+         pad("HTTP", 5) + "INSTANCES\n";
+  for (const auto& node : m.nodes) {
+    out += pad(node.name, name_width) +
+           pad(node.host + ":" + std::to_string(node.fabric_port), fabric_width) +
+           pad(port_text(node.admin_port), 5) + pad(port_text(node.http_port), 5) +
+           roles_text(node) + "\n";
+  }
+  return out;
+}
+
+}  // namespace tandem::config
