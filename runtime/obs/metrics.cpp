@@ -216,6 +216,8 @@ Registry::Registry(size_t series_max) : series_max_(series_max) {
   RT_ASSERT(series_max_ >= 1, "series_max must be at least 1");
 }
 
+Registry::~Registry() = default;
+
 size_t Registry::series_count() const {
   std::lock_guard lock(mutex_);
   return series_count_;

@@ -99,6 +99,7 @@ class Registry {
  public:
   // series_max: how many series (name + label set) may exist in total; >= 1 (asserted).
   explicit Registry(size_t series_max = 10000);
+  ~Registry();
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
