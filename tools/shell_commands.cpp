@@ -92,6 +92,42 @@ int cmd_ping(ShellContext& ctx, const std::vector<std::string>& args) {
   return ok == count ? 0 : 1;
 }
 
+int cmd_peer_ping(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.size() != 2) {
+    std::printf("usage: peer-ping FROM_NODE TARGET\n");
+    return 1;
+  }
+  return print_answer(ctx.client->admin(args[0], "ping", {args[1]}, ctx.timeout * 3), false);
+}
+
+// rma-test FROM TO [MIB]: FROM exposes a patterned region, TO reads it with one-sided RMA
+// reads, both checksum it; the checksums must agree.
+int cmd_rma_test(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.size() < 2 || args.size() > 3) {
+    std::printf("usage: rma-test FROM_NODE TO_NODE [MIB]\n");
+    return 1;
+  }
+  long mib = args.size() == 3 ? std::atol(args[2].c_str()) : 64;
+  if (mib <= 0 || mib > 1024) {
+    std::printf("MIB must be 1..1024\n");
+    return 1;
+  }
+  auto exposed = ctx.client->admin(args[0], "rma-expose", {std::to_string(mib << 20)}, ctx.timeout * 5);
+  if (!exposed.ok() || !exposed->ok || exposed->rows.size() != 2) return print_answer(exposed, false);
+  const auto& e = exposed->rows[1];  // node, base, bytes, key, checksum
+  auto read = ctx.client->admin(args[1], "rma-read", {e[0], e[1], e[2], e[3]},
+                                std::chrono::milliseconds(60000));
+  (void)ctx.client->admin(args[0], "rma-release", {e[3]}, ctx.timeout);
+  if (!read.ok() || !read->ok || read->rows.size() != 2) return print_answer(read, false);
+  const auto& r = read->rows[1];  // bytes, checksum, micros, gb_per_s
+  bool match = r[1] == e[4];
+  std::printf("%s read %s bytes from %s in %s us (%s GB/s); checksum %s %s %s\n",
+              args[1].c_str(), r[0].c_str(), args[0].c_str(), r[2].c_str(), r[3].c_str(),
+              r[1].c_str(), match ? "==" : "!=", e[4].c_str());
+  std::printf("%s\n", match ? "OK" : "MISMATCH");
+  return match ? 0 : 1;
+}
+
 int cmd_stats(ShellContext& ctx, const std::vector<std::string>& args) {
   if (args.empty()) {
     std::printf("usage: stats NODE\n");
@@ -119,6 +155,10 @@ const std::vector<ShellCommand>& shell_commands() {
       {"nodes", "nodes", "every node: address, up/down, uptime, last heartbeat", cmd_nodes},
       {"actors", "actors [NODE]", "actors on one node, or on all", cmd_actors},
       {"ping", "ping NODE|NODE/ROLE/INST [N]", "fabric round trip in microseconds", cmd_ping},
+      {"peer-ping", "peer-ping FROM TARGET", "round trip from one node to another actor",
+       cmd_peer_ping},
+      {"rma-test", "rma-test FROM TO [MIB]", "RMA read FROM's region on TO, verify checksum",
+       cmd_rma_test},
       {"stats", "stats NODE", "a node's metrics (Prometheus text)", cmd_stats},
       {"help", "help", "this list", cmd_help},
       {"quit", "quit", "leave the shell (also: exit, Ctrl-D)", cmd_quit},

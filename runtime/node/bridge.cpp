@@ -70,6 +70,11 @@ std::vector<ActorName> Bridge::local_actors() const {
 }
 
 Result<std::string> Bridge::address_of(const std::string& node) const {
+  std::shared_lock lock(mu_);
+  return address_of_locked(node);
+}
+
+Result<std::string> Bridge::address_of_locked(const std::string& node) const {
   if (const config::Node* n = manifest_.find_node(node)) {
     return n->host + ":" + std::to_string(n->fabric_port);
   }
@@ -104,7 +109,7 @@ Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correla
     caf::anon_send(it->second, InboundFrame{std::move(frame)});
     return {};
   }
-  auto address = address_of(to.node);
+  auto address = address_of_locked(to.node);
   if (!address.ok()) return address.error();
   auto peer = fabric_->peer(*address);
   if (!peer.ok()) return peer.error();
@@ -117,7 +122,7 @@ Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correla
 void Bridge::reset_peer(const std::string& node) {
   std::shared_lock lock(mu_);
   if (!fabric_) return;
-  if (auto address = address_of(node); address.ok()) fabric_->reset_peer(*address);
+  if (auto address = address_of_locked(node); address.ok()) fabric_->reset_peer(*address);
 }
 
 void Bridge::warn_limited(const std::string& what) {

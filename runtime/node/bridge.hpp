@@ -67,13 +67,15 @@ class Bridge {
   std::string address() const;
   FabricEndpoint* fabric() { return fabric_.get(); }
   const BridgeCounters& counters() const { return counters_; }
+  // "host:port" of a manifest node or a client heard from. Error not_found otherwise.
+  Result<std::string> address_of(const std::string& node) const;
 
   static constexpr size_t clients_max = 1024;  // remembered client addresses (LRU-ish)
 
  private:
   void on_frame(std::span<const std::byte> bytes);
   void deliver(std::shared_ptr<messages::Frame> frame);
-  Result<std::string> address_of(const std::string& node) const;
+  Result<std::string> address_of_locked(const std::string& node) const;  // mu_ held
   void learn_client(const std::string& node, const std::string& address);
   void refuse_version(messages::Frame& frame);
   void warn_limited(const std::string& what);

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "messages/envelope.hpp"
+#include "runtime/node/diagnostics.hpp"
 #include "runtime/node/membership.hpp"
 
 namespace tandem::runtime {
@@ -28,11 +29,17 @@ typename Inspector::result_type inspect(Inspector& f, MembershipEvent& x) {
   return f(caf::meta::type_name("tandem.MembershipEvent"), x.kind, x.node);
 }
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RmaReadDone& x) {
+  return f(caf::meta::type_name("tandem.RmaReadDone"), x.token, x.ok, x.error);
+}
+
 }  // namespace tandem::runtime
 
 CAF_BEGIN_TYPE_ID_BLOCK(tandem, caf::first_custom_type_id)
 CAF_ADD_TYPE_ID(tandem, (tandem::runtime::InboundFrame))
 CAF_ADD_TYPE_ID(tandem, (tandem::runtime::MembershipEvent))
+CAF_ADD_TYPE_ID(tandem, (tandem::runtime::RmaReadDone))
 CAF_END_TYPE_ID_BLOCK(tandem)
 
 namespace tandem::runtime::atoms {

@@ -1,7 +1,6 @@
 #include "runtime/node/node.hpp"
 
 #include <caf/all.hpp>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -10,6 +9,9 @@
 #include "runtime/node/bridge.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/node_metrics.hpp"
+#include "runtime/obs/admin_http.hpp"
+#include "runtime/obs/log.hpp"
 
 namespace tandem::runtime {
 
@@ -22,15 +24,6 @@ void block_stop_signals() {
 }
 
 namespace {
-
-std::shared_ptr<spdlog::logger> node_logger(const std::string& node, const std::string& level) {
-  auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
-  auto log = std::make_shared<spdlog::logger>(node, sink);
-  log->set_pattern("%Y-%m-%d %H:%M:%S.%e [%n] %l: %v");
-  log->set_level(spdlog::level::from_str(level));
-  log->flush_on(spdlog::level::info);
-  return log;
-}
 
 uint64_t new_incarnation() {
   std::random_device rd;
@@ -53,27 +46,54 @@ int wait_for_stop_signal() {
 int run_node(const config::Manifest& manifest, const std::string& node_name) {
   const config::Node* node = manifest.find_node(node_name);
   RT_ASSERT(node != nullptr, node_name);
-  auto log = node_logger(node_name, manifest.logging.level);
+  auto made_log = obs::make_node_logger(node_name, manifest.logging.level);
+  RT_ASSERT(made_log.ok(), "the manifest validated the level");
+  auto log = *made_log;
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::tandem>();
   cfg.set("scheduler.max-threads", 2);
   cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system system{cfg};
+  obs::Registry registry;
+  NodeMetrics metrics(registry, node_name);
   Bridge bridge(manifest, node_name, new_incarnation(), log);
-  if (Status started = bridge.start(); !started.ok()) {
-    log->error("cannot start: {}", started.error().describe());
-    return 1;
+  auto render = [&registry, &metrics, &bridge] {
+    if (auto* fabric = bridge.fabric()) metrics.sync(fabric->counters(), bridge.counters());
+    return registry.render_prometheus();
+  };
+  std::unique_ptr<obs::AdminHttpServer> admin;
+  if (node->admin_port) {
+    std::vector<obs::AdminRoute> routes = {
+        {"/metrics", [render] {
+           return obs::AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
+         }},
+        obs::health_route([] { return obs::HealthStatus{true, "node running"}; })};
+    admin = std::make_unique<obs::AdminHttpServer>(node->host, *node->admin_port, routes);
+    if (Status s = admin->start(); !s.ok()) {
+      log->error("cannot start the admin endpoint: {}", s.error().describe());
+      return 1;
+    }
+    log->info("admin endpoint http://{}:{}/metrics", node->host, *node->admin_port);
   }
   std::vector<caf::actor> actors;
-  NodeActorDeps deps{&manifest, &bridge, log, nullptr, nullptr};
+  NodeActorDeps deps{&manifest, &bridge, log, render,
+                     [&metrics](int64_t up, int64_t total) { metrics.set_peers(up, total); }};
+  metrics.set_peers(0, static_cast<int64_t>(manifest.nodes.size()) - 1);
   actors.push_back(spawn_node_actor(system, std::move(deps)));
   for (const auto& instance : node->instances) {
     actors.push_back(spawn_role_actor(system, &bridge, instance));
+  }
+  // Every actor is registered before the first frame can arrive.
+  if (Status started = bridge.start(); !started.ok()) {
+    log->error("cannot start: {}", started.error().describe());
+    for (auto& actor : actors) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+    return 1;
   }
   log->info("node {} serving {} actor(s); cluster '{}', {} node(s)", node_name, actors.size(),
             manifest.cluster.name, manifest.nodes.size());
   int sig = wait_for_stop_signal();
   log->info("stopping on signal {}", sig);
+  if (admin) admin->stop();
   bridge.stop();
   for (auto& actor : actors) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
   return 0;

@@ -42,6 +42,7 @@ std::vector<std::string> peer_names(const config::Manifest& manifest, const std:
 struct NodeState {
   NodeActorDeps deps;
   std::unique_ptr<Membership> membership;
+  std::unique_ptr<Diagnostics> diagnostics;
   std::set<caf::actor> subscribers;
   Clock::time_point started;
   uint64_t heartbeat_sequence = 0;
@@ -146,39 +147,50 @@ std::string render_rows(const std::vector<std::vector<std::string>>& rows) {
   return out;
 }
 
+void reply_admin(NodeState& st, const AdminCaller& caller, const AdminResult& result) {
+  (void)st.deps.bridge->send(self_name(st), caller.who, caller.correlation,
+                             [&](wire::Envelope::Builder b) {
+                               auto reply = b.getBody().initAdminReply();
+                               reply.setOk(result.ok);
+                               reply.setText(result.text);
+                               auto list = reply.initRows(result.rows.size());
+                               for (size_t r = 0; r < result.rows.size(); ++r) {
+                                 auto cells = list.init(r, result.rows[r].size());
+                                 for (size_t c = 0; c < result.rows[r].size(); ++c)
+                                   cells.set(c, result.rows[r][c]);
+                               }
+                             });
+}
+
 void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto request = envelope.getBody().getAdminRequest();
   std::string command = request.getCommand();
-  std::vector<std::vector<std::string>> rows;
-  std::string text;
-  bool ok = true;
+  std::vector<std::string> args;
+  for (auto arg : request.getArgs()) args.emplace_back(arg);
+  AdminCaller caller{messages::get_name(envelope.getSource()), envelope.getCorrelationId()};
+  AdminResult result;
   if (command == "nodes") {
-    rows = nodes_rows(st);
-    text = render_rows(rows);
+    result.rows = nodes_rows(st);
+    result.text = render_rows(result.rows);
   } else if (command == "actors") {
-    rows.push_back({"actor"});
-    for (const auto& name : st.deps.bridge->local_actors()) rows.push_back({name.to_string()});
-    text = render_rows(rows);
+    result.rows.push_back({"actor"});
+    for (const auto& name : st.deps.bridge->local_actors()) result.rows.push_back({name.to_string()});
+    result.text = render_rows(result.rows);
   } else if (command == "stats") {
-    text = st.deps.render_metrics ? st.deps.render_metrics() : "";
+    result.text = st.deps.render_metrics ? st.deps.render_metrics() : "";
+  } else if (command == "ping") {
+    return st.diagnostics->ping(caller, args);
+  } else if (command == "rma-expose") {
+    return st.diagnostics->rma_expose(caller, args);
+  } else if (command == "rma-read") {
+    return st.diagnostics->rma_read(caller, args);
+  } else if (command == "rma-release") {
+    return st.diagnostics->rma_release(caller, args);
   } else {
-    ok = false;
-    text = "unknown admin command '" + command + "'";
+    result = AdminResult{false, "unknown admin command '" + command + "'\n", {}};
   }
-  ActorName to = messages::get_name(envelope.getSource());
-  (void)st.deps.bridge->send(self_name(st), to, envelope.getCorrelationId(),
-                             [&](wire::Envelope::Builder b) {
-                               auto reply = b.getBody().initAdminReply();
-                               reply.setOk(ok);
-                               reply.setText(text);
-                               auto list = reply.initRows(rows.size());
-                               for (size_t r = 0; r < rows.size(); ++r) {
-                                 auto cells = list.init(r, rows[r].size());
-                                 for (size_t c = 0; c < rows[r].size(); ++c)
-                                   cells.set(c, rows[r][c]);
-                               }
-                             });
+  reply_admin(st, caller, result);
 }
 
 void answer_ping(Bridge* bridge, const ActorName& self_name, wire::Envelope::Reader envelope) {
@@ -244,6 +256,9 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
     case wire::Envelope::Body::PING:
       answer_ping(st.deps.bridge, self_name(st), envelope);
       return;
+    case wire::Envelope::Body::PONG:
+      st.diagnostics->on_pong(envelope.getCorrelationId());
+      return;
     case wire::Envelope::Body::ADMIN_REQUEST:
       answer_admin(self, envelope);
       return;
@@ -262,6 +277,13 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
       peer_names(*st.deps.manifest, st.deps.bridge->node()),
       std::chrono::milliseconds(st.deps.manifest->membership.heartbeat_interval_ms),
       st.deps.manifest->membership.heartbeat_miss_max);
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  st.diagnostics = std::make_unique<Diagnostics>(
+      st.deps.bridge,
+      [self](const AdminCaller& caller, const AdminResult& result) {
+        reply_admin(self->state, caller, result);
+      },
+      [me](RmaReadDone done) { caf::anon_send(me, std::move(done)); });
   for (const auto& [peer, view] : st.membership->peers()) send_hello(self, peer);
   auto interval = std::chrono::milliseconds(st.deps.manifest->membership.heartbeat_interval_ms);
   self->delayed_send(self, interval, atoms::tick::value);
@@ -275,8 +297,10 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
       },
       [self, interval](atoms::tick) {
         heartbeat_tick(self);
+        self->state.diagnostics->expire(Clock::now());
         self->delayed_send(self, interval, atoms::tick::value);
       },
+      [self](const RmaReadDone& done) { self->state.diagnostics->on_read_done(done); },
       [self](atoms::subscribe, caf::actor subscriber) {
         auto& subs = self->state.subscribers;
         if (subs.size() < NodeState::subscribers_max) subs.insert(std::move(subscriber));

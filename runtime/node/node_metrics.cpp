@@ -1,0 +1,87 @@
+#include "runtime/node/node_metrics.hpp"
+
+namespace tandem::runtime {
+
+namespace {
+
+obs::Counter* counter(obs::Registry& registry, const char* name, const char* help,
+                      obs::Labels labels) {
+  auto made = registry.counter(name, help, std::move(labels));
+  RT_ASSERT(made.ok(), name, made.ok() ? "" : made.error().describe());
+  return *made;
+}
+
+obs::Gauge* gauge(obs::Registry& registry, const char* name, const char* help,
+                  obs::Labels labels) {
+  auto made = registry.gauge(name, help, std::move(labels));
+  RT_ASSERT(made.ok(), name, made.ok() ? "" : made.error().describe());
+  return *made;
+}
+
+}  // namespace
+
+NodeMetrics::NodeMetrics(obs::Registry& registry, const std::string& node) {
+  obs::Labels n = {{"node", node}};
+  auto with = [&](const char* reason) {
+    obs::Labels l = n;
+    l.emplace_back("reason", reason);
+    return l;
+  };
+  const char* dropped_help = "frames received and dropped, by reason";
+  frames_sent_.metric = counter(registry, "tandem_fabric_frames_sent_total", "frames sent", n);
+  bytes_sent_.metric = counter(registry, "tandem_fabric_bytes_sent_total", "bytes sent", n);
+  frames_received_.metric =
+      counter(registry, "tandem_fabric_frames_received_total", "frames received", n);
+  bytes_received_.metric =
+      counter(registry, "tandem_fabric_bytes_received_total", "bytes received", n);
+  frames_local_.metric = counter(registry, "tandem_fabric_frames_local_total",
+                                 "frames delivered to a local actor without the fabric", n);
+  dropped_oversized_.metric =
+      counter(registry, "tandem_fabric_frames_dropped_total", dropped_help, with("oversized"));
+  dropped_malformed_.metric =
+      counter(registry, "tandem_fabric_frames_dropped_total", dropped_help, with("malformed"));
+  dropped_version_.metric =
+      counter(registry, "tandem_fabric_frames_dropped_total", dropped_help, with("version"));
+  dropped_unroutable_.metric =
+      counter(registry, "tandem_fabric_frames_dropped_total", dropped_help, with("unroutable"));
+  send_errors_.metric =
+      counter(registry, "tandem_fabric_send_errors_total", "sends that completed in error", n);
+  sends_refused_.metric = counter(registry, "tandem_fabric_sends_refused_total",
+                                  "sends refused by backpressure (peer queue full)", n);
+  rma_reads_.metric = counter(registry, "tandem_rma_reads_total", "RMA reads completed", n);
+  rma_bytes_.metric = counter(registry, "tandem_rma_bytes_total", "bytes moved by RMA reads", n);
+  rma_errors_.metric = counter(registry, "tandem_rma_errors_total", "RMA read chunks failed", n);
+  peers_up_ = gauge(registry, "tandem_peers_up", "peer nodes currently up", n);
+  peers_total_ = gauge(registry, "tandem_peers", "peer nodes in the manifest", n);
+}
+
+void NodeMetrics::advance(Pair& pair, uint64_t now_value) {
+  RT_ASSERT(now_value >= pair.last, now_value, pair.last);  // counters only grow
+  pair.metric->inc(now_value - pair.last);
+  pair.last = now_value;
+}
+
+void NodeMetrics::sync(const FabricCounters& f, const BridgeCounters& b) {
+  std::lock_guard lock(mu_);
+  advance(frames_sent_, f.frames_sent.load());
+  advance(bytes_sent_, f.bytes_sent.load());
+  advance(frames_received_, f.frames_received.load());
+  advance(bytes_received_, f.bytes_received.load());
+  advance(frames_local_, b.frames_local.load());
+  advance(dropped_oversized_, f.frames_dropped.load());
+  advance(dropped_malformed_, b.frames_malformed.load());
+  advance(dropped_version_, b.frames_version_refused.load());
+  advance(dropped_unroutable_, b.frames_unroutable.load());
+  advance(send_errors_, f.send_errors.load());
+  advance(sends_refused_, f.sends_refused.load());
+  advance(rma_reads_, f.rma_reads.load());
+  advance(rma_bytes_, f.rma_bytes.load());
+  advance(rma_errors_, f.rma_errors.load());
+}
+
+void NodeMetrics::set_peers(int64_t up, int64_t total) {
+  peers_up_->set(static_cast<double>(up));
+  peers_total_->set(static_cast<double>(total));
+}
+
+}  // namespace tandem::runtime

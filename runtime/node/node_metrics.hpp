@@ -1,0 +1,38 @@
+// The node's own metrics: fabric traffic, RMA, frames dropped by reason, peers up.
+// Fabric and bridge counters are plain atomics on the hot path; sync() copies them into
+// the registry right before it is rendered (admin HTTP thread or the node actor), under
+// this object's mutex.
+#pragma once
+
+#include <mutex>
+
+#include "runtime/fabric/endpoint.hpp"
+#include "runtime/node/bridge.hpp"
+#include "runtime/obs/metrics.hpp"
+
+namespace tandem::runtime {
+
+class NodeMetrics {
+ public:
+  // `registry` outlives this object. Asserts the registry accepts the series (fixed names).
+  NodeMetrics(obs::Registry& registry, const std::string& node);
+
+  void sync(const FabricCounters& fabric, const BridgeCounters& bridge);
+  void set_peers(int64_t up, int64_t total);
+
+ private:
+  struct Pair {
+    obs::Counter* metric;
+    uint64_t last = 0;
+  };
+  void advance(Pair& pair, uint64_t now_value);
+
+  std::mutex mu_;
+  Pair frames_sent_, bytes_sent_, frames_received_, bytes_received_;
+  Pair dropped_oversized_, dropped_malformed_, dropped_version_, dropped_unroutable_;
+  Pair send_errors_, sends_refused_, rma_reads_, rma_bytes_, rma_errors_, frames_local_;
+  obs::Gauge* peers_up_;
+  obs::Gauge* peers_total_;
+};
+
+}  // namespace tandem::runtime
