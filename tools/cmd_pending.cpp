@@ -15,7 +15,6 @@ int cmd_check(cli::Args) { return pending("check"); }
 int cmd_node(cli::Args) { return pending("node"); }
 int cmd_up(cli::Args) { return pending("up"); }
 int cmd_shell(cli::Args) { return pending("shell"); }
-int cmd_bench(cli::Args) { return pending("bench"); }
 int cmd_model(cli::Args) { return pending("model"); }
 
 }  // namespace tandem::tools
