@@ -11,8 +11,6 @@ int pending(const char* name) {
 }
 }  // namespace
 
-int cmd_bench(cli::Args) { return pending("bench"); }
-int cmd_generate(cli::Args) { return pending("generate"); }
 int cmd_model(cli::Args) { return pending("model"); }
 
 }  // namespace tandem::tools

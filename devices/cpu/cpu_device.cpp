@@ -1,0 +1,505 @@
+#include "devices/cpu/cpu_device.hpp"
+
+#include <cblas.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+namespace tandem::devices::cpu {
+namespace {
+
+// C[M,N] = A[M,K] * W[N,K]^T + beta * C   (W row-major [out, in])
+void gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
+             float beta = 0.0f) {
+  RT_ASSERT(m > 0 && n > 0 && k > 0, "gemm dims", m, n, k);
+  RT_ASSERT(a != nullptr && w != nullptr && c != nullptr, "gemm null operand");
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.0f, a, static_cast<int>(k), w, static_cast<int>(k), beta, c,
+              static_cast<int>(n));
+}
+
+void rmsnorm(float* out, const float* x, const float* weight, uint32_t n, float eps) {
+  float ss = 0.0f;
+  for (uint32_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (uint32_t i = 0; i < n; ++i) out[i] = weight[i] * (scale * x[i]);
+}
+
+float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// Anonymous page-aligned memory for the KV pool; zero-filled by the kernel.
+class PoolMemory {
+ public:
+  static Result<std::unique_ptr<PoolMemory>> allocate(uint64_t bytes) {
+    void* addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (addr == MAP_FAILED) {
+      return make_error(ErrorKind::failed,
+                        "cpu device: cannot allocate a KV pool of " + std::to_string(bytes) +
+                            " bytes");
+    }
+    return std::unique_ptr<PoolMemory>(new PoolMemory(static_cast<std::byte*>(addr), bytes));
+  }
+  ~PoolMemory() { munmap(base_, bytes_); }
+  PoolMemory(const PoolMemory&) = delete;
+  PoolMemory& operator=(const PoolMemory&) = delete;
+  std::byte* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  PoolMemory(std::byte* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
+  std::byte* base_;
+  uint64_t bytes_;
+};
+
+// A sequence of either kind, as the forward pass sees it.
+struct SeqView {
+  uint64_t seq_id;
+  const std::vector<uint32_t>* block_table;
+  uint32_t start_pos;
+  const std::vector<int32_t>* tokens;
+};
+
+// One new token of the batch.
+struct TokenSlot {
+  uint32_t seq_index;
+  uint32_t pos;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(ModelWeights weights, KvLayout layout, std::unique_ptr<PoolMemory> pool)
+      : w_(std::move(weights)), layout_(layout), pool_(std::move(pool)) {
+    RT_ASSERT(pool_->bytes() == layout_.pool_bytes(), "pool size");
+    RT_ASSERT(layout_.element_bytes == sizeof(float), "cpu pool is fp32");
+  }
+
+  const ModelConfig& model_config() const override { return w_.config; }
+  const KvLayout& kv_layout() const override { return layout_; }
+  MemoryRegion kv_region() override { return {pool_->base(), pool_->bytes()}; }
+  uint64_t bytes_per_token() const { return w_.bytes_per_token; }
+
+  Result<StepOutput> prefill(std::span<const PrefillSeq> batch) override {
+    std::vector<SeqView> seqs;
+    for (const auto& s : batch) seqs.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
+    return run(seqs, false, "prefill");
+  }
+  Result<StepOutput> decode(std::span<const DecodeSeq> batch) override {
+    std::vector<SeqView> seqs;
+    for (const auto& s : batch) seqs.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
+    return run(seqs, true, "decode");
+  }
+  Status copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) override;
+  Status copy_blocks_in(std::span<const uint32_t> blocks,
+                        std::span<const std::byte> src) override;
+
+ private:
+  Status validate(const std::vector<SeqView>& seqs, const char* what) const;
+  Result<StepOutput> run(const std::vector<SeqView>& seqs, bool all_rows, const char* what);
+  void attention_block(uint32_t layer, const std::vector<SeqView>& seqs,
+                       const std::vector<TokenSlot>& slots);
+  void qkv_project(const LayerWeights& lw, uint32_t tokens_count);
+  void qk_norm_rope(const LayerWeights& lw, const std::vector<TokenSlot>& slots);
+  void attend_one(uint32_t layer, const SeqView& seq, uint32_t pos, const float* q, float* out);
+  void ffn_block(uint32_t layer, uint32_t tokens_count);
+  void moe_block(const LayerWeights& lw, uint32_t tokens_count);
+  StepOutput head(const std::vector<SeqView>& seqs, bool all_rows, uint32_t tokens_count);
+  float* kv_row(const SeqView& seq, uint32_t pos, uint32_t layer, KvPart part) {
+    uint32_t bt = layout_.block_tokens;
+    uint32_t block = (*seq.block_table)[pos / bt];
+    uint64_t off = layout_.slot_offset_bytes(block, layer, part, pos % bt);
+    return reinterpret_cast<float*>(pool_->base() + off);
+  }
+
+  ModelWeights w_;
+  KvLayout layout_;
+  std::unique_ptr<PoolMemory> pool_;
+  // Scratch, resized per pass (grow-only in practice).
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
+};
+
+Status CpuDevice::validate(const std::vector<SeqView>& seqs, const char* what) const {
+  const ModelConfig& c = w_.config;
+  std::string w = std::string("cpu device ") + what;
+  if (seqs.empty()) return make_error(ErrorKind::invalid, w + ": empty batch");
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqView& s = seqs[i];
+    std::string where = w + ": seq " + std::to_string(i) + " (id " + std::to_string(s.seq_id) + ")";
+    if (s.tokens->empty()) return make_error(ErrorKind::invalid, where + ": no tokens");
+    for (int32_t t : *s.tokens) {
+      if (t < 0 || static_cast<uint32_t>(t) >= c.vocab_size) {
+        return make_error(ErrorKind::invalid, where + ": token id " + std::to_string(t) +
+                                                  " outside [0, " + std::to_string(c.vocab_size) +
+                                                  ")");
+      }
+    }
+    uint64_t end_pos = uint64_t{s.start_pos} + s.tokens->size();
+    if (end_pos > c.max_position) {
+      return make_error(ErrorKind::invalid, where + ": positions up to " + std::to_string(end_pos) +
+                                                " exceed max_position " +
+                                                std::to_string(c.max_position));
+    }
+    uint64_t blocks_needed = (end_pos + layout_.block_tokens - 1) / layout_.block_tokens;
+    if (s.block_table->size() < blocks_needed) {
+      return make_error(ErrorKind::invalid,
+                        where + ": block table has " + std::to_string(s.block_table->size()) +
+                            " blocks, positions up to " + std::to_string(end_pos) + " need " +
+                            std::to_string(blocks_needed));
+    }
+    for (uint32_t b : *s.block_table) {
+      if (b >= layout_.blocks_total) {
+        return make_error(ErrorKind::invalid, where + ": block id " + std::to_string(b) +
+                                                  " >= blocks_total " +
+                                                  std::to_string(layout_.blocks_total));
+      }
+    }
+  }
+  return {};
+}
+
+Result<StepOutput> CpuDevice::run(const std::vector<SeqView>& seqs, bool all_rows,
+                                  const char* what) {
+  if (auto st = validate(seqs, what); !st) return st.error();
+  const ModelConfig& c = w_.config;
+  std::vector<TokenSlot> slots;
+  for (uint32_t i = 0; i < seqs.size(); ++i) {
+    for (uint32_t j = 0; j < seqs[i].tokens->size(); ++j) {
+      slots.push_back({i, seqs[i].start_pos + j});
+    }
+  }
+  uint32_t n = static_cast<uint32_t>(slots.size());
+  x_.resize(uint64_t{n} * c.hidden);
+  for (uint32_t t = 0; t < n; ++t) {
+    int32_t id = (*seqs[slots[t].seq_index].tokens)[slots[t].pos - seqs[slots[t].seq_index].start_pos];
+    std::memcpy(&x_[uint64_t{t} * c.hidden], w_.embed + uint64_t(id) * c.hidden,
+                sizeof(float) * c.hidden);
+  }
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    attention_block(l, seqs, slots);
+    ffn_block(l, n);
+  }
+  StepOutput out = head(seqs, all_rows, n);
+  RT_ASSERT(out.seqs.size() == seqs.size(), "one output per sequence");
+  return out;
+}
+
+void CpuDevice::qkv_project(const LayerWeights& lw, uint32_t n) {
+  const ModelConfig& c = w_.config;
+  uint32_t q_out = c.heads * c.head_dim, kv_out = c.kv_heads * c.head_dim;
+  xn_.resize(uint64_t{n} * c.hidden);
+  for (uint32_t t = 0; t < n; ++t) {
+    rmsnorm(&xn_[uint64_t{t} * c.hidden], &x_[uint64_t{t} * c.hidden], lw.attn_norm, c.hidden,
+            c.rms_eps);
+  }
+  q_.resize(uint64_t{n} * q_out);
+  k_.resize(uint64_t{n} * kv_out);
+  v_.resize(uint64_t{n} * kv_out);
+  gemm_nt(xn_.data(), n, c.hidden, lw.wq, q_out, q_.data());
+  gemm_nt(xn_.data(), n, c.hidden, lw.wk, kv_out, k_.data());
+  gemm_nt(xn_.data(), n, c.hidden, lw.wv, kv_out, v_.data());
+  auto add_bias = [n](std::vector<float>& m, const float* bias, uint32_t width) {
+    if (bias == nullptr) return;
+    for (uint32_t t = 0; t < n; ++t) {
+      for (uint32_t i = 0; i < width; ++i) m[uint64_t{t} * width + i] += bias[i];
+    }
+  };
+  add_bias(q_, lw.bq, q_out);
+  add_bias(k_, lw.bk, kv_out);
+  add_bias(v_, lw.bv, kv_out);
+}
+
+// Rotates the first rotary_dim dims of each head of `vec` (heads_count heads) at `pos`.
+void rope(float* vec, uint32_t heads_count, const ModelConfig& c, uint32_t pos) {
+  uint32_t half = c.rotary_dim / 2;
+  for (uint32_t j = 0; j < half; ++j) {
+    float freq = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * j) /
+                                                   static_cast<float>(c.rotary_dim));
+    float angle = static_cast<float>(pos) * freq;
+    float cs = std::cos(angle), sn = std::sin(angle);
+    for (uint32_t h = 0; h < heads_count; ++h) {
+      float* head = vec + uint64_t{h} * c.head_dim;
+      uint32_t a = c.rope_style == RopeStyle::interleaved ? 2 * j : j;
+      uint32_t b = c.rope_style == RopeStyle::interleaved ? 2 * j + 1 : j + half;
+      float x0 = head[a], x1 = head[b];
+      head[a] = x0 * cs - x1 * sn;
+      head[b] = x0 * sn + x1 * cs;
+    }
+  }
+}
+
+// In-place RMSNorm of `count` groups of `width` elements with a shared weight.
+void norm_groups(float* v, uint32_t count, uint32_t width, const float* weight, float eps) {
+  for (uint32_t g = 0; g < count; ++g) rmsnorm(v + uint64_t{g} * width, v + uint64_t{g} * width,
+                                               weight, width, eps);
+}
+
+void CpuDevice::qk_norm_rope(const LayerWeights& lw, const std::vector<TokenSlot>& slots) {
+  const ModelConfig& c = w_.config;
+  uint32_t q_out = c.heads * c.head_dim, kv_out = c.kv_heads * c.head_dim;
+  for (uint32_t t = 0; t < slots.size(); ++t) {
+    float* q = &q_[uint64_t{t} * q_out];
+    float* k = &k_[uint64_t{t} * kv_out];
+    if (c.qk_norm) {
+      RT_ASSERT(lw.q_norm != nullptr && lw.k_norm != nullptr, "qk_norm weights bound");
+      norm_groups(q, q_out / lw.q_norm_elems, lw.q_norm_elems, lw.q_norm, c.rms_eps);
+      norm_groups(k, kv_out / lw.k_norm_elems, lw.k_norm_elems, lw.k_norm, c.rms_eps);
+    }
+    rope(q, c.heads, c, slots[t].pos);
+    rope(k, c.kv_heads, c, slots[t].pos);
+  }
+}
+
+void CpuDevice::attention_block(uint32_t layer, const std::vector<SeqView>& seqs,
+                                const std::vector<TokenSlot>& slots) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[layer];
+  uint32_t n = static_cast<uint32_t>(slots.size());
+  uint32_t q_out = c.heads * c.head_dim, kv_out = c.kv_heads * c.head_dim;
+  qkv_project(lw, n);
+  qk_norm_rope(lw, slots);
+  // Write every new token's K and V first: a token attends to earlier tokens of its own chunk.
+  for (uint32_t t = 0; t < n; ++t) {
+    const SeqView& s = seqs[slots[t].seq_index];
+    std::memcpy(kv_row(s, slots[t].pos, layer, KvPart::k), &k_[uint64_t{t} * kv_out],
+                sizeof(float) * kv_out);
+    std::memcpy(kv_row(s, slots[t].pos, layer, KvPart::v), &v_[uint64_t{t} * kv_out],
+                sizeof(float) * kv_out);
+  }
+  att_.resize(uint64_t{n} * q_out);
+  for (uint32_t t = 0; t < n; ++t) {
+    attend_one(layer, seqs[slots[t].seq_index], slots[t].pos, &q_[uint64_t{t} * q_out],
+               &att_[uint64_t{t} * q_out]);
+  }
+  // x += att * wo^T
+  gemm_nt(att_.data(), n, q_out, lw.wo, c.hidden, x_.data(), 1.0f);
+}
+
+// Causal attention of one query token (all heads) over positions [0, pos] of its sequence.
+void CpuDevice::attend_one(uint32_t layer, const SeqView& seq, uint32_t pos, const float* q,
+                           float* out) {
+  const ModelConfig& c = w_.config;
+  RT_ASSERT(pos < c.max_position, "pos", pos);
+  RT_ASSERT(c.heads % c.kv_heads == 0, "GQA grouping");
+  uint32_t group = c.heads / c.kv_heads;
+  float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  scores_.resize(pos + 1);
+  for (uint32_t h = 0; h < c.heads; ++h) {
+    const float* qh = q + uint64_t{h} * c.head_dim;
+    uint64_t kv_off = uint64_t{h / group} * c.head_dim;
+    float max_score = -INFINITY;
+    for (uint32_t j = 0; j <= pos; ++j) {
+      const float* kj = kv_row(seq, j, layer, KvPart::k) + kv_off;
+      float dot = 0.0f;
+      for (uint32_t d = 0; d < c.head_dim; ++d) dot += qh[d] * kj[d];
+      scores_[j] = dot * scale;
+      max_score = std::max(max_score, scores_[j]);
+    }
+    float sum = 0.0f;
+    for (uint32_t j = 0; j <= pos; ++j) {
+      scores_[j] = std::exp(scores_[j] - max_score);
+      sum += scores_[j];
+    }
+    float* oh = out + uint64_t{h} * c.head_dim;
+    std::fill(oh, oh + c.head_dim, 0.0f);
+    for (uint32_t j = 0; j <= pos; ++j) {
+      const float* vj = kv_row(seq, j, layer, KvPart::v) + kv_off;
+      float p = scores_[j] / sum;
+      for (uint32_t d = 0; d < c.head_dim; ++d) oh[d] += p * vj[d];
+    }
+  }
+}
+
+void CpuDevice::ffn_block(uint32_t layer, uint32_t n) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[layer];
+  xn_.resize(uint64_t{n} * c.hidden);
+  for (uint32_t t = 0; t < n; ++t) {
+    rmsnorm(&xn_[uint64_t{t} * c.hidden], &x_[uint64_t{t} * c.hidden], lw.ffn_norm, c.hidden,
+            c.rms_eps);
+  }
+  if (c.experts > 0) {
+    moe_block(lw, n);
+    return;
+  }
+  uint64_t width = c.intermediate;
+  gate_.resize(n * width);
+  up_.resize(n * width);
+  gemm_nt(xn_.data(), n, c.hidden, lw.w1, c.intermediate, gate_.data());
+  gemm_nt(xn_.data(), n, c.hidden, lw.w3, c.intermediate, up_.data());
+  for (uint64_t i = 0; i < n * width; ++i) gate_[i] = silu(gate_[i]) * up_[i];
+  gemm_nt(gate_.data(), n, c.intermediate, lw.w2, c.hidden, x_.data(), 1.0f);
+}
+
+// Top-k expert choice for one token: sigmoid scores; bias (if any) only ranks; weights are the
+// chosen experts' sigmoid scores normalized to sum 1. Ties go to the lower expert index.
+void route_token(const float* logits, const float* bias, uint32_t experts, uint32_t k,
+                 std::vector<uint32_t>* chosen, std::vector<float>* weights) {
+  std::vector<float> score(experts), rank(experts);
+  for (uint32_t e = 0; e < experts; ++e) {
+    score[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    rank[e] = score[e] + (bias ? bias[e] : 0.0f);
+  }
+  std::vector<uint32_t> order(experts);
+  std::iota(order.begin(), order.end(), 0u);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&rank](uint32_t a, uint32_t b) {
+    return rank[a] > rank[b] || (rank[a] == rank[b] && a < b);
+  });
+  chosen->assign(order.begin(), order.begin() + k);
+  float sum = 0.0f;
+  for (uint32_t e : *chosen) sum += score[e];
+  weights->clear();
+  for (uint32_t e : *chosen) weights->push_back(score[e] / sum);
+}
+
+void CpuDevice::moe_block(const LayerWeights& lw, uint32_t n) {
+  const ModelConfig& c = w_.config;
+  RT_ASSERT(lw.router != nullptr, "router bound");
+  RT_ASSERT(lw.experts.size() == c.experts, "experts bound");
+  std::vector<float> logits(uint64_t{n} * c.experts);
+  gemm_nt(xn_.data(), n, c.hidden, lw.router, c.experts, logits.data());
+  std::vector<std::vector<std::pair<uint32_t, float>>> per_expert(c.experts);
+  std::vector<uint32_t> chosen;
+  std::vector<float> weights;
+  for (uint32_t t = 0; t < n; ++t) {
+    route_token(&logits[uint64_t{t} * c.experts], lw.router_bias, c.experts,
+                c.experts_per_token, &chosen, &weights);
+    for (uint32_t i = 0; i < chosen.size(); ++i) per_expert[chosen[i]].push_back({t, weights[i]});
+  }
+  uint64_t width = c.moe_intermediate;
+  for (uint32_t e = 0; e < c.experts; ++e) {
+    const auto& rows = per_expert[e];
+    if (rows.empty()) continue;
+    uint32_t m = static_cast<uint32_t>(rows.size());
+    tmp_.resize(uint64_t{m} * c.hidden);
+    for (uint32_t i = 0; i < m; ++i) {
+      std::memcpy(&tmp_[uint64_t{i} * c.hidden], &xn_[uint64_t{rows[i].first} * c.hidden],
+                  sizeof(float) * c.hidden);
+    }
+    gate_.resize(m * width);
+    up_.resize(m * width);
+    gemm_nt(tmp_.data(), m, c.hidden, lw.experts[e].w1, c.moe_intermediate, gate_.data());
+    gemm_nt(tmp_.data(), m, c.hidden, lw.experts[e].w3, c.moe_intermediate, up_.data());
+    for (uint64_t i = 0; i < m * width; ++i) gate_[i] = silu(gate_[i]) * up_[i];
+    gemm_nt(gate_.data(), m, c.moe_intermediate, lw.experts[e].w2, c.hidden, tmp_.data());
+    for (uint32_t i = 0; i < m; ++i) {
+      float* xr = &x_[uint64_t{rows[i].first} * c.hidden];
+      const float* o = &tmp_[uint64_t{i} * c.hidden];
+      for (uint32_t d = 0; d < c.hidden; ++d) xr[d] += rows[i].second * o[d];
+    }
+  }
+}
+
+StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint32_t n) {
+  const ModelConfig& c = w_.config;
+  std::vector<uint32_t> rows;  // token indices (into the batch) that get logits
+  uint32_t first = 0;
+  for (const auto& s : seqs) {
+    uint32_t count = static_cast<uint32_t>(s.tokens->size());
+    for (uint32_t j = all_rows ? 0 : count - 1; j < count; ++j) rows.push_back(first + j);
+    first += count;
+  }
+  RT_ASSERT(first == n, "token count", first, n);
+  uint32_t r = static_cast<uint32_t>(rows.size());
+  xn_.resize(uint64_t{r} * c.hidden);
+  for (uint32_t i = 0; i < r; ++i) {
+    rmsnorm(&xn_[uint64_t{i} * c.hidden], &x_[uint64_t{rows[i]} * c.hidden], w_.final_norm,
+            c.hidden, c.rms_eps);
+  }
+  std::vector<float> logits(uint64_t{r} * c.vocab_size);
+  gemm_nt(xn_.data(), r, c.hidden, w_.lm_head, c.vocab_size, logits.data());
+  StepOutput out;
+  uint64_t row = 0;
+  for (const auto& s : seqs) {
+    SeqOutput so;
+    so.seq_id = s.seq_id;
+    so.rows_count = all_rows ? static_cast<uint32_t>(s.tokens->size()) : 1;
+    auto begin = logits.begin() + static_cast<std::ptrdiff_t>(row * c.vocab_size);
+    so.logits.assign(begin, begin + static_cast<std::ptrdiff_t>(so.rows_count) * c.vocab_size);
+    row += so.rows_count;
+    out.seqs.push_back(std::move(so));
+  }
+  RT_ASSERT(row == r, "rows", row, r);
+  return out;
+}
+
+Status check_blocks(std::span<const uint32_t> blocks, uint64_t bytes, const KvLayout& layout,
+                    const char* what) {
+  for (uint32_t b : blocks) {
+    if (b >= layout.blocks_total) {
+      return make_error(ErrorKind::invalid, std::string(what) + ": block id " + std::to_string(b) +
+                                                " >= blocks_total " +
+                                                std::to_string(layout.blocks_total));
+    }
+  }
+  if (bytes != blocks.size() * layout.block_bytes()) {
+    return make_error(ErrorKind::invalid, std::string(what) + ": buffer has " +
+                                              std::to_string(bytes) + " bytes, " +
+                                              std::to_string(blocks.size()) + " blocks need " +
+                                              std::to_string(blocks.size() * layout.block_bytes()));
+  }
+  return {};
+}
+
+Status CpuDevice::copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) {
+  if (auto st = check_blocks(blocks, dst.size(), layout_, "copy_blocks_out"); !st) return st;
+  uint64_t bb = layout_.block_bytes();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(dst.data() + i * bb, pool_->base() + uint64_t{blocks[i]} * bb, bb);
+  }
+  return {};
+}
+
+Status CpuDevice::copy_blocks_in(std::span<const uint32_t> blocks,
+                                 std::span<const std::byte> src) {
+  if (auto st = check_blocks(blocks, src.size(), layout_, "copy_blocks_in"); !st) return st;
+  uint64_t bb = layout_.block_bytes();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(pool_->base() + uint64_t{blocks[i]} * bb, src.data() + i * bb, bb);
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
+                                                const CpuDeviceOptions& options) {
+  const ModelConfig& c = weights.config;
+  if (auto st = c.validate(); !st) return st.error();
+  if (options.block_tokens == 0) {
+    return make_error(ErrorKind::invalid, "cpu device: block_tokens must be > 0");
+  }
+  KvLayout layout{options.block_tokens, 0, c.layers, c.kv_heads, c.head_dim, sizeof(float)};
+  layout.blocks_total = options.blocks_total;
+  if (layout.blocks_total == 0) {
+    uint64_t blocks = options.kv_bytes_max / layout.block_bytes();
+    if (blocks == 0 || blocks > UINT32_MAX) {
+      return make_error(ErrorKind::invalid,
+                        "cpu device: blocks_total is 0 and kv_bytes_max " +
+                            std::to_string(options.kv_bytes_max) + " holds no whole block of " +
+                            std::to_string(layout.block_bytes()) + " bytes");
+    }
+    layout.blocks_total = static_cast<uint32_t>(blocks);
+  }
+  auto pool = PoolMemory::allocate(layout.pool_bytes());
+  if (!pool) return pool.error();
+  if (options.threads > 0) openblas_set_num_threads(static_cast<int>(options.threads));
+  return std::unique_ptr<Device>(
+      std::make_unique<CpuDevice>(std::move(weights), layout, std::move(*pool)));
+}
+
+Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec) {
+  auto weights = load_model(spec.model_path);
+  if (!weights) return weights.error();
+  CpuDeviceOptions options{spec.block_tokens, spec.blocks_total, spec.kv_bytes_max, spec.threads};
+  return make_cpu_device(std::move(*weights), options);
+}
+
+uint64_t weight_bytes_per_token(const Device& device) {
+  const auto* cpu = dynamic_cast<const CpuDevice*>(&device);
+  RT_ASSERT(cpu != nullptr, "weight_bytes_per_token: not a cpu device");
+  return cpu->bytes_per_token();
+}
+
+}  // namespace tandem::devices::cpu

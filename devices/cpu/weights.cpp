@@ -1,0 +1,588 @@
+#include "devices/cpu/weights.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::devices::cpu {
+
+namespace fs = std::filesystem;
+
+// ---- MappedFile ----
+
+MappedFile::MappedFile(const std::byte* data, uint64_t size_bytes, std::string path)
+    : data_(data), size_bytes_(size_bytes), path_(std::move(path)) {}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr && size_bytes_ > 0) {
+    munmap(const_cast<std::byte*>(data_), size_bytes_);
+  }
+}
+
+Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    auto kind = errno == ENOENT ? ErrorKind::not_found : ErrorKind::failed;
+    return make_error(kind, path + ": cannot open: " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return make_error(ErrorKind::invalid, path + ": not a regular file");
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  const std::byte* data = nullptr;
+  if (size > 0) {
+    void* addr = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (addr == MAP_FAILED) {
+      ::close(fd);
+      return make_error(ErrorKind::failed, path + ": mmap failed: " + std::strerror(errno));
+    }
+    data = static_cast<const std::byte*>(addr);
+  }
+  ::close(fd);
+  return std::unique_ptr<MappedFile>(new MappedFile(data, size, path));  // private ctor
+}
+
+namespace {
+
+Error invalid(std::string message) { return make_error(ErrorKind::invalid, std::move(message)); }
+
+// ---- half-precision conversion ----
+
+float bf16_to_f32(uint16_t h) {
+  uint32_t bits = uint32_t{h} << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t{h} & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | (uint32_t(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// ---- safetensors ----
+
+struct TensorRef {
+  DType dtype = DType::f32;
+  std::vector<uint64_t> shape;
+  const std::byte* data = nullptr;
+  uint64_t size_bytes = 0;
+  const MappedFile* file = nullptr;
+};
+
+std::optional<DType> dtype_from_string(const std::string& s) {
+  if (s == "F32") return DType::f32;
+  if (s == "BF16") return DType::bf16;
+  if (s == "F16") return DType::f16;
+  if (s == "F8_E4M3") return DType::f8_e4m3;
+  return std::nullopt;
+}
+
+Error unsupported_dtype(const std::string& file, const std::string& name, const std::string& dt) {
+  return make_error(ErrorKind::unimplemented, file + ": tensor '" + name + "': dtype " + dt +
+                                                  " is not supported (F32, BF16, F16 are)");
+}
+
+Status parse_tensor_entry(const MappedFile& file, uint64_t data_start, const std::string& name,
+                          const nlohmann::json& entry, TensorRef* out) {
+  const std::string& path = file.path();
+  if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+      !entry.contains("data_offsets")) {
+    return invalid(path + ": tensor '" + name + "': header entry lacks dtype/shape/data_offsets");
+  }
+  std::string dt = entry["dtype"].is_string() ? entry["dtype"].get<std::string>() : "?";
+  auto dtype = dtype_from_string(dt);
+  if (!dtype || *dtype == DType::f8_e4m3) return unsupported_dtype(path, name, dt);
+  const auto& offs = entry["data_offsets"];
+  if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
+      !offs[1].is_number_unsigned()) {
+    return invalid(path + ": tensor '" + name + "': data_offsets must be two unsigned ints");
+  }
+  uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+  uint64_t elems = 1;
+  if (!entry["shape"].is_array()) return invalid(path + ": tensor '" + name + "': bad shape");
+  for (const auto& d : entry["shape"]) {
+    if (!d.is_number_unsigned()) return invalid(path + ": tensor '" + name + "': bad shape");
+    out->shape.push_back(d.get<uint64_t>());
+    elems *= d.get<uint64_t>();
+  }
+  uint64_t data_bytes = file.size_bytes() - data_start;
+  if (begin > end || end > data_bytes) {
+    return invalid(path + ": tensor '" + name + "': data_offsets [" + std::to_string(begin) +
+                   ", " + std::to_string(end) + ") outside the file's " +
+                   std::to_string(data_bytes) + " data bytes (truncated file?)");
+  }
+  if (end - begin != elems * dtype_bytes(*dtype)) {
+    return invalid(path + ": tensor '" + name + "': " + std::to_string(end - begin) +
+                   " bytes do not match its shape and dtype");
+  }
+  out->dtype = *dtype;
+  out->data = file.data() + data_start + begin;
+  out->size_bytes = end - begin;
+  out->file = &file;
+  return {};
+}
+
+Status parse_safetensors(const MappedFile& file, std::map<std::string, TensorRef>* tensors) {
+  const std::string& path = file.path();
+  if (file.size_bytes() < 8) return invalid(path + ": too short for a safetensors header");
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data(), 8);  // little-endian host (x86_64, aarch64)
+  if (header_bytes > file.size_bytes() - 8 || header_bytes > (100u << 20)) {
+    return invalid(path + ": safetensors header length " + std::to_string(header_bytes) +
+                   " exceeds the file (truncated or not safetensors)");
+  }
+  auto header = nlohmann::json::parse(reinterpret_cast<const char*>(file.data()) + 8,
+                                      reinterpret_cast<const char*>(file.data()) + 8 + header_bytes,
+                                      nullptr, false);
+  if (header.is_discarded() || !header.is_object()) {
+    return invalid(path + ": safetensors header is not a JSON object");
+  }
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    TensorRef ref;
+    if (auto st = parse_tensor_entry(file, 8 + header_bytes, name, entry, &ref); !st) return st;
+    (*tensors)[name] = std::move(ref);
+  }
+  return {};
+}
+
+Result<std::string> read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorKind::not_found, path + ": cannot open");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ---- tensor binding ----
+
+class Binder {
+ public:
+  Binder(std::map<std::string, TensorRef>* tensors, ModelWeights* w) : tensors_(tensors), w_(w) {}
+
+  // Binds a tensor of exactly `shape`; nullptr + error when missing or mismatched.
+  const float* get(const std::string& name, std::vector<uint64_t> shape, bool optional = false) {
+    auto it = tensors_->find(name);
+    if (it == tensors_->end()) {
+      if (!optional && !error_) error_ = invalid("missing tensor '" + name + "'");
+      return nullptr;
+    }
+    const TensorRef& t = it->second;
+    if (t.shape != shape) {
+      if (!error_) error_ = invalid(t.file->path() + ": tensor '" + name + "' has shape " +
+                                    shape_text(t.shape) + ", expected " + shape_text(shape));
+      return nullptr;
+    }
+    return to_f32(t);
+  }
+  uint64_t elems_of(const std::string& name) const {
+    auto it = tensors_->find(name);
+    if (it == tensors_->end()) return 0;
+    uint64_t n = 1;
+    for (auto d : it->second.shape) n *= d;
+    return n;
+  }
+  bool has(const std::string& name) const { return tensors_->count(name) > 0; }
+  const std::optional<Error>& error() const { return error_; }
+
+ private:
+  static std::string shape_text(const std::vector<uint64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  }
+  const float* to_f32(const TensorRef& t) {
+    uint64_t elems = t.size_bytes / dtype_bytes(t.dtype);
+    if (t.dtype == DType::f32 && reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0) {
+      return reinterpret_cast<const float*>(t.data);  // in place, from the mmap
+    }
+    std::vector<float> buf(elems);
+    for (uint64_t i = 0; i < elems; ++i) {
+      if (t.dtype == DType::f32) {
+        std::memcpy(&buf[i], t.data + i * 4, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, t.data + i * 2, 2);
+        buf[i] = t.dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+    w_->owned.push_back(std::move(buf));
+    return w_->owned.back().data();
+  }
+  std::map<std::string, TensorRef>* tensors_;
+  ModelWeights* w_;
+  std::optional<Error> error_;
+};
+
+}  // namespace
+
+namespace {
+
+using nlohmann::json;
+
+// Reads an unsigned field; absent -> fallback (or error when fallback is nullopt).
+Result<uint32_t> get_u32(const json& j, const std::string& key, const std::string& file,
+                         std::optional<uint32_t> fallback) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback) return *fallback;
+    return invalid(file + ": missing key '" + key + "'");
+  }
+  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0 ||
+      j[key].get<int64_t>() > int64_t{UINT32_MAX}) {
+    return invalid(file + ": key '" + key + "' must be a non-negative integer");
+  }
+  return j[key].get<uint32_t>();
+}
+
+Result<float> get_float(const json& j, const std::string& key, const std::string& file,
+                        float fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) return invalid(file + ": key '" + key + "' must be a number");
+  return j[key].get<float>();
+}
+
+int32_t token_id(const json& j, const std::string& key, int32_t fallback) {
+  if (!j.contains(key)) return fallback;
+  const json& v = j[key];
+  if (v.is_number_integer()) return v.get<int32_t>();
+  if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int32_t>();
+  return fallback;
+}
+
+#define TRY_ASSIGN(lhs, expr)          \
+  do {                                 \
+    auto r_ = (expr);                  \
+    if (!r_) return r_.error();        \
+    lhs = *r_;                         \
+  } while (false)
+
+Status parse_arch(const json& j, const std::string& file, ModelConfig* c) {
+  std::string type = j.value("model_type", std::string());
+  if (type == "llama" || type == "mistral" || type == "qwen2") {
+    c->arch = Arch::llama;
+  } else if (type == "minimax_m2" || type == "minimax") {
+    c->arch = Arch::minimax_m2;
+  } else {
+    return make_error(ErrorKind::unimplemented,
+                      file + ": unsupported architecture model_type='" + type +
+                          "' (supported: llama, mistral, qwen2, minimax_m2)");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    std::string kind = rs.is_object() ? rs.value("rope_type", rs.value("type", "")) : "";
+    if (kind != "default") {
+      return make_error(ErrorKind::unimplemented,
+                        file + ": rope_scaling '" + kind + "' is not supported");
+    }
+  }
+  return {};
+}
+
+Status parse_moe(const json& j, const std::string& file, ModelConfig* c) {
+  TRY_ASSIGN(c->experts, get_u32(j, "num_local_experts", file, std::nullopt));
+  TRY_ASSIGN(c->experts_per_token, get_u32(j, "num_experts_per_tok", file, std::nullopt));
+  TRY_ASSIGN(c->moe_intermediate, get_u32(j, "intermediate_size", file, std::nullopt));
+  c->intermediate = 0;
+  c->qk_norm = j.value("use_qk_norm", true);
+  c->router_bias = j.value("use_routing_bias", true);
+  std::string scoring = j.value("scoring_func", std::string("sigmoid"));
+  if (scoring != "sigmoid") {
+    return make_error(ErrorKind::unimplemented,
+                      file + ": scoring_func '" + scoring + "' is not supported (sigmoid is)");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::string& file) {
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid(file + ": not a JSON object");
+  ModelConfig c;
+  if (auto st = parse_arch(j, file, &c); !st) return st.error();
+  TRY_ASSIGN(c.vocab_size, get_u32(j, "vocab_size", file, std::nullopt));
+  TRY_ASSIGN(c.hidden, get_u32(j, "hidden_size", file, std::nullopt));
+  TRY_ASSIGN(c.layers, get_u32(j, "num_hidden_layers", file, std::nullopt));
+  TRY_ASSIGN(c.heads, get_u32(j, "num_attention_heads", file, std::nullopt));
+  TRY_ASSIGN(c.kv_heads, get_u32(j, "num_key_value_heads", file, c.heads));
+  uint32_t default_head_dim = c.heads ? c.hidden / c.heads : 0;
+  TRY_ASSIGN(c.head_dim, get_u32(j, "head_dim", file, default_head_dim));
+  TRY_ASSIGN(c.intermediate, get_u32(j, "intermediate_size", file, 0u));
+  TRY_ASSIGN(c.rope_theta, get_float(j, "rope_theta", file, 10000.0f));
+  float partial = 1.0f;
+  TRY_ASSIGN(partial, get_float(j, "partial_rotary_factor", file, 1.0f));
+  TRY_ASSIGN(c.rotary_dim, get_u32(j, "rotary_dim", file,
+                                   static_cast<uint32_t>(partial * float(c.head_dim))));
+  c.rope_style = RopeStyle::rotate_half;
+  TRY_ASSIGN(c.rms_eps, get_float(j, "rms_norm_eps", file, 1e-6f));
+  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  TRY_ASSIGN(c.max_position, get_u32(j, "max_position_embeddings", file, 2048u));
+  c.bos_id = token_id(j, "bos_token_id", 1);
+  c.eos_id = token_id(j, "eos_token_id", 2);
+  if (c.arch == Arch::minimax_m2) {
+    if (auto st = parse_moe(j, file, &c); !st) return st.error();
+  }
+  if (auto st = c.validate(); !st) return invalid(file + ": " + st.error().message);
+  return c;
+}
+
+namespace {
+
+void bind_attention(Binder& b, const ModelConfig& c, const std::string& p, LayerWeights* l) {
+  uint64_t q_out = uint64_t{c.heads} * c.head_dim, kv_out = uint64_t{c.kv_heads} * c.head_dim;
+  l->attn_norm = b.get(p + "input_layernorm.weight", {c.hidden});
+  l->wq = b.get(p + "self_attn.q_proj.weight", {q_out, c.hidden});
+  l->wk = b.get(p + "self_attn.k_proj.weight", {kv_out, c.hidden});
+  l->wv = b.get(p + "self_attn.v_proj.weight", {kv_out, c.hidden});
+  l->wo = b.get(p + "self_attn.o_proj.weight", {c.hidden, q_out});
+  l->bq = b.get(p + "self_attn.q_proj.bias", {q_out}, true);
+  l->bk = b.get(p + "self_attn.k_proj.bias", {kv_out}, true);
+  l->bv = b.get(p + "self_attn.v_proj.bias", {kv_out}, true);
+  if (c.qk_norm) {
+    std::string qn = p + "self_attn.q_norm.weight", kn = p + "self_attn.k_norm.weight";
+    // Per-head ([head_dim]) or whole-projection ([heads*head_dim]) norms are both accepted.
+    l->q_norm_elems = b.elems_of(qn) == c.head_dim ? c.head_dim : static_cast<uint32_t>(q_out);
+    l->k_norm_elems = b.elems_of(kn) == c.head_dim ? c.head_dim : static_cast<uint32_t>(kv_out);
+    l->q_norm = b.get(qn, {l->q_norm_elems});
+    l->k_norm = b.get(kn, {l->k_norm_elems});
+  }
+  l->ffn_norm = b.get(p + "post_attention_layernorm.weight", {c.hidden});
+}
+
+void bind_ffn(Binder& b, const ModelConfig& c, const std::string& p, LayerWeights* l) {
+  if (c.experts == 0) {
+    l->w1 = b.get(p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
+    l->w2 = b.get(p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+    l->w3 = b.get(p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
+    return;
+  }
+  std::string m = p + "block_sparse_moe.";
+  l->router = b.get(m + "gate.weight", {c.experts, c.hidden});
+  if (c.router_bias) l->router_bias = b.get(m + "e_score_correction_bias", {c.experts});
+  for (uint32_t e = 0; e < c.experts; ++e) {
+    std::string x = m + "experts." + std::to_string(e) + ".";
+    ExpertWeights ew;
+    ew.w1 = b.get(x + "w1.weight", {c.moe_intermediate, c.hidden});
+    ew.w2 = b.get(x + "w2.weight", {c.hidden, c.moe_intermediate});
+    ew.w3 = b.get(x + "w3.weight", {c.moe_intermediate, c.hidden});
+    l->experts.push_back(ew);
+  }
+}
+
+uint64_t compute_bytes_per_token(const ModelConfig& c) {
+  uint64_t q = uint64_t{c.heads} * c.head_dim, kv = uint64_t{c.kv_heads} * c.head_dim;
+  uint64_t per_layer = c.hidden * (q + 2 * kv) + q * c.hidden + 2 * uint64_t{c.hidden};
+  if (c.experts == 0) {
+    per_layer += 3 * uint64_t{c.intermediate} * c.hidden;
+  } else {
+    per_layer += uint64_t{c.experts} * c.hidden +
+                 uint64_t{c.experts_per_token} * 3 * c.moe_intermediate * c.hidden;
+  }
+  return 4 * (per_layer * c.layers + uint64_t{c.vocab_size} * c.hidden + c.hidden);
+}
+
+Status open_shards(const std::string& dir, ModelWeights* w,
+                   std::map<std::string, TensorRef>* tensors) {
+  std::vector<std::string> files;
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    auto text = read_text(index.string());
+    if (!text) return text.error();
+    json j = json::parse(*text, nullptr, false);
+    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      return invalid(index.string() + ": no weight_map object");
+    }
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string()) return invalid(index.string() + ": weight_map['" + name + "']");
+      std::string f = file.get<std::string>();
+      if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+    }
+  } else {
+    files.push_back("model.safetensors");
+  }
+  for (const auto& f : files) {
+    auto map = MappedFile::open((fs::path(dir) / f).string());
+    if (!map) return map.error();
+    if (auto st = parse_safetensors(**map, tensors); !st) return st;
+    w->maps.push_back(std::move(*map));
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<ModelWeights> load_hf_dir(const std::string& dir) {
+  fs::path cfg_path = fs::path(dir) / "config.json";
+  auto text = read_text(cfg_path.string());
+  if (!text) return make_error(ErrorKind::not_found, cfg_path.string() + ": cannot open");
+  ModelWeights w;
+  TRY_ASSIGN(w.config, parse_hf_config(*text, cfg_path.string()));
+  std::map<std::string, TensorRef> tensors;
+  if (auto st = open_shards(dir, &w, &tensors); !st) return st.error();
+  const ModelConfig& c = w.config;
+  if (auto it = tensors.find("model.embed_tokens.weight"); it != tensors.end()) {
+    w.config.weight_dtype = it->second.dtype;
+  }
+  Binder b(&tensors, &w);
+  w.embed = b.get("model.embed_tokens.weight", {c.vocab_size, c.hidden});
+  w.final_norm = b.get("model.norm.weight", {c.hidden});
+  w.lm_head = c.tie_embeddings ? w.embed : b.get("lm_head.weight", {c.vocab_size, c.hidden});
+  w.layers.resize(c.layers);
+  for (uint32_t i = 0; i < c.layers; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    bind_attention(b, c, p, &w.layers[i]);
+    bind_ffn(b, c, p, &w.layers[i]);
+    if (b.error()) break;
+  }
+  if (b.error()) return Error{b.error()->kind, dir + ": " + b.error()->message};
+  w.bytes_per_token = compute_bytes_per_token(c);
+  return w;
+}
+
+namespace {
+
+struct Llama2cHeader {
+  int32_t dim, hidden_dim, layers, heads, kv_heads, vocab, seq_len;
+};
+
+Status check_llama2c_header(const Llama2cHeader& h, const std::string& path) {
+  const int32_t limit = 1 << 20;
+  auto in_range = [limit](int32_t v) { return v > 0 && v <= limit; };
+  if (!in_range(h.dim) || !in_range(h.hidden_dim) || !in_range(h.layers) || !in_range(h.heads) ||
+      !in_range(h.kv_heads) || !in_range(h.seq_len) || h.vocab == 0 || h.vocab < -limit ||
+      h.vocab > limit) {
+    return invalid(path + ": llama2.c header has a size out of range (dim=" +
+                   std::to_string(h.dim) + " layers=" + std::to_string(h.layers) +
+                   " vocab=" + std::to_string(h.vocab) + "); not a llama2.c checkpoint?");
+  }
+  if (h.dim % h.heads != 0 || h.heads % h.kv_heads != 0) {
+    return invalid(path + ": llama2.c header: dim % heads or heads % kv_heads is not 0");
+  }
+  return {};
+}
+
+ModelConfig llama2c_config(const Llama2cHeader& h) {
+  ModelConfig c;
+  c.arch = Arch::llama;
+  c.vocab_size = static_cast<uint32_t>(h.vocab < 0 ? -h.vocab : h.vocab);
+  c.hidden = static_cast<uint32_t>(h.dim);
+  c.layers = static_cast<uint32_t>(h.layers);
+  c.heads = static_cast<uint32_t>(h.heads);
+  c.kv_heads = static_cast<uint32_t>(h.kv_heads);
+  c.head_dim = c.hidden / c.heads;
+  c.intermediate = static_cast<uint32_t>(h.hidden_dim);
+  c.rope_theta = 10000.0f;
+  c.rotary_dim = c.head_dim;
+  c.rope_style = RopeStyle::interleaved;
+  c.rms_eps = 1e-5f;
+  c.tie_embeddings = h.vocab > 0;
+  c.max_position = static_cast<uint32_t>(h.seq_len);
+  c.bos_id = 1;
+  c.eos_id = 2;
+  c.weight_dtype = DType::f32;
+  return c;
+}
+
+}  // namespace
+
+Result<ModelWeights> load_llama2c(const std::string& path) {
+  auto map = MappedFile::open(path);
+  if (!map) return map.error();
+  const MappedFile& f = **map;
+  Llama2cHeader h{};
+  if (f.size_bytes() < sizeof h) return invalid(path + ": too short for a llama2.c header");
+  std::memcpy(&h, f.data(), sizeof h);
+  if (auto st = check_llama2c_header(h, path); !st) return st.error();
+  ModelWeights w;
+  w.config = llama2c_config(h);
+  const ModelConfig& c = w.config;
+  uint64_t L = c.layers, D = c.hidden, F = c.intermediate, V = c.vocab_size;
+  uint64_t kv = uint64_t{c.kv_heads} * c.head_dim;
+  uint64_t floats = V * D + L * D + L * D * D + 2 * L * D * kv + L * D * D + L * D +
+                    2 * L * F * D + L * D * F + D + uint64_t{c.max_position} * c.head_dim +
+                    (c.tie_embeddings ? 0 : V * D);
+  uint64_t need = sizeof h + floats * 4;
+  if (f.size_bytes() < need) {
+    return invalid(path + ": truncated: " + std::to_string(f.size_bytes()) +
+                   " bytes, the header's shapes need " + std::to_string(need));
+  }
+  const float* p = reinterpret_cast<const float*>(f.data() + sizeof h);  // offset 28: aligned
+  auto take = [&p](uint64_t n) {
+    const float* out = p;
+    p += n;
+    return out;
+  };
+  w.embed = take(V * D);
+  const float* rms_att = take(L * D);
+  const float* wq = take(L * D * D);
+  const float* wk = take(L * D * kv);
+  const float* wv = take(L * D * kv);
+  const float* wo = take(L * D * D);
+  const float* rms_ffn = take(L * D);
+  const float* w1 = take(L * F * D);
+  const float* w2 = take(L * D * F);
+  const float* w3 = take(L * F * D);
+  w.final_norm = take(D);
+  take(uint64_t{c.max_position} * c.head_dim);  // freq_cis_real + freq_cis_imag (unused)
+  w.lm_head = c.tie_embeddings ? w.embed : take(V * D);
+  w.layers.resize(c.layers);
+  for (uint64_t i = 0; i < L; ++i) {
+    LayerWeights& l = w.layers[i];
+    l.attn_norm = rms_att + i * D;
+    l.wq = wq + i * D * D;
+    l.wk = wk + i * kv * D;
+    l.wv = wv + i * kv * D;
+    l.wo = wo + i * D * D;
+    l.ffn_norm = rms_ffn + i * D;
+    l.w1 = w1 + i * F * D;
+    l.w2 = w2 + i * D * F;
+    l.w3 = w3 + i * F * D;
+  }
+  RT_ASSERT(reinterpret_cast<const std::byte*>(p) <= f.data() + f.size_bytes(), path);
+  w.bytes_per_token = compute_bytes_per_token(c);
+  w.maps.push_back(std::move(*map));
+  return w;
+}
+
+Result<ModelWeights> load_model(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return make_error(ErrorKind::not_found, path + ": no such file");
+  if (fs::is_directory(path, ec)) return load_hf_dir(path);
+  return load_llama2c(path);
+}
+
+}  // namespace tandem::devices::cpu

@@ -1,0 +1,20 @@
+// make_device(): the one place that knows every backend.
+#include "devices/device.hpp"
+#include "devices/cpu/cpu_device.hpp"
+
+namespace tandem::devices {
+
+Result<std::unique_ptr<Device>> make_device(const DeviceSpec& spec) {
+  switch (spec.kind) {
+    case config::DeviceKind::cpu:
+      return cpu::make_cpu_device(spec);
+    case config::DeviceKind::sim:
+      // The sim backend lands on its own branch; it replaces this line with its factory.
+      return make_error(ErrorKind::unimplemented, "device kind 'sim' is not built in");
+    case config::DeviceKind::rbln:
+      return make_error(ErrorKind::unimplemented, "device kind 'rbln' is not built in");
+  }
+  return make_error(ErrorKind::invalid, "unknown device kind");
+}
+
+}  // namespace tandem::devices
