@@ -35,8 +35,11 @@ class Llama2cTokenizer final : public Tokenizer {
       : pieces_(std::move(pieces)), scores_(std::move(scores)) {
     RT_ASSERT(pieces_.size() == scores_.size(), "pieces and scores differ in count");
     RT_ASSERT(pieces_.size() >= static_cast<std::size_t>(tokens_min_count), pieces_.size());
-    for (std::size_t id = 0; id < pieces_.size(); ++id) {
-      piece_ids_.emplace(pieces_[id], static_cast<int32_t>(id));  // first id wins
+    // Byte-fallback ids (3..258) are reached only by fallback and never merge, as in
+    // SentencePiece; some exports store them as raw or Latin-1-as-UTF-8 text, which must
+    // not be looked up as characters. Among regular pieces the first id wins.
+    for (std::size_t id = tokens_min_count; id < pieces_.size(); ++id) {
+      piece_ids_.emplace(pieces_[id], static_cast<int32_t>(id));
     }
   }
 
@@ -95,9 +98,10 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view raw_text, bool ad
   }
   std::string joined;
   detail::merge_symbols(ids, [this, &joined](int32_t left, int32_t right) {
+    std::optional<detail::MergeCandidate> candidate;
+    if (left < tokens_min_count || right < tokens_min_count) return candidate;
     joined.assign(pieces_[static_cast<std::size_t>(left)]);
     joined.append(pieces_[static_cast<std::size_t>(right)]);
-    std::optional<detail::MergeCandidate> candidate;
     if (const std::optional<int32_t> merged = lookup(joined)) {
       const float score = scores_[static_cast<std::size_t>(*merged)];
       if (score > merge_score_floor) candidate = detail::MergeCandidate{-double(score), *merged};
@@ -187,9 +191,13 @@ Result<std::unique_ptr<Tokenizer>> parse_llama2c_tokenizer(std::string_view byte
   }
   for (unsigned byte = 0; byte < 256; ++byte) {
     const std::size_t id = byte_fallback_first_id + byte;
-    if (pieces[id] != byte_piece_name(byte)) {
+    // Exports write "<0xXX>", the raw byte, or the byte as a Latin-1 code point in UTF-8.
+    std::string latin1;
+    utf8::append(latin1, char32_t(byte));
+    if (pieces[id] != byte_piece_name(byte) && pieces[id] != std::string(1, char(byte)) &&
+        pieces[id] != latin1) {
       return corrupt(source_name, "token " + std::to_string(id) + " should be the byte piece " +
-                                      byte_piece_name(byte));
+                                      byte_piece_name(byte) + " (or that raw byte)");
     }
   }
   RT_ASSERT(offset == bytes.size(), "parser did not consume the file", offset, bytes.size());

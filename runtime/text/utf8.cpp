@@ -33,18 +33,20 @@ Decoded decode_one(std::string_view text, std::size_t offset_bytes) {
   RT_ASSERT(offset_bytes < text.size(), "decode_one past the end", offset_bytes, text.size());
   const auto lead = static_cast<unsigned char>(text[offset_bytes]);
   const std::size_t length_bytes = lead_length_bytes(lead);
-  const Decoded bad{replacement_code_point, 1, false};
-  if (length_bytes == 0) return bad;
+  if (length_bytes == 0) return Decoded{replacement_code_point, 1, false};
   if (length_bytes == 1) return Decoded{lead, 1, true};
-  if (offset_bytes + length_bytes > text.size()) return bad;
-  const auto second = static_cast<unsigned char>(text[offset_bytes + 1]);
-  if (!second_byte_ok(lead, second)) return bad;
+  // On failure the whole "maximal subpart" (lead + the valid continuation bytes seen so
+  // far) becomes one U+FFFD, as the Unicode standard and WHATWG TextDecoder do.
+  std::size_t seen_bytes = 1;
   char32_t code_point = lead & (0xFF >> (length_bytes + 1));
-  for (std::size_t i = 1; i < length_bytes; ++i) {
-    const auto byte = static_cast<unsigned char>(text[offset_bytes + i]);
-    if (!is_continuation(byte)) return bad;
+  for (; seen_bytes < length_bytes; ++seen_bytes) {
+    if (offset_bytes + seen_bytes >= text.size()) break;
+    const auto byte = static_cast<unsigned char>(text[offset_bytes + seen_bytes]);
+    const bool ok = seen_bytes == 1 ? second_byte_ok(lead, byte) : is_continuation(byte);
+    if (!ok) break;
     code_point = (code_point << 6) | (byte & 0x3F);
   }
+  if (seen_bytes < length_bytes) return Decoded{replacement_code_point, seen_bytes, false};
   RT_ASSERT(code_point <= 0x10FFFF, "decoded code point out of range", uint32_t(code_point));
   return Decoded{code_point, length_bytes, true};
 }

@@ -10,7 +10,7 @@
 namespace tandem::text::utf8 {
 
 // One decoded code point. `valid` is false for a malformed or truncated sequence; then
-// `code_point` is U+FFFD and `length_bytes` is 1 (skip one byte and resynchronise).
+// `code_point` is U+FFFD and `length_bytes` covers the maximal ill-formed subpart (>= 1).
 struct Decoded {
   char32_t code_point = 0;
   std::size_t length_bytes = 0;
@@ -26,7 +26,8 @@ void append(std::string& out, char32_t code_point);
 
 bool is_valid(std::string_view text);
 
-// Returns `text` with every malformed byte replaced by U+FFFD (valid text comes back equal).
+// Returns `text` with each maximal ill-formed subpart replaced by one U+FFFD (valid text
+// comes back equal).
 std::string sanitize(std::string_view text);
 
 // Length of the prefix of `bytes` that can be emitted now: everything except a trailing
