@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+#include <unistd.h>
 
 #include "runtime/text/bpe_tokenizer.hpp"
 #include "runtime/text/llama2c_tokenizer.hpp"
