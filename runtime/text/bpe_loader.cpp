@@ -1,18 +1,17 @@
 // Loaders for byte-level BPE files: HF tokenizer.json and GPT-2 encoder.json + vocab.bpe.
-#include "runtime/text/bpe_tokenizer.hpp"
-
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/assert.hpp"
 #include "runtime/text/bpe_spec.hpp"
+#include "runtime/text/bpe_tokenizer.hpp"
 
 namespace tandem::text {
 namespace {
 
-using nlohmann::json;
 using detail::AddedTokenSpec;
 using detail::BpeSpec;
 using detail::PreTokenizerStep;
+using nlohmann::json;
 
 Error unsupported(std::string_view source_name, const std::string& what) {
   return make_error(ErrorKind::unimplemented, std::string(source_name) + ": " + what);
@@ -70,7 +69,8 @@ Status parse_pre_tokenizer(const json& node, BpeSpec& spec) {
     } else if (pattern.contains("String")) {
       step.pattern = "\\Q" + pattern["String"].get<std::string>() + "\\E";
     } else {
-      return malformed(spec.source_name, "Split pre-tokenizer pattern has neither Regex nor String");
+      return malformed(spec.source_name,
+                       "Split pre-tokenizer pattern has neither Regex nor String");
     }
     const std::string behavior = node.value("behavior", std::string("Isolated"));
     if (flag(node, "invert", false)) {
@@ -94,8 +94,8 @@ Status parse_model(const json& model, BpeSpec& spec) {
   if (!model.is_object()) return malformed(spec.source_name, "'model' is missing or not an object");
   const std::string type = model.contains("type") ? type_of(model) : std::string("BPE");
   if (type != "BPE") {
-    return unsupported(spec.source_name, "model type '" + type +
-                                             "' is not supported (only byte-level BPE)");
+    return unsupported(spec.source_name,
+                       "model type '" + type + "' is not supported (only byte-level BPE)");
   }
   if (flag(model, "byte_fallback", false)) {
     return unsupported(spec.source_name, "BPE with byte_fallback (SentencePiece-style BPE)");
@@ -126,8 +126,10 @@ Status parse_model(const json& model, BpeSpec& spec) {
     const std::size_t space = line.find(' ');
     if (space == std::string::npos || space == 0 || line.find(' ', space + 1) != line.npos ||
         space + 1 == line.size()) {
-      return malformed(spec.source_name, "merge " + std::to_string(rank) + " is not \"a b\" or "
-                                         "[\"a\", \"b\"]: " + merge.dump());
+      return malformed(spec.source_name, "merge " + std::to_string(rank) +
+                                             " is not \"a b\" or "
+                                             "[\"a\", \"b\"]: " +
+                                             merge.dump());
     }
     spec.merges.emplace_back(line.substr(0, space), line.substr(space + 1));
   }
@@ -173,15 +175,14 @@ Status parse_hf_spec(std::string_view tokenizer_json, std::optional<std::string_
   if (Status status = parse_pre_tokenizer(root.value("pre_tokenizer", json()), spec); !status) {
     return status;
   }
-  const bool byte_level = std::any_of(spec.pre_tokenizer.begin(), spec.pre_tokenizer.end(),
-                                      [](const PreTokenizerStep& step) {
-                                        return step.type == PreTokenizerStep::Type::byte_level;
-                                      });
+  const bool byte_level = std::any_of(
+      spec.pre_tokenizer.begin(), spec.pre_tokenizer.end(),
+      [](const PreTokenizerStep& step) { return step.type == PreTokenizerStep::Type::byte_level; });
   if (!byte_level) return unsupported(spec.source_name, "BPE without a ByteLevel pre-tokenizer");
   const json decoder = root.value("decoder", json());
   if (!decoder.is_null() && type_of(decoder) != "ByteLevel") {
-    return unsupported(spec.source_name, "decoder type '" + type_of(decoder) +
-                                             "' is not supported (only ByteLevel)");
+    return unsupported(spec.source_name,
+                       "decoder type '" + type_of(decoder) + "' is not supported (only ByteLevel)");
   }
   if (Status status = parse_added_tokens(root.value("added_tokens", json()), spec); !status) {
     return status;
@@ -241,7 +242,8 @@ Result<std::unique_ptr<Tokenizer>> parse_gpt2_tokenizer(std::string_view encoder
     }
     spec.merges.emplace_back(line.substr(0, space), line.substr(space + 1));
   }
-  spec.pre_tokenizer.push_back(PreTokenizerStep{PreTokenizerStep::Type::byte_level, "", false, true});
+  spec.pre_tokenizer.push_back(
+      PreTokenizerStep{PreTokenizerStep::Type::byte_level, "", false, true});
   constexpr std::string_view end_of_text = "<|endoftext|>";
   for (const auto& [text, id] : spec.vocab) {
     if (text == end_of_text) spec.added_tokens.push_back({id, text, true, false, false});

@@ -69,10 +69,10 @@ class Regex {
     if (code == nullptr) {
       std::array<PCRE2_UCHAR, 256> message{};
       pcre2_get_error_message(error_code, message.data(), message.size());
-      return make_error(ErrorKind::invalid,
-                        std::string(source_name) + ": pre-tokenizer regex /" + pattern +
-                            "/ does not compile at offset " + std::to_string(error_offset) +
-                            ": " + reinterpret_cast<const char*>(message.data()));
+      return make_error(ErrorKind::invalid, std::string(source_name) + ": pre-tokenizer regex /" +
+                                                pattern + "/ does not compile at offset " +
+                                                std::to_string(error_offset) + ": " +
+                                                reinterpret_cast<const char*>(message.data()));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; interpreter otherwise
     Regex regex;
@@ -87,9 +87,9 @@ class Regex {
     std::size_t offset = 0;
     std::size_t gap_start = 0;
     while (offset < text.size()) {
-      const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()),
-                                 text.size(), offset, PCRE2_NO_UTF_CHECK, match_data_.get(),
-                                 nullptr);
+      const int rc =
+          pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), offset,
+                      PCRE2_NO_UTF_CHECK, match_data_.get(), nullptr);
       if (rc < 0) break;  // no match (or a match-limit error): the rest is one gap
       const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data_.get());
       const std::size_t start = ovector[0], end = ovector[1];
@@ -125,7 +125,9 @@ uint64_t pair_key(int32_t left, int32_t right) {
   return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
 }
 
-bool is_space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_space_byte(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 }  // namespace
 
@@ -279,8 +281,9 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& id
 Status BpeTokenizer::load_vocab(const BpeSpec& spec) {
   int32_t id_max = -1;
   for (const auto& [text, id] : spec.vocab) {
-    if (id < 0) return make_error(ErrorKind::invalid, spec.source_name + ": token '" + text +
-                                                          "' has negative id " + std::to_string(id));
+    if (id < 0)
+      return make_error(ErrorKind::invalid, spec.source_name + ": token '" + text +
+                                                "' has negative id " + std::to_string(id));
     id_max = std::max(id_max, id);
   }
   for (const AddedTokenSpec& token : spec.added_tokens) {
@@ -291,8 +294,10 @@ Status BpeTokenizer::load_vocab(const BpeSpec& spec) {
     id_max = std::max(id_max, token.id);
   }
   if (id_max < 0 || id_max >= (1 << 24)) {
-    return make_error(ErrorKind::invalid, spec.source_name + ": vocabulary is empty or its ids "
-                                          "exceed 16M (largest id " + std::to_string(id_max) + ")");
+    return make_error(ErrorKind::invalid, spec.source_name +
+                                              ": vocabulary is empty or its ids "
+                                              "exceed 16M (largest id " +
+                                              std::to_string(id_max) + ")");
   }
   const std::size_t count = static_cast<std::size_t>(id_max) + 1;
   token_texts_.assign(count, {});
@@ -316,8 +321,10 @@ Status BpeTokenizer::load_vocab(const BpeSpec& spec) {
   for (unsigned byte = 0; byte < 256; ++byte) {
     const auto found = bytes_to_id_.find(std::string(1, static_cast<char>(byte)));
     if (found == bytes_to_id_.end()) {
-      return make_error(ErrorKind::invalid, spec.source_name + ": byte-level vocabulary has no "
-                                            "token for byte " + std::to_string(byte));
+      return make_error(ErrorKind::invalid, spec.source_name +
+                                                ": byte-level vocabulary has no "
+                                                "token for byte " +
+                                                std::to_string(byte));
     }
     byte_ids_[byte] = found->second;
   }

@@ -18,13 +18,27 @@ void append_python_string(std::string& out, const std::string& text) {
   out.push_back('"');
   for (const char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char escaped[8];
@@ -110,8 +124,9 @@ Result<std::string> minimax_system(const Conversation& conversation) {
   const bool has_system = !messages.empty() && messages[0].role == ChatRole::system;
   out += has_system ? messages[0].content : std::string(minimax_default_system);
   if (!conversation.tools_json.empty()) {
-    out += "\n\n# Tools\nYou may call one or more tools to assist with the user query.\n"
-           "Here are the tools available in JSONSchema format:\n\n<tools>\n";
+    out +=
+        "\n\n# Tools\nYou may call one or more tools to assist with the user query.\n"
+        "Here are the tools available in JSONSchema format:\n\n<tools>\n";
     for (std::size_t i = 0; i < conversation.tools_json.size(); ++i) {
       Result<ordered_json> function = tool_function(conversation.tools_json[i], i);
       if (!function) return function.error();
@@ -119,11 +134,12 @@ Result<std::string> minimax_system(const Conversation& conversation) {
       append_python_json(out, *function);
       out += "</tool>\n";
     }
-    out += "</tools>\n\nWhen making tool calls, use XML format to invoke tools and pass "
-           "parameters:\n\n<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n"
-           "<parameter name=\"param-key-1\">param-value-1</parameter>\n"
-           "<parameter name=\"param-key-2\">param-value-2</parameter>\n...\n</invoke>\n"
-           "</minimax:tool_call>";
+    out +=
+        "</tools>\n\nWhen making tool calls, use XML format to invoke tools and pass "
+        "parameters:\n\n<minimax:tool_call>\n<invoke name=\"tool-name-1\">\n"
+        "<parameter name=\"param-key-1\">param-value-1</parameter>\n"
+        "<parameter name=\"param-key-2\">param-value-2</parameter>\n...\n</invoke>\n"
+        "</minimax:tool_call>";
   }
   out += "[e~[\n";
   return out;
@@ -132,9 +148,9 @@ Result<std::string> minimax_system(const Conversation& conversation) {
 Status minimax_tool_calls(const ChatMessage& message, std::size_t index, std::string& out) {
   out += "\n<minimax:tool_call>\n";
   for (const ToolCall& call : message.tool_calls) {
-    Result<ordered_json> arguments = parse_json(
-        call.arguments_json.empty() ? "{}" : call.arguments_json,
-        "message " + std::to_string(index) + " tool call '" + call.name + "' arguments");
+    Result<ordered_json> arguments =
+        parse_json(call.arguments_json.empty() ? "{}" : call.arguments_json,
+                   "message " + std::to_string(index) + " tool call '" + call.name + "' arguments");
     if (!arguments) return arguments.error();
     if (!arguments->is_object()) {
       return make_error(ErrorKind::invalid, "message " + std::to_string(index) + " tool call '" +
@@ -231,22 +247,23 @@ Result<std::string> chatml_system(const Conversation& conversation) {
   }
   std::string out = "<|im_start|>system\n";
   if (has_system) out += messages[0].content + "\n\n";
-  out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  out +=
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
   for (std::size_t i = 0; i < conversation.tools_json.size(); ++i) {
     Result<ordered_json> tool = parse_json(conversation.tools_json[i], "tool " + std::to_string(i));
     if (!tool) return tool.error();
     out += "\n";
     append_python_json(out, *tool);
   }
-  out += "\n</tools>\n\nFor each function call, return a json object with function name and "
-         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+  out +=
+      "\n</tools>\n\nFor each function call, return a json object with function name and "
+      "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+      "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
   return out;
 }
 
-void chatml_assistant(const ChatMessage& message, bool after_query, bool last,
-                      std::string& out) {
+void chatml_assistant(const ChatMessage& message, bool after_query, bool last, std::string& out) {
   std::string content = message.content;
   std::string reasoning = message.reasoning;
   split_think(content, reasoning, false);
@@ -314,19 +331,26 @@ Result<std::string> render_plain(const Conversation& conversation) {
 
 std::string_view to_string(ChatFormat format) {
   switch (format) {
-    case ChatFormat::plain: return "plain";
-    case ChatFormat::chatml: return "chatml";
-    case ChatFormat::minimax_m2: return "minimax-m2";
+    case ChatFormat::plain:
+      return "plain";
+    case ChatFormat::chatml:
+      return "chatml";
+    case ChatFormat::minimax_m2:
+      return "minimax-m2";
   }
   return "unknown";
 }
 
 std::string_view to_string(ChatRole role) {
   switch (role) {
-    case ChatRole::system: return "system";
-    case ChatRole::user: return "user";
-    case ChatRole::assistant: return "assistant";
-    case ChatRole::tool: return "tool";
+    case ChatRole::system:
+      return "system";
+    case ChatRole::user:
+      return "user";
+    case ChatRole::assistant:
+      return "assistant";
+    case ChatRole::tool:
+      return "tool";
   }
   return "unknown";
 }
@@ -340,8 +364,8 @@ Result<ChatFormat> parse_chat_format(std::string_view name) {
 }
 
 Result<ChatRole> parse_chat_role(std::string_view name) {
-  for (const ChatRole role : {ChatRole::system, ChatRole::user, ChatRole::assistant,
-                              ChatRole::tool}) {
+  for (const ChatRole role :
+       {ChatRole::system, ChatRole::user, ChatRole::assistant, ChatRole::tool}) {
     if (name == to_string(role)) return role;
   }
   return make_error(ErrorKind::invalid, "unknown message role '" + std::string(name) +
@@ -350,9 +374,12 @@ Result<ChatRole> parse_chat_role(std::string_view name) {
 
 Result<std::string> render_chat(ChatFormat format, const Conversation& conversation) {
   switch (format) {
-    case ChatFormat::plain: return render_plain(conversation);
-    case ChatFormat::chatml: return render_chatml(conversation);
-    case ChatFormat::minimax_m2: return render_minimax(conversation);
+    case ChatFormat::plain:
+      return render_plain(conversation);
+    case ChatFormat::chatml:
+      return render_chatml(conversation);
+    case ChatFormat::minimax_m2:
+      return render_minimax(conversation);
   }
   RT_ASSERT(false, "unknown chat format", static_cast<int>(format));
   return make_error(ErrorKind::invalid, "unknown chat format");

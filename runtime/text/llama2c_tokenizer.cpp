@@ -164,8 +164,8 @@ Result<std::unique_ptr<Tokenizer>> parse_llama2c_tokenizer(std::string_view byte
   std::vector<std::string> pieces;
   std::vector<float> scores;
   while (offset < bytes.size()) {
-    const std::string where = "token " + std::to_string(pieces.size()) + " at byte offset " +
-                              std::to_string(offset);
+    const std::string where =
+        "token " + std::to_string(pieces.size()) + " at byte offset " + std::to_string(offset);
     float score = 0;
     int32_t length_bytes = 0;
     if (!read_f32(bytes, offset, score) || !read_i32(bytes, offset, length_bytes)) {

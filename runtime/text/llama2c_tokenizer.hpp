@@ -2,7 +2,8 @@
 //
 // File layout (little-endian): int32 max_token_length, then for every token until the end
 // of the file: float32 score, int32 length_bytes, length_bytes bytes of piece text.
-// Ids 0, 1, 2 are <unk>, BOS, EOS; ids 3..258 are the byte-fallback pieces <0x00>..<0xFF> (or the raw bytes).
+// Ids 0, 1, 2 are <unk>, BOS, EOS; ids 3..258 are the byte-fallback pieces <0x00>..<0xFF> (or the
+// raw bytes).
 #pragma once
 
 #include <memory>

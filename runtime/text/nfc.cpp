@@ -92,16 +92,17 @@ void reorder(std::vector<char32_t>& code_points) {
     }
     std::size_t run_end = index;
     while (run_end < code_points.size() && combining_class(code_points[run_end]) != 0) ++run_end;
-    std::stable_sort(code_points.begin() + static_cast<std::ptrdiff_t>(index),
-                     code_points.begin() + static_cast<std::ptrdiff_t>(run_end),
-                     [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
+    std::stable_sort(
+        code_points.begin() + static_cast<std::ptrdiff_t>(index),
+        code_points.begin() + static_cast<std::ptrdiff_t>(run_end),
+        [](char32_t a, char32_t b) { return combining_class(a) < combining_class(b); });
     index = run_end;
   }
 }
 
 char32_t compose_pair(char32_t first, char32_t second) {
-  if (first >= hangul_l_base && first < hangul_l_base + hangul_l_count &&
-      second >= hangul_v_base && second < hangul_v_base + hangul_v_count) {
+  if (first >= hangul_l_base && first < hangul_l_base + hangul_l_count && second >= hangul_v_base &&
+      second < hangul_v_base + hangul_v_count) {
     return hangul_s_base +
            ((first - hangul_l_base) * hangul_v_count + (second - hangul_v_base)) * hangul_t_count;
   }
@@ -112,8 +113,8 @@ char32_t compose_pair(char32_t first, char32_t second) {
   }
   const Composition key{first, second, 0};
   const auto* end = std::end(compositions);
-  const auto* found =
-      std::lower_bound(std::begin(compositions), end, key, [](const Composition& a, const Composition& b) {
+  const auto* found = std::lower_bound(
+      std::begin(compositions), end, key, [](const Composition& a, const Composition& b) {
         return a.first != b.first ? a.first < b.first : a.second < b.second;
       });
   if (found != end && found->first == first && found->second == second) return found->composite;

@@ -14,9 +14,12 @@ namespace fs = std::filesystem;
 
 std::string_view to_string(TokenizerKind kind) {
   switch (kind) {
-    case TokenizerKind::llama2c: return "llama2c";
-    case TokenizerKind::hf_byte_level_bpe: return "hf-byte-level-bpe";
-    case TokenizerKind::gpt2_bpe: return "gpt2-bpe";
+    case TokenizerKind::llama2c:
+      return "llama2c";
+    case TokenizerKind::hf_byte_level_bpe:
+      return "hf-byte-level-bpe";
+    case TokenizerKind::gpt2_bpe:
+      return "gpt2-bpe";
   }
   return "unknown";
 }
@@ -84,17 +87,20 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const fs::path& path) {
   std::error_code error;
   if (fs::is_regular_file(path, error)) return load_file(path);
   if (!fs::is_directory(path, error)) {
-    return make_error(ErrorKind::not_found, path.string() + ": no such tokenizer file or directory");
+    return make_error(ErrorKind::not_found,
+                      path.string() + ": no such tokenizer file or directory");
   }
-  if (fs::is_regular_file(path / "tokenizer.json", error)) return load_hf_json(path / "tokenizer.json");
+  if (fs::is_regular_file(path / "tokenizer.json", error))
+    return load_hf_json(path / "tokenizer.json");
   if (fs::is_regular_file(path / "tokenizer.bin", error)) return load_file(path / "tokenizer.bin");
   if (fs::is_regular_file(path / "encoder.json", error) ||
       fs::is_regular_file(path / "vocab.bpe", error)) {
     return load_gpt2_pair(path);
   }
   return make_error(ErrorKind::not_found,
-                    path.string() + ": directory has no tokenizer.json, tokenizer.bin, or "
-                                    "encoder.json + vocab.bpe");
+                    path.string() +
+                        ": directory has no tokenizer.json, tokenizer.bin, or "
+                        "encoder.json + vocab.bpe");
 }
 
 }  // namespace tandem::text

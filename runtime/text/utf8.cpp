@@ -7,7 +7,9 @@ namespace {
 
 constexpr char32_t replacement_code_point = 0xFFFD;
 
-bool is_continuation(unsigned char byte) { return (byte & 0xC0) == 0x80; }
+bool is_continuation(unsigned char byte) {
+  return (byte & 0xC0) == 0x80;
+}
 
 // Expected length from the lead byte, 0 when the byte cannot start a sequence.
 std::size_t lead_length_bytes(unsigned char lead) {
@@ -53,7 +55,8 @@ Decoded decode_one(std::string_view text, std::size_t offset_bytes) {
 
 void append(std::string& out, char32_t code_point) {
   RT_ASSERT(code_point <= 0x10FFFF, "code point out of range", uint32_t(code_point));
-  RT_ASSERT(code_point < 0xD800 || code_point > 0xDFFF, "surrogate code point", uint32_t(code_point));
+  RT_ASSERT(code_point < 0xD800 || code_point > 0xDFFF, "surrogate code point",
+            uint32_t(code_point));
   if (code_point < 0x80) {
     out.push_back(static_cast<char>(code_point));
   } else if (code_point < 0x800) {

