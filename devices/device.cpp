@@ -1,0 +1,93 @@
+#include "devices/device.hpp"
+
+#include <string>
+
+namespace tandem::devices {
+
+std::string_view to_string(Arch arch) {
+  switch (arch) {
+    case Arch::llama: return "llama";
+    case Arch::minimax_m2: return "minimax_m2";
+  }
+  return "?";
+}
+
+std::string_view to_string(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+    case DType::f8_e4m3: return "F8_E4M3";
+  }
+  return "?";
+}
+
+uint32_t dtype_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::f8_e4m3: return 1;
+  }
+  RT_ASSERT(false, "unknown dtype", static_cast<int>(dtype));
+  return 0;
+}
+
+namespace {
+Error bad(const std::string& what) { return make_error(ErrorKind::invalid, "model config: " + what); }
+}  // namespace
+
+Status ModelConfig::validate() const {
+  if (vocab_size == 0) return bad("vocab_size is 0");
+  if (hidden == 0) return bad("hidden is 0");
+  if (layers == 0) return bad("layers is 0");
+  if (heads == 0) return bad("heads is 0");
+  if (kv_heads == 0) return bad("kv_heads is 0");
+  if (heads % kv_heads != 0) {
+    return bad("heads (" + std::to_string(heads) + ") is not a multiple of kv_heads (" +
+               std::to_string(kv_heads) + ")");
+  }
+  if (head_dim == 0) return bad("head_dim is 0");
+  if (rotary_dim == 0 || rotary_dim > head_dim || rotary_dim % 2 != 0) {
+    return bad("rotary_dim " + std::to_string(rotary_dim) + " must be even and in [2, head_dim=" +
+               std::to_string(head_dim) + "]");
+  }
+  if (!(rope_theta > 0.0f)) return bad("rope_theta must be > 0");
+  if (!(rms_eps > 0.0f)) return bad("rms_eps must be > 0");
+  if (max_position == 0) return bad("max_position is 0");
+  if (experts == 0 && intermediate == 0) return bad("intermediate is 0 (dense FFN)");
+  if (experts > 0) {
+    if (experts_per_token == 0 || experts_per_token > experts) {
+      return bad("experts_per_token " + std::to_string(experts_per_token) +
+                 " must be in [1, experts=" + std::to_string(experts) + "]");
+    }
+    if (moe_intermediate == 0) return bad("moe_intermediate is 0");
+  }
+  if (bos_id < 0 || static_cast<uint32_t>(bos_id) >= vocab_size) return bad("bos_id out of range");
+  if (eos_id < 0 || static_cast<uint32_t>(eos_id) >= vocab_size) return bad("eos_id out of range");
+  return {};
+}
+
+uint64_t KvLayout::part_bytes() const {
+  return uint64_t{block_tokens} * kv_heads * head_dim * element_bytes;
+}
+
+uint64_t KvLayout::block_bytes() const { return uint64_t{layers} * 2 * part_bytes(); }
+
+uint64_t KvLayout::pool_bytes() const { return uint64_t{blocks_total} * block_bytes(); }
+
+uint64_t KvLayout::offset_bytes(uint32_t block, uint32_t layer, KvPart part) const {
+  RT_ASSERT(block < blocks_total, "block", block, "blocks_total", blocks_total);
+  RT_ASSERT(layer < layers, "layer", layer, "layers", layers);
+  return uint64_t{block} * block_bytes() +
+         (uint64_t{layer} * 2 + static_cast<uint32_t>(part)) * part_bytes();
+}
+
+uint64_t KvLayout::slot_offset_bytes(uint32_t block, uint32_t layer, KvPart part,
+                                     uint32_t slot) const {
+  RT_ASSERT(slot < block_tokens, "slot", slot, "block_tokens", block_tokens);
+  return offset_bytes(block, layer, part) +
+         uint64_t{slot} * kv_heads * head_dim * element_bytes;
+}
+
+}  // namespace tandem::devices

@@ -1,0 +1,182 @@
+// tandem/devices: the one seam between serving and hardware. Every backend (cpu, sim, rbln)
+// implements `Device`; everything above it (executor, prefill, decode) sees only this file.
+//
+// A Device owns a loaded model and a paged KV pool. The caller (one executor, one thread at a
+// time: a Device is NOT thread-safe) owns the block allocation policy: it hands each sequence
+// a block table and says where the sequence's new tokens start. The Device computes, writes
+// the new tokens' K and V into those blocks, and returns logits (or tokens, see StepOutput).
+//
+// Positions and blocks: position p of a sequence lives in block block_table[p / block_tokens],
+// slot p % block_tokens. A pass over tokens [start_pos, start_pos + n) reads KV of positions
+// [0, start_pos) from the pool (written by earlier passes, or copied in) and writes KV of the
+// n new positions. Nothing else in the pool is touched.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/manifest.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::devices {
+
+enum class Arch { llama, minimax_m2 };  // llama: Llama/Qwen2/llama2.c; minimax_m2: MoE + QK-norm
+enum class DType { f32, bf16, f16, f8_e4m3 };
+// How RoPE pairs the rotated dimensions of a head (only the first rotary_dim dims rotate):
+//   interleaved: pairs (2i, 2i+1)             -- llama2.c checkpoints
+//   rotate_half: pairs (i, i + rotary_dim/2)  -- HF safetensors checkpoints
+enum class RopeStyle { interleaved, rotate_half };
+
+std::string_view to_string(Arch arch);
+std::string_view to_string(DType dtype);
+uint32_t dtype_bytes(DType dtype);  // 4, 2, 2, 1
+
+// The model's shape. Value type; every size comes from here, nothing is hard-coded.
+struct ModelConfig {
+  Arch arch = Arch::llama;
+  uint32_t vocab_size = 0;
+  uint32_t hidden = 0;        // model width (d_model)
+  uint32_t layers = 0;
+  uint32_t heads = 0;         // query heads
+  uint32_t kv_heads = 0;      // key/value heads (GQA: heads % kv_heads == 0)
+  uint32_t head_dim = 0;
+  uint32_t intermediate = 0;  // dense SwiGLU FFN width (llama); unused by minimax_m2
+  float rope_theta = 10000.0f;
+  uint32_t rotary_dim = 0;    // dims of each head that rotate; == head_dim for full RoPE
+  RopeStyle rope_style = RopeStyle::rotate_half;
+  float rms_eps = 1e-5f;
+  bool tie_embeddings = false;   // lm head == token embedding
+  bool qk_norm = false;          // RMSNorm on q and k (minimax_m2)
+  uint32_t experts = 0;          // MoE experts per layer (0 = dense FFN)
+  uint32_t experts_per_token = 0;
+  uint32_t moe_intermediate = 0;  // each expert's SwiGLU width
+  bool router_bias = false;       // sigmoid router + bias used only for expert selection
+  uint32_t max_position = 0;      // positions [0, max_position) are valid, tokens
+  int32_t bos_id = 1;
+  int32_t eos_id = 2;
+  DType weight_dtype = DType::f32;  // as stored in the checkpoint
+
+  // invalid naming the first bad field (zero sizes, heads % kv_heads, rotary_dim odd or >
+  // head_dim, experts_per_token > experts, ...).
+  Status validate() const;
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+enum class KvPart : uint32_t { k = 0, v = 1 };
+
+// Layout of the KV pool. A block holds block_tokens positions of ALL layers, contiguously,
+// so one block is one contiguous copy or one RMA read. Inside a block:
+//   [layer][K|V][slot (token in block)][kv_head][head_dim] elements of element_bytes each.
+struct KvLayout {
+  uint32_t block_tokens = 0;
+  uint32_t blocks_total = 0;
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t element_bytes = 0;  // cpu: 4 (fp32); sim: whatever it models (e.g. 1 for fp8)
+
+  uint64_t part_bytes() const;   // one (block, layer, K|V): block_tokens*kv_heads*head_dim*elem
+  uint64_t block_bytes() const;  // layers * 2 * part_bytes()
+  uint64_t pool_bytes() const;   // blocks_total * block_bytes()
+  // Byte offset of (block, layer, part) from the pool base. Asserts block < blocks_total and
+  // layer < layers (callers validate ids that came from outside first).
+  uint64_t offset_bytes(uint32_t block, uint32_t layer, KvPart part) const;
+  // Byte offset of one slot's (token's) K or V row of kv_heads*head_dim elements.
+  uint64_t slot_offset_bytes(uint32_t block, uint32_t layer, KvPart part, uint32_t slot) const;
+  friend bool operator==(const KvLayout&, const KvLayout&) = default;
+};
+
+// The pool's memory: page-aligned, owned by the Device, valid for the Device's lifetime.
+// The runtime registers it with libfabric for RMA reads.
+struct MemoryRegion {
+  std::byte* base = nullptr;
+  uint64_t length_bytes = 0;
+};
+
+// One sequence in a prefill pass (chunked prefill: start_pos > 0 continues earlier chunks,
+// whose KV must already be in the blocks). block_table must cover start_pos + tokens.size()
+// positions. Output: one logits row, for the last token.
+struct PrefillSeq {
+  uint64_t seq_id = 0;
+  std::vector<uint32_t> block_table;
+  uint32_t start_pos = 0;
+  std::vector<int32_t> tokens;  // not empty
+};
+
+// One sequence in a decode pass. tokens = {last accepted token, draft_1, ..., draft_k}; the
+// last token sits at position start_pos. Output: k+1 logits rows, row i predicts the token
+// after tokens[i], so all drafts are verified in one pass. KV of all k+1 positions is written;
+// the caller simply re-runs from the first rejected position next time (overwriting it).
+struct DecodeSeq {
+  uint64_t seq_id = 0;
+  std::vector<uint32_t> block_table;
+  uint32_t start_pos = 0;
+  std::vector<int32_t> tokens;  // not empty
+};
+
+// Output for one input sequence, in input order. Exactly one of the two is filled:
+//   logits: rows_count * vocab_size floats, row-major (cpu, rbln). Sample with
+//           devices/sampling.hpp.
+//   tokens: rows_count token ids, already chosen (sim: it has no math).
+struct SeqOutput {
+  uint64_t seq_id = 0;
+  uint32_t rows_count = 0;      // prefill: 1; decode: tokens.size() of the input
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+};
+
+struct StepOutput {
+  std::vector<SeqOutput> seqs;  // same order as the input batch
+};
+
+// Backend-specific knobs of the sim device (defined by the sim backend; keys are documented
+// in devices/sim/). Ignored by other kinds.
+using SimParams = std::map<std::string, double>;
+
+struct DeviceSpec {
+  config::DeviceKind kind = config::DeviceKind::cpu;
+  std::string model_path;     // cpu: llama2.c .bin file or HF directory
+  uint32_t block_tokens = 16;
+  uint32_t blocks_total = 0;  // 0: derive from kv_bytes_max
+  uint64_t kv_bytes_max = 0;  // used when blocks_total == 0; one of the two must be set
+  uint32_t threads = 0;       // compute threads; 0 = all cores
+  uint64_t seed = 0;
+  SimParams sim;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  virtual const ModelConfig& model_config() const = 0;
+  virtual const KvLayout& kv_layout() const = 0;
+  virtual MemoryRegion kv_region() = 0;  // valid for the Device's lifetime
+
+  // Errors (invalid): empty batch, empty tokens, token id outside [0, vocab_size), block id
+  // >= blocks_total, block table too short, start_pos + tokens beyond max_position.
+  // On error nothing was computed, but KV of earlier sequences in the batch is NOT rolled
+  // back (only validation errors are possible, and they are checked before any compute).
+  virtual Result<StepOutput> prefill(std::span<const PrefillSeq> batch) = 0;
+  virtual Result<StepOutput> decode(std::span<const DecodeSeq> batch) = 0;
+
+  // Copies whole blocks out of / into the pool, in the order given: dst/src hold
+  // blocks.size() * block_bytes() bytes. Errors (invalid): block id out of range, size
+  // mismatch.
+  virtual Status copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) = 0;
+  virtual Status copy_blocks_in(std::span<const uint32_t> blocks,
+                                std::span<const std::byte> src) = 0;
+};
+
+// Builds a device of spec.kind. Errors: not_found (model path missing), invalid (bad model
+// file, bad spec), unimplemented (kind not built in). Throws nothing.
+Result<std::unique_ptr<Device>> make_device(const DeviceSpec& spec);
+
+}  // namespace tandem::devices
