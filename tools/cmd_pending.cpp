@@ -17,6 +17,5 @@ int cmd_up(cli::Args) { return pending("up"); }
 int cmd_shell(cli::Args) { return pending("shell"); }
 int cmd_bench(cli::Args) { return pending("bench"); }
 int cmd_generate(cli::Args) { return pending("generate"); }
-int cmd_model(cli::Args) { return pending("model"); }
 
 }  // namespace tandem::tools
