@@ -162,9 +162,11 @@ Result<SimParams> params_from_map(const devices::SimParams& map) {
 // ---- timing -------------------------------------------------------------------------
 
 double pass_flops(const SimParams& p, SeqShape seq) {
+  RT_ASSERT(seq.new_tokens > 0, "pass_flops: no new tokens");
   double n = seq.new_tokens, c = seq.context_tokens;
   double weights = 2.0 * p.active_params * n;
   double attention = 4.0 * p.layers * p.heads * p.head_dim * (n * c + n * (n + 1) / 2);
+  RT_ASSERT(weights > 0 && attention > 0, "pass_flops: params must be valid");
   return weights + attention;
 }
 
@@ -245,6 +247,7 @@ uint64_t context_hash(uint64_t prev_hash, int32_t token, uint32_t position) {
 }
 
 uint32_t output_length_tokens(const SimParams& p, uint64_t seed, uint64_t prompt_hash) {
+  RT_ASSERT(p.output_tokens_mean >= 1 && p.output_tokens_max >= 1, "output length params");
   double length = p.output_tokens_mean;
   if (p.output_tokens_sigma > 0) {
     uint64_t h = mix64(seed ^ mix64(prompt_hash ^ 0x6c656e677468ULL));
@@ -254,6 +257,7 @@ uint32_t output_length_tokens(const SimParams& p, uint64_t seed, uint64_t prompt
     double mu = std::log(p.output_tokens_mean) - sigma * sigma / 2;  // so E[length] = mean
     length = std::exp(mu + sigma * z);
   }
+  RT_ASSERT(std::isfinite(length), "output length", length);
   return static_cast<uint32_t>(std::clamp(std::round(length), 1.0, double(p.output_tokens_max)));
 }
 
