@@ -158,25 +158,42 @@ SampledToken Sampler::sample_greedy() {
 
 void Sampler::keep_head() {
   ByWeightDesc by{&weight_};
-  size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : order_.size();
-  if (k < order_.size()) {
+  auto nth = [this, &by](size_t k) {
     std::nth_element(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(k), order_.end(),
                      by);
+  };
+  size_t k = params_.top_k > 0 ? static_cast<size_t>(params_.top_k) : order_.size();
+  if (k < order_.size()) {
+    nth(k);
     order_.resize(k);
+  }
+  double total = 0.0;  // the mass top_p is relative to: what top_k kept
+  for (int32_t t : order_) total += weight_[static_cast<size_t>(t)];
+  double target = params_.top_p * total;
+  if (params_.top_p < 1.0f) {
+    // Avoid sorting the whole vocab: grow a head (by the same total order) until its mass
+    // clearly reaches top_p; the kept prefix of the sorted order lies inside it.
+    for (size_t head = std::min<size_t>(64, order_.size()); head < order_.size(); head *= 4) {
+      nth(head);
+      double mass = 0.0;
+      for (size_t i = 0; i < head; ++i) mass += weight_[static_cast<size_t>(order_[i])];
+      if (mass > target * (1.0 + 1e-9)) {
+        order_.resize(head);
+        break;
+      }
+    }
   }
   std::sort(order_.begin(), order_.end(), by);
   if (params_.top_p >= 1.0f) return;
-  double head_total = 0.0;
-  for (int32_t t : order_) head_total += weight_[static_cast<size_t>(t)];
   double mass_before = 0.0;
   size_t keep = 0;
   // Keep a token while the mass of the tokens before it is still below top_p (HF semantics:
   // the smallest head whose mass reaches top_p; never empty).
-  while (keep < order_.size() && mass_before < params_.top_p * head_total) {
+  while (keep < order_.size() && mass_before < target) {
     mass_before += weight_[static_cast<size_t>(order_[keep])];
     ++keep;
   }
-  RT_ASSERT(keep >= 1, "top_p kept nothing");
+  RT_ASSERT(keep >= 1 && keep <= order_.size(), "top_p kept", keep);
   order_.resize(keep);
 }
 

@@ -208,6 +208,7 @@ void SimDevice::write_token(const Pass& pass, SeqState& state, uint32_t index_in
 }
 
 Result<StepOutput> SimDevice::run(std::span<const Pass> batch, bool is_prefill) {
+  auto started = std::chrono::steady_clock::now();
   if (Status st = validate_batch(batch); !st) return st.error();
   ++pass_count_;
   std::vector<SeqState*> states;
@@ -239,11 +240,12 @@ Result<StepOutput> SimDevice::run(std::span<const Pass> batch, bool is_prefill) 
     RT_ASSERT(seq.rows_count == (is_prefill ? 1u : pass.tokens.size()), "rows_count");
     out.seqs.push_back(std::move(seq));
   }
-  model_time(batch, is_prefill);
+  model_time(batch, is_prefill, started);
   return out;
 }
 
-void SimDevice::model_time(std::span<const Pass> batch, bool is_prefill) {
+void SimDevice::model_time(std::span<const Pass> batch, bool is_prefill,
+                           std::chrono::steady_clock::time_point started) {
   std::vector<SeqShape> shapes;
   for (const Pass& p : batch) {
     shapes.push_back({p.start_pos, static_cast<uint32_t>(p.tokens.size())});
@@ -251,7 +253,10 @@ void SimDevice::model_time(std::span<const Pass> batch, bool is_prefill) {
   last_pass_s_ = is_prefill ? prefill_time_s(params_, shapes) : decode_step_time_s(params_, shapes);
   total_s_ += last_pass_s_;
   if (params_.time_factor > 0) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(last_pass_s_ * params_.time_factor));
+    // The host work of this pass counts toward the modelled time: sleep only the rest.
+    auto wall = std::chrono::duration<double>(last_pass_s_ * params_.time_factor);
+    std::this_thread::sleep_until(
+        started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wall));
   }
 }
 

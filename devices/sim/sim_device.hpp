@@ -9,10 +9,13 @@
 //      copied in from another device work). KV that was never written there -> failed;
 //   3. writes the new positions' KV rows, picks tokens with sim::next_token;
 //   4. models the pass time (prefill_time_s / decode_step_time_s) and, when
-//      time_factor > 0, sleeps modelled time * time_factor on the calling thread.
+//      time_factor > 0, sleeps on the calling thread until modelled time * time_factor has
+//      passed since the pass began (the host work of steps 1-3 counts toward it; a pass whose
+//      host work takes longer than that returns late, not early).
 // Not thread-safe (one executor thread), like every Device.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <unordered_map>
@@ -98,7 +101,8 @@ class SimDevice final : public Device {
   Status rebuild_context(const Pass& pass, SeqState& state) const;
   void write_token(const Pass& pass, SeqState& state, uint32_t index_in_pass);
   Result<StepOutput> run(std::span<const Pass> batch, bool is_prefill);
-  void model_time(std::span<const Pass> batch, bool is_prefill);
+  void model_time(std::span<const Pass> batch, bool is_prefill,
+                  std::chrono::steady_clock::time_point started);
   void evict_if_full();
 
   SimParams params_;

@@ -1,6 +1,7 @@
 #include "devices/sim/sim_model.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -312,11 +313,13 @@ void fill_row(std::span<std::byte> row, uint64_t hash, int32_t token, uint32_t p
   uint64_t state = mix64(hash ^ mix64((uint64_t{layer} << 1) | static_cast<uint32_t>(part)));
   if (state == 0) state = 1;
   size_t i = 0;
+  static_assert(std::endian::native == std::endian::little, "rows are little-endian");
   for (; i + 8 <= row.size(); i += 8) {
     state ^= state >> 12;  // xorshift64*
     state ^= state << 25;
     state ^= state >> 27;
-    store_le(row.data() + i, state * 0x2545f4914f6cdd1dULL, 8);
+    uint64_t word = state * 0x2545f4914f6cdd1dULL;
+    std::memcpy(row.data() + i, &word, 8);
   }
   if (i < row.size()) std::memset(row.data() + i, 0xa5, row.size() - i);
   if (layer == 0 && part == KvPart::k) {

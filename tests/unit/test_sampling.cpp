@@ -1,5 +1,6 @@
 #include <doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -281,4 +282,39 @@ TEST_CASE("bad rows are errors, not crashes") {
   CHECK_FALSE(s.sample(all_masked, none).ok());
   std::vector<float> some_masked = {ninf, 0.0f};
   CHECK(draw(s, some_masked).token == 1);
+}
+
+TEST_CASE("top_p over a large vocab keeps exactly the sorted head (no full sort needed)") {
+  std::vector<float> row(5000);
+  for (size_t i = 0; i < row.size(); ++i) row[i] = static_cast<float>(std::sin(i * 1.7) * 3.0);
+  // Reference: sort descending (index on ties), keep while the mass before is below top_p.
+  std::vector<size_t> idx(row.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return row[a] > row[b]; });
+  double m = row[idx[0]], total = 0;
+  for (float v : row) total += std::exp(v - m);
+  std::vector<bool> kept(row.size(), false);
+  double before = 0, kept_mass = 0;
+  size_t kept_count = 0;
+  for (size_t i : idx) {
+    if (before >= 0.6 * total) break;
+    double w = std::exp(row[i] - m);
+    before += w;
+    kept_mass += w;
+    kept[i] = true;
+    ++kept_count;
+  }
+  REQUIRE(kept_count > 256);  // the head had to grow past its first sizes
+  SamplingParams p;
+  p.top_p = 0.6f;
+  p.logprobs_top_n = 1;
+  Sampler s(p);
+  for (int i = 0; i < 500; ++i) {
+    SampledToken t = draw(s, row);
+    CHECK(kept[static_cast<size_t>(t.token)]);
+    double want = row[static_cast<size_t>(t.token)] - m - std::log(kept_mass);
+    CHECK(t.logprob == doctest::Approx(want).epsilon(1e-4));
+    REQUIRE(t.top.size() == 1);
+    CHECK(t.top[0].token == static_cast<int32_t>(idx[0]));
+  }
 }
