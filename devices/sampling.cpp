@@ -170,6 +170,7 @@ void Sampler::keep_head() {
   double total = 0.0;  // the mass top_p is relative to: what top_k kept
   for (int32_t t : order_) total += weight_[static_cast<size_t>(t)];
   double target = params_.top_p * total;
+  RT_ASSERT(total > 0.0, "keep_head: the max token (weight 1) is always in the head", total);
   if (params_.top_p < 1.0f) {
     // Avoid sorting the whole vocab: grow a head (by the same total order) until its mass
     // clearly reaches top_p; the kept prefix of the sorted order lies inside it.
