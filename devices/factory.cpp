@@ -1,5 +1,6 @@
 // make_device(): the one place that knows every backend.
 #include "devices/device.hpp"
+#include "devices/sim/sim_device.hpp"
 #include "devices/cpu/cpu_device.hpp"
 
 namespace tandem::devices {
@@ -9,8 +10,7 @@ Result<std::unique_ptr<Device>> make_device(const DeviceSpec& spec) {
     case config::DeviceKind::cpu:
       return cpu::make_cpu_device(spec);
     case config::DeviceKind::sim:
-      // The sim backend lands on its own branch; it replaces this line with its factory.
-      return make_error(ErrorKind::unimplemented, "device kind 'sim' is not built in");
+      return sim::make_sim_device(spec);
     case config::DeviceKind::rbln:
       return make_error(ErrorKind::unimplemented, "device kind 'rbln' is not built in");
   }

@@ -1,0 +1,297 @@
+#include <doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "devices/sim/sim_device.hpp"
+
+using namespace tandem::devices;
+using namespace tandem::devices::sim;
+
+namespace {
+
+bool has(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
+
+DeviceSpec small_spec(uint64_t seed = 1, tandem::devices::SimParams extra = {}) {
+  DeviceSpec spec;
+  spec.kind = tandem::config::DeviceKind::sim;
+  spec.block_tokens = 16;
+  spec.blocks_total = 64;
+  spec.seed = seed;
+  spec.sim = {{"kv_scale", 1.0 / 128}, {"output_tokens_mean", 100000},
+              {"output_tokens_sigma", 0}, {"output_tokens_max", 100000}};
+  for (auto& [k, v] : extra) spec.sim[k] = v;
+  return spec;
+}
+
+std::unique_ptr<SimDevice> make(const DeviceSpec& spec) {
+  auto d = SimDevice::create(spec);
+  if (!d) FAIL(d.error().describe());
+  return std::move(d).value();
+}
+
+std::vector<int32_t> prompt(size_t n, uint32_t salt = 0) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(mix64(i * 31 + salt) % 200000);
+  return t;
+}
+
+std::vector<uint32_t> table(uint32_t first, uint32_t count) {
+  std::vector<uint32_t> t(count);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+// Prefill `p` then decode `steps` tokens one at a time; returns the generated tokens.
+std::vector<int32_t> generate(Device& d, const std::vector<int32_t>& p, size_t steps,
+                              const std::vector<uint32_t>& blocks, uint64_t seq_id = 7) {
+  PrefillSeq pre{seq_id, blocks, 0, p};
+  auto r = d.prefill(std::span(&pre, 1));
+  REQUIRE(r.ok());
+  std::vector<int32_t> out = {r->seqs[0].tokens.at(0)};
+  for (size_t i = 0; i < steps; ++i) {
+    DecodeSeq dec{seq_id, blocks, static_cast<uint32_t>(p.size() + i), {out.back()}};
+    auto s = d.decode(std::span(&dec, 1));
+    REQUIRE(s.ok());
+    out.push_back(s->seqs[0].tokens.at(0));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("modelled times follow the documented formulas") {
+  sim::SimParams p;  // defaults: 4 NPUs, pp, 2e15 FLOP/s, 4.8e12 B/s, mfu .4, eff .7
+  const double overhead = 100e-6, attn = 4.0 * 62 * 48 * 128;
+  // Prefill, pp, 2048 new tokens at context 0: C = 4 chunks through 4 stages.
+  SeqShape pre{0, 2048};
+  double flops = 2 * 10e9 * 2048 + attn * (2048.0 * 2049 / 2);
+  CHECK(pass_flops(p, pre) == doctest::Approx(flops));
+  double t1 = std::max(flops / (2e15 * 0.4), (10e9 * 4 + 126976.0 * 2048) / (4.8e12 * 0.7));
+  CHECK(prefill_time_s(p, std::span(&pre, 1)) ==
+        doctest::Approx(t1 * (4 + 3) / (4.0 * 4) + overhead));
+  // A single chunk gets no pipeline speedup.
+  SeqShape small{0, 100};
+  double f_small = pass_flops(p, small);
+  double t_small = std::max(f_small / (2e15 * 0.4), (10e9 + 126976.0 * 100) / (4.8e12 * 0.7));
+  CHECK(prefill_time_s(p, std::span(&small, 1)) == doctest::Approx(t_small + overhead));
+  // dp_ep prefill: all NPUs on the whole batch.
+  sim::SimParams q = p;
+  q.parallel = ParallelMode::dp_ep;
+  double t_dp = std::max(flops / (2e15 * 4 * 0.4), (10e9 + 126976.0 * 2048) / (4.8e12 * 4 * 0.7));
+  CHECK(prefill_time_s(q, std::span(&pre, 1)) == doctest::Approx(t_dp + overhead));
+  // Decode: 8 sequences at context 10000, one new token each: memory bound.
+  std::vector<SeqShape> batch(8, SeqShape{10000, 1});
+  double bytes = 10e9 + 8 * 126976.0 * 10001;
+  CHECK(decode_step_time_s(p, batch) == doctest::Approx(bytes / (4.8e12 * 0.7) + overhead));
+  CHECK(decode_step_time_s(q, batch) == doctest::Approx(bytes / (4.8e12 * 4 * 0.7) + overhead));
+  // Longer contexts cost more; more KV capacity than the weights leave is impossible.
+  std::vector<SeqShape> longer(8, SeqShape{100000, 1});
+  CHECK(decode_step_time_s(p, longer) > decode_step_time_s(p, batch));
+  CHECK(kv_capacity_tokens(p) == doctest::Approx((144e9 * 4 - 229e9) * 0.9 / 126976));
+}
+
+TEST_CASE("sim params come from the map; bad keys and values are named") {
+  auto ok = params_from_map({{"npu_count", 8}, {"dp_ep", 1}, {"copy_probability", 0.25}});
+  REQUIRE(ok.ok());
+  CHECK(ok->npu_count == 8);
+  CHECK(ok->parallel == ParallelMode::dp_ep);
+  CHECK(ok->copy_probability == 0.25);
+  auto unknown = params_from_map({{"npu_cuont", 8}});
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(has(unknown.error().message, "unknown parameter 'npu_cuont'"));
+  auto frac = params_from_map({{"npu_count", 2.5}});
+  REQUIRE_FALSE(frac.ok());
+  CHECK(has(frac.error().message, "npu_count"));
+  auto range = params_from_map({{"copy_probability", 1.5}});
+  REQUIRE_FALSE(range.ok());
+  CHECK(has(range.error().message, "copy_probability = 1.5 is outside [0, 1]"));
+  CHECK_FALSE(params_from_map({{"kv_scale", 0.001}}).ok());
+  CHECK_FALSE(params_from_map({{"eos_id", 300000}}).ok());
+  CHECK_FALSE(params_from_map({{"prefill_mfu", 0}}).ok());
+}
+
+TEST_CASE("same seed gives the same tokens, another seed others") {
+  auto a = make(small_spec(1));
+  auto b = make(small_spec(1));
+  auto c = make(small_spec(2));
+  auto p = prompt(40);
+  auto blocks = table(0, 8);
+  auto ta = generate(*a, p, 30, blocks);
+  CHECK(ta == generate(*b, p, 30, blocks));
+  CHECK(ta != generate(*c, p, 30, blocks));
+  for (int32_t t : ta) CHECK((t >= 0 && t < 200064));
+  CHECK(a->last_pass_modelled_s() > 0);
+  CHECK(a->total_modelled_s() > a->last_pass_modelled_s());
+}
+
+TEST_CASE("copies happen at about the configured rate and come from the context") {
+  for (double rate : {0.0, 0.3, 0.8}) {
+    sim::SimParams p;
+    p.copy_probability = rate;
+    p.output_tokens_sigma = 0;
+    p.output_tokens_mean = 1e6;
+    p.output_tokens_max = 1000000;
+    std::vector<int32_t> ctx = prompt(500, 9);
+    std::vector<uint64_t> hashes;
+    uint64_t h = context_hash_root;
+    for (uint32_t i = 0; i < ctx.size(); ++i) hashes.push_back(h = context_hash(h, ctx[i], i));
+    int copied = 0, steps = 3000;
+    for (int i = 0; i < steps; ++i) {
+      NextToken t = next_token(p, 5, ctx, hashes, 500);
+      CHECK_FALSE(t.end);
+      if (t.copied) {
+        ++copied;
+        bool in_context = std::find(ctx.begin(), ctx.end(), t.token) != ctx.end();
+        CHECK(in_context);
+      }
+      ctx.push_back(t.token);
+      hashes.push_back(h = context_hash(h, t.token, static_cast<uint32_t>(ctx.size() - 1)));
+    }
+    CHECK(std::abs(copied / double(steps) - rate) < 0.04);
+  }
+}
+
+TEST_CASE("outputs end with eos at the drawn length; lengths average the mean") {
+  auto d = make(small_spec(3, {{"output_tokens_mean", 12}, {"output_tokens_sigma", 0}}));
+  auto out = generate(*d, prompt(20), 11, table(0, 4));
+  REQUIRE(out.size() == 12);
+  for (size_t i = 0; i + 1 < out.size(); ++i) CHECK(out[i] != 200020);
+  CHECK(out.back() == 200020);
+  sim::SimParams p;  // lognormal, mean 1000, sigma 0.5
+  double sum = 0;
+  for (uint64_t i = 0; i < 4000; ++i) sum += output_length_tokens(p, 11, mix64(i));
+  CHECK(sum / 4000 == doctest::Approx(1000).epsilon(0.05));
+  CHECK(output_length_tokens(p, 11, 42) == output_length_tokens(p, 11, 42));
+}
+
+TEST_CASE("KV blocks carry checkable contents; a decode with drafts matches single steps") {
+  auto d = make(small_spec());
+  auto p = prompt(40);
+  auto blocks = table(10, 4);
+  auto out = generate(*d, p, 5, blocks);
+  std::vector<int32_t> seq = p;
+  seq.insert(seq.end(), out.begin(), out.end() - 1);  // the last output is not in KV yet
+  const KvLayout& layout = d->kv_layout();
+  CHECK(layout.head_dim == 1);  // 128 * 1/128
+  std::vector<std::byte> got(layout.block_bytes() * 3);
+  REQUIRE(d->copy_blocks_out(std::vector<uint32_t>{10, 11, 12}, got).ok());
+  for (uint32_t b = 0; b < 3; ++b) {
+    auto want = expected_block_bytes(layout, seq, b);
+    CHECK(std::memcmp(got.data() + b * layout.block_bytes(), want.data(), want.size()) == 0);
+  }
+  auto wrong = expected_block_bytes(layout, prompt(40, 1), 0);
+  CHECK(std::memcmp(got.data(), wrong.data(), wrong.size()) != 0);
+  // Verify three drafts in one pass: all correct -> rows equal the single-step tokens.
+  auto e = make(small_spec());
+  auto first = generate(*e, p, 0, blocks);
+  DecodeSeq dec{7, blocks, 40, {first[0], out[1], out[2], out[3]}};
+  auto r = e->decode(std::span(&dec, 1));
+  REQUIRE(r.ok());
+  CHECK(r->seqs[0].rows_count == 4);
+  CHECK(r->seqs[0].tokens == std::vector<int32_t>{out[1], out[2], out[3], out[4]});
+}
+
+TEST_CASE("blocks copied out of one device and into another continue the sequence") {
+  auto prefill_dev = make(small_spec());
+  auto decode_dev = make(small_spec());
+  auto p = prompt(50);
+  auto reference = generate(*make(small_spec()), p, 6, table(0, 4));
+  PrefillSeq pre{3, table(0, 4), 0, p};
+  auto first = prefill_dev->prefill(std::span(&pre, 1));
+  REQUIRE(first.ok());
+  CHECK(first->seqs[0].tokens[0] == reference[0]);
+  const KvLayout& layout = prefill_dev->kv_layout();
+  std::vector<std::byte> wire(layout.block_bytes() * 4);
+  REQUIRE(prefill_dev->copy_blocks_out(table(0, 4), wire).ok());
+  // Without the blocks, decode refuses: the pool does not hold this context.
+  auto dst = table(20, 4);
+  DecodeSeq dec{9, dst, 50, {reference[0]}};
+  auto missing = decode_dev->decode(std::span(&dec, 1));
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().kind == tandem::ErrorKind::failed);
+  CHECK(has(missing.error().message, "position 0"));
+  REQUIRE(decode_dev->copy_blocks_in(dst, wire).ok());
+  std::vector<int32_t> got = {reference[0]};
+  for (uint32_t i = 0; i < 6; ++i) {
+    DecodeSeq step{9, dst, 50 + i, {got.back()}};
+    auto r = decode_dev->decode(std::span(&step, 1));
+    REQUIRE(r.ok());
+    got.push_back(r->seqs[0].tokens[0]);
+  }
+  CHECK(got == reference);
+  std::vector<std::byte> back(layout.block_bytes());
+  REQUIRE(decode_dev->copy_blocks_out(std::vector<uint32_t>{20}, back).ok());
+  CHECK(std::memcmp(back.data(), wire.data(), back.size()) == 0);
+}
+
+TEST_CASE("bad batches and bad specs are errors naming what is wrong") {
+  auto d = make(small_spec());
+  std::vector<PrefillSeq> none;
+  CHECK(has(d->prefill(none).error().message, "empty batch"));
+  auto expect = [&](PrefillSeq s, const char* what) {
+    auto r = d->prefill(std::span(&s, 1));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().kind == tandem::ErrorKind::invalid);
+    CHECK_MESSAGE(has(r.error().message, what), r.error().message);
+  };
+  expect({1, table(0, 2), 0, {}}, "no tokens");
+  expect({1, table(0, 2), 0, {5, 200064}}, "tokens[1] = 200064 is outside [0, 200064)");
+  expect({1, table(0, 1), 0, prompt(17)}, "block table has 1 blocks, 2 needed");
+  expect({1, {0, 64}, 0, prompt(17)}, "block_table[1] = 64 is outside [0, 64)");
+  expect({1, table(0, 2), 204799, {1, 2}}, "exceed max_position");
+  std::vector<PrefillSeq> twice = {{1, table(0, 1), 0, {1}}, {1, table(1, 1), 0, {2}}};
+  CHECK(has(d->prefill(twice).error().message, "seq_id appears twice"));
+  std::vector<std::byte> buf(d->kv_layout().block_bytes());
+  auto out_of_range = d->copy_blocks_out(std::vector<uint32_t>{64}, buf);
+  REQUIRE_FALSE(out_of_range.ok());
+  CHECK(has(out_of_range.error().message, "blocks[0] = 64 is outside [0, 64)"));
+  auto short_buf = d->copy_blocks_in(std::vector<uint32_t>{1, 2}, buf);
+  REQUIRE_FALSE(short_buf.ok());
+  CHECK(has(short_buf.error().message, "2 blocks need"));
+
+  auto spec_error = [](DeviceSpec spec) {
+    auto r = SimDevice::create(spec);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message;
+  };
+  DeviceSpec spec = small_spec();
+  spec.blocks_total = 0;
+  CHECK(has(spec_error(spec), "no KV pool size"));
+  spec = small_spec();
+  spec.sim["bogus"] = 1;
+  CHECK(has(spec_error(spec), "unknown parameter 'bogus'"));
+  spec = small_spec();
+  spec.kind = tandem::config::DeviceKind::cpu;
+  CHECK(has(spec_error(spec), "not sim"));
+  spec = small_spec();
+  spec.blocks_total = 4000000;  // 64M tokens: far beyond 4 x 144 GB
+  CHECK(has(spec_error(spec), "exceeds the modelled HBM"));
+  spec = small_spec();
+  spec.blocks_total = 0;
+  spec.kv_bytes_max = 10 * d->kv_layout().block_bytes();
+  CHECK(make(spec)->kv_layout().blocks_total == 10);
+  CHECK(make_sim_device(small_spec()).ok());
+}
+
+TEST_CASE("time_factor sleeps the modelled time; 0 does not") {
+  auto fast = make(small_spec(1, {{"step_overhead_us", 30000}}));
+  auto slow = make(small_spec(1, {{"step_overhead_us", 30000}, {"time_factor", 1}}));
+  PrefillSeq pre{1, table(0, 1), 0, {1, 2, 3}};
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(fast->prefill(std::span(&pre, 1)).ok());
+  auto t1 = std::chrono::steady_clock::now();
+  REQUIRE(slow->prefill(std::span(&pre, 1)).ok());
+  auto t2 = std::chrono::steady_clock::now();
+  CHECK(slow->last_pass_modelled_s() > 0.03);
+  CHECK(std::chrono::duration<double>(t2 - t1).count() >= slow->last_pass_modelled_s());
+  CHECK(std::chrono::duration<double>(t1 - t0).count() < 0.03);
+  SeqShape shape{0, 3};
+  CHECK(fast->last_pass_modelled_s() == doctest::Approx(prefill_time_s(fast->params(),
+                                                                       std::span(&shape, 1))));
+}

@@ -1,0 +1,104 @@
+// `tandem model synth`: writes a small HF-style model with deterministic random weights.
+#include <cstdio>
+#include <string>
+
+#include "tools/commands.hpp"
+#include "tools/model_synth.hpp"
+
+namespace tandem::tools {
+namespace {
+
+struct IntFlag {
+  const char* name;
+  uint32_t SynthOptions::*field;
+  const char* help;
+};
+
+constexpr IntFlag kIntFlags[] = {
+    {"layers", &SynthOptions::layers, "decoder layers (default 2)"},
+    {"hidden", &SynthOptions::hidden, "hidden size (default 64)"},
+    {"heads", &SynthOptions::heads, "query heads (default 4)"},
+    {"kv-heads", &SynthOptions::kv_heads, "key/value heads, divides --heads (default 2)"},
+    {"head-dim", &SynthOptions::head_dim, "head dimension, even (default 16)"},
+    {"ffn", &SynthOptions::ffn,
+     "llama: MLP width (default 128); minimax-m2: each expert's width (default 32)"},
+    {"experts", &SynthOptions::experts, "minimax-m2: experts per layer (default 4)"},
+    {"experts-per-token", &SynthOptions::experts_per_token,
+     "minimax-m2: experts routed per token (default 2)"},
+    {"rotary-dim", &SynthOptions::rotary_dim,
+     "rotated dims per head (default: head-dim for llama, head-dim/2 for minimax-m2)"},
+    {"vocab", &SynthOptions::vocab, "vocabulary size incl. 256 bytes + specials (default 512)"},
+    {"max-position", &SynthOptions::max_position, "max_position_embeddings (default 256)"},
+};
+
+int synth(cli::Args args) {
+  cli::Flags flags("tandem model synth --arch llama|minimax-m2 --out DIR [flags]",
+                   "Writes a small model with deterministic random weights as an HF-style\n"
+                   "directory: config.json, model.safetensors, tokenizer.json (byte-level BPE),\n"
+                   "tokenizer_config.json. Same flags and seed -> identical files.");
+  flags.flag("arch", "ARCH", "llama or minimax-m2 (required)");
+  flags.flag("out", "DIR", "output directory, created if missing (required)");
+  for (const IntFlag& f : kIntFlags) flags.flag(f.name, "N", f.help);
+  flags.flag("seed", "S", "weight seed", "0");
+  flags.flag("dtype", "TYPE", "f32, bf16 or f16", "f32");
+  int exit_code = 0;
+  if (!flags.parse(args, &exit_code)) return exit_code;
+  auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "tandem model synth: %s\n", why.c_str());
+    return 2;
+  };
+  SynthOptions o;
+  std::string arch = flags.get("arch");
+  if (arch == "llama") {
+    o.arch = devices::Arch::llama;
+  } else if (arch == "minimax-m2") {
+    o.arch = devices::Arch::minimax_m2;
+    o.ffn = 32;
+  } else {
+    return fail("--arch must be llama or minimax-m2, got '" + arch + "'");
+  }
+  if (flags.get("out").empty()) return fail("--out DIR is required");
+  for (const IntFlag& f : kIntFlags) {
+    if (!flags.has(f.name)) continue;
+    auto v = flags.get_int(f.name);
+    if (!v) return 2;
+    if (*v < 0 || *v > 0xffffffffLL) return fail(std::string("--") + f.name + " out of range");
+    o.*(f.field) = static_cast<uint32_t>(*v);
+  }
+  auto seed = flags.get_int("seed");
+  if (!seed) return 2;
+  o.seed = static_cast<uint64_t>(*seed);
+  std::string dtype = flags.get("dtype");
+  if (dtype == "f32") {
+    o.dtype = devices::DType::f32;
+  } else if (dtype == "bf16") {
+    o.dtype = devices::DType::bf16;
+  } else if (dtype == "f16") {
+    o.dtype = devices::DType::f16;
+  } else {
+    return fail("--dtype must be f32, bf16 or f16, got '" + dtype + "'");
+  }
+  if (Status st = synth_model(o, flags.get("out")); !st) {
+    fail(st.error().message);
+    return st.error().kind == ErrorKind::invalid ? 2 : 1;
+  }
+  std::printf("wrote %s (%s, seed %llu)\n", flags.get("out").c_str(), arch.c_str(),
+              static_cast<unsigned long long>(o.seed));
+  return 0;
+}
+
+}  // namespace
+
+int cmd_model(cli::Args args) {
+  if (args.empty() || std::string(args[0]) == "--help" || std::string(args[0]) == "-h") {
+    std::fprintf(args.empty() ? stderr : stdout,
+                 "usage: tandem model SUBCOMMAND\n\n  synth   write a small random model "
+                 "(tandem model synth --help)\n");
+    return args.empty() ? 2 : 0;
+  }
+  if (std::string(args[0]) == "synth") return synth(args.subspan(1));
+  std::fprintf(stderr, "tandem model: unknown subcommand '%s' (try: synth)\n", args[0]);
+  return 2;
+}
+
+}  // namespace tandem::tools
