@@ -584,7 +584,10 @@ size_t Loader::resolve_node(TableReader& reader) {
     if (manifest_.nodes[i].name == name) return i;
   }
   std::string known;
-  for (const auto& node : manifest_.nodes) known += (known.empty() ? "" : ", ") + node.name;
+  std::set<std::string> names;
+  for (const auto& node : manifest_.nodes) {
+    if (names.insert(node.name).second) known += (known.empty() ? "" : ", ") + node.name;
+  }
   reader.issue("node", "role without a node: no node named '" + name + "' (nodes: " +
                            (known.empty() ? std::string("none") : known) + ")");
   return no_index;

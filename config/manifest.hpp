@@ -57,7 +57,7 @@ std::string_view to_string(ChatFormat format);  // "auto", "plain", "chatml", "m
 
 struct ModelSection {
   std::string name;                   // served model id (what /v1/models lists)
-  std::string path;                   // model file or directory; relative to the manifest dir
+  std::string path;                   // model file or directory; absolute once loaded
   uint32_t block_tokens = 16;         // KV block size, tokens
   uint32_t max_model_tokens = 256;    // context length, tokens
   ChatFormat chat_format = ChatFormat::auto_detect;
@@ -94,8 +94,9 @@ struct Instance {
   std::string name;                  // unique in the cluster (after count expansion)
   // executor only
   DeviceKind device = DeviceKind::cpu;
-  std::vector<uint32_t> device_ids;  // device indices on the node
-  // prefill and decode only: the executor instance (same node) that runs its batches
+  std::vector<uint32_t> device_ids;  // device indices on the node (this instance's slice)
+  // prefill and decode only: the executor instance (same node) that runs its batches;
+  // already expanded (`exec-1`) and checked to exist, be an executor, and serve only this
   std::string executor;
   uint32_t line = 0;                 // manifest line of the [[node.instance]] table
 };
@@ -112,7 +113,7 @@ struct Node {
 
 struct Manifest {
   std::string file;  // path it was loaded from
-  std::string dir;   // its directory (relative paths resolve against it)
+  std::string dir;   // its directory, absolute (relative paths resolve against it)
   ClusterSection cluster;
   FabricSection fabric;
   MembershipSection membership;
@@ -142,7 +143,9 @@ struct ManifestErrors {
   std::string describe() const;       // one issue per line
 };
 
-// Parses and validates the file. Never throws for bad input.
+// Parses and validates the file. Never throws for bad input: an unreadable file, a TOML
+// syntax error (reported alone) or any number of validation problems come back as
+// ManifestErrors, issues sorted in file order (placeless ones, line 0, last).
 std::variant<Manifest, ManifestErrors> load_manifest(const std::string& path);
 // Same, from text (file is used only in messages).
 std::variant<Manifest, ManifestErrors> parse_manifest(std::string_view text,
