@@ -1,12 +1,11 @@
 #include <doctest.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <cmath>
 #include <limits>
 #include <sstream>
 #include <thread>
 #include <vector>
-
-#include <spdlog/sinks/ostream_sink.h>
 
 #include "runtime/obs/log.hpp"
 #include "runtime/obs/metrics.hpp"
@@ -16,12 +15,13 @@ using tandem::obs::Registry;
 
 TEST_CASE("counter renders HELP, TYPE and its value; same name+labels is the same series") {
   Registry registry(16);
-  auto* requests = registry.counter("tandem:requests_total", "Requests served.",
-                                    {{"instance", "decode-0"}}).value();
+  auto* requests =
+      registry.counter("tandem:requests_total", "Requests served.", {{"instance", "decode-0"}})
+          .value();
   requests->inc();
   requests->inc(4);
-  auto* again = registry.counter("tandem:requests_total", "ignored",
-                                 {{"instance", "decode-0"}}).value();
+  auto* again =
+      registry.counter("tandem:requests_total", "ignored", {{"instance", "decode-0"}}).value();
   CHECK(again == requests);
   auto* other = registry.counter("tandem:requests_total", "", {{"instance", "decode-1"}}).value();
   CHECK(other != requests);
@@ -38,8 +38,9 @@ TEST_CASE("double counter and gauge render shortest values; labels are sorted by
   auto* busy = registry.counter_double("busy_seconds_total", "Busy time.").value();
   busy->add(1.5);
   busy->add(0.25);
-  auto* queue = registry.gauge("queue_length", "Queued requests.",
-                               {{"role", "prefill"}, {"instance", "p0"}}).value();
+  auto* queue =
+      registry.gauge("queue_length", "Queued requests.", {{"role", "prefill"}, {"instance", "p0"}})
+          .value();
   queue->set(7);
   queue->add(-2.5);
   auto same = registry.gauge("queue_length", "", {{"instance", "p0"}, {"role", "prefill"}});
@@ -60,8 +61,10 @@ TEST_CASE("double counter and gauge render shortest values; labels are sorted by
 
 TEST_CASE("histogram renders cumulative buckets incl. +Inf, _sum and _count") {
   Registry registry;
-  auto* ttft = registry.histogram("tandem:time_to_first_token_seconds", "TTFT.",
-                                  {0.125, 0.5, 2.5}, {{"model", "m"}}).value();
+  auto* ttft = registry
+                   .histogram("tandem:time_to_first_token_seconds", "TTFT.", {0.125, 0.5, 2.5},
+                              {{"model", "m"}})
+                   .value();
   for (double v : {0.0625, 0.125, 0.25, 3.0, 10.0}) ttft->observe(v);
   CHECK(ttft->count() == 5);
   CHECK(ttft->bucket_counts() == std::vector<uint64_t>{2, 1, 0, 2});
@@ -94,8 +97,10 @@ TEST_CASE("histogram without labels and the bucket helpers") {
 
 TEST_CASE("label values and help text are escaped") {
   Registry registry;
-  auto* c = registry.counter("escapes_total", "Line one\\two\nthree \"quoted\"",
-                             {{"path", "C:\\dir\n\"x\""}}).value();
+  auto* c =
+      registry
+          .counter("escapes_total", "Line one\\two\nthree \"quoted\"", {{"path", "C:\\dir\n\"x\""}})
+          .value();
   c->inc(2);
   CHECK(registry.render_prometheus() ==
         "# HELP escapes_total Line one\\\\two\\nthree \"quoted\"\n"
@@ -164,8 +169,7 @@ TEST_CASE("concurrent updates from two threads sum exactly") {
   CHECK(counter->value() == 2u * per_thread_count);
   CHECK(gauge->value() == 2.0 * per_thread_count);
   CHECK(histogram->count() == 2u * per_thread_count);
-  CHECK(histogram->bucket_counts() ==
-        std::vector<uint64_t>{per_thread_count, per_thread_count});
+  CHECK(histogram->bucket_counts() == std::vector<uint64_t>{per_thread_count, per_thread_count});
   CHECK(histogram->sum() == 0.25 * per_thread_count + 1.0 * per_thread_count);
 }
 
