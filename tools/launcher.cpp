@@ -268,7 +268,7 @@ void Supervisor::on_signals() {
   while (::read(signals_.fd(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
     if (info.ssi_signo == SIGCHLD) continue;  // reap() runs after every wake-up
     if (stopping_ && !killed_) {
-      say("second stop signal; killing the cluster now");
+      say("stop signal while stopping; killing the cluster now");
       kill_remaining();
       continue;
     }

@@ -301,3 +301,37 @@ TEST_CASE("plan_local_nodes picks local nodes, honours --only and explains refus
   CHECK(none.error().message ==
         "no node of c.toml is on this host (box); nodes: remote (10.9.9.9)");
 }
+
+TEST_CASE("a second SIGTERM while stopping kills at once instead of waiting out the grace") {
+  Scratch s;
+  std::vector<ChildSpec> children{
+      sh("stubborn", "trap '' TERM; echo $$ > " + s.path("stubborn.pid") +
+                         "; while true; do sleep 0.05; done"),
+  };
+  pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    auto outcome = tandem::tools::run_cluster(children, s.options(std::chrono::seconds(30)));
+    ::_exit(outcome.ok() ? outcome->exit_code : 99);
+  }
+  REQUIRE(wait_for_file(s.path("stubborn.pid"), std::chrono::seconds(5)));
+  pid_t stubborn = read_pid(s.path("stubborn.pid"));
+  auto begin = Clock::now();
+  REQUIRE(::kill(launcher, SIGTERM) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(::kill(launcher, SIGINT) == 0);
+  int status = 0;
+  pid_t got = 0;
+  while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+         Clock::now() - begin < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (got == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+  REQUIRE(got == launcher);
+  CHECK(Clock::now() - begin < std::chrono::seconds(3));  // far less than the 30 s grace
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(process_gone(stubborn));
+  CHECK(s.read("err").find("stop signal while stopping; killing the cluster now") !=
+        std::string::npos);
+}
