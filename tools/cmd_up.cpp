@@ -51,8 +51,9 @@ Result<config::Manifest> load(const std::string& path) {
 #if TANDEM_HAVE_LOAD_MANIFEST
   auto loaded = config::load_manifest(path);
   if (auto* errors = std::get_if<config::ManifestErrors>(&loaded)) {
-    return make_error(ErrorKind::invalid,
-                      path + " is not a valid manifest:\n" + errors->describe());
+    std::string issues = errors->describe();
+    while (!issues.empty() && issues.back() == '\n') issues.pop_back();
+    return make_error(ErrorKind::invalid, path + " is not a valid manifest:\n" + issues);
   }
   return std::get<config::Manifest>(std::move(loaded));
 #else
