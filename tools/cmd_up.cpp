@@ -1,8 +1,6 @@
 // `tandem up MANIFEST`: starts every node of the manifest that lives on this machine as a
 // child process (`tandem node --manifest M --node NAME`), forwards their output prefixed with
 // the node name, and stops them all on Ctrl-C / SIGTERM or when one of them exits.
-#include "tools/commands.hpp"
-
 #include <unistd.h>
 
 #include <climits>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "config/manifest.hpp"
+#include "tools/commands.hpp"
 #include "tools/launcher.hpp"
 #include "tools/up_plan.hpp"
 
@@ -51,8 +50,9 @@ int fail(const std::string& message) {
 Result<config::Manifest> load(const std::string& path) {
   auto loaded = config::load_manifest(path);
   if (auto* errors = std::get_if<config::ManifestErrors>(&loaded)) {
-    return make_error(ErrorKind::invalid, path + " is not a valid manifest:\n" +
-                                              errors->describe());
+    std::string issues = errors->describe();
+    while (!issues.empty() && issues.back() == '\n') issues.pop_back();
+    return make_error(ErrorKind::invalid, path + " is not a valid manifest:\n" + issues);
   }
   return std::get<config::Manifest>(std::move(loaded));
 }
@@ -85,8 +85,7 @@ int cmd_up(cli::Args args) {
   if (!children) return fail(children.error().message);
   std::string names;
   for (const auto& child : *children) names += (names.empty() ? "" : ", ") + child.name;
-  std::fprintf(stderr, "tandem up: starting %zu node(s): %s\n", children->size(),
-               names.c_str());
+  std::fprintf(stderr, "tandem up: starting %zu node(s): %s\n", children->size(), names.c_str());
   LauncherOptions options;
   options.grace = std::chrono::milliseconds(*grace_ms);
   options.color = want_color();

@@ -16,10 +16,10 @@ namespace tandem::tools {
 
 std::string describe_exit(std::string_view name, int wait_status) {
   std::string out = "node '" + std::string(name) + "' ";
-  if (WIFEXITED(wait_status)) return out + "exited with status " +
-                                     std::to_string(WEXITSTATUS(wait_status));
-  if (WIFSIGNALED(wait_status)) return out + "was killed by signal " +
-                                       std::to_string(WTERMSIG(wait_status));
+  if (WIFEXITED(wait_status))
+    return out + "exited with status " + std::to_string(WEXITSTATUS(wait_status));
+  if (WIFSIGNALED(wait_status))
+    return out + "was killed by signal " + std::to_string(WTERMSIG(wait_status));
   return out + "ended with wait status " + std::to_string(wait_status);
 }
 
@@ -147,7 +147,9 @@ class Supervisor {
   void kill_remaining();
   bool done() const;
   int poll_timeout_ms() const;
-  void say(const std::string& line) const { write_all(options_.err_fd, "tandem up: " + line + "\n"); }
+  void say(const std::string& line) const {
+    write_all(options_.err_fd, "tandem up: " + line + "\n");
+  }
 
   const LauncherOptions& options_;
   const SignalScope& signals_;
@@ -165,16 +167,16 @@ Status Supervisor::spawn(const ChildSpec& spec, std::string prefix) {
   argv.push_back(nullptr);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return make_error(ErrorKind::failed, "pipe for node '" + spec.name + "': " +
-                                             std::strerror(errno));
+    return make_error(ErrorKind::failed,
+                      "pipe for node '" + spec.name + "': " + std::strerror(errno));
   }
   pid_t pid = ::fork();
   if (pid < 0) {
     int saved = errno;
     ::close(fds[0]);
     ::close(fds[1]);
-    return make_error(ErrorKind::failed, "fork for node '" + spec.name + "': " +
-                                             std::strerror(saved));
+    return make_error(ErrorKind::failed,
+                      "fork for node '" + spec.name + "': " + std::strerror(saved));
   }
   if (pid == 0) {  // child: only async-signal-safe calls until exec
     ::setpgid(0, 0);
@@ -266,7 +268,7 @@ void Supervisor::on_signals() {
   while (::read(signals_.fd(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
     if (info.ssi_signo == SIGCHLD) continue;  // reap() runs after every wake-up
     if (stopping_ && !killed_) {
-      say("second stop signal; killing the cluster now");
+      say("stop signal while stopping; killing the cluster now");
       kill_remaining();
       continue;
     }
@@ -292,8 +294,8 @@ void Supervisor::reap() {
       begin_stop();
     }
   }
-  bool all_reaped = std::all_of(children_.begin(), children_.end(),
-                                [](const Child& c) { return c.reaped; });
+  bool all_reaped =
+      std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
   if (all_reaped && drain_deadline_ == Clock::time_point::max()) {
     // Grandchildren may hold a pipe open; give their output a moment, then stop reading.
     drain_deadline_ = Clock::now() + std::chrono::milliseconds(500);

@@ -44,10 +44,10 @@ struct LauncherOptions {
 };
 
 struct LaunchOutcome {
-  int exit_code = 0;                     // 0: stopped on request; 1: a node exited on its own
-  bool stop_requested = false;           // SIGINT/SIGTERM was received
-  std::string failed_node;               // the node whose exit stopped the cluster, if any
-  int failed_wait_status = 0;            // its raw waitpid() status
+  int exit_code = 0;                      // 0: stopped on request; 1: a node exited on its own
+  bool stop_requested = false;            // SIGINT/SIGTERM was received
+  std::string failed_node;                // the node whose exit stopped the cluster, if any
+  int failed_wait_status = 0;             // its raw waitpid() status
   std::vector<std::string> killed_nodes;  // nodes that needed SIGKILL after the grace period
 };
 
@@ -63,8 +63,7 @@ std::string describe_exit(std::string_view name, int wait_status);
 
 // "[name]" padded with spaces to width_bytes + 1 (so messages align), optionally coloured
 // (colour_index picks from a fixed palette). Precondition: width_bytes >= name.size() + 2.
-std::string make_prefix(std::string_view name, size_t width_bytes, size_t colour_index,
-                        bool color);
+std::string make_prefix(std::string_view name, size_t width_bytes, size_t colour_index, bool color);
 
 // Splits a byte stream into lines and prefixes each. Pure: no I/O.
 class LinePrefixer {

@@ -8,8 +8,8 @@
 namespace tandem::tools {
 
 struct HostIdentity {
-  std::string hostname;                 // gethostname()
-  std::vector<std::string> addresses;   // numeric addresses of local interfaces (getifaddrs)
+  std::string hostname;                // gethostname()
+  std::vector<std::string> addresses;  // numeric addresses of local interfaces (getifaddrs)
 };
 
 // Reads this machine's hostname and interface addresses. Never fails: a part it cannot read

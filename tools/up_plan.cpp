@@ -46,8 +46,8 @@ Result<std::vector<ChildSpec>> plan_local_nodes(const config::Manifest& manifest
     const config::Node* node = node_named(manifest, name);
     if (node == nullptr) {
       return make_error(ErrorKind::invalid, "--only: no node '" + name + "' in " +
-                                                request.manifest_path + " (nodes: " +
-                                                known_nodes(manifest) + ")");
+                                                request.manifest_path +
+                                                " (nodes: " + known_nodes(manifest) + ")");
     }
     if (!is_local_host(node->host, self)) {
       return make_error(ErrorKind::invalid, "--only: node '" + name + "' is on host '" +
@@ -57,12 +57,12 @@ Result<std::vector<ChildSpec>> plan_local_nodes(const config::Manifest& manifest
   }
   std::vector<ChildSpec> children;
   for (const auto& node : manifest.nodes) {
-    bool wanted = request.only.empty() ||
-                  std::find(request.only.begin(), request.only.end(), node.name) !=
-                      request.only.end();
+    bool wanted = request.only.empty() || std::find(request.only.begin(), request.only.end(),
+                                                    node.name) != request.only.end();
     if (!wanted || !is_local_host(node.host, self)) continue;
-    children.push_back(ChildSpec{node.name, {request.tandem_bin, "node", "--manifest",
-                                             request.manifest_path, "--node", node.name}});
+    children.push_back(ChildSpec{
+        node.name,
+        {request.tandem_bin, "node", "--manifest", request.manifest_path, "--node", node.name}});
   }
   if (children.empty()) {
     return make_error(ErrorKind::invalid, "no node of " + request.manifest_path +

@@ -24,8 +24,7 @@ struct UpRequest {
 //   - a name in `only` is a node on another host (names the host);
 //   - nothing selected ("no node of MANIFEST is on this host (...)", listing node hosts).
 Result<std::vector<ChildSpec>> plan_local_nodes(const config::Manifest& manifest,
-                                                const UpRequest& request,
-                                                const HostIdentity& self);
+                                                const UpRequest& request, const HostIdentity& self);
 
 // Splits "a,b" and repeated values into names, dropping empty pieces.
 std::vector<std::string> split_node_list(const std::vector<std::string>& values);

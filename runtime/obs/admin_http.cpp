@@ -1,5 +1,9 @@
 #include "runtime/obs/admin_http.hpp"
 
+#include <kj/async-io.h>
+#include <kj/compat/http.h>
+#include <kj/debug.h>
+
 #include <condition_variable>
 #include <cstdio>
 #include <exception>
@@ -7,10 +11,6 @@
 #include <optional>
 #include <set>
 #include <utility>
-
-#include <kj/async-io.h>
-#include <kj/compat/http.h>
-#include <kj/debug.h>
 
 namespace tandem::obs {
 
@@ -40,14 +40,22 @@ constexpr const char* text_plain = "text/plain; charset=utf-8";
 
 kj::StringPtr status_text(uint32_t status) {
   switch (status) {
-    case 200: return "OK";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Status";
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Status";
   }
 }
 
@@ -59,8 +67,8 @@ class RouteService final : public kj::HttpService {
       : routes_(routes), table_(table), allow_id_(allow_id) {}
 
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
-                            const kj::HttpHeaders& /*headers*/,
-                            kj::AsyncInputStream& /*body*/, Response& response) override {
+                            const kj::HttpHeaders& /*headers*/, kj::AsyncInputStream& /*body*/,
+                            Response& response) override {
     std::string path(url.cStr());
     if (auto query = path.find('?'); query != std::string::npos) path.resize(query);
     const AdminRoute* route = nullptr;
@@ -71,15 +79,16 @@ class RouteService final : public kj::HttpService {
       return reply(response, AdminResponse{404, text_plain, "not found: " + path + "\n"}, false);
     }
     if (method != kj::HttpMethod::GET) {
-      std::string body = "method not allowed: " + std::string(kj::str(method).cStr()) + " " +
-                         path + " (only GET)\n";
+      std::string body = "method not allowed: " + std::string(kj::str(method).cStr()) + " " + path +
+                         " (only GET)\n";
       return reply(response, AdminResponse{405, text_plain, std::move(body)}, true);
     }
     AdminResponse result;
     try {
       result = route->handler();
     } catch (const std::exception& e) {
-      result = AdminResponse{500, text_plain, "handler for " + path + " failed: " + e.what() + "\n"};
+      result =
+          AdminResponse{500, text_plain, "handler for " + path + " failed: " + e.what() + "\n"};
     }
     return reply(response, std::move(result), false);
   }
@@ -92,8 +101,8 @@ class RouteService final : public kj::HttpService {
     if (allow_get) headers.set(allow_id_, "GET");
     // The body must outlive the asynchronous write: own it on the heap and attach it.
     auto body = kj::heap<std::string>(std::move(result.body));
-    auto stream = response.send(result.status, status_text(result.status), headers,
-                                uint64_t{body->size()});
+    auto stream =
+        response.send(result.status, status_text(result.status), headers, uint64_t{body->size()});
     auto written = stream->write(body->data(), body->size());
     return written.attach(kj::mv(stream), kj::mv(body));
   }
@@ -108,8 +117,8 @@ class RouteService final : public kj::HttpService {
 struct AdminHttpServer::Shared {
   std::mutex mutex;
   std::condition_variable ready_cv;
-  bool ready = false;                  // start() may return
-  std::optional<Error> start_error;    // set when binding failed
+  bool ready = false;                // start() may return
+  std::optional<Error> start_error;  // set when binding failed
   uint16_t bound_port = 0;
   bool stop_requested = false;
   // Lives on the HTTP thread's stack; non-null only while the loop can be woken through it.
@@ -129,7 +138,9 @@ AdminHttpServer::AdminHttpServer(std::string host, uint16_t port, std::vector<Ad
   }
 }
 
-AdminHttpServer::~AdminHttpServer() { stop(); }
+AdminHttpServer::~AdminHttpServer() {
+  stop();
+}
 
 Status AdminHttpServer::start() {
   RT_ASSERT(!started_, "AdminHttpServer::start() called twice");
@@ -171,17 +182,16 @@ void AdminHttpServer::run() {
   auto fail_start = [&shared, &where](const std::string& reason) {
     std::lock_guard lock(shared.mutex);
     if (shared.ready) return false;
-    shared.start_error = make_error(ErrorKind::failed,
-                                    "admin http: cannot listen on " + where + ": " + reason);
+    shared.start_error =
+        make_error(ErrorKind::failed, "admin http: cannot listen on " + where + ": " + reason);
     shared.ready = true;
     shared.ready_cv.notify_all();
     return true;
   };
   try {
     auto io = kj::setupAsyncIo();
-    auto address = io.provider->getNetwork()
-                       .parseAddress(host_.c_str(), port_requested_)
-                       .wait(io.waitScope);
+    auto address =
+        io.provider->getNetwork().parseAddress(host_.c_str(), port_requested_).wait(io.waitScope);
     kj::Own<kj::ConnectionReceiver> listener = address->listen();
     kj::HttpHeaderTable::Builder table_builder;
     kj::HttpHeaderId allow_id = table_builder.add("Allow");

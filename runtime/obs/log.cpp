@@ -35,8 +35,8 @@ Result<std::shared_ptr<spdlog::logger>> make_node_logger(std::string_view node_n
     escaped += c;
   }
   auto logger = std::make_shared<spdlog::logger>(std::string(node_name), std::move(sink));
-  logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(
-      "%Y-%m-%d %H:%M:%S.%e [" + escaped + "] %l: %v"));
+  logger->set_formatter(
+      std::make_unique<spdlog::pattern_formatter>("%Y-%m-%d %H:%M:%S.%e [" + escaped + "] %l: %v"));
   logger->set_level(*parsed);
   logger->flush_on(spdlog::level::warn);
   RT_ASSERT(logger->level() == *parsed);

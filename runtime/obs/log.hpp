@@ -7,12 +7,12 @@
 // spdlog's API takes one; the logger is thread-safe).
 #pragma once
 
+#include <spdlog/common.h>
+#include <spdlog/logger.h>
+
 #include <memory>
 #include <string>
 #include <string_view>
-
-#include <spdlog/common.h>
-#include <spdlog/logger.h>
 
 #include "runtime/base/result.hpp"
 

@@ -9,9 +9,12 @@ namespace tandem::obs {
 
 std::string_view to_string(MetricType type) {
   switch (type) {
-    case MetricType::counter: return "counter";
-    case MetricType::gauge: return "gauge";
-    case MetricType::histogram: return "histogram";
+    case MetricType::counter:
+      return "counter";
+    case MetricType::gauge:
+      return "gauge";
+    case MetricType::histogram:
+      return "histogram";
   }
   RT_ASSERT(false, "unknown MetricType", static_cast<int>(type));
 }
@@ -131,7 +134,9 @@ namespace {
 bool is_alpha_or_underscore(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 }  // namespace
 
@@ -168,8 +173,8 @@ struct Registry::Family {
   std::string name;
   std::string help;
   MetricType type = MetricType::counter;
-  bool is_double = false;       // counters only: CounterDouble rather than Counter
-  std::vector<double> bounds;   // histograms only
+  bool is_double = false;                       // counters only: CounterDouble rather than Counter
+  std::vector<double> bounds;                   // histograms only
   std::vector<std::unique_ptr<Series>> series;  // creation order
   std::map<std::string, Series*> by_labels;     // key: encoded sorted labels
 };
@@ -210,6 +215,20 @@ std::string encode_labels(const Labels& labels) {
   return key;
 }
 
+// Validates a request and sorts its labels. Returns "" when fine, else the problem.
+std::string check_request(std::string_view name, Labels& labels, MetricType type,
+                          const std::vector<double>* bounds) {
+  if (!valid_metric_name(name)) return "invalid metric name '" + std::string(name) + "'";
+  if (std::string problem = normalize_labels(labels, type); !problem.empty()) {
+    return "metric '" + std::string(name) + "': " + problem;
+  }
+  if (bounds && !valid_bounds(*bounds)) {
+    return "histogram '" + std::string(name) +
+           "': bounds must be non-empty, finite and strictly increasing";
+  }
+  return {};
+}
+
 }  // namespace
 
 Registry::Registry(size_t series_max) : series_max_(series_max) {
@@ -228,16 +247,8 @@ Result<Registry::Series*> Registry::find_or_create(std::string_view name, std::s
                                                    const std::vector<double>* bounds,
                                                    Labels labels) {
   RT_ASSERT((type == MetricType::histogram) == (bounds != nullptr), to_string(type));
-  if (!valid_metric_name(name)) {
-    return make_error(ErrorKind::invalid, "invalid metric name '" + std::string(name) + "'");
-  }
-  if (std::string problem = normalize_labels(labels, type); !problem.empty()) {
-    return make_error(ErrorKind::invalid, "metric '" + std::string(name) + "': " + problem);
-  }
-  if (bounds && !valid_bounds(*bounds)) {
-    return make_error(ErrorKind::invalid, "histogram '" + std::string(name) +
-                                              "': bounds must be non-empty, finite and "
-                                              "strictly increasing");
+  if (std::string problem = check_request(name, labels, type, bounds); !problem.empty()) {
+    return make_error(ErrorKind::invalid, problem);
   }
   std::lock_guard lock(mutex_);
   Family* family = nullptr;
@@ -259,9 +270,9 @@ Result<Registry::Series*> Registry::find_or_create(std::string_view name, std::s
     if (auto it = family->by_labels.find(key); it != family->by_labels.end()) return it->second;
   }
   if (series_count_ >= series_max_) {
-    return make_error(ErrorKind::overloaded,
-                      "metric series limit (" + std::to_string(series_max_) +
-                          ") reached; refusing " + describe_series(name, labels));
+    return make_error(ErrorKind::overloaded, "metric series limit (" + std::to_string(series_max_) +
+                                                 ") reached; refusing " +
+                                                 describe_series(name, labels));
   }
   if (!family) {
     auto owned = std::make_unique<Family>();
@@ -295,8 +306,7 @@ Result<Registry::Series*> Registry::find_or_create(std::string_view name, std::s
 }
 
 Result<Counter*> Registry::counter(std::string_view name, std::string_view help, Labels labels) {
-  auto series = find_or_create(name, help, MetricType::counter, false, nullptr,
-                               std::move(labels));
+  auto series = find_or_create(name, help, MetricType::counter, false, nullptr, std::move(labels));
   if (!series) return series.error();
   RT_ASSERT((*series)->counter != nullptr, name);
   return (*series)->counter.get();
@@ -319,8 +329,8 @@ Result<Gauge*> Registry::gauge(std::string_view name, std::string_view help, Lab
 
 Result<Histogram*> Registry::histogram(std::string_view name, std::string_view help,
                                        std::vector<double> bounds, Labels labels) {
-  auto series = find_or_create(name, help, MetricType::histogram, false, &bounds,
-                               std::move(labels));
+  auto series =
+      find_or_create(name, help, MetricType::histogram, false, &bounds, std::move(labels));
   if (!series) return series.error();
   RT_ASSERT((*series)->histogram != nullptr, name);
   return (*series)->histogram.get();

@@ -131,8 +131,7 @@ class Registry {
   struct Series;
   struct Family;
   Result<Series*> find_or_create(std::string_view name, std::string_view help, MetricType type,
-                                 bool is_double, const std::vector<double>* bounds,
-                                 Labels labels);
+                                 bool is_double, const std::vector<double>* bounds, Labels labels);
 
   size_t series_max_;
   size_t series_count_ = 0;
@@ -147,7 +146,7 @@ inline constexpr std::string_view prometheus_content_type =
 // Exposition helpers, exposed for tests and other renderers.
 std::string escape_label_value(std::string_view value);  // \ -> \\, " -> \", newline -> \n
 std::string escape_help(std::string_view help);          // \ -> \\, newline -> \n
-std::string format_value(double value);  // shortest round-trip; +Inf, -Inf, NaN
+std::string format_value(double value);                  // shortest round-trip; +Inf, -Inf, NaN
 bool valid_metric_name(std::string_view name);
 bool valid_label_name(std::string_view name);
 

@@ -1,7 +1,6 @@
 // The admin HTTP server, exercised with a plain blocking socket client written here.
-#include <doctest.h>
-
 #include <arpa/inet.h>
+#include <doctest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -77,12 +76,11 @@ TEST_CASE("GET /metrics and /health; 404 for unknown paths; 405 for other method
   tandem::obs::Registry registry;
   registry.counter("tandem:requests_total", "Requests.", {{"instance", "gw-0"}}).value()->inc(3);
   std::atomic<bool> healthy{true};
-  AdminHttpServer server("127.0.0.1", 0,
-                         {tandem::obs::metrics_route(registry),
-                          tandem::obs::health_route([&healthy]() {
-                            return tandem::obs::HealthStatus{healthy.load(),
-                                                             healthy ? "ok" : "fabric down"};
-                          })});
+  AdminHttpServer server(
+      "127.0.0.1", 0,
+      {tandem::obs::metrics_route(registry), tandem::obs::health_route([&healthy]() {
+         return tandem::obs::HealthStatus{healthy.load(), healthy ? "ok" : "fabric down"};
+       })});
   REQUIRE(server.start().ok());
   uint16_t port = server.port();
   CHECK(port != 0);
@@ -117,13 +115,12 @@ TEST_CASE("GET /metrics and /health; 404 for unknown paths; 405 for other method
 }
 
 TEST_CASE("a throwing handler gives 500; custom routes and content types pass through") {
-  AdminHttpServer server("127.0.0.1", 0,
-                         {AdminRoute{"/boom", []() -> AdminResponse {
-                                       throw std::runtime_error("no state yet");
-                                     }},
-                          AdminRoute{"/json", []() {
-                                       return AdminResponse{200, "application/json", "{}"};
-                                     }}});
+  AdminHttpServer server(
+      "127.0.0.1", 0,
+      {AdminRoute{"/boom", []() -> AdminResponse { throw std::runtime_error("no state yet"); }},
+       AdminRoute{"/json", []() {
+                    return AdminResponse{200, "application/json", "{}"};
+                  }}});
   REQUIRE(server.start().ok());
   HttpReply boom = http_request(server.port(), "GET", "/boom");
   CHECK(boom.status_line == "HTTP/1.1 500 Internal Server Error");

@@ -1,6 +1,5 @@
 // `tandem up`'s supervisor, with `sh -c` children, plus local-host detection and planning.
 #include <doctest.h>
-
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -65,7 +64,9 @@ ChildSpec sh(std::string name, std::string script) {
   return ChildSpec{std::move(name), {"sh", "-c", std::move(script)}};
 }
 
-bool process_gone(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
+bool process_gone(pid_t pid) {
+  return ::kill(pid, 0) == -1 && errno == ESRCH;
+}
 
 bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
   auto end = Clock::now() + timeout;
@@ -116,8 +117,8 @@ TEST_CASE("every line of every child is forwarded with its node's prefix, none l
   constexpr int lines_count = 3000;
   std::string loop = "i=0; while [ $i -lt " + std::to_string(lines_count) + " ]; do ";
   std::vector<ChildSpec> children{
-      sh("a", loop + "echo \"a $i\"; i=$((i+1)); done; printf 'a-tail'; touch " +
-                  s.path("a.done") + "; exec sleep 30"),
+      sh("a", loop + "echo \"a $i\"; i=$((i+1)); done; printf 'a-tail'; touch " + s.path("a.done") +
+                  "; exec sleep 30"),
       sh("node-bb", loop + "echo \"b $i\" >&2; i=$((i+1)); done; touch " + s.path("b.done") +
                         "; exec sleep 30"),
       // Asks the launcher (its parent, this test process) to stop once both are done.
@@ -151,7 +152,7 @@ TEST_CASE("every line of every child is forwarded with its node's prefix, none l
   }
   CHECK(a_next == lines_count);  // in order, none missing
   CHECK(b_next == lines_count);
-  CHECK(tail_seen);              // a last line without '\n' still arrives
+  CHECK(tail_seen);  // a last line without '\n' still arrives
   CHECK(other_count == 0);
   CHECK(s.read("err").find("tandem up: stopping the cluster (signal 15)") != std::string::npos);
 }
@@ -173,20 +174,19 @@ TEST_CASE("a child exiting non-zero stops the others and is reported") {
   CHECK(WIFEXITED(outcome->failed_wait_status));
   CHECK(WEXITSTATUS(outcome->failed_wait_status) == 3);
   CHECK(s.read("out") == "[prefill] cannot open model\n");
-  CHECK(s.read("err") ==
-        "tandem up: node 'prefill' exited with status 3; stopping the cluster\n");
+  CHECK(s.read("err") == "tandem up: node 'prefill' exited with status 3; stopping the cluster\n");
   CHECK(process_gone(read_pid(s.path("decode.pid"))));
 }
 
 TEST_CASE("a child killed by a signal, or that cannot be executed, is reported") {
   Scratch s;
-  auto killed = tandem::tools::run_cluster({sh("x", "kill -9 $$")},
-                                           s.options(std::chrono::seconds(1)));
+  auto killed =
+      tandem::tools::run_cluster({sh("x", "kill -9 $$")}, s.options(std::chrono::seconds(1)));
   REQUIRE(killed.ok());
   CHECK(killed->exit_code == 1);
   CHECK(s.read("err").find("node 'x' was killed by signal 9; stopping") != std::string::npos);
-  auto missing = tandem::tools::run_cluster(
-      {ChildSpec{"ghost", {s.path("no-such-binary")}}}, s.options(std::chrono::seconds(1)));
+  auto missing = tandem::tools::run_cluster({ChildSpec{"ghost", {s.path("no-such-binary")}}},
+                                            s.options(std::chrono::seconds(1)));
   REQUIRE(missing.ok());
   CHECK(missing->exit_code == 1);
   CHECK(missing->failed_node == "ghost");
@@ -200,14 +200,14 @@ TEST_CASE("SIGTERM to the launcher stops children; stragglers are killed after t
   constexpr int grace_ms = 400;
   std::vector<ChildSpec> children{
       sh("polite", "echo $$ > " + s.path("polite.pid") + "; exec sleep 30"),
-      sh("stubborn", "trap '' TERM; echo $$ > " + s.path("stubborn.pid") +
-                         "; while true; do sleep 0.05; done"),
+      sh("stubborn",
+         "trap '' TERM; echo $$ > " + s.path("stubborn.pid") + "; while true; do sleep 0.05; done"),
   };
   pid_t launcher = ::fork();
   REQUIRE(launcher >= 0);
   if (launcher == 0) {  // the launcher process
-    auto outcome = tandem::tools::run_cluster(children,
-                                              s.options(std::chrono::milliseconds(grace_ms)));
+    auto outcome =
+        tandem::tools::run_cluster(children, s.options(std::chrono::milliseconds(grace_ms)));
     ::_exit(outcome.ok() ? outcome->exit_code : 99);
   }
   REQUIRE(wait_for_file(s.path("polite.pid"), std::chrono::seconds(5)));
@@ -226,7 +226,7 @@ TEST_CASE("SIGTERM to the launcher stops children; stragglers are killed after t
   if (got == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
   REQUIRE(got == launcher);
   CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);  // a requested stop is a clean exit
+  CHECK(WEXITSTATUS(status) == 0);                        // a requested stop is a clean exit
   CHECK(elapsed >= std::chrono::milliseconds(grace_ms));  // the stubborn one got its grace
   CHECK(elapsed < std::chrono::milliseconds(grace_ms + 2000));
   CHECK(process_gone(polite));
@@ -298,5 +298,40 @@ TEST_CASE("plan_local_nodes picks local nodes, honours --only and explains refus
   manifest.nodes.pop_back();
   auto none = tandem::tools::plan_local_nodes(manifest, request, self);
   REQUIRE_FALSE(none.ok());
-  CHECK(none.error().message == "no node of c.toml is on this host (box); nodes: remote (10.9.9.9)");
+  CHECK(none.error().message ==
+        "no node of c.toml is on this host (box); nodes: remote (10.9.9.9)");
+}
+
+TEST_CASE("a second SIGTERM while stopping kills at once instead of waiting out the grace") {
+  Scratch s;
+  std::vector<ChildSpec> children{
+      sh("stubborn", "trap '' TERM; echo $$ > " + s.path("stubborn.pid") +
+                         "; while true; do sleep 0.05; done"),
+  };
+  pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    auto outcome = tandem::tools::run_cluster(children, s.options(std::chrono::seconds(30)));
+    ::_exit(outcome.ok() ? outcome->exit_code : 99);
+  }
+  REQUIRE(wait_for_file(s.path("stubborn.pid"), std::chrono::seconds(5)));
+  pid_t stubborn = read_pid(s.path("stubborn.pid"));
+  auto begin = Clock::now();
+  REQUIRE(::kill(launcher, SIGTERM) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(::kill(launcher, SIGINT) == 0);
+  int status = 0;
+  pid_t got = 0;
+  while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+         Clock::now() - begin < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (got == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
+  REQUIRE(got == launcher);
+  CHECK(Clock::now() - begin < std::chrono::seconds(3));  // far less than the 30 s grace
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(process_gone(stubborn));
+  CHECK(s.read("err").find("stop signal while stopping; killing the cluster now") !=
+        std::string::npos);
 }

@@ -2,13 +2,9 @@
 
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <thread>
 #include <vector>
 
-#include <spdlog/sinks/ostream_sink.h>
-
-#include "runtime/obs/log.hpp"
 #include "runtime/obs/metrics.hpp"
 
 using tandem::ErrorKind;
@@ -16,12 +12,13 @@ using tandem::obs::Registry;
 
 TEST_CASE("counter renders HELP, TYPE and its value; same name+labels is the same series") {
   Registry registry(16);
-  auto* requests = registry.counter("tandem:requests_total", "Requests served.",
-                                    {{"instance", "decode-0"}}).value();
+  auto* requests =
+      registry.counter("tandem:requests_total", "Requests served.", {{"instance", "decode-0"}})
+          .value();
   requests->inc();
   requests->inc(4);
-  auto* again = registry.counter("tandem:requests_total", "ignored",
-                                 {{"instance", "decode-0"}}).value();
+  auto* again =
+      registry.counter("tandem:requests_total", "ignored", {{"instance", "decode-0"}}).value();
   CHECK(again == requests);
   auto* other = registry.counter("tandem:requests_total", "", {{"instance", "decode-1"}}).value();
   CHECK(other != requests);
@@ -38,8 +35,9 @@ TEST_CASE("double counter and gauge render shortest values; labels are sorted by
   auto* busy = registry.counter_double("busy_seconds_total", "Busy time.").value();
   busy->add(1.5);
   busy->add(0.25);
-  auto* queue = registry.gauge("queue_length", "Queued requests.",
-                               {{"role", "prefill"}, {"instance", "p0"}}).value();
+  auto* queue =
+      registry.gauge("queue_length", "Queued requests.", {{"role", "prefill"}, {"instance", "p0"}})
+          .value();
   queue->set(7);
   queue->add(-2.5);
   auto same = registry.gauge("queue_length", "", {{"instance", "p0"}, {"role", "prefill"}});
@@ -60,8 +58,10 @@ TEST_CASE("double counter and gauge render shortest values; labels are sorted by
 
 TEST_CASE("histogram renders cumulative buckets incl. +Inf, _sum and _count") {
   Registry registry;
-  auto* ttft = registry.histogram("tandem:time_to_first_token_seconds", "TTFT.",
-                                  {0.125, 0.5, 2.5}, {{"model", "m"}}).value();
+  auto* ttft = registry
+                   .histogram("tandem:time_to_first_token_seconds", "TTFT.", {0.125, 0.5, 2.5},
+                              {{"model", "m"}})
+                   .value();
   for (double v : {0.0625, 0.125, 0.25, 3.0, 10.0}) ttft->observe(v);
   CHECK(ttft->count() == 5);
   CHECK(ttft->bucket_counts() == std::vector<uint64_t>{2, 1, 0, 2});
@@ -94,8 +94,10 @@ TEST_CASE("histogram without labels and the bucket helpers") {
 
 TEST_CASE("label values and help text are escaped") {
   Registry registry;
-  auto* c = registry.counter("escapes_total", "Line one\\two\nthree \"quoted\"",
-                             {{"path", "C:\\dir\n\"x\""}}).value();
+  auto* c =
+      registry
+          .counter("escapes_total", "Line one\\two\nthree \"quoted\"", {{"path", "C:\\dir\n\"x\""}})
+          .value();
   c->inc(2);
   CHECK(registry.render_prometheus() ==
         "# HELP escapes_total Line one\\\\two\\nthree \"quoted\"\n"
@@ -164,8 +166,7 @@ TEST_CASE("concurrent updates from two threads sum exactly") {
   CHECK(counter->value() == 2u * per_thread_count);
   CHECK(gauge->value() == 2.0 * per_thread_count);
   CHECK(histogram->count() == 2u * per_thread_count);
-  CHECK(histogram->bucket_counts() ==
-        std::vector<uint64_t>{per_thread_count, per_thread_count});
+  CHECK(histogram->bucket_counts() == std::vector<uint64_t>{per_thread_count, per_thread_count});
   CHECK(histogram->sum() == 0.25 * per_thread_count + 1.0 * per_thread_count);
 }
 
@@ -198,49 +199,4 @@ TEST_CASE("format_value and name validators") {
   CHECK_FALSE(tandem::obs::valid_metric_name("a b"));
   CHECK(tandem::obs::valid_label_name("instance"));
   CHECK_FALSE(tandem::obs::valid_label_name("in:stance"));
-}
-
-TEST_CASE("node logger puts the node name on every line and honours the level") {
-  std::ostringstream captured;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
-  auto logger = tandem::obs::make_node_logger("node-a", "info", sink);
-  REQUIRE(logger.ok());
-  (*logger)->debug("hidden {}", 1);
-  (*logger)->info("fabric listening on {}", "127.0.0.1:7100");
-  (*logger)->error("bad thing");
-  std::string text = captured.str();
-  CHECK(text.find("hidden") == std::string::npos);
-  std::istringstream lines(text);
-  std::string line;
-  int count = 0;
-  while (std::getline(lines, line)) {
-    ++count;
-    // "2026-11-30 04:50:01.123 [node-a] info: ..." : date, time with millis, name, level.
-    REQUIRE(line.size() > 24);
-    CHECK(line[4] == '-');
-    CHECK(line[10] == ' ');
-    CHECK(line[19] == '.');
-    CHECK(line.substr(23, 9) == " [node-a]");
-  }
-  CHECK(count == 2);
-  CHECK(text.find("[node-a] info: fabric listening on 127.0.0.1:7100\n") != std::string::npos);
-  CHECK(text.find("[node-a] error: bad thing\n") != std::string::npos);
-}
-
-TEST_CASE("log levels parse from manifest strings; bad ones are errors") {
-  CHECK(tandem::obs::parse_log_level("trace").value() == spdlog::level::trace);
-  CHECK(tandem::obs::parse_log_level("warn").value() == spdlog::level::warn);
-  CHECK(tandem::obs::parse_log_level("error").value() == spdlog::level::err);
-  auto bad = tandem::obs::parse_log_level("verbose");
-  REQUIRE_FALSE(bad.ok());
-  CHECK(bad.error().kind == ErrorKind::invalid);
-  CHECK(bad.error().message.find("'verbose'") != std::string::npos);
-  CHECK_FALSE(tandem::obs::make_node_logger("n", "INFO").ok());
-  CHECK_FALSE(tandem::obs::make_node_logger("", "info").ok());
-  // A '%' in the name is literal, not a pattern flag.
-  std::ostringstream captured;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
-  auto logger = tandem::obs::make_node_logger("a%v", "info", sink).value();
-  logger->info("x");
-  CHECK(captured.str().find("[a%v] info: x\n") != std::string::npos);
 }
