@@ -25,8 +25,7 @@ std::vector<kv::TokenId> make_tokens(uint32_t count) {
 }
 
 size_t message_bytes(uint32_t block_tokens) {
-  return 32 + 4 + 4 * size_t{block_tokens} + 4 + bench_key.model.size() + 4 +
-         bench_key.salt.size();
+  return 32 + 4 + 4 * size_t{block_tokens} + 4 + bench_key.model.size() + 4 + bench_key.salt.size();
 }
 
 struct TandemRun {
@@ -101,27 +100,29 @@ Result<double> parse_openssl_speed_mr(std::string_view output, std::string_view 
     char* end = nullptr;
     double v = std::strtod(value.c_str(), &end);
     if (end == value.c_str() || !(v > 0)) {
-      return make_error(ErrorKind::invalid, "openssl speed: bad rate in line '" +
-                                                std::string(line) + "'");
+      return make_error(ErrorKind::invalid,
+                        "openssl speed: bad rate in line '" + std::string(line) + "'");
     }
     rate = v;
   }
   if (!rate) {
-    return make_error(ErrorKind::invalid, "openssl speed: no '+F:...:" +
-                                              std::string(algorithm) + ":' line in its output");
+    return make_error(ErrorKind::invalid, "openssl speed: no '+F:...:" + std::string(algorithm) +
+                                              ":' line in its output");
   }
   return *rate;
 }
 
 int run_hash_bench(const HashBenchOptions& options) {
-  if (options.tokens_count == 0 || options.block_tokens_list.empty() ||
-      options.seconds_min < 0 || options.openssl_seconds == 0) {
+  if (options.tokens_count == 0 || options.block_tokens_list.empty() || options.seconds_min < 0 ||
+      options.openssl_seconds == 0) {
     std::fprintf(stderr, "bench hash: tokens, block sizes and seconds must be positive\n");
     return 2;
   }
   auto tokens = make_tokens(options.tokens_count);
-  std::printf("hash bench: %u tokens, HMAC-SHA-256 (OpenSSL EVP_MAC), baseline `openssl speed "
-              "-elapsed` in the same run; goal ratio to -hmac <= 1.2\n", options.tokens_count);
+  std::printf(
+      "hash bench: %u tokens, HMAC-SHA-256 (OpenSSL EVP_MAC), baseline `openssl speed "
+      "-elapsed` in the same run; goal ratio to -hmac <= 1.2\n",
+      options.tokens_count);
   std::printf("%12s %8s %9s %12s %14s %7s %15s %7s\n", "block_tokens", "blocks", "msg_bytes",
               "tandem_ms", "openssl_hmac_ms", "ratio", "openssl_sha_ms", "ratio");
   int rc = 0;

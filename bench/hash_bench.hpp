@@ -23,9 +23,9 @@ namespace tandem::bench {
 struct HashBenchOptions {
   uint32_t tokens_count = 200000;
   std::vector<uint32_t> block_tokens_list{16, 4096};
-  double seconds_min = 0.5;          // wall time spent on each tandem measurement
-  uint32_t openssl_seconds = 1;      // `openssl speed -seconds`
-  bool run_openssl = true;           // false: tandem numbers only
+  double seconds_min = 0.5;      // wall time spent on each tandem measurement
+  uint32_t openssl_seconds = 1;  // `openssl speed -seconds`
+  bool run_openssl = true;       // false: tandem numbers only
   std::string openssl_program = "openssl";
 };
 

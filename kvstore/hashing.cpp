@@ -48,9 +48,8 @@ Result<BlockHasher> BlockHasher::create(const HashKey& key, uint32_t block_token
   impl->ctx.reset(EVP_MAC_CTX_new(impl->mac.get()));
   if (!impl->ctx) return make_error(ErrorKind::failed, "block hashing: EVP_MAC_CTX_new failed");
   char digest_name[] = "SHA256";
-  OSSL_PARAM params[] = {
-      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest_name, 0),
-      OSSL_PARAM_construct_end()};
+  OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest_name, 0),
+                         OSSL_PARAM_construct_end()};
   const auto* key_bytes = reinterpret_cast<const unsigned char*>(key.secret.data());
   if (EVP_MAC_init(impl->ctx.get(), key_bytes, key.secret.size(), params) != 1) {
     return make_error(ErrorKind::failed, "block hashing: HMAC-SHA-256 init failed");
@@ -114,8 +113,8 @@ void BlockHasher::append(std::span<const TokenId> tokens, std::vector<BlockHash>
   }
   // Whole blocks straight from the input, no copy.
   while (tokens.size() - at >= block_tokens_) {
-    parent_ = hash_block(blocks_count_ == 0 ? nullptr : &parent_,
-                         tokens.subspan(at, block_tokens_));
+    parent_ =
+        hash_block(blocks_count_ == 0 ? nullptr : &parent_, tokens.subspan(at, block_tokens_));
     out.push_back(parent_);
     ++blocks_count_;
     at += block_tokens_;
@@ -130,8 +129,8 @@ void BlockHasher::reset() {
   pending_.clear();
 }
 
-Result<std::vector<BlockHash>> hash_blocks(std::span<const TokenId> tokens,
-                                           uint32_t block_tokens, const HashKey& key) {
+Result<std::vector<BlockHash>> hash_blocks(std::span<const TokenId> tokens, uint32_t block_tokens,
+                                           const HashKey& key) {
   auto hasher = BlockHasher::create(key, block_tokens);
   if (!hasher) return hasher.error();
   std::vector<BlockHash> out;

@@ -58,7 +58,7 @@ class BlockHasher {
   BlockHash hash_block(const BlockHash* parent, std::span<const TokenId> tokens);
 
   uint32_t block_tokens() const { return block_tokens_; }
-  uint64_t blocks_count() const { return blocks_count_; }        // full blocks hashed so far
+  uint64_t blocks_count() const { return blocks_count_; }          // full blocks hashed so far
   size_t pending_tokens_count() const { return pending_.size(); }  // tokens of the open block
   // Restarts the stream at token 0 (same key).
   void reset();
@@ -76,7 +76,7 @@ class BlockHasher {
 
 // One-shot form: the hashes of every full block of `tokens`.
 // Errors: as BlockHasher::create.
-Result<std::vector<BlockHash>> hash_blocks(std::span<const TokenId> tokens,
-                                           uint32_t block_tokens, const HashKey& key);
+Result<std::vector<BlockHash>> hash_blocks(std::span<const TokenId> tokens, uint32_t block_tokens,
+                                           const HashKey& key);
 
 }  // namespace tandem::kv

@@ -32,8 +32,7 @@ uint32_t PrefixCache::match(std::span<const BlockHash> hashes) const {
   return matched;
 }
 
-Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes,
-                                        uint32_t fresh_count) {
+Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint32_t fresh_count) {
   uint32_t matched = match(hashes);
   // Distinct blocks: a (malformed) hash list may repeat a hash.
   std::unordered_set<BlockIndex> matched_evictable_set;
@@ -163,10 +162,14 @@ void PrefixCache::lru_push_back(BlockIndex block) {
 void PrefixCache::lru_unlink(BlockIndex block) {
   Block& b = blocks_[block];
   RT_ASSERT(evictable_count_ > 0, block);
-  if (b.lru_prev != none_) blocks_[b.lru_prev].lru_next = b.lru_next;
-  else lru_head_ = b.lru_next;
-  if (b.lru_next != none_) blocks_[b.lru_next].lru_prev = b.lru_prev;
-  else lru_tail_ = b.lru_prev;
+  if (b.lru_prev != none_)
+    blocks_[b.lru_prev].lru_next = b.lru_next;
+  else
+    lru_head_ = b.lru_next;
+  if (b.lru_next != none_)
+    blocks_[b.lru_next].lru_prev = b.lru_prev;
+  else
+    lru_tail_ = b.lru_prev;
   b.lru_prev = b.lru_next = none_;
   --evictable_count_;
 }

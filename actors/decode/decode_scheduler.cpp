@@ -17,12 +17,18 @@ Error invalid_key(const char* key, const std::string& why) {
 
 std::string_view to_string(FinishReason reason) {
   switch (reason) {
-    case FinishReason::eos: return "eos";
-    case FinishReason::stop_token: return "stop_token";
-    case FinishReason::max_tokens: return "max_tokens";
-    case FinishReason::context_length: return "context_length";
-    case FinishReason::failed: return "failed";
-    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::eos:
+      return "eos";
+    case FinishReason::stop_token:
+      return "stop_token";
+    case FinishReason::max_tokens:
+      return "max_tokens";
+    case FinishReason::context_length:
+      return "context_length";
+    case FinishReason::failed:
+      return "failed";
+    case FinishReason::cancelled:
+      return "cancelled";
   }
   return "?";
 }
@@ -35,10 +41,9 @@ Status DecodeConfig::validate(uint32_t pool_blocks_count) const {
   if (max_model_tokens < 2) return invalid_key("max_model_tokens", "must be at least 2");
   uint32_t per_seq = (max_model_tokens + block_tokens - 1) / block_tokens;
   if (per_seq > pool_blocks_count) {
-    return invalid_key("max_model_tokens", "one sequence at full context needs " +
-                                               std::to_string(per_seq) +
-                                               " KV blocks, the pool has " +
-                                               std::to_string(pool_blocks_count));
+    return invalid_key("max_model_tokens",
+                       "one sequence at full context needs " + std::to_string(per_seq) +
+                           " KV blocks, the pool has " + std::to_string(pool_blocks_count));
   }
   return {};
 }
@@ -71,12 +76,12 @@ Status DecodeScheduler::submit(DecodeRequest request) {
   size_t full_blocks = request.prompt.size() / config_.block_tokens;
   if (request.block_hashes.size() != full_blocks) {
     return fail(std::to_string(request.block_hashes.size()) + " block hashes for " +
-                std::to_string(request.prompt.size()) + " tokens (" +
-                std::to_string(full_blocks) + " full blocks expected)");
+                std::to_string(request.prompt.size()) + " tokens (" + std::to_string(full_blocks) +
+                " full blocks expected)");
   }
   if (waiting_new_count_ >= config_.waiting_max) {
-    return make_error(ErrorKind::overloaded, where + "waiting queue full (" +
-                                                 std::to_string(config_.waiting_max) + ")");
+    return make_error(ErrorKind::overloaded,
+                      where + "waiting queue full (" + std::to_string(config_.waiting_max) + ")");
   }
   SeqId id = request.id;
   Seq s;
@@ -161,8 +166,7 @@ bool DecodeScheduler::grow_or_preempt(Seq& s, DecodePlan& plan) {
 void DecodeScheduler::preempt(Seq& victim, DecodePlan& plan) {
   RT_ASSERT(victim.stage == SeqStage::running || victim.stage == SeqStage::prefilling,
             victim.input.id);
-  RT_ASSERT(victim.in_flight_tokens_count == 0, "preempting a planned sequence",
-            victim.input.id);
+  RT_ASSERT(victim.in_flight_tokens_count == 0, "preempting a planned sequence", victim.input.id);
   cache_.release(victim.blocks);
   victim.blocks.clear();
   victim.stage = SeqStage::waiting;
@@ -251,8 +255,7 @@ void DecodeScheduler::add_entry(Seq& s, uint32_t tokens_count, bool sample, Deco
   in_flight_ids_.push_back(s.input.id);
 }
 
-std::optional<FinishReason> DecodeScheduler::append_tokens(Seq& s,
-                                                           std::span<const TokenId> tokens,
+std::optional<FinishReason> DecodeScheduler::append_tokens(Seq& s, std::span<const TokenId> tokens,
                                                            SeqUpdate& update) {
   RT_ASSERT(!tokens.empty(), s.input.id);
   for (TokenId t : tokens) {
@@ -426,7 +429,8 @@ void DecodeScheduler::check_invariants() const {
       case SeqStage::running:
         RT_ASSERT(s.computed_tokens_count + 1 == s.tokens.size(), id);
         RT_ASSERT(s.blocks.size() * config_.block_tokens >=
-                      s.computed_tokens_count + (in_flight ? 1u : 0u), id);
+                      s.computed_tokens_count + (in_flight ? 1u : 0u),
+                  id);
         break;
     }
     ++active;

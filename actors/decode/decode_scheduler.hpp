@@ -38,8 +38,8 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
-#include <string_view>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -70,9 +70,9 @@ std::string_view to_string(FinishReason reason);
 
 struct DecodeRequest {
   SeqId id = 0;
-  std::vector<TokenId> prompt;                 // >= 1 token, < max_model_tokens
-  std::vector<kv::BlockHash> block_hashes;     // one per FULL block of the prompt
-  uint32_t max_tokens = 16;                    // tokens to generate, >= 1
+  std::vector<TokenId> prompt;              // >= 1 token, < max_model_tokens
+  std::vector<kv::BlockHash> block_hashes;  // one per FULL block of the prompt
+  uint32_t max_tokens = 16;                 // tokens to generate, >= 1
   std::optional<TokenId> eos_token;
   std::vector<TokenId> stop_token_ids;
   KvSource source = KvSource::local;
@@ -81,25 +81,25 @@ struct DecodeRequest {
 // Read these prompt blocks from the prefill instance into the given local blocks.
 struct PullOrder {
   SeqId seq = 0;
-  std::vector<kv::BlockIndex> block_table;  // every prompt block, in order
+  std::vector<kv::BlockIndex> block_table;   // every prompt block, in order
   std::vector<uint32_t> pull_block_indexes;  // positions in block_table to fill by RMA
 };
 
 struct DecodeEntry {
   SeqId seq = 0;
   std::vector<kv::BlockIndex> block_table;
-  uint32_t start_position = 0;     // position of tokens[0]
-  std::vector<TokenId> tokens;     // decode: the last sampled token; prefill: a chunk
-  uint32_t draft_tokens_count = 0; // trailing draft tokens in `tokens` (0: no speculation yet)
-  bool sample = false;             // sample after the last token (decode, or final chunk)
+  uint32_t start_position = 0;      // position of tokens[0]
+  std::vector<TokenId> tokens;      // decode: the last sampled token; prefill: a chunk
+  uint32_t draft_tokens_count = 0;  // trailing draft tokens in `tokens` (0: no speculation yet)
+  bool sample = false;              // sample after the last token (decode, or final chunk)
 };
 
 struct DecodePlan {
-  uint64_t step_id = 0;                // 0 when entries is empty (no device step)
+  uint64_t step_id = 0;  // 0 when entries is empty (no device step)
   std::vector<DecodeEntry> entries;
-  uint32_t tokens_count = 0;           // <= step_tokens_max
-  std::vector<PullOrder> pulls;        // start these now
-  std::vector<SeqId> preempted;        // for logs and metrics
+  uint32_t tokens_count = 0;     // <= step_tokens_max
+  std::vector<PullOrder> pulls;  // start these now
+  std::vector<SeqId> preempted;  // for logs and metrics
 };
 
 struct SampledTokens {
@@ -110,7 +110,7 @@ struct SampledTokens {
 // What to stream for one sequence.
 struct SeqUpdate {
   SeqId seq = 0;
-  std::vector<TokenId> tokens;          // new tokens, in order (may be empty when finishing)
+  std::vector<TokenId> tokens;  // new tokens, in order (may be empty when finishing)
   std::optional<FinishReason> finished;
 };
 
@@ -118,10 +118,10 @@ struct DecodeCounters {
   uint64_t submitted_count = 0;
   uint64_t finished_count = 0;
   uint64_t preemptions_count = 0;
-  uint64_t pull_failures_count = 0;     // pulls that fell back to local prefill
-  uint64_t bad_results_count = 0;       // malformed or missing sampled tokens
+  uint64_t pull_failures_count = 0;  // pulls that fell back to local prefill
+  uint64_t bad_results_count = 0;    // malformed or missing sampled tokens
   uint64_t generated_tokens_count = 0;
-  uint64_t prefill_tokens_count = 0;    // computed locally, incl. recompute
+  uint64_t prefill_tokens_count = 0;  // computed locally, incl. recompute
 };
 
 class DecodeScheduler {
@@ -136,8 +136,7 @@ class DecodeScheduler {
   DecodePlan plan_step();
   // Precondition (asserted): step_id is the step in flight. Malformed or missing results
   // finish their sequence with FinishReason::failed; results for unknown ids are ignored.
-  std::vector<SeqUpdate> on_step_result(uint64_t step_id,
-                                        std::span<const SampledTokens> sampled);
+  std::vector<SeqUpdate> on_step_result(uint64_t step_id, std::span<const SampledTokens> sampled);
   // The pull of `seq` ended. ok: running, first_token is streamed; !ok: local prefill.
   // Errors: not_found when `seq` is not pulling.
   Result<SeqUpdate> on_pull_done(SeqId seq, bool ok, TokenId first_token);
@@ -156,17 +155,17 @@ class DecodeScheduler {
     DecodeRequest input;
     SeqStage stage = SeqStage::waiting;
     KvSource source = KvSource::local;
-    std::vector<TokenId> tokens;          // prompt + generated
+    std::vector<TokenId> tokens;  // prompt + generated
     uint32_t generated_count = 0;
     std::vector<kv::BlockIndex> blocks;
-    uint32_t computed_tokens_count = 0;   // KV present for tokens [0, n)
+    uint32_t computed_tokens_count = 0;  // KV present for tokens [0, n)
     uint32_t committed_blocks_count = 0;
     uint32_t in_flight_tokens_count = 0;
     bool in_flight_sample = false;
     uint32_t in_flight_drafts_count = 0;  // draft tokens fed this step (0: none yet)
     bool cancel_pending = false;
-    uint64_t arrival = 0;                 // larger = newer
-    bool admitted_once = false;           // false: counts against waiting_max
+    uint64_t arrival = 0;        // larger = newer
+    bool admitted_once = false;  // false: counts against waiting_max
   };
 
   uint32_t blocks_for(uint32_t tokens_count) const;

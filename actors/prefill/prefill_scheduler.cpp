@@ -19,8 +19,8 @@ Status PrefillConfig::validate() const {
   if (queue_max == 0) return invalid_key("queue_max", "must be at least 1");
   if (running_max == 0) return invalid_key("running_max", "must be at least 1");
   if (held_max < running_max) {
-    return invalid_key("held_max", "must be at least running_max (" +
-                                       std::to_string(running_max) + ")");
+    return invalid_key("held_max",
+                       "must be at least running_max (" + std::to_string(running_max) + ")");
   }
   if (step_tokens_max == 0) return invalid_key("step_tokens_max", "must be at least 1");
   if (hold_timeout_ms.count() <= 0) return invalid_key("hold_timeout_ms", "must be positive");
@@ -49,9 +49,9 @@ Status PrefillScheduler::submit(PrefillRequest request) {
   size_t full_blocks = request.tokens.size() / config_.block_tokens;
   if (request.block_hashes.size() != full_blocks) {
     return make_error(ErrorKind::invalid,
-                      where + std::to_string(request.block_hashes.size()) +
-                          " block hashes for " + std::to_string(request.tokens.size()) +
-                          " tokens (" + std::to_string(full_blocks) + " full blocks expected)");
+                      where + std::to_string(request.block_hashes.size()) + " block hashes for " +
+                          std::to_string(request.tokens.size()) + " tokens (" +
+                          std::to_string(full_blocks) + " full blocks expected)");
   }
   size_t needed = (request.tokens.size() + config_.block_tokens - 1) / config_.block_tokens;
   if (needed > cache_.blocks_count()) {

@@ -45,11 +45,11 @@ using TokenId = int32_t;
 using Nanos = std::chrono::nanoseconds;  // time since an arbitrary epoch, from the shell
 
 struct PrefillConfig {
-  uint32_t block_tokens = 16;        // KV block size, tokens (must equal the cache's)
-  uint32_t queue_max = 256;          // queued requests
-  uint32_t running_max = 16;         // admitted requests being computed
-  uint32_t held_max = 256;           // running + held requests (finished, awaiting pull)
-  uint32_t step_tokens_max = 512;    // tokens computed per step, all requests together
+  uint32_t block_tokens = 16;      // KV block size, tokens (must equal the cache's)
+  uint32_t queue_max = 256;        // queued requests
+  uint32_t running_max = 16;       // admitted requests being computed
+  uint32_t held_max = 256;         // running + held requests (finished, awaiting pull)
+  uint32_t step_tokens_max = 512;  // tokens computed per step, all requests together
   std::chrono::milliseconds hold_timeout_ms{30000};  // hold after completion
   // Errors: invalid, naming the key, when a limit is 0 or running_max > held_max.
   Status validate() const;
@@ -57,8 +57,8 @@ struct PrefillConfig {
 
 struct PrefillRequest {
   RequestId id = 0;
-  std::vector<TokenId> tokens;                // the prompt, >= 1 token
-  std::vector<kv::BlockHash> block_hashes;    // one per FULL block of tokens, in order
+  std::vector<TokenId> tokens;              // the prompt, >= 1 token
+  std::vector<kv::BlockHash> block_hashes;  // one per FULL block of tokens, in order
 };
 
 struct PrefillChunk {
@@ -135,7 +135,7 @@ class PrefillScheduler {
     PrefillStage stage = PrefillStage::queued;
     std::vector<kv::BlockIndex> blocks;  // empty while queued
     uint32_t cached_blocks_count = 0;
-    uint32_t computed_tokens_count = 0;  // includes cached tokens
+    uint32_t computed_tokens_count = 0;   // includes cached tokens
     uint32_t committed_blocks_count = 0;  // blocks [0, n) are cached or committed
     uint32_t in_flight_tokens_count = 0;
     Nanos hold_deadline{0};

@@ -175,8 +175,7 @@ TEST_CASE("budgets: seqs_max and step_tokens_max are respected") {
   c.step_tokens_max = 6;
   DecodeScheduler s(c, cache);
   for (SeqId id = 1; id <= 6; ++id) {
-    REQUIRE(s.submit(make_request(id, 2, 30, KvSource::local, 10 * static_cast<TokenId>(id)))
-                .ok());
+    REQUIRE(s.submit(make_request(id, 2, 30, KvSource::local, 10 * static_cast<TokenId>(id))).ok());
   }
   for (int step = 0; step < 20; ++step) {
     auto p = s.plan_step();
@@ -278,9 +277,9 @@ TEST_CASE("cancel frees blocks at every stage") {
 TEST_CASE("pool full: the newest sequence is preempted and recomputed later") {
   PrefixCache cache(8, bt);  // 8 blocks = one sequence at full context (32 tokens)
   DecodeScheduler s(config(), cache);
-  REQUIRE(s.submit(make_request(1, 8, 20, KvSource::local, 100)).ok());   // oldest
+  REQUIRE(s.submit(make_request(1, 8, 20, KvSource::local, 100)).ok());  // oldest
   REQUIRE(s.submit(make_request(2, 8, 20, KvSource::local, 200)).ok());
-  REQUIRE(s.submit(make_request(3, 8, 20, KvSource::local, 300)).ok());   // newest
+  REQUIRE(s.submit(make_request(3, 8, 20, KvSource::local, 300)).ok());  // newest
   std::map<SeqId, std::vector<TokenId>> streamed;
   std::vector<SeqId> preempted;
   TokenId next = 1000;
@@ -310,12 +309,10 @@ TEST_CASE("bad requests and malformed results are errors, not crashes") {
   auto ctx = s.submit(make_request(2, 32, 5));
   REQUIRE_FALSE(ctx.ok());
   CHECK(ctx.error().message.find("no room in the context of 32") != std::string::npos);
-  CHECK(s.submit(make_request(3, 4, 0)).error().message.find("max_tokens") !=
-        std::string::npos);
+  CHECK(s.submit(make_request(3, 4, 0)).error().message.find("max_tokens") != std::string::npos);
   auto wrong = make_request(4, 8, 5);
   wrong.block_hashes.pop_back();
-  CHECK(s.submit(wrong).error().message.find("1 block hashes for 8 tokens") !=
-        std::string::npos);
+  CHECK(s.submit(wrong).error().message.find("1 block hashes for 8 tokens") != std::string::npos);
   for (SeqId id = 10; id < 18; ++id) REQUIRE(s.submit(make_request(id, 2, 5)).ok());
   CHECK(s.submit(make_request(10, 2, 5)).error().kind == ErrorKind::invalid);
   CHECK(s.submit(make_request(30, 2, 5)).error().kind == ErrorKind::overloaded);
@@ -359,7 +356,9 @@ TEST_CASE("randomized: invariants after every operation, pool returns to baselin
         ++next_id;
         break;
       }
-      case 1: case 2: case 3:
+      case 1:
+      case 2:
+      case 3:
         if (!in_flight) {
           auto p = s.plan_step();
           CHECK(p.tokens_count <= c.step_tokens_max);
@@ -379,7 +378,8 @@ TEST_CASE("randomized: invariants after every operation, pool returns to baselin
           in_flight.reset();
         }
         break;
-      case 4: case 5:
+      case 4:
+      case 5:
         if (!pulling.empty()) {
           SeqId id = *std::next(pulling.begin(), static_cast<long>(rng() % pulling.size()));
           auto u = s.on_pull_done(id, rng() % 4 != 0, static_cast<TokenId>(1 + rng() % 9));

@@ -262,7 +262,7 @@ TEST_CASE("bad requests and a full queue are errors") {
 TEST_CASE("admission is FIFO: a head that does not fit blocks those behind it") {
   PrefixCache cache(8, 16);
   PrefillScheduler s(small_config(), cache);
-  REQUIRE(s.submit(make_request(1, seq_tokens(96, 1))).ok());   // 6 blocks
+  REQUIRE(s.submit(make_request(1, seq_tokens(96, 1))).ok());  // 6 blocks
   for (int i = 0; i < 3; ++i) {
     auto p = s.plan_step();
     REQUIRE(p.has_value());

@@ -55,7 +55,7 @@ TEST_CASE("hits, misses and counters") {
   diverging.push_back(h(3));  // cached, but after a miss: not a prefix hit
   CHECK(cache.match(diverging) == 2);
   CHECK(cache.match(chain(5, 2)) == 0);
-  CHECK(cache.match(chain(2, 2)) == 2);  // h(2), h(3) are cached: any leading run matches
+  CHECK(cache.match(chain(2, 2)) == 2);        // h(2), h(3) are cached: any leading run matches
   CHECK(cache.counters().queries_count == 1);  // match() has no side effects
 
   auto again = cache.acquire(diverging, 2);
@@ -181,8 +181,7 @@ TEST_CASE("events report the net change since the last drain") {
   PrefixCache cache(2, 16);
   auto blocks = fill(cache, chain(1, 2));
   auto e1 = cache.drain_events();
-  CHECK(std::set<BlockHash>(e1.stored.begin(), e1.stored.end()) ==
-        std::set<BlockHash>{h(1), h(2)});
+  CHECK(std::set<BlockHash>(e1.stored.begin(), e1.stored.end()) == std::set<BlockHash>{h(1), h(2)});
   CHECK(e1.removed.empty());
   CHECK(cache.drain_events().stored.empty());
   cache.release(blocks);
