@@ -1,0 +1,450 @@
+#include "actors/decode/decode_scheduler.hpp"
+
+#include <algorithm>
+#include <string>
+#include <unordered_set>
+
+#include "runtime/base/assert.hpp"
+
+namespace tandem::decode {
+namespace {
+
+Error invalid_key(const char* key, const std::string& why) {
+  return make_error(ErrorKind::invalid, std::string("decode.") + key + ": " + why);
+}
+
+}  // namespace
+
+std::string_view to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::eos:
+      return "eos";
+    case FinishReason::stop_token:
+      return "stop_token";
+    case FinishReason::max_tokens:
+      return "max_tokens";
+    case FinishReason::context_length:
+      return "context_length";
+    case FinishReason::failed:
+      return "failed";
+    case FinishReason::cancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+Status DecodeConfig::validate(uint32_t pool_blocks_count) const {
+  if (block_tokens == 0) return invalid_key("block_tokens", "must be at least 1");
+  if (waiting_max == 0) return invalid_key("waiting_max", "must be at least 1");
+  if (seqs_max == 0) return invalid_key("seqs_max", "must be at least 1");
+  if (step_tokens_max == 0) return invalid_key("step_tokens_max", "must be at least 1");
+  if (max_model_tokens < 2) return invalid_key("max_model_tokens", "must be at least 2");
+  uint32_t per_seq = (max_model_tokens + block_tokens - 1) / block_tokens;
+  if (per_seq > pool_blocks_count) {
+    return invalid_key("max_model_tokens",
+                       "one sequence at full context needs " + std::to_string(per_seq) +
+                           " KV blocks, the pool has " + std::to_string(pool_blocks_count));
+  }
+  return {};
+}
+
+DecodeScheduler::DecodeScheduler(const DecodeConfig& config, kv::PrefixCache& cache)
+    : config_(config), cache_(cache) {
+  auto valid = config_.validate(cache_.blocks_count());
+  RT_ASSERT(valid.ok(), valid.ok() ? "" : valid.error().describe());
+  RT_ASSERT(cache_.block_tokens() == config_.block_tokens, cache_.block_tokens());
+  seqs_.reserve(size_t{config_.waiting_max} + config_.seqs_max);
+}
+
+uint32_t DecodeScheduler::blocks_for(uint32_t tokens_count) const {
+  return (tokens_count + config_.block_tokens - 1) / config_.block_tokens;
+}
+
+Status DecodeScheduler::submit(DecodeRequest request) {
+  const std::string where = "decode sequence " + std::to_string(request.id) + ": ";
+  auto fail = [&where](const std::string& why) {
+    return make_error(ErrorKind::invalid, where + why);
+  };
+  if (seqs_.contains(request.id)) return fail("id already in use");
+  if (request.prompt.empty()) return fail("empty prompt");
+  if (request.prompt.size() >= config_.max_model_tokens) {
+    return fail("prompt of " + std::to_string(request.prompt.size()) +
+                " tokens leaves no room in the context of " +
+                std::to_string(config_.max_model_tokens));
+  }
+  if (request.max_tokens == 0) return fail("max_tokens must be at least 1");
+  size_t full_blocks = request.prompt.size() / config_.block_tokens;
+  if (request.block_hashes.size() != full_blocks) {
+    return fail(std::to_string(request.block_hashes.size()) + " block hashes for " +
+                std::to_string(request.prompt.size()) + " tokens (" + std::to_string(full_blocks) +
+                " full blocks expected)");
+  }
+  if (waiting_new_count_ >= config_.waiting_max) {
+    return make_error(ErrorKind::overloaded,
+                      where + "waiting queue full (" + std::to_string(config_.waiting_max) + ")");
+  }
+  SeqId id = request.id;
+  Seq s;
+  s.source = request.source;
+  s.tokens = request.prompt;
+  s.input = std::move(request);
+  s.arrival = ++arrivals_;
+  seqs_.emplace(id, std::move(s));
+  waiting_.push_back(id);
+  ++waiting_new_count_;
+  ++counters_.submitted_count;
+  RT_ASSERT(waiting_new_count_ <= config_.waiting_max, waiting_new_count_);
+  return {};
+}
+
+DecodePlan DecodeScheduler::plan_step() {
+  RT_ASSERT(!in_flight_, "plan_step while step", step_id_, "is in flight");
+  RT_ASSERT(in_flight_ids_.empty());
+  DecodePlan plan;
+  uint32_t budget = config_.step_tokens_max;
+  plan_running(plan, budget);
+  plan_prefilling(plan, budget);
+  admit(plan, budget);
+  RT_ASSERT(plan.tokens_count + budget == config_.step_tokens_max, plan.tokens_count);
+  if (!plan.entries.empty()) {
+    plan.step_id = ++step_id_;
+    in_flight_ = true;
+  }
+  return plan;
+}
+
+std::vector<SeqId> DecodeScheduler::active_by_arrival() const {
+  std::vector<std::pair<uint64_t, SeqId>> order;
+  for (const auto& [id, s] : seqs_) {
+    if (s.stage != SeqStage::waiting) order.emplace_back(s.arrival, id);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<SeqId> out;
+  out.reserve(order.size());
+  for (const auto& [arrival, id] : order) out.push_back(id);
+  return out;
+}
+
+void DecodeScheduler::plan_running(DecodePlan& plan, uint32_t& budget) {
+  for (SeqId id : active_by_arrival()) {
+    if (budget == 0) break;
+    auto it = seqs_.find(id);
+    if (it == seqs_.end() || it->second.stage != SeqStage::running) continue;  // preempted
+    Seq& s = it->second;
+    if (!grow_or_preempt(s, plan)) continue;  // s itself was preempted
+    add_entry(s, 1, true, plan);
+    budget -= 1;
+  }
+}
+
+bool DecodeScheduler::grow_or_preempt(Seq& s, DecodePlan& plan) {
+  RT_ASSERT(s.stage == SeqStage::running, s.input.id);
+  RT_ASSERT(s.computed_tokens_count + 1 == s.tokens.size(), s.input.id);
+  uint32_t needed = blocks_for(s.computed_tokens_count + 1);
+  while (s.blocks.size() < needed) {
+    auto alloc = cache_.acquire({}, 1);
+    if (alloc) {
+      s.blocks.push_back(alloc->fresh[0]);
+      continue;
+    }
+    // The newest sequence holding blocks that is not being pulled into gives them up.
+    auto order = active_by_arrival();
+    Seq* victim = nullptr;
+    for (auto it = order.rbegin(); it != order.rend() && victim == nullptr; ++it) {
+      Seq& candidate = seqs_.at(*it);
+      if (candidate.stage != SeqStage::pulling) victim = &candidate;
+    }
+    RT_ASSERT(victim != nullptr, "no preemptible sequence although", s.input.id, "runs");
+    bool self = victim == &s;
+    preempt(*victim, plan);
+    if (self) return false;
+  }
+  RT_ASSERT(s.blocks.size() == needed, s.blocks.size(), needed);
+  return true;
+}
+
+void DecodeScheduler::preempt(Seq& victim, DecodePlan& plan) {
+  RT_ASSERT(victim.stage == SeqStage::running || victim.stage == SeqStage::prefilling,
+            victim.input.id);
+  RT_ASSERT(victim.in_flight_tokens_count == 0, "preempting a planned sequence", victim.input.id);
+  cache_.release(victim.blocks);
+  victim.blocks.clear();
+  victim.stage = SeqStage::waiting;
+  victim.source = KvSource::local;  // recompute locally: the prefill hold is gone
+  victim.computed_tokens_count = 0;
+  victim.committed_blocks_count = 0;
+  waiting_.push_front(victim.input.id);
+  --active_count_;
+  ++counters_.preemptions_count;
+  plan.preempted.push_back(victim.input.id);
+}
+
+void DecodeScheduler::plan_prefilling(DecodePlan& plan, uint32_t& budget) {
+  for (SeqId id : active_by_arrival()) {
+    if (budget == 0) break;
+    Seq& s = seqs_.at(id);
+    if (s.stage != SeqStage::prefilling) continue;
+    auto remaining = static_cast<uint32_t>(s.tokens.size()) - s.computed_tokens_count;
+    uint32_t take = std::min(remaining, budget);
+    add_entry(s, take, take == remaining, plan);
+    budget -= take;
+  }
+}
+
+void DecodeScheduler::admit(DecodePlan& plan, uint32_t& budget) {
+  while (!waiting_.empty() && active_count_ < config_.seqs_max) {
+    Seq& s = seqs_.at(waiting_.front());
+    // A local prefill needs budget this step; a pull does not.
+    if (s.source == KvSource::local && budget == 0) break;
+    if (!try_admit(s, plan)) break;  // the pool is full: FIFO, wait
+    waiting_.pop_front();
+    if (!s.admitted_once) --waiting_new_count_;
+    s.admitted_once = true;
+    ++active_count_;
+    if (s.stage != SeqStage::prefilling) continue;
+    auto remaining = static_cast<uint32_t>(s.tokens.size()) - s.computed_tokens_count;
+    uint32_t take = std::min(remaining, budget);
+    add_entry(s, take, take == remaining, plan);
+    budget -= take;
+  }
+  RT_ASSERT(active_count_ <= config_.seqs_max, active_count_);
+}
+
+bool DecodeScheduler::try_admit(Seq& s, DecodePlan& plan) {
+  RT_ASSERT(s.stage == SeqStage::waiting && s.blocks.empty(), s.input.id);
+  auto tokens = static_cast<uint32_t>(s.tokens.size());
+  uint32_t needed = blocks_for(tokens);
+  std::span<const kv::BlockHash> hashes(s.input.block_hashes);
+  uint32_t matched = cache_.match(hashes);
+  // A local prefill must compute at least the last block to sample from it.
+  if (s.source == KvSource::local && matched == needed) --matched;
+  auto alloc = cache_.acquire(hashes.first(matched), needed - matched);
+  if (!alloc) return false;
+  s.blocks = std::move(alloc->cached);
+  s.blocks.insert(s.blocks.end(), alloc->fresh.begin(), alloc->fresh.end());
+  s.committed_blocks_count = matched;
+  if (s.source == KvSource::pull) {
+    s.stage = SeqStage::pulling;
+    PullOrder order{s.input.id, s.blocks, {}};
+    for (uint32_t i = matched; i < needed; ++i) order.pull_block_indexes.push_back(i);
+    plan.pulls.push_back(std::move(order));
+  } else {
+    s.stage = SeqStage::prefilling;
+    s.computed_tokens_count = matched * config_.block_tokens;
+  }
+  RT_ASSERT(s.blocks.size() == needed, s.blocks.size(), needed);
+  return true;
+}
+
+void DecodeScheduler::add_entry(Seq& s, uint32_t tokens_count, bool sample, DecodePlan& plan) {
+  RT_ASSERT(tokens_count > 0 && s.in_flight_tokens_count == 0, s.input.id);
+  uint32_t start = s.computed_tokens_count;
+  RT_ASSERT(start + tokens_count <= s.tokens.size(), start, tokens_count);
+  RT_ASSERT(blocks_for(start + tokens_count) <= s.blocks.size(), s.input.id);
+  DecodeEntry e;
+  e.seq = s.input.id;
+  e.block_table = s.blocks;
+  e.start_position = start;
+  e.tokens.assign(s.tokens.begin() + start, s.tokens.begin() + start + tokens_count);
+  e.sample = sample;
+  s.in_flight_tokens_count = tokens_count;
+  s.in_flight_sample = sample;
+  s.in_flight_drafts_count = e.draft_tokens_count;
+  plan.tokens_count += tokens_count;
+  plan.entries.push_back(std::move(e));
+  in_flight_ids_.push_back(s.input.id);
+}
+
+std::optional<FinishReason> DecodeScheduler::append_tokens(Seq& s, std::span<const TokenId> tokens,
+                                                           SeqUpdate& update) {
+  RT_ASSERT(!tokens.empty(), s.input.id);
+  for (TokenId t : tokens) {
+    s.tokens.push_back(t);
+    ++s.generated_count;
+    ++counters_.generated_tokens_count;
+    update.tokens.push_back(t);
+    const auto& stops = s.input.stop_token_ids;
+    if (s.input.eos_token && t == *s.input.eos_token) return FinishReason::eos;
+    if (std::find(stops.begin(), stops.end(), t) != stops.end()) {
+      return FinishReason::stop_token;
+    }
+    if (s.generated_count >= s.input.max_tokens) return FinishReason::max_tokens;
+    if (s.tokens.size() >= config_.max_model_tokens) return FinishReason::context_length;
+  }
+  RT_ASSERT(s.generated_count < s.input.max_tokens, s.input.id);
+  return std::nullopt;
+}
+
+void DecodeScheduler::commit_prompt_blocks(Seq& s) {
+  auto full = std::min<uint32_t>(s.computed_tokens_count / config_.block_tokens,
+                                 static_cast<uint32_t>(s.input.block_hashes.size()));
+  for (uint32_t i = s.committed_blocks_count; i < full; ++i) {
+    (void)cache_.commit(s.blocks[i], s.input.block_hashes[i]);  // duplicate: stays private
+  }
+  s.committed_blocks_count = std::max(s.committed_blocks_count, full);
+  RT_ASSERT(s.committed_blocks_count <= s.blocks.size(), s.input.id);
+}
+
+std::vector<SeqUpdate> DecodeScheduler::on_step_result(uint64_t step_id,
+                                                       std::span<const SampledTokens> sampled) {
+  RT_ASSERT(in_flight_, "on_step_result with no step in flight", step_id);
+  RT_ASSERT(step_id == step_id_, step_id, step_id_);
+  std::unordered_map<SeqId, const SampledTokens*> by_seq;
+  for (const auto& r : sampled) {
+    if (!by_seq.emplace(r.seq, &r).second) ++counters_.bad_results_count;  // repeated: first
+  }
+  std::vector<SeqUpdate> updates;
+  std::vector<std::pair<SeqId, FinishReason>> finishing;
+  for (SeqId id : in_flight_ids_) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;  // cancelled while the step ran
+    Seq& s = it->second;
+    uint32_t fed = s.in_flight_tokens_count;
+    bool sample = s.in_flight_sample;
+    uint32_t sampled_max = 1 + s.in_flight_drafts_count;  // the next token + accepted drafts
+    s.in_flight_drafts_count = 0;
+    s.in_flight_tokens_count = 0;
+    s.in_flight_sample = false;
+    s.computed_tokens_count += fed;
+    if (s.stage == SeqStage::prefilling) {
+      counters_.prefill_tokens_count += fed;
+      commit_prompt_blocks(s);
+    }
+    auto found = by_seq.find(id);
+    if (!sample) {
+      if (found != by_seq.end()) ++counters_.bad_results_count;
+      continue;
+    }
+    SeqUpdate update{id, {}, std::nullopt};
+    if (found == by_seq.end() || found->second->tokens.empty() ||
+        found->second->tokens.size() > sampled_max) {
+      ++counters_.bad_results_count;
+      update.finished = FinishReason::failed;
+    } else {
+      if (s.stage == SeqStage::prefilling) s.stage = SeqStage::running;
+      update.finished = append_tokens(s, found->second->tokens, update);
+    }
+    if (update.finished) finishing.emplace_back(id, *update.finished);
+    updates.push_back(std::move(update));
+  }
+  in_flight_ids_.clear();
+  in_flight_ = false;
+  for (const auto& [id, reason] : finishing) finish(id, reason);
+  return updates;
+}
+
+Result<SeqUpdate> DecodeScheduler::on_pull_done(SeqId seq, bool ok, TokenId first_token) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.stage != SeqStage::pulling) {
+    return make_error(ErrorKind::not_found,
+                      "decode sequence " + std::to_string(seq) + ": no pull in progress");
+  }
+  Seq& s = it->second;
+  SeqUpdate update{seq, {}, std::nullopt};
+  if (s.cancel_pending) {
+    update.finished = FinishReason::cancelled;
+    finish(seq, FinishReason::cancelled);
+    return update;
+  }
+  if (!ok) {
+    // Local fallback: keep the blocks; compute what was not cached.
+    ++counters_.pull_failures_count;
+    s.stage = SeqStage::prefilling;
+    s.source = KvSource::local;
+    s.computed_tokens_count = s.committed_blocks_count * config_.block_tokens;
+    if (s.computed_tokens_count == s.tokens.size()) s.computed_tokens_count -= config_.block_tokens;
+    return update;
+  }
+  s.computed_tokens_count = static_cast<uint32_t>(s.tokens.size());
+  commit_prompt_blocks(s);
+  s.stage = SeqStage::running;
+  update.finished = append_tokens(s, std::span<const TokenId>(&first_token, 1), update);
+  RT_ASSERT(s.computed_tokens_count + 1 == s.tokens.size(), seq);
+  if (update.finished) finish(seq, *update.finished);
+  return update;
+}
+
+Status DecodeScheduler::cancel(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) {
+    return make_error(ErrorKind::not_found, "decode sequence " + std::to_string(seq) +
+                                                ": unknown (finished or never sent)");
+  }
+  Seq& s = it->second;
+  if (s.stage == SeqStage::pulling) {
+    s.cancel_pending = true;  // the RMA may still write the blocks: free on on_pull_done
+    return {};
+  }
+  finish(seq, FinishReason::cancelled);
+  return {};
+}
+
+void DecodeScheduler::finish(SeqId id, FinishReason reason) {
+  auto it = seqs_.find(id);
+  RT_ASSERT(it != seqs_.end(), id);
+  Seq& s = it->second;
+  RT_ASSERT(s.in_flight_tokens_count == 0 || reason == FinishReason::cancelled, id);
+  if (s.stage == SeqStage::waiting) {
+    auto w = std::find(waiting_.begin(), waiting_.end(), id);
+    RT_ASSERT(w != waiting_.end(), id);
+    waiting_.erase(w);
+    if (!s.admitted_once) --waiting_new_count_;
+  } else {
+    RT_ASSERT(active_count_ > 0, id);
+    --active_count_;
+    cache_.release(s.blocks);
+  }
+  seqs_.erase(it);
+  ++counters_.finished_count;
+}
+
+std::optional<SeqStage> DecodeScheduler::stage(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return std::nullopt;
+  return it->second.stage;
+}
+
+void DecodeScheduler::check_invariants() const {
+  uint32_t waiting = 0, waiting_new = 0, active = 0;
+  std::unordered_map<kv::BlockIndex, uint32_t> refs;
+  for (const auto& [id, s] : seqs_) {
+    RT_ASSERT(s.input.id == id && s.tokens.size() == s.input.prompt.size() + s.generated_count);
+    RT_ASSERT(s.tokens.size() <= config_.max_model_tokens, id);
+    RT_ASSERT(s.generated_count < s.input.max_tokens || s.input.max_tokens == 0, id);
+    bool in_flight = s.in_flight_tokens_count > 0;
+    switch (s.stage) {
+      case SeqStage::waiting:
+        ++waiting;
+        waiting_new += s.admitted_once ? 0 : 1;
+        RT_ASSERT(s.blocks.empty() && s.computed_tokens_count == 0 && !in_flight, id);
+        continue;
+      case SeqStage::pulling:
+        RT_ASSERT(s.blocks.size() == blocks_for(static_cast<uint32_t>(s.tokens.size())), id);
+        RT_ASSERT(!in_flight, id);
+        break;
+      case SeqStage::prefilling:
+        RT_ASSERT(s.blocks.size() == blocks_for(static_cast<uint32_t>(s.tokens.size())), id);
+        RT_ASSERT(s.computed_tokens_count < s.tokens.size(), id);
+        break;
+      case SeqStage::running:
+        RT_ASSERT(s.computed_tokens_count + 1 == s.tokens.size(), id);
+        RT_ASSERT(s.blocks.size() * config_.block_tokens >=
+                      s.computed_tokens_count + (in_flight ? 1u : 0u),
+                  id);
+        break;
+    }
+    ++active;
+    RT_ASSERT(!s.cancel_pending || s.stage == SeqStage::pulling, id);
+    for (kv::BlockIndex b : s.blocks) ++refs[b];
+  }
+  RT_ASSERT(waiting == waiting_.size() && waiting_new == waiting_new_count_, waiting);
+  RT_ASSERT(active == active_count_ && active_count_ <= config_.seqs_max, active);
+  RT_ASSERT(waiting_new_count_ <= config_.waiting_max, waiting_new_count_);
+  for (const auto& [block, count] : refs) {
+    RT_ASSERT(cache_.ref_count(block) == count, block, count);
+  }
+  RT_ASSERT(refs.size() == cache_.blocks_used_count(), refs.size());
+  cache_.check_invariants();
+}
+
+}  // namespace tandem::decode

@@ -1,0 +1,198 @@
+// The decode scheduler: continuous batching over the decode instance's KV pool.
+// A pure core: no threads, clocks or I/O.
+//
+// A sequence moves through:
+//   waiting     submitted (or preempted), FIFO, no blocks; at most waiting_max new ones;
+//   pulling     (source pull) blocks allocated for the prompt; the leading blocks already in
+//               the local prefix cache are reused, the others are read from the prefill
+//               instance by the shell (RMA). on_pull_done(ok) -> running with the first token
+//               prefill sampled; on_pull_done(!ok) -> prefilling (local fallback);
+//   prefilling  (source local, a failed pull, or a preempted sequence being recomputed) the
+//               prompt (plus tokens generated before a preemption) is computed in chunks under
+//               the step token budget; the final chunk samples the next token -> running;
+//   running     one token per step (plus draft tokens, 0 for now); a new block is allocated
+//               when the sequence crosses a block boundary;
+//   finished    EOS, a stop token id, max_tokens, the context length, a malformed step
+//               result, or cancel: its blocks are released and it is forgotten.
+// Stop STRINGS are the gateway's business (detokenized text): it cancels the sequence.
+//
+// Every step: running sequences first, oldest first (1 + drafts tokens each); then
+// prefilling chunks, oldest first; then admission from the waiting queue while sequences
+// holding blocks < seqs_max and the budget lasts. Admission never preempts and is FIFO.
+// When a running sequence needs a block and the pool (free + evictable) is empty, the NEWEST
+// sequence holding blocks (running or prefilling; never one being pulled into) is preempted:
+// its blocks are released and it goes to the front of the waiting queue, to be recomputed
+// locally later (its generated tokens are kept and not streamed again).
+//
+// Protocol with the shell (the decode actor):
+//   plan = plan_step();  start plan.pulls (RMA); run plan.entries on the Device if any;
+//   updates = on_step_result(plan.step_id, sampled)  (only when plan.entries is non-empty);
+//   on_pull_done(seq, ok, first_token) when a pull ends.
+// A pulling sequence that is cancelled keeps its blocks until on_pull_done (the RMA may still
+// be writing them); every other cancel releases at once.
+//
+// Not thread-safe: one owning actor. The PrefixCache outlives the scheduler and is used by it
+// alone.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvstore/block_hash.hpp"
+#include "kvstore/prefix_cache.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::decode {
+
+using SeqId = uint64_t;
+using TokenId = int32_t;
+
+struct DecodeConfig {
+  uint32_t block_tokens = 16;       // KV block size, tokens (must equal the cache's)
+  uint32_t waiting_max = 256;       // newly submitted sequences waiting for admission
+  uint32_t seqs_max = 64;           // sequences holding blocks (pulling + prefilling + running)
+  uint32_t step_tokens_max = 512;   // tokens per step: decode tokens + local prefill chunks
+  uint32_t max_model_tokens = 256;  // context length, tokens (prompt + generated)
+  // Errors: invalid, naming the key, when a limit is 0 or one sequence at full context would
+  // not fit in a pool of pool_blocks_count blocks.
+  Status validate(uint32_t pool_blocks_count) const;
+};
+
+enum class KvSource { pull, local };
+enum class SeqStage { waiting, pulling, prefilling, running };
+enum class FinishReason { eos, stop_token, max_tokens, context_length, failed, cancelled };
+std::string_view to_string(FinishReason reason);
+
+struct DecodeRequest {
+  SeqId id = 0;
+  std::vector<TokenId> prompt;              // >= 1 token, < max_model_tokens
+  std::vector<kv::BlockHash> block_hashes;  // one per FULL block of the prompt
+  uint32_t max_tokens = 16;                 // tokens to generate, >= 1
+  std::optional<TokenId> eos_token;
+  std::vector<TokenId> stop_token_ids;
+  KvSource source = KvSource::local;
+};
+
+// Read these prompt blocks from the prefill instance into the given local blocks.
+struct PullOrder {
+  SeqId seq = 0;
+  std::vector<kv::BlockIndex> block_table;   // every prompt block, in order
+  std::vector<uint32_t> pull_block_indexes;  // positions in block_table to fill by RMA
+};
+
+struct DecodeEntry {
+  SeqId seq = 0;
+  std::vector<kv::BlockIndex> block_table;
+  uint32_t start_position = 0;      // position of tokens[0]
+  std::vector<TokenId> tokens;      // decode: the last sampled token; prefill: a chunk
+  uint32_t draft_tokens_count = 0;  // trailing draft tokens in `tokens` (0: no speculation yet)
+  bool sample = false;              // sample after the last token (decode, or final chunk)
+};
+
+struct DecodePlan {
+  uint64_t step_id = 0;  // 0 when entries is empty (no device step)
+  std::vector<DecodeEntry> entries;
+  uint32_t tokens_count = 0;     // <= step_tokens_max
+  std::vector<PullOrder> pulls;  // start these now
+  std::vector<SeqId> preempted;  // for logs and metrics
+};
+
+struct SampledTokens {
+  SeqId seq = 0;
+  std::vector<TokenId> tokens;  // 1 + accepted drafts, <= entry tokens count
+};
+
+// What to stream for one sequence.
+struct SeqUpdate {
+  SeqId seq = 0;
+  std::vector<TokenId> tokens;  // new tokens, in order (may be empty when finishing)
+  std::optional<FinishReason> finished;
+};
+
+struct DecodeCounters {
+  uint64_t submitted_count = 0;
+  uint64_t finished_count = 0;
+  uint64_t preemptions_count = 0;
+  uint64_t pull_failures_count = 0;  // pulls that fell back to local prefill
+  uint64_t bad_results_count = 0;    // malformed or missing sampled tokens
+  uint64_t generated_tokens_count = 0;
+  uint64_t prefill_tokens_count = 0;  // computed locally, incl. recompute
+};
+
+class DecodeScheduler {
+ public:
+  // Preconditions (asserted): config.validate(cache.blocks_count()) ok; block sizes agree.
+  DecodeScheduler(const DecodeConfig& config, kv::PrefixCache& cache);
+
+  // Errors: invalid (duplicate id, empty prompt, no room in the context, max_tokens 0,
+  // wrong number of hashes); overloaded (waiting_max new sequences already wait).
+  Status submit(DecodeRequest request);
+  // Precondition (asserted): no step in flight.
+  DecodePlan plan_step();
+  // Precondition (asserted): step_id is the step in flight. Malformed or missing results
+  // finish their sequence with FinishReason::failed; results for unknown ids are ignored.
+  std::vector<SeqUpdate> on_step_result(uint64_t step_id, std::span<const SampledTokens> sampled);
+  // The pull of `seq` ended. ok: running, first_token is streamed; !ok: local prefill.
+  // Errors: not_found when `seq` is not pulling.
+  Result<SeqUpdate> on_pull_done(SeqId seq, bool ok, TokenId first_token);
+  // Errors: not_found when unknown.
+  Status cancel(SeqId seq);
+
+  std::optional<SeqStage> stage(SeqId seq) const;
+  uint32_t waiting_count() const { return static_cast<uint32_t>(waiting_.size()); }
+  uint32_t active_count() const { return active_count_; }  // holding blocks
+  bool step_in_flight() const { return in_flight_; }
+  const DecodeCounters& counters() const { return counters_; }
+  void check_invariants() const;  // O(sequences + blocks), RT_ASSERT; for tests
+
+ private:
+  struct Seq {
+    DecodeRequest input;
+    SeqStage stage = SeqStage::waiting;
+    KvSource source = KvSource::local;
+    std::vector<TokenId> tokens;  // prompt + generated
+    uint32_t generated_count = 0;
+    std::vector<kv::BlockIndex> blocks;
+    uint32_t computed_tokens_count = 0;  // KV present for tokens [0, n)
+    uint32_t committed_blocks_count = 0;
+    uint32_t in_flight_tokens_count = 0;
+    bool in_flight_sample = false;
+    uint32_t in_flight_drafts_count = 0;  // draft tokens fed this step (0: none yet)
+    bool cancel_pending = false;
+    uint64_t arrival = 0;        // larger = newer
+    bool admitted_once = false;  // false: counts against waiting_max
+  };
+
+  uint32_t blocks_for(uint32_t tokens_count) const;
+  void plan_running(DecodePlan& plan, uint32_t& budget);
+  void plan_prefilling(DecodePlan& plan, uint32_t& budget);
+  void admit(DecodePlan& plan, uint32_t& budget);
+  bool try_admit(Seq& s, DecodePlan& plan);
+  bool grow_or_preempt(Seq& s, DecodePlan& plan);
+  void preempt(Seq& victim, DecodePlan& plan);
+  void add_entry(Seq& s, uint32_t tokens_count, bool sample, DecodePlan& plan);
+  std::optional<FinishReason> append_tokens(Seq& s, std::span<const TokenId> tokens,
+                                            SeqUpdate& update);
+  void commit_prompt_blocks(Seq& s);
+  void finish(SeqId id, FinishReason reason);
+  std::vector<SeqId> active_by_arrival() const;
+
+  DecodeConfig config_;
+  kv::PrefixCache& cache_;
+  std::unordered_map<SeqId, Seq> seqs_;  // <= waiting_max + seqs_max
+  std::deque<SeqId> waiting_;            // <= waiting_max + seqs_max (preempted in front)
+  uint32_t waiting_new_count_ = 0;       // never-admitted ones in waiting_, <= waiting_max
+  uint32_t active_count_ = 0;            // pulling + prefilling + running, <= seqs_max
+  std::vector<SeqId> in_flight_ids_;
+  bool in_flight_ = false;
+  uint64_t step_id_ = 0;
+  uint64_t arrivals_ = 0;
+  DecodeCounters counters_;
+};
+
+}  // namespace tandem::decode

@@ -1,0 +1,123 @@
+// The device KV block pool and its prefix cache: a pure core (no threads, clocks or I/O).
+//
+// A pool of `blocks_count` blocks, BlockIndex 0..blocks_count-1. Every block is in exactly
+// one state:
+//   free        holds nothing useful; on the free list;
+//   evictable   cached (full, known hash) and unreferenced; on the LRU list, kept until a
+//               fresh block is needed and no free block is left;
+//   referenced  ref_count > 0, owned by one or more requests; cached (shared through its
+//               hash) or private (a fresh block being filled, or a duplicate).
+// Eviction takes the least recently released evictable block. release() walks a request's
+// blocks from last to first, so a prefix's tail is evicted before its head.
+//
+// Owned by one actor (prefill or decode). Every map and list is bounded by blocks_count.
+// Cost: match O(hashes), acquire O(hashes + fresh), release O(blocks), commit O(1) average.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kvstore/block_hash.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::kv {
+
+struct Allocation {
+  std::vector<BlockIndex> cached;  // the leading hashes' blocks, in order (ref_count +1 each)
+  std::vector<BlockIndex> fresh;   // private blocks for the caller to fill (ref_count 1)
+};
+
+enum class CommitOutcome {
+  stored,     // the block is now cached under the hash
+  duplicate,  // another block already holds this hash; this one stays private
+};
+
+struct PrefixCacheCounters {
+  uint64_t queries_count = 0;       // successful acquire() calls
+  uint64_t query_blocks_count = 0;  // hashes offered to successful acquire() calls
+  uint64_t hit_blocks_count = 0;    // of those, served from the cache
+  uint64_t hit_tokens_count = 0;    // hit_blocks_count x block_tokens
+  uint64_t query_tokens_count = 0;  // query_blocks_count x block_tokens
+  uint64_t evictions_count = 0;     // evictable blocks reclaimed for fresh use
+  uint64_t overloaded_count = 0;    // acquire() refused for lack of blocks
+};
+
+// Net change of the cached hash set since the last drain (stored and removed are disjoint:
+// a hash stored then removed in the same window appears in neither).
+struct CacheEvents {
+  std::vector<BlockHash> stored;
+  std::vector<BlockHash> removed;
+};
+
+class PrefixCache {
+ public:
+  // Preconditions (asserted): blocks_count >= 1, block_tokens >= 1.
+  PrefixCache(uint32_t blocks_count, uint32_t block_tokens);
+
+  // How many leading hashes are cached. No side effects (counters and LRU untouched).
+  uint32_t match(std::span<const BlockHash> hashes) const;
+
+  // Takes a reference on the cached blocks of the leading cached hashes and allocates
+  // `fresh_count` private blocks (free ones first, then evicting LRU-oldest evictable ones).
+  // Errors: overloaded when free + evictable (excluding the matched ones) < fresh_count;
+  // nothing changes then (except overloaded_count).
+  Result<Allocation> acquire(std::span<const BlockHash> hashes, uint32_t fresh_count);
+
+  // A private block the caller owns has been filled with the full block `hash`: cache it.
+  // Preconditions (asserted): block is referenced and not cached.
+  CommitOutcome commit(BlockIndex block, const BlockHash& hash);
+
+  // Drops one reference per listed block, from last to first. A block reaching ref_count 0
+  // becomes evictable (cached) or free (private). Preconditions (asserted): each listed
+  // block is referenced (listing a block twice drops two references).
+  void release(std::span<const BlockIndex> blocks);
+
+  CacheEvents drain_events();  // and starts a new window
+
+  uint32_t blocks_count() const { return static_cast<uint32_t>(blocks_.size()); }
+  uint32_t block_tokens() const { return block_tokens_; }
+  uint32_t blocks_free_count() const { return static_cast<uint32_t>(free_.size()); }
+  uint32_t blocks_evictable_count() const { return evictable_count_; }
+  uint32_t blocks_used_count() const { return used_count_; }  // referenced
+  uint32_t blocks_cached_count() const { return static_cast<uint32_t>(by_hash_.size()); }
+  // free + evictable: what acquire() can hand out as fresh right now.
+  uint32_t blocks_available_count() const { return blocks_free_count() + evictable_count_; }
+  uint32_t ref_count(BlockIndex block) const;
+  bool is_cached(BlockIndex block) const;
+  const PrefixCacheCounters& counters() const { return counters_; }
+
+  // Full O(blocks_count) consistency check; aborts (RT_ASSERT) on any violation. For tests
+  // and debug builds of the shells.
+  void check_invariants() const;
+
+ private:
+  static constexpr BlockIndex none_ = UINT32_MAX;
+  struct Block {
+    uint32_t ref_count = 0;
+    bool cached = false;
+    bool in_free = false;
+    BlockHash hash{};
+    BlockIndex lru_prev = none_;  // valid only while evictable
+    BlockIndex lru_next = none_;
+  };
+
+  BlockIndex take_fresh();
+  void lru_push_back(BlockIndex block);
+  void lru_unlink(BlockIndex block);
+  void note_event(const BlockHash& hash, int delta);
+
+  std::vector<Block> blocks_;
+  std::vector<BlockIndex> free_;  // stack
+  BlockIndex lru_head_ = none_;   // oldest evictable
+  BlockIndex lru_tail_ = none_;   // newest evictable
+  uint32_t evictable_count_ = 0;
+  uint32_t used_count_ = 0;
+  uint32_t block_tokens_ = 0;
+  std::unordered_map<BlockHash, BlockIndex, BlockHashHasher> by_hash_;  // <= blocks_count
+  std::unordered_map<BlockHash, int, BlockHashHasher> pending_events_;  // <= 2 x blocks_count
+  PrefixCacheCounters counters_;
+};
+
+}  // namespace tandem::kv

@@ -1,0 +1,348 @@
+#include <doctest.h>
+
+#include <random>
+#include <set>
+#include <vector>
+
+#include "actors/prefill/prefill_scheduler.hpp"
+
+using namespace std::chrono_literals;
+using tandem::ErrorKind;
+using tandem::kv::BlockHash;
+using tandem::kv::PrefixCache;
+using tandem::prefill::Nanos;
+using tandem::prefill::PrefillConfig;
+using tandem::prefill::PrefillPlan;
+using tandem::prefill::PrefillRequest;
+using tandem::prefill::PrefillScheduler;
+using tandem::prefill::PrefillStage;
+using tandem::prefill::TokenId;
+
+namespace {
+
+// A stand-in for the chained block hash: block i's hash depends on every token before it.
+std::vector<BlockHash> fake_hashes(const std::vector<TokenId>& tokens, uint32_t block_tokens) {
+  std::vector<BlockHash> out;
+  uint64_t state = 1469598103934665603ull;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    state = (state ^ static_cast<uint32_t>(tokens[i])) * 1099511628211ull;
+    if ((i + 1) % block_tokens == 0) {
+      BlockHash h;
+      for (int b = 0; b < 8; ++b) h.bytes[b] = static_cast<uint8_t>(state >> (8 * b));
+      out.push_back(h);
+    }
+  }
+  return out;
+}
+
+PrefillRequest make_request(uint64_t id, std::vector<TokenId> tokens, uint32_t block_tokens = 16) {
+  auto hashes = fake_hashes(tokens, block_tokens);
+  return PrefillRequest{id, std::move(tokens), std::move(hashes)};
+}
+
+std::vector<TokenId> seq_tokens(size_t count, TokenId first) {
+  std::vector<TokenId> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = first + static_cast<TokenId>(i);
+  return out;
+}
+
+PrefillConfig small_config() {
+  PrefillConfig c;
+  c.block_tokens = 16;
+  c.queue_max = 4;
+  c.running_max = 2;
+  c.held_max = 4;
+  c.step_tokens_max = 32;
+  c.hold_timeout_ms = 100ms;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("config validation names the key") {
+  auto c = small_config();
+  CHECK(c.validate().ok());
+  c.step_tokens_max = 0;
+  REQUIRE_FALSE(c.validate().ok());
+  CHECK(c.validate().error().message.find("prefill.step_tokens_max") != std::string::npos);
+  c = small_config();
+  c.held_max = 1;
+  CHECK(c.validate().error().message.find("prefill.held_max") != std::string::npos);
+  c = small_config();
+  c.hold_timeout_ms = 0ms;
+  CHECK(c.validate().error().kind == ErrorKind::invalid);
+}
+
+TEST_CASE("a long prompt is chunked across steps under the token budget, then held") {
+  PrefixCache cache(16, 16);
+  PrefillScheduler s(small_config(), cache);
+  REQUIRE(s.submit(make_request(1, seq_tokens(100, 1))).ok());
+  CHECK(s.stage(1) == PrefillStage::queued);
+  std::vector<uint32_t> starts, sizes;
+  std::vector<tandem::prefill::PrefillDone> done;
+  for (int step = 0; step < 10 && done.empty(); ++step) {
+    auto plan = s.plan_step();
+    REQUIRE(plan.has_value());
+    REQUIRE(plan->chunks.size() == 1);
+    const auto& chunk = plan->chunks[0];
+    CHECK(plan->tokens_count <= 32);
+    CHECK(chunk.block_table.size() == 7);  // ceil(100 / 16)
+    CHECK(chunk.tokens.front() == static_cast<TokenId>(1 + chunk.start_position));
+    CHECK(chunk.last == (chunk.start_position + chunk.tokens.size() == 100));
+    starts.push_back(chunk.start_position);
+    sizes.push_back(static_cast<uint32_t>(chunk.tokens.size()));
+    CHECK(s.stage(1) == PrefillStage::running);
+    done = s.on_step_done(plan->step_id, Nanos(1000));
+    s.check_invariants();
+  }
+  CHECK(starts == std::vector<uint32_t>{0, 32, 64, 96});
+  CHECK(sizes == std::vector<uint32_t>{32, 32, 32, 4});
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].request == 1);
+  CHECK(done[0].prompt_tokens_count == 100);
+  CHECK(done[0].cached_tokens_count == 0);
+  CHECK(done[0].block_hashes.size() == 6);
+  CHECK(done[0].hold_deadline == Nanos(1000) + 100ms);
+  CHECK(s.stage(1) == PrefillStage::held);
+  CHECK(cache.blocks_used_count() == 7);
+  CHECK(cache.blocks_cached_count() == 6);  // full blocks committed; the partial one is not
+  CHECK_FALSE(s.plan_step().has_value());
+  REQUIRE(s.pull_done(1).ok());
+  CHECK(cache.blocks_used_count() == 0);
+  CHECK(s.pull_done(1).error().kind == ErrorKind::not_found);
+  CHECK(s.counters().computed_tokens_count == 100);
+  s.check_invariants();
+}
+
+TEST_CASE("several requests share a step; oldest first; running_max bounds admission") {
+  PrefixCache cache(32, 16);
+  auto c = small_config();
+  c.step_tokens_max = 40;
+  PrefillScheduler s(c, cache);
+  REQUIRE(s.submit(make_request(1, seq_tokens(24, 100))).ok());
+  REQUIRE(s.submit(make_request(2, seq_tokens(24, 200))).ok());
+  REQUIRE(s.submit(make_request(3, seq_tokens(8, 300))).ok());
+  auto p1 = s.plan_step();
+  REQUIRE(p1.has_value());
+  REQUIRE(p1->chunks.size() == 2);  // running_max 2: request 3 waits
+  CHECK(p1->chunks[0].request == 1);
+  CHECK(p1->chunks[0].tokens.size() == 24);
+  CHECK(p1->chunks[1].request == 2);
+  CHECK(p1->chunks[1].tokens.size() == 16);
+  CHECK(p1->tokens_count == 40);
+  CHECK(s.stage(3) == PrefillStage::queued);
+  auto d1 = s.on_step_done(p1->step_id, Nanos(0));
+  REQUIRE(d1.size() == 1);
+  CHECK(d1[0].request == 1);
+  auto p2 = s.plan_step();
+  REQUIRE(p2.has_value());
+  REQUIRE(p2->chunks.size() == 2);
+  CHECK(p2->chunks[0].request == 2);
+  CHECK(p2->chunks[0].start_position == 16);
+  CHECK(p2->chunks[1].request == 3);
+  auto d2 = s.on_step_done(p2->step_id, Nanos(0));
+  CHECK(d2.size() == 2);
+  s.check_invariants();
+}
+
+TEST_CASE("cached prefix blocks are reused and not computed") {
+  PrefixCache cache(16, 16);
+  PrefillScheduler s(small_config(), cache);
+  auto shared = seq_tokens(48, 7);
+  REQUIRE(s.submit(make_request(1, shared)).ok());
+  for (int i = 0; i < 2; ++i) {  // 48 tokens at 32 per step
+    auto p = s.plan_step();
+    REQUIRE(p.has_value());
+    (void)s.on_step_done(p->step_id, Nanos(0));
+  }
+  REQUIRE(s.pull_done(1).ok());
+  auto longer = shared;
+  for (TokenId t : seq_tokens(20, 900)) longer.push_back(t);
+  REQUIRE(s.submit(make_request(2, longer)).ok());
+  auto p = s.plan_step();
+  REQUIRE(p.has_value());
+  CHECK(p->chunks[0].start_position == 48);
+  CHECK(p->chunks[0].tokens.size() == 20);
+  auto done = s.on_step_done(p->step_id, Nanos(0));
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].cached_tokens_count == 48);
+  CHECK(cache.counters().hit_blocks_count == 3);
+
+  SUBCASE("a fully cached prompt recomputes only its last block") {
+    REQUIRE(s.submit(make_request(3, shared)).ok());
+    auto q = s.plan_step();
+    REQUIRE(q.has_value());
+    CHECK(q->chunks[0].start_position == 32);
+    CHECK(q->chunks[0].tokens.size() == 16);
+    CHECK(q->chunks[0].last);
+    auto d = s.on_step_done(q->step_id, Nanos(0));
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].cached_tokens_count == 32);
+    s.check_invariants();
+  }
+}
+
+TEST_CASE("hold timeout frees blocks; pull_done after it is not_found") {
+  PrefixCache cache(8, 16);
+  PrefillScheduler s(small_config(), cache);
+  REQUIRE(s.submit(make_request(1, seq_tokens(20, 1))).ok());
+  auto p = s.plan_step();
+  REQUIRE(p.has_value());
+  auto done = s.on_step_done(p->step_id, Nanos(5'000'000));
+  REQUIRE(done.size() == 1);
+  CHECK(cache.blocks_used_count() == 2);
+  CHECK(s.expire_holds(Nanos(5'000'000) + 100ms).empty());  // not yet: now == deadline
+  CHECK(cache.blocks_used_count() == 2);
+  auto expired = s.expire_holds(Nanos(5'000'001) + 100ms);
+  CHECK(expired == std::vector<uint64_t>{1});
+  CHECK(cache.blocks_used_count() == 0);
+  CHECK_FALSE(s.stage(1).has_value());
+  CHECK(s.pull_done(1).error().kind == ErrorKind::not_found);
+  CHECK(s.counters().expired_count == 1);
+  s.check_invariants();
+}
+
+TEST_CASE("cancel frees blocks at every stage") {
+  PrefixCache cache(16, 16);
+  PrefillScheduler s(small_config(), cache);
+  SUBCASE("queued") {
+    REQUIRE(s.submit(make_request(1, seq_tokens(40, 1))).ok());
+    REQUIRE(s.cancel(1).ok());
+    CHECK_FALSE(s.plan_step().has_value());
+  }
+  SUBCASE("running, between steps") {
+    REQUIRE(s.submit(make_request(1, seq_tokens(80, 1))).ok());
+    auto p = s.plan_step();
+    REQUIRE(p.has_value());
+    (void)s.on_step_done(p->step_id, Nanos(0));
+    CHECK(cache.blocks_used_count() == 5);
+    REQUIRE(s.cancel(1).ok());
+  }
+  SUBCASE("running, while its step is in flight") {
+    REQUIRE(s.submit(make_request(1, seq_tokens(20, 1))).ok());
+    auto p = s.plan_step();
+    REQUIRE(p.has_value());
+    REQUIRE(s.cancel(1).ok());
+    CHECK(cache.blocks_used_count() == 0);
+    CHECK(s.on_step_done(p->step_id, Nanos(0)).empty());
+  }
+  SUBCASE("held") {
+    REQUIRE(s.submit(make_request(1, seq_tokens(20, 1))).ok());
+    auto p = s.plan_step();
+    REQUIRE(p.has_value());
+    REQUIRE(s.on_step_done(p->step_id, Nanos(0)).size() == 1);
+    REQUIRE(s.cancel(1).ok());
+  }
+  CHECK(cache.blocks_used_count() == 0);
+  CHECK(s.cancel(1).error().kind == ErrorKind::not_found);
+  CHECK(s.counters().cancelled_count == 1);
+  s.check_invariants();
+}
+
+TEST_CASE("bad requests and a full queue are errors") {
+  PrefixCache cache(4, 16);
+  PrefillScheduler s(small_config(), cache);
+  CHECK(s.submit(make_request(1, {})).error().kind == ErrorKind::invalid);
+  auto wrong = make_request(2, seq_tokens(40, 1));
+  wrong.block_hashes.pop_back();
+  auto e = s.submit(wrong);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.error().message.find("1 block hashes for 40 tokens (2 full blocks expected)") !=
+        std::string::npos);
+  auto huge = s.submit(make_request(3, seq_tokens(65, 1)));  // 5 blocks > pool of 4
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.error().message.find("needs 5 KV blocks, the pool has 4") != std::string::npos);
+  for (uint64_t id = 10; id < 14; ++id) REQUIRE(s.submit(make_request(id, {1, 2})).ok());
+  CHECK(s.submit(make_request(10, {1})).error().kind == ErrorKind::invalid);  // duplicate id
+  auto full = s.submit(make_request(20, {1, 2}));
+  REQUIRE_FALSE(full.ok());
+  CHECK(full.error().kind == ErrorKind::overloaded);
+}
+
+TEST_CASE("admission is FIFO: a head that does not fit blocks those behind it") {
+  PrefixCache cache(8, 16);
+  PrefillScheduler s(small_config(), cache);
+  REQUIRE(s.submit(make_request(1, seq_tokens(96, 1))).ok());  // 6 blocks
+  for (int i = 0; i < 3; ++i) {
+    auto p = s.plan_step();
+    REQUIRE(p.has_value());
+    (void)s.on_step_done(p->step_id, Nanos(0));
+  }
+  CHECK(s.stage(1) == PrefillStage::held);
+  REQUIRE(s.submit(make_request(2, seq_tokens(64, 500))).ok());  // 4 blocks: does not fit
+  REQUIRE(s.submit(make_request(3, seq_tokens(8, 900))).ok());   // 1 block: would fit
+  CHECK_FALSE(s.plan_step().has_value());
+  CHECK(s.stage(3) == PrefillStage::queued);
+  REQUIRE(s.pull_done(1).ok());  // request 1's blocks become evictable
+  auto p = s.plan_step();
+  REQUIRE(p.has_value());
+  CHECK(p->chunks[0].request == 2);
+  CHECK(cache.counters().evictions_count == 2);
+  s.check_invariants();
+}
+
+TEST_CASE("randomized: invariants after every operation, pool returns to baseline") {
+  const uint32_t seed = 4242;
+  MESSAGE("seed " << seed);
+  std::mt19937 rng(seed);
+  PrefixCache cache(24, 16);
+  auto c = small_config();
+  c.queue_max = 8;
+  c.running_max = 3;
+  c.held_max = 5;
+  c.step_tokens_max = 48;
+  PrefillScheduler s(c, cache);
+  std::set<uint64_t> live;
+  uint64_t next_id = 1;
+  int64_t now_ms = 0;
+  std::optional<PrefillPlan> in_flight;
+  for (int op = 0; op < 20000; ++op) {
+    now_ms += rng() % 7;
+    Nanos now = std::chrono::milliseconds(now_ms);
+    switch (rng() % 6) {
+      case 0: {  // prompts from 4 shared documents plus a private tail
+        auto tokens = seq_tokens(16 * (rng() % 5), 1000 * static_cast<TokenId>(rng() % 4));
+        for (TokenId t : seq_tokens(1 + rng() % 40, static_cast<TokenId>(next_id) * 100000)) {
+          tokens.push_back(t);
+        }
+        if (s.submit(make_request(next_id, tokens)).ok()) live.insert(next_id);
+        ++next_id;
+        break;
+      }
+      case 1:
+      case 2:
+        if (!in_flight) {
+          in_flight = s.plan_step();
+          if (in_flight) CHECK(in_flight->tokens_count <= c.step_tokens_max);
+        } else {
+          (void)s.on_step_done(in_flight->step_id, now);
+          in_flight.reset();
+        }
+        break;
+      case 3:
+        if (!live.empty()) {
+          auto id = *std::next(live.begin(), static_cast<long>(rng() % live.size()));
+          if (s.pull_done(id).ok()) live.erase(id);
+        }
+        break;
+      case 4:
+        for (auto id : s.expire_holds(now)) live.erase(id);
+        break;
+      case 5:
+        if (!live.empty() && rng() % 4 == 0) {
+          auto id = *std::next(live.begin(), static_cast<long>(rng() % live.size()));
+          REQUIRE(s.cancel(id).ok());
+          live.erase(id);
+        }
+        break;
+    }
+    s.check_invariants();
+  }
+  if (in_flight) (void)s.on_step_done(in_flight->step_id, Nanos(0));
+  for (auto id : live) REQUIRE(s.cancel(id).ok());
+  s.check_invariants();
+  CHECK(cache.blocks_used_count() == 0);
+  CHECK(s.counters().completed_count > 100);
+  CHECK(s.counters().cached_tokens_count > 0);
+  CHECK(s.counters().expired_count > 0);
+}
