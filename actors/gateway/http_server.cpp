@@ -366,7 +366,7 @@ bool ResponseStream::end() {
 
 bool ResponseStream::is_cancelled() const {
   std::lock_guard lock(core_->mutex);
-  return core_->cancelled || !core_->attached;
+  return core_->cancelled;  // a finished stream is detached but not cancelled
 }
 
 void ResponseStream::on_cancel(std::function<void()> callback) {
@@ -409,8 +409,8 @@ struct HttpServer::Shared {
 class Exchange {
  public:
   Exchange(kj::HttpService::Response& response, const kj::HttpHeaderTable& table,
-           std::shared_ptr<ResponseStream::Core> core)
-      : response_(response), table_(table), core_(std::move(core)) {
+           kj::AsyncIoStream& connection, std::shared_ptr<ResponseStream::Core> core)
+      : response_(response), table_(table), connection_(connection), core_(std::move(core)) {
     RT_ASSERT(core_->exchange == nullptr, "stream already has an exchange");
     core_->exchange = this;
   }
@@ -436,6 +436,7 @@ class Exchange {
 
   kj::HttpService::Response& response_;
   const kj::HttpHeaderTable& table_;
+  kj::AsyncIoStream& connection_;
   std::shared_ptr<ResponseStream::Core> core_;
   kj::Own<kj::AsyncOutputStream> body_;
   kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> waiting_;
@@ -445,6 +446,9 @@ class Exchange {
 kj::Promise<void> Exchange::pump() {
   auto batch = core_->take();
   if (batch.cancel) {
+    // Cut the connection first: dropping a started chunked body would otherwise write the
+    // terminating chunk and make a cut stream look complete to the client.
+    if (body_.get() != nullptr) connection_.shutdownWrite();
     return KJ_EXCEPTION(DISCONNECTED, "gateway http: response stream cancelled");
   }
   if (batch.ops.empty()) {
@@ -510,6 +514,53 @@ kj::Promise<void> Exchange::apply(std::shared_ptr<std::vector<StreamOp>> ops, si
 
 // ---- the event loop's world: listener, kj::HttpServer, connections, wakeups ----
 
+// How kj's HttpServer answers protocol and application errors: JSON bodies like the rest of
+// the server's own answers, and a plain close when the client is gone or a response already
+// began (kj then passes no Response).
+class ErrorAnswers final : public kj::HttpServerErrorHandler {
+ public:
+  explicit ErrorAnswers(const kj::HttpHeaderTable& table) : table_(table) {}
+
+  kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError error,
+                                              kj::HttpService::Response& response) override {
+    std::string message = "malformed HTTP request: " + std::string(error.description.cStr());
+    return answer(response, error.statusCode, error_body(message, "invalid_request_error",
+                                                         "bad_http"));
+  }
+  kj::Promise<void> handleApplicationError(
+      kj::Exception exception, kj::Maybe<kj::HttpService::Response&> response) override {
+    if (exception.getType() == kj::Exception::Type::DISCONNECTED) return kj::READY_NOW;
+    KJ_IF_MAYBE(r, response) {
+      std::string message = "gateway http: " + std::string(exception.getDescription().cStr());
+      return answer(*r, 500, error_body(message, "server_error", "internal"));
+    }
+    return kj::READY_NOW;
+  }
+  kj::Promise<void> handleNoResponse(kj::HttpService::Response& response) override {
+    return answer(response, 500, error_body("no response was produced", "server_error",
+                                            "no_response"));
+  }
+
+ private:
+  kj::Promise<void> answer(kj::HttpService::Response& response, uint32_t status,
+                           std::string text) {
+    RT_ASSERT(status >= 400, "error answers are errors", status);
+    auto body = kj::heap<std::string>(std::move(text));
+    kj::HttpHeaders headers(table_);
+    headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
+    auto stream = response.send(status, status_text(status), headers, uint64_t{body->size()});
+    auto written = stream->write(body->data(), body->size());
+    return written.attach(kj::mv(stream), kj::mv(body));
+  }
+
+  const kj::HttpHeaderTable& table_;
+};
+
+// Per connection, shared by its service and the task that serves it (loop thread only).
+struct ConnectionState {
+  bool client_gone = false;  // a response failed because the client disconnected
+};
+
 class LoopContext final : private kj::TaskSet::ErrorHandler {
  public:
   LoopContext(kj::AsyncIoContext& io, kj::ConnectionReceiver& listener, const HttpLimits& limits,
@@ -517,6 +568,7 @@ class LoopContext final : private kj::TaskSet::ErrorHandler {
 
   kj::Promise<void> accept_loop();
   kj::Promise<void> dispatch_loop();
+  std::shared_ptr<ConnectionState> take_connection_state();
 
   const HttpLimits& limits;
   HttpHandler& handler;
@@ -530,16 +582,24 @@ class LoopContext final : private kj::TaskSet::ErrorHandler {
   void taskFailed(kj::Exception&& exception) override;
 
   kj::ConnectionReceiver& listener_;
+  ErrorAnswers error_answers_;
   kj::HttpServer server_;
   uint32_t rejections_in_flight_ = 0;
+  std::shared_ptr<ConnectionState> next_state_;  // handed to the service factory
   kj::TaskSet tasks_;  // last: its connections go first, while the rest still exists
 };
 
 // One connection's kj::HttpService: server-side checks, body reading, handing to the handler.
 class ConnectionService final : public kj::HttpService {
  public:
-  ConnectionService(LoopContext& loop, kj::AsyncIoStream& connection)
-      : loop_(loop), connection_(connection), client_address_(peer_address(connection)) {}
+  ConnectionService(LoopContext& loop, kj::AsyncIoStream& connection,
+                    std::shared_ptr<ConnectionState> state)
+      : loop_(loop),
+        connection_(connection),
+        state_(std::move(state)),
+        client_address_(peer_address(connection)) {
+    RT_ASSERT(state_ != nullptr, "connection without its state");
+  }
 
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
                             const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
@@ -552,6 +612,7 @@ class ConnectionService final : public kj::HttpService {
 
   LoopContext& loop_;
   kj::AsyncIoStream& connection_;
+  std::shared_ptr<ConnectionState> state_;
   std::string client_address_;
 };
 
@@ -631,7 +692,7 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
   loop_.shared.requests_total.fetch_add(1, std::memory_order_relaxed);
   auto core = std::make_shared<ResponseStream::Core>(
       loop_.shared.hub, loop_.limits.stream_buffer_bytes_max, loop_.shared.streams_cancelled);
-  auto exchange = kj::heap<Exchange>(response, *loop_.table, core);
+  auto exchange = kj::heap<Exchange>(response, *loop_.table, connection_, core);
   auto stream = std::make_shared<ResponseStream>(core);
   try {
     loop_.handler.on_request(*request, stream);
@@ -648,8 +709,13 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
   auto disconnected = connection_.whenWriteDisconnected().then([]() -> kj::Promise<void> {
     return KJ_EXCEPTION(DISCONNECTED, "gateway http: client disconnected");
   });
-  auto pumped = exchange->pump();
-  return pumped.exclusiveJoin(kj::mv(disconnected)).attach(kj::mv(exchange));
+  auto pumped = exchange->pump().exclusiveJoin(kj::mv(disconnected));
+  // Remember a disconnect: kj may report follow-up failures on this connection.
+  auto noted = pumped.catch_([state = state_](kj::Exception&& e) -> kj::Promise<void> {
+    if (e.getType() == kj::Exception::Type::DISCONNECTED) state->client_gone = true;
+    return kj::mv(e);
+  });
+  return noted.attach(kj::mv(exchange));
 }
 
 LoopContext::LoopContext(kj::AsyncIoContext& io, kj::ConnectionReceiver& listener,
@@ -661,12 +727,14 @@ LoopContext::LoopContext(kj::AsyncIoContext& io, kj::ConnectionReceiver& listene
       timer(io.provider->getTimer()),
       table(kj::HttpHeaderTable::Builder().build()),
       listener_(listener),
+      error_answers_(*table),
       server_(timer, *table,
               [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
-                return kj::heap<ConnectionService>(*this, connection);
+                return kj::heap<ConnectionService>(*this, connection, take_connection_state());
               },
-              [&limits_in]() {
+              [&limits_in, this]() {
                 kj::HttpServerSettings settings;
+                settings.errorHandler = error_answers_;
                 settings.headerTimeout = limits_in.header_timeout_ms * kj::MILLISECONDS;
                 settings.pipelineTimeout = limits_in.idle_timeout_ms * kj::MILLISECONDS;
                 return settings;
@@ -701,8 +769,16 @@ void LoopContext::admit(kj::Own<kj::AsyncIoStream> connection) {
   }
   shared.connections_open.fetch_add(1, std::memory_order_relaxed);
   shared.connections_total.fetch_add(1, std::memory_order_relaxed);
+  auto state = std::make_shared<ConnectionState>();
+  next_state_ = state;
   auto served = server_.listenHttp(kj::mv(connection));
-  tasks_.add(served.attach(kj::defer([this]() {
+  RT_ASSERT(next_state_ == nullptr, "kj did not create the connection's service at once");
+  auto reported = served.catch_([state](kj::Exception&& e) {
+    // After a client disconnect kj may fail the connection with follow-up errors: expected.
+    if (state->client_gone || e.getType() == kj::Exception::Type::DISCONNECTED) return;
+    std::fprintf(stderr, "gateway http: connection failed: %s\n", e.getDescription().cStr());
+  });
+  tasks_.add(reported.attach(kj::defer([this]() {
     shared.connections_open.fetch_sub(1, std::memory_order_relaxed);
   })));
 }
@@ -732,10 +808,14 @@ void LoopContext::reject(kj::Own<kj::AsyncIoStream> connection) {
                             kj::defer([this]() { --rejections_in_flight_; })));
 }
 
+std::shared_ptr<ConnectionState> LoopContext::take_connection_state() {
+  RT_ASSERT(next_state_ != nullptr, "service factory called outside admit()");
+  return std::move(next_state_);
+}
+
 void LoopContext::taskFailed(kj::Exception&& exception) {
   if (exception.getType() == kj::Exception::Type::DISCONNECTED) return;  // clients come and go
-  std::fprintf(stderr, "gateway http: connection failed: %s\n",
-               exception.getDescription().cStr());
+  std::fprintf(stderr, "gateway http: task failed: %s\n", exception.getDescription().cStr());
 }
 
 // Sleeps until a stream has output, then wakes each dirty stream's exchange.

@@ -261,6 +261,23 @@ TEST_CASE("on_cancel registered after a disconnect fires immediately; never afte
   CHECK(second_cancels.load() == 0);
 }
 
+TEST_CASE("a handler that drops a started stream cuts the connection (no clean end)") {
+  Fixture f;
+  Client client(f.server.port());
+  client.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto stream = f.handler.wait_streams(1)[0];
+  REQUIRE(stream->write("data: partial\n\n"));
+  client.read_head();
+  CHECK(client.read_chunk() == "data: partial\n\n");
+  {
+    std::lock_guard lock(f.handler.mutex);
+    f.handler.streams.clear();
+  }
+  stream.reset();  // the last reference: the stream is abandoned mid-way
+  CHECK(client.closed_by_peer());
+  CHECK(client.pending().empty());  // no terminating chunk arrived
+}
+
 TEST_CASE("stop() with open streams cancels them, fires on_cancel and joins cleanly") {
   TestHandler handler;
   auto server = std::make_unique<HttpServer>("127.0.0.1", 0, HttpLimits{}, handler);
@@ -358,4 +375,14 @@ TEST_CASE("HttpRequest::header is case-insensitive and returns the first match")
   CHECK(request.header("content-type").value() == "a");
   CHECK(request.header("X-API-KEY").value() == "k1");
   CHECK(!request.header("authorization").has_value());
+}
+
+TEST_CASE("a malformed request gets 400 with a JSON error from the server") {
+  Fixture f;
+  Client client(f.server.port());
+  client.send("GET / HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n");
+  auto reply = client.read_response();
+  CHECK(reply.status == 400);
+  CHECK(reply.body.find("malformed HTTP request") != std::string::npos);
+  CHECK(f.handler.calls.load() == 0);
 }
