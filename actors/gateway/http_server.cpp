@@ -141,7 +141,9 @@ struct WakeHub {
   std::vector<std::shared_ptr<ResponseStream::Core>> dirty;
   const kj::CrossThreadPromiseFulfiller<void>* waiter = nullptr;  // loop's, when it sleeps
   bool open = true;
-  size_t dirty_max = 0;  // = connections_max: one entry per stream at most
+  // Each stream is listed at most once (Core::notified); live streams <= connections_max,
+  // plus streams that finished since the last drain (bounded by the same again).
+  size_t dirty_max = 0;
 
   // Returns false when the server is gone.
   bool notify(std::shared_ptr<ResponseStream::Core> core) {
@@ -216,7 +218,7 @@ struct ResponseStream::Core : std::enable_shared_from_this<ResponseStream::Core>
   bool cancel_wanted = false;   // the cancellation happened before end(): on_cancel is due
   bool cancel_fired = false;
   bool attached = true;         // the loop-side exchange exists
-  bool notified = false;        // in the hub's dirty list
+  bool notified = false;        // in the hub's dirty list (cleared by the loop's dispatcher)
   std::function<void()> cancel_callback;
 
   Exchange* exchange = nullptr;  // loop thread only
@@ -245,7 +247,6 @@ bool ResponseStream::Core::push_locked(std::unique_lock<std::mutex>& lock,
 ResponseStream::Core::Batch ResponseStream::Core::take() {
   std::lock_guard lock(mutex);
   RT_ASSERT(exchange != nullptr, "take() without an exchange");
-  notified = false;
   Batch batch;
   batch.cancel = cancelled;
   if (!cancelled) {
@@ -833,6 +834,12 @@ kj::Promise<void> LoopContext::dispatch_loop() {
   }
   if (!dirty.empty()) {
     for (auto& core : dirty) {
+      // Cleared only here, so a stream is listed at most once; anything pushed before the
+      // clear is taken by the wake below (or by the exchange's next pump).
+      {
+        std::lock_guard lock(core->mutex);
+        core->notified = false;
+      }
       if (core->exchange != nullptr) core->exchange->wake();
     }
     return kj::evalLater([this]() { return dispatch_loop(); });
@@ -860,7 +867,7 @@ HttpServer::HttpServer(std::string host, uint16_t port, HttpLimits limits, HttpH
   RT_ASSERT(limits_.header_bytes_max > 0, "header_bytes_max must be > 0");
   RT_ASSERT(limits_.stream_buffer_bytes_max > 0, "stream_buffer_bytes_max must be > 0");
   RT_ASSERT(limits_.header_timeout_ms > 0 && limits_.idle_timeout_ms > 0, "timeouts must be > 0");
-  shared_->hub->dirty_max = limits_.connections_max;
+  shared_->hub->dirty_max = 2 * static_cast<size_t>(limits_.connections_max);
 }
 
 HttpServer::~HttpServer() { stop(); }

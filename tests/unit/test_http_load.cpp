@@ -152,7 +152,9 @@ TEST_CASE("1,000 concurrent streaming connections, each fed periodic chunks, all
     REQUIRE(epoll_ctl(epoll_fd, EPOLL_CTL_ADD, conns[i].fd, &ev) == 0);
   }
   auto deadline = Clock::now() + 30s;
-  while (registry.size() < streams_count && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  while (registry.size() < streams_count && Clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
   REQUIRE(registry.size() == streams_count);
   CHECK(server.stats().connections_open == streams_count);
 
