@@ -7,13 +7,13 @@
 // or as a stream (chunked transfer encoding, e.g. SSE). Keep-alive is on. API parsing and
 // rendering live elsewhere (the server never looks at a body).
 //
-// The server answers some requests itself, before the Handler sees them, with a JSON body
+// Limits below are HttpLimits fields. The server answers some requests itself, before the Handler sees them, with a JSON body
 // {"error":{"message":...,"type":...,"code":...}}:
-//   413 body larger than Limits::body_bytes_max;
-//   431 request headers larger than Limits::header_bytes_max;
+//   413 body larger than body_bytes_max;
+//   431 request headers larger than header_bytes_max;
 //   500 the Handler threw, or dropped its ResponseStream without answering;
-//   503 a connection arriving while Limits::connections_max are open (then closed; best effort).
-// KJ itself answers 400 to requests it cannot parse.
+//   503 a connection arriving while connections_max are open (then closed; best effort);
+//   400 (501 for an unknown method) a request kj cannot parse.
 //
 // THREADS AND OWNERSHIP
 // - HttpServer: constructed, started and stopped by its owner on any thread but its own HTTP
@@ -30,7 +30,7 @@
 //   must not call stop().
 //
 // BOUNDED BUFFERING: bytes accepted by write()/send() but not yet handed to the socket are
-// counted per stream. If they would exceed Limits::stream_buffer_bytes_max (the client reads
+// counted per stream. If they would exceed stream_buffer_bytes_max (the client reads
 // slower than the gateway writes), the stream is cancelled: the write returns false, the
 // connection is closed and on_cancel fires. Memory per stream is therefore at most
 // stream_buffer_bytes_max plus the kernel socket buffers.
@@ -66,7 +66,7 @@ struct HttpRequest {
   std::string method;        // "GET", "POST", "HEAD", ...
   std::string path;          // raw request path without the query, e.g. "/v1/models"
   std::string query;         // raw query without '?', "" when absent
-  HttpHeaderList headers;    // as received (kj normalises nothing but whitespace)
+  HttpHeaderList headers;    // as received, in order
   std::string body;          // complete body (<= body_bytes_max); "" when none
   std::string client_address;  // "127.0.0.1:51234" or "[::1]:51234"; "unknown" if unavailable
 
