@@ -1,6 +1,9 @@
 #include "actors/gateway/http_server.hpp"
 
 #include <arpa/inet.h>
+#include <kj/async-io.h>
+#include <kj/compat/http.h>
+#include <kj/debug.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -11,10 +14,6 @@
 #include <deque>
 #include <exception>
 #include <mutex>
-
-#include <kj/async-io.h>
-#include <kj/compat/http.h>
-#include <kj/debug.h>
 
 namespace tandem::gateway {
 
@@ -38,27 +37,48 @@ bool ascii_iequal(std::string_view a, std::string_view b) {
 
 kj::StringPtr status_text(uint32_t status) {
   switch (status) {
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return status < 400 ? "OK" : "Error";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Payload Too Large";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return status < 400 ? "OK" : "Error";
   }
 }
 
@@ -86,7 +106,9 @@ std::string error_body(std::string_view message, std::string_view type, std::str
          std::string(type) + "\",\"code\":\"" + std::string(code) + "\"}}";
 }
 
-HttpHeaderList json_headers() { return {{"Content-Type", "application/json"}}; }
+HttpHeaderList json_headers() {
+  return {{"Content-Type", "application/json"}};
+}
 
 void check_response_headers(const HttpHeaderList& headers) {
   for (const auto& [name, value] : headers) {
@@ -172,7 +194,7 @@ struct StreamOp {
   Kind kind = Kind::data;
   uint32_t status = 0;
   HttpHeaderList headers;
-  std::string bytes;           // data
+  std::string bytes;            // data
   uint64_t content_length = 0;  // start_whole
 };
 
@@ -214,11 +236,11 @@ struct ResponseStream::Core : std::enable_shared_from_this<ResponseStream::Core>
   Phase phase = Phase::idle;
   std::deque<StreamOp> ops;
   uint64_t buffered_bytes = 0;
-  bool cancelled = false;       // no more output accepted; the loop aborts the connection
-  bool cancel_wanted = false;   // the cancellation happened before end(): on_cancel is due
+  bool cancelled = false;      // no more output accepted; the loop aborts the connection
+  bool cancel_wanted = false;  // the cancellation happened before end(): on_cancel is due
   bool cancel_fired = false;
-  bool attached = true;         // the loop-side exchange exists
-  bool notified = false;        // in the hub's dirty list (cleared by the loop's dispatcher)
+  bool attached = true;   // the loop-side exchange exists
+  bool notified = false;  // in the hub's dirty list (cleared by the loop's dispatcher)
   std::function<void()> cancel_callback;
 
   Exchange* exchange = nullptr;  // loop thread only
@@ -425,7 +447,7 @@ class Exchange {
 
   kj::Promise<void> pump();
   void wake() {
-    KJ_IF_MAYBE(fulfiller, waiting_) {
+    KJ_IF_MAYBE (fulfiller, waiting_) {
       (*fulfiller)->fulfill();
       waiting_ = nullptr;
     }
@@ -525,26 +547,25 @@ class ErrorAnswers final : public kj::HttpServerErrorHandler {
   kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError error,
                                               kj::HttpService::Response& response) override {
     std::string message = "malformed HTTP request: " + std::string(error.description.cStr());
-    return answer(response, error.statusCode, error_body(message, "invalid_request_error",
-                                                         "bad_http"));
+    return answer(response, error.statusCode,
+                  error_body(message, "invalid_request_error", "bad_http"));
   }
   kj::Promise<void> handleApplicationError(
       kj::Exception exception, kj::Maybe<kj::HttpService::Response&> response) override {
     if (exception.getType() == kj::Exception::Type::DISCONNECTED) return kj::READY_NOW;
-    KJ_IF_MAYBE(r, response) {
+    KJ_IF_MAYBE (r, response) {
       std::string message = "gateway http: " + std::string(exception.getDescription().cStr());
       return answer(*r, 500, error_body(message, "server_error", "internal"));
     }
     return kj::READY_NOW;
   }
   kj::Promise<void> handleNoResponse(kj::HttpService::Response& response) override {
-    return answer(response, 500, error_body("no response was produced", "server_error",
-                                            "no_response"));
+    return answer(response, 500,
+                  error_body("no response was produced", "server_error", "no_response"));
   }
 
  private:
-  kj::Promise<void> answer(kj::HttpService::Response& response, uint32_t status,
-                           std::string text) {
+  kj::Promise<void> answer(kj::HttpService::Response& response, uint32_t status, std::string text) {
     RT_ASSERT(status >= 400, "error answers are errors", status);
     auto body = kj::heap<std::string>(std::move(text));
     kj::HttpHeaders headers(table_);
@@ -653,13 +674,13 @@ kj::Promise<void> ConnectionService::request(kj::HttpMethod method, kj::StringPt
   const HttpLimits& limits = loop_.limits;
   if (header_bytes > limits.header_bytes_max) {
     return refuse(response, 431,
-                  "request headers are " + std::to_string(header_bytes) +
-                      " bytes; the limit is " + std::to_string(limits.header_bytes_max),
+                  "request headers are " + std::to_string(header_bytes) + " bytes; the limit is " +
+                      std::to_string(limits.header_bytes_max),
                   "headers_too_large");
   }
-  std::string too_large = "request body exceeds the limit of " +
-                          std::to_string(limits.body_bytes_max) + " bytes";
-  KJ_IF_MAYBE(length, body.tryGetLength()) {
+  std::string too_large =
+      "request body exceeds the limit of " + std::to_string(limits.body_bytes_max) + " bytes";
+  KJ_IF_MAYBE (length, body.tryGetLength()) {
     if (*length > limits.body_bytes_max) {
       return refuse(response, 413,
                     "request body is " + std::to_string(*length) + " bytes; the limit is " +
@@ -729,17 +750,18 @@ LoopContext::LoopContext(kj::AsyncIoContext& io, kj::ConnectionReceiver& listene
       table(kj::HttpHeaderTable::Builder().build()),
       listener_(listener),
       error_answers_(*table),
-      server_(timer, *table,
-              [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
-                return kj::heap<ConnectionService>(*this, connection, take_connection_state());
-              },
-              [&limits_in, this]() {
-                kj::HttpServerSettings settings;
-                settings.errorHandler = error_answers_;
-                settings.headerTimeout = limits_in.header_timeout_ms * kj::MILLISECONDS;
-                settings.pipelineTimeout = limits_in.idle_timeout_ms * kj::MILLISECONDS;
-                return settings;
-              }()),
+      server_(
+          timer, *table,
+          [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
+            return kj::heap<ConnectionService>(*this, connection, take_connection_state());
+          },
+          [&limits_in, this]() {
+            kj::HttpServerSettings settings;
+            settings.errorHandler = error_answers_;
+            settings.headerTimeout = limits_in.header_timeout_ms * kj::MILLISECONDS;
+            settings.pipelineTimeout = limits_in.idle_timeout_ms * kj::MILLISECONDS;
+            return settings;
+          }()),
       tasks_(*this) {}
 
 kj::Promise<void> LoopContext::accept_loop() {
@@ -779,9 +801,8 @@ void LoopContext::admit(kj::Own<kj::AsyncIoStream> connection) {
     if (state->client_gone || e.getType() == kj::Exception::Type::DISCONNECTED) return;
     std::fprintf(stderr, "gateway http: connection failed: %s\n", e.getDescription().cStr());
   });
-  tasks_.add(reported.attach(kj::defer([this]() {
-    shared.connections_open.fetch_sub(1, std::memory_order_relaxed);
-  })));
+  tasks_.add(reported.attach(
+      kj::defer([this]() { shared.connections_open.fetch_sub(1, std::memory_order_relaxed); })));
 }
 
 void LoopContext::reject(kj::Own<kj::AsyncIoStream> connection) {
@@ -791,11 +812,11 @@ void LoopContext::reject(kj::Own<kj::AsyncIoStream> connection) {
   // A fixed answer written before reading the request; then wait briefly for the client to
   // close so that our close does not reset the connection before it read the answer.
   static const std::string answer = [] {
-    std::string body = error_body("too many open connections; retry later",
-                                  "server_overloaded", "connections_max");
+    std::string body = error_body("too many open connections; retry later", "server_overloaded",
+                                  "connections_max");
     return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-           "Content-Length: " + std::to_string(body.size()) +
-           "\r\nConnection: close\r\n\r\n" + body;
+           "Content-Length: " +
+           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   }();
   kj::AsyncIoStream& stream = *connection;
   auto scratch = kj::heapArray<kj::byte>(4096);
@@ -870,7 +891,9 @@ HttpServer::HttpServer(std::string host, uint16_t port, HttpLimits limits, HttpH
   shared_->hub->dirty_max = 2 * static_cast<size_t>(limits_.connections_max);
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 Status HttpServer::start() {
   RT_ASSERT(!started_, "HttpServer::start() called twice");
@@ -936,9 +959,8 @@ void HttpServer::run() {
   };
   try {
     auto io = kj::setupAsyncIo();
-    auto address = io.provider->getNetwork()
-                       .parseAddress(host_.c_str(), port_requested_)
-                       .wait(io.waitScope);
+    auto address =
+        io.provider->getNetwork().parseAddress(host_.c_str(), port_requested_).wait(io.waitScope);
     kj::Own<kj::ConnectionReceiver> listener = address->listen();
     auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
     KJ_DEFER({

@@ -7,7 +7,8 @@
 // or as a stream (chunked transfer encoding, e.g. SSE). Keep-alive is on. API parsing and
 // rendering live elsewhere (the server never looks at a body).
 //
-// Limits below are HttpLimits fields. The server answers some requests itself, before the Handler sees them, with a JSON body
+// Limits below are HttpLimits fields. The server answers some requests itself, before the Handler
+// sees them, with a JSON body
 // {"error":{"message":...,"type":...,"code":...}}:
 //   413 body larger than body_bytes_max;
 //   431 request headers larger than header_bytes_max;
@@ -54,20 +55,20 @@ namespace tandem::gateway {
 using HttpHeaderList = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpLimits {
-  uint64_t body_bytes_max = 8u << 20;             // request body; larger -> 413
-  uint32_t connections_max = 4096;                // open connections; more -> 503 + close
-  uint64_t header_bytes_max = 64u << 10;          // sum of request header names+values -> 431
-  uint64_t stream_buffer_bytes_max = 1u << 20;    // unsent response bytes per stream
-  uint32_t header_timeout_ms = 15'000;            // a started request must arrive within this
-  uint32_t idle_timeout_ms = 60'000;              // keep-alive: idle time before closing
+  uint64_t body_bytes_max = 8u << 20;           // request body; larger -> 413
+  uint32_t connections_max = 4096;              // open connections; more -> 503 + close
+  uint64_t header_bytes_max = 64u << 10;        // sum of request header names+values -> 431
+  uint64_t stream_buffer_bytes_max = 1u << 20;  // unsent response bytes per stream
+  uint32_t header_timeout_ms = 15'000;          // a started request must arrive within this
+  uint32_t idle_timeout_ms = 60'000;            // keep-alive: idle time before closing
 };
 
 struct HttpRequest {
-  std::string method;        // "GET", "POST", "HEAD", ...
-  std::string path;          // raw request path without the query, e.g. "/v1/models"
-  std::string query;         // raw query without '?', "" when absent
-  HttpHeaderList headers;    // as received, in order
-  std::string body;          // complete body (<= body_bytes_max); "" when none
+  std::string method;          // "GET", "POST", "HEAD", ...
+  std::string path;            // raw request path without the query, e.g. "/v1/models"
+  std::string query;           // raw query without '?', "" when absent
+  HttpHeaderList headers;      // as received, in order
+  std::string body;            // complete body (<= body_bytes_max); "" when none
   std::string client_address;  // "127.0.0.1:51234" or "[::1]:51234"; "unknown" if unavailable
 
   // Case-insensitive lookup of the first header with this name; nullopt when absent.
@@ -86,7 +87,7 @@ struct HttpRequest {
 // after start() but before end() closes the connection (the client sees a cut stream).
 class ResponseStream {
  public:
-  struct Core;  // shared with the event loop; opaque
+  struct Core;                                          // shared with the event loop; opaque
   explicit ResponseStream(std::shared_ptr<Core> core);  // server use only
   ~ResponseStream();
   ResponseStream(const ResponseStream&) = delete;

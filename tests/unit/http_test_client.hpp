@@ -4,9 +4,8 @@
 // instead of hanging it.
 #pragma once
 
-#include <doctest.h>
-
 #include <arpa/inet.h>
+#include <doctest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -27,15 +26,12 @@ struct Reply {
   std::vector<std::string> chunks;  // chunked bodies: each chunk as it was framed
   bool chunked = false;
 
-  bool has_header(const std::string& line) const {
-    return headers.find(line) != std::string::npos;
-  }
+  bool has_header(const std::string& line) const { return headers.find(line) != std::string::npos; }
 };
 
 // Decodes a complete chunked body from `raw` starting at `pos`; nullopt if incomplete.
 // On success, `pos` moves past the terminating chunk.
-inline std::optional<std::vector<std::string>> decode_chunked(const std::string& raw,
-                                                              size_t& pos) {
+inline std::optional<std::vector<std::string>> decode_chunked(const std::string& raw, size_t& pos) {
   std::vector<std::string> chunks;
   size_t at = pos;
   for (;;) {
@@ -156,10 +152,9 @@ class Client {
     return reply;
   }
 
-  Reply request(const std::string& method, const std::string& target,
-                const std::string& body = "", const std::string& extra_headers = "") {
-    std::string text = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
-                       extra_headers;
+  Reply request(const std::string& method, const std::string& target, const std::string& body = "",
+                const std::string& extra_headers = "") {
+    std::string text = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra_headers;
     if (!body.empty() || method == "POST") {
       text += "Content-Length: " + std::to_string(body.size()) + "\r\n";
     }

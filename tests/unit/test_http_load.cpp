@@ -4,7 +4,6 @@
 // every stream must have received data before the writer ended any, nothing is cancelled,
 // and the per-stream buffer never exceeds its bound.
 #include <doctest.h>
-
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -122,7 +121,6 @@ void pump_clients(std::vector<Conn>& conns, int epoll_fd, Clock::time_point dead
   }
 }
 
-
 // Opens `streams_count` client connections, each asking for /stream?id=N, registered with
 // `epoll_fd` (data.u32 = N); waits until the handler holds every stream.
 void connect_all(uint16_t port, int epoll_fd, StreamRegistry& registry, std::vector<Conn>& conns,
@@ -149,8 +147,7 @@ struct LoadResult {
   int complete = 0, exact = 0, early = 0;
 };
 
-LoadResult check_bodies(const std::vector<Conn>& conns, int rounds,
-                        Clock::time_point end_started) {
+LoadResult check_bodies(const std::vector<Conn>& conns, int rounds, Clock::time_point end_started) {
   LoadResult result;
   for (int i = 0; i < streams_count; ++i) {
     const Conn& c = conns[i];
@@ -214,15 +211,15 @@ void run_load(int writers_count, int rounds, std::chrono::milliseconds interval)
   for (auto& t : writers) t.join();
   auto elapsed = Clock::now() - started;
   uint64_t rss_peak = rss_bytes();
-  auto result = check_bodies(conns, rounds, *std::min_element(end_started.begin(),
-                                                              end_started.end()));
+  auto result =
+      check_bodies(conns, rounds, *std::min_element(end_started.begin(), end_started.end()));
   double rss_delta = static_cast<double>(rss_peak) - static_cast<double>(rss_before);
-  std::printf("http load: %d streams x %d chunks, %d writer(s), in %.2f s; RSS %+.1f MiB "
-              "(%.1f KiB/stream); max buffered %llu bytes\n",
-              streams_count, rounds, writers_count,
-              std::chrono::duration<double>(elapsed).count(), rss_delta / (1 << 20),
-              rss_delta / 1024.0 / streams_count,
-              static_cast<unsigned long long>(buffered_max.load()));
+  std::printf(
+      "http load: %d streams x %d chunks, %d writer(s), in %.2f s; RSS %+.1f MiB "
+      "(%.1f KiB/stream); max buffered %llu bytes\n",
+      streams_count, rounds, writers_count, std::chrono::duration<double>(elapsed).count(),
+      rss_delta / (1 << 20), rss_delta / 1024.0 / streams_count,
+      static_cast<unsigned long long>(buffered_max.load()));
   CHECK(result.complete == streams_count);
   CHECK(result.exact == streams_count);
   CHECK(failed_writes.load() == 0);

@@ -15,12 +15,12 @@
 #include "actors/gateway/http_server.hpp"
 #include "tests/unit/http_test_client.hpp"
 
+using http_test::Client;
 using tandem::gateway::HttpHandler;
 using tandem::gateway::HttpLimits;
 using tandem::gateway::HttpRequest;
 using tandem::gateway::HttpServer;
 using tandem::gateway::ResponseStream;
-using http_test::Client;
 
 namespace {
 
