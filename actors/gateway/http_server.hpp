@@ -1,0 +1,169 @@
+// tandem/gateway: the gateway's HTTP/1.1 transport (asynchronous, streaming, many connections).
+//
+// Built on KJ's HTTP library (kj::HttpServer, Cap'n Proto 0.9): no hand-written HTTP parsing.
+// One KJ event loop on one thread serves every connection (no thread per connection). It does
+// transport only: it reads a request (headers + the complete body) and hands it to a Handler;
+// the Handler answers through a ResponseStream, either as a whole response (Content-Length)
+// or as a stream (chunked transfer encoding, e.g. SSE). Keep-alive is on. API parsing and
+// rendering live elsewhere (the server never looks at a body).
+//
+// Limits below are HttpLimits fields. The server answers some requests itself, before the Handler
+// sees them, with a JSON body
+// {"error":{"message":...,"type":...,"code":...}}:
+//   413 body larger than body_bytes_max;
+//   431 request headers larger than header_bytes_max;
+//   500 the Handler threw, or dropped its ResponseStream without answering;
+//   503 a connection arriving while connections_max are open (then closed; best effort);
+//   400 (501 for an unknown method) a request kj cannot parse.
+//
+// THREADS AND OWNERSHIP
+// - HttpServer: constructed, started and stopped by its owner on any thread but its own HTTP
+//   thread. The Handler must outlive the server (it is borrowed).
+// - Handler::on_request runs on the HTTP thread. It must not block: it stalls every
+//   connection. It typically records the request and passes the ResponseStream to an actor.
+// - ResponseStream is thread-safe: any thread may call it at any time, also after the
+//   connection closed or the server stopped (calls then do nothing and return false). Data
+//   crosses into the event loop through a mutex-protected queue plus one cross-thread wakeup
+//   per loop turn (batched over all streams). The Handler owns the ResponseStream (shared_ptr);
+//   the server keeps only the stream's internal state.
+// - on_cancel callbacks run on the HTTP thread (or, if registered after the cancellation
+//   happened, right away on the registering thread). They must be short, must not block and
+//   must not call stop().
+//
+// BOUNDED BUFFERING: bytes accepted by write()/send() but not yet handed to the socket are
+// counted per stream. If they would exceed stream_buffer_bytes_max (the client reads
+// slower than the gateway writes), the stream is cancelled: the write returns false, the
+// connection is closed and on_cancel fires. Memory per stream is therefore at most
+// stream_buffer_bytes_max plus the kernel socket buffers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "runtime/base/result.hpp"
+
+namespace tandem::gateway {
+
+// Header list as sent or received: (name, value) pairs in order; names may repeat.
+using HttpHeaderList = std::vector<std::pair<std::string, std::string>>;
+
+struct HttpLimits {
+  uint64_t body_bytes_max = 8u << 20;           // request body; larger -> 413
+  uint32_t connections_max = 4096;              // open connections; more -> 503 + close
+  uint64_t header_bytes_max = 64u << 10;        // sum of request header names+values -> 431
+  uint64_t stream_buffer_bytes_max = 1u << 20;  // unsent response bytes per stream
+  uint32_t header_timeout_ms = 15'000;          // a started request must arrive within this
+  uint32_t idle_timeout_ms = 60'000;            // keep-alive: idle time before closing
+};
+
+struct HttpRequest {
+  std::string method;          // "GET", "POST", "HEAD", ...
+  std::string path;            // raw request path without the query, e.g. "/v1/models"
+  std::string query;           // raw query without '?', "" when absent
+  HttpHeaderList headers;      // as received, in order
+  std::string body;            // complete body (<= body_bytes_max); "" when none
+  std::string client_address;  // "127.0.0.1:51234" or "[::1]:51234"; "unknown" if unavailable
+
+  // Case-insensitive lookup of the first header with this name; nullopt when absent.
+  std::optional<std::string_view> header(std::string_view name) const;
+};
+
+// The answer channel of one request. Created by the server, owned by the Handler.
+// Call sequence (asserted: violating it is a bug in the caller):
+//   send(...)                      once, for a whole response; or
+//   start(...), write(...)*, end() for a chunked stream.
+// Headers must not include Content-Length, Transfer-Encoding or Connection (the server owns
+// framing) and names/values must not contain CR or LF (asserted).
+// Each call returns false when the stream is cancelled (client gone, buffer overflow, server
+// stopped): the bytes are dropped and the caller should stop producing.
+// Dropping the last reference before answering makes the server answer 500; dropping it
+// after start() but before end() closes the connection (the client sees a cut stream).
+class ResponseStream {
+ public:
+  struct Core;                                          // shared with the event loop; opaque
+  explicit ResponseStream(std::shared_ptr<Core> core);  // server use only
+  ~ResponseStream();
+  ResponseStream(const ResponseStream&) = delete;
+  ResponseStream& operator=(const ResponseStream&) = delete;
+
+  bool send(uint32_t status, HttpHeaderList headers, std::string body);
+  bool start(uint32_t status, HttpHeaderList headers);
+  bool write(std::string bytes);  // one chunk; empty writes are ignored (return !cancelled)
+  bool end();
+
+  bool is_cancelled() const;
+  // Registers the callback that fires exactly once if the stream is cancelled before end()
+  // or send() was called. Replaces an earlier callback. Not called after a normal finish.
+  void on_cancel(std::function<void()> callback);
+  // Bytes accepted but not yet handed to the socket (for tests and metrics).
+  uint64_t buffered_bytes() const;
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+class HttpHandler {
+ public:
+  virtual ~HttpHandler() = default;
+  // Called on the HTTP thread for every request that passed the server's own checks. Must
+  // answer through `out` eventually (now or from another thread). An exception thrown here
+  // becomes a 500 if nothing was sent yet.
+  virtual void on_request(const HttpRequest& request, std::shared_ptr<ResponseStream> out) = 0;
+};
+
+// Counters, readable from any thread.
+struct HttpServerStats {
+  uint64_t connections_open = 0;
+  uint64_t connections_total = 0;     // accepted and served
+  uint64_t connections_rejected = 0;  // over connections_max
+  uint64_t requests_total = 0;        // handed to the handler
+  uint64_t requests_rejected = 0;     // answered 413/431 by the server
+  uint64_t streams_cancelled = 0;     // on_cancel-worthy cancellations
+};
+
+class HttpServer {
+ public:
+  // host: an address or name ("127.0.0.1", "0.0.0.0", "::"); port 0 picks a free port.
+  // Preconditions (asserted): every limit > 0. `handler` must outlive the server.
+  HttpServer(std::string host, uint16_t port, HttpLimits limits, HttpHandler& handler);
+  ~HttpServer();  // stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Starts the HTTP thread and returns once the socket listens.
+  // Errors: failed "gateway http: cannot listen on HOST:PORT: <reason>".
+  // Precondition (asserted): not started before.
+  Status start();
+
+  // The bound port. Precondition (asserted): start() succeeded.
+  uint16_t port() const;
+
+  // Stops accepting, closes every connection (open streams are cancelled: their on_cancel
+  // fires on the HTTP thread), ends the loop and joins the thread. Idempotent; any thread
+  // except the HTTP thread.
+  void stop();
+
+  HttpServerStats stats() const;
+
+  struct Shared;  // state shared with the HTTP thread; opaque
+
+ private:
+  void run();  // the HTTP thread's body
+
+  std::string host_;
+  uint16_t port_requested_;
+  HttpLimits limits_;
+  HttpHandler& handler_;
+  std::shared_ptr<Shared> shared_;
+  std::thread thread_;
+  bool started_ = false;
+};
+
+}  // namespace tandem::gateway
