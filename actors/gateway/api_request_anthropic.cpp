@@ -210,6 +210,9 @@ ApiResult<GenerateSpec> parse_messages_request(std::string_view body, ApiKind ki
   read_anthropic_tool_choice(r, root, spec);
   read_thinking(r, root, spec);
   read_sampling(r, root, 1.0, spec.sampling);
+  if (root.contains("stop_sequences") && root["stop_sequences"].is_string()) {
+    r.fail_invalid("stop_sequences", "stop_sequences must be an array of strings, got string");
+  }
   read_stop(r, root, "stop_sequences", spec.sampling);
   if (kind == ApiKind::messages) {
     if (auto v = r.boolean(root, "stream", "")) spec.stream = *v;
