@@ -109,7 +109,10 @@ std::string MessagesRenderer::on_delta(const GenEvent& event) {
   RT_ASSERT(kind != Open::none, "on_delta with a non-delta", event.index());
   if (delta.empty()) return {};
   std::string out;
-  if (open_ != kind) out += close_block() + open_block(kind, event);
+  if (open_ != kind) {
+    out += close_block();
+    out += open_block(kind, event);
+  }
   open_text_ += delta;
   if (!options_.stream) return out;
   return out + anthropic_event(

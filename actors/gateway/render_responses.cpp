@@ -131,7 +131,10 @@ std::string ResponsesRenderer::on_delta(const GenEvent& event) {
   }
   RT_ASSERT(kind != Open::none, "on_delta with a non-delta", event.index());
   if (delta.empty()) return out;
-  if (open_ != kind) out += close_item() + open_item(kind, event);
+  if (open_ != kind) {
+    out += close_item();
+    out += open_item(kind, event);
+  }
   open_text_ += delta;
   int64_t out_index = static_cast<int64_t>(items_.size());
   json fields = {{"item_id", open_item_["id"]}, {"output_index", out_index}, {"delta", delta}};
