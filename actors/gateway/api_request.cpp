@@ -46,8 +46,8 @@ void read_logprobs(FieldReader& reader, const json& root, SamplingSpec& s) {
   if (auto v = reader.boolean(root, "logprobs", "")) s.logprobs = *v;
   if (auto v = reader.integer(root, "top_logprobs", "")) {
     if (*v < 0 || *v > top_logprobs_max) {
-      reader.fail_invalid("top_logprobs", "top_logprobs must be in [0, 20], got " +
-                                              std::to_string(*v));
+      reader.fail_invalid("top_logprobs",
+                          "top_logprobs must be in [0, 20], got " + std::to_string(*v));
     } else if (*v > 0 && !s.logprobs) {
       reader.fail_invalid("top_logprobs", "top_logprobs requires logprobs to be true");
     } else {
@@ -57,8 +57,7 @@ void read_logprobs(FieldReader& reader, const json& root, SamplingSpec& s) {
 }
 }  // namespace
 
-void read_sampling(FieldReader& reader, const json& root, double temperature_max,
-                   SamplingSpec& s) {
+void read_sampling(FieldReader& reader, const json& root, double temperature_max, SamplingSpec& s) {
   if (auto v = reader.number_in(root, "temperature", "", 0, temperature_max)) s.temperature = *v;
   if (auto v = reader.number(root, "top_p", "")) {
     if (!(*v > 0 && *v <= 1)) {
@@ -69,8 +68,8 @@ void read_sampling(FieldReader& reader, const json& root, double temperature_max
   }
   if (auto v = reader.integer(root, "top_k", "")) {
     if (*v < -1) {
-      reader.fail_invalid("top_k", "top_k must be -1, 0 (disabled) or >= 1, got " +
-                                       std::to_string(*v));
+      reader.fail_invalid("top_k",
+                          "top_k must be -1, 0 (disabled) or >= 1, got " + std::to_string(*v));
     } else {
       s.top_k = *v == 0 ? -1 : *v;
     }
@@ -79,8 +78,8 @@ void read_sampling(FieldReader& reader, const json& root, double temperature_max
   read_penalties(reader, root, s);
   if (auto v = reader.integer(root, "seed", "")) s.seed = static_cast<uint64_t>(*v);
   if (auto n = reader.integer(root, "n", ""); n && *n != 1) {
-    reader.fail(unsupported("n", "n must be 1 (one choice per request), got " +
-                                     std::to_string(*n)));
+    reader.fail(
+        unsupported("n", "n must be 1 (one choice per request), got " + std::to_string(*n)));
   }
   RT_ASSERT(s.top_k == -1 || s.top_k >= 1, s.top_k);
 }
@@ -100,8 +99,8 @@ void read_stop(FieldReader& reader, const json& root, std::string_view key, Samp
     return;
   }
   if (!it->is_array()) {
-    return reader.fail_invalid(p, p + " must be a string or an array of strings, got " +
-                                      json_type_name(*it));
+    return reader.fail_invalid(
+        p, p + " must be a string or an array of strings, got " + json_type_name(*it));
   }
   if (it->size() > stop_strings_max) {
     return reader.fail_invalid(p, p + " allows at most " + std::to_string(stop_strings_max) +
@@ -110,7 +109,8 @@ void read_stop(FieldReader& reader, const json& root, std::string_view key, Samp
   for (size_t i = 0; i < it->size(); ++i) {
     const json& one = (*it)[i];
     if (!one.is_string() || one.get<std::string>().empty()) {
-      return reader.fail_invalid(path_index(p, i), path_index(p, i) + " must be a non-empty string");
+      return reader.fail_invalid(path_index(p, i),
+                                 path_index(p, i) + " must be a non-empty string");
     }
     s.stop.push_back(one.get<std::string>());
   }
@@ -150,17 +150,17 @@ void read_stream_and_salt(FieldReader& reader, const json& root, GenerateSpec& s
 std::string neutral_tool_json(FieldReader& reader, const json& name, const json* description,
                               const json* parameters, const std::string& path) {
   if (!name.is_string() || name.get<std::string>().empty()) {
-    reader.fail_invalid(path_key(path, "name"), path_key(path, "name") +
-                                                    " must be a non-empty string");
+    reader.fail_invalid(path_key(path, "name"),
+                        path_key(path, "name") + " must be a non-empty string");
     return {};
   }
   json function = {{"name", name}};
   if (description != nullptr && description->is_string()) function["description"] = *description;
   if (parameters != nullptr && !parameters->is_null()) {
     if (!parameters->is_object()) {
-      reader.fail_invalid(path_key(path, "parameters"),
-                          path_key(path, "parameters") + " must be a JSON Schema object, got " +
-                              json_type_name(*parameters));
+      reader.fail_invalid(path_key(path, "parameters"), path_key(path, "parameters") +
+                                                            " must be a JSON Schema object, got " +
+                                                            json_type_name(*parameters));
       return {};
     }
     function["parameters"] = *parameters;
@@ -174,8 +174,8 @@ void check_named_tool(FieldReader& reader, const GenerateSpec& spec, const std::
     json t = json::parse(tool);
     if (t["function"]["name"] == spec.tool_choice.name) return;
   }
-  reader.fail_invalid(path, path + " names tool '" + spec.tool_choice.name +
-                                "', which is not in tools");
+  reader.fail_invalid(path,
+                      path + " names tool '" + spec.tool_choice.name + "', which is not in tools");
 }
 
 std::string read_text_content(FieldReader& reader, const json& content, const std::string& path,
@@ -200,8 +200,8 @@ std::string read_text_content(FieldReader& reader, const json& content, const st
     for (std::string_view t : text_types) is_text = is_text || (type && *type == t);
     if (!is_text) {
       std::string tp = path_key(part_path, "type");
-      reader.fail(unsupported(tp, tp + ": content part type '" + type.value_or("") +
-                                      "' is not supported (text only)"));
+      reader.fail(unsupported(
+          tp, tp + ": content part type '" + type.value_or("") + "' is not supported (text only)"));
       break;
     }
     reader.required(part, "text", part_path);
@@ -223,11 +223,15 @@ void fill_tool_names(Conversation& conversation) {
 
 ApiResult<GenerateSpec> parse_request(ApiKind kind, std::string_view body) {
   switch (kind) {
-    case ApiKind::chat_completions: return parse_chat_request(body);
-    case ApiKind::completions: return parse_completion_request(body);
-    case ApiKind::responses: return parse_responses_request(body);
+    case ApiKind::chat_completions:
+      return parse_chat_request(body);
+    case ApiKind::completions:
+      return parse_completion_request(body);
+    case ApiKind::responses:
+      return parse_responses_request(body);
     case ApiKind::messages:
-    case ApiKind::count_tokens: return parse_messages_request(body, kind);
+    case ApiKind::count_tokens:
+      return parse_messages_request(body, kind);
   }
   RT_ASSERT(false, "unknown ApiKind", static_cast<int>(kind));
   return invalid_request("", "unreachable");
@@ -235,15 +239,23 @@ ApiResult<GenerateSpec> parse_request(ApiKind kind, std::string_view body) {
 
 std::string anthropic_error_type(int http_status) {
   switch (http_status) {
-    case 400: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
+    case 400:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
     case 503:
-    case 529: return "overloaded_error";
-    default: return "api_error";
+    case 529:
+      return "overloaded_error";
+    default:
+      return "api_error";
   }
 }
 
@@ -251,9 +263,9 @@ std::string render_error_body(ApiKind kind, const ApiError& error) {
   RT_ASSERT(!error.message.empty(), "error without a message");
   RT_ASSERT(error.http_status >= 400 && error.http_status < 600, error.http_status);
   if (kind == ApiKind::messages || kind == ApiKind::count_tokens) {
-    json body = {{"type", "error"},
-                 {"error", {{"type", anthropic_error_type(error.http_status)},
-                            {"message", error.message}}}};
+    json body = {
+        {"type", "error"},
+        {"error", {{"type", anthropic_error_type(error.http_status)}, {"message", error.message}}}};
     return body.dump();
   }
   json e = {{"message", error.message}, {"type", error.type}};
@@ -265,9 +277,12 @@ std::string render_error_body(ApiKind kind, const ApiError& error) {
 namespace {
 std::string prompt_param(ApiKind kind) {
   switch (kind) {
-    case ApiKind::completions: return "prompt";
-    case ApiKind::responses: return "input";
-    default: return "messages";
+    case ApiKind::completions:
+      return "prompt";
+    case ApiKind::responses:
+      return "input";
+    default:
+      return "messages";
   }
 }
 }  // namespace

@@ -17,8 +17,7 @@ void read_system(FieldReader& r, const json& root, GenerateSpec& spec) {
   }
 }
 
-void read_tool_result(FieldReader& r, const json& block, const std::string& p,
-                      Conversation& c) {
+void read_tool_result(FieldReader& r, const json& block, const std::string& p, Conversation& c) {
   ChatMessage m;
   m.role = ChatRole::tool;
   r.required(block, "tool_use_id", p);
@@ -78,9 +77,9 @@ void read_message(FieldReader& r, const json& msg, const std::string& p, Convers
   r.required(msg, "content", p);
   if (r.failed()) return;
   if (role != "user" && role != "assistant") {
-    return r.fail_invalid(path_key(p, "role"), path_key(p, "role") +
-                                                   " must be 'user' or 'assistant', got '" + role +
-                                                   "'");
+    return r.fail_invalid(
+        path_key(p, "role"),
+        path_key(p, "role") + " must be 'user' or 'assistant', got '" + role + "'");
   }
   bool assistant = role == "assistant";
   ChatMessage m;
@@ -94,12 +93,12 @@ void read_message(FieldReader& r, const json& msg, const std::string& p, Convers
       read_block(r, content[i], path_index(cp, i), assistant, m, c);
     }
   } else {
-    return r.fail_invalid(cp, cp + " must be a string or an array of content blocks, got " +
-                                  json_type_name(content));
+    return r.fail_invalid(
+        cp, cp + " must be a string or an array of content blocks, got " + json_type_name(content));
   }
   // A user message made only of tool results adds no user turn.
-  bool only_tool_results = !assistant && m.content.empty() && content.is_array() &&
-                           !content.empty();
+  bool only_tool_results =
+      !assistant && m.content.empty() && content.is_array() && !content.empty();
   if (!only_tool_results) c.messages.push_back(std::move(m));
 }
 
@@ -116,8 +115,8 @@ void read_anthropic_tools(FieldReader& r, const json& root, GenerateSpec& spec) 
     const json* schema = r.object(tool, "input_schema", p);
     if (r.failed()) return;
     auto it = tool.find("description");
-    std::string t = neutral_tool_json(r, tool["name"], it == tool.end() ? nullptr : &*it, schema,
-                                      p);
+    std::string t =
+        neutral_tool_json(r, tool["name"], it == tool.end() ? nullptr : &*it, schema, p);
     if (!r.failed()) spec.conversation.tools_json.push_back(std::move(t));
   }
 }
@@ -136,10 +135,13 @@ void read_anthropic_tool_choice(FieldReader& r, const json& root, GenerateSpec& 
     spec.tool_choice.mode = ToolChoiceMode::required;
   } else if (type == "tool") {
     r.required(*choice, "name", "tool_choice");
-    spec.tool_choice = {ToolChoiceMode::named, r.string(*choice, "name", "tool_choice").value_or("")};
+    spec.tool_choice = {ToolChoiceMode::named,
+                        r.string(*choice, "name", "tool_choice").value_or("")};
   } else {
-    return r.fail_invalid("tool_choice.type", "tool_choice.type must be one of auto, any, tool, "
-                                              "none; got '" + type + "'");
+    return r.fail_invalid("tool_choice.type",
+                          "tool_choice.type must be one of auto, any, tool, "
+                          "none; got '" +
+                              type + "'");
   }
   bool needs_tools = spec.tool_choice.mode == ToolChoiceMode::required ||
                      spec.tool_choice.mode == ToolChoiceMode::named;
@@ -160,22 +162,24 @@ void read_thinking(FieldReader& r, const json& root, GenerateSpec& spec) {
     return;
   }
   if (type != "enabled" && type != "adaptive") {
-    return r.fail_invalid("thinking.type", "thinking.type must be 'enabled', 'adaptive' or "
-                                           "'disabled', got '" + type + "'");
+    return r.fail_invalid("thinking.type",
+                          "thinking.type must be 'enabled', 'adaptive' or "
+                          "'disabled', got '" +
+                              type + "'");
   }
   spec.reasoning.thinking_enabled = true;
   if (type == "enabled") r.required(*thinking, "budget_tokens", "thinking");
   std::optional<int64_t> budget = r.integer(*thinking, "budget_tokens", "thinking");
   if (!budget) return;
   if (*budget < 1024) {
-    return r.fail_invalid("thinking.budget_tokens", "thinking.budget_tokens must be >= 1024, got " +
-                                                        std::to_string(*budget));
+    return r.fail_invalid("thinking.budget_tokens",
+                          "thinking.budget_tokens must be >= 1024, got " + std::to_string(*budget));
   }
   if (spec.max_tokens && *budget >= *spec.max_tokens) {
-    return r.fail_invalid("thinking.budget_tokens",
-                          "thinking.budget_tokens (" + std::to_string(*budget) +
-                              ") must be less than max_tokens (" +
-                              std::to_string(*spec.max_tokens) + ")");
+    return r.fail_invalid("thinking.budget_tokens", "thinking.budget_tokens (" +
+                                                        std::to_string(*budget) +
+                                                        ") must be less than max_tokens (" +
+                                                        std::to_string(*spec.max_tokens) + ")");
   }
   spec.reasoning.thinking_budget_tokens = *budget;
 }

@@ -30,8 +30,8 @@ void read_assistant_tool_calls(FieldReader& r, const json& m, const std::string&
     if (!call.is_object()) return r.fail_invalid(p, p + " must be an object");
     auto type = r.string(call, "type", p);
     if (type && *type != "function") {
-      return r.fail(unsupported(path_key(p, "type"), path_key(p, "type") +
-                                                         " must be 'function', got '" + *type + "'"));
+      return r.fail(unsupported(path_key(p, "type"),
+                                path_key(p, "type") + " must be 'function', got '" + *type + "'"));
     }
     ToolCall tc;
     tc.id = r.string(call, "id", p).value_or("");
@@ -66,7 +66,8 @@ ChatMessage read_chat_message(FieldReader& r, const json& m, const std::string& 
   } else {
     r.fail_invalid(path_key(path, "role"), path_key(path, "role") +
                                                " must be one of system, developer, user, "
-                                               "assistant, tool; got '" + role + "'");
+                                               "assistant, tool; got '" +
+                                               role + "'");
     return msg;
   }
   std::string content_path = path_key(path, "content");
@@ -96,8 +97,8 @@ void read_chat_tools(FieldReader& r, const json& root, GenerateSpec& spec) {
     if (!tool.is_object()) return r.fail_invalid(p, p + " must be an object");
     std::string type = r.string(tool, "type", p).value_or("function");
     if (type != "function") {
-      return r.fail(unsupported(path_key(p, "type"), path_key(p, "type") +
-                                                         " must be 'function', got '" + type + "'"));
+      return r.fail(unsupported(path_key(p, "type"),
+                                path_key(p, "type") + " must be 'function', got '" + type + "'"));
     }
     r.required(tool, "function", p);
     const json* function = r.object(tool, "function", p);
@@ -109,8 +110,8 @@ void read_chat_tools(FieldReader& r, const json& root, GenerateSpec& spec) {
       auto it = function->find(key);
       return it == function->end() ? nullptr : &*it;
     };
-    std::string t = neutral_tool_json(r, (*function)["name"], find("description"),
-                                      find("parameters"), fp);
+    std::string t =
+        neutral_tool_json(r, (*function)["name"], find("description"), find("parameters"), fp);
     if (!r.failed()) spec.conversation.tools_json.push_back(std::move(t));
   }
 }
@@ -120,11 +121,17 @@ void read_openai_tool_choice(FieldReader& r, const json& root, GenerateSpec& spe
   const json& choice = root["tool_choice"];
   if (choice.is_string()) {
     std::string c = choice.get<std::string>();
-    if (c == "auto") spec.tool_choice.mode = ToolChoiceMode::automatic;
-    else if (c == "none") spec.tool_choice.mode = ToolChoiceMode::none;
-    else if (c == "required") spec.tool_choice.mode = ToolChoiceMode::required;
-    else return r.fail_invalid("tool_choice", "tool_choice must be 'none', 'auto', 'required' "
-                                              "or a named function, got '" + c + "'");
+    if (c == "auto")
+      spec.tool_choice.mode = ToolChoiceMode::automatic;
+    else if (c == "none")
+      spec.tool_choice.mode = ToolChoiceMode::none;
+    else if (c == "required")
+      spec.tool_choice.mode = ToolChoiceMode::required;
+    else
+      return r.fail_invalid("tool_choice",
+                            "tool_choice must be 'none', 'auto', 'required' "
+                            "or a named function, got '" +
+                                c + "'");
   } else if (choice.is_object()) {
     // Chat: {"type":"function","function":{"name":..}}; Responses: {"type":"function","name"}.
     const json* function = r.object(choice, "function", "tool_choice");
@@ -133,8 +140,8 @@ void read_openai_tool_choice(FieldReader& r, const json& root, GenerateSpec& spe
     r.required(holder, "name", hp);
     spec.tool_choice = {ToolChoiceMode::named, r.string(holder, "name", hp).value_or("")};
   } else {
-    return r.fail_invalid("tool_choice", "tool_choice must be a string or an object, got " +
-                                             json_type_name(choice));
+    return r.fail_invalid(
+        "tool_choice", "tool_choice must be a string or an object, got " + json_type_name(choice));
   }
   bool needs_tools = spec.tool_choice.mode == ToolChoiceMode::required ||
                      spec.tool_choice.mode == ToolChoiceMode::named;
@@ -191,8 +198,8 @@ bool read_token_ids(FieldReader& r, const json& ids, const std::string& path,
   for (size_t i = 0; i < ids.size(); ++i) {
     const json& id = ids[i];
     if (!id.is_number_integer() || id.get<int64_t>() < 0) {
-      r.fail_invalid(path_index(path, i), path_index(path, i) +
-                                              " must be a non-negative integer token id");
+      r.fail_invalid(path_index(path, i),
+                     path_index(path, i) + " must be a non-negative integer token id");
       return false;
     }
     out.push_back(id.get<int64_t>());
@@ -207,8 +214,10 @@ void read_prompt(FieldReader& r, const json& root, GenerateSpec& spec) {
   std::string p = "prompt";
   if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
     if (prompt->size() != 1) {
-      return r.fail(unsupported("prompt", "prompt must be one prompt (batches are not "
-                                          "supported), got " + std::to_string(prompt->size())));
+      return r.fail(unsupported("prompt",
+                                "prompt must be one prompt (batches are not "
+                                "supported), got " +
+                                    std::to_string(prompt->size())));
     }
     one = &(*prompt)[0];
     p = "prompt[0]";
@@ -222,8 +231,8 @@ void read_prompt(FieldReader& r, const json& root, GenerateSpec& spec) {
     if (one->empty()) return r.fail_invalid(p, p + " must not be empty");
     read_token_ids(r, *one, p, spec.prompt_token_ids);
   } else {
-    r.fail_invalid(p, p + " must be a string or an array of token ids, got " +
-                          json_type_name(*one));
+    r.fail_invalid(p,
+                   p + " must be a string or an array of token ids, got " + json_type_name(*one));
   }
 }
 

@@ -13,8 +13,8 @@ namespace {
 ChatMessage& assistant_turn(Conversation& c, bool need_no_content, bool need_no_tools) {
   if (!c.messages.empty() && c.messages.back().role == ChatRole::assistant) {
     ChatMessage& last = c.messages.back();
-    bool fits = (!need_no_content || last.content.empty()) &&
-                (!need_no_tools || last.tool_calls.empty());
+    bool fits =
+        (!need_no_content || last.content.empty()) && (!need_no_tools || last.tool_calls.empty());
     if (fits) return last;
   }
   ChatMessage m;
@@ -41,8 +41,10 @@ void read_message_item(FieldReader& r, const json& item, const std::string& p, C
   } else if (role == "system" || role == "developer") {
     m.role = ChatRole::system;
   } else {
-    return r.fail_invalid(path_key(p, "role"), path_key(p, "role") + " must be one of user, "
-                                               "system, developer, assistant; got '" + role + "'");
+    return r.fail_invalid(path_key(p, "role"), path_key(p, "role") +
+                                                   " must be one of user, "
+                                                   "system, developer, assistant; got '" +
+                                                   role + "'");
   }
   m.content = std::move(text);
   c.messages.push_back(std::move(m));
@@ -80,8 +82,7 @@ void read_function_output_item(FieldReader& r, const json& item, const std::stri
   c.messages.push_back(std::move(m));
 }
 
-void read_reasoning_item(FieldReader& r, const json& item, const std::string& p,
-                         Conversation& c) {
+void read_reasoning_item(FieldReader& r, const json& item, const std::string& p, Conversation& c) {
   std::string text;
   for (const char* key : {"content", "summary"}) {
     const json* parts = r.array(item, key, p);
@@ -108,9 +109,10 @@ void read_input_item(FieldReader& r, const json& item, const std::string& p, Con
   if (type == "function_call") return read_function_call_item(r, item, p, c);
   if (type == "function_call_output") return read_function_output_item(r, item, p, c);
   if (type == "reasoning") return read_reasoning_item(r, item, p, c);
-  if (type.empty()) return r.fail_invalid(path_key(p, "type"), path_key(p, "type") + " is required");
-  r.fail(unsupported(path_key(p, "type"), path_key(p, "type") + ": input item type '" + type +
-                                              "' is not supported"));
+  if (type.empty())
+    return r.fail_invalid(path_key(p, "type"), path_key(p, "type") + " is required");
+  r.fail(unsupported(path_key(p, "type"),
+                     path_key(p, "type") + ": input item type '" + type + "' is not supported"));
 }
 
 void read_input(FieldReader& r, const json& root, GenerateSpec& spec) {
@@ -124,8 +126,8 @@ void read_input(FieldReader& r, const json& root, GenerateSpec& spec) {
     return;
   }
   if (!input->is_array()) {
-    return r.fail_invalid("input", "input must be a string or an array of items, got " +
-                                       json_type_name(*input));
+    return r.fail_invalid(
+        "input", "input must be a string or an array of items, got " + json_type_name(*input));
   }
   if (input->empty()) return r.fail_invalid("input", "input must contain at least one item");
   for (size_t i = 0; i < input->size() && !r.failed(); ++i) {
@@ -171,8 +173,8 @@ void read_responses_options(FieldReader& r, const json& root, GenerateSpec& spec
   if (const json* include = r.array(root, "include", "")) {
     for (size_t i = 0; i < include->size(); ++i) {
       if (!(*include)[i].is_string()) {
-        return r.fail_invalid(path_index("include", i), path_index("include", i) +
-                                                            " must be a string");
+        return r.fail_invalid(path_index("include", i),
+                              path_index("include", i) + " must be a string");
       }
       spec.include.push_back((*include)[i].get<std::string>());
     }

@@ -46,12 +46,16 @@ ApiError generation_failed_error() {
 
 std::unique_ptr<Renderer> make_renderer(ApiKind kind, RenderOptions options, IdGenerator& ids) {
   switch (kind) {
-    case ApiKind::chat_completions: return std::make_unique<ChatRenderer>(std::move(options), ids);
+    case ApiKind::chat_completions:
+      return std::make_unique<ChatRenderer>(std::move(options), ids);
     case ApiKind::completions:
       return std::make_unique<CompletionRenderer>(std::move(options), ids);
-    case ApiKind::responses: return std::make_unique<ResponsesRenderer>(std::move(options), ids);
-    case ApiKind::messages: return std::make_unique<MessagesRenderer>(std::move(options), ids);
-    case ApiKind::count_tokens: break;
+    case ApiKind::responses:
+      return std::make_unique<ResponsesRenderer>(std::move(options), ids);
+    case ApiKind::messages:
+      return std::make_unique<MessagesRenderer>(std::move(options), ids);
+    case ApiKind::count_tokens:
+      break;
   }
   RT_ASSERT(false, "no renderer for this ApiKind", static_cast<int>(kind));
   return nullptr;

@@ -78,8 +78,8 @@ class IdGenerator {
 };
 
 struct RenderOptions {
-  std::string model;          // echoed in every body
-  int64_t created_s = 0;      // unix seconds, from the caller's clock
+  std::string model;      // echoed in every body
+  int64_t created_s = 0;  // unix seconds, from the caller's clock
   bool stream = false;
   bool include_usage = false;  // Chat/Completions stream: send the usage chunk
   int64_t prompt_tokens = 0;   // Anthropic message_start usage (known after tokenizing)

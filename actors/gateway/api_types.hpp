@@ -143,10 +143,10 @@ struct GenerateSpec {
   std::optional<int64_t> max_tokens;  // >= 1 when set; unset = fill the context
   std::string max_tokens_param;       // the field it came from ("max_tokens", ...)
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage (Chat/Completions)
-  bool echo = false;           // Completions echo: prepend the prompt text
-  std::string cache_salt;      // "" when unset
-  bool store = false;          // Responses store (accepted; nothing is stored)
+  bool include_usage = false;        // stream_options.include_usage (Chat/Completions)
+  bool echo = false;                 // Completions echo: prepend the prompt text
+  std::string cache_salt;            // "" when unset
+  bool store = false;                // Responses store (accepted; nothing is stored)
   std::vector<std::string> include;  // Responses include (accepted, ignored)
 };
 

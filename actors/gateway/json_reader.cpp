@@ -62,14 +62,14 @@ const json* lookup(const json& obj, std::string_view key) {
 }
 }  // namespace
 
-#define TANDEM_READ_PRELUDE(kind_text, test)                                          \
-  if (failed()) return {};                                                            \
-  const json* v = lookup(obj, key);                                                   \
-  if (v == nullptr) return {};                                                        \
-  if (!(test)) {                                                                      \
-    std::string p = path_key(base, key);                                              \
-    fail_invalid(p, p + " must be " kind_text ", got " + json_type_name(*v));        \
-    return {};                                                                        \
+#define TANDEM_READ_PRELUDE(kind_text, test)                                  \
+  if (failed()) return {};                                                    \
+  const json* v = lookup(obj, key);                                           \
+  if (v == nullptr) return {};                                                \
+  if (!(test)) {                                                              \
+    std::string p = path_key(base, key);                                      \
+    fail_invalid(p, p + " must be " kind_text ", got " + json_type_name(*v)); \
+    return {};                                                                \
   }
 
 std::optional<std::string> FieldReader::string(const json& obj, std::string_view key,

@@ -35,9 +35,13 @@ bool proper_prefix_of(std::string_view text, std::string_view marker) {
   return text.size() < marker.size() && marker.substr(0, text.size()) == text;
 }
 
-bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
+bool is_space(char c) {
+  return std::isspace(static_cast<unsigned char>(c)) != 0;
+}
 
-bool all_space(std::string_view s) { return std::all_of(s.begin(), s.end(), is_space); }
+bool all_space(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), is_space);
+}
 
 std::string_view trim(std::string_view s, std::string_view chars) {
   size_t b = s.find_first_not_of(chars);
@@ -139,11 +143,19 @@ std::vector<GenEvent> OutputParser::finish() {
 void OutputParser::run(bool at_end) {
   for (bool progress = true; progress;) {
     switch (state_) {
-      case State::text: progress = step_text(at_end); break;
-      case State::reasoning: progress = step_reasoning(at_end); break;
+      case State::text:
+        progress = step_text(at_end);
+        break;
+      case State::reasoning:
+        progress = step_reasoning(at_end);
+        break;
       case State::minimax_block:
-      case State::minimax_invoke: progress = step_minimax(); break;
-      case State::qwen_call: progress = step_qwen(); break;
+      case State::minimax_invoke:
+        progress = step_minimax();
+        break;
+      case State::qwen_call:
+        progress = step_qwen();
+        break;
     }
   }
 }

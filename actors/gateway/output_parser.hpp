@@ -70,13 +70,13 @@ class OutputParser {
   // tool name -> its parameters' "properties" object (JSON text), from config_.tools_json.
   std::map<std::string, std::string> properties_by_tool_;
   State state_ = State::text;
-  std::string buffer_;             // input not consumed yet
-  std::vector<GenEvent> out_;      // events of the current feed()
-  bool think_allowed_ = true;      // no non-whitespace text emitted yet
-  bool strip_newlines_ = false;    // just after </think>
+  std::string buffer_;           // input not consumed yet
+  std::vector<GenEvent> out_;    // events of the current feed()
+  bool think_allowed_ = true;    // no non-whitespace text emitted yet
+  bool strip_newlines_ = false;  // just after </think>
   bool finished_ = false;
-  int64_t tool_index_ = 0;         // tool calls started so far
-  std::string invoke_name_;        // minimax: the open invoke's function
+  int64_t tool_index_ = 0;   // tool calls started so far
+  std::string invoke_name_;  // minimax: the open invoke's function
   int64_t invoke_params_count_ = 0;
   int64_t block_invokes_count_ = 0;  // minimax: invokes started in this block
   std::string block_raw_;            // minimax: block text consumed before its first invoke

@@ -3,8 +3,8 @@
 // Content blocks open lazily on the first delta of their kind (thinking, text, tool_use) and
 // close when another kind starts or at Finish. usage.input_tokens counts the prompt tokens
 // NOT read from the cache (Anthropic's definition); cache_read_input_tokens the cached ones.
-#include "actors/gateway/renderers.hpp"
 #include "actors/gateway/api_request.hpp"
+#include "actors/gateway/renderers.hpp"
 
 namespace tandem::gateway {
 
@@ -29,12 +29,17 @@ json MessagesRenderer::usage_json(bool final_usage) const {
 
 std::string MessagesRenderer::stop_reason() const {
   switch (finish_.reason) {
-    case FinishReason::length: return "max_tokens";
-    case FinishReason::stop_string: return "stop_sequence";
-    case FinishReason::tool_calls: return "tool_use";
-    case FinishReason::stop: return had_tool_calls() ? "tool_use" : "end_turn";
+    case FinishReason::length:
+      return "max_tokens";
+    case FinishReason::stop_string:
+      return "stop_sequence";
+    case FinishReason::tool_calls:
+      return "tool_use";
+    case FinishReason::stop:
+      return had_tool_calls() ? "tool_use" : "end_turn";
     case FinishReason::cancelled:
-    case FinishReason::error: return "end_turn";
+    case FinishReason::error:
+      return "end_turn";
   }
   return "end_turn";
 }
@@ -43,9 +48,13 @@ std::string MessagesRenderer::begin() {
   RT_ASSERT(!begun_, "begin() twice");
   begun_ = true;
   if (!options_.stream) return {};
-  json message = {{"id", id_}, {"type", "message"}, {"role", "assistant"},
-                  {"model", options_.model}, {"content", json::array()},
-                  {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+  json message = {{"id", id_},
+                  {"type", "message"},
+                  {"role", "assistant"},
+                  {"model", options_.model},
+                  {"content", json::array()},
+                  {"stop_reason", nullptr},
+                  {"stop_sequence", nullptr},
                   {"usage", usage_json(false)}};
   return anthropic_event({{"type", "message_start"}, {"message", message}});
 }
@@ -58,8 +67,8 @@ std::string MessagesRenderer::open_block(Open kind, const GenEvent& event) {
   if (kind == Open::tool_use) {
     RT_ASSERT(std::holds_alternative<ToolCallStart>(event), "tool_use opens on its start");
     const ToolCallAccum& tool = tools_.back();
-    open_block_ = {{"type", "tool_use"}, {"id", tool.id}, {"name", tool.name},
-                   {"input", json::object()}};
+    open_block_ = {
+        {"type", "tool_use"}, {"id", tool.id}, {"name", tool.name}, {"input", json::object()}};
   } else if (kind == Open::thinking) {
     open_block_ = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
   } else {
@@ -103,8 +112,8 @@ std::string MessagesRenderer::on_delta(const GenEvent& event) {
     kind = Open::thinking, delta = r->text, d = {{"type", "thinking_delta"}, {"thinking", delta}};
   } else if (const auto* a = std::get_if<ToolCallArgsDelta>(&event)) {
     RT_ASSERT(open_ == Open::tool_use, "arguments without an open tool_use");
-    kind = Open::tool_use, delta = a->delta, d = {{"type", "input_json_delta"},
-                                                  {"partial_json", delta}};
+    kind = Open::tool_use, delta = a->delta,
+    d = {{"type", "input_json_delta"}, {"partial_json", delta}};
   }
   RT_ASSERT(kind != Open::none, "on_delta with a non-delta", event.index());
   if (delta.empty()) return {};
@@ -115,17 +124,17 @@ std::string MessagesRenderer::on_delta(const GenEvent& event) {
   }
   open_text_ += delta;
   if (!options_.stream) return out;
-  return out + anthropic_event(
-                   {{"type", "content_block_delta"}, {"index", block_index_}, {"delta", d}});
+  return out +
+         anthropic_event({{"type", "content_block_delta"}, {"index", block_index_}, {"delta", d}});
 }
 
 std::string MessagesRenderer::feed(const GenEvent& event) {
   account(event, "toolu_");
   if (const ApiError* e = terminal_error(event)) {
     if (!options_.stream) return {};
-    return anthropic_event({{"type", "error"},
-                            {"error", {{"type", anthropic_error_type(e->http_status)},
-                                       {"message", e->message}}}});
+    return anthropic_event(
+        {{"type", "error"},
+         {"error", {{"type", anthropic_error_type(e->http_status)}, {"message", e->message}}}});
   }
   if (event.index() <= 3) return on_delta(event);
   if (std::holds_alternative<Finish>(event)) return close_block();
@@ -133,16 +142,21 @@ std::string MessagesRenderer::feed(const GenEvent& event) {
   if (!options_.stream) return {};
   json delta = {{"stop_reason", stop_reason()}, {"stop_sequence", nullptr}};
   if (finish_.reason == FinishReason::stop_string) delta["stop_sequence"] = finish_.stop_string;
-  std::string out = anthropic_event(
-      {{"type", "message_delta"}, {"delta", delta}, {"usage", usage_json(true)}});
+  std::string out =
+      anthropic_event({{"type", "message_delta"}, {"delta", delta}, {"usage", usage_json(true)}});
   return out + anthropic_event({{"type", "message_stop"}});
 }
 
 std::string MessagesRenderer::body() const {
   RT_ASSERT(done_, "body() before the terminal event");
   RT_ASSERT(!error_, "body() after an error; render error() instead");
-  json b = {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", options_.model},
-            {"content", blocks_}, {"stop_reason", stop_reason()}, {"stop_sequence", nullptr},
+  json b = {{"id", id_},
+            {"type", "message"},
+            {"role", "assistant"},
+            {"model", options_.model},
+            {"content", blocks_},
+            {"stop_reason", stop_reason()},
+            {"stop_sequence", nullptr},
             {"usage", usage_json(true)}};
   if (finish_.reason == FinishReason::stop_string) b["stop_sequence"] = finish_.stop_string;
   return b.dump();

@@ -7,12 +7,16 @@ namespace {
 // OpenAI finish_reason. A normal stop after tool calls reports "tool_calls".
 std::string openai_finish_reason(const Finish& finish, bool had_tool_calls) {
   switch (finish.reason) {
-    case FinishReason::length: return "length";
-    case FinishReason::tool_calls: return "tool_calls";
-    case FinishReason::stop: return had_tool_calls ? "tool_calls" : "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::tool_calls:
+      return "tool_calls";
+    case FinishReason::stop:
+      return had_tool_calls ? "tool_calls" : "stop";
     case FinishReason::stop_string:
     case FinishReason::cancelled:
-    case FinishReason::error: return "stop";
+    case FinishReason::error:
+      return "stop";
   }
   return "stop";
 }
@@ -32,10 +36,15 @@ ChatRenderer::ChatRenderer(RenderOptions options, IdGenerator& ids)
     : RendererBase(std::move(options), ids), id_(ids_.next("chatcmpl-")) {}
 
 std::string ChatRenderer::chunk(json delta, json finish_reason) const {
-  json choice = {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr},
+  json choice = {{"index", 0},
+                 {"delta", std::move(delta)},
+                 {"logprobs", nullptr},
                  {"finish_reason", std::move(finish_reason)}};
-  json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", options_.created_s},
-            {"model", options_.model}, {"choices", json::array({choice})}};
+  json c = {{"id", id_},
+            {"object", "chat.completion.chunk"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})}};
   return sse_data(c.dump());
 }
 
@@ -61,7 +70,9 @@ std::string ChatRenderer::feed(const GenEvent& event) {
   }
   if (std::holds_alternative<ToolCallStart>(event)) {
     const ToolCallAccum& tool = tools_.back();
-    json call = {{"index", tool.index}, {"id", tool.id}, {"type", "function"},
+    json call = {{"index", tool.index},
+                 {"id", tool.id},
+                 {"type", "function"},
                  {"function", {{"name", tool.name}, {"arguments", ""}}}};
     return chunk(json{{"tool_calls", json::array({call})}}, nullptr);
   }
@@ -76,8 +87,11 @@ std::string ChatRenderer::feed(const GenEvent& event) {
   RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
   std::string out;
   if (options_.include_usage) {
-    json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", options_.created_s},
-              {"model", options_.model}, {"choices", json::array()},
+    json c = {{"id", id_},
+              {"object", "chat.completion.chunk"},
+              {"created", options_.created_s},
+              {"model", options_.model},
+              {"choices", json::array()},
               {"usage", chat_usage_json(usage_)}};
     out += sse_data(c.dump());
   }
@@ -93,15 +107,21 @@ std::string ChatRenderer::body() const {
   if (had_tool_calls()) {
     json calls = json::array();
     for (const ToolCallAccum& t : tools_) {
-      calls.push_back({{"id", t.id}, {"type", "function"},
+      calls.push_back({{"id", t.id},
+                       {"type", "function"},
                        {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
     }
     message["tool_calls"] = std::move(calls);
   }
-  json choice = {{"index", 0}, {"message", std::move(message)}, {"logprobs", nullptr},
+  json choice = {{"index", 0},
+                 {"message", std::move(message)},
+                 {"logprobs", nullptr},
                  {"finish_reason", openai_finish_reason(finish_, had_tool_calls())}};
-  json b = {{"id", id_}, {"object", "chat.completion"}, {"created", options_.created_s},
-            {"model", options_.model}, {"choices", json::array({choice})},
+  json b = {{"id", id_},
+            {"object", "chat.completion"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})},
             {"usage", chat_usage_json(usage_)}};
   return b.dump();
 }
@@ -112,10 +132,15 @@ CompletionRenderer::CompletionRenderer(RenderOptions options, IdGenerator& ids)
     : RendererBase(std::move(options), ids), id_(ids_.next("cmpl-")) {}
 
 std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) const {
-  json choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr},
+  json choice = {{"index", 0},
+                 {"text", text},
+                 {"logprobs", nullptr},
                  {"finish_reason", std::move(finish_reason)}};
-  json c = {{"id", id_}, {"object", "text_completion"}, {"created", options_.created_s},
-            {"model", options_.model}, {"choices", json::array({choice})}};
+  json c = {{"id", id_},
+            {"object", "text_completion"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})}};
   return sse_data(c.dump());
 }
 
@@ -147,8 +172,11 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
   RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
   std::string out;
   if (options_.include_usage) {
-    json c = {{"id", id_}, {"object", "text_completion"}, {"created", options_.created_s},
-              {"model", options_.model}, {"choices", json::array()},
+    json c = {{"id", id_},
+              {"object", "text_completion"},
+              {"created", options_.created_s},
+              {"model", options_.model},
+              {"choices", json::array()},
               {"usage", chat_usage_json(usage_)}};
     out += sse_data(c.dump());
   }
@@ -158,10 +186,15 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
 std::string CompletionRenderer::body() const {
   RT_ASSERT(done_, "body() before the terminal event");
   RT_ASSERT(!error_, "body() after an error; render error() instead");
-  json choice = {{"index", 0}, {"text", options_.echo_text + reasoning_ + text_},
-                 {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(finish_, false)}};
-  json b = {{"id", id_}, {"object", "text_completion"}, {"created", options_.created_s},
-            {"model", options_.model}, {"choices", json::array({choice})},
+  json choice = {{"index", 0},
+                 {"text", options_.echo_text + reasoning_ + text_},
+                 {"logprobs", nullptr},
+                 {"finish_reason", openai_finish_reason(finish_, false)}};
+  json b = {{"id", id_},
+            {"object", "text_completion"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})},
             {"usage", chat_usage_json(usage_)}};
   return b.dump();
 }

@@ -19,20 +19,30 @@ std::string ResponsesRenderer::emit(const std::string& type, json fields) {
 }
 
 json ResponsesRenderer::response_object(const std::string& status) const {
-  json r = {{"id", id_}, {"object", "response"}, {"created_at", options_.created_s},
-            {"status", status}, {"model", options_.model}, {"output", items_},
-            {"error", nullptr}, {"incomplete_details", nullptr},
-            {"parallel_tool_calls", true}, {"tool_choice", "auto"}, {"tools", json::array()},
-            {"temperature", options_.temperature}, {"top_p", options_.top_p},
-            {"previous_response_id", nullptr}, {"store", false},
-            {"text", {{"format", {{"type", "text"}}}}}, {"truncation", "disabled"},
-            {"metadata", json::object()}, {"usage", nullptr}};
+  json r = {{"id", id_},
+            {"object", "response"},
+            {"created_at", options_.created_s},
+            {"status", status},
+            {"model", options_.model},
+            {"output", items_},
+            {"error", nullptr},
+            {"incomplete_details", nullptr},
+            {"parallel_tool_calls", true},
+            {"tool_choice", "auto"},
+            {"tools", json::array()},
+            {"temperature", options_.temperature},
+            {"top_p", options_.top_p},
+            {"previous_response_id", nullptr},
+            {"store", false},
+            {"text", {{"format", {{"type", "text"}}}}},
+            {"truncation", "disabled"},
+            {"metadata", json::object()},
+            {"usage", nullptr}};
   r["instructions"] = options_.instructions.empty() ? json(nullptr) : json(options_.instructions);
   r["max_output_tokens"] =
       options_.max_output_tokens ? json(*options_.max_output_tokens) : json(nullptr);
-  r["reasoning"] = {{"effort", options_.reasoning_effort.empty()
-                                   ? json(nullptr)
-                                   : json(options_.reasoning_effort)},
+  r["reasoning"] = {{"effort", options_.reasoning_effort.empty() ? json(nullptr)
+                                                                 : json(options_.reasoning_effort)},
                     {"summary", nullptr}};
   if (status == "incomplete") r["incomplete_details"] = {{"reason", "max_output_tokens"}};
   if (done_ && !error_) {
@@ -62,15 +72,20 @@ std::string ResponsesRenderer::open_item(Open kind, const GenEvent& event) {
     const ToolCallAccum& tool = tools_.back();
     RT_ASSERT(std::holds_alternative<ToolCallStart>(event), "function_call opens on its start");
     open_item_ = {{"id", ids_.next("fc_")}, {"type", "function_call"}, {"status", "in_progress"},
-                  {"call_id", tool.id}, {"name", tool.name}, {"arguments", ""}};
+                  {"call_id", tool.id},     {"name", tool.name},       {"arguments", ""}};
     return emit("response.output_item.added", {{"output_index", out_index}, {"item", open_item_}});
   }
   bool message = kind == Open::message;
   if (message) {
-    open_item_ = {{"id", ids_.next("msg_")}, {"type", "message"}, {"status", "in_progress"},
-                  {"role", "assistant"}, {"content", json::array()}};
+    open_item_ = {{"id", ids_.next("msg_")},
+                  {"type", "message"},
+                  {"status", "in_progress"},
+                  {"role", "assistant"},
+                  {"content", json::array()}};
   } else {
-    open_item_ = {{"id", ids_.next("rs_")}, {"type", "reasoning"}, {"summary", json::array()},
+    open_item_ = {{"id", ids_.next("rs_")},
+                  {"type", "reasoning"},
+                  {"summary", json::array()},
                   {"content", json::array()}};
   }
   json part = message ? json{{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}
@@ -78,8 +93,9 @@ std::string ResponsesRenderer::open_item(Open kind, const GenEvent& event) {
   std::string out =
       emit("response.output_item.added", {{"output_index", out_index}, {"item", open_item_}});
   return out + emit("response.content_part.added", {{"item_id", open_item_["id"]},
-                                                     {"output_index", out_index},
-                                                     {"content_index", 0}, {"part", part}});
+                                                    {"output_index", out_index},
+                                                    {"content_index", 0},
+                                                    {"part", part}});
 }
 
 std::string ResponsesRenderer::close_item() {
@@ -94,9 +110,10 @@ std::string ResponsesRenderer::close_item() {
     open_item_["arguments"] = open_text_;
   } else {
     bool message = open_ == Open::message;
-    json part = message ? json{{"type", "output_text"}, {"text", open_text_},
-                               {"annotations", json::array()}}
-                        : json{{"type", "reasoning_text"}, {"text", open_text_}};
+    json part =
+        message
+            ? json{{"type", "output_text"}, {"text", open_text_}, {"annotations", json::array()}}
+            : json{{"type", "reasoning_text"}, {"text", open_text_}};
     json done = ids;
     done["content_index"] = 0;
     done["text"] = open_text_;

@@ -81,7 +81,7 @@ class ResponsesRenderer final : public RendererBase {
   std::string id_;
   int64_t sequence_number_ = 0;
   Open open_ = Open::none;
-  std::string open_text_;  // text/reasoning/arguments of the open item
+  std::string open_text_;       // text/reasoning/arguments of the open item
   json items_ = json::array();  // completed output items
   json open_item_;              // the item being streamed
 };

@@ -85,9 +85,12 @@ TEST_CASE("MiniMax-M2: reasoning, text and two typed tool calls at every split")
       "</invoke>\n<invoke name=\"noop\">\n</invoke>\n</minimax:tool_call>";
   std::vector<std::string> got = parse_every_split(minimax(false), text);
   std::vector<std::string> want = {
-      "R:\nThe user wants weather.\n", "T:Let me check.", "S:0:get_weather",
+      "R:\nThe user wants weather.\n",
+      "T:Let me check.",
+      "S:0:get_weather",
       R"(A:0:{"city":"Paris","days":3,"metric":true,"opts":{"a":[1,2]},"limit":null,"ratio":0.5})",
-      "S:1:noop", "A:1:{}"};
+      "S:1:noop",
+      "A:1:{}"};
   CHECK(got == want);
   // The arguments are a JSON object with the schema's types.
   json args = json::parse(got[3].substr(4));
@@ -169,7 +172,8 @@ TEST_CASE("Qwen: string-encoded arguments, two calls, unterminated call is text"
 
 TEST_CASE("UTF-8 text split inside characters concatenates back unchanged") {
   std::string text =
-      "<think>생각 중…</think>답: 한국어 ✓ <minimax:tool_call><invoke name=\"get_weather\">"
+      "<think>생각 중…</think>답: 한국어 ✓ "
+      "<minimax:tool_call><invoke name=\"get_weather\">"
       "<parameter name=\"city\">서울</parameter></invoke></minimax:tool_call>";
   std::vector<std::string> want = {"R:생각 중…", "T:답: 한국어 ✓ ", "S:0:get_weather",
                                    R"(A:0:{"city":"서울"})"};

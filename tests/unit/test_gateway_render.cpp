@@ -7,6 +7,7 @@
 
 #include "actors/gateway/api_request.hpp"
 #include "actors/gateway/api_response.hpp"
+#include "actors/gateway/output_parser.hpp"
 
 using namespace tandem::gateway;
 using nlohmann::json;
@@ -108,8 +109,7 @@ TEST_CASE("chat completions: exact SSE stream") {
            "null") +
       line(R"({"tool_calls":[{"function":{"arguments":"{\"path\":"},"index":0}]})", "null") +
       line(R"({"tool_calls":[{"function":{"arguments":"\"a.c\"}"},"index":0}]})", "null") +
-      line("{}", R"("tool_calls")") +
-      R"(data: {"choices":[],"created":1700000000,"id":")" + id +
+      line("{}", R"("tool_calls")") + R"(data: {"choices":[],"created":1700000000,"id":")" + id +
       R"(","model":"minimax-m2","object":"chat.completion.chunk","usage":{"completion_tokens":20,)"
       R"("completion_tokens_details":{"reasoning_tokens":5},"prompt_tokens":100,)"
       R"("prompt_tokens_details":{"cached_tokens":40},"total_tokens":120}})" +
@@ -122,8 +122,7 @@ TEST_CASE("chat completions: no usage chunk unless asked; non-stream body") {
   o.include_usage = false;
   std::vector<SseEvent> events = split_sse(run(ApiKind::chat_completions, o, script()));
   CHECK(events.back().data == "[DONE]");
-  CHECK(json::parse(events[events.size() - 2].data)["choices"][0]["finish_reason"] ==
-        "tool_calls");
+  CHECK(json::parse(events[events.size() - 2].data)["choices"][0]["finish_reason"] == "tool_calls");
   std::string body;
   CHECK(run(ApiKind::chat_completions, options(false), script(), &body).empty());
   json b = json::parse(body);
@@ -141,9 +140,9 @@ TEST_CASE("chat completions: no usage chunk unless asked; non-stream body") {
 }
 
 TEST_CASE("chat completions: an error mid-stream is an error chunk, then [DONE]") {
-  std::vector<GenEvent> events = {TextDelta{"Hi"},
-                                  StreamError{ApiError{503, "overloaded_error", "", "",
-                                                       "decode instance lost"}}};
+  std::vector<GenEvent> events = {
+      TextDelta{"Hi"},
+      StreamError{ApiError{503, "overloaded_error", "", "", "decode instance lost"}}};
   std::vector<SseEvent> sse = split_sse(run(ApiKind::chat_completions, options(true), events));
   REQUIRE(sse.size() == 4);
   json err = json::parse(sse[2].data);
@@ -183,9 +182,8 @@ TEST_CASE("responses: named events in order with increasing sequence_number") {
   std::vector<std::string> want = {
       "response.created", "response.in_progress",
       // reasoning item
-      "response.output_item.added", "response.content_part.added",
-      "response.reasoning_text.delta", "response.reasoning_text.done",
-      "response.content_part.done", "response.output_item.done",
+      "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+      "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
       // message item
       "response.output_item.added", "response.content_part.added", "response.output_text.delta",
       "response.output_text.delta", "response.output_text.done", "response.content_part.done",
@@ -240,9 +238,9 @@ TEST_CASE("responses: non-stream object equals the streamed final one; length ->
   json r = json::parse(inc.back().data)["response"];
   CHECK(r["status"] == "incomplete");
   CHECK(r["incomplete_details"]["reason"] == "max_output_tokens");
-  std::vector<SseEvent> err = split_sse(run(
-      ApiKind::responses, options(true),
-      {TextDelta{"a"}, StreamError{invalid_request("", "boom")}}));
+  std::vector<SseEvent> err =
+      split_sse(run(ApiKind::responses, options(true),
+                    {TextDelta{"a"}, StreamError{invalid_request("", "boom")}}));
   CHECK(err.back().name == "error");
   json e = json::parse(err.back().data);
   CHECK(e["message"] == "boom");
@@ -266,9 +264,8 @@ TEST_CASE("anthropic messages: exact SSE stream") {
       ev("content_block_start",
          R"({"content_block":{"signature":"","thinking":"","type":"thinking"},"index":0,)"
          R"("type":"content_block_start"})") +
-      ev("content_block_delta",
-         R"({"delta":{"thinking":"plan","type":"thinking_delta"},"index":0,)"
-         R"("type":"content_block_delta"})") +
+      ev("content_block_delta", R"({"delta":{"thinking":"plan","type":"thinking_delta"},"index":0,)"
+                                R"("type":"content_block_delta"})") +
       ev("content_block_stop", R"({"index":0,"type":"content_block_stop"})") +
       ev("content_block_start",
          R"({"content_block":{"text":"","type":"text"},"index":1,"type":"content_block_start"})") +
@@ -316,9 +313,9 @@ TEST_CASE("anthropic messages: non-stream body, stop_sequence, error event") {
                                   UsageReport{{5, 0, 1, 0}}};
   run(ApiKind::messages, options(false), length, &body);
   CHECK(json::parse(body)["stop_reason"] == "max_tokens");
-  std::vector<SseEvent> err = split_sse(run(
-      ApiKind::messages, options(true),
-      {TextDelta{"a"}, StreamError{ApiError{503, "overloaded_error", "", "", "no decode"}}}));
+  std::vector<SseEvent> err = split_sse(
+      run(ApiKind::messages, options(true),
+          {TextDelta{"a"}, StreamError{ApiError{503, "overloaded_error", "", "", "no decode"}}}));
   CHECK(err.back().name == "error");
   json e = json::parse(err.back().data);
   CHECK(e["type"] == "error");
@@ -338,4 +335,28 @@ TEST_CASE("non-stream error: the renderer exposes it for render_error_body") {
   CHECK(r->error()->http_status == 500);
   json body = json::parse(render_error_body(ApiKind::chat_completions, *r->error()));
   CHECK(body["error"]["type"] == "api_error");
+}
+
+TEST_CASE("parser events drive a renderer: MiniMax output to an Anthropic message") {
+  OutputParser parser(OutputParserConfig{true, true, ToolCallFormat::minimax_m2, {}});
+  IdGenerator ids(3);
+  std::unique_ptr<Renderer> r = make_renderer(ApiKind::messages, options(false), ids);
+  CHECK(r->begin().empty());
+  std::string output =
+      "check the dir</think>\n\nListing.<minimax:tool_call><invoke name=\"ls\">"
+      "<parameter name=\"dir\">src</parameter></invoke></minimax:tool_call>";
+  for (size_t i = 0; i < output.size(); i += 5) {
+    for (const GenEvent& e : parser.feed(output.substr(i, 5))) r->feed(e);
+  }
+  for (const GenEvent& e : parser.finish()) r->feed(e);
+  r->feed(Finish{FinishReason::stop, ""});
+  r->feed(UsageReport{{10, 0, 12, 4}});
+  json b = json::parse(r->body());
+  REQUIRE(b["content"].size() == 3);
+  CHECK(b["content"][0]["thinking"] == "check the dir");
+  CHECK(b["content"][1]["text"] == "Listing.");
+  CHECK(b["content"][2]["name"] == "ls");
+  CHECK(b["content"][2]["input"] == json{{"dir", "src"}});
+  CHECK(b["content"][2]["id"].get<std::string>().rfind("toolu_", 0) == 0);
+  CHECK(b["stop_reason"] == "tool_use");
 }

@@ -46,8 +46,8 @@ std::vector<BadCase> bad_cases() {
       {chat, "{" + M + R"("messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
        "messages[0].content[0].type", "not supported", "unsupported_parameter"},
       {chat, "{" + M + R"("messages":[{"role":"user"}]})", "messages[0].content", "required"},
-      {chat, "{" + M + R"("messages":[{"role":"tool","content":"r"}]})",
-       "messages[0].tool_call_id", "required"},
+      {chat, "{" + M + R"("messages":[{"role":"tool","content":"r"}]})", "messages[0].tool_call_id",
+       "required"},
       {chat,
        "{" + M +
            R"("messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function",)"
@@ -79,7 +79,8 @@ std::vector<BadCase> bad_cases() {
        "{" + M + U + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})",
        "tools[0].function.parameters", "JSON Schema object"},
       {chat, "{" + M + U + R"(,"tool_choice":"required"})", "tool_choice", "requires tools"},
-      {chat, "{" + M + U + "," + T + R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
+      {chat,
+       "{" + M + U + "," + T + R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
        "tool_choice", "'g'"},
       {chat, "{" + M + U + "," + T + R"(,"tool_choice":"sometimes"})", "tool_choice",
        "'sometimes'"},
@@ -115,14 +116,13 @@ std::vector<BadCase> bad_cases() {
        "'critic'"},
       {responses, "{" + M + R"("input":"hi","tools":[{"type":"function"}]})", "tools[0].name",
        "required"},
-      {responses, "{" + M + R"("input":"hi","max_output_tokens":-3})", "max_output_tokens",
-       ">= 1"},
+      {responses, "{" + M + R"("input":"hi","max_output_tokens":-3})", "max_output_tokens", ">= 1"},
       {responses, "{" + M + R"("input":"hi","reasoning":"high"})", "reasoning",
        "must be an object"},
       // ---- anthropic messages ----
       {messages, "{" + M + U + "}", "max_tokens", "max_tokens is required"},
-      {messages, "{" + AU + R"("messages":[{"role":"system","content":"x"}]})",
-       "messages[0].role", "'user' or 'assistant'"},
+      {messages, "{" + AU + R"("messages":[{"role":"system","content":"x"}]})", "messages[0].role",
+       "'user' or 'assistant'"},
       {messages, "{" + AU + R"("messages":[{"role":"user","content":[{"type":"image"}]}]})",
        "messages[0].content[0].type", "not supported", "unsupported_parameter"},
       {messages,
@@ -137,8 +137,7 @@ std::vector<BadCase> bad_cases() {
        "messages[0].content[0].type", "not allowed in a user message"},
       {messages, "{" + AU + U + R"(,"system":[{"type":"image"}]})", "system[0].type",
        "not supported", "unsupported_parameter"},
-      {messages, "{" + AU + U + R"(,"tools":[{"name":"f"}]})", "tools[0].input_schema",
-       "required"},
+      {messages, "{" + AU + U + R"(,"tools":[{"name":"f"}]})", "tools[0].input_schema", "required"},
       {messages, "{" + AU + U + R"(,"temperature":1.5})", "temperature", "[0, 1], got 1.5"},
       {messages, "{" + AU + U + R"(,"stop_sequences":"END"})", "stop_sequences",
        "array of strings"},
@@ -187,7 +186,8 @@ TEST_CASE("chat: a coding-agent request with tools, tool results and unknown fie
                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}],
     "messages": [
       {"role": "developer", "content": "You are a coding agent."},
-      {"role": "user", "content": [{"type": "text", "text": "open "}, {"type": "text", "text": "a.c"}]},
+      {"role": "user",
+       "content": [{"type": "text", "text": "open "}, {"type": "text", "text": "a.c"}]},
       {"role": "assistant", "content": null, "reasoning_content": "need the file",
        "tool_calls": [{"id": "call_1", "type": "function",
                        "function": {"name": "read", "arguments": "{\"path\":\"a.c\"}"}}]},
@@ -241,7 +241,8 @@ TEST_CASE("responses: items merge into turns; instructions; tools at top level")
   std::string body = R"({
     "model": "m", "instructions": "Be brief.", "store": false, "stream": true,
     "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low", "summary": "auto"},
-    "max_output_tokens": 500, "parallel_tool_calls": false, "tool_choice": {"type": "function", "name": "sh"},
+    "max_output_tokens": 500, "parallel_tool_calls": false,
+    "tool_choice": {"type": "function", "name": "sh"},
     "tools": [{"type": "function", "name": "sh", "parameters": {"type": "object"}},
               {"type": "web_search"}],
     "input": [
@@ -293,7 +294,8 @@ TEST_CASE("anthropic: system blocks, tool_use/tool_result, thinking, stop_sequen
         {"type": "text", "text": "Running."},
         {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "ls"}}]},
       {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "a.c"}]},
+        {"type": "tool_result", "tool_use_id": "toolu_1",
+         "content": [{"type": "text", "text": "a.c"}]},
         {"type": "text", "text": "and now?"}]}
     ]})";
   ApiResult<GenerateSpec> r = parse_messages_request(body, ApiKind::messages);
