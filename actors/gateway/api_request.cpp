@@ -306,9 +306,11 @@ ApiResult<int64_t> check_context_length(const GenerateSpec& spec, int64_t prompt
   if (!spec.max_tokens) return model_len_tokens_max - prompt_tokens;
   int64_t max_tokens = *spec.max_tokens;
   RT_ASSERT(max_tokens >= 1, max_tokens);
+  int64_t requested_tokens =
+      max_tokens > INT64_MAX - prompt_tokens ? INT64_MAX : prompt_tokens + max_tokens;
   if (max_tokens > model_len_tokens_max - prompt_tokens) {
     return too_long(spec.max_tokens_param,
-                    limit + "However, you requested " + std::to_string(prompt_tokens + max_tokens) +
+                    limit + "However, you requested " + std::to_string(requested_tokens) +
                         " tokens (" + std::to_string(prompt_tokens) + " in the prompt, " +
                         std::to_string(max_tokens) + " in " + spec.max_tokens_param +
                         "). Reduce the prompt or " + spec.max_tokens_param + ".");

@@ -37,7 +37,7 @@ std::string sse_event(std::string_view name, std::string_view data) {
 
 std::string render_count_tokens(int64_t input_tokens) {
   RT_ASSERT(input_tokens >= 0, input_tokens);
-  return json{{"input_tokens", input_tokens}}.dump();
+  return json{{"input_tokens", input_tokens}}.dump(-1, ' ', false, utf8_replace);
 }
 
 ApiError generation_failed_error() {

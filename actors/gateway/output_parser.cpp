@@ -9,6 +9,8 @@ namespace tandem::gateway {
 namespace {
 
 using json = nlohmann::json;
+// Model text may be any bytes: invalid UTF-8 is replaced (U+FFFD), never thrown.
+constexpr auto utf8_replace = json::error_handler_t::replace;
 
 constexpr std::string_view think_open = "<think>";
 constexpr std::string_view think_close = "</think>";
@@ -109,7 +111,7 @@ OutputParser::OutputParser(OutputParserConfig config) : config_(std::move(config
     std::string properties;
     if (f.contains("parameters") && f["parameters"].is_object() &&
         f["parameters"].contains("properties")) {
-      properties = f["parameters"]["properties"].dump();
+      properties = f["parameters"]["properties"].dump(-1, ' ', false, utf8_replace);
     }
     properties_by_tool_[f["name"].get<std::string>()] = std::move(properties);
   }
@@ -316,7 +318,8 @@ void OutputParser::finish_minimax_param(const std::string& name, const std::stri
   auto it = properties_by_tool_.find(invoke_name_);
   std::string properties = it == properties_by_tool_.end() ? std::string() : it->second;
   std::string piece = invoke_params_count_ == 0 ? "{" : ",";
-  piece += json(name).dump() + ":" + typed_value(properties, name, value).dump();
+  piece += json(name).dump(-1, ' ', false, utf8_replace) + ":" +
+           typed_value(properties, name, value).dump(-1, ' ', false, utf8_replace);
   ++invoke_params_count_;
   emit(ToolCallArgsDelta{tool_index_ - 1, std::move(piece)});
 }
@@ -347,7 +350,7 @@ bool OutputParser::step_qwen() {
       args = a->dump();
     } else if (a->is_string()) {
       json inner = json::parse(a->get<std::string>(), nullptr, false);
-      if (inner.is_object()) args = inner.dump();
+      if (inner.is_object()) args = inner.dump(-1, ' ', false, utf8_replace);
     }
   }
   if (!args) {

@@ -13,7 +13,7 @@ MessagesRenderer::MessagesRenderer(RenderOptions options, IdGenerator& ids)
 
 namespace {
 std::string anthropic_event(const json& data) {
-  return sse_event(data["type"].get<std::string>(), data.dump());
+  return sse_event(data["type"].get<std::string>(), data.dump(-1, ' ', false, utf8_replace));
 }
 }  // namespace
 
@@ -159,7 +159,7 @@ std::string MessagesRenderer::body() const {
             {"stop_sequence", nullptr},
             {"usage", usage_json(true)}};
   if (finish_.reason == FinishReason::stop_string) b["stop_sequence"] = finish_.stop_string;
-  return b.dump();
+  return b.dump(-1, ' ', false, utf8_replace);
 }
 
 }  // namespace tandem::gateway

@@ -25,7 +25,7 @@ std::string openai_error_data(const ApiError& e) {
   json err = {{"message", e.message}, {"type", e.type}};
   err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
   err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
-  return json{{"error", err}}.dump();
+  return json{{"error", err}}.dump(-1, ' ', false, utf8_replace);
 }
 
 }  // namespace
@@ -45,7 +45,7 @@ std::string ChatRenderer::chunk(json delta, json finish_reason) const {
             {"created", options_.created_s},
             {"model", options_.model},
             {"choices", json::array({choice})}};
-  return sse_data(c.dump());
+  return sse_data(c.dump(-1, ' ', false, utf8_replace));
 }
 
 std::string ChatRenderer::begin() {
@@ -93,7 +93,7 @@ std::string ChatRenderer::feed(const GenEvent& event) {
               {"model", options_.model},
               {"choices", json::array()},
               {"usage", chat_usage_json(usage_)}};
-    out += sse_data(c.dump());
+    out += sse_data(c.dump(-1, ' ', false, utf8_replace));
   }
   return out + sse_data("[DONE]");
 }
@@ -123,7 +123,7 @@ std::string ChatRenderer::body() const {
             {"model", options_.model},
             {"choices", json::array({choice})},
             {"usage", chat_usage_json(usage_)}};
-  return b.dump();
+  return b.dump(-1, ' ', false, utf8_replace);
 }
 
 // ---------------- Completions ----------------
@@ -141,7 +141,7 @@ std::string CompletionRenderer::chunk(const std::string& text, json finish_reaso
             {"created", options_.created_s},
             {"model", options_.model},
             {"choices", json::array({choice})}};
-  return sse_data(c.dump());
+  return sse_data(c.dump(-1, ' ', false, utf8_replace));
 }
 
 std::string CompletionRenderer::begin() {
@@ -178,7 +178,7 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
               {"model", options_.model},
               {"choices", json::array()},
               {"usage", chat_usage_json(usage_)}};
-    out += sse_data(c.dump());
+    out += sse_data(c.dump(-1, ' ', false, utf8_replace));
   }
   return out + sse_data("[DONE]");
 }
@@ -196,7 +196,7 @@ std::string CompletionRenderer::body() const {
             {"model", options_.model},
             {"choices", json::array({choice})},
             {"usage", chat_usage_json(usage_)}};
-  return b.dump();
+  return b.dump(-1, ' ', false, utf8_replace);
 }
 
 }  // namespace tandem::gateway

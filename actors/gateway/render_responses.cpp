@@ -15,7 +15,7 @@ std::string ResponsesRenderer::emit(const std::string& type, json fields) {
   fields["type"] = type;
   fields["sequence_number"] = sequence_number_++;
   if (!options_.stream) return {};
-  return sse_event(type, fields.dump());
+  return sse_event(type, fields.dump(-1, ' ', false, utf8_replace));
 }
 
 json ResponsesRenderer::response_object(const std::string& status) const {
@@ -187,7 +187,8 @@ std::string ResponsesRenderer::body() const {
   RT_ASSERT(!error_, "body() after an error; render error() instead");
   RT_ASSERT(open_ == Open::none, "an item is still open");
   bool incomplete = finish_.reason == FinishReason::length;
-  return response_object(incomplete ? "incomplete" : "completed").dump();
+  return response_object(incomplete ? "incomplete" : "completed")
+      .dump(-1, ' ', false, utf8_replace);
 }
 
 }  // namespace tandem::gateway

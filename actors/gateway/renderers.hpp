@@ -12,6 +12,9 @@ namespace tandem::gateway {
 
 using json = nlohmann::json;
 
+// Model text may end mid-character: invalid UTF-8 is replaced (U+FFFD), never thrown.
+inline constexpr auto utf8_replace = json::error_handler_t::replace;
+
 struct ToolCallAccum {
   int64_t index = 0;
   std::string id;

@@ -360,3 +360,13 @@ TEST_CASE("parser events drive a renderer: MiniMax output to an Anthropic messag
   CHECK(b["content"][2]["id"].get<std::string>().rfind("toolu_", 0) == 0);
   CHECK(b["stop_reason"] == "tool_use");
 }
+
+TEST_CASE("text cut inside a UTF-8 character renders (replaced), never throws") {
+  std::vector<GenEvent> events = {TextDelta{"\xED\x95"}, Finish{FinishReason::stop, ""},
+                                  UsageReport{{1, 0, 1, 0}}};
+  std::vector<SseEvent> sse = split_sse(run(ApiKind::chat_completions, options(true), events));
+  CHECK(json::parse(sse[1].data)["choices"][0]["delta"]["content"] == "\xEF\xBF\xBD");
+  std::string body;
+  run(ApiKind::messages, options(false), events, &body);
+  CHECK(json::parse(body)["content"][0]["text"] == "\xEF\xBF\xBD");
+}
