@@ -1,0 +1,114 @@
+#include "actors/gateway/api_response.hpp"
+
+#include "actors/gateway/renderers.hpp"
+
+namespace tandem::gateway {
+
+std::string IdGenerator::next(std::string_view prefix) {
+  static constexpr std::string_view alphabet =
+      "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  constexpr size_t id_chars_count = 24;
+  std::string id(prefix);
+  while (id.size() < prefix.size() + id_chars_count) {
+    // splitmix64
+    state_ += 0x9E3779B97F4A7C15ull;
+    uint64_t z = state_;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    for (int i = 0; i < 8 && id.size() < prefix.size() + id_chars_count; ++i) {
+      id.push_back(alphabet[(z >> (i * 8)) % alphabet.size()]);
+    }
+  }
+  RT_ASSERT(id.size() == prefix.size() + id_chars_count, id.size());
+  return id;
+}
+
+std::string sse_data(std::string_view data) {
+  RT_ASSERT(data.find('\n') == std::string_view::npos, "SSE data must be one line");
+  return "data: " + std::string(data) + "\n\n";
+}
+
+std::string sse_event(std::string_view name, std::string_view data) {
+  RT_ASSERT(!name.empty(), "SSE event needs a name");
+  RT_ASSERT(data.find('\n') == std::string_view::npos, "SSE data must be one line");
+  return "event: " + std::string(name) + "\ndata: " + std::string(data) + "\n\n";
+}
+
+std::string render_count_tokens(int64_t input_tokens) {
+  RT_ASSERT(input_tokens >= 0, input_tokens);
+  return json{{"input_tokens", input_tokens}}.dump(-1, ' ', false, utf8_replace);
+}
+
+ApiError generation_failed_error() {
+  return ApiError{500, "api_error", "", "", "generation failed on the server"};
+}
+
+std::unique_ptr<Renderer> make_renderer(ApiKind kind, RenderOptions options, IdGenerator& ids) {
+  switch (kind) {
+    case ApiKind::chat_completions:
+      return std::make_unique<ChatRenderer>(std::move(options), ids);
+    case ApiKind::completions:
+      return std::make_unique<CompletionRenderer>(std::move(options), ids);
+    case ApiKind::responses:
+      return std::make_unique<ResponsesRenderer>(std::move(options), ids);
+    case ApiKind::messages:
+      return std::make_unique<MessagesRenderer>(std::move(options), ids);
+    case ApiKind::count_tokens:
+      break;
+  }
+  RT_ASSERT(false, "no renderer for this ApiKind", static_cast<int>(kind));
+  return nullptr;
+}
+
+json chat_usage_json(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
+              {"completion_tokens_details", {{"reasoning_tokens", u.reasoning_tokens}}}};
+}
+
+const ApiError* RendererBase::terminal_error(const GenEvent& event) {
+  if (const auto* e = std::get_if<StreamError>(&event)) {
+    error_ = e->error;
+  } else if (const auto* f = std::get_if<Finish>(&event); f && f->reason == FinishReason::error) {
+    error_ = generation_failed_error();
+  } else {
+    return nullptr;
+  }
+  done_ = true;
+  return &*error_;
+}
+
+void RendererBase::account(const GenEvent& event, std::string_view tool_id_prefix) {
+  RT_ASSERT(begun_, "feed() before begin()");
+  RT_ASSERT(!done_, "feed() after the terminal event");
+  bool is_delta = event.index() <= 3;
+  RT_ASSERT(!(is_delta && finished_), "a delta after Finish");
+  if (const auto* t = std::get_if<TextDelta>(&event)) {
+    text_ += t->text;
+  } else if (const auto* r = std::get_if<ReasoningDelta>(&event)) {
+    reasoning_ += r->text;
+  } else if (const auto* s = std::get_if<ToolCallStart>(&event)) {
+    RT_ASSERT(s->index == static_cast<int64_t>(tools_.size()), "tool indexes count from 0",
+              s->index);
+    std::string id = s->id.empty() ? ids_.next(tool_id_prefix) : s->id;
+    tools_.push_back(ToolCallAccum{s->index, std::move(id), s->name, ""});
+  } else if (const auto* a = std::get_if<ToolCallArgsDelta>(&event)) {
+    RT_ASSERT(!tools_.empty() && tools_.back().index == a->index, "args for an unopened tool",
+              a->index);
+    tools_.back().arguments += a->delta;
+  } else if (const auto* f = std::get_if<Finish>(&event)) {
+    RT_ASSERT(!finished_, "two Finish events");
+    finished_ = true;
+    finish_ = *f;
+  } else if (const auto* u = std::get_if<UsageReport>(&event)) {
+    RT_ASSERT(finished_, "UsageReport before Finish");
+    RT_ASSERT(u->usage.cached_tokens <= u->usage.prompt_tokens, "cached > prompt");
+    usage_ = u->usage;
+    done_ = true;
+  }
+}
+
+}  // namespace tandem::gateway

@@ -1,0 +1,202 @@
+// Chat Completions and Completions renderers (see api_response.hpp, renderers.hpp).
+#include "actors/gateway/renderers.hpp"
+
+namespace tandem::gateway {
+namespace {
+
+// OpenAI finish_reason. A normal stop after tool calls reports "tool_calls".
+std::string openai_finish_reason(const Finish& finish, bool had_tool_calls) {
+  switch (finish.reason) {
+    case FinishReason::length:
+      return "length";
+    case FinishReason::tool_calls:
+      return "tool_calls";
+    case FinishReason::stop:
+      return had_tool_calls ? "tool_calls" : "stop";
+    case FinishReason::stop_string:
+    case FinishReason::cancelled:
+    case FinishReason::error:
+      return "stop";
+  }
+  return "stop";
+}
+
+std::string openai_error_data(const ApiError& e) {
+  json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return json{{"error", err}}.dump(-1, ' ', false, utf8_replace);
+}
+
+}  // namespace
+
+// ---------------- Chat Completions ----------------
+
+ChatRenderer::ChatRenderer(RenderOptions options, IdGenerator& ids)
+    : RendererBase(std::move(options), ids), id_(ids_.next("chatcmpl-")) {}
+
+std::string ChatRenderer::chunk(json delta, json finish_reason) const {
+  json choice = {{"index", 0},
+                 {"delta", std::move(delta)},
+                 {"logprobs", nullptr},
+                 {"finish_reason", std::move(finish_reason)}};
+  json c = {{"id", id_},
+            {"object", "chat.completion.chunk"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})}};
+  return sse_data(c.dump(-1, ' ', false, utf8_replace));
+}
+
+std::string ChatRenderer::begin() {
+  RT_ASSERT(!begun_, "begin() twice");
+  begun_ = true;
+  if (!options_.stream) return {};
+  return chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr);
+}
+
+std::string ChatRenderer::feed(const GenEvent& event) {
+  account(event, "call_");
+  if (const ApiError* e = terminal_error(event)) {
+    if (!options_.stream) return {};
+    return sse_data(openai_error_data(*e)) + sse_data("[DONE]");
+  }
+  if (!options_.stream) return {};
+  if (const auto* t = std::get_if<TextDelta>(&event)) {
+    return t->text.empty() ? std::string() : chunk(json{{"content", t->text}}, nullptr);
+  }
+  if (const auto* r = std::get_if<ReasoningDelta>(&event)) {
+    return r->text.empty() ? std::string() : chunk(json{{"reasoning_content", r->text}}, nullptr);
+  }
+  if (std::holds_alternative<ToolCallStart>(event)) {
+    const ToolCallAccum& tool = tools_.back();
+    json call = {{"index", tool.index},
+                 {"id", tool.id},
+                 {"type", "function"},
+                 {"function", {{"name", tool.name}, {"arguments", ""}}}};
+    return chunk(json{{"tool_calls", json::array({call})}}, nullptr);
+  }
+  if (const auto* a = std::get_if<ToolCallArgsDelta>(&event)) {
+    if (a->delta.empty()) return {};
+    json call = {{"index", a->index}, {"function", {{"arguments", a->delta}}}};
+    return chunk(json{{"tool_calls", json::array({call})}}, nullptr);
+  }
+  if (std::holds_alternative<Finish>(event)) {
+    return chunk(json::object(), openai_finish_reason(finish_, had_tool_calls()));
+  }
+  RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
+  std::string out;
+  if (options_.include_usage) {
+    json c = {{"id", id_},
+              {"object", "chat.completion.chunk"},
+              {"created", options_.created_s},
+              {"model", options_.model},
+              {"choices", json::array()},
+              {"usage", chat_usage_json(usage_)}};
+    out += sse_data(c.dump(-1, ' ', false, utf8_replace));
+  }
+  return out + sse_data("[DONE]");
+}
+
+std::string ChatRenderer::body() const {
+  RT_ASSERT(done_, "body() before the terminal event");
+  RT_ASSERT(!error_, "body() after an error; render error() instead");
+  json message = {{"role", "assistant"}};
+  message["content"] = text_.empty() && had_tool_calls() ? json(nullptr) : json(text_);
+  if (!reasoning_.empty()) message["reasoning_content"] = reasoning_;
+  if (had_tool_calls()) {
+    json calls = json::array();
+    for (const ToolCallAccum& t : tools_) {
+      calls.push_back({{"id", t.id},
+                       {"type", "function"},
+                       {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+    }
+    message["tool_calls"] = std::move(calls);
+  }
+  json choice = {{"index", 0},
+                 {"message", std::move(message)},
+                 {"logprobs", nullptr},
+                 {"finish_reason", openai_finish_reason(finish_, had_tool_calls())}};
+  json b = {{"id", id_},
+            {"object", "chat.completion"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})},
+            {"usage", chat_usage_json(usage_)}};
+  return b.dump(-1, ' ', false, utf8_replace);
+}
+
+// ---------------- Completions ----------------
+
+CompletionRenderer::CompletionRenderer(RenderOptions options, IdGenerator& ids)
+    : RendererBase(std::move(options), ids), id_(ids_.next("cmpl-")) {}
+
+std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) const {
+  json choice = {{"index", 0},
+                 {"text", text},
+                 {"logprobs", nullptr},
+                 {"finish_reason", std::move(finish_reason)}};
+  json c = {{"id", id_},
+            {"object", "text_completion"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})}};
+  return sse_data(c.dump(-1, ' ', false, utf8_replace));
+}
+
+std::string CompletionRenderer::begin() {
+  RT_ASSERT(!begun_, "begin() twice");
+  begun_ = true;
+  if (!options_.stream || options_.echo_text.empty()) return {};
+  return chunk(options_.echo_text, nullptr);
+}
+
+std::string CompletionRenderer::feed(const GenEvent& event) {
+  RT_ASSERT(event.index() != 2 && event.index() != 3, "completions carry no tool calls");
+  account(event, "call_");
+  if (const ApiError* e = terminal_error(event)) {
+    if (!options_.stream) return {};
+    return sse_data(openai_error_data(*e)) + sse_data("[DONE]");
+  }
+  if (!options_.stream) return {};
+  // Raw completions have no reasoning channel: reasoning text is text here.
+  if (const auto* t = std::get_if<TextDelta>(&event)) {
+    return t->text.empty() ? std::string() : chunk(t->text, nullptr);
+  }
+  if (const auto* r = std::get_if<ReasoningDelta>(&event)) {
+    return r->text.empty() ? std::string() : chunk(r->text, nullptr);
+  }
+  if (std::holds_alternative<Finish>(event)) {
+    return chunk("", openai_finish_reason(finish_, false));
+  }
+  RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
+  std::string out;
+  if (options_.include_usage) {
+    json c = {{"id", id_},
+              {"object", "text_completion"},
+              {"created", options_.created_s},
+              {"model", options_.model},
+              {"choices", json::array()},
+              {"usage", chat_usage_json(usage_)}};
+    out += sse_data(c.dump(-1, ' ', false, utf8_replace));
+  }
+  return out + sse_data("[DONE]");
+}
+
+std::string CompletionRenderer::body() const {
+  RT_ASSERT(done_, "body() before the terminal event");
+  RT_ASSERT(!error_, "body() after an error; render error() instead");
+  json choice = {{"index", 0},
+                 {"text", options_.echo_text + reasoning_ + text_},
+                 {"logprobs", nullptr},
+                 {"finish_reason", openai_finish_reason(finish_, false)}};
+  json b = {{"id", id_},
+            {"object", "text_completion"},
+            {"created", options_.created_s},
+            {"model", options_.model},
+            {"choices", json::array({choice})},
+            {"usage", chat_usage_json(usage_)}};
+  return b.dump(-1, ' ', false, utf8_replace);
+}
+
+}  // namespace tandem::gateway

@@ -1,0 +1,117 @@
+// tandem/gateway (internal): the four Renderer implementations behind make_renderer().
+// One instance per request, driven from one thread; see api_response.hpp for the contract.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "actors/gateway/api_response.hpp"
+
+namespace tandem::gateway {
+
+using json = nlohmann::json;
+
+// Model text may end mid-character: invalid UTF-8 is replaced (U+FFFD), never thrown.
+inline constexpr auto utf8_replace = json::error_handler_t::replace;
+
+struct ToolCallAccum {
+  int64_t index = 0;
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+// What every renderer tracks: event order, accumulated text, tool calls and the finish.
+class RendererBase : public Renderer {
+ protected:
+  RendererBase(RenderOptions options, IdGenerator& ids) : options_(std::move(options)), ids_(ids) {}
+  // Asserts the event order; records text, reasoning, tool calls, finish, usage, error.
+  void account(const GenEvent& event, std::string_view tool_id_prefix);
+  bool had_tool_calls() const { return !tools_.empty(); }
+  // The ApiError ending the stream for StreamError / Finish{error}; nullptr otherwise.
+  const ApiError* terminal_error(const GenEvent& event);
+
+  RenderOptions options_;
+  IdGenerator& ids_;
+  bool begun_ = false;
+  bool finished_ = false;  // Finish seen
+  std::string text_;
+  std::string reasoning_;
+  std::vector<ToolCallAccum> tools_;
+  Finish finish_;
+  Usage usage_;
+};
+
+class ChatRenderer final : public RendererBase {
+ public:
+  ChatRenderer(RenderOptions options, IdGenerator& ids);
+  std::string begin() override;
+  std::string feed(const GenEvent& event) override;
+  std::string body() const override;
+
+ private:
+  std::string chunk(json delta, json finish_reason) const;
+  std::string id_;
+};
+
+class CompletionRenderer final : public RendererBase {
+ public:
+  CompletionRenderer(RenderOptions options, IdGenerator& ids);
+  std::string begin() override;
+  std::string feed(const GenEvent& event) override;
+  std::string body() const override;
+
+ private:
+  std::string chunk(const std::string& text, json finish_reason) const;
+  std::string id_;
+};
+
+class ResponsesRenderer final : public RendererBase {
+ public:
+  ResponsesRenderer(RenderOptions options, IdGenerator& ids);
+  std::string begin() override;
+  std::string feed(const GenEvent& event) override;
+  std::string body() const override;
+
+ private:
+  enum class Open { none, message, reasoning, function_call };
+  std::string emit(const std::string& type, json fields);
+  std::string open_item(Open kind, const GenEvent& event);
+  std::string close_item();
+  std::string on_delta(const GenEvent& event);
+  json response_object(const std::string& status) const;
+  std::string id_;
+  int64_t sequence_number_ = 0;
+  Open open_ = Open::none;
+  std::string open_text_;       // text/reasoning/arguments of the open item
+  json items_ = json::array();  // completed output items
+  json open_item_;              // the item being streamed
+};
+
+class MessagesRenderer final : public RendererBase {
+ public:
+  MessagesRenderer(RenderOptions options, IdGenerator& ids);
+  std::string begin() override;
+  std::string feed(const GenEvent& event) override;
+  std::string body() const override;
+
+ private:
+  enum class Open { none, text, thinking, tool_use };
+  std::string open_block(Open kind, const GenEvent& event);
+  std::string close_block();
+  std::string on_delta(const GenEvent& event);
+  std::string stop_reason() const;
+  json usage_json(bool final_usage) const;
+  std::string id_;
+  Open open_ = Open::none;
+  int64_t block_index_ = -1;
+  std::string open_text_;
+  json blocks_ = json::array();  // completed content blocks
+  json open_block_;
+};
+
+// Usage objects.
+json chat_usage_json(const Usage& usage);
+
+}  // namespace tandem::gateway

@@ -1,0 +1,372 @@
+// Golden renders: one scripted event sequence through each API's renderer, streaming and not.
+#include <doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "actors/gateway/api_request.hpp"
+#include "actors/gateway/api_response.hpp"
+#include "actors/gateway/output_parser.hpp"
+
+using namespace tandem::gateway;
+using nlohmann::json;
+
+namespace {
+
+constexpr uint64_t seed = 42;
+
+// reasoning, text in two pieces, one tool call in two argument pieces, stop, usage.
+std::vector<GenEvent> script() {
+  return {ReasoningDelta{"plan"},
+          TextDelta{"Hel"},
+          TextDelta{"lo"},
+          ToolCallStart{0, "", "read"},
+          ToolCallArgsDelta{0, "{\"path\":"},
+          ToolCallArgsDelta{0, "\"a.c\"}"},
+          Finish{FinishReason::stop, ""},
+          UsageReport{Usage{100, 40, 20, 5}}};
+}
+
+RenderOptions options(bool stream) {
+  RenderOptions o;
+  o.model = "minimax-m2";
+  o.created_s = 1700000000;
+  o.stream = stream;
+  o.include_usage = true;
+  o.prompt_tokens = 100;
+  o.cached_tokens = 40;
+  return o;
+}
+
+std::string run(ApiKind kind, const RenderOptions& o, const std::vector<GenEvent>& events,
+                std::string* body = nullptr) {
+  IdGenerator ids(seed);
+  std::unique_ptr<Renderer> r = make_renderer(kind, o, ids);
+  std::string out = r->begin();
+  for (const GenEvent& e : events) out += r->feed(e);
+  CHECK(r->done());
+  if (body != nullptr && r->error() == nullptr) *body = r->body();
+  return out;
+}
+
+struct SseEvent {
+  std::string name;  // "" for data-only
+  std::string data;
+};
+
+// Splits SSE text into events; every event must end with a blank line.
+std::vector<SseEvent> split_sse(const std::string& text) {
+  std::vector<SseEvent> events;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find("\n\n", pos);
+    REQUIRE(end != std::string::npos);
+    std::string block = text.substr(pos, end - pos);
+    SseEvent e;
+    if (block.rfind("event: ", 0) == 0) {
+      size_t nl = block.find('\n');
+      REQUIRE(nl != std::string::npos);
+      e.name = block.substr(7, nl - 7);
+      block = block.substr(nl + 1);
+    }
+    REQUIRE(block.rfind("data: ", 0) == 0);
+    e.data = block.substr(6);
+    events.push_back(e);
+    pos = end + 2;
+  }
+  return events;
+}
+
+}  // namespace
+
+TEST_CASE("ids are deterministic per seed and carry their prefix") {
+  IdGenerator a(7), b(7), c(8);
+  std::string first = a.next("chatcmpl-");
+  CHECK(first == b.next("chatcmpl-"));
+  CHECK(first != c.next("chatcmpl-"));
+  CHECK(first.rfind("chatcmpl-", 0) == 0);
+  CHECK(first.size() == 9 + 24);
+  CHECK(a.next("call_") != b.next("toolu_"));
+}
+
+TEST_CASE("chat completions: exact SSE stream") {
+  IdGenerator ids(seed);
+  std::string id = ids.next("chatcmpl-");
+  std::string call_id = ids.next("call_");
+  std::string head = R"({"choices":[{"delta":)";
+  auto line = [&](const std::string& delta, const std::string& finish) {
+    return "data: " + head + delta + R"(,"finish_reason":)" + finish +
+           R"(,"index":0,"logprobs":null}],"created":1700000000,"id":")" + id +
+           R"(","model":"minimax-m2","object":"chat.completion.chunk"})" + "\n\n";
+  };
+  std::string want =
+      line(R"({"content":"","role":"assistant"})", "null") +
+      line(R"({"reasoning_content":"plan"})", "null") + line(R"({"content":"Hel"})", "null") +
+      line(R"({"content":"lo"})", "null") +
+      line(R"({"tool_calls":[{"function":{"arguments":"","name":"read"},"id":")" + call_id +
+               R"(","index":0,"type":"function"}]})",
+           "null") +
+      line(R"({"tool_calls":[{"function":{"arguments":"{\"path\":"},"index":0}]})", "null") +
+      line(R"({"tool_calls":[{"function":{"arguments":"\"a.c\"}"},"index":0}]})", "null") +
+      line("{}", R"("tool_calls")") + R"(data: {"choices":[],"created":1700000000,"id":")" + id +
+      R"(","model":"minimax-m2","object":"chat.completion.chunk","usage":{"completion_tokens":20,)"
+      R"("completion_tokens_details":{"reasoning_tokens":5},"prompt_tokens":100,)"
+      R"("prompt_tokens_details":{"cached_tokens":40},"total_tokens":120}})" +
+      "\n\ndata: [DONE]\n\n";
+  CHECK(run(ApiKind::chat_completions, options(true), script()) == want);
+}
+
+TEST_CASE("chat completions: no usage chunk unless asked; non-stream body") {
+  RenderOptions o = options(true);
+  o.include_usage = false;
+  std::vector<SseEvent> events = split_sse(run(ApiKind::chat_completions, o, script()));
+  CHECK(events.back().data == "[DONE]");
+  CHECK(json::parse(events[events.size() - 2].data)["choices"][0]["finish_reason"] == "tool_calls");
+  std::string body;
+  CHECK(run(ApiKind::chat_completions, options(false), script(), &body).empty());
+  json b = json::parse(body);
+  CHECK(b["object"] == "chat.completion");
+  CHECK(b["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  const json& m = b["choices"][0]["message"];
+  CHECK(m["role"] == "assistant");
+  CHECK(m["content"] == "Hello");
+  CHECK(m["reasoning_content"] == "plan");
+  CHECK(m["tool_calls"][0]["function"]["arguments"] == R"({"path":"a.c"})");
+  CHECK(m["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0) == 0);
+  CHECK(b["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(b["usage"]["prompt_tokens_details"]["cached_tokens"] == 40);
+  CHECK(b["usage"]["total_tokens"] == 120);
+}
+
+TEST_CASE("chat completions: an error mid-stream is an error chunk, then [DONE]") {
+  std::vector<GenEvent> events = {
+      TextDelta{"Hi"},
+      StreamError{ApiError{503, "overloaded_error", "", "", "decode instance lost"}}};
+  std::vector<SseEvent> sse = split_sse(run(ApiKind::chat_completions, options(true), events));
+  REQUIRE(sse.size() == 4);
+  json err = json::parse(sse[2].data);
+  CHECK(err["error"]["message"] == "decode instance lost");
+  CHECK(err["error"]["type"] == "overloaded_error");
+  CHECK(sse[3].data == "[DONE]");
+}
+
+TEST_CASE("completions: stream with echo, length finish, usage; non-stream body") {
+  RenderOptions o = options(true);
+  o.echo_text = "Once";
+  std::vector<GenEvent> events = {TextDelta{" upon"}, TextDelta{" a"},
+                                  Finish{FinishReason::length, ""}, UsageReport{{4, 0, 2, 0}}};
+  std::vector<SseEvent> sse = split_sse(run(ApiKind::completions, o, events));
+  REQUIRE(sse.size() == 6);
+  std::string text;
+  for (size_t i = 0; i < 4; ++i) {
+    json c = json::parse(sse[i].data);
+    CHECK(c["object"] == "text_completion");
+    text += c["choices"][0]["text"].get<std::string>();
+  }
+  CHECK(text == "Once upon a");
+  CHECK(json::parse(sse[3].data)["choices"][0]["finish_reason"] == "length");
+  CHECK(json::parse(sse[4].data)["usage"]["completion_tokens"] == 2);
+  CHECK(sse[5].data == "[DONE]");
+  std::string body;
+  o.stream = false;
+  run(ApiKind::completions, o, events, &body);
+  json b = json::parse(body);
+  CHECK(b["choices"][0]["text"] == "Once upon a");
+  CHECK(b["choices"][0]["finish_reason"] == "length");
+  CHECK(b["id"].get<std::string>().rfind("cmpl-", 0) == 0);
+}
+
+TEST_CASE("responses: named events in order with increasing sequence_number") {
+  std::vector<SseEvent> sse = split_sse(run(ApiKind::responses, options(true), script()));
+  std::vector<std::string> want = {
+      "response.created", "response.in_progress",
+      // reasoning item
+      "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+      "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+      // message item
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+      "response.output_item.done",
+      // function call item
+      "response.output_item.added", "response.function_call_arguments.delta",
+      "response.function_call_arguments.delta", "response.function_call_arguments.done",
+      "response.output_item.done", "response.completed"};
+  REQUIRE(sse.size() == want.size());
+  for (size_t i = 0; i < sse.size(); ++i) {
+    json d = json::parse(sse[i].data);
+    CHECK(sse[i].name == want[i]);
+    CHECK(d["type"] == want[i]);
+    CHECK(d["sequence_number"] == i);
+  }
+  json created = json::parse(sse[0].data)["response"];
+  CHECK(created["status"] == "in_progress");
+  CHECK(created["id"].get<std::string>().rfind("resp_", 0) == 0);
+  json text_done = json::parse(sse[12].data);
+  CHECK(text_done["text"] == "Hello");
+  CHECK(text_done["output_index"] == 1);
+  json args_done = json::parse(sse[18].data);
+  CHECK(args_done["arguments"] == R"({"path":"a.c"})");
+  CHECK(args_done["output_index"] == 2);
+  json fc = json::parse(sse[19].data)["item"];
+  CHECK(fc["type"] == "function_call");
+  CHECK(fc["name"] == "read");
+  CHECK(fc["call_id"].get<std::string>().rfind("call_", 0) == 0);
+  CHECK(fc["status"] == "completed");
+  json done = json::parse(sse.back().data)["response"];
+  CHECK(done["status"] == "completed");
+  REQUIRE(done["output"].size() == 3);
+  CHECK(done["output"][0]["type"] == "reasoning");
+  CHECK(done["output"][0]["content"][0]["text"] == "plan");
+  CHECK(done["output"][1]["content"][0]["type"] == "output_text");
+  CHECK(done["output"][1]["content"][0]["text"] == "Hello");
+  CHECK(done["usage"]["input_tokens"] == 100);
+  CHECK(done["usage"]["input_tokens_details"]["cached_tokens"] == 40);
+  CHECK(done["usage"]["output_tokens_details"]["reasoning_tokens"] == 5);
+  CHECK(done["usage"]["total_tokens"] == 120);
+}
+
+TEST_CASE("responses: non-stream object equals the streamed final one; length -> incomplete") {
+  std::string body;
+  CHECK(run(ApiKind::responses, options(false), script(), &body).empty());
+  std::vector<SseEvent> sse = split_sse(run(ApiKind::responses, options(true), script()));
+  CHECK(json::parse(body) == json::parse(sse.back().data)["response"]);
+  std::vector<GenEvent> cut = {TextDelta{"abc"}, Finish{FinishReason::length, ""},
+                               UsageReport{{3, 0, 3, 0}}};
+  std::vector<SseEvent> inc = split_sse(run(ApiKind::responses, options(true), cut));
+  CHECK(inc.back().name == "response.incomplete");
+  json r = json::parse(inc.back().data)["response"];
+  CHECK(r["status"] == "incomplete");
+  CHECK(r["incomplete_details"]["reason"] == "max_output_tokens");
+  std::vector<SseEvent> err =
+      split_sse(run(ApiKind::responses, options(true),
+                    {TextDelta{"a"}, StreamError{invalid_request("", "boom")}}));
+  CHECK(err.back().name == "error");
+  json e = json::parse(err.back().data);
+  CHECK(e["message"] == "boom");
+  CHECK(e["sequence_number"] == err.size() - 1);
+}
+
+TEST_CASE("anthropic messages: exact SSE stream") {
+  IdGenerator ids(seed);
+  std::string id = ids.next("msg_");
+  std::string tool_id = ids.next("toolu_");
+  auto ev = [](const std::string& name, const std::string& data) {
+    return "event: " + name + "\ndata: " + data + "\n\n";
+  };
+  std::string want =
+      ev("message_start",
+         R"({"message":{"content":[],"id":")" + id +
+             R"(","model":"minimax-m2","role":"assistant","stop_reason":null,)"
+             R"("stop_sequence":null,"type":"message","usage":{"cache_creation_input_tokens":0,)"
+             R"("cache_read_input_tokens":40,"input_tokens":60,"output_tokens":0}},)"
+             R"("type":"message_start"})") +
+      ev("content_block_start",
+         R"({"content_block":{"signature":"","thinking":"","type":"thinking"},"index":0,)"
+         R"("type":"content_block_start"})") +
+      ev("content_block_delta", R"({"delta":{"thinking":"plan","type":"thinking_delta"},"index":0,)"
+                                R"("type":"content_block_delta"})") +
+      ev("content_block_stop", R"({"index":0,"type":"content_block_stop"})") +
+      ev("content_block_start",
+         R"({"content_block":{"text":"","type":"text"},"index":1,"type":"content_block_start"})") +
+      ev("content_block_delta",
+         R"({"delta":{"text":"Hel","type":"text_delta"},"index":1,"type":"content_block_delta"})") +
+      ev("content_block_delta",
+         R"({"delta":{"text":"lo","type":"text_delta"},"index":1,"type":"content_block_delta"})") +
+      ev("content_block_stop", R"({"index":1,"type":"content_block_stop"})") +
+      ev("content_block_start", R"({"content_block":{"id":")" + tool_id +
+                                    R"(","input":{},"name":"read","type":"tool_use"},"index":2,)"
+                                    R"("type":"content_block_start"})") +
+      ev("content_block_delta",
+         R"({"delta":{"partial_json":"{\"path\":","type":"input_json_delta"},"index":2,)"
+         R"("type":"content_block_delta"})") +
+      ev("content_block_delta",
+         R"({"delta":{"partial_json":"\"a.c\"}","type":"input_json_delta"},"index":2,)"
+         R"("type":"content_block_delta"})") +
+      ev("content_block_stop", R"({"index":2,"type":"content_block_stop"})") +
+      ev("message_delta",
+         R"({"delta":{"stop_reason":"tool_use","stop_sequence":null},"type":"message_delta",)"
+         R"("usage":{"cache_creation_input_tokens":0,"cache_read_input_tokens":40,)"
+         R"("input_tokens":60,"output_tokens":20}})") +
+      ev("message_stop", R"({"type":"message_stop"})");
+  CHECK(run(ApiKind::messages, options(true), script()) == want);
+}
+
+TEST_CASE("anthropic messages: non-stream body, stop_sequence, error event") {
+  std::string body;
+  run(ApiKind::messages, options(false), script(), &body);
+  json b = json::parse(body);
+  CHECK(b["type"] == "message");
+  REQUIRE(b["content"].size() == 3);
+  CHECK(b["content"][0] == json{{"type", "thinking"}, {"thinking", "plan"}, {"signature", ""}});
+  CHECK(b["content"][1] == json{{"type", "text"}, {"text", "Hello"}});
+  CHECK(b["content"][2]["input"] == json{{"path", "a.c"}});
+  CHECK(b["stop_reason"] == "tool_use");
+  CHECK(b["usage"]["cache_read_input_tokens"] == 40);
+  std::vector<GenEvent> stop = {TextDelta{"x"}, Finish{FinishReason::stop_string, "</end>"},
+                                UsageReport{{5, 0, 1, 0}}};
+  run(ApiKind::messages, options(false), stop, &body);
+  b = json::parse(body);
+  CHECK(b["stop_reason"] == "stop_sequence");
+  CHECK(b["stop_sequence"] == "</end>");
+  std::vector<GenEvent> length = {TextDelta{"x"}, Finish{FinishReason::length, ""},
+                                  UsageReport{{5, 0, 1, 0}}};
+  run(ApiKind::messages, options(false), length, &body);
+  CHECK(json::parse(body)["stop_reason"] == "max_tokens");
+  std::vector<SseEvent> err = split_sse(
+      run(ApiKind::messages, options(true),
+          {TextDelta{"a"}, StreamError{ApiError{503, "overloaded_error", "", "", "no decode"}}}));
+  CHECK(err.back().name == "error");
+  json e = json::parse(err.back().data);
+  CHECK(e["type"] == "error");
+  CHECK(e["error"]["type"] == "overloaded_error");
+  CHECK(e["error"]["message"] == "no decode");
+  CHECK(render_count_tokens(321) == R"({"input_tokens":321})");
+}
+
+TEST_CASE("non-stream error: the renderer exposes it for render_error_body") {
+  IdGenerator ids(1);
+  std::unique_ptr<Renderer> r = make_renderer(ApiKind::chat_completions, options(false), ids);
+  CHECK(r->begin().empty());
+  CHECK(r->feed(TextDelta{"a"}).empty());
+  CHECK(r->feed(Finish{FinishReason::error, ""}).empty());
+  CHECK(r->done());
+  REQUIRE(r->error() != nullptr);
+  CHECK(r->error()->http_status == 500);
+  json body = json::parse(render_error_body(ApiKind::chat_completions, *r->error()));
+  CHECK(body["error"]["type"] == "api_error");
+}
+
+TEST_CASE("parser events drive a renderer: MiniMax output to an Anthropic message") {
+  OutputParser parser(OutputParserConfig{true, true, ToolCallFormat::minimax_m2, {}});
+  IdGenerator ids(3);
+  std::unique_ptr<Renderer> r = make_renderer(ApiKind::messages, options(false), ids);
+  CHECK(r->begin().empty());
+  std::string output =
+      "check the dir</think>\n\nListing.<minimax:tool_call><invoke name=\"ls\">"
+      "<parameter name=\"dir\">src</parameter></invoke></minimax:tool_call>";
+  for (size_t i = 0; i < output.size(); i += 5) {
+    for (const GenEvent& e : parser.feed(output.substr(i, 5))) r->feed(e);
+  }
+  for (const GenEvent& e : parser.finish()) r->feed(e);
+  r->feed(Finish{FinishReason::stop, ""});
+  r->feed(UsageReport{{10, 0, 12, 4}});
+  json b = json::parse(r->body());
+  REQUIRE(b["content"].size() == 3);
+  CHECK(b["content"][0]["thinking"] == "check the dir");
+  CHECK(b["content"][1]["text"] == "Listing.");
+  CHECK(b["content"][2]["name"] == "ls");
+  CHECK(b["content"][2]["input"] == json{{"dir", "src"}});
+  CHECK(b["content"][2]["id"].get<std::string>().rfind("toolu_", 0) == 0);
+  CHECK(b["stop_reason"] == "tool_use");
+}
+
+TEST_CASE("text cut inside a UTF-8 character renders (replaced), never throws") {
+  std::vector<GenEvent> events = {TextDelta{"\xED\x95"}, Finish{FinishReason::stop, ""},
+                                  UsageReport{{1, 0, 1, 0}}};
+  std::vector<SseEvent> sse = split_sse(run(ApiKind::chat_completions, options(true), events));
+  CHECK(json::parse(sse[1].data)["choices"][0]["delta"]["content"] == "\xEF\xBF\xBD");
+  std::string body;
+  run(ApiKind::messages, options(false), events, &body);
+  CHECK(json::parse(body)["content"][0]["text"] == "\xEF\xBF\xBD");
+}

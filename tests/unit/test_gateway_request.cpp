@@ -1,0 +1,359 @@
+// Request parsing and validation for the four APIs; error bodies; the context-length check.
+#include <doctest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "actors/gateway/api_request.hpp"
+
+using namespace tandem::gateway;
+using nlohmann::json;
+
+namespace {
+
+struct BadCase {
+  ApiKind kind;
+  std::string body;
+  std::string param;
+  std::string message_part;  // a piece of the message that must appear
+  std::string code = "";
+};
+
+const ApiKind chat = ApiKind::chat_completions;
+const ApiKind completions = ApiKind::completions;
+const ApiKind responses = ApiKind::responses;
+const ApiKind messages = ApiKind::messages;
+
+const std::string M = R"("model":"m",)";
+const std::string U = R"("messages":[{"role":"user","content":"hi"}])";
+const std::string T =
+    R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+const std::string AU = R"("model":"m","max_tokens":100,)";
+
+std::vector<BadCase> bad_cases() {
+  return {
+      // ---- chat completions ----
+      {chat, "{not json", "", "not valid JSON"},
+      {chat, "[1,2]", "", "must be a JSON object"},
+      {chat, "{" + U + "}", "model", "model is required"},
+      {chat, "{" + M + R"("messages":[]})", "messages", "at least one"},
+      {chat, "{" + M + R"("messages":"hi"})", "messages", "must be an array"},
+      {chat, "{" + M + R"("messages":[{"role":"wizard","content":"x"}]})", "messages[0].role",
+       "got 'wizard'"},
+      {chat, "{" + M + R"("messages":[{"role":"user","content":5}]})", "messages[0].content",
+       "must be a string or an array"},
+      {chat, "{" + M + R"("messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+       "messages[0].content[0].type", "not supported", "unsupported_parameter"},
+      {chat, "{" + M + R"("messages":[{"role":"user"}]})", "messages[0].content", "required"},
+      {chat, "{" + M + R"("messages":[{"role":"tool","content":"r"}]})", "messages[0].tool_call_id",
+       "required"},
+      {chat,
+       "{" + M +
+           R"("messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function",)"
+           R"("function":{"name":"f","arguments":"[1]"}}]}]})",
+       "messages[0].tool_calls[0].function.arguments", "JSON object"},
+      {chat, "{" + M + U + R"(,"temperature":-1})", "temperature",
+       "temperature must be in [0, 2], got -1"},
+      {chat, "{" + M + U + R"(,"temperature":"hot"})", "temperature", "must be a number"},
+      {chat, "{" + M + U + R"(,"top_p":0})", "top_p", "(0, 1]"},
+      {chat, "{" + M + U + R"(,"top_k":-5})", "top_k", "got -5"},
+      {chat, "{" + M + U + R"(,"min_p":1.5})", "min_p", "[0, 1]"},
+      {chat, "{" + M + U + R"(,"presence_penalty":3})", "presence_penalty", "[-2, 2]"},
+      {chat, "{" + M + U + R"(,"repetition_penalty":0})", "repetition_penalty", "> 0"},
+      {chat, "{" + M + U + R"(,"n":2})", "n", "n must be 1", "unsupported_parameter"},
+      {chat, "{" + M + U + R"(,"max_tokens":0})", "max_tokens", ">= 1, got 0"},
+      {chat, "{" + M + U + R"(,"max_tokens":10,"max_completion_tokens":20})", "max_tokens",
+       "contradicts max_completion_tokens"},
+      {chat, "{" + M + U + R"(,"seed":1.5})", "seed", "must be an integer"},
+      {chat, "{" + M + U + R"(,"stop":["a",""]})", "stop[1]", "non-empty"},
+      {chat, "{" + M + U + R"(,"top_logprobs":3})", "top_logprobs", "requires logprobs"},
+      {chat, "{" + M + U + R"(,"stream_options":{"include_usage":true}})", "stream_options",
+       "only allowed when stream"},
+      {chat, "{" + M + U + R"(,"stream":"yes"})", "stream", "must be a boolean"},
+      {chat, "{" + M + U + R"(,"tools":[{"type":"retrieval"}]})", "tools[0].type",
+       "must be 'function'", "unsupported_parameter"},
+      {chat, "{" + M + U + R"(,"tools":[{"type":"function","function":{"description":"x"}}]})",
+       "tools[0].function.name", "required"},
+      {chat,
+       "{" + M + U + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":1}}]})",
+       "tools[0].function.parameters", "JSON Schema object"},
+      {chat, "{" + M + U + R"(,"tool_choice":"required"})", "tool_choice", "requires tools"},
+      {chat,
+       "{" + M + U + "," + T + R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       "tool_choice", "'g'"},
+      {chat, "{" + M + U + "," + T + R"(,"tool_choice":"sometimes"})", "tool_choice",
+       "'sometimes'"},
+      // ---- completions ----
+      {completions, "{" + M + R"("max_tokens":5})", "prompt", "required"},
+      {completions, "{" + M + R"("prompt":""})", "prompt", "must not be empty"},
+      {completions, "{" + M + R"("prompt":["a","b"]})", "prompt", "batches",
+       "unsupported_parameter"},
+      {completions, "{" + M + R"("prompt":[1,-2,3]})", "prompt[1]", "token id"},
+      {completions, "{" + M + R"("prompt":{"text":"x"}})", "prompt", "must be a string"},
+      {completions, "{" + M + R"("prompt":"x","best_of":3})", "best_of", "must be 1",
+       "unsupported_parameter"},
+      {completions, "{" + M + R"("prompt":"x","logprobs":9})", "logprobs", "[0, 5]"},
+      {completions, "{" + M + R"("prompt":"x","suffix":"y"})", "suffix", "not supported",
+       "unsupported_parameter"},
+      // ---- responses ----
+      {responses, "{" + M + R"("input":"hi","previous_response_id":"resp_1"})",
+       "previous_response_id", "not supported", "unsupported_parameter"},
+      {responses, "{" + M + R"("instructions":"x"})", "input", "required"},
+      {responses, "{" + M + R"("input":7})", "input", "must be a string or an array"},
+      {responses, "{" + M + R"("input":[{"type":"item_reference","id":"x"}]})", "input[0].type",
+       "not supported", "unsupported_parameter"},
+      {responses, "{" + M + R"("input":[{"type":"function_call","name":"f","arguments":"{}"}]})",
+       "input[0].call_id", "required"},
+      {responses,
+       "{" + M + R"("input":[{"type":"function_call","call_id":"c","name":"f","arguments":"x"}]})",
+       "input[0].arguments", "JSON object"},
+      {responses, "{" + M + R"("input":[{"type":"function_call_output","call_id":"c"}]})",
+       "input[0].output", "required"},
+      {responses, "{" + M + R"("input":[{"role":"user","content":[{"type":"input_image"}]}]})",
+       "input[0].content[0].type", "not supported", "unsupported_parameter"},
+      {responses, "{" + M + R"("input":[{"role":"critic","content":"x"}]})", "input[0].role",
+       "'critic'"},
+      {responses, "{" + M + R"("input":"hi","tools":[{"type":"function"}]})", "tools[0].name",
+       "required"},
+      {responses, "{" + M + R"("input":"hi","max_output_tokens":-3})", "max_output_tokens", ">= 1"},
+      {responses, "{" + M + R"("input":"hi","reasoning":"high"})", "reasoning",
+       "must be an object"},
+      // ---- anthropic messages ----
+      {messages, "{" + M + U + "}", "max_tokens", "max_tokens is required"},
+      {messages, "{" + AU + R"("messages":[{"role":"system","content":"x"}]})", "messages[0].role",
+       "'user' or 'assistant'"},
+      {messages, "{" + AU + R"("messages":[{"role":"user","content":[{"type":"image"}]}]})",
+       "messages[0].content[0].type", "not supported", "unsupported_parameter"},
+      {messages,
+       "{" + AU +
+           R"("messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f",)"
+           R"("input":"x"}]}]})",
+       "messages[0].content[0].input", "must be an object"},
+      {messages, "{" + AU + R"("messages":[{"role":"user","content":[{"type":"tool_result"}]}]})",
+       "messages[0].content[0].tool_use_id", "required"},
+      {messages,
+       "{" + AU + R"("messages":[{"role":"user","content":[{"type":"tool_use","id":"t"}]}]})",
+       "messages[0].content[0].type", "not allowed in a user message"},
+      {messages, "{" + AU + U + R"(,"system":[{"type":"image"}]})", "system[0].type",
+       "not supported", "unsupported_parameter"},
+      {messages, "{" + AU + U + R"(,"tools":[{"name":"f"}]})", "tools[0].input_schema", "required"},
+      {messages, "{" + AU + U + R"(,"temperature":1.5})", "temperature", "[0, 1], got 1.5"},
+      {messages, "{" + AU + U + R"(,"stop_sequences":"END"})", "stop_sequences",
+       "array of strings"},
+      {messages, "{" + AU + U + R"(,"thinking":{"type":"enabled","budget_tokens":10}})",
+       "thinking.budget_tokens", ">= 1024"},
+      {messages, "{" + AU + U + R"(,"thinking":{"type":"enabled","budget_tokens":2000}})",
+       "thinking.budget_tokens", "less than max_tokens"},
+      {messages, "{" + AU + U + R"(,"tool_choice":{"type":"any"}})", "tool_choice",
+       "requires tools"},
+      {messages, "{" + AU + U + R"(,"tool_choice":{"type":"sometimes"}})", "tool_choice.type",
+       "'sometimes'"},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("invalid requests: 400 invalid_request_error naming the field, for every API") {
+  std::vector<BadCase> cases = bad_cases();
+  CHECK(cases.size() >= 25);
+  for (const BadCase& c : cases) {
+    INFO("body: " << c.body);
+    ApiResult<GenerateSpec> r = parse_request(c.kind, c.body);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().http_status == 400);
+    CHECK(r.error().type == "invalid_request_error");
+    CHECK(r.error().param == c.param);
+    CHECK(r.error().code == c.code);
+    CHECK(r.error().message.find(c.message_part) != std::string::npos);
+  }
+}
+
+TEST_CASE("count_tokens does not require max_tokens; messages does") {
+  std::string body = R"({"model":"m",)" + U + "}";
+  CHECK(parse_request(ApiKind::count_tokens, body).ok());
+  CHECK_FALSE(parse_request(ApiKind::messages, body).ok());
+}
+
+TEST_CASE("chat: a coding-agent request with tools, tool results and unknown fields") {
+  std::string body = R"({
+    "model": "minimax-m2", "stream": true, "stream_options": {"include_usage": true},
+    "max_tokens": 32000, "temperature": 0.2, "top_p": 0.95, "top_k": 40, "min_p": 0.05,
+    "seed": 7, "stop": "###", "tool_choice": "auto", "parallel_tool_calls": true,
+    "reasoning_effort": "high", "prompt_cache_key": "abc", "metadata": {"x": 1}, "user": "u",
+    "cache_salt": "tenant-1", "logprobs": true, "top_logprobs": 2,
+    "tools": [{"type": "function", "function": {"name": "read", "description": "Read a file",
+               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}],
+    "messages": [
+      {"role": "developer", "content": "You are a coding agent."},
+      {"role": "user",
+       "content": [{"type": "text", "text": "open "}, {"type": "text", "text": "a.c"}]},
+      {"role": "assistant", "content": null, "reasoning_content": "need the file",
+       "tool_calls": [{"id": "call_1", "type": "function",
+                       "function": {"name": "read", "arguments": "{\"path\":\"a.c\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "int main;"}
+    ]})";
+  ApiResult<GenerateSpec> r = parse_chat_request(body);
+  REQUIRE(r.ok());
+  const GenerateSpec& s = r.value();
+  CHECK(s.model == "minimax-m2");
+  CHECK(s.stream);
+  CHECK(s.include_usage);
+  CHECK(s.max_tokens == 32000);
+  CHECK(s.max_tokens_param == "max_tokens");
+  CHECK(s.sampling.temperature == doctest::Approx(0.2));
+  CHECK(s.sampling.top_k == 40);
+  CHECK(s.sampling.seed == 7u);
+  CHECK(s.sampling.stop == std::vector<std::string>{"###"});
+  CHECK(s.sampling.top_logprobs == 2);
+  CHECK(s.cache_salt == "tenant-1");
+  CHECK(s.reasoning.effort == "high");
+  CHECK(s.tool_choice.mode == ToolChoiceMode::automatic);
+  REQUIRE(s.conversation.messages.size() == 4);
+  CHECK(s.conversation.messages[0].role == ChatRole::system);
+  CHECK(s.conversation.messages[1].content == "open a.c");
+  const ChatMessage& a = s.conversation.messages[2];
+  CHECK(a.reasoning == "need the file");
+  REQUIRE(a.tool_calls.size() == 1);
+  CHECK(a.tool_calls[0] == ToolCall{"call_1", "read", R"({"path":"a.c"})"});
+  CHECK(s.conversation.messages[3].name == "read");  // looked up by tool_call_id
+  REQUIRE(s.conversation.tools_json.size() == 1);
+  json tool = json::parse(s.conversation.tools_json[0]);
+  CHECK(tool["function"]["name"] == "read");
+  CHECK(tool["function"]["parameters"]["properties"]["path"]["type"] == "string");
+}
+
+TEST_CASE("completions: string, token ids, defaults") {
+  ApiResult<GenerateSpec> text = parse_completion_request(R"({"model":"m","prompt":["Once"]})");
+  REQUIRE(text.ok());
+  CHECK(text.value().prompt_kind == PromptKind::text);
+  CHECK(text.value().prompt_text == "Once");
+  CHECK(text.value().max_tokens == 16);
+  ApiResult<GenerateSpec> ids =
+      parse_completion_request(R"({"model":"m","prompt":[1,2,3],"max_tokens":4,"echo":true})");
+  REQUIRE(ids.ok());
+  CHECK(ids.value().prompt_kind == PromptKind::token_ids);
+  CHECK(ids.value().prompt_token_ids == std::vector<int64_t>{1, 2, 3});
+  CHECK(ids.value().echo);
+}
+
+TEST_CASE("responses: items merge into turns; instructions; tools at top level") {
+  std::string body = R"({
+    "model": "m", "instructions": "Be brief.", "store": false, "stream": true,
+    "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low", "summary": "auto"},
+    "max_output_tokens": 500, "parallel_tool_calls": false,
+    "tool_choice": {"type": "function", "name": "sh"},
+    "tools": [{"type": "function", "name": "sh", "parameters": {"type": "object"}},
+              {"type": "web_search"}],
+    "input": [
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
+      {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "run ls"}],
+       "encrypted_content": "zzz"},
+      {"type": "function_call", "call_id": "call_9", "name": "sh", "arguments": "{\"cmd\":\"ls\"}"},
+      {"type": "function_call_output", "call_id": "call_9", "output": "a.c"},
+      {"role": "assistant", "content": [{"type": "output_text", "text": "a.c"}]},
+      {"role": "user", "content": "thanks"}
+    ]})";
+  ApiResult<GenerateSpec> r = parse_responses_request(body);
+  REQUIRE(r.ok());
+  const GenerateSpec& s = r.value();
+  CHECK(s.max_tokens == 500);
+  CHECK(s.max_tokens_param == "max_output_tokens");
+  CHECK(s.reasoning.effort == "low");
+  CHECK(s.include == std::vector<std::string>{"reasoning.encrypted_content"});
+  CHECK(s.tool_choice == ToolChoice{ToolChoiceMode::named, "sh"});
+  CHECK(s.conversation.tools_json.size() == 1);  // web_search ignored
+  const auto& m = s.conversation.messages;
+  REQUIRE(m.size() == 6);
+  CHECK(m[0].role == ChatRole::system);
+  CHECK(m[0].content == "Be brief.");
+  CHECK(m[1].content == "ls");
+  CHECK(m[2].role == ChatRole::assistant);
+  CHECK(m[2].reasoning == "run ls");
+  REQUIRE(m[2].tool_calls.size() == 1);
+  CHECK(m[2].tool_calls[0].id == "call_9");
+  CHECK(m[3].role == ChatRole::tool);
+  CHECK(m[3].name == "sh");
+  CHECK(m[4].role == ChatRole::assistant);
+  CHECK(m[4].content == "a.c");
+  CHECK(m[5].content == "thanks");
+}
+
+TEST_CASE("anthropic: system blocks, tool_use/tool_result, thinking, stop_sequences") {
+  std::string body = R"({
+    "model": "m", "max_tokens": 4096, "stream": true, "metadata": {"user_id": "u"},
+    "system": [{"type": "text", "text": "You code.", "cache_control": {"type": "ephemeral"}}],
+    "thinking": {"type": "enabled", "budget_tokens": 2048}, "stop_sequences": ["</end>"],
+    "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "tool", "name": "bash"},
+    "messages": [
+      {"role": "user", "content": "list files"},
+      {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "use ls", "signature": "s"},
+        {"type": "redacted_thinking", "data": "xx"},
+        {"type": "text", "text": "Running."},
+        {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "ls"}}]},
+      {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1",
+         "content": [{"type": "text", "text": "a.c"}]},
+        {"type": "text", "text": "and now?"}]}
+    ]})";
+  ApiResult<GenerateSpec> r = parse_messages_request(body, ApiKind::messages);
+  REQUIRE(r.ok());
+  const GenerateSpec& s = r.value();
+  CHECK(s.max_tokens == 4096);
+  CHECK(s.reasoning.thinking_enabled == true);
+  CHECK(s.reasoning.thinking_budget_tokens == 2048);
+  CHECK(s.sampling.stop == std::vector<std::string>{"</end>"});
+  CHECK(s.tool_choice == ToolChoice{ToolChoiceMode::named, "bash"});
+  const auto& m = s.conversation.messages;
+  REQUIRE(m.size() == 5);
+  CHECK(m[0].role == ChatRole::system);
+  CHECK(m[0].content == "You code.");
+  CHECK(m[2].reasoning == "use ls");
+  CHECK(m[2].content == "Running.");
+  CHECK(m[2].tool_calls == std::vector<ToolCall>{{"toolu_1", "bash", R"({"cmd":"ls"})"}});
+  CHECK(m[3].role == ChatRole::tool);
+  CHECK(m[3].tool_call_id == "toolu_1");
+  CHECK(m[3].name == "bash");
+  CHECK(m[3].content == "a.c");
+  CHECK(m[4].role == ChatRole::user);
+  CHECK(m[4].content == "and now?");
+}
+
+TEST_CASE("error bodies: OpenAI shape and Anthropic shape") {
+  ApiError e = invalid_request("temperature", "temperature must be in [0, 2], got -1");
+  json openai = json::parse(render_error_body(ApiKind::chat_completions, e));
+  CHECK(openai["error"]["message"] == e.message);
+  CHECK(openai["error"]["type"] == "invalid_request_error");
+  CHECK(openai["error"]["param"] == "temperature");
+  CHECK(openai["error"]["code"].is_null());
+  json anthropic = json::parse(render_error_body(ApiKind::messages, e));
+  CHECK(anthropic["type"] == "error");
+  CHECK(anthropic["error"]["type"] == "invalid_request_error");
+  CHECK(anthropic["error"]["message"] == e.message);
+  CHECK(anthropic_error_type(401) == "authentication_error");
+  CHECK(anthropic_error_type(404) == "not_found_error");
+  CHECK(anthropic_error_type(413) == "request_too_large");
+  CHECK(anthropic_error_type(429) == "rate_limit_error");
+  CHECK(anthropic_error_type(503) == "overloaded_error");
+  CHECK(anthropic_error_type(500) == "api_error");
+}
+
+TEST_CASE("context length: reject with both numbers; unset max tokens fill the context") {
+  GenerateSpec spec = parse_chat_request(R"({"model":"m",)" + U + R"(,"max_tokens":1000})").value();
+  ApiResult<int64_t> too_long = check_context_length(spec, 204000, 204800);
+  REQUIRE_FALSE(too_long.ok());
+  CHECK(too_long.error().http_status == 400);
+  CHECK(too_long.error().param == "max_tokens");
+  CHECK(too_long.error().code == "context_length_exceeded");
+  CHECK(too_long.error().message.find("204800") != std::string::npos);
+  CHECK(too_long.error().message.find("205000") != std::string::npos);
+  CHECK(too_long.error().message.find("204000 in the prompt") != std::string::npos);
+  CHECK(check_context_length(spec, 203800, 204800).value() == 1000);
+  GenerateSpec open = parse_chat_request(R"({"model":"m",)" + U + "}").value();
+  CHECK(check_context_length(open, 800, 204800).value() == 204000);
+  ApiResult<int64_t> full = check_context_length(open, 204800, 204800);
+  REQUIRE_FALSE(full.ok());
+  CHECK(full.error().param == "messages");
+}
