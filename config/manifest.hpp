@@ -89,12 +89,48 @@ struct SpeculativeSection {
   uint32_t draft_tokens_max = 4;
 };
 
+// [gateway]: the HTTP API's limits and keys.
+struct GatewaySection {
+  std::vector<std::string> api_keys;     // empty = no authentication
+  uint64_t body_bytes_max = 16u << 20;   // larger request bodies get 413
+  uint32_t connections_max = 4096;       // open HTTP connections
+  uint32_t requests_max = 1024;          // requests in flight (admitted) across the gateway
+  uint32_t queue_max = 4096;             // requests waiting for admission; beyond: 429
+  uint32_t request_timeout_ms = 600000;  // a request that produced nothing for this long fails
+  std::string cache_secret;              // block-hash key; "" = derived from the cluster name
+};
+
+// [prefill]: the prefill scheduler of every prefill instance.
+struct PrefillSection {
+  uint32_t queue_max = 256;
+  uint32_t running_max = 16;
+  uint32_t held_max = 256;
+  uint32_t step_tokens_max = 512;
+  uint32_t hold_timeout_ms = 30000;   // blocks held for decode to pull, after completion
+};
+
+// [decode]: the decode scheduler of every decode instance.
+struct DecodeSection {
+  uint32_t waiting_max = 256;
+  uint32_t seqs_max = 64;
+  uint32_t step_tokens_max = 512;
+  uint32_t prefill_timeout_ms = 30000;  // remote prefill answer; then prefill locally
+};
+
+// [sim]: parameters of the sim device (devices/sim; docs/sim-device.md), name -> number.
+// Unknown names are reported when an executor creates its device.
+struct SimSection {
+  std::vector<std::pair<std::string, double>> params;
+};
+
 struct Instance {
   Role role = Role::gateway;
   std::string name;                  // unique in the cluster (after count expansion)
   // executor only
   DeviceKind device = DeviceKind::cpu;
   std::vector<uint32_t> device_ids;  // device indices on the node (this instance's slice)
+  uint32_t kv_blocks = 512;          // KV pool size, blocks of model.block_tokens (1..1<<24)
+  uint32_t threads = 0;              // cpu device compute threads; 0 = all cores
   // prefill and decode only: the executor instance (same node) that runs its batches;
   // already expanded (`exec-1`) and checked to exist, be an executor, and serve only this
   std::string executor;
@@ -122,6 +158,10 @@ struct Manifest {
   RouterSection router;
   KvOffloadSection kv_offload;
   SpeculativeSection speculative;
+  GatewaySection gateway;
+  PrefillSection prefill;
+  DecodeSection decode;
+  SimSection sim;
   std::vector<Node> nodes;
 
   const Node* find_node(std::string_view name) const;        // nullptr if absent
