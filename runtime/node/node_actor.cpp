@@ -29,6 +29,16 @@ std::string format_age(std::chrono::milliseconds age) {
   return buf;
 }
 
+void answer_ping(Bridge* bridge, const ActorName& self_name, wire::Envelope::Reader envelope) {
+  auto ping = envelope.getBody().getPing();
+  (void)bridge->send(self_name, messages::get_name(envelope.getSource()),
+                     envelope.getCorrelationId(), [&](wire::Envelope::Builder b) {
+                       auto pong = b.getBody().initPong();
+                       pong.setNonce(ping.getNonce());
+                       pong.setSentMonoNs(ping.getSentMonoNs());
+                     });
+}
+
 namespace {
 
 std::vector<std::string> peer_names(const config::Manifest& manifest, const std::string& self) {
@@ -191,16 +201,6 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
     result = AdminResult{false, "unknown admin command '" + command + "'\n", {}};
   }
   reply_admin(st, caller, result);
-}
-
-void answer_ping(Bridge* bridge, const ActorName& self_name, wire::Envelope::Reader envelope) {
-  auto ping = envelope.getBody().getPing();
-  (void)bridge->send(self_name, messages::get_name(envelope.getSource()),
-                     envelope.getCorrelationId(), [&](wire::Envelope::Builder b) {
-                       auto pong = b.getBody().initPong();
-                       pong.setNonce(ping.getNonce());
-                       pong.setSentMonoNs(ping.getSentMonoNs());
-                     });
 }
 
 void on_hello(NodeActor* self, wire::Envelope::Reader envelope) {

@@ -30,6 +30,9 @@ caf::actor spawn_node_actor(caf::actor_system& system, NodeActorDeps deps);
 caf::actor spawn_role_actor(caf::actor_system& system, Bridge* bridge,
                             const config::Instance& instance);
 
+// Answers a Ping envelope addressed to `self` with a Pong. Any actor may use it.
+void answer_ping(Bridge* bridge, const messages::ActorName& self, wire::Envelope::Reader envelope);
+
 // Formats a duration for humans: "850ms", "12.4s", "3m05s", "2h10m".
 std::string format_age(std::chrono::milliseconds age);
 

@@ -1,0 +1,76 @@
+#include "actors/common/shell.hpp"
+
+#include "messages/convert.hpp"
+
+namespace tandem::actors {
+
+void send_error(const ShellContext& ctx, const messages::ActorName& from,
+                const messages::ActorName& to, uint64_t request_id, const Error& error,
+                uint32_t tokens_sent) {
+  Status sent = ctx.bridge->send(from, to, request_id, [&](wire::Envelope::Builder b) {
+    auto e = b.getBody().initError();
+    e.setRequestId(request_id);
+    e.setKind(messages::to_wire(error.kind));
+    e.setMessage(error.message);
+    e.setTokensSent(tokens_sent);
+  });
+  if (!sent.ok()) {
+    ctx.log->warn("could not send an error for request {} to {}: {}", request_id,
+                  to.to_string(), sent.error().describe());
+  }
+}
+
+obs::Counter* make_counter(obs::Registry& registry, const std::string& name,
+                           const std::string& help, obs::Labels labels) {
+  auto made = registry.counter(name, help, std::move(labels));
+  RT_ASSERT(made.ok(), name, made.ok() ? "" : made.error().describe());
+  return *made;
+}
+
+obs::Gauge* make_gauge(obs::Registry& registry, const std::string& name, const std::string& help,
+                       obs::Labels labels) {
+  auto made = registry.gauge(name, help, std::move(labels));
+  RT_ASSERT(made.ok(), name, made.ok() ? "" : made.error().describe());
+  return *made;
+}
+
+obs::Histogram* make_histogram(obs::Registry& registry, const std::string& name,
+                               const std::string& help, std::vector<double> bounds,
+                               obs::Labels labels) {
+  auto made = registry.histogram(name, help, std::move(bounds), std::move(labels));
+  RT_ASSERT(made.ok(), name, made.ok() ? "" : made.error().describe());
+  return *made;
+}
+
+}  // namespace tandem::actors
+
+namespace tandem::actors {
+
+Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, uint32_t position,
+                                        const devices::SeqOutput& out, uint32_t row,
+                                        std::span<const int32_t> history, uint32_t vocab_size) {
+  if (!out.tokens.empty()) {
+    if (row >= out.tokens.size()) {
+      return make_error(ErrorKind::failed, "device returned too few tokens");
+    }
+    devices::SampledToken t;
+    t.token = out.tokens[row];
+    for (int32_t stop : params.stop_token_ids) t.is_stop = t.is_stop || stop == t.token;
+    return t;
+  }
+  if (vocab_size == 0 || out.logits.size() < uint64_t(row + 1) * vocab_size) {
+    return make_error(ErrorKind::failed, "device returned too few logits");
+  }
+  devices::SamplingParams seeded = params;
+  seeded.seed = params.seed * 0x9e3779b97f4a7c15ull + position + 1;
+  devices::Sampler sampler(seeded);
+  return sampler.sample(
+      std::span<const float>(out.logits.data() + uint64_t(row) * vocab_size, vocab_size), history);
+}
+
+std::chrono::nanoseconds now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch());
+}
+
+}  // namespace tandem::actors

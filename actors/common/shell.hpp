@@ -1,0 +1,56 @@
+// What every actor shell of a serving role gets from its node: the manifest, the bridge to
+// the cluster, a logger and the metrics registry. All outlive the actor.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <memory>
+
+#include "config/manifest.hpp"
+#include "messages/envelope.hpp"
+#include "runtime/node/bridge.hpp"
+#include "runtime/obs/metrics.hpp"
+
+namespace tandem::actors {
+
+struct ShellContext {
+  const config::Manifest* manifest = nullptr;
+  runtime::Bridge* bridge = nullptr;
+  std::shared_ptr<spdlog::logger> log;
+  obs::Registry* metrics = nullptr;
+  caf::actor node_actor;  // subscribe here for membership events and peer loads
+};
+
+// Sends an Error for `request_id` to `to`. Failures to send are logged, not returned.
+void send_error(const ShellContext& ctx, const messages::ActorName& from,
+                const messages::ActorName& to, uint64_t request_id, const Error& error,
+                uint32_t tokens_sent = 0);
+
+// Metric helpers: assert the fixed names/labels are accepted by the registry.
+obs::Counter* make_counter(obs::Registry& registry, const std::string& name,
+                           const std::string& help, obs::Labels labels);
+obs::Gauge* make_gauge(obs::Registry& registry, const std::string& name, const std::string& help,
+                       obs::Labels labels);
+obs::Histogram* make_histogram(obs::Registry& registry, const std::string& name,
+                               const std::string& help, std::vector<double> bounds,
+                               obs::Labels labels);
+
+}  // namespace tandem::actors
+
+#include "devices/device.hpp"
+#include "devices/sampling.hpp"
+
+namespace tandem::actors {
+
+// Samples the token at output `position` of a sequence. The RNG is seeded from
+// (params.seed, position), so a token does not depend on which instance samples it: prefill
+// sampling the first token and decode sampling the rest give what one instance would.
+// `out` is the device's output for the sequence; `row` selects a logits row (decode passes
+// with drafts produce several). Sim devices produce tokens instead of logits.
+Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, uint32_t position,
+                                        const devices::SeqOutput& out, uint32_t row,
+                                        std::span<const int32_t> history, uint32_t vocab_size);
+
+std::chrono::nanoseconds now_ns();  // steady clock, for cores that take `now`
+
+}  // namespace tandem::actors

@@ -1,0 +1,63 @@
+// The NPU executor: one per device group. It owns exactly one Device; nothing else touches
+// it. It runs as a detached actor (its own thread) because device calls block for the
+// length of a batch. Only actors on the same node talk to it (plain CAF messages, never the
+// wire): its prefill or decode instance.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <memory>
+#include <string>
+
+#include "actors/common/shell.hpp"
+#include "devices/device.hpp"
+#include "runtime/fabric/endpoint.hpp"
+
+namespace tandem::actors {
+
+// What a prefill/decode shell needs to know about its executor's device, answered once.
+struct ExecInfo {
+  bool ok = false;
+  std::string error;                 // why the device could not be created
+  devices::ModelConfig model;
+  devices::KvLayout layout;
+  runtime::RemoteRegionRef region;   // the KV pool as registered memory, for peers' RMA reads
+  std::string fabric_address;        // the endpoint that registered it
+  // The KV pool registration, for RMA reads INTO the pool. Owned by the executor and valid
+  // while it lives (the node stops actors before it stops the fabric).
+  const runtime::MemoryRegion* local = nullptr;
+};
+
+enum class ExecKind { prefill, decode };
+
+struct ExecBatch {
+  ExecKind kind = ExecKind::prefill;
+  std::shared_ptr<const std::vector<devices::PrefillSeq>> prefill;  // when kind == prefill
+  std::shared_ptr<const std::vector<devices::DecodeSeq>> decode;    // when kind == decode
+};
+
+struct ExecResult {
+  bool ok = false;
+  std::string error;
+  std::shared_ptr<const devices::StepOutput> output;
+  uint64_t compute_ns = 0;
+};
+
+// Builds the device spec for `instance` (an executor) from the manifest.
+devices::DeviceSpec device_spec(const config::Manifest& manifest, const config::Instance& instance);
+
+// Spawns the executor for `instance` (detached), creates its device and registers the KV
+// pool with the fabric (the bridge's endpoint must be open). Registers NODE/executor/NAME.
+caf::actor spawn_executor(caf::actor_system& system, const ShellContext& ctx,
+                          const config::Instance& instance);
+
+}  // namespace tandem::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ExecInfo)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ExecBatch)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ExecResult)
+
+namespace tandem::actors::atoms {
+using exec_info = caf::atom_constant<caf::atom("execinfo")>;
+using exec_run = caf::atom_constant<caf::atom("execrun")>;
+}  // namespace tandem::actors::atoms

@@ -1,0 +1,33 @@
+// Converters between wire readers/builders and core values. Wire input is checked here,
+// where it is used: a malformed field is an Error (kind invalid) naming the field, never an
+// assertion.
+#pragma once
+
+#include <vector>
+
+#include "devices/sampling.hpp"
+#include "kvstore/block_hash.hpp"
+#include "messages/envelope.capnp.h"
+#include "runtime/base/result.hpp"
+
+namespace tandem::messages {
+
+Result<std::vector<kv::BlockHash>> get_hashes(capnp::List<capnp::Data>::Reader list);
+void set_hashes(capnp::List<capnp::Data>::Builder list, const std::vector<kv::BlockHash>& hashes);
+capnp::List<capnp::Data>::Builder init_hashes(
+    const std::function<capnp::List<capnp::Data>::Builder(unsigned)>& init,
+    const std::vector<kv::BlockHash>& hashes);
+
+std::vector<int32_t> get_tokens(capnp::List<int32_t>::Reader list);
+void set_tokens(capnp::List<int32_t>::Builder list, const std::vector<int32_t>& tokens);
+
+// Sampling parameters from the wire, validated (vocab_count 0 = unknown).
+Result<devices::SamplingParams> get_sampling(wire::SamplingParams::Reader reader,
+                                             int64_t vocab_count);
+void set_sampling(wire::SamplingParams::Builder builder, const devices::SamplingParams& params,
+                  bool has_seed);
+
+wire::ErrorKind to_wire(ErrorKind kind);
+ErrorKind from_wire(wire::ErrorKind kind);
+
+}  // namespace tandem::messages
