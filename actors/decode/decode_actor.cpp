@@ -1,0 +1,585 @@
+#include "actors/decode/decode_actor.hpp"
+
+#include <unordered_map>
+
+#include "actors/decode/decode_scheduler.hpp"
+#include "actors/executor/executor_actor.hpp"
+#include "messages/convert.hpp"
+#include "runtime/node/caf_types.hpp"
+#include "runtime/node/node_actor.hpp"
+
+namespace tandem::actors {
+
+// Completion of one RMA block read, posted from the fabric thread.
+struct PullChunkDone {
+  uint64_t seq = 0;
+  bool ok = false;
+  std::string error;
+};
+
+}  // namespace tandem::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::PullChunkDone)
+
+namespace tandem::actors {
+namespace {
+
+using messages::ActorName;
+
+struct RemoteBlock {
+  std::string address;
+  runtime::RemoteRegionRef region;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+};
+
+struct Seq {
+  ActorName reply_to;
+  devices::SamplingParams sampling;
+  std::vector<int32_t> history;  // prompt + generated (penalties)
+  uint32_t prompt_tokens = 0;
+  uint32_t output_count = 0;
+  uint32_t cached_tokens = 0;
+  std::optional<ActorName> prefill;  // remote prefill instance, when disaggregated
+  std::optional<decode::PullOrder> order;
+  std::vector<RemoteBlock> remote;
+  std::optional<int32_t> remote_first;
+  bool prefill_failed = false;
+  bool pull_started = false;
+  bool pull_failed = false;
+  uint32_t reads_left = 0;
+  bool cancelled = false;
+  std::chrono::nanoseconds prefill_deadline{0};
+};
+
+struct Metrics {
+  obs::Gauge* waiting;
+  obs::Gauge* running;
+  obs::Gauge* kv_usage;
+  obs::Counter* queries_tokens;
+  obs::Counter* hits_tokens;
+  obs::Counter* fallbacks;
+  obs::Counter* pulled_bytes;
+  uint64_t queries_seen = 0, hits_seen = 0;
+};
+
+struct DecodeState {
+  ShellContext ctx;
+  ActorName self_name;
+  caf::actor executor;
+  ExecInfo info;
+  std::unique_ptr<kv::PrefixCache> cache;
+  std::unique_ptr<decode::DecodeScheduler> scheduler;
+  std::unordered_map<uint64_t, Seq> seqs;
+  bool stepping = false;
+  std::unique_ptr<Metrics> metrics;
+  static inline const char* name = "tandem.decode";
+};
+
+using DecodeActor = caf::stateful_actor<DecodeState>;
+
+Metrics make_metrics(obs::Registry& r, const std::string& instance) {
+  obs::Labels l = {{"instance", instance}};
+  return Metrics{
+      make_gauge(r, "tandem:num_requests_waiting", "requests waiting to be scheduled", l),
+      make_gauge(r, "tandem:num_requests_running", "requests being computed or held", l),
+      make_gauge(r, "tandem:kv_cache_usage_perc", "fraction of KV blocks in use (0..1)", l),
+      make_counter(r, "tandem:prefix_cache_queries_total", "prompt tokens looked up", l),
+      make_counter(r, "tandem:prefix_cache_hits_total", "prompt tokens found cached", l),
+      make_counter(r, "tandem:prefill_fallbacks_total",
+                   "disaggregated prefills that failed or timed out; prefilled locally", l),
+      make_counter(r, "tandem:kv_pulled_bytes_total", "KV bytes pulled from prefill by RMA", l)};
+}
+
+void update_metrics(DecodeState& st) {
+  if (!st.metrics) return;
+  Metrics& m = *st.metrics;
+  m.waiting->set(st.scheduler->waiting_count());
+  m.running->set(st.scheduler->active_count());
+  m.kv_usage->set(double(st.cache->blocks_used_count()) / st.cache->blocks_count());
+  const auto& c = st.cache->counters();
+  m.queries_tokens->inc(c.query_tokens_count - m.queries_seen);
+  m.hits_tokens->inc(c.hit_tokens_count - m.hits_seen);
+  m.queries_seen = c.query_tokens_count;
+  m.hits_seen = c.hit_tokens_count;
+}
+
+wire::FinishReason to_wire(decode::FinishReason reason) {
+  switch (reason) {
+    case decode::FinishReason::eos:
+    case decode::FinishReason::stop_token: return wire::FinishReason::STOP;
+    case decode::FinishReason::max_tokens:
+    case decode::FinishReason::context_length: return wire::FinishReason::LENGTH;
+    case decode::FinishReason::cancelled: return wire::FinishReason::CANCELLED;
+    case decode::FinishReason::failed: return wire::FinishReason::ERROR;
+  }
+  return wire::FinishReason::ERROR;
+}
+
+void emit(DecodeActor* self, const decode::SeqUpdate& update) {
+  auto& st = self->state;
+  auto it = st.seqs.find(update.seq);
+  if (it == st.seqs.end()) return;
+  Seq& s = it->second;
+  if (!update.tokens.empty() && !s.cancelled) {
+    uint32_t first_index = s.output_count;
+    (void)st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
+      auto chunk = b.getBody().initTokenChunk();
+      chunk.setRequestId(update.seq);
+      chunk.setFirstIndex(first_index);
+      messages::set_tokens(chunk.initTokenIds(static_cast<unsigned>(update.tokens.size())),
+                           update.tokens);
+    });
+  }
+  s.history.insert(s.history.end(), update.tokens.begin(), update.tokens.end());
+  s.output_count += static_cast<uint32_t>(update.tokens.size());
+  if (!update.finished) return;
+  if (!s.cancelled) {
+    (void)st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
+      auto f = b.getBody().initFinish();
+      f.setRequestId(update.seq);
+      f.setReason(to_wire(*update.finished));
+      f.setPromptTokens(s.prompt_tokens);
+      f.setCachedTokens(s.cached_tokens);
+      f.setOutputTokens(s.output_count);
+    });
+  }
+  st.seqs.erase(it);
+}
+
+void pump(DecodeActor* self);
+
+void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
+  auto& st = self->state;
+  auto it = st.seqs.find(id);
+  RT_ASSERT(it != st.seqs.end(), id);
+  Seq& s = it->second;
+  if (!ok) st.metrics->fallbacks->inc();
+  if (s.prefill) {  // release the hold on prefill either way
+    (void)st.ctx.bridge->send(st.self_name, *s.prefill, id, [&](wire::Envelope::Builder b) {
+      auto done = b.getBody().initKvPullDone();
+      done.setRequestId(id);
+      done.setOk(ok);
+    });
+  }
+  auto update = st.scheduler->on_pull_done(id, ok, ok ? *s.remote_first : 0);
+  if (s.cancelled) {
+    st.seqs.erase(it);
+  } else if (update.ok()) {
+    emit(self, *update);
+  }
+  update_metrics(st);
+  pump(self);
+}
+
+// Starts the RMA reads once both the local blocks (PullOrder) and the remote descriptors
+// (PrefillResult) are known; falls back when the prefill failed.
+void try_pull(DecodeActor* self, uint64_t id) {
+  auto& st = self->state;
+  Seq& s = st.seqs.at(id);
+  if (!s.order || s.pull_started) return;
+  if (s.prefill_failed || s.cancelled) {
+    s.pull_started = true;
+    return finish_pull(self, id, false);
+  }
+  if (!s.remote_first) return;  // prefill has not answered yet
+  s.pull_started = true;
+  const auto& order = *s.order;
+  uint64_t block_bytes = st.info.layout.block_bytes();
+  auto* fabric = st.ctx.bridge->fabric();
+  if (fabric == nullptr || s.remote.size() != order.block_table.size()) {
+    st.ctx.log->warn("decode {}: request {}: prefill described {} blocks, expected {}",
+                     st.self_name.instance, id, s.remote.size(), order.block_table.size());
+    return finish_pull(self, id, false);
+  }
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  s.reads_left = static_cast<uint32_t>(order.pull_block_indexes.size());
+  if (s.reads_left == 0) return finish_pull(self, id, true);
+  for (uint32_t index : order.pull_block_indexes) {
+    const RemoteBlock& rb = s.remote[index];
+    auto peer = fabric->peer(rb.address);
+    Status started = rb.length_bytes != block_bytes
+                         ? Status(make_error(ErrorKind::invalid, "KV block size differs"))
+                         : peer.ok() ? fabric->read(*peer, rb.region, rb.offset_bytes, *st.info.local,
+                                                    uint64_t(order.block_table[index]) * block_bytes,
+                                                    block_bytes,
+                                                    [me, id](Status done) {
+                                                      caf::anon_send(me, PullChunkDone{
+                                                          id, done.ok(),
+                                                          done.ok() ? "" : done.error().describe()});
+                                                    })
+                                     : Status(peer.error());
+    if (!started.ok()) caf::anon_send(me, PullChunkDone{id, false, started.error().describe()});
+  }
+}
+
+void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
+  auto& st = self->state;
+  auto it = st.seqs.find(done.seq);
+  if (it == st.seqs.end()) return;
+  Seq& s = it->second;
+  RT_ASSERT(s.reads_left > 0, done.seq);
+  if (!done.ok && !s.pull_failed) {
+    s.pull_failed = true;
+    st.ctx.log->warn("decode {}: KV pull of request {} failed: {}", st.self_name.instance,
+                     done.seq, done.error);
+  }
+  if (done.ok) st.metrics->pulled_bytes->inc(st.info.layout.block_bytes());
+  if (--s.reads_left == 0) finish_pull(self, done.seq, !s.pull_failed);
+}
+
+// Runs one planned step: prefill chunks first, then decode tokens, then samples.
+struct StepRun {
+  decode::DecodePlan plan;
+  std::vector<size_t> prefill_entries, decode_entries;  // indexes into plan.entries
+  std::shared_ptr<const devices::StepOutput> prefill_out, decode_out;
+};
+
+void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const std::string& error) {
+  auto& st = self->state;
+  st.stepping = false;
+  std::vector<decode::SampledTokens> sampled;
+  auto sample_entry = [&](size_t entry_index, const devices::SeqOutput& out, uint32_t row) {
+    const auto& entry = run->plan.entries[entry_index];
+    auto it = st.seqs.find(entry.seq);
+    if (!entry.sample || it == st.seqs.end()) return;
+    auto token = sample_at(it->second.sampling, it->second.output_count, out, row,
+                           it->second.history, st.info.model.vocab_size);
+    if (token.ok()) sampled.push_back({entry.seq, {token->token}});
+  };
+  if (error.empty()) {
+    for (size_t i = 0; i < run->prefill_entries.size(); ++i)
+      sample_entry(run->prefill_entries[i], run->prefill_out->seqs[i], 0);
+    for (size_t i = 0; i < run->decode_entries.size(); ++i) {
+      const auto& out = run->decode_out->seqs[i];
+      sample_entry(run->decode_entries[i], out, out.rows_count - 1);
+    }
+  } else {
+    st.ctx.log->error("decode {}: step failed: {}", st.self_name.instance, error);
+  }
+  // Entries without a sampled token (a failed step) finish with reason `failed`.
+  for (const auto& update : st.scheduler->on_step_result(run->plan.step_id, sampled)) {
+    emit(self, update);
+  }
+  update_metrics(st);
+  pump(self);
+}
+
+void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
+  auto& st = self->state;
+  if (run->decode_entries.empty()) return finish_step(self, run, "");
+  auto batch = std::make_shared<std::vector<devices::DecodeSeq>>();
+  for (size_t i : run->decode_entries) {
+    const auto& e = run->plan.entries[i];
+    batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
+                      e.tokens});
+  }
+  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+                ExecBatch{ExecKind::decode, nullptr, batch})
+      .then(
+          [self, run](const ExecResult& r) {
+            bool sized = r.ok && r.output->seqs.size() == run->decode_entries.size();
+            run->decode_out = r.output;
+            finish_step(self, run, sized ? "" : (r.ok ? "wrong batch size" : r.error));
+          },
+          [self, run](caf::error& e) { finish_step(self, run, "executor: " + to_string(e)); });
+}
+
+void run_step(DecodeActor* self, decode::DecodePlan plan) {
+  auto& st = self->state;
+  auto run = std::make_shared<StepRun>();
+  run->plan = std::move(plan);
+  auto batch = std::make_shared<std::vector<devices::PrefillSeq>>();
+  for (size_t i = 0; i < run->plan.entries.size(); ++i) {
+    const auto& e = run->plan.entries[i];
+    bool is_decode = e.sample && e.tokens.size() == 1;
+    (is_decode ? run->decode_entries : run->prefill_entries).push_back(i);
+    if (!is_decode) {
+      batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
+                        e.tokens});
+    }
+  }
+  st.stepping = true;
+  if (batch->empty()) return run_decode_part(self, run);
+  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+                ExecBatch{ExecKind::prefill, batch, nullptr})
+      .then(
+          [self, run](const ExecResult& r) {
+            if (!r.ok || r.output->seqs.size() != run->prefill_entries.size()) {
+              return finish_step(self, run, r.ok ? "wrong batch size" : r.error);
+            }
+            run->prefill_out = r.output;
+            run_decode_part(self, run);
+          },
+          [self, run](caf::error& e) { finish_step(self, run, "executor: " + to_string(e)); });
+}
+
+void pump(DecodeActor* self) {
+  auto& st = self->state;
+  if (st.stepping || !st.scheduler) return;
+  auto plan = st.scheduler->plan_step();
+  auto pulls = std::move(plan.pulls);
+  // The step goes first: a pull that ends synchronously below (a failed prefill) calls
+  // pump() again, which must see the step in flight.
+  if (!plan.entries.empty()) run_step(self, std::move(plan));
+  for (auto& pull : pulls) {
+    auto it = st.seqs.find(pull.seq);
+    RT_ASSERT(it != st.seqs.end(), pull.seq);
+    it->second.order = std::move(pull);
+    try_pull(self, it->first);
+  }
+}
+
+Status check_prompt(const DecodeState& st, const std::vector<int32_t>& prompt) {
+  uint32_t vocab = st.info.model.vocab_size;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || uint32_t(prompt[i]) >= vocab) {
+      return make_error(ErrorKind::invalid, "prompt token " + std::to_string(i) + " is " +
+                                                std::to_string(prompt[i]) +
+                                                ", outside the vocabulary [0, " +
+                                                std::to_string(vocab) + ")");
+    }
+  }
+  return {};
+}
+
+void send_prefill_request(DecodeActor* self, uint64_t id, const Seq& s,
+                          const std::vector<kv::BlockHash>& hashes, wire::SamplingParams::Reader sp) {
+  auto& st = self->state;
+  Status sent = st.ctx.bridge->send(st.self_name, *s.prefill, id, [&](wire::Envelope::Builder b) {
+    auto req = b.getBody().initPrefillRequest();
+    req.setRequestId(id);
+    std::vector<int32_t> prompt(s.history.begin(), s.history.begin() + s.prompt_tokens);
+    messages::set_tokens(req.initPromptTokenIds(static_cast<unsigned>(prompt.size())), prompt);
+    messages::set_hashes(req.initBlockHashes(static_cast<unsigned>(hashes.size())), hashes);
+    req.setSampling(sp);
+    req.setHoldTimeoutMs(st.ctx.manifest->prefill.hold_timeout_ms);
+  });
+  if (!sent.ok()) {
+    st.ctx.log->warn("decode {}: prefill {} unreachable ({}); prefilling {} locally",
+                     st.self_name.instance, s.prefill->to_string(), sent.error().describe(), id);
+    st.seqs.at(id).prefill_failed = true;
+  }
+}
+
+void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
+  auto& st = self->state;
+  auto req = envelope.getBody().getGenerateRequest();
+  uint64_t id = req.getRequestId();
+  auto reply_to = messages::ActorName::parse(req.getReplyTo().cStr());
+  ActorName from = messages::get_name(envelope.getSource());
+  if (!reply_to.ok()) return send_error(st.ctx, st.self_name, from, id, reply_to.error());
+  auto hashes = messages::get_hashes(req.getBlockHashes());
+  auto sampling = messages::get_sampling(req.getSampling(), st.info.model.vocab_size);
+  auto prompt = messages::get_tokens(req.getPromptTokenIds());
+  Status prompt_ok = check_prompt(st, prompt);
+  for (const Status& s : {hashes.ok() ? Status() : Status(hashes.error()),
+                          sampling.ok() ? Status() : Status(sampling.error()), prompt_ok}) {
+    if (!s.ok()) return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
+  }
+  if (st.seqs.count(id)) {
+    return send_error(st.ctx, st.self_name, *reply_to, id,
+                      make_error(ErrorKind::invalid, "duplicate request id"));
+  }
+  auto limits = req.getLimits();
+  uint32_t room = st.ctx.manifest->model.max_model_tokens - std::min<uint32_t>(
+      static_cast<uint32_t>(prompt.size()), st.ctx.manifest->model.max_model_tokens);
+  uint32_t max_tokens = limits.getMaxTokens() == 0 ? room : limits.getMaxTokens();
+  std::string prefill_name = req.getPrefillInstance();
+  decode::DecodeRequest core{id, prompt, *hashes, std::max<uint32_t>(max_tokens, 1),
+                             std::nullopt, sampling->stop_token_ids,
+                             prefill_name.empty() ? decode::KvSource::local : decode::KvSource::pull};
+  if (!limits.getIgnoreEos()) core.eos_token = st.info.model.eos_id;
+  uint32_t cached = st.cache->match(*hashes) * st.info.layout.block_tokens;
+  if (Status s = st.scheduler->submit(std::move(core)); !s.ok()) {
+    return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
+  }
+  Seq seq{*reply_to, *sampling, prompt, static_cast<uint32_t>(prompt.size()), 0, cached};
+  if (!prefill_name.empty()) {
+    auto prefill = messages::ActorName::parse(prefill_name);
+    seq.prefill = prefill.ok() ? std::optional<ActorName>(*prefill) : std::nullopt;
+    seq.prefill_failed = !prefill.ok();
+    seq.prefill_deadline =
+        now_ns() + std::chrono::milliseconds(st.ctx.manifest->decode.prefill_timeout_ms);
+  }
+  auto [it, inserted] = st.seqs.emplace(id, std::move(seq));
+  RT_ASSERT(inserted, id);
+  if (it->second.prefill) send_prefill_request(self, id, it->second, *hashes, req.getSampling());
+  update_metrics(st);
+  pump(self);
+}
+
+void on_prefill_result(DecodeActor* self, wire::PrefillResult::Reader result) {
+  auto& st = self->state;
+  auto it = st.seqs.find(result.getRequestId());
+  if (it == st.seqs.end() || it->second.remote_first || it->second.prefill_failed) return;
+  Seq& s = it->second;
+  for (auto block : result.getBlocks()) {
+    auto region = block.getRegion();
+    s.remote.push_back(RemoteBlock{std::string(region.getFabricAddress().cStr()),
+                        {region.getBaseAddress(), region.getLengthBytes(), region.getKey()},
+                        block.getOffsetBytes(), block.getLengthBytes()});
+  }
+  s.remote_first = result.getFirstTokenId();
+  s.cached_tokens = std::max(s.cached_tokens, result.getCachedTokens());
+  try_pull(self, it->first);
+}
+
+void prefill_failed(DecodeActor* self, uint64_t id, const std::string& why) {
+  auto& st = self->state;
+  auto it = st.seqs.find(id);
+  if (it == st.seqs.end() || !it->second.prefill || it->second.remote_first ||
+      it->second.prefill_failed) {
+    return;
+  }
+  st.ctx.log->warn("decode {}: prefill of request {} failed ({}); prefilling locally",
+                   st.self_name.instance, id, why);
+  it->second.prefill_failed = true;
+  (void)st.ctx.bridge->send(st.self_name, *it->second.prefill, id, [&](wire::Envelope::Builder b) {
+    b.getBody().initCancel().setRequestId(id);
+  });
+  try_pull(self, id);
+}
+
+void on_cancel(DecodeActor* self, uint64_t id) {
+  auto& st = self->state;
+  auto it = st.seqs.find(id);
+  if (it == st.seqs.end()) return;
+  Seq& s = it->second;
+  s.cancelled = true;
+  (void)st.scheduler->cancel(id);
+  if (s.prefill && !s.pull_started) {
+    (void)st.ctx.bridge->send(st.self_name, *s.prefill, id, [&](wire::Envelope::Builder b) {
+      b.getBody().initCancel().setRequestId(id);
+    });
+  }
+  // A pull in flight keeps the sequence until its reads end (finish_pull forgets it).
+  bool pulling = s.pull_started && s.reads_left > 0;
+  if (!pulling && st.scheduler->stage(id) != decode::SeqStage::pulling) st.seqs.erase(it);
+  update_metrics(st);
+  pump(self);
+}
+
+void on_frame(DecodeActor* self, const runtime::InboundFrame& in) {
+  auto& st = self->state;
+  auto envelope = in.frame->envelope();
+  auto body = envelope.getBody();
+  switch (body.which()) {
+    case wire::Envelope::Body::GENERATE_REQUEST:
+      return on_generate(self, envelope);
+    case wire::Envelope::Body::PREFILL_RESULT:
+      return on_prefill_result(self, body.getPrefillResult());
+    case wire::Envelope::Body::ERROR:
+      return prefill_failed(self, body.getError().getRequestId(), body.getError().getMessage());
+    case wire::Envelope::Body::CANCEL:
+      return on_cancel(self, body.getCancel().getRequestId());
+    case wire::Envelope::Body::PING:
+      return runtime::answer_ping(st.ctx.bridge, st.self_name, envelope);
+    default:
+      st.ctx.log->warn("decode {}: ignoring message kind {}", st.self_name.instance,
+                       static_cast<int>(body.which()));
+  }
+}
+
+void on_membership(DecodeActor* self, const runtime::MembershipEvent& event) {
+  if (event.kind == runtime::MembershipEvent::Kind::up) return;
+  auto& st = self->state;
+  std::vector<uint64_t> failed, orphaned;
+  for (const auto& [id, s] : st.seqs) {
+    if (s.prefill && s.prefill->node == event.node) failed.push_back(id);
+    if (s.reply_to.node == event.node) orphaned.push_back(id);
+  }
+  for (uint64_t id : failed) prefill_failed(self, id, "node " + event.node + " is down");
+  for (uint64_t id : orphaned) on_cancel(self, id);  // nobody left to stream to
+}
+
+decode::DecodeConfig scheduler_config(const config::Manifest& m) {
+  decode::DecodeConfig c;
+  c.block_tokens = m.model.block_tokens;
+  c.waiting_max = m.decode.waiting_max;
+  c.seqs_max = m.decode.seqs_max;
+  c.step_tokens_max = m.decode.step_tokens_max;
+  c.max_model_tokens = m.model.max_model_tokens;
+  return c;
+}
+
+caf::behavior running(DecodeActor* self) {
+  self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+  return {
+      [self](const runtime::InboundFrame& in) {
+        try {
+          on_frame(self, in);
+        } catch (const kj::Exception& e) {
+          self->state.ctx.log->warn("decode: dropped a message: {}", e.getDescription().cStr());
+        }
+      },
+      [self](const PullChunkDone& done) { on_chunk_done(self, done); },
+      [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
+      [self](runtime::atoms::tick) {
+        auto& st = self->state;
+        auto now = now_ns();
+        std::vector<uint64_t> late;
+        for (const auto& [id, s] : st.seqs) {
+          if (s.prefill && !s.remote_first && !s.prefill_failed && now > s.prefill_deadline)
+            late.push_back(id);
+        }
+        for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
+        update_metrics(st);
+        self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
+                        const config::Instance& instance, caf::actor executor) {
+  ActorName name{ctx.bridge->node(), "decode", instance.name};
+  auto actor = system.spawn([ctx, name, executor](DecodeActor* self) -> caf::behavior {
+    auto& st = self->state;
+    st.ctx = ctx;
+    st.self_name = name;
+    st.executor = executor;
+    if (ctx.node_actor) {
+      self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
+    }
+    self->request(executor, caf::infinite, atoms::exec_info::value)
+        .await([self](const ExecInfo& info) {
+          auto& st = self->state;
+          st.info = info;
+          if (!info.ok) {
+            st.ctx.log->error("decode {}: no device: {}", st.self_name.instance, info.error);
+            return;
+          }
+          auto config = scheduler_config(*st.ctx.manifest);
+          if (Status valid = config.validate(info.layout.blocks_total); !valid.ok()) {
+            st.ctx.log->error("decode {}: {}", st.self_name.instance, valid.error().describe());
+            st.info.ok = false;
+            st.info.error = valid.error().describe();
+            return;
+          }
+          st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
+                                                       info.layout.block_tokens);
+          st.scheduler = std::make_unique<decode::DecodeScheduler>(config, *st.cache);
+          st.metrics = std::make_unique<Metrics>(make_metrics(*st.ctx.metrics, st.self_name.instance));
+          self->become(running(self));
+        });
+    return {
+        [self](const runtime::InboundFrame& in) {  // only if the device failed
+          auto envelope = in.frame->envelope();
+          if (envelope.getBody().which() != wire::Envelope::Body::GENERATE_REQUEST) return;
+          auto& st = self->state;
+          auto req = envelope.getBody().getGenerateRequest();
+          auto to = messages::ActorName::parse(req.getReplyTo().cStr());
+          send_error(st.ctx, st.self_name, to.ok() ? *to : messages::get_name(envelope.getSource()),
+                     req.getRequestId(),
+                     make_error(ErrorKind::unimplemented, "decode has no device: " + st.info.error));
+        },
+        [](const runtime::MembershipEvent&) {},
+    };
+  });
+  ctx.bridge->register_actor(name, actor);
+  return actor;
+}
+
+}  // namespace tandem::actors
