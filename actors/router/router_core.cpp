@@ -1,0 +1,556 @@
+#include "actors/router/router_core.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace tandem::router {
+namespace {
+
+constexpr uint32_t bisect_levels_max = 40;  // 2 + ceil(log2(2^32 blocks)) fits
+constexpr double tie_epsilon = 1e-12;
+
+bool any_bit(const uint64_t* bits, uint32_t words) {
+  for (uint32_t w = 0; w < words; ++w) {
+    if (bits[w] != 0) return true;
+  }
+  return false;
+}
+
+bool same_bits(const uint64_t* a, const uint64_t* b, uint32_t words) {
+  return std::equal(a, a + words, b);
+}
+
+bool weight_ok(double weight) { return std::isfinite(weight) && weight >= 0.0; }
+
+}  // namespace
+
+std::string_view to_string(Policy policy) {
+  switch (policy) {
+    case Policy::prefix_aware: return "prefix-aware";
+    case Policy::round_robin: return "round-robin";
+    case Policy::random: return "random";
+  }
+  return "?";
+}
+
+Status validate(const RouterConfig& config) {
+  auto bad = [](std::string what) { return make_error(ErrorKind::invalid, "router: " + what); };
+  if (!weight_ok(config.weight_prefix)) return bad("weight_prefix must be finite and >= 0");
+  if (!weight_ok(config.weight_queue)) return bad("weight_queue must be finite and >= 0");
+  if (!weight_ok(config.weight_kv_usage)) return bad("weight_kv_usage must be finite and >= 0");
+  if (config.weight_prefix + config.weight_queue + config.weight_kv_usage <= 0.0) {
+    return bad("weight_prefix, weight_queue and weight_kv_usage are all zero");
+  }
+  if (config.prefix_index_blocks_max < 1) return bad("prefix_index_blocks_max must be >= 1");
+  if (config.block_tokens < 1) return bad("block_tokens must be >= 1");
+  if (config.instances_max < 1 || config.instances_max > 65536) {
+    return bad("instances_max must be in 1..65536, got " +
+               std::to_string(config.instances_max));
+  }
+  return {};
+}
+
+RouterCore::RouterCore(const RouterConfig& config) : config_(config) {
+  Status valid = validate(config);
+  if (!valid) throw std::invalid_argument(valid.error().describe());
+  words_ = (config.instances_max + 63) / 64;
+  scratch_bits_.assign(static_cast<size_t>(bisect_levels_max) * words_, 0);
+  random_state_ = config.seed;
+  RT_ASSERT(words_ >= 1 && words_ <= 1024, words_);
+  RT_ASSERT(scratch_bits_.size() >= 2u * words_);
+}
+
+RouterCore::Slot* RouterCore::find(InstanceId id) {
+  auto it = slot_of_.find(id.value);
+  if (it == slot_of_.end()) return nullptr;
+  RT_ASSERT(slots_[it->second].used && slots_[it->second].id == id, id.value);
+  return &slots_[it->second];
+}
+
+Status RouterCore::add_instance(InstanceId id, InstanceRole role) {
+  if (slot_of_.count(id.value) != 0) {
+    return make_error(ErrorKind::invalid,
+                      "router: instance " + std::to_string(id.value) + " is already known");
+  }
+  if (slot_of_.size() >= config_.instances_max) {
+    return make_error(ErrorKind::overloaded, "router: instances_max (" +
+                                                 std::to_string(config_.instances_max) +
+                                                 ") instances already known");
+  }
+  uint32_t slot = 0;
+  while (slot < slots_.size() && slots_[slot].used) ++slot;
+  if (slot == slots_.size()) slots_.emplace_back();
+  RT_ASSERT(slot < config_.instances_max, slot);
+  Slot& s = slots_[slot];
+  RT_ASSERT(s.held.empty() && s.leaves.empty(), slot);
+  s.used = true;
+  s.up = true;
+  s.id = id;
+  s.role = role;
+  s.load = {};
+  slot_of_[id.value] = slot;
+  return {};
+}
+
+Status RouterCore::remove_instance(InstanceId id) {
+  Slot* s = find(id);
+  if (s == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  uint32_t slot = slot_of_[id.value];
+  clear_slot_index(slot);
+  RT_ASSERT(s->held.empty() && s->leaves.empty(), slot);
+  s->used = false;
+  slot_of_.erase(id.value);
+  return {};
+}
+
+Status RouterCore::set_up(InstanceId id, bool up) {
+  Slot* s = find(id);
+  if (s == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  if (s->up && !up) {
+    clear_slot_index(slot_of_[id.value]);
+    s->load = {};
+  }
+  s->up = up;
+  RT_ASSERT(up || s->held.empty(), id.value);
+  return {};
+}
+
+Status RouterCore::update_load(InstanceId id, const InstanceLoad& load) {
+  Slot* s = find(id);
+  if (s == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  s->load = load;
+  RT_ASSERT(s->used, id.value);
+  return {};
+}
+
+Status RouterCore::check_request(const PickRequest& request) const {
+  uint64_t block_tokens_sum = uint64_t{request.block_hashes.size()} * config_.block_tokens;
+  if (request.prompt_tokens < block_tokens_sum) {
+    return make_error(ErrorKind::invalid,
+                      "router: prompt_tokens " + std::to_string(request.prompt_tokens) +
+                          " is below its " + std::to_string(request.block_hashes.size()) +
+                          " full blocks of " + std::to_string(config_.block_tokens) + " tokens");
+  }
+  if (request.block_hashes.size() >= UINT32_MAX) {
+    return make_error(ErrorKind::invalid, "router: too many block hashes");
+  }
+  return {};
+}
+
+// ---- prefix matching: parallel bisection over the prompt's chain ----
+//
+// Invariant kept by every update: an instance that holds a block holds its parent (each
+// instance's blocks form prefix-closed trees). So the set of instances holding block i of
+// the prompt shrinks as i grows, and an instance's match length is found by bisection.
+
+bool RouterCore::bit(uint32_t node, uint32_t slot) const {
+  return (node_bits_[size_t{node} * words_ + slot / 64] >> (slot % 64)) & 1u;
+}
+
+void RouterCore::holders(std::span<const kv::BlockHash> hashes, uint32_t position,
+                         uint64_t* out) const {
+  RT_ASSERT(position < hashes.size(), position, hashes.size());
+  auto it = node_lookup_.find(hashes[position]);
+  if (it == node_lookup_.end() || nodes_[it->second].depth != position) {
+    std::fill(out, out + words_, 0);
+    return;
+  }
+  const uint64_t* bits = &node_bits_[size_t{it->second} * words_];
+  RT_ASSERT(any_bit(bits, words_), "a node in the lookup is held by someone", it->second);
+  std::copy(bits, bits + words_, out);
+}
+
+void RouterCore::bisect(std::span<const kv::BlockHash> hashes, uint32_t lo, uint32_t hi,
+                        const uint64_t* lo_bits, const uint64_t* hi_bits, uint32_t level,
+                        std::vector<uint32_t>& out) const {
+  RT_ASSERT(lo < hi, lo, hi);
+  RT_ASSERT(level < bisect_levels_max, level);
+  if (same_bits(lo_bits, hi_bits, words_)) return;  // nobody's match ends in (lo, hi]
+  if (hi == lo + 1) {
+    for (uint32_t w = 0; w < words_; ++w) {
+      uint64_t ends_here = lo_bits[w] & ~hi_bits[w];
+      while (ends_here != 0) {
+        uint32_t slot = w * 64 + static_cast<uint32_t>(__builtin_ctzll(ends_here));
+        out[slot] = lo + 1;
+        ends_here &= ends_here - 1;
+      }
+    }
+    return;
+  }
+  uint32_t mid = lo + (hi - lo) / 2;
+  uint64_t* mid_bits = &scratch_bits_[size_t{level} * words_];
+  holders(hashes, mid, mid_bits);
+  for (uint32_t w = 0; w < words_; ++w) mid_bits[w] = (mid_bits[w] & lo_bits[w]) | hi_bits[w];
+  bisect(hashes, lo, mid, lo_bits, mid_bits, level + 1, out);
+  bisect(hashes, mid, hi, mid_bits, hi_bits, level + 1, out);
+}
+
+void RouterCore::match_lengths(std::span<const kv::BlockHash> hashes,
+                               std::vector<uint32_t>& out) const {
+  out.assign(slots_.size(), 0);
+  if (hashes.empty() || node_lookup_.empty()) return;
+  uint64_t* first = &scratch_bits_[0];
+  uint64_t* last = &scratch_bits_[words_];
+  holders(hashes, 0, first);
+  if (!any_bit(first, words_)) return;
+  auto blocks = static_cast<uint32_t>(hashes.size());
+  holders(hashes, blocks - 1, last);
+  for (uint32_t w = 0; w < words_; ++w) {
+    last[w] &= first[w];
+    for (uint64_t all = last[w]; all != 0; all &= all - 1) {
+      out[w * 64 + static_cast<uint32_t>(__builtin_ctzll(all))] = blocks;
+    }
+  }
+  if (blocks > 1) bisect(hashes, 0, blocks - 1, first, last, 2, out);
+  RT_ASSERT(out.size() == slots_.size());
+}
+
+uint32_t RouterCore::cached_blocks(InstanceId id, std::span<const kv::BlockHash> hashes) const {
+  auto it = slot_of_.find(id.value);
+  if (it == slot_of_.end()) return 0;
+  std::vector<uint32_t> lengths;
+  match_lengths(hashes, lengths);
+  RT_ASSERT(lengths[it->second] <= hashes.size());
+  return lengths[it->second];
+}
+
+size_t RouterCore::index_blocks_count(InstanceId id) const {
+  auto it = slot_of_.find(id.value);
+  return it == slot_of_.end() ? 0 : slots_[it->second].held.size();
+}
+
+// ---- scoring and choosing ----
+
+InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t blocks) const {
+  const Slot& s = slots_[slot];
+  RT_ASSERT(s.used, slot);
+  RT_ASSERT(cached <= blocks, cached, blocks);
+  InstanceScore score;
+  score.id = s.id;
+  score.cached_blocks = cached;
+  score.prefix = blocks == 0 ? 0.0 : static_cast<double>(cached) / static_cast<double>(blocks);
+  score.queue = 1.0 / (1.0 + static_cast<double>(s.load.waiting_count));
+  const InstanceLoad& load = s.load;
+  if (load.kv_blocks_total == 0) {
+    score.kv_usage = 1.0;
+  } else {
+    uint64_t used = std::min(load.kv_blocks_used, load.kv_blocks_total);
+    score.kv_usage = 1.0 - static_cast<double>(used) / static_cast<double>(load.kv_blocks_total);
+  }
+  score.total = config_.weight_prefix * score.prefix + config_.weight_queue * score.queue +
+                config_.weight_kv_usage * score.kv_usage;
+  return score;
+}
+
+std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
+                                                const std::vector<uint32_t>& lengths,
+                                                size_t blocks, uint32_t& cursor,
+                                                double* score) const {
+  std::optional<uint32_t> best;
+  double best_total = 0.0;
+  auto count = static_cast<uint32_t>(slots_.size());
+  for (uint32_t k = 0; k < count; ++k) {
+    uint32_t slot = (cursor + k) % count;  // ties go to the first after the last pick
+    const Slot& s = slots_[slot];
+    if (!s.used || !s.up || s.role != role) continue;
+    double total = score_slot(slot, lengths[slot], blocks).total;
+    if (!best || total > best_total + tie_epsilon) {
+      best = slot;
+      best_total = total;
+    }
+  }
+  if (best) *score = best_total;
+  RT_ASSERT(!best || *best < count, *best);
+  return best;
+}
+
+std::optional<uint32_t> RouterCore::choose(InstanceRole role,
+                                           const std::vector<uint32_t>& lengths, size_t blocks,
+                                           uint32_t& cursor, double* score) {
+  auto count = static_cast<uint32_t>(slots_.size());
+  RT_ASSERT(lengths.size() == count, lengths.size(), count);
+  *score = 0.0;
+  std::optional<uint32_t> chosen;
+  if (config_.policy == Policy::prefix_aware) {
+    chosen = choose_best(role, lengths, blocks, cursor, score);
+  } else {
+    std::vector<uint32_t> eligible;
+    for (uint32_t k = 0; k < count; ++k) {
+      uint32_t slot = (cursor + k) % count;
+      const Slot& s = slots_[slot];
+      if (s.used && s.up && s.role == role) eligible.push_back(slot);
+    }
+    if (!eligible.empty()) {
+      size_t index = 0;
+      if (config_.policy == Policy::random) {
+        // Lemire's multiply-shift: uniform enough for 2^64 >> eligible.size().
+        index = static_cast<size_t>(
+            (static_cast<unsigned __int128>(next_random()) * eligible.size()) >> 64);
+      }
+      chosen = eligible[index];
+    }
+  }
+  if (chosen) cursor = (*chosen + 1) % count;
+  RT_ASSERT(!chosen || slots_[*chosen].role == role, *chosen);
+  return chosen;
+}
+
+uint64_t RouterCore::next_random() {  // splitmix64
+  random_state_ += 0x9e3779b97f4a7c15ull;
+  uint64_t z = random_state_;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request,
+                                                      InstanceRole role) const {
+  Status valid = check_request(request);
+  if (!valid) return valid.error();
+  std::vector<uint32_t> lengths;
+  match_lengths(request.block_hashes, lengths);
+  std::vector<InstanceScore> out;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (!s.used || !s.up || s.role != role) continue;
+    out.push_back(score_slot(slot, lengths[slot], request.block_hashes.size()));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const InstanceScore& a, const InstanceScore& b) { return a.id < b.id; });
+  RT_ASSERT(out.size() <= slot_of_.size(), out.size());
+  return out;
+}
+
+Result<Pick> RouterCore::pick(const PickRequest& request) {
+  Status valid = check_request(request);
+  if (!valid) return valid.error();
+  bool any_decode = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) {
+    return s.used && s.role == InstanceRole::decode;
+  });
+  if (!any_decode) return make_error(ErrorKind::not_found, "router: no decode instance known");
+  std::vector<uint32_t> lengths;
+  match_lengths(request.block_hashes, lengths);
+  size_t blocks = request.block_hashes.size();
+  Pick pick;
+  std::optional<uint32_t> decode =
+      choose(InstanceRole::decode, lengths, blocks, decode_cursor_, &pick.decode_score);
+  if (!decode) return make_error(ErrorKind::overloaded, "router: every decode instance is down");
+  pick.decode = slots_[*decode].id;
+  pick.decode_cached_blocks = lengths[*decode];
+  pick.uncached_tokens =
+      request.prompt_tokens - uint64_t{pick.decode_cached_blocks} * config_.block_tokens;
+  std::optional<uint32_t> prefill;
+  if (pick.uncached_tokens >= config_.disaggregate_tokens_min) {
+    double prefill_score = 0.0;
+    prefill = choose(InstanceRole::prefill, lengths, blocks, prefill_cursor_, &prefill_score);
+  }
+  record(*decode, request.block_hashes, lengths[*decode]);
+  slots_[*decode].load.waiting_count += 1;
+  if (prefill) {
+    pick.prefill = slots_[*prefill].id;
+    record(*prefill, request.block_hashes, lengths[*prefill]);
+    slots_[*prefill].load.waiting_count += 1;
+  }
+  RT_ASSERT(pick.decode_cached_blocks <= blocks, pick.decode_cached_blocks, blocks);
+  RT_ASSERT(slots_[*decode].up && slots_[*decode].role == InstanceRole::decode);
+  return pick;
+}
+
+// ---- the index: nodes, per-instance trees, LRU ----
+
+uint32_t RouterCore::node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth) {
+  auto it = node_lookup_.find(hash);
+  if (it != node_lookup_.end()) {
+    const Node& node = nodes_[it->second];
+    // A hash seen at another chain position: inconsistent input, not our invariant.
+    if (node.parent != parent || node.depth != depth) return none_;
+    return it->second;
+  }
+  uint32_t id = 0;
+  if (!free_nodes_.empty()) {
+    id = free_nodes_.back();
+    free_nodes_.pop_back();
+  } else {
+    RT_ASSERT(nodes_.size() < none_, nodes_.size());
+    id = static_cast<uint32_t>(nodes_.size());
+    nodes_.emplace_back();
+    node_bits_.resize(node_bits_.size() + words_, 0);
+  }
+  Node& node = nodes_[id];
+  node.hash = hash;
+  node.parent = parent;
+  node.depth = depth;
+  RT_ASSERT(node.children.empty(), id);
+  RT_ASSERT(!any_bit(&node_bits_[size_t{id} * words_], words_), id);
+  if (parent != none_) nodes_[parent].children.push_back(id);
+  node_lookup_.emplace(hash, id);
+  return id;
+}
+
+void RouterCore::free_node(uint32_t node) {
+  Node& n = nodes_[node];
+  RT_ASSERT(n.children.empty(), "closure: a node nobody holds has no held children", node);
+  RT_ASSERT(!any_bit(&node_bits_[size_t{node} * words_], words_), node);
+  if (n.parent != none_) {
+    std::vector<uint32_t>& siblings = nodes_[n.parent].children;
+    auto it = std::find(siblings.begin(), siblings.end(), node);
+    RT_ASSERT(it != siblings.end(), node, n.parent);
+    *it = siblings.back();
+    siblings.pop_back();
+  }
+  node_lookup_.erase(n.hash);
+  n.parent = none_;
+  n.depth = 0;
+  free_nodes_.push_back(node);
+}
+
+// Holds `node` for `slot` as a new leaf; its parent (held, or none) loses its leaf status.
+void RouterCore::hold(uint32_t slot, uint32_t node, uint64_t stamp) {
+  Slot& s = slots_[slot];
+  RT_ASSERT(!bit(node, slot), node, slot);
+  uint32_t parent = nodes_[node].parent;
+  RT_ASSERT(parent == none_ || bit(parent, slot), "closure: parent held first", node);
+  node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
+  s.held.emplace(node, Held{stamp, 0});
+  s.leaves.emplace(stamp, node);
+  if (parent != none_) {
+    Held& p = s.held.at(parent);
+    if (p.child_count++ == 0) s.leaves.erase({p.stamp, parent});
+  }
+}
+
+void RouterCore::touch(uint32_t slot, uint32_t node) {
+  Slot& s = slots_[slot];
+  Held& h = s.held.at(node);
+  uint64_t stamp = ++stamp_;
+  RT_ASSERT(stamp > h.stamp, stamp, h.stamp);
+  if (h.child_count == 0) {
+    size_t erased = s.leaves.erase({h.stamp, node});
+    RT_ASSERT(erased == 1, node);
+    s.leaves.emplace(stamp, node);
+  }
+  h.stamp = stamp;
+}
+
+// Drops a leaf of `slot`'s tree. Its parent inherits the stamp if newer (a block counts as
+// used whenever a deeper block of its chain was), and becomes a leaf when childless.
+void RouterCore::drop(uint32_t slot, uint32_t node) {
+  Slot& s = slots_[slot];
+  auto it = s.held.find(node);
+  RT_ASSERT(it != s.held.end() && it->second.child_count == 0, node, slot);
+  uint64_t stamp = it->second.stamp;
+  size_t erased = s.leaves.erase({stamp, node});
+  RT_ASSERT(erased == 1, node);
+  s.held.erase(it);
+  node_bits_[size_t{node} * words_ + slot / 64] &= ~(uint64_t{1} << (slot % 64));
+  uint32_t parent = nodes_[node].parent;
+  if (parent != none_) {
+    Held& p = s.held.at(parent);
+    RT_ASSERT(p.child_count > 0, parent);
+    p.stamp = std::max(p.stamp, stamp);
+    if (--p.child_count == 0) s.leaves.emplace(p.stamp, parent);
+  }
+  if (!any_bit(&node_bits_[size_t{node} * words_], words_)) free_node(node);
+}
+
+void RouterCore::drop_subtree(uint32_t slot, uint32_t node) {
+  RT_ASSERT(bit(node, slot), node, slot);
+  std::vector<uint32_t> order{node};  // preorder; dropped in reverse (leaves first)
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (uint32_t child : nodes_[order[i]].children) {
+      if (bit(child, slot)) order.push_back(child);
+    }
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) drop(slot, *it);
+  RT_ASSERT(order.size() >= 1);
+}
+
+void RouterCore::evict_to_capacity(uint32_t slot) {
+  Slot& s = slots_[slot];
+  while (s.held.size() > config_.prefix_index_blocks_max) {
+    RT_ASSERT(!s.leaves.empty(), "a non-empty tree has a leaf", slot);
+    drop(slot, s.leaves.begin()->second);
+  }
+  RT_ASSERT(s.held.size() <= config_.prefix_index_blocks_max, s.held.size());
+}
+
+void RouterCore::clear_slot_index(uint32_t slot) {
+  Slot& s = slots_[slot];
+  while (!s.leaves.empty()) drop(slot, s.leaves.begin()->second);
+  RT_ASSERT(s.held.empty(), "every held block is reachable from a leaf", slot);
+}
+
+void RouterCore::record(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached) {
+  RT_ASSERT(cached <= hashes.size(), cached, hashes.size());
+  RT_ASSERT(slots_[slot].used, slot);
+  if (hashes.empty()) return;
+  auto blocks = static_cast<uint32_t>(hashes.size());
+  if (cached == blocks) {
+    touch(slot, node_lookup_.at(hashes[blocks - 1]));
+    return;
+  }
+  uint32_t parent = cached == 0 ? none_ : node_lookup_.at(hashes[cached - 1]);
+  uint64_t stamp = ++stamp_;
+  if (parent != none_) touch(slot, parent);
+  for (uint32_t i = cached; i < blocks; ++i) {
+    uint32_t node = node_for(hashes[i], parent, i);
+    if (node == none_ || bit(node, slot)) break;  // inconsistent chain: stop recording
+    hold(slot, node, stamp);
+    parent = node;
+  }
+  evict_to_capacity(slot);
+}
+
+Status RouterCore::kv_stored(InstanceId id, std::optional<kv::BlockHash> parent_hash,
+                             std::span<const kv::BlockHash> hashes) {
+  if (find(id) == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  uint32_t slot = slot_of_.at(id.value);
+  uint32_t parent = none_;
+  uint32_t depth = 0;
+  if (parent_hash) {
+    auto it = node_lookup_.find(*parent_hash);
+    if (it == node_lookup_.end() || !bit(it->second, slot)) return {};  // not a leading hit
+    parent = it->second;
+    depth = nodes_[parent].depth + 1;
+  }
+  for (const kv::BlockHash& hash : hashes) {
+    uint32_t node = node_for(hash, parent, depth);
+    if (node == none_) break;
+    if (bit(node, slot)) {
+      touch(slot, node);
+    } else {
+      hold(slot, node, ++stamp_);
+    }
+    parent = node;
+    ++depth;
+  }
+  evict_to_capacity(slot);
+  RT_ASSERT(slots_[slot].held.size() <= config_.prefix_index_blocks_max);
+  return {};
+}
+
+Status RouterCore::kv_removed(InstanceId id, std::span<const kv::BlockHash> hashes) {
+  if (find(id) == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  uint32_t slot = slot_of_.at(id.value);
+  for (const kv::BlockHash& hash : hashes) {
+    auto it = node_lookup_.find(hash);
+    if (it == node_lookup_.end() || !bit(it->second, slot)) continue;
+    drop_subtree(slot, it->second);
+  }
+  RT_ASSERT(slots_[slot].held.size() <= config_.prefix_index_blocks_max);
+  return {};
+}
+
+}  // namespace tandem::router
