@@ -11,25 +11,25 @@
 namespace tandem::bench {
 
 struct RouterBenchOptions {
-  uint32_t instances_count = 64;     // half decode, half prefill
+  uint32_t instances_count = 64;  // half decode, half prefill
   uint64_t prompt_tokens = 200000;
-  uint32_t block_tokens = 16;        // 16 -> 12,500 hashes; 4096 -> 48
-  uint32_t picks_count = 20000;      // timed picks per scenario
-  uint32_t filler_blocks = 2000;     // unrelated blocks each instance also holds
+  uint32_t block_tokens = 16;     // 16 -> 12,500 hashes; 4096 -> 48
+  uint32_t picks_count = 20000;   // timed picks per scenario
+  uint32_t filler_blocks = 2000;  // unrelated blocks each instance also holds
 };
 
 struct RouterBenchScenario {
-  std::string name;          // what the index looks like
+  std::string name;                     // what the index looks like
   uint32_t match_lengths_distinct = 0;  // distinct leading-hit lengths among instances
   double p50_us = 0, p99_us = 0, max_us = 0;
-  double picks_per_s = 0;    // picks_count / summed pick time
+  double picks_per_s = 0;  // picks_count / summed pick time
 };
 
 struct RouterBenchResult {
   uint32_t block_tokens = 0;
-  uint32_t blocks_count = 0;           // hashes per prompt
-  size_t index_nodes_count = 0;        // distinct blocks in the index after warm-up
-  double cold_pick_us = 0;             // mean pick of a never-seen prompt (inserts every block)
+  uint32_t blocks_count = 0;     // hashes per prompt
+  size_t index_nodes_count = 0;  // distinct blocks in the index after warm-up
+  double cold_pick_us = 0;       // mean pick of a never-seen prompt (inserts every block)
   std::vector<RouterBenchScenario> scenarios;
 };
 

@@ -22,15 +22,20 @@ bool same_bits(const uint64_t* a, const uint64_t* b, uint32_t words) {
   return std::equal(a, a + words, b);
 }
 
-bool weight_ok(double weight) { return std::isfinite(weight) && weight >= 0.0; }
+bool weight_ok(double weight) {
+  return std::isfinite(weight) && weight >= 0.0;
+}
 
 }  // namespace
 
 std::string_view to_string(Policy policy) {
   switch (policy) {
-    case Policy::prefix_aware: return "prefix-aware";
-    case Policy::round_robin: return "round-robin";
-    case Policy::random: return "random";
+    case Policy::prefix_aware:
+      return "prefix-aware";
+    case Policy::round_robin:
+      return "round-robin";
+    case Policy::random:
+      return "random";
   }
   return "?";
 }
@@ -46,8 +51,7 @@ Status validate(const RouterConfig& config) {
   if (config.prefix_index_blocks_max < 1) return bad("prefix_index_blocks_max must be >= 1");
   if (config.block_tokens < 1) return bad("block_tokens must be >= 1");
   if (config.instances_max < 1 || config.instances_max > 65536) {
-    return bad("instances_max must be in 1..65536, got " +
-               std::to_string(config.instances_max));
+    return bad("instances_max must be in 1..65536, got " + std::to_string(config.instances_max));
   }
   return {};
 }
@@ -251,9 +255,8 @@ InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t bloc
 }
 
 std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
-                                                const std::vector<uint32_t>& lengths,
-                                                size_t blocks, uint32_t& cursor,
-                                                double* score) const {
+                                                const std::vector<uint32_t>& lengths, size_t blocks,
+                                                uint32_t& cursor, double* score) const {
   std::optional<uint32_t> best;
   double best_total = 0.0;
   auto count = static_cast<uint32_t>(slots_.size());
@@ -272,9 +275,8 @@ std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
   return best;
 }
 
-std::optional<uint32_t> RouterCore::choose(InstanceRole role,
-                                           const std::vector<uint32_t>& lengths, size_t blocks,
-                                           uint32_t& cursor, double* score) {
+std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<uint32_t>& lengths,
+                                           size_t blocks, uint32_t& cursor, double* score) {
   auto count = static_cast<uint32_t>(slots_.size());
   RT_ASSERT(lengths.size() == count, lengths.size(), count);
   *score = 0.0;

@@ -33,9 +33,9 @@ std::string_view to_string(Policy policy);  // "prefix-aware", "round-robin", "r
 // from elsewhere ([model] block_tokens). The core does not link the config library.
 struct RouterConfig {
   Policy policy = Policy::prefix_aware;
-  double weight_prefix = 1.0;    // >= 0; not all three zero
-  double weight_queue = 1.0;     // >= 0
-  double weight_kv_usage = 1.0;  // >= 0
+  double weight_prefix = 1.0;                 // >= 0; not all three zero
+  double weight_queue = 1.0;                  // >= 0
+  double weight_kv_usage = 1.0;               // >= 0
   uint32_t prefix_index_blocks_max = 100000;  // per-instance LRU capacity, blocks, >= 1
   uint32_t disaggregate_tokens_min = 256;     // uncached tokens at/above which P/D is used
   uint32_t block_tokens = 16;                 // tokens per KV block, >= 1
@@ -112,8 +112,7 @@ class RouterCore {
 
   // Scores every up instance of `role` without changing state (prefix-aware math, also
   // shown for baselines). Errors: invalid (as pick).
-  Result<std::vector<InstanceScore>> scores(const PickRequest& request,
-                                            InstanceRole role) const;
+  Result<std::vector<InstanceScore>> scores(const PickRequest& request, InstanceRole role) const;
 
   // Leading blocks of `hashes` the index holds for `id` (0 if unknown).
   uint32_t cached_blocks(InstanceId id, std::span<const kv::BlockHash> hashes) const;
@@ -130,7 +129,7 @@ class RouterCore {
     uint32_t depth = 0;
     std::vector<uint32_t> children;
   };
-  struct Held {  // one block held by one instance
+  struct Held {                // one block held by one instance
     uint64_t stamp = 0;        // last touch (larger = more recent)
     uint32_t child_count = 0;  // held children (0 = a leaf of this instance's tree)
   };
@@ -140,8 +139,8 @@ class RouterCore {
     InstanceId id;
     InstanceRole role = InstanceRole::decode;
     InstanceLoad load;
-    std::unordered_map<uint32_t, Held> held;           // node -> held entry
-    std::set<std::pair<uint64_t, uint32_t>> leaves;    // (stamp, node): LRU eviction order
+    std::unordered_map<uint32_t, Held> held;         // node -> held entry
+    std::set<std::pair<uint64_t, uint32_t>> leaves;  // (stamp, node): LRU eviction order
   };
 
   Status check_request(const PickRequest& request) const;
@@ -149,8 +148,7 @@ class RouterCore {
   void bisect(std::span<const kv::BlockHash> hashes, uint32_t lo, uint32_t hi,
               const uint64_t* lo_bits, const uint64_t* hi_bits, uint32_t level,
               std::vector<uint32_t>& out) const;
-  void holders(std::span<const kv::BlockHash> hashes, uint32_t position,
-               uint64_t* out) const;
+  void holders(std::span<const kv::BlockHash> hashes, uint32_t position, uint64_t* out) const;
   InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks) const;
   std::optional<uint32_t> choose(InstanceRole role, const std::vector<uint32_t>& lengths,
                                  size_t blocks, uint32_t& cursor, double* score);
@@ -179,7 +177,7 @@ class RouterCore {
   std::unordered_map<kv::BlockHash, uint32_t, kv::BlockHashHasher> node_lookup_;
   mutable std::vector<uint64_t> scratch_bits_;  // bisection levels, (levels + 2) * words_
   uint64_t stamp_ = 0;
-  uint32_t decode_cursor_ = 0;   // round-robin / tie-break rotation
+  uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation
   uint32_t prefill_cursor_ = 0;
   uint64_t random_state_;
 };

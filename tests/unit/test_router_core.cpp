@@ -357,7 +357,8 @@ TEST_CASE("router: identical inputs give identical picks") {
       auto prompt = chain(500 + i % 13, 10 + i % 17, &system, 10);
       Pick pick = core.pick(request_for(prompt)).value();
       out.emplace_back(pick.decode.value, pick.prefill ? pick.prefill->value : 0);
-      if (i % 10 == 0) REQUIRE(core.update_load(d1, InstanceLoad{static_cast<uint32_t>(i % 3), 0, i, 300}).ok());
+      if (i % 10 == 0)
+        REQUIRE(core.update_load(d1, InstanceLoad{static_cast<uint32_t>(i % 3), 0, i, 300}).ok());
     }
     return out;
   };

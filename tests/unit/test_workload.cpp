@@ -91,7 +91,8 @@ TEST_CASE("workload: agentic distributions land on their parameters") {
     const Segment& repo = r.segments[1];
     CHECK(repo.tokens_count >= 5000);
     CHECK(repo.tokens_count <= 40000);
-    auto [known, inserted] = repo_tokens.try_emplace(static_cast<uint32_t>(r.repo), repo.tokens_count);
+    auto [known, inserted] =
+        repo_tokens.try_emplace(static_cast<uint32_t>(r.repo), repo.tokens_count);
     CHECK(known->second == repo.tokens_count);  // a repository's context never changes
     if (r.turn == 0) {
       task.push_back(r.segments[2].tokens_count);
@@ -265,18 +266,22 @@ TEST_CASE("workload: a malformed JSONL line is an error naming its line") {
   expect("[1,2]", "line 3: not a JSON object");
   expect("{\"session\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,\"prompt\":\"x\"}",
          "line 3: missing \"turn\"");
-  expect("{\"session\":-1,\"turn\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,"
-         "\"prompt\":\"x\"}",
-         "line 3: \"session\" must be a non-negative integer");
-  expect("{\"session\":0,\"turn\":0,\"arrival_offset_ms\":-5,\"expected_output_tokens\":4,"
-         "\"prompt\":\"x\"}",
-         "line 3: \"arrival_offset_ms\" must be a finite number >= 0");
-  expect("{\"session\":0,\"turn\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,"
-         "\"prompt_token_ids\":[1,\"a\"]}",
-         "line 3: \"prompt_token_ids\"[1] must be an integer in 0..4294967295");
-  expect("{\"session\":0,\"turn\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,"
-         "\"prompt_token_ids\":[1],\"prompt\":\"x\"}",
-         "line 3: exactly one of \"prompt_token_ids\" and \"prompt\" is required");
+  expect(
+      "{\"session\":-1,\"turn\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,"
+      "\"prompt\":\"x\"}",
+      "line 3: \"session\" must be a non-negative integer");
+  expect(
+      "{\"session\":0,\"turn\":0,\"arrival_offset_ms\":-5,\"expected_output_tokens\":4,"
+      "\"prompt\":\"x\"}",
+      "line 3: \"arrival_offset_ms\" must be a finite number >= 0");
+  expect(
+      "{\"session\":0,\"turn\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,"
+      "\"prompt_token_ids\":[1,\"a\"]}",
+      "line 3: \"prompt_token_ids\"[1] must be an integer in 0..4294967295");
+  expect(
+      "{\"session\":0,\"turn\":0,\"arrival_offset_ms\":0,\"expected_output_tokens\":4,"
+      "\"prompt_token_ids\":[1],\"prompt\":\"x\"}",
+      "line 3: exactly one of \"prompt_token_ids\" and \"prompt\" is required");
 }
 
 TEST_CASE("workload: bad parameters are errors naming the field") {

@@ -21,8 +21,8 @@ LatencyStats latency_stats(std::vector<double> samples) {
   if (samples.empty()) return stats;
   std::sort(samples.begin(), samples.end());
   stats.count = samples.size();
-  stats.mean = std::accumulate(samples.begin(), samples.end(), 0.0) /
-               static_cast<double>(samples.size());
+  stats.mean =
+      std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(samples.size());
   stats.p50 = percentile(samples, 50);
   stats.p90 = percentile(samples, 90);
   stats.p99 = percentile(samples, 99);
@@ -46,17 +46,16 @@ Status check_timeline(const RequestTimeline& t, size_t index) {
   double previous = t.send_ms;
   for (size_t i = 0; i < t.chunk_ms.size(); ++i) {
     if (!(t.chunk_ms[i] >= previous)) {
-      return bad_request(index, "chunk " + std::to_string(i) +
-                                    (i == 0 ? " is before send_ms" : " is before chunk " +
-                                                                          std::to_string(i - 1)));
+      return bad_request(
+          index, "chunk " + std::to_string(i) +
+                     (i == 0 ? " is before send_ms" : " is before chunk " + std::to_string(i - 1)));
     }
     previous = t.chunk_ms[i];
   }
   if (t.end_ms < previous) return bad_request(index, "end_ms is before the last chunk");
   if (t.error_kind.empty() && t.output_tokens < t.chunk_ms.size()) {
     return bad_request(index, "output_tokens " + std::to_string(t.output_tokens) +
-                                  " is below its " + std::to_string(t.chunk_ms.size()) +
-                                  " chunks");
+                                  " is below its " + std::to_string(t.chunk_ms.size()) + " chunks");
   }
   return {};
 }
@@ -142,8 +141,8 @@ Result<BenchSummary> summarize(const std::vector<RequestTimeline>& timelines,
     summary.goodput_per_s = static_cast<double>(summary.goodput_count) / duration_s;
   }
   if (summary.requests_count > 0) {
-    summary.goodput_fraction = static_cast<double>(summary.goodput_count) /
-                               static_cast<double>(summary.requests_count);
+    summary.goodput_fraction =
+        static_cast<double>(summary.goodput_count) / static_cast<double>(summary.requests_count);
   }
   summary.ttft_ms = latency_stats(std::move(ttft));
   summary.tpot_ms = latency_stats(std::move(tpot));

@@ -30,12 +30,12 @@ class Rng {
     return mix(state_);
   }
   double uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  uint32_t uniform_int(uint32_t lo, uint32_t hi) {  // inclusive
+  uint32_t uniform_int(uint32_t lo, uint32_t hi) {                              // inclusive
     RT_ASSERT(lo <= hi, lo, hi);
     uint64_t span = uint64_t{hi} - lo + 1;
     return lo + static_cast<uint32_t>((static_cast<unsigned __int128>(next()) * span) >> 64);
   }
-  double normal() {  // Box-Muller
+  double normal() {                 // Box-Muller
     double u1 = 1.0 - uniform01();  // (0, 1]
     double u2 = uniform01();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
@@ -54,7 +54,9 @@ uint32_t clamp_tokens(double value, uint32_t lo, uint32_t hi) {
   return static_cast<uint32_t>(rounded);
 }
 
-Error bad(const std::string& what) { return make_error(ErrorKind::invalid, "workload: " + what); }
+Error bad(const std::string& what) {
+  return make_error(ErrorKind::invalid, "workload: " + what);
+}
 
 Status check_agentic(const AgenticParams& p) {
   if (p.vocab_size < 2) return bad("vocab_size must be >= 2");
@@ -116,14 +118,15 @@ double emit_session(const AgenticParams& p, const SessionPlan& plan, Rng& rng, d
   for (uint32_t turn = 0; turn < turns; ++turn) {
     double think_ms = 0;
     if (turn > 0) {
-      uint32_t tool = clamp_tokens(rng.lognormal(p.tool_output_tokens_median,
-                                                 p.tool_output_tokens_sigma),
-                                   1, p.tool_output_tokens_max);
+      uint32_t tool =
+          clamp_tokens(rng.lognormal(p.tool_output_tokens_median, p.tool_output_tokens_sigma), 1,
+                       p.tool_output_tokens_max);
       think_ms = rng.lognormal(p.think_time_ms_median, p.think_time_ms_sigma);
-      prompt.push_back({SegmentKind::assistant, derive(p.seed, Stream::assistant, plan.session,
-                                                       turn - 1), previous_output, p.vocab_size});
-      prompt.push_back(
-          {SegmentKind::tool, derive(p.seed, Stream::tool, plan.session, turn), tool, p.vocab_size});
+      prompt.push_back({SegmentKind::assistant,
+                        derive(p.seed, Stream::assistant, plan.session, turn - 1), previous_output,
+                        p.vocab_size});
+      prompt.push_back({SegmentKind::tool, derive(p.seed, Stream::tool, plan.session, turn), tool,
+                        p.vocab_size});
       prompt_tokens += uint64_t{previous_output} + tool;
       arrival_ms += think_ms;
     }
@@ -140,8 +143,8 @@ double emit_session(const AgenticParams& p, const SessionPlan& plan, Rng& rng, d
     out.push_back(std::move(request));
     previous_output = output;
   }
-  RT_ASSERT(prompt_tokens <= uint64_t{p.context_tokens_max} + p.tool_output_tokens_max +
-                                 p.output_tokens_max);
+  RT_ASSERT(prompt_tokens <=
+            uint64_t{p.context_tokens_max} + p.tool_output_tokens_max + p.output_tokens_max);
   return arrival_ms + rng.lognormal(p.think_time_ms_median, p.think_time_ms_sigma);
 }
 
@@ -159,15 +162,24 @@ void sort_by_arrival(std::vector<Request>& requests) {
 
 std::string_view to_string(SegmentKind kind) {
   switch (kind) {
-    case SegmentKind::system: return "system";
-    case SegmentKind::repo: return "repo";
-    case SegmentKind::task: return "task";
-    case SegmentKind::assistant: return "assistant";
-    case SegmentKind::tool: return "tool";
-    case SegmentKind::random: return "random";
-    case SegmentKind::prefix: return "prefix";
-    case SegmentKind::suffix: return "suffix";
-    case SegmentKind::literal: return "literal";
+    case SegmentKind::system:
+      return "system";
+    case SegmentKind::repo:
+      return "repo";
+    case SegmentKind::task:
+      return "task";
+    case SegmentKind::assistant:
+      return "assistant";
+    case SegmentKind::tool:
+      return "tool";
+    case SegmentKind::random:
+      return "random";
+    case SegmentKind::prefix:
+      return "prefix";
+    case SegmentKind::suffix:
+      return "suffix";
+    case SegmentKind::literal:
+      return "literal";
   }
   return "?";
 }
@@ -209,12 +221,14 @@ Result<std::vector<Request>> generate_agentic(const AgenticParams& p) {
     double weight = 1.0 / std::pow(k + 1.0, p.repo_popularity_zipf_s);
     cumulative.push_back((cumulative.empty() ? 0.0 : cumulative.back()) + weight);
     Rng repo_rng(derive(p.seed, Stream::repo, k));
-    repo_tokens.push_back(repo_rng.uniform_int(p.repo_context_tokens_min, p.repo_context_tokens_max));
+    repo_tokens.push_back(
+        repo_rng.uniform_int(p.repo_context_tokens_min, p.repo_context_tokens_max));
   }
   Segment system{SegmentKind::system, derive(p.seed, Stream::system, 0), p.system_prompt_tokens,
                  p.vocab_size};
   std::vector<double> slot_free_ms(p.sessions_in_flight);
-  for (uint32_t j = 0; j < p.sessions_in_flight; ++j) slot_free_ms[j] = j * p.session_start_stagger_ms;
+  for (uint32_t j = 0; j < p.sessions_in_flight; ++j)
+    slot_free_ms[j] = j * p.session_start_stagger_ms;
   std::vector<Request> out;
   for (uint32_t s = 0; s < p.sessions_count; ++s) {
     Rng rng(derive(p.seed, Stream::session, s));
@@ -239,7 +253,8 @@ Result<std::vector<Request>> generate_agentic(const AgenticParams& p) {
 Result<std::vector<Request>> generate_random(const RandomParams& p) {
   if (p.vocab_size < 2) return bad("vocab_size must be >= 2");
   if (p.requests_count < 1) return bad("requests_count must be >= 1");
-  if (p.input_tokens < 1 || p.output_tokens < 1) return bad("input_tokens and output_tokens must be >= 1");
+  if (p.input_tokens < 1 || p.output_tokens < 1)
+    return bad("input_tokens and output_tokens must be >= 1");
   if (!(p.range_ratio >= 0 && p.range_ratio < 1)) return bad("range_ratio must be in [0, 1)");
   if (!(p.request_rate_per_s >= 0)) return bad("request_rate_per_s must be >= 0");
   auto range = [&](uint32_t center, Rng& rng) {
@@ -254,11 +269,13 @@ Result<std::vector<Request>> generate_random(const RandomParams& p) {
     Rng rng(derive(p.seed, Stream::request, i));
     Request request;
     request.session = i;
-    if (p.request_rate_per_s > 0 && i > 0) arrival_ms += arrivals.exponential(1000.0 / p.request_rate_per_s);
+    if (p.request_rate_per_s > 0 && i > 0)
+      arrival_ms += arrivals.exponential(1000.0 / p.request_rate_per_s);
     request.arrival_offset_ms = arrival_ms;
     uint32_t input = range(p.input_tokens, rng);
     request.expected_output_tokens = range(p.output_tokens, rng);
-    request.segments = {{SegmentKind::random, derive(p.seed, Stream::task, i), input, p.vocab_size}};
+    request.segments = {
+        {SegmentKind::random, derive(p.seed, Stream::task, i), input, p.vocab_size}};
     out.push_back(std::move(request));
   }
   RT_ASSERT(out.size() == p.requests_count);
@@ -286,7 +303,8 @@ Result<std::vector<Request>> generate_shared_prefix(const SharedPrefixParams& p)
     Request request;
     request.session = group;
     request.turn = index;
-    if (p.request_rate_per_s > 0 && !out.empty()) arrival_ms += rng.exponential(1000.0 / p.request_rate_per_s);
+    if (p.request_rate_per_s > 0 && !out.empty())
+      arrival_ms += rng.exponential(1000.0 / p.request_rate_per_s);
     request.arrival_offset_ms = arrival_ms;
     request.expected_output_tokens = p.output_tokens;
     request.segments = {
@@ -391,8 +409,10 @@ Result<Request> parse_jsonl_line(std::string_view line, size_t line_number) {
   uint64_t session = 0, turn = 0, output = 0;
   std::string problem = read_uint(object, "session", true, UINT32_MAX, session);
   if (problem.empty()) problem = read_uint(object, "turn", true, UINT32_MAX, turn);
-  if (problem.empty()) problem = read_uint(object, "expected_output_tokens", true, UINT32_MAX, output);
-  if (problem.empty()) problem = read_ms(object, "arrival_offset_ms", true, request.arrival_offset_ms);
+  if (problem.empty())
+    problem = read_uint(object, "expected_output_tokens", true, UINT32_MAX, output);
+  if (problem.empty())
+    problem = read_ms(object, "arrival_offset_ms", true, request.arrival_offset_ms);
   if (problem.empty()) problem = read_ms(object, "think_time_ms", false, request.think_time_ms);
   if (problem.empty() && object.contains("repo")) {
     uint64_t repo = 0;

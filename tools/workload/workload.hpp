@@ -53,25 +53,25 @@ struct Request {
 struct AgenticParams {
   uint64_t seed = 1;
   uint32_t vocab_size = 200064;
-  uint32_t sessions_count = 64;            // sessions generated in total
-  uint32_t sessions_in_flight = 8;         // N: a new session starts when one ends
-  uint32_t system_prompt_tokens = 8192;    // shared by every session (tool definitions)
+  uint32_t sessions_count = 64;          // sessions generated in total
+  uint32_t sessions_in_flight = 8;       // N: a new session starts when one ends
+  uint32_t system_prompt_tokens = 8192;  // shared by every session (tool definitions)
   uint32_t repos_count = 12;
-  double repo_popularity_zipf_s = 1.0;     // P(repo k) proportional to 1 / (k + 1)^s
-  uint32_t repo_context_tokens_min = 5000;   // per repository, uniform in [min, max]
+  double repo_popularity_zipf_s = 1.0;      // P(repo k) proportional to 1 / (k + 1)^s
+  uint32_t repo_context_tokens_min = 5000;  // per repository, uniform in [min, max]
   uint32_t repo_context_tokens_max = 40000;
-  double task_tokens_median = 300;         // task statement: lognormal
+  double task_tokens_median = 300;  // task statement: lognormal
   double task_tokens_sigma = 0.5;
   double tool_output_tokens_median = 800;  // new tokens per turn: lognormal (long tail)
   double tool_output_tokens_sigma = 1.0;
   uint32_t tool_output_tokens_max = 32000;
-  uint32_t output_tokens_min = 300;        // per turn, uniform in [min, max]
+  uint32_t output_tokens_min = 300;  // per turn, uniform in [min, max]
   uint32_t output_tokens_max = 600;
-  uint32_t turns_min = 20;                 // per session, uniform in [min, max]
+  uint32_t turns_min = 20;  // per session, uniform in [min, max]
   uint32_t turns_max = 80;
-  double think_time_ms_median = 1000;      // between a response and the next turn: lognormal
+  double think_time_ms_median = 1000;  // between a response and the next turn: lognormal
   double think_time_ms_sigma = 1.0;
-  double session_start_stagger_ms = 500;   // in-flight slot j starts at j * stagger
+  double session_start_stagger_ms = 500;  // in-flight slot j starts at j * stagger
   // A session ends early when its next prompt plus output would pass this (model length).
   uint32_t context_tokens_max = 204800;
 };
@@ -89,12 +89,12 @@ struct RandomParams {
 struct SharedPrefixParams {
   uint64_t seed = 1;
   uint32_t vocab_size = 200064;
-  uint32_t groups_count = 8;          // distinct shared prefixes
+  uint32_t groups_count = 8;  // distinct shared prefixes
   uint32_t prompts_per_group = 16;
   uint32_t prefix_tokens = 2048;
-  uint32_t suffix_tokens = 256;       // unique per prompt
+  uint32_t suffix_tokens = 256;  // unique per prompt
   uint32_t output_tokens = 128;
-  double request_rate_per_s = 0;      // Poisson arrivals; 0 = every request at offset 0
+  double request_rate_per_s = 0;  // Poisson arrivals; 0 = every request at offset 0
 };
 
 // Errors: invalid, naming the first bad field. Requests come sorted by arrival offset
@@ -111,7 +111,7 @@ void append_token_ids(const Segment& segment, std::vector<uint32_t>& out);
 //   {"session":0,"turn":0,"repo":3,"arrival_offset_ms":0.0,"think_time_ms":0.0,
 //    "expected_output_tokens":412,"prompt_token_ids":[...]}   (or "prompt":"text")
 // "repo" and "think_time_ms" are optional on read. Segments are written materialized.
-std::string to_jsonl_line(const Request& request);  // no trailing newline
+std::string to_jsonl_line(const Request& request);           // no trailing newline
 std::string to_jsonl(const std::vector<Request>& requests);  // lines, each ending in '\n'
 // Errors: invalid, "line N: ..." naming the 1-based line and the bad field. Blank lines
 // are skipped.
