@@ -1,4 +1,5 @@
-// Standalone runner for the router pick benchmark: `build/bench/router_bench [picks]`.
+// Standalone runner for the router pick benchmark: `build/bench/router_bench [picks
+// [filler_blocks]]`.
 #include <cstdio>
 #include <cstdlib>
 
@@ -7,6 +8,7 @@
 int main(int argc, char** argv) {
   tandem::bench::RouterBenchOptions options;
   if (argc > 1) options.picks_count = static_cast<uint32_t>(std::strtoul(argv[1], nullptr, 10));
+  if (argc > 2) options.filler_blocks = static_cast<uint32_t>(std::strtoul(argv[2], nullptr, 10));
   if (options.picks_count == 0) {
     std::fprintf(stderr, "router_bench: picks must be a positive integer\n");
     return 2;

@@ -8,7 +8,6 @@
 namespace tandem::router {
 namespace {
 
-constexpr uint32_t bisect_levels_max = 40;  // 2 + ceil(log2(2^32 blocks)) fits
 constexpr double tie_epsilon = 1e-12;
 
 bool any_bit(const uint64_t* bits, uint32_t words) {
@@ -19,7 +18,9 @@ bool any_bit(const uint64_t* bits, uint32_t words) {
 }
 
 bool same_bits(const uint64_t* a, const uint64_t* b, uint32_t words) {
-  return std::equal(a, a + words, b);
+  uint64_t differ = 0;
+  for (uint32_t w = 0; w < words; ++w) differ |= a[w] ^ b[w];
+  return differ == 0;
 }
 
 bool weight_ok(double weight) {
@@ -60,10 +61,9 @@ RouterCore::RouterCore(const RouterConfig& config) : config_(config) {
   Status valid = validate(config);
   if (!valid) throw std::invalid_argument(valid.error().describe());
   words_ = (config.instances_max + 63) / 64;
-  scratch_bits_.assign(static_cast<size_t>(bisect_levels_max) * words_, 0);
   random_state_ = config.seed;
   RT_ASSERT(words_ >= 1 && words_ <= 1024, words_);
-  RT_ASSERT(scratch_bits_.size() >= 2u * words_);
+  RT_ASSERT(table_.empty());
 }
 
 RouterCore::Slot* RouterCore::find(InstanceId id) {
@@ -159,69 +159,118 @@ bool RouterCore::bit(uint32_t node, uint32_t slot) const {
   return (node_bits_[size_t{node} * words_ + slot / 64] >> (slot % 64)) & 1u;
 }
 
-void RouterCore::holders(std::span<const kv::BlockHash> hashes, uint32_t position,
-                         uint64_t* out) const {
-  RT_ASSERT(position < hashes.size(), position, hashes.size());
-  auto it = node_lookup_.find(hashes[position]);
-  if (it == node_lookup_.end() || nodes_[it->second].depth != position) {
-    std::fill(out, out + words_, 0);
-    return;
-  }
-  const uint64_t* bits = &node_bits_[size_t{it->second} * words_];
-  RT_ASSERT(any_bit(bits, words_), "a node in the lookup is held by someone", it->second);
-  std::copy(bits, bits + words_, out);
+uint32_t RouterCore::node_of(const kv::BlockHash& hash) const {
+  const BlockTable::Entry* entry = table_.find(hash);
+  return entry == nullptr ? none_ : entry->node;
 }
 
-void RouterCore::bisect(std::span<const kv::BlockHash> hashes, uint32_t lo, uint32_t hi,
-                        const uint64_t* lo_bits, const uint64_t* hi_bits, uint32_t level,
-                        std::vector<uint32_t>& out) const {
-  RT_ASSERT(lo < hi, lo, hi);
-  RT_ASSERT(level < bisect_levels_max, level);
-  if (same_bits(lo_bits, hi_bits, words_)) return;  // nobody's match ends in (lo, hi]
-  if (hi == lo + 1) {
-    for (uint32_t w = 0; w < words_; ++w) {
-      uint64_t ends_here = lo_bits[w] & ~hi_bits[w];
-      while (ends_here != 0) {
-        uint32_t slot = w * 64 + static_cast<uint32_t>(__builtin_ctzll(ends_here));
-        out[slot] = lo + 1;
-        ends_here &= ends_here - 1;
-      }
-    }
-    return;
+// Looks up the holders of every position in probe_positions_ into fresh arena bitsets
+// (probe_bits_), in three passes so the cache misses of all lookups overlap.
+void RouterCore::probe(std::span<const kv::BlockHash> hashes) const {
+  size_t count = probe_positions_.size();
+  for (uint32_t position : probe_positions_) table_.prefetch(hashes[position]);
+  probe_nodes_.resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t position = probe_positions_[i];
+    RT_ASSERT(position < hashes.size(), position, hashes.size());
+    const BlockTable::Entry* entry = table_.find(hashes[position]);
+    // A hash at another chain position than ours is another prefix: not a hit.
+    probe_nodes_[i] = entry == nullptr || entry->depth != position ? none_ : entry->node;
+    if (probe_nodes_[i] != none_) __builtin_prefetch(&node_bits_[size_t{entry->node} * words_]);
   }
-  uint32_t mid = lo + (hi - lo) / 2;
-  uint64_t* mid_bits = &scratch_bits_[size_t{level} * words_];
-  holders(hashes, mid, mid_bits);
-  for (uint32_t w = 0; w < words_; ++w) mid_bits[w] = (mid_bits[w] & lo_bits[w]) | hi_bits[w];
-  bisect(hashes, lo, mid, lo_bits, mid_bits, level + 1, out);
-  bisect(hashes, mid, hi, mid_bits, hi_bits, level + 1, out);
+  probe_bits_.resize(count);
+  auto base = static_cast<uint32_t>(bits_arena_.size());
+  bits_arena_.resize(bits_arena_.size() + count * words_);
+  RT_ASSERT(bits_arena_.size() < UINT32_MAX, bits_arena_.size());
+  for (size_t i = 0; i < count; ++i) {
+    probe_bits_[i] = base + static_cast<uint32_t>(i) * words_;
+    uint64_t* out = &bits_arena_[probe_bits_[i]];
+    if (probe_nodes_[i] == none_) {
+      for (uint32_t w = 0; w < words_; ++w) out[w] = 0;
+      continue;
+    }
+    const uint64_t* bits = &node_bits_[size_t{probe_nodes_[i]} * words_];
+    for (uint32_t w = 0; w < words_; ++w) out[w] = bits[w];
+  }
+}
+
+// Invariant kept by every update: an instance that holds a block holds its parent (each
+// instance's blocks form prefix-closed trees). So the set of instances holding block i of
+// the prompt shrinks as i grows, and every instance's match length is found by one
+// bisection over the chain, run level by level so each level's lookups overlap.
+std::vector<uint64_t> RouterCore::role_mask(InstanceRole role) const {
+  std::vector<uint64_t> mask(words_, 0);
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (s.used && s.up && s.role == role) mask[slot / 64] |= uint64_t{1} << (slot % 64);
+  }
+  RT_ASSERT(mask.size() == words_);
+  return mask;
 }
 
 void RouterCore::match_lengths(std::span<const kv::BlockHash> hashes,
+                               const std::vector<uint64_t>& mask,
                                std::vector<uint32_t>& out) const {
+  RT_ASSERT(mask.size() == words_, mask.size());
   out.assign(slots_.size(), 0);
-  if (hashes.empty() || node_lookup_.empty()) return;
-  uint64_t* first = &scratch_bits_[0];
-  uint64_t* last = &scratch_bits_[words_];
-  holders(hashes, 0, first);
-  if (!any_bit(first, words_)) return;
+  if (hashes.empty() || table_.empty()) return;
   auto blocks = static_cast<uint32_t>(hashes.size());
-  holders(hashes, blocks - 1, last);
+  bits_arena_.clear();
+  probe_positions_.assign({0, blocks - 1});
+  probe(hashes);
+  uint32_t first = probe_bits_[0], last = probe_bits_[1];
   for (uint32_t w = 0; w < words_; ++w) {
-    last[w] &= first[w];
-    for (uint64_t all = last[w]; all != 0; all &= all - 1) {
-      out[w * 64 + static_cast<uint32_t>(__builtin_ctzll(all))] = blocks;
+    bits_arena_[first + w] &= mask[w];  // only the slots asked about
+    uint64_t& all = bits_arena_[last + w];
+    all &= bits_arena_[first + w];
+    for (uint64_t rest = all; rest != 0; rest &= rest - 1) {
+      out[w * 64 + static_cast<uint32_t>(__builtin_ctzll(rest))] = blocks;
     }
   }
-  if (blocks > 1) bisect(hashes, 0, blocks - 1, first, last, 2, out);
+  level_.clear();
+  if (blocks > 1) level_.push_back({0, blocks - 1, first, last});
+  for (uint32_t depth = 0; !level_.empty(); ++depth) {
+    RT_ASSERT(depth <= 40, "bisection depth is log2(blocks)", depth);
+    next_level_.clear();
+    probe_positions_.clear();
+    for (const Interval& interval : level_) {
+      const uint64_t* lo_bits = &bits_arena_[interval.lo_bits];
+      const uint64_t* hi_bits = &bits_arena_[interval.hi_bits];
+      if (same_bits(lo_bits, hi_bits, words_)) continue;  // nobody's match ends in (lo, hi]
+      if (interval.hi == interval.lo + 1) {
+        for (uint32_t w = 0; w < words_; ++w) {
+          for (uint64_t ends = lo_bits[w] & ~hi_bits[w]; ends != 0; ends &= ends - 1) {
+            out[w * 64 + static_cast<uint32_t>(__builtin_ctzll(ends))] = interval.hi;
+          }
+        }
+        continue;
+      }
+      next_level_.push_back(interval);
+      probe_positions_.push_back(interval.lo + (interval.hi - interval.lo) / 2);
+    }
+    probe(hashes);
+    level_.clear();
+    for (size_t i = 0; i < next_level_.size(); ++i) {
+      const Interval& interval = next_level_[i];
+      uint32_t mid = probe_bits_[i];
+      for (uint32_t w = 0; w < words_; ++w) {  // keep hi ⊆ mid ⊆ lo even on odd input
+        bits_arena_[mid + w] = (bits_arena_[mid + w] & bits_arena_[interval.lo_bits + w]) |
+                               bits_arena_[interval.hi_bits + w];
+      }
+      level_.push_back({interval.lo, probe_positions_[i], interval.lo_bits, mid});
+      level_.push_back({probe_positions_[i], interval.hi, mid, interval.hi_bits});
+    }
+  }
   RT_ASSERT(out.size() == slots_.size());
 }
 
 uint32_t RouterCore::cached_blocks(InstanceId id, std::span<const kv::BlockHash> hashes) const {
   auto it = slot_of_.find(id.value);
   if (it == slot_of_.end()) return 0;
+  std::vector<uint64_t> mask(words_, 0);
+  mask[it->second / 64] |= uint64_t{1} << (it->second % 64);
   std::vector<uint32_t> lengths;
-  match_lengths(hashes, lengths);
+  match_lengths(hashes, mask, lengths);
   RT_ASSERT(lengths[it->second] <= hashes.size());
   return lengths[it->second];
 }
@@ -318,7 +367,7 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   Status valid = check_request(request);
   if (!valid) return valid.error();
   std::vector<uint32_t> lengths;
-  match_lengths(request.block_hashes, lengths);
+  match_lengths(request.block_hashes, role_mask(role), lengths);
   std::vector<InstanceScore> out;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
@@ -338,8 +387,9 @@ Result<Pick> RouterCore::pick(const PickRequest& request) {
     return s.used && s.role == InstanceRole::decode;
   });
   if (!any_decode) return make_error(ErrorKind::not_found, "router: no decode instance known");
+  // Decode lengths first; prefill lengths only when P/D is used (half the bisection work).
   std::vector<uint32_t> lengths;
-  match_lengths(request.block_hashes, lengths);
+  match_lengths(request.block_hashes, role_mask(InstanceRole::decode), lengths);
   size_t blocks = request.block_hashes.size();
   Pick pick;
   std::optional<uint32_t> decode =
@@ -352,6 +402,11 @@ Result<Pick> RouterCore::pick(const PickRequest& request) {
   std::optional<uint32_t> prefill;
   if (pick.uncached_tokens >= config_.disaggregate_tokens_min) {
     double prefill_score = 0.0;
+    std::vector<uint32_t> prefill_lengths;
+    match_lengths(request.block_hashes, role_mask(InstanceRole::prefill), prefill_lengths);
+    for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+      if (slots_[slot].role == InstanceRole::prefill) lengths[slot] = prefill_lengths[slot];
+    }
     prefill = choose(InstanceRole::prefill, lengths, blocks, prefill_cursor_, &prefill_score);
   }
   record(*decode, request.block_hashes, lengths[*decode]);
@@ -369,12 +424,11 @@ Result<Pick> RouterCore::pick(const PickRequest& request) {
 // ---- the index: nodes, per-instance trees, LRU ----
 
 uint32_t RouterCore::node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth) {
-  auto it = node_lookup_.find(hash);
-  if (it != node_lookup_.end()) {
-    const Node& node = nodes_[it->second];
+  if (uint32_t found = node_of(hash); found != none_) {
+    const Node& node = nodes_[found];
     // A hash seen at another chain position: inconsistent input, not our invariant.
     if (node.parent != parent || node.depth != depth) return none_;
-    return it->second;
+    return found;
   }
   uint32_t id = 0;
   if (!free_nodes_.empty()) {
@@ -393,7 +447,7 @@ uint32_t RouterCore::node_for(const kv::BlockHash& hash, uint32_t parent, uint32
   RT_ASSERT(node.children.empty(), id);
   RT_ASSERT(!any_bit(&node_bits_[size_t{id} * words_], words_), id);
   if (parent != none_) nodes_[parent].children.push_back(id);
-  node_lookup_.emplace(hash, id);
+  table_.insert(hash, id, depth);
   return id;
 }
 
@@ -408,7 +462,8 @@ void RouterCore::free_node(uint32_t node) {
     *it = siblings.back();
     siblings.pop_back();
   }
-  node_lookup_.erase(n.hash);
+  bool erased = table_.erase(n.hash);
+  RT_ASSERT(erased, node);
   n.parent = none_;
   n.depth = 0;
   free_nodes_.push_back(node);
@@ -496,10 +551,10 @@ void RouterCore::record(uint32_t slot, std::span<const kv::BlockHash> hashes, ui
   if (hashes.empty()) return;
   auto blocks = static_cast<uint32_t>(hashes.size());
   if (cached == blocks) {
-    touch(slot, node_lookup_.at(hashes[blocks - 1]));
+    touch(slot, node_of(hashes[blocks - 1]));
     return;
   }
-  uint32_t parent = cached == 0 ? none_ : node_lookup_.at(hashes[cached - 1]);
+  uint32_t parent = cached == 0 ? none_ : node_of(hashes[cached - 1]);
   uint64_t stamp = ++stamp_;
   if (parent != none_) touch(slot, parent);
   for (uint32_t i = cached; i < blocks; ++i) {
@@ -520,9 +575,8 @@ Status RouterCore::kv_stored(InstanceId id, std::optional<kv::BlockHash> parent_
   uint32_t parent = none_;
   uint32_t depth = 0;
   if (parent_hash) {
-    auto it = node_lookup_.find(*parent_hash);
-    if (it == node_lookup_.end() || !bit(it->second, slot)) return {};  // not a leading hit
-    parent = it->second;
+    parent = node_of(*parent_hash);
+    if (parent == none_ || !bit(parent, slot)) return {};  // cannot be a leading hit
     depth = nodes_[parent].depth + 1;
   }
   for (const kv::BlockHash& hash : hashes) {
@@ -547,9 +601,9 @@ Status RouterCore::kv_removed(InstanceId id, std::span<const kv::BlockHash> hash
   }
   uint32_t slot = slot_of_.at(id.value);
   for (const kv::BlockHash& hash : hashes) {
-    auto it = node_lookup_.find(hash);
-    if (it == node_lookup_.end() || !bit(it->second, slot)) continue;
-    drop_subtree(slot, it->second);
+    uint32_t node = node_of(hash);
+    if (node == none_ || !bit(node, slot)) continue;
+    drop_subtree(slot, node);
   }
   RT_ASSERT(slots_[slot].held.size() <= config_.prefix_index_blocks_max);
   return {};

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "actors/router/block_table.hpp"
 #include "kvstore/block_hash.hpp"
 #include "runtime/base/result.hpp"
 
@@ -116,8 +117,8 @@ class RouterCore {
 
   // Leading blocks of `hashes` the index holds for `id` (0 if unknown).
   uint32_t cached_blocks(InstanceId id, std::span<const kv::BlockHash> hashes) const;
-  size_t index_blocks_count(InstanceId id) const;  // blocks held for id (0 if unknown)
-  size_t index_nodes_count() const { return node_lookup_.size(); }  // distinct blocks
+  size_t index_blocks_count(InstanceId id) const;             // blocks held for id (0 if unknown)
+  size_t index_nodes_count() const { return table_.size(); }  // distinct blocks
   size_t instances_count() const { return slot_of_.size(); }
   const RouterConfig& config() const { return config_; }
 
@@ -144,11 +145,13 @@ class RouterCore {
   };
 
   Status check_request(const PickRequest& request) const;
-  void match_lengths(std::span<const kv::BlockHash> hashes, std::vector<uint32_t>& out) const;
-  void bisect(std::span<const kv::BlockHash> hashes, uint32_t lo, uint32_t hi,
-              const uint64_t* lo_bits, const uint64_t* hi_bits, uint32_t level,
-              std::vector<uint32_t>& out) const;
-  void holders(std::span<const kv::BlockHash> hashes, uint32_t position, uint64_t* out) const;
+  // Leading-hit length of every slot set in `mask` (others: 0), into out[slot].
+  void match_lengths(std::span<const kv::BlockHash> hashes, const std::vector<uint64_t>& mask,
+                     std::vector<uint32_t>& out) const;
+  // Slots that are used, up and of `role`.
+  std::vector<uint64_t> role_mask(InstanceRole role) const;
+  void probe(std::span<const kv::BlockHash> hashes) const;
+  uint32_t node_of(const kv::BlockHash& hash) const;  // none_ when absent
   InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks) const;
   std::optional<uint32_t> choose(InstanceRole role, const std::vector<uint32_t>& lengths,
                                  size_t blocks, uint32_t& cursor, double* score);
@@ -174,8 +177,15 @@ class RouterCore {
   std::vector<Node> nodes_;
   std::vector<uint64_t> node_bits_;  // nodes_.size() * words_: which slots hold the node
   std::vector<uint32_t> free_nodes_;
-  std::unordered_map<kv::BlockHash, uint32_t, kv::BlockHashHasher> node_lookup_;
-  mutable std::vector<uint64_t> scratch_bits_;  // bisection levels, (levels + 2) * words_
+  BlockTable table_;  // block hash -> node
+  // Scratch for the level-by-level bisection (reused; no allocation once warm).
+  struct Interval {
+    uint32_t lo, hi;            // chain positions, lo < hi
+    uint32_t lo_bits, hi_bits;  // offsets into bits_arena_: holders of lo and hi
+  };
+  mutable std::vector<uint64_t> bits_arena_;
+  mutable std::vector<Interval> level_, next_level_;
+  mutable std::vector<uint32_t> probe_positions_, probe_nodes_, probe_bits_;
   uint64_t stamp_ = 0;
   uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation
   uint32_t prefill_cursor_ = 0;
