@@ -40,6 +40,15 @@ std::vector<kv::BlockHash> chain(uint64_t salt, uint32_t blocks) {
   return out;
 }
 
+// `prefix` followed by `blocks` new blocks chained onto it.
+std::vector<kv::BlockHash> extend(std::span<const kv::BlockHash> prefix, uint64_t salt,
+                                  uint32_t blocks) {
+  std::vector<kv::BlockHash> out(prefix.begin(), prefix.end());
+  std::vector<kv::BlockHash> tail = chain(salt ^ (out.empty() ? 0 : out.back().prefix64()), blocks);
+  out.insert(out.end(), tail.begin(), tail.end());
+  return out;
+}
+
 InstanceLoad load_of(uint32_t instance) {
   return InstanceLoad{instance % 3, instance % 5, 1000 + 37 * instance, 10000};
 }
@@ -103,6 +112,45 @@ RouterBenchScenario time_picks(RouterCore& core, const RouterBenchOptions& optio
   return scenario;
 }
 
+// Agent sessions: every turn resends the history plus ~1,250 new tokens (previous answer +
+// tool output), so each pick records that many new blocks on the instances it picks.
+RouterBenchScenario time_turns(RouterCore& core, const RouterBenchOptions& options,
+                               std::span<const kv::BlockHash> system) {
+  RouterBenchScenario scenario;
+  uint32_t new_blocks = std::max<uint32_t>(1, 1250 / options.block_tokens);
+  scenario.name = "turn+" + std::to_string(new_blocks);
+  uint32_t blocks_max = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
+  uint32_t turns = std::min<uint32_t>(options.picks_count, 5000);
+  std::vector<double> samples_us;
+  std::vector<kv::BlockHash> session;
+  double total_us = 0;
+  for (uint32_t turn = 0, session_index = 0; turn < turns; ++turn) {
+    if (session.size() + new_blocks > blocks_max || session.empty()) {
+      session.assign(system.begin(), system.end());  // a new session
+      ++session_index;
+    }
+    session = extend(session, 77000 + session_index * 1000 + turn, new_blocks);
+    uint64_t tokens = uint64_t{session.size()} * options.block_tokens;
+    Clock::time_point start = Clock::now();
+    auto pick = core.pick(PickRequest{session, tokens});
+    double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    RT_ASSERT(pick.ok(), pick.error().describe());
+    RT_ASSERT(core.update_load(pick->decode, load_of(pick->decode.value)).ok());
+    if (pick->prefill) {
+      RT_ASSERT(core.update_load(*pick->prefill, load_of(pick->prefill->value)).ok());
+    }
+    samples_us.push_back(us);
+    total_us += us;
+  }
+  std::sort(samples_us.begin(), samples_us.end());
+  auto at = [&](double q) { return samples_us[static_cast<size_t>(q * (samples_us.size() - 1))]; };
+  scenario.p50_us = at(0.50);
+  scenario.p99_us = at(0.99);
+  scenario.max_us = samples_us.back();
+  scenario.picks_per_s = 1e6 * static_cast<double>(samples_us.size()) / total_us;
+  return scenario;
+}
+
 double cold_pick_us(RouterCore& core, const RouterBenchOptions& options) {
   constexpr uint32_t cold_picks = 10;
   uint32_t blocks = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
@@ -137,6 +185,8 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
     warm(core, options, prompt, lengths);
     result.index_nodes_count = core.index_nodes_count();
     result.scenarios.push_back(time_picks(core, options, prompt, "typical", lengths));
+    std::span<const kv::BlockHash> system(prompt.data(), system_blocks);
+    result.scenarios.push_back(time_turns(core, options, system));
   }
   {  // spread: every instance a different leading-hit length (bisection's worst case)
     std::vector<uint32_t> lengths(options.instances_count);
@@ -148,7 +198,7 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
     result.scenarios.push_back(time_picks(core, options, prompt, "spread", lengths));
     result.cold_pick_us = cold_pick_us(core, options);
   }
-  RT_ASSERT(result.scenarios.size() == 2);
+  RT_ASSERT(result.scenarios.size() == 3);
   return result;
 }
 

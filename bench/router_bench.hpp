@@ -19,7 +19,10 @@ struct RouterBenchOptions {
 };
 
 struct RouterBenchScenario {
-  std::string name;                     // what the index looks like
+  // typical: every instance holds the system prompt, four decode instances all of it;
+  // spread: each instance holds a different leading length (the bisection's worst case);
+  // turn+N: agent turns, each adding N new blocks (~1,250 tokens) to a growing history.
+  std::string name;
   uint32_t match_lengths_distinct = 0;  // distinct leading-hit lengths among instances
   double p50_us = 0, p99_us = 0, max_us = 0;
   double picks_per_s = 0;  // picks_count / summed pick time

@@ -444,24 +444,31 @@ uint32_t RouterCore::node_for(const kv::BlockHash& hash, uint32_t parent, uint32
   node.hash = hash;
   node.parent = parent;
   node.depth = depth;
-  RT_ASSERT(node.children.empty(), id);
+  RT_ASSERT(node.first_child == none_, id);
   RT_ASSERT(!any_bit(&node_bits_[size_t{id} * words_], words_), id);
-  if (parent != none_) nodes_[parent].children.push_back(id);
+  node.previous_sibling = none_;
+  node.next_sibling = none_;
+  if (parent != none_) {
+    uint32_t next = nodes_[parent].first_child;
+    node.next_sibling = next;
+    if (next != none_) nodes_[next].previous_sibling = id;
+    nodes_[parent].first_child = id;
+  }
   table_.insert(hash, id, depth);
   return id;
 }
 
 void RouterCore::free_node(uint32_t node) {
   Node& n = nodes_[node];
-  RT_ASSERT(n.children.empty(), "closure: a node nobody holds has no held children", node);
+  RT_ASSERT(n.first_child == none_, "closure: a node nobody holds has no children", node);
   RT_ASSERT(!any_bit(&node_bits_[size_t{node} * words_], words_), node);
-  if (n.parent != none_) {
-    std::vector<uint32_t>& siblings = nodes_[n.parent].children;
-    auto it = std::find(siblings.begin(), siblings.end(), node);
-    RT_ASSERT(it != siblings.end(), node, n.parent);
-    *it = siblings.back();
-    siblings.pop_back();
+  if (n.previous_sibling != none_) {
+    nodes_[n.previous_sibling].next_sibling = n.next_sibling;
+  } else if (n.parent != none_) {
+    RT_ASSERT(nodes_[n.parent].first_child == node, node, n.parent);
+    nodes_[n.parent].first_child = n.next_sibling;
   }
+  if (n.next_sibling != none_) nodes_[n.next_sibling].previous_sibling = n.previous_sibling;
   bool erased = table_.erase(n.hash);
   RT_ASSERT(erased, node);
   n.parent = none_;
@@ -522,7 +529,8 @@ void RouterCore::drop_subtree(uint32_t slot, uint32_t node) {
   RT_ASSERT(bit(node, slot), node, slot);
   std::vector<uint32_t> order{node};  // preorder; dropped in reverse (leaves first)
   for (size_t i = 0; i < order.size(); ++i) {
-    for (uint32_t child : nodes_[order[i]].children) {
+    for (uint32_t child = nodes_[order[i]].first_child; child != none_;
+         child = nodes_[child].next_sibling) {
       if (bit(child, slot)) order.push_back(child);
     }
   }
@@ -555,14 +563,25 @@ void RouterCore::record(uint32_t slot, std::span<const kv::BlockHash> hashes, ui
     return;
   }
   uint32_t parent = cached == 0 ? none_ : node_of(hashes[cached - 1]);
-  uint64_t stamp = ++stamp_;
   if (parent != none_) touch(slot, parent);
+  uint64_t stamp = ++stamp_;
+  // Like hold() per block, but only the new deepest block enters the leaf set.
+  Slot& s = slots_[slot];
+  Held* previous = parent == none_ ? nullptr : &s.held.at(parent);
+  uint32_t previous_node = parent;
   for (uint32_t i = cached; i < blocks; ++i) {
-    uint32_t node = node_for(hashes[i], parent, i);
+    uint32_t node = node_for(hashes[i], previous_node, i);
     if (node == none_ || bit(node, slot)) break;  // inconsistent chain: stop recording
-    hold(slot, node, stamp);
-    parent = node;
+    node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
+    Held* held = &s.held.emplace(node, Held{stamp, 0}).first->second;
+    if (previous != nullptr && previous->child_count++ == 0 && previous_node == parent) {
+      s.leaves.erase({previous->stamp, parent});  // the old deepest block is a leaf no more
+    }
+    previous = held;
+    previous_node = node;
   }
+  if (previous_node != parent) s.leaves.emplace(stamp, previous_node);
+  RT_ASSERT(previous_node == parent || s.held.at(previous_node).child_count == 0);
   evict_to_capacity(slot);
 }
 

@@ -128,7 +128,9 @@ class RouterCore {
     kv::BlockHash hash;
     uint32_t parent = none_;
     uint32_t depth = 0;
-    std::vector<uint32_t> children;
+    uint32_t first_child = none_;  // children: an intrusive doubly-linked sibling list
+    uint32_t next_sibling = none_;
+    uint32_t previous_sibling = none_;
   };
   struct Held {                // one block held by one instance
     uint64_t stamp = 0;        // last touch (larger = more recent)
