@@ -116,9 +116,9 @@ Status RouterCore::set_up(InstanceId id, bool up) {
   if (s == nullptr) {
     return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
   }
-  if (s->up && !up) {
+  if (!up) {
     clear_slot_index(slot_of_[id.value]);
-    s->load = {};
+    if (s->up) s->load = {};
   }
   s->up = up;
   RT_ASSERT(up || s->held.empty(), id.value);
@@ -273,6 +273,14 @@ uint32_t RouterCore::cached_blocks(InstanceId id, std::span<const kv::BlockHash>
   match_lengths(hashes, mask, lengths);
   RT_ASSERT(lengths[it->second] <= hashes.size());
   return lengths[it->second];
+}
+
+bool RouterCore::holds(InstanceId id, const kv::BlockHash& hash) const {
+  auto it = slot_of_.find(id.value);
+  if (it == slot_of_.end()) return false;
+  uint32_t node = node_of(hash);
+  RT_ASSERT(node == none_ || node < nodes_.size(), node);
+  return node != none_ && bit(node, it->second);
 }
 
 size_t RouterCore::index_blocks_count(InstanceId id) const {
@@ -591,6 +599,7 @@ Status RouterCore::kv_stored(InstanceId id, std::optional<kv::BlockHash> parent_
     return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
   }
   uint32_t slot = slot_of_.at(id.value);
+  if (!slots_[slot].up) return {};  // a down instance's index stays empty until it returns
   uint32_t parent = none_;
   uint32_t depth = 0;
   if (parent_hash) {

@@ -97,7 +97,8 @@ class RouterCore {
 
   // KV events from an instance's prefix cache. `stored`: hashes in chain order whose first
   // block's parent is `parent` (nullopt = the first block of a prompt); blocks whose parent
-  // the index does not hold for that instance are ignored (they cannot be a leading hit).
+  // the index does not hold for that instance are ignored (they cannot be a leading hit),
+  // and so are events from a down instance.
   // `removed`: drops each block and every deeper block of the same chain for that instance.
   // Error: not_found (unknown instance). Cost: O(blocks) (removed: O(blocks dropped)).
   Status kv_stored(InstanceId id, std::optional<kv::BlockHash> parent,
@@ -117,7 +118,9 @@ class RouterCore {
 
   // Leading blocks of `hashes` the index holds for `id` (0 if unknown).
   uint32_t cached_blocks(InstanceId id, std::span<const kv::BlockHash> hashes) const;
-  size_t index_blocks_count(InstanceId id) const;             // blocks held for id (0 if unknown)
+  size_t index_blocks_count(InstanceId id) const;  // blocks held for id (0 if unknown)
+  // Whether the index holds `hash` for `id` (false if either is unknown). O(1).
+  bool holds(InstanceId id, const kv::BlockHash& hash) const;
   size_t index_nodes_count() const { return table_.size(); }  // distinct blocks
   size_t instances_count() const { return slot_of_.size(); }
   const RouterConfig& config() const { return config_; }

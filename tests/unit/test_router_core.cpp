@@ -235,6 +235,8 @@ TEST_CASE("router: down instances are never picked, returning ones are") {
   CHECK(core.pick(request_for(prompt))->decode == d0);
   REQUIRE(core.set_up(d0, false).ok());
   CHECK(core.index_blocks_count(d0) == 0);  // down forgets the index
+  REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
+  CHECK(core.index_blocks_count(d0) == 0);  // and ignores KV events until it returns
   for (int i = 0; i < 5; ++i) CHECK(core.pick(request_for(prompt))->decode == d1);
   REQUIRE(core.set_up(d1, false).ok());
   auto none = core.pick(request_for(prompt));
@@ -395,4 +397,69 @@ TEST_CASE("router: bad input and bad config are errors, not crashes") {
   bad = RouterConfig{};
   bad.block_tokens = 0;
   CHECK_THROWS_AS(RouterCore{bad}, std::invalid_argument);
+}
+
+TEST_CASE("router: a prompt longer than the index capacity keeps its leading blocks") {
+  RouterConfig config;
+  config.prefix_index_blocks_max = 5;
+  RouterCore core = make_core(config, {d0});
+  auto prompt = chain(41, 12);
+  REQUIRE(core.pick(request_for(prompt)).ok());
+  CHECK(core.index_blocks_count(d0) == 5);
+  CHECK(core.cached_blocks(d0, prompt) == 5);
+  CHECK(core.holds(d0, prompt[4]));
+  CHECK_FALSE(core.holds(d0, prompt[5]));
+}
+
+TEST_CASE("router: random operations keep the index prefix-closed (bisection == scan)") {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    RouterConfig config;
+    config.prefix_index_blocks_max = 40;
+    config.disaggregate_tokens_min = 32;
+    config.instances_max = 8;
+    RouterCore core = make_core(config, {d0, d1, d2}, {p0, p1});
+    std::vector<InstanceId> all{d0, d1, d2, p0, p1};
+    // A small family of chains sharing prefixes, so blocks are shared and evicted a lot.
+    std::vector<std::vector<BlockHash>> chains{chain(seed * 100, 30)};
+    for (uint64_t c = 1; c < 8; ++c) {
+      const auto& base = chains[mix(seed + c) % chains.size()];
+      chains.push_back(chain(seed * 100 + c, 10 + mix(c) % 30, &base, mix(c * 7) % 12));
+    }
+    uint64_t state = seed;
+    for (int step = 0; step < 600; ++step) {
+      state = mix(state);
+      const auto& hashes = chains[state % chains.size()];
+      InstanceId who = all[(state >> 8) % all.size()];
+      size_t cut = (state >> 16) % hashes.size();
+      switch ((state >> 32) % 6) {
+        case 0:
+        case 1:
+          REQUIRE(core.pick(request_for(hashes)).ok());
+          break;
+        case 2:
+          REQUIRE(core.kv_stored(who, std::nullopt, std::span(hashes).first(cut)).ok());
+          break;
+        case 3:
+          REQUIRE(core.kv_removed(who, std::span(hashes).subspan(cut, 1)).ok());
+          break;
+        case 4:
+          REQUIRE(core.update_load(who, InstanceLoad{uint32_t(state % 4), 0, 1, 4}).ok());
+          break;
+        case 5:
+          if (who != d0) REQUIRE(core.set_up(who, !((state >> 40) % 2)).ok());
+          break;
+      }
+      for (InstanceId id : all) {
+        CHECK(core.index_blocks_count(id) <= 40);
+        for (const auto& probe : chains) {
+          uint32_t scan = 0;
+          while (scan < probe.size() && core.holds(id, probe[scan])) ++scan;
+          REQUIRE(core.cached_blocks(id, probe) == scan);
+          for (size_t i = scan; i < probe.size(); ++i) {
+            REQUIRE_FALSE(core.holds(id, probe[i]));  // closed: nothing held past a gap
+          }
+        }
+      }
+    }
+  }
 }
