@@ -198,14 +198,13 @@ void RouterCore::probe(std::span<const kv::BlockHash> hashes) const {
 // instance's blocks form prefix-closed trees). So the set of instances holding block i of
 // the prompt shrinks as i grows, and every instance's match length is found by one
 // bisection over the chain, run level by level so each level's lookups overlap.
-std::vector<uint64_t> RouterCore::role_mask(InstanceRole role) const {
-  std::vector<uint64_t> mask(words_, 0);
+void RouterCore::role_mask(InstanceRole role, std::vector<uint64_t>& mask) const {
+  mask.assign(words_, 0);
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (s.used && s.up && s.role == role) mask[slot / 64] |= uint64_t{1} << (slot % 64);
   }
   RT_ASSERT(mask.size() == words_);
-  return mask;
 }
 
 void RouterCore::match_lengths(std::span<const kv::BlockHash> hashes,
@@ -374,8 +373,10 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
                                                       InstanceRole role) const {
   Status valid = check_request(request);
   if (!valid) return valid.error();
+  std::vector<uint64_t> mask;
+  role_mask(role, mask);
   std::vector<uint32_t> lengths;
-  match_lengths(request.block_hashes, role_mask(role), lengths);
+  match_lengths(request.block_hashes, mask, lengths);
   std::vector<InstanceScore> out;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
@@ -396,8 +397,9 @@ Result<Pick> RouterCore::pick(const PickRequest& request) {
   });
   if (!any_decode) return make_error(ErrorKind::not_found, "router: no decode instance known");
   // Decode lengths first; prefill lengths only when P/D is used (half the bisection work).
-  std::vector<uint32_t> lengths;
-  match_lengths(request.block_hashes, role_mask(InstanceRole::decode), lengths);
+  std::vector<uint32_t>& lengths = pick_lengths_;
+  role_mask(InstanceRole::decode, pick_mask_);
+  match_lengths(request.block_hashes, pick_mask_, lengths);
   size_t blocks = request.block_hashes.size();
   Pick pick;
   std::optional<uint32_t> decode =
@@ -410,10 +412,10 @@ Result<Pick> RouterCore::pick(const PickRequest& request) {
   std::optional<uint32_t> prefill;
   if (pick.uncached_tokens >= config_.disaggregate_tokens_min) {
     double prefill_score = 0.0;
-    std::vector<uint32_t> prefill_lengths;
-    match_lengths(request.block_hashes, role_mask(InstanceRole::prefill), prefill_lengths);
+    role_mask(InstanceRole::prefill, pick_mask_);
+    match_lengths(request.block_hashes, pick_mask_, pick_prefill_lengths_);
     for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
-      if (slots_[slot].role == InstanceRole::prefill) lengths[slot] = prefill_lengths[slot];
+      if (slots_[slot].role == InstanceRole::prefill) lengths[slot] = pick_prefill_lengths_[slot];
     }
     prefill = choose(InstanceRole::prefill, lengths, blocks, prefill_cursor_, &prefill_score);
   }

@@ -154,7 +154,7 @@ class RouterCore {
   void match_lengths(std::span<const kv::BlockHash> hashes, const std::vector<uint64_t>& mask,
                      std::vector<uint32_t>& out) const;
   // Slots that are used, up and of `role`.
-  std::vector<uint64_t> role_mask(InstanceRole role) const;
+  void role_mask(InstanceRole role, std::vector<uint64_t>& mask) const;
   void probe(std::span<const kv::BlockHash> hashes) const;
   uint32_t node_of(const kv::BlockHash& hash) const;  // none_ when absent
   InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks) const;
@@ -191,6 +191,8 @@ class RouterCore {
   mutable std::vector<uint64_t> bits_arena_;
   mutable std::vector<Interval> level_, next_level_;
   mutable std::vector<uint32_t> probe_positions_, probe_nodes_, probe_bits_;
+  std::vector<uint64_t> pick_mask_;  // pick()'s scratch, reused
+  std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_;
   uint64_t stamp_ = 0;
   uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation
   uint32_t prefill_cursor_ = 0;
