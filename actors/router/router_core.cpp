@@ -493,7 +493,7 @@ void RouterCore::hold(uint32_t slot, uint32_t node, uint64_t stamp) {
   uint32_t parent = nodes_[node].parent;
   RT_ASSERT(parent == none_ || bit(parent, slot), "closure: parent held first", node);
   node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
-  s.held.emplace(node, Held{stamp, 0});
+  s.held.insert(node, Held{stamp, 0});
   s.leaves.emplace(stamp, node);
   if (parent != none_) {
     Held& p = s.held.at(parent);
@@ -518,12 +518,12 @@ void RouterCore::touch(uint32_t slot, uint32_t node) {
 // used whenever a deeper block of its chain was), and becomes a leaf when childless.
 void RouterCore::drop(uint32_t slot, uint32_t node) {
   Slot& s = slots_[slot];
-  auto it = s.held.find(node);
-  RT_ASSERT(it != s.held.end() && it->second.child_count == 0, node, slot);
-  uint64_t stamp = it->second.stamp;
+  Held* held = s.held.find(node);
+  RT_ASSERT(held != nullptr && held->child_count == 0, node, slot);
+  uint64_t stamp = held->stamp;
   size_t erased = s.leaves.erase({stamp, node});
   RT_ASSERT(erased == 1, node);
-  s.held.erase(it);
+  s.held.erase(node);
   node_bits_[size_t{node} * words_ + slot / 64] &= ~(uint64_t{1} << (slot % 64));
   uint32_t parent = nodes_[node].parent;
   if (parent != none_) {
@@ -577,13 +577,14 @@ void RouterCore::record(uint32_t slot, std::span<const kv::BlockHash> hashes, ui
   uint64_t stamp = ++stamp_;
   // Like hold() per block, but only the new deepest block enters the leaf set.
   Slot& s = slots_[slot];
+  s.held.reserve(s.held.size() + (blocks - cached));  // keeps the Held pointers below valid
   Held* previous = parent == none_ ? nullptr : &s.held.at(parent);
   uint32_t previous_node = parent;
   for (uint32_t i = cached; i < blocks; ++i) {
     uint32_t node = node_for(hashes[i], previous_node, i);
     if (node == none_ || bit(node, slot)) break;  // inconsistent chain: stop recording
     node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
-    Held* held = &s.held.emplace(node, Held{stamp, 0}).first->second;
+    Held* held = &s.held.insert(node, Held{stamp, 0});
     if (previous != nullptr && previous->child_count++ == 0 && previous_node == parent) {
       s.leaves.erase({previous->stamp, parent});  // the old deepest block is a leaf no more
     }

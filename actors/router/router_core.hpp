@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/router/block_table.hpp"
+#include "actors/router/held_map.hpp"
 #include "kvstore/block_hash.hpp"
 #include "runtime/base/result.hpp"
 
@@ -135,17 +136,13 @@ class RouterCore {
     uint32_t next_sibling = none_;
     uint32_t previous_sibling = none_;
   };
-  struct Held {                // one block held by one instance
-    uint64_t stamp = 0;        // last touch (larger = more recent)
-    uint32_t child_count = 0;  // held children (0 = a leaf of this instance's tree)
-  };
   struct Slot {
     bool used = false;
     bool up = true;
     InstanceId id;
     InstanceRole role = InstanceRole::decode;
     InstanceLoad load;
-    std::unordered_map<uint32_t, Held> held;         // node -> held entry
+    HeldMap held;                                    // node -> held entry
     std::set<std::pair<uint64_t, uint32_t>> leaves;  // (stamp, node): LRU eviction order
   };
 
