@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <numeric>
+#include <numbers>
 
 namespace tandem::workload {
 namespace {
@@ -38,7 +38,7 @@ class Rng {
   double normal() {                 // Box-Muller
     double u1 = 1.0 - uniform01();  // (0, 1]
     double u2 = uniform01();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
   }
   double lognormal(double median, double sigma) { return median * std::exp(sigma * normal()); }
   double exponential(double mean) { return -mean * std::log(1.0 - uniform01()); }
