@@ -1,12 +1,14 @@
 // Router pick benchmark (issue 4): 64 instances, a 200,000-token prompt with its block hashes
 // precomputed, a warm index; reports pick latency p50/p99 and picks/s. The lead wires
-// run_router_bench() into `tandem bench router`; bench/router_bench_main.cpp runs it alone.
+// run_router_bench_cli() into `tandem bench router`; bench/router_bench_main.cpp runs it alone.
 // Not a core: it reads the steady clock. Single-threaded; allocates the index (~100 MB).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "tools/cli.hpp"
 
 namespace tandem::bench {
 
@@ -38,5 +40,9 @@ struct RouterBenchResult {
 
 RouterBenchResult run_router_bench(const RouterBenchOptions& options);
 std::string describe(const RouterBenchResult& result);  // a small text table
+
+// `tandem bench router` (flags: --picks, --instances, --filler-blocks, --block-tokens);
+// prints describe() per block size. Returns a process exit code (2 for bad flags).
+int run_router_bench_cli(cli::Args args);
 
 }  // namespace tandem::bench
