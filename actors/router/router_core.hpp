@@ -1,0 +1,199 @@
+// The router core: Tandem's Endpoint Picker. For each request it picks the decode instance
+// and, when the uncached part of the prompt is long enough, a prefill instance (P/D
+// disaggregation); otherwise the decode instance prefills locally.
+//
+// Pure: no threads, clocks or I/O. One RouterCore is owned by one router actor, which calls
+// it from its behaviors only (not thread-safe). Inputs are value types; nothing borrowed
+// outlives a call. See actors/router/README.md for the scoring math and config keys.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/router/block_table.hpp"
+#include "actors/router/held_map.hpp"
+#include "kvstore/block_hash.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::router {
+
+struct InstanceId {
+  uint32_t value = 0;
+  friend auto operator<=>(const InstanceId&, const InstanceId&) = default;
+};
+
+enum class InstanceRole { prefill, decode };
+enum class Policy { prefix_aware, round_robin, random };
+std::string_view to_string(Policy policy);  // "prefix-aware", "round-robin", "random"
+
+// Mirrors the manifest's [router] section (config::RouterSection) plus what the shell knows
+// from elsewhere ([model] block_tokens). The core does not link the config library.
+struct RouterConfig {
+  Policy policy = Policy::prefix_aware;
+  double weight_prefix = 1.0;                 // >= 0; not all three zero
+  double weight_queue = 1.0;                  // >= 0
+  double weight_kv_usage = 1.0;               // >= 0
+  uint32_t prefix_index_blocks_max = 100000;  // per-instance LRU capacity, blocks, >= 1
+  uint32_t disaggregate_tokens_min = 256;     // uncached tokens at/above which P/D is used
+  uint32_t block_tokens = 16;                 // tokens per KV block, >= 1
+  uint32_t instances_max = 64;                // instances known at once, 1 .. 65536
+  uint64_t seed = 0;                          // for the `random` policy
+};
+
+// Returns an `invalid` Error naming the first bad field, or ok.
+Status validate(const RouterConfig& config);
+
+// Load as last reported by the instance's heartbeat.
+struct InstanceLoad {
+  uint32_t waiting_count = 0;  // requests queued, not yet running
+  uint32_t running_count = 0;  // requests in the running batch
+  uint64_t kv_blocks_used = 0;
+  uint64_t kv_blocks_total = 0;  // 0 = not reported yet (treated as an empty pool)
+};
+
+struct PickRequest {
+  // The prompt's full-block hashes in order (chained: hashes[i] identifies blocks 0..i).
+  // Borrowed for the call only.
+  std::span<const kv::BlockHash> block_hashes;
+  uint64_t prompt_tokens = 0;  // >= block_hashes.size() * block_tokens (checked: invalid)
+};
+
+struct Pick {
+  InstanceId decode;
+  std::optional<InstanceId> prefill;  // nullopt: decode prefills locally
+  uint32_t decode_cached_blocks = 0;  // leading blocks the index believes decode holds
+  uint64_t uncached_tokens = 0;       // prompt_tokens - decode_cached_blocks * block_tokens
+  double decode_score = 0.0;          // weighted sum (prefix-aware policy; 0 for baselines)
+};
+
+// Per-scorer breakdown for one candidate (for tests, logs and the admin shell).
+struct InstanceScore {
+  InstanceId id;
+  uint32_t cached_blocks = 0;
+  double prefix = 0.0;    // cached_blocks / blocks, in [0, 1]; 0 for an empty prompt
+  double queue = 0.0;     // 1 / (1 + waiting_count), in (0, 1]
+  double kv_usage = 0.0;  // 1 - used / total, in [0, 1]; 1 when total is 0
+  double total = 0.0;     // weighted sum
+};
+
+class RouterCore {
+ public:
+  // Throws std::invalid_argument (startup fault) when validate(config) fails.
+  explicit RouterCore(const RouterConfig& config);
+
+  // Errors: invalid (id already known), overloaded (instances_max reached).
+  Status add_instance(InstanceId id, InstanceRole role);
+  // Forgets the instance and its prefix index. Error: not_found.
+  Status remove_instance(InstanceId id);
+  // Down instances are never picked; going down clears the instance's prefix index (its
+  // process most likely died with its KV). Error: not_found.
+  Status set_up(InstanceId id, bool up);
+  // Replaces the load view (heartbeat). Error: not_found.
+  Status update_load(InstanceId id, const InstanceLoad& load);
+
+  // KV events from an instance's prefix cache. `stored`: hashes in chain order whose first
+  // block's parent is `parent` (nullopt = the first block of a prompt); blocks whose parent
+  // the index does not hold for that instance are ignored (they cannot be a leading hit),
+  // and so are events from a down instance.
+  // `removed`: drops each block and every deeper block of the same chain for that instance.
+  // Error: not_found (unknown instance). Cost: O(blocks) (removed: O(blocks dropped)).
+  Status kv_stored(InstanceId id, std::optional<kv::BlockHash> parent,
+                   std::span<const kv::BlockHash> hashes);
+  Status kv_removed(InstanceId id, std::span<const kv::BlockHash> hashes);
+
+  // Picks decode (and maybe prefill) and records the request's blocks on them. The picked
+  // instances' waiting_count grows by one until the next update_load (so a burst between
+  // heartbeats spreads). Errors: invalid (prompt_tokens below the blocks' tokens),
+  // not_found (no decode instance known), overloaded (every decode instance is down).
+  // Cost: O(instances + distinct match lengths * log(blocks) + new blocks * log(capacity)).
+  Result<Pick> pick(const PickRequest& request);
+
+  // Scores every up instance of `role` without changing state (prefix-aware math, also
+  // shown for baselines). Errors: invalid (as pick).
+  Result<std::vector<InstanceScore>> scores(const PickRequest& request, InstanceRole role) const;
+
+  // Leading blocks of `hashes` the index holds for `id` (0 if unknown).
+  uint32_t cached_blocks(InstanceId id, std::span<const kv::BlockHash> hashes) const;
+  size_t index_blocks_count(InstanceId id) const;  // blocks held for id (0 if unknown)
+  // Whether the index holds `hash` for `id` (false if either is unknown). O(1).
+  bool holds(InstanceId id, const kv::BlockHash& hash) const;
+  size_t index_nodes_count() const { return table_.size(); }  // distinct blocks
+  size_t instances_count() const { return slot_of_.size(); }
+  const RouterConfig& config() const { return config_; }
+
+ private:
+  static constexpr uint32_t none_ = UINT32_MAX;
+  struct Node {  // one distinct block (a chain position) held by at least one instance
+    kv::BlockHash hash;
+    uint32_t parent = none_;
+    uint32_t depth = 0;
+    uint32_t first_child = none_;  // children: an intrusive doubly-linked sibling list
+    uint32_t next_sibling = none_;
+    uint32_t previous_sibling = none_;
+  };
+  struct Slot {
+    bool used = false;
+    bool up = true;
+    InstanceId id;
+    InstanceRole role = InstanceRole::decode;
+    InstanceLoad load;
+    HeldMap held;                                    // node -> held entry
+    std::set<std::pair<uint64_t, uint32_t>> leaves;  // (stamp, node): LRU eviction order
+  };
+
+  Status check_request(const PickRequest& request) const;
+  // Leading-hit length of every slot set in `mask` (others: 0), into out[slot].
+  void match_lengths(std::span<const kv::BlockHash> hashes, const std::vector<uint64_t>& mask,
+                     std::vector<uint32_t>& out) const;
+  // Slots that are used, up and of `role`.
+  void role_mask(InstanceRole role, std::vector<uint64_t>& mask) const;
+  void probe(std::span<const kv::BlockHash> hashes) const;
+  uint32_t node_of(const kv::BlockHash& hash) const;  // none_ when absent
+  InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks) const;
+  std::optional<uint32_t> choose(InstanceRole role, const std::vector<uint32_t>& lengths,
+                                 size_t blocks, uint32_t& cursor, double* score);
+  std::optional<uint32_t> choose_best(InstanceRole role, const std::vector<uint32_t>& lengths,
+                                      size_t blocks, uint32_t& cursor, double* score) const;
+  void record(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached);
+  uint32_t node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth);
+  void hold(uint32_t slot, uint32_t node, uint64_t stamp);
+  void touch(uint32_t slot, uint32_t node);
+  void drop(uint32_t slot, uint32_t node);
+  void drop_subtree(uint32_t slot, uint32_t node);
+  void evict_to_capacity(uint32_t slot);
+  void clear_slot_index(uint32_t slot);
+  void free_node(uint32_t node);
+  bool bit(uint32_t node, uint32_t slot) const;
+  Slot* find(InstanceId id);
+  uint64_t next_random();
+
+  RouterConfig config_;
+  uint32_t words_ = 1;  // 64-bit words per holder bitset
+  std::vector<Slot> slots_;
+  std::unordered_map<uint32_t, uint32_t> slot_of_;  // InstanceId.value -> slot
+  std::vector<Node> nodes_;
+  std::vector<uint64_t> node_bits_;  // nodes_.size() * words_: which slots hold the node
+  std::vector<uint32_t> free_nodes_;
+  BlockTable table_;  // block hash -> node
+  // Scratch for the level-by-level bisection (reused; no allocation once warm).
+  struct Interval {
+    uint32_t lo, hi;            // chain positions, lo < hi
+    uint32_t lo_bits, hi_bits;  // offsets into bits_arena_: holders of lo and hi
+  };
+  mutable std::vector<uint64_t> bits_arena_;
+  mutable std::vector<Interval> level_, next_level_;
+  mutable std::vector<uint32_t> probe_positions_, probe_nodes_, probe_bits_;
+  std::vector<uint64_t> pick_mask_;  // pick()'s scratch, reused
+  std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_;
+  uint64_t stamp_ = 0;
+  uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation
+  uint32_t prefill_cursor_ = 0;
+  uint64_t random_state_;
+};
+
+}  // namespace tandem::router

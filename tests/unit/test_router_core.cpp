@@ -1,0 +1,465 @@
+#include <doctest.h>
+
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <vector>
+
+#include "actors/router/router_core.hpp"
+
+using tandem::ErrorKind;
+using tandem::kv::BlockHash;
+using tandem::router::InstanceId;
+using tandem::router::InstanceLoad;
+using tandem::router::InstanceRole;
+using tandem::router::Pick;
+using tandem::router::PickRequest;
+using tandem::router::Policy;
+using tandem::router::RouterConfig;
+using tandem::router::RouterCore;
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A chained test hash: block i of a chain depends on block i-1 and the chain's salt.
+// The first `shared` blocks are copied from `base` (a shared prefix).
+std::vector<BlockHash> chain(uint64_t salt, size_t blocks,
+                             const std::vector<BlockHash>* base = nullptr, size_t shared = 0) {
+  std::vector<BlockHash> out;
+  uint64_t previous = 0;
+  for (size_t i = 0; i < blocks; ++i) {
+    BlockHash h;
+    if (base != nullptr && i < shared) {
+      h = (*base)[i];
+    } else {
+      uint64_t v = mix(previous ^ mix(salt * 1000003 + i));
+      for (size_t b = 0; b < 4; ++b) {
+        uint64_t part = mix(v + b);
+        std::memcpy(h.bytes.data() + 8 * b, &part, 8);
+      }
+    }
+    std::memcpy(&previous, h.bytes.data(), 8);
+    out.push_back(h);
+  }
+  return out;
+}
+
+PickRequest request_for(const std::vector<BlockHash>& hashes, uint32_t block_tokens = 16,
+                        uint64_t extra_tokens = 5) {
+  return PickRequest{hashes, hashes.size() * block_tokens + extra_tokens};
+}
+
+constexpr InstanceId d0{10}, d1{11}, d2{12}, d3{13}, p0{20}, p1{21};
+
+RouterCore make_core(RouterConfig config, std::vector<InstanceId> decodes,
+                     std::vector<InstanceId> prefills = {}) {
+  RouterCore core(config);
+  for (InstanceId id : decodes) REQUIRE(core.add_instance(id, InstanceRole::decode).ok());
+  for (InstanceId id : prefills) REQUIRE(core.add_instance(id, InstanceRole::prefill).ok());
+  return core;
+}
+
+}  // namespace
+
+TEST_CASE("router: scoring math per scorer and weighted sum") {
+  RouterConfig config;
+  config.weight_prefix = 2.0;
+  config.weight_queue = 0.5;
+  config.weight_kv_usage = 0.25;
+  RouterCore core = make_core(config, {d0, d1});
+  auto prompt = chain(1, 8);
+  REQUIRE(core.kv_stored(d0, std::nullopt, std::span(prompt).first(6)).ok());
+  REQUIRE(core.update_load(d0, InstanceLoad{3, 2, 25, 100}).ok());
+  REQUIRE(core.update_load(d1, InstanceLoad{0, 0, 0, 0}).ok());
+  auto scores = core.scores(request_for(prompt), InstanceRole::decode);
+  REQUIRE(scores.ok());
+  REQUIRE(scores->size() == 2);
+  const auto& a = (*scores)[0];
+  CHECK(a.id == d0);
+  CHECK(a.cached_blocks == 6);
+  CHECK(a.prefix == doctest::Approx(0.75));
+  CHECK(a.queue == doctest::Approx(0.25));
+  CHECK(a.kv_usage == doctest::Approx(0.75));
+  CHECK(a.total == doctest::Approx(2.0 * 0.75 + 0.5 * 0.25 + 0.25 * 0.75));
+  const auto& b = (*scores)[1];
+  CHECK(b.cached_blocks == 0);
+  CHECK(b.prefix == 0.0);
+  CHECK(b.queue == 1.0);
+  CHECK(b.kv_usage == 1.0);  // no report yet: treated as empty
+  CHECK(b.total == doctest::Approx(0.5 + 0.25));
+  // Used above total is clamped; an empty prompt scores prefix 0.
+  REQUIRE(core.update_load(d1, InstanceLoad{0, 0, 500, 100}).ok());
+  std::vector<BlockHash> none;
+  auto empty = core.scores(PickRequest{none, 3}, InstanceRole::decode);
+  REQUIRE(empty.ok());
+  CHECK((*empty)[0].prefix == 0.0);
+  CHECK((*empty)[1].kv_usage == 0.0);
+}
+
+TEST_CASE("router: the same prompt returns to the instance that has its prefix") {
+  RouterCore core = make_core(RouterConfig{}, {d0, d1, d2, d3});
+  auto prompt = chain(7, 40);
+  auto first = core.pick(request_for(prompt));
+  REQUIRE(first.ok());
+  CHECK(first->decode_cached_blocks == 0);
+  for (InstanceId id : {d0, d1, d2, d3}) REQUIRE(core.update_load(id, InstanceLoad{}).ok());
+  auto again = core.pick(request_for(prompt));
+  REQUIRE(again.ok());
+  CHECK(again->decode == first->decode);
+  CHECK(again->decode_cached_blocks == 40);
+  CHECK(again->uncached_tokens == 5);
+  // A prompt sharing 30 leading blocks also goes there, with 30 cached.
+  auto sibling = chain(8, 50, &prompt, 30);
+  for (InstanceId id : {d0, d1, d2, d3}) REQUIRE(core.update_load(id, InstanceLoad{}).ok());
+  auto third = core.pick(request_for(sibling));
+  REQUIRE(third.ok());
+  CHECK(third->decode == first->decode);
+  CHECK(third->decode_cached_blocks == 30);
+}
+
+TEST_CASE("router: weights change the pick") {
+  auto prompt = chain(3, 10);
+  auto setup = [&](double weight_prefix) {
+    RouterConfig config;
+    config.weight_prefix = weight_prefix;
+    RouterCore core = make_core(config, {d0, d1});
+    REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
+    // d0 has the prefix but is busy; d1 is idle.
+    REQUIRE(core.update_load(d0, InstanceLoad{4, 8, 80, 100}).ok());
+    REQUIRE(core.update_load(d1, InstanceLoad{0, 0, 10, 100}).ok());
+    return core;
+  };
+  RouterCore prefix_heavy = setup(10.0);
+  CHECK(prefix_heavy.pick(request_for(prompt))->decode == d0);
+  RouterCore prefix_blind = setup(0.0);
+  CHECK(prefix_blind.pick(request_for(prompt))->decode == d1);
+  RouterCore balanced = setup(1.0);  // d0: 1 + 0.2 + 0.2 = 1.4; d1: 0 + 1 + 0.9 = 1.9
+  CHECK(balanced.pick(request_for(prompt))->decode == d1);
+}
+
+TEST_CASE("router: P/D decider threshold both ways") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 64;  // 4 blocks of 16
+  RouterCore core = make_core(config, {d0}, {p0});
+  auto prompt = chain(5, 10);
+  // Nothing cached: 165 uncached tokens >= 64: disaggregate.
+  auto cold = core.pick(PickRequest{prompt, 165});
+  REQUIRE(cold.ok());
+  REQUIRE(cold->prefill.has_value());
+  CHECK(*cold->prefill == p0);
+  CHECK(cold->uncached_tokens == 165);
+  CHECK(core.index_blocks_count(p0) == 10);  // prefill's index learned the blocks
+  // Now decode holds all 10 blocks: 5 uncached < 64: decode prefills locally.
+  auto warm = core.pick(PickRequest{prompt, 165});
+  REQUIRE(warm.ok());
+  CHECK_FALSE(warm->prefill.has_value());
+  CHECK(warm->uncached_tokens == 5);
+  // Exactly at the threshold: disaggregate (>=); one below: local.
+  auto longer = chain(5, 14, &prompt, 10);
+  auto at = core.pick(PickRequest{longer, 10 * 16 + 64});
+  REQUIRE(at.ok());
+  CHECK(at->uncached_tokens == 64);
+  CHECK(at->prefill.has_value());
+  auto below = core.pick(PickRequest{longer, 14 * 16 + 63});  // decode now holds all 14
+  REQUIRE(below.ok());
+  CHECK(below->decode_cached_blocks == 14);
+  CHECK(below->uncached_tokens == 63);
+  CHECK_FALSE(below->prefill.has_value());
+  // No prefill instance up: decode prefills locally even when long.
+  REQUIRE(core.set_up(p0, false).ok());
+  auto fresh = chain(6, 20);
+  auto alone = core.pick(request_for(fresh));
+  REQUIRE(alone.ok());
+  CHECK_FALSE(alone->prefill.has_value());
+}
+
+TEST_CASE("router: prefill is picked by its own prefix affinity") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 1;
+  RouterCore core = make_core(config, {d0}, {p0, p1});
+  auto prompt = chain(9, 12);
+  REQUIRE(core.kv_stored(p1, std::nullopt, prompt).ok());
+  auto pick = core.pick(request_for(prompt));
+  REQUIRE(pick.ok());
+  REQUIRE(pick->prefill.has_value());
+  CHECK(*pick->prefill == p1);
+}
+
+TEST_CASE("router: round-robin cycles evenly over up decode instances") {
+  RouterConfig config;
+  config.policy = Policy::round_robin;
+  RouterCore core = make_core(config, {d0, d1, d2});
+  auto prompt = chain(1, 4);
+  std::vector<InstanceId> seen;
+  for (int i = 0; i < 6; ++i) seen.push_back(core.pick(request_for(prompt))->decode);
+  CHECK(seen == std::vector<InstanceId>{d0, d1, d2, d0, d1, d2});
+  REQUIRE(core.set_up(d1, false).ok());
+  seen.clear();
+  for (int i = 0; i < 4; ++i) seen.push_back(core.pick(request_for(prompt))->decode);
+  CHECK(seen == std::vector<InstanceId>{d0, d2, d0, d2});
+}
+
+TEST_CASE("router: random is uniform, seeded and deterministic") {
+  auto run = [](uint64_t seed) {
+    RouterConfig config;
+    config.policy = Policy::random;
+    config.seed = seed;
+    RouterCore core = make_core(config, {d0, d1, d2, d3});
+    auto prompt = chain(2, 3);
+    std::vector<InstanceId> picks;
+    for (int i = 0; i < 8000; ++i) picks.push_back(core.pick(request_for(prompt))->decode);
+    return picks;
+  };
+  auto a = run(42);
+  std::map<uint32_t, int> counts;
+  for (InstanceId id : a) counts[id.value]++;
+  REQUIRE(counts.size() == 4);
+  for (auto [id, count] : counts) {
+    CHECK(count > 1800);  // expected 2000 each; sd ~39
+    CHECK(count < 2200);
+  }
+  CHECK(run(42) == a);
+  CHECK(run(43) != a);
+}
+
+TEST_CASE("router: down instances are never picked, returning ones are") {
+  RouterCore core = make_core(RouterConfig{}, {d0, d1});
+  auto prompt = chain(4, 8);
+  REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
+  CHECK(core.pick(request_for(prompt))->decode == d0);
+  REQUIRE(core.set_up(d0, false).ok());
+  CHECK(core.index_blocks_count(d0) == 0);  // down forgets the index
+  REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
+  CHECK(core.index_blocks_count(d0) == 0);  // and ignores KV events until it returns
+  for (int i = 0; i < 5; ++i) CHECK(core.pick(request_for(prompt))->decode == d1);
+  REQUIRE(core.set_up(d1, false).ok());
+  auto none = core.pick(request_for(prompt));
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().kind == ErrorKind::overloaded);
+  REQUIRE(core.set_up(d0, true).ok());
+  CHECK(core.pick(request_for(prompt))->decode == d0);
+  RouterCore empty(RouterConfig{});
+  auto nobody = empty.pick(request_for(prompt));
+  REQUIRE_FALSE(nobody.ok());
+  CHECK(nobody.error().kind == ErrorKind::not_found);
+}
+
+TEST_CASE("router: KV events correct the index") {
+  RouterCore core = make_core(RouterConfig{}, {d0});
+  auto prompt = chain(11, 10);
+  REQUIRE(core.kv_stored(d0, std::nullopt, std::span(prompt).first(4)).ok());
+  CHECK(core.cached_blocks(d0, prompt) == 4);
+  // Continuation with a parent it holds.
+  REQUIRE(core.kv_stored(d0, prompt[3], std::span(prompt).subspan(4, 3)).ok());
+  CHECK(core.cached_blocks(d0, prompt) == 7);
+  // A parent it does not hold: ignored (cannot be a leading hit).
+  auto other = chain(12, 5);
+  REQUIRE(core.kv_stored(d0, other[2], std::span(other).subspan(3)).ok());
+  CHECK(core.index_blocks_count(d0) == 7);
+  // Removing block 5 drops it and every deeper block of its chain.
+  REQUIRE(core.kv_removed(d0, std::span(prompt).subspan(5, 1)).ok());
+  CHECK(core.cached_blocks(d0, prompt) == 5);
+  CHECK(core.index_blocks_count(d0) == 5);
+  // Removing an unknown hash is a no-op; an unknown instance is not_found.
+  REQUIRE(core.kv_removed(d0, std::span(other).first(1)).ok());
+  auto unknown = core.kv_removed(InstanceId{99}, prompt);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().kind == ErrorKind::not_found);
+  REQUIRE(core.kv_removed(d0, std::span(prompt).first(1)).ok());
+  CHECK(core.index_blocks_count(d0) == 0);
+  CHECK(core.index_nodes_count() == 0);
+}
+
+TEST_CASE("router: LRU evicts the least recently used chain, deepest blocks first") {
+  RouterConfig config;
+  config.prefix_index_blocks_max = 10;
+  RouterCore core = make_core(config, {d0});
+  auto a = chain(21, 6);
+  auto b = chain(22, 6);
+  REQUIRE(core.kv_stored(d0, std::nullopt, a).ok());
+  REQUIRE(core.kv_stored(d0, std::nullopt, b).ok());
+  CHECK(core.index_blocks_count(d0) == 10);
+  CHECK(core.cached_blocks(d0, a) == 4);  // a's two deepest blocks went first
+  CHECK(core.cached_blocks(d0, b) == 6);
+  // Use a again (a pick touches it), then add c: b is now the oldest and loses blocks.
+  REQUIRE(core.pick(request_for(a)).ok());
+  CHECK(core.cached_blocks(d0, a) == 6);  // re-learned its tail, evicting b's
+  CHECK(core.cached_blocks(d0, b) == 4);
+  auto c = chain(23, 3);
+  REQUIRE(core.kv_stored(d0, std::nullopt, c).ok());
+  CHECK(core.cached_blocks(d0, b) == 1);
+  CHECK(core.cached_blocks(d0, a) == 6);
+  CHECK(core.cached_blocks(d0, c) == 3);
+  CHECK(core.index_blocks_count(d0) == 10);
+  // A shared prefix counts as used by every chain below it.
+  auto shared = chain(24, 8, &a, 6);
+  REQUIRE(core.kv_stored(d0, std::nullopt, shared).ok());
+  CHECK(core.index_blocks_count(d0) == 10);
+  CHECK(core.cached_blocks(d0, shared) == 8);
+  CHECK(core.cached_blocks(d0, a) == 6);
+}
+
+TEST_CASE("router: bisection agrees with brute force over many instances") {
+  RouterConfig config;
+  config.instances_max = 130;  // three bitset words
+  RouterCore core(config);
+  auto prompt = chain(31, 300);
+  std::vector<uint32_t> expected;
+  for (uint32_t i = 0; i < 130; ++i) {
+    REQUIRE(core.add_instance(InstanceId{i}, InstanceRole::decode).ok());
+    uint32_t length = static_cast<uint32_t>(mix(i) % 301);
+    if (i % 7 == 0) length = 300;
+    if (i % 11 == 0) length = 0;
+    expected.push_back(length);
+    if (length > 0) {
+      REQUIRE(core.kv_stored(InstanceId{i}, std::nullopt, std::span(prompt).first(length)).ok());
+    }
+  }
+  auto scores = core.scores(request_for(prompt), InstanceRole::decode);
+  REQUIRE(scores.ok());
+  REQUIRE(scores->size() == 130);
+  for (uint32_t i = 0; i < 130; ++i) CHECK((*scores)[i].cached_blocks == expected[i]);
+  // Cut every instance at block 100 with one removed event each.
+  for (uint32_t i = 0; i < 130; ++i) {
+    REQUIRE(core.kv_removed(InstanceId{i}, std::span(prompt).subspan(100, 1)).ok());
+  }
+  for (uint32_t i = 0; i < 130; ++i) {
+    CHECK(core.cached_blocks(InstanceId{i}, prompt) == std::min<uint32_t>(expected[i], 100));
+  }
+}
+
+TEST_CASE("router: a burst between heartbeats spreads over equal instances") {
+  RouterCore core = make_core(RouterConfig{}, {d0, d1, d2});
+  std::map<uint32_t, int> counts;
+  for (uint64_t i = 0; i < 9; ++i) {
+    counts[core.pick(request_for(chain(100 + i, 2)))->decode.value]++;
+  }
+  CHECK(counts[d0.value] == 3);
+  CHECK(counts[d1.value] == 3);
+  CHECK(counts[d2.value] == 3);
+  auto scores = core.scores(request_for(chain(1, 1)), InstanceRole::decode);
+  CHECK((*scores)[0].queue == doctest::Approx(0.25));  // 3 picks since the last heartbeat
+}
+
+TEST_CASE("router: identical inputs give identical picks") {
+  auto run = [] {
+    RouterConfig config;
+    config.prefix_index_blocks_max = 50;
+    config.disaggregate_tokens_min = 100;
+    RouterCore core = make_core(config, {d0, d1, d2, d3}, {p0, p1});
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    auto system = chain(1, 10);
+    for (uint64_t i = 0; i < 200; ++i) {
+      auto prompt = chain(500 + i % 13, 10 + i % 17, &system, 10);
+      Pick pick = core.pick(request_for(prompt)).value();
+      out.emplace_back(pick.decode.value, pick.prefill ? pick.prefill->value : 0);
+      if (i % 10 == 0)
+        REQUIRE(core.update_load(d1, InstanceLoad{static_cast<uint32_t>(i % 3), 0, i, 300}).ok());
+    }
+    return out;
+  };
+  CHECK(run() == run());
+}
+
+TEST_CASE("router: bad input and bad config are errors, not crashes") {
+  RouterCore core = make_core(RouterConfig{}, {d0});
+  auto prompt = chain(1, 4);
+  auto short_prompt = core.pick(PickRequest{prompt, 63});
+  REQUIRE_FALSE(short_prompt.ok());
+  CHECK(short_prompt.error().kind == ErrorKind::invalid);
+  CHECK(short_prompt.error().message.find("prompt_tokens 63") != std::string::npos);
+  CHECK(core.add_instance(d0, InstanceRole::prefill).error().kind == ErrorKind::invalid);
+  CHECK(core.set_up(d1, true).error().kind == ErrorKind::not_found);
+  CHECK(core.update_load(d1, {}).error().kind == ErrorKind::not_found);
+  CHECK(core.remove_instance(d1).error().kind == ErrorKind::not_found);
+  // The same hash repeated (an inconsistent chain) does not break the index.
+  std::vector<BlockHash> repeated{prompt[0], prompt[1], prompt[0], prompt[1]};
+  REQUIRE(core.pick(request_for(repeated)).ok());
+  CHECK(core.cached_blocks(d0, repeated) == 2);
+  RouterConfig small;
+  small.instances_max = 1;
+  RouterCore one = make_core(small, {d0});
+  CHECK(one.add_instance(d1, InstanceRole::decode).error().kind == ErrorKind::overloaded);
+  REQUIRE(one.remove_instance(d0).ok());
+  CHECK(one.add_instance(d1, InstanceRole::decode).ok());
+  RouterConfig bad;
+  bad.weight_prefix = bad.weight_queue = bad.weight_kv_usage = 0.0;
+  CHECK(validate(bad).error().message.find("all zero") != std::string::npos);
+  bad = RouterConfig{};
+  bad.weight_queue = -1;
+  CHECK(validate(bad).error().message.find("weight_queue") != std::string::npos);
+  bad = RouterConfig{};
+  bad.block_tokens = 0;
+  CHECK_THROWS_AS(RouterCore{bad}, std::invalid_argument);
+}
+
+TEST_CASE("router: a prompt longer than the index capacity keeps its leading blocks") {
+  RouterConfig config;
+  config.prefix_index_blocks_max = 5;
+  RouterCore core = make_core(config, {d0});
+  auto prompt = chain(41, 12);
+  REQUIRE(core.pick(request_for(prompt)).ok());
+  CHECK(core.index_blocks_count(d0) == 5);
+  CHECK(core.cached_blocks(d0, prompt) == 5);
+  CHECK(core.holds(d0, prompt[4]));
+  CHECK_FALSE(core.holds(d0, prompt[5]));
+}
+
+TEST_CASE("router: random operations keep the index prefix-closed (bisection == scan)") {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    RouterConfig config;
+    config.prefix_index_blocks_max = 40;
+    config.disaggregate_tokens_min = 32;
+    config.instances_max = 8;
+    RouterCore core = make_core(config, {d0, d1, d2}, {p0, p1});
+    std::vector<InstanceId> all{d0, d1, d2, p0, p1};
+    // A small family of chains sharing prefixes, so blocks are shared and evicted a lot.
+    std::vector<std::vector<BlockHash>> chains{chain(seed * 100, 30)};
+    for (uint64_t c = 1; c < 8; ++c) {
+      const auto& base = chains[mix(seed + c) % chains.size()];
+      chains.push_back(chain(seed * 100 + c, 10 + mix(c) % 30, &base, mix(c * 7) % 12));
+    }
+    uint64_t state = seed;
+    for (int step = 0; step < 600; ++step) {
+      state = mix(state);
+      const auto& hashes = chains[state % chains.size()];
+      InstanceId who = all[(state >> 8) % all.size()];
+      size_t cut = (state >> 16) % hashes.size();
+      switch ((state >> 32) % 6) {
+        case 0:
+        case 1:
+          REQUIRE(core.pick(request_for(hashes)).ok());
+          break;
+        case 2:
+          REQUIRE(core.kv_stored(who, std::nullopt, std::span(hashes).first(cut)).ok());
+          break;
+        case 3:
+          REQUIRE(core.kv_removed(who, std::span(hashes).subspan(cut, 1)).ok());
+          break;
+        case 4:
+          REQUIRE(core.update_load(who, InstanceLoad{uint32_t(state % 4), 0, 1, 4}).ok());
+          break;
+        case 5:
+          if (who != d0) REQUIRE(core.set_up(who, !((state >> 40) % 2)).ok());
+          break;
+      }
+      for (InstanceId id : all) {
+        CHECK(core.index_blocks_count(id) <= 40);
+        for (const auto& probe : chains) {
+          uint32_t scan = 0;
+          while (scan < probe.size() && core.holds(id, probe[scan])) ++scan;
+          REQUIRE(core.cached_blocks(id, probe) == scan);
+          for (size_t i = scan; i < probe.size(); ++i) {
+            REQUIRE_FALSE(core.holds(id, probe[i]));  // closed: nothing held past a gap
+          }
+        }
+      }
+    }
+  }
+}
