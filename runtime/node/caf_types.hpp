@@ -13,6 +13,17 @@
 
 namespace tandem::runtime {
 
+// Load of one serving instance: sent by prefill/decode shells to their node actor every
+// tick; the node actor puts it into its heartbeats and forwards every report (local, or
+// heard in a peer's heartbeat) to its subscribers (the router).
+struct InstanceLoadReport {
+  std::string instance;  // full actor name, "node/role/instance"
+  uint32_t waiting = 0;
+  uint32_t running = 0;
+  uint64_t kv_blocks_used = 0;
+  uint64_t kv_blocks_total = 0;
+};
+
 // One received envelope for this actor. The actor converts it inside its handler and never
 // keeps readers past the handler.
 struct InboundFrame {
@@ -41,6 +52,8 @@ CAF_ADD_TYPE_ID(tandem, (tandem::runtime::InboundFrame))
 CAF_ADD_TYPE_ID(tandem, (tandem::runtime::MembershipEvent))
 CAF_ADD_TYPE_ID(tandem, (tandem::runtime::RmaReadDone))
 CAF_END_TYPE_ID_BLOCK(tandem)
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::runtime::InstanceLoadReport)
 
 namespace tandem::runtime::atoms {
 using tick = caf::atom_constant<caf::atom("tick")>;

@@ -54,6 +54,7 @@ struct NodeState {
   std::unique_ptr<Membership> membership;
   std::unique_ptr<Diagnostics> diagnostics;
   std::set<caf::actor> subscribers;
+  std::map<std::string, InstanceLoadReport> local_loads;  // <= instances on this node
   Clock::time_point started;
   uint64_t heartbeat_sequence = 0;
   static constexpr size_t subscribers_max = 4096;
@@ -113,6 +114,17 @@ void heartbeat_tick(NodeActor* self) {
                                  hb.setIncarnation(st.deps.bridge->incarnation());
                                  hb.setSequence(st.heartbeat_sequence);
                                  hb.setUptimeMs(uptime(st).count());
+                                 auto loads = hb.initLoad(
+                                     static_cast<unsigned>(st.local_loads.size()));
+                                 unsigned i = 0;
+                                 for (const auto& [name, r] : st.local_loads) {
+                                   auto l = loads[i++];
+                                   l.setInstance(name);
+                                   l.setRequestsWaiting(r.waiting);
+                                   l.setRequestsRunning(r.running);
+                                   l.setKvBlocksUsed(static_cast<uint32_t>(r.kv_blocks_used));
+                                   l.setKvBlocksTotal(static_cast<uint32_t>(r.kv_blocks_total));
+                                 }
                                });
   }
   publish(self, st.membership->tick(Clock::now()));
@@ -247,6 +259,11 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
     }
     case wire::Envelope::Body::HEARTBEAT: {
       auto hb = body.getHeartbeat();
+      for (auto l : hb.getLoad()) {
+        InstanceLoadReport report{l.getInstance(), l.getRequestsWaiting(), l.getRequestsRunning(),
+                                  l.getKvBlocksUsed(), l.getKvBlocksTotal()};
+        for (const auto& sub : st.subscribers) self->send(sub, report);
+      }
       if (auto event = st.membership->heard(source_node, hb.getIncarnation(),
                                             std::chrono::milliseconds(hb.getUptimeMs()),
                                             Clock::now()))
@@ -301,6 +318,13 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
         self->delayed_send(self, interval, atoms::tick::value);
       },
       [self](const RmaReadDone& done) { self->state.diagnostics->on_read_done(done); },
+      [self](const InstanceLoadReport& report) {
+        auto& st = self->state;
+        if (st.local_loads.size() < 4096 || st.local_loads.count(report.instance)) {
+          st.local_loads[report.instance] = report;
+        }
+        for (const auto& sub : st.subscribers) self->send(sub, report);
+      },
       [self](atoms::subscribe, caf::actor subscriber) {
         auto& subs = self->state.subscribers;
         if (subs.size() < NodeState::subscribers_max) subs.insert(std::move(subscriber));
