@@ -1,6 +1,9 @@
 #include "bench/transport_bench.hpp"
 
+#include <sys/prctl.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +37,10 @@ struct Settings {
   std::string provider = "tcp;ofi_rxm";
   std::string self_exe;  // this program, for the children
   std::string dir;       // temp dir: ready files, logs, manifest
+  std::string sides = "pingpong,raw,tandem,node";
+  bool wants(const std::string& side) const {
+    return ("," + sides + ",").find("," + side + ",") != std::string::npos;
+  }
   uint32_t round_trips_count = 2000;
   uint32_t rate_messages_count = 20000;
   uint32_t window_count = 64;
@@ -189,6 +196,7 @@ bool write_ready(const std::string& path, const std::string& line) {
 
 int serve_tandem(const runtime::FabricOptions& options, const std::string& ready_path) {
   RT_ASSERT(options.port != 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the measuring parent
   EchoServer server(options.frame_bytes_max);
   auto fabric = runtime::open_fabric(
       options, [&server](std::span<const std::byte> bytes) { server.on_frame(bytes); });
@@ -455,7 +463,8 @@ std::string node_manifest(const std::string& provider, uint16_t fabric_port, uin
          "[[node.instance]]\nrole = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n"
          "[[node.instance]]\nrole = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n"
          "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\n"
-         "[[node.instance]]\nrole = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\n";
+         "[[node.instance]]\nrole = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\n"
+         "devices = [1]\n";
 }
 
 // ClusterClient::ping round trips to NODE/node/ of a freshly started `tandem node`.
@@ -599,7 +608,7 @@ Measured measure_all(const Settings& s, std::vector<std::string>& notes) {
     notes.push_back(what + " failed: " + e.describe());
     std::fprintf(stderr, "bench transport: %s failed: %s\n", what.c_str(), e.describe().c_str());
   };
-  std::string pp = find_pingpong();
+  std::string pp = s.wants("pingpong") ? find_pingpong() : "";
   std::vector<uint64_t> pp_sizes = {64};
   pp_sizes.insert(pp_sizes.end(), s.read_sizes_bytes.begin(), s.read_sizes_bytes.end());
   for (uint64_t size : pp_sizes) {
@@ -609,19 +618,27 @@ Measured measure_all(const Settings& s, std::vector<std::string>& notes) {
     if (!row.ok()) note_error("fi_pingpong " + size_label(size), row.error());
     m.pingpong.push_back(row.ok() ? std::optional(*row) : std::nullopt);
   }
-  if (pp.empty()) notes.push_back("fi_pingpong not found (install libfabric-bin)");
-  std::fprintf(stderr, "raw libfabric baseline ...\n");
-  auto raw = run_raw(s);
-  if (raw.ok()) m.raw = std::move(*raw);
-  else note_error("raw baseline", raw.error());
-  std::fprintf(stderr, "tandem FabricEndpoint ...\n");
-  auto tandem = measure_tandem(s);
-  if (tandem.ok()) m.tandem = std::move(*tandem);
-  else note_error("tandem transport", tandem.error());
-  std::fprintf(stderr, "tandem node ping ...\n");
-  auto node = measure_node(s);
-  if (node.ok()) m.node_us = std::move(*node);
-  else note_error("node ping", node.error());
+  if (pp.empty() && s.wants("pingpong")) {
+    notes.push_back("fi_pingpong not found (install libfabric-bin)");
+  }
+  if (s.wants("raw")) {
+    std::fprintf(stderr, "raw libfabric baseline ...\n");
+    auto raw = run_raw(s);
+    if (raw.ok()) m.raw = std::move(*raw);
+    else note_error("raw baseline", raw.error());
+  }
+  if (s.wants("tandem")) {
+    std::fprintf(stderr, "tandem FabricEndpoint ...\n");
+    auto tandem = measure_tandem(s);
+    if (tandem.ok()) m.tandem = std::move(*tandem);
+    else note_error("tandem transport", tandem.error());
+  }
+  if (s.wants("node")) {
+    std::fprintf(stderr, "tandem node ping ...\n");
+    auto node = measure_node(s);
+    if (node.ok()) m.node_us = std::move(*node);
+    else note_error("node ping", node.error());
+  }
   return m;
 }
 
@@ -633,6 +650,7 @@ cli::Flags make_flags() {
   flags.flag("provider", "NAME", "libfabric provider", "tcp;ofi_rxm")
       .flag("json", "FILE", "also write the results as JSON to FILE")
       .flag("quick", "", "few iterations (a smoke run; numbers are not meaningful)")
+      .flag("sides", "LIST", "what to measure, comma-separated", "pingpong,raw,tandem,node")
       .flag("round-trips", "N", "64 B round trips per side", "2000")
       .flag("spin-us", "US", "FabricEndpoint busy-poll after activity (FabricOptions::spin_us)",
             std::to_string(runtime::FabricOptions{}.spin_us))
@@ -664,6 +682,7 @@ std::optional<uint32_t> get_u32(const cli::Flags& flags, const std::string& name
 std::optional<Settings> read_settings(const cli::Flags& flags) {
   Settings s;
   s.provider = flags.get("provider");
+  s.sides = flags.get("sides");
   s.fabric.provider = s.provider;
   s.fabric.host = "127.0.0.1";
   auto spin = flags.get_int("spin-us");
@@ -762,7 +781,9 @@ int run_transport_bench(cli::Args args) {
       return 1;
     }
   }
-  bool complete = m.tandem && m.raw && m.node_us;
+  const Settings& s = *settings;
+  bool complete = (m.tandem || !s.wants("tandem")) && (m.raw || !s.wants("raw")) &&
+                  (m.node_us || !s.wants("node"));
   if (complete) fs::remove_all(settings->dir);
   else std::fprintf(stderr, "logs kept in %s\n", settings->dir.c_str());
   return complete ? 0 : 1;

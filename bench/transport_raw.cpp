@@ -6,6 +6,11 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sys/prctl.h>
+
+#include <sched.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <cstdio>
@@ -20,7 +25,11 @@ using Clock = std::chrono::steady_clock;
 constexpr auto completion_timeout = std::chrono::seconds(10);
 constexpr size_t recv_slots_count = 128;
 constexpr size_t slot_bytes = 4096;
-constexpr size_t message_bytes = 64;  // <= the provider's inject size (asserted)
+constexpr size_t message_bytes = 64;
+// An empty poll yields the CPU (sched_yield) but never blocks. Pure spinning is bimodal on an
+// oversubscribed machine (docs/benchmarks.md: ~13 us or ~12-16 ms per round trip, depending
+// on whether the peer holds a CPU), which makes it no ceiling at all.
+constexpr bool yield_when_idle = true;  // <= the provider's inject size (asserted)
 
 Error fi_failure(const char* what, long rc) {
   return make_error(ErrorKind::failed, std::string("raw baseline: ") + what + ": " +
@@ -45,8 +54,14 @@ class RawEndpoint {
   Status read(fi_addr_t from, void* local, size_t length, uint64_t remote, uint64_t key);
   Result<std::unique_ptr<fid_mr, void (*)(fid_mr*)>> register_memory(void* base, size_t len);
   // Busy-polls until one completion; returns its receive slot (-1 send, -2 read).
-  Result<long> next_completion();
+  // Errors: timed_out after completion_timeout unless `forever`.
+  Result<long> next_completion(bool forever = false);
   char* slot_bytes_at(size_t slot) { return recv_bytes_.data() + slot * slot_bytes; }
+  // What a peer adds offsets to: the virtual address under FI_MR_VIRT_ADDR, else 0.
+  uint64_t remote_base_of(const void* base) const {
+    bool virt = info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
+    return virt ? reinterpret_cast<uintptr_t>(base) : 0;
+  }
 
  private:
   fi_info* info_ = nullptr;
@@ -178,7 +193,7 @@ Result<std::unique_ptr<fid_mr, void (*)(fid_mr*)>> RawEndpoint::register_memory(
   return owned;
 }
 
-Result<long> RawEndpoint::next_completion() {
+Result<long> RawEndpoint::next_completion(bool forever) {
   fi_cq_msg_entry entry;
   auto deadline = Clock::now() + completion_timeout;
   for (uint64_t spins = 0;; ++spins) {
@@ -187,10 +202,15 @@ Result<long> RawEndpoint::next_completion() {
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       (void)fi_cq_readerr(cq_, &err, 0);
-      return fi_failure("completion with error", err.err);
+      long slot = err.op_context ? static_cast<Ctx*>(err.op_context)->slot : -3;
+      return fi_failure(("completion with error (slot " + std::to_string(slot) + ", " +
+                         fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0) + ")")
+                            .c_str(),
+                        err.err);
     }
     if (n != -FI_EAGAIN) return fi_failure("fi_cq_read", n);
-    if ((spins & 1023) == 0 && Clock::now() > deadline) {
+    if (yield_when_idle) sched_yield();
+    if (!forever && (spins & 1023) == 0 && Clock::now() > deadline) {
       return make_error(ErrorKind::timed_out, "raw baseline: no completion within 10 s");
     }
   }
@@ -206,9 +226,11 @@ bool write_ready_file(const std::string& path, const std::string& line) {
   return std::rename(temp.c_str(), path.c_str()) == 0;
 }
 
+// Polling also drives the provider's progress (FI_PROGRESS_MANUAL): the parent's one-sided
+// reads are served only while this loop runs, so it waits without a deadline.
 Status serve_loop(RawEndpoint& ep, fi_addr_t parent) {
   for (;;) {
-    auto done = ep.next_completion();
+    auto done = ep.next_completion(/*forever=*/true);
     if (!done.ok()) return done.error();
     if (*done < 0) continue;  // our own echo's send completion
     size_t slot = size_t(*done);
@@ -229,6 +251,7 @@ int serve_raw(const std::string& provider, const std::string& host, uint16_t por
               uint64_t region_bytes) {
   RT_ASSERT(region_bytes > 0);
   RT_ASSERT(!ready_path.empty());
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the measuring parent
   RawEndpoint ep;
   std::vector<char> region(region_bytes, 'r');
   Status s = ep.open(provider, host, port);
@@ -242,8 +265,7 @@ int serve_raw(const std::string& provider, const std::string& host, uint16_t por
     std::fprintf(stderr, "%s\n", mr.error().describe().c_str());
     return 1;
   }
-  // Under FI_MR_VIRT_ADDR (tcp;ofi_rxm) a peer addresses the region by its virtual address.
-  std::string line = std::to_string(reinterpret_cast<uintptr_t>(region.data())) + " " +
+  std::string line = std::to_string(ep.remote_base_of(region.data())) + " " +
                      std::to_string(region.size()) + " " + std::to_string(fi_mr_key(mr->get())) +
                      "\n";
   if (!write_ready_file(ready_path, line)) {

@@ -1,6 +1,7 @@
 // `tandem bench transport`, the raw libfabric baseline: the provider's own ceiling on this
 // machine, with none of Tandem's layers (no framing, no validation, no queues, no progress
-// thread, no actors). Both sides busy-poll their completion queue with fi_cq_read.
+// thread, no actors). Both sides busy-poll their completion queue with fi_cq_read, calling
+// sched_yield() after an empty poll (never blocking in the kernel).
 //
 // Protocol (parent = measuring side, child = serve_raw in another process):
 //   child opens an RDM endpoint on `port`, registers `region_bytes`, writes

@@ -72,24 +72,32 @@ std::string ratio(const std::optional<double>& a, const std::optional<double>& b
   return buf;
 }
 
-}  // namespace
-
-Result<uint64_t> parse_pingpong_size(std::string_view text) {
-  if (text.empty()) return make_error(ErrorKind::invalid, "empty fi_pingpong size");
+// A number with an optional one-letter suffix from `suffixes` (letter, scale).
+Result<uint64_t> parse_scaled(std::string_view text,
+                              std::initializer_list<std::pair<char, uint64_t>> suffixes) {
+  if (text.empty()) return make_error(ErrorKind::invalid, "empty fi_pingpong number");
   uint64_t scale = 1;
   std::string_view digits = text;
-  switch (text.back()) {
-    case 'k': scale = uint64_t{1} << 10; break;
-    case 'm': scale = uint64_t{1} << 20; break;
-    case 'g': scale = uint64_t{1} << 30; break;
-    default: break;
+  for (auto [letter, value] : suffixes) {
+    if (text.back() == letter) scale = value;
   }
   if (scale != 1) digits.remove_suffix(1);
   auto value = parse_double(digits);
   if (!value || *value < 0) {
-    return make_error(ErrorKind::invalid, "fi_pingpong size '" + std::string(text) + "'");
+    return make_error(ErrorKind::invalid, "fi_pingpong number '" + std::string(text) + "'");
   }
+  RT_ASSERT(scale >= 1);
   return static_cast<uint64_t>(std::llround(*value * double(scale)));
+}
+
+}  // namespace
+
+Result<uint64_t> parse_pingpong_size(std::string_view text) {
+  return parse_scaled(text, {{'k', 1ull << 10}, {'m', 1ull << 20}, {'g', 1ull << 30}});
+}
+
+Result<uint64_t> parse_pingpong_count(std::string_view text) {
+  return parse_scaled(text, {{'k', 1000}, {'m', 1000000}, {'b', 1000000000}});
 }
 
 Result<PingpongRow> parse_pingpong_output(std::string_view text) {
@@ -108,7 +116,7 @@ Result<PingpongRow> parse_pingpong_output(std::string_view text) {
     if (!header_seen || words.size() != 8) continue;
     // The #ack column is "=N" (all acked), "+N" or "-N"; time ends in "s".
     auto size = parse_pingpong_size(words[0]);
-    auto sent = parse_pingpong_size(words[1]);
+    auto sent = parse_pingpong_count(words[1]);
     auto mb = parse_double(words[5]);
     auto usec = parse_double(words[6]);
     if (!size.ok() || !sent.ok() || !mb || !usec || *usec <= 0) {

@@ -30,9 +30,12 @@ struct PingpongRow {
 // quotes the offending text.
 Result<PingpongRow> parse_pingpong_output(std::string_view text);
 
-// "64", "4k", "1.5m", "16m", "1g" (fi_pingpong's size_str / cnt_str) -> a count.
+// fi_pingpong's size_str: "64", "4k", "1.5m", "16m", "1g" with binary suffixes (k = 1024).
 // Errors (invalid): anything else.
 Result<uint64_t> parse_pingpong_size(std::string_view text);
+// fi_pingpong's cnt_str (the #sent column): "500", "1k", "2m", "1b" with decimal suffixes
+// (k = 1000, m = 10^6, b = 10^9). Errors (invalid): anything else.
+Result<uint64_t> parse_pingpong_count(std::string_view text);
 
 // The q-quantile (0 <= q <= 1) by nearest rank of `samples` (sorted inside a copy).
 // Precondition: samples not empty.

@@ -16,6 +16,11 @@ TEST_CASE("fi_pingpong sizes and counts in its own notation") {
   CHECK_FALSE(parse_pingpong_size("k").ok());
   CHECK_FALSE(parse_pingpong_size("12x").ok());
   CHECK_FALSE(parse_pingpong_size("-3").ok());
+  // The #sent column uses decimal suffixes.
+  CHECK(parse_pingpong_count("500").value() == 500);
+  CHECK(parse_pingpong_count("1k").value() == 1000);
+  CHECK(parse_pingpong_count("2m").value() == 2000000);
+  CHECK_FALSE(parse_pingpong_count("1g").ok());
 }
 
 TEST_CASE("a real fi_pingpong client output parses; usec/xfer is half a round trip") {
