@@ -3,10 +3,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -80,8 +79,8 @@ Result<std::string> wait_ready(const std::string& path, testing::Child& child,
     }
     std::this_thread::sleep_for(5ms);
   }
-  return make_error(ErrorKind::timed_out, "bench child not ready within " +
-                                              std::to_string(timeout.count()) + " ms");
+  return make_error(ErrorKind::timed_out,
+                    "bench child not ready within " + std::to_string(timeout.count()) + " ms");
 }
 
 // "BASE LENGTH KEY" from a ready file.
@@ -276,7 +275,9 @@ class Waiter {
   std::optional<Error> read_error_;
 };
 
-Error no_reply() { return make_error(ErrorKind::timed_out, "echo child did not answer in 10 s"); }
+Error no_reply() {
+  return make_error(ErrorKind::timed_out, "echo child did not answer in 10 s");
+}
 
 Status round_trips(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer, Waiter& waiter,
                    uint32_t count, TandemResults& out) {
@@ -338,12 +339,12 @@ Status read_bandwidth(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer,
 Result<TandemResults> measure_tandem(const Settings& s) {
   uint16_t child_port = testing::free_port();
   std::string ready = s.dir + "/tandem.ready";
-  testing::Child child({s.self_exe, "bench", "transport", "--serve", "tandem", "--port",
-                        std::to_string(child_port), "--ready", ready, "--provider", s.provider,
-                        "--spin-us", std::to_string(s.fabric.spin_us), "--rma-chunk-bytes",
-                        std::to_string(s.fabric.rma_chunk_bytes), "--rma-inflight-max",
-                        std::to_string(s.fabric.rma_inflight_max)},
-                       s.dir + "/tandem-echo.log");
+  testing::Child child(
+      {s.self_exe, "bench", "transport", "--serve", "tandem", "--port", std::to_string(child_port),
+       "--ready", ready, "--provider", s.provider, "--spin-us", std::to_string(s.fabric.spin_us),
+       "--rma-chunk-bytes", std::to_string(s.fabric.rma_chunk_bytes), "--rma-inflight-max",
+       std::to_string(s.fabric.rma_inflight_max)},
+      s.dir + "/tandem-echo.log");
   auto line = wait_ready(ready, child, 20000ms);
   if (!line.ok()) return line.error();
   auto remote = parse_region(*line);
@@ -394,8 +395,15 @@ Result<PingpongRow> run_pingpong(const Settings& s, const std::string& bin, uint
   Error last = make_error(ErrorKind::failed, "fi_pingpong did not run");
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::string port = std::to_string(testing::free_port());
-    std::vector<std::string> common = {bin, "-e", "rdm", "-p", s.provider, "-I",
-                                       std::to_string(iterations), "-S", std::to_string(size)};
+    std::vector<std::string> common = {bin,
+                                       "-e",
+                                       "rdm",
+                                       "-p",
+                                       s.provider,
+                                       "-I",
+                                       std::to_string(iterations),
+                                       "-S",
+                                       std::to_string(size)};
     auto server_argv = common;
     server_argv.insert(server_argv.end(), {"-B", port});
     testing::Child server(server_argv, s.dir + "/fi_pingpong-server.log");
@@ -405,9 +413,9 @@ Result<PingpongRow> run_pingpong(const Settings& s, const std::string& bin, uint
     auto run = testing::run(client_argv, 120000ms);
     auto row = parse_pingpong_output(run.output);
     if (row.ok() && run.exit_code == 0) return row;
-    last = row.ok() ? make_error(ErrorKind::failed, "fi_pingpong exited " +
-                                                        std::to_string(run.exit_code) + ": " +
-                                                        run.output)
+    last = row.ok() ? make_error(
+                          ErrorKind::failed,
+                          "fi_pingpong exited " + std::to_string(run.exit_code) + ": " + run.output)
                     : row.error();
   }
   return last;
@@ -485,8 +493,8 @@ Result<std::vector<double>> measure_node(const Settings& s) {
   auto deadline = Clock::now() + 30s;
   while (!(*client)->ping(to, 500ms).ok()) {
     if (!node.running() || Clock::now() > deadline) {
-      return make_error(ErrorKind::failed, "tandem node did not answer pings; its log:\n" +
-                                               node.log());
+      return make_error(ErrorKind::failed,
+                        "tandem node did not answer pings; its log:\n" + node.log());
     }
   }
   std::vector<double> us;
@@ -624,20 +632,26 @@ Measured measure_all(const Settings& s, std::vector<std::string>& notes) {
   if (s.wants("raw")) {
     std::fprintf(stderr, "raw libfabric baseline ...\n");
     auto raw = run_raw(s);
-    if (raw.ok()) m.raw = std::move(*raw);
-    else note_error("raw baseline", raw.error());
+    if (raw.ok())
+      m.raw = std::move(*raw);
+    else
+      note_error("raw baseline", raw.error());
   }
   if (s.wants("tandem")) {
     std::fprintf(stderr, "tandem FabricEndpoint ...\n");
     auto tandem = measure_tandem(s);
-    if (tandem.ok()) m.tandem = std::move(*tandem);
-    else note_error("tandem transport", tandem.error());
+    if (tandem.ok())
+      m.tandem = std::move(*tandem);
+    else
+      note_error("tandem transport", tandem.error());
   }
   if (s.wants("node")) {
     std::fprintf(stderr, "tandem node ping ...\n");
     auto node = measure_node(s);
-    if (node.ok()) m.node_us = std::move(*node);
-    else note_error("node ping", node.error());
+    if (node.ok())
+      m.node_us = std::move(*node);
+    else
+      note_error("node ping", node.error());
   }
   return m;
 }
@@ -672,8 +686,7 @@ std::optional<uint32_t> get_u32(const cli::Flags& flags, const std::string& name
   auto v = flags.get_int(name);
   if (!v) return std::nullopt;
   if (*v <= 0 || *v > int64_t(UINT32_MAX)) {
-    std::fprintf(stderr, "tandem bench transport: --%s must be a positive integer\n",
-                 name.c_str());
+    std::fprintf(stderr, "tandem bench transport: --%s must be a positive integer\n", name.c_str());
     return std::nullopt;
   }
   return uint32_t(*v);
@@ -734,14 +747,16 @@ int serve(const cli::Flags& flags, const Settings& s) {
 }
 
 void print_settings(const Settings& s) {
-  std::printf("provider %s, 127.0.0.1; FabricOptions: spin_us %u, rma_chunk_bytes %u, "
-              "rma_inflight_max %u, sends_inflight_max %u\n",
-              s.provider.c_str(), s.fabric.spin_us, s.fabric.rma_chunk_bytes,
-              s.fabric.rma_inflight_max, s.fabric.sends_inflight_max);
-  std::printf("%u round trips per side (after %u warm-up), rate: %u messages, reads: "
-              "max(8, min(2000, %llu MiB / size)) per size, one read outstanding\n",
-              s.round_trips_count, s.round_trips_count / 10, s.rate_messages_count,
-              static_cast<unsigned long long>(s.read_bytes_per_size >> 20));
+  std::printf(
+      "provider %s, 127.0.0.1; FabricOptions: spin_us %u, rma_chunk_bytes %u, "
+      "rma_inflight_max %u, sends_inflight_max %u\n",
+      s.provider.c_str(), s.fabric.spin_us, s.fabric.rma_chunk_bytes, s.fabric.rma_inflight_max,
+      s.fabric.sends_inflight_max);
+  std::printf(
+      "%u round trips per side (after %u warm-up), rate: %u messages, reads: "
+      "max(8, min(2000, %llu MiB / size)) per size, one read outstanding\n",
+      s.round_trips_count, s.round_trips_count / 10, s.rate_messages_count,
+      static_cast<unsigned long long>(s.read_bytes_per_size >> 20));
 }
 
 }  // namespace
@@ -765,8 +780,9 @@ int run_transport_bench(cli::Args args) {
     std::printf("%s\n", line.c_str());
     notes.push_back(line);
   }
-  std::printf("fi_pingpong: round trip = 2 x its usec/xfer (a mean, half a round trip each); "
-              "its MB/sec is a send/recv ping-pong counting both directions, not RMA.\n");
+  std::printf(
+      "fi_pingpong: round trip = 2 x its usec/xfer (a mean, half a round trip each); "
+      "its MB/sec is a send/recv ping-pong counting both directions, not RMA.\n");
   for (const auto& n : notes) {
     if (n.rfind("goal", 0) != 0 && n.rfind("round trip vs", 0) != 0) {
       std::printf("note: %s\n", n.c_str());
@@ -776,16 +792,17 @@ int run_transport_bench(cli::Args args) {
     std::ofstream out(flags.get("json"));
     out << render_json(rows, machine, notes);
     if (!out) {
-      std::fprintf(stderr, "tandem bench transport: cannot write %s\n",
-                   flags.get("json").c_str());
+      std::fprintf(stderr, "tandem bench transport: cannot write %s\n", flags.get("json").c_str());
       return 1;
     }
   }
   const Settings& s = *settings;
   bool complete = (m.tandem || !s.wants("tandem")) && (m.raw || !s.wants("raw")) &&
                   (m.node_us || !s.wants("node"));
-  if (complete) fs::remove_all(settings->dir);
-  else std::fprintf(stderr, "logs kept in %s\n", settings->dir.c_str());
+  if (complete)
+    fs::remove_all(settings->dir);
+  else
+    std::fprintf(stderr, "logs kept in %s\n", settings->dir.c_str());
   return complete ? 0 : 1;
 }
 

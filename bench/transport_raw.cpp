@@ -6,13 +6,11 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sched.h>
 #include <sys/prctl.h>
 
-#include <sched.h>
-
-#include <csignal>
-
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -177,7 +175,7 @@ Status RawEndpoint::read(fi_addr_t from, void* local, size_t length, uint64_t re
 }
 
 Result<std::unique_ptr<fid_mr, void (*)(fid_mr*)>> RawEndpoint::register_memory(void* base,
-                                                                               size_t len) {
+                                                                                size_t len) {
   fid_mr* mr = nullptr;
   uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
   int rc = fi_mr_reg(domain_, base, len, access, 0, 1, 0, &mr, nullptr);
@@ -281,6 +279,8 @@ namespace {
 
 // One message out, its echo back; the send's own completion may come before or after.
 Result<double> one_round_trip(RawEndpoint& ep, fi_addr_t child, const char* message) {
+  RT_ASSERT(message != nullptr);
+  RT_ASSERT(child != FI_ADDR_UNSPEC);
   auto t0 = Clock::now();
   if (Status s = ep.send(child, message, message_bytes); !s.ok()) return s.error();
   for (;;) {
@@ -294,8 +294,8 @@ Result<double> one_round_trip(RawEndpoint& ep, fi_addr_t child, const char* mess
 }
 
 // `total` messages with `window` outstanding; returns messages per second.
-Result<double> windowed_rate(RawEndpoint& ep, fi_addr_t child, const char* message,
-                             uint32_t total, uint32_t window) {
+Result<double> windowed_rate(RawEndpoint& ep, fi_addr_t child, const char* message, uint32_t total,
+                             uint32_t window) {
   RT_ASSERT(window > 0 && window < recv_slots_count, window);
   auto t0 = Clock::now();
   uint32_t sent = 0, received = 0;
@@ -330,7 +330,7 @@ Result<double> read_loop(RawEndpoint& ep, fi_addr_t child, const RawRemote& remo
     for (;;) {
       auto done = ep.next_completion();
       if (!done.ok()) return done.error();
-      if (*done == -2) break;  // the read
+      if (*done == -2) break;     // the read
       if (*done == -1) continue;  // a late send completion from the rate test
       if (Status p = ep.post_recv(size_t(*done)); !p.ok()) return p.error();
     }
@@ -357,8 +357,8 @@ Result<RawResults> measure_raw(const RawPlan& plan,
     if (!us.ok()) return us.error();
     if (i >= plan.round_trips_count / 10) results.round_trip_us.push_back(*us);  // warm-up
   }
-  auto rate = windowed_rate(ep, *child, message.data(), plan.rate_messages_count,
-                            plan.window_count);
+  auto rate =
+      windowed_rate(ep, *child, message.data(), plan.rate_messages_count, plan.window_count);
   if (!rate.ok()) return rate.error();
   results.rate_msg_per_s = *rate;
   uint64_t largest = 0;

@@ -27,10 +27,10 @@ struct RawRemote {
 
 struct RawPlan {
   std::string provider, host;
-  uint16_t port = 0;                  // the parent's endpoint
+  uint16_t port = 0;  // the parent's endpoint
   uint32_t round_trips_count = 2000;
   uint32_t rate_messages_count = 20000;
-  uint32_t window_count = 64;         // messages outstanding in the rate test
+  uint32_t window_count = 64;  // messages outstanding in the rate test
   std::vector<uint64_t> read_sizes_bytes;
   uint64_t read_bytes_per_size = 256ull << 20;  // repetitions = this / size (at least 8)
 };
@@ -49,7 +49,7 @@ int serve_raw(const std::string& provider, const std::string& host, uint16_t por
 // The parent side. The parent's endpoint must be open (on plan.port) before the child starts
 // so the child's first echo finds it: `start_child` is called once it is.
 // Errors: failed (provider calls), timed_out (no completion within 10 s).
-Result<RawResults> measure_raw(const RawPlan& plan, const std::function<Result<RawRemote>()>&
-                                                        start_child);
+Result<RawResults> measure_raw(const RawPlan& plan,
+                               const std::function<Result<RawRemote>()>& start_child);
 
 }  // namespace tandem::bench

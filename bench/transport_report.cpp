@@ -82,6 +82,7 @@ Result<uint64_t> parse_scaled(std::string_view text,
     if (text.back() == letter) scale = value;
   }
   if (scale != 1) digits.remove_suffix(1);
+  RT_ASSERT(digits.size() + (scale != 1 ? 1 : 0) == text.size());
   auto value = parse_double(digits);
   if (!value || *value < 0) {
     return make_error(ErrorKind::invalid, "fi_pingpong number '" + std::string(text) + "'");
@@ -120,10 +121,11 @@ Result<PingpongRow> parse_pingpong_output(std::string_view text) {
     auto mb = parse_double(words[5]);
     auto usec = parse_double(words[6]);
     if (!size.ok() || !sent.ok() || !mb || !usec || *usec <= 0) {
-      return make_error(ErrorKind::invalid, "fi_pingpong row does not parse: '" +
-                                                std::string(line) + "'");
+      return make_error(ErrorKind::invalid,
+                        "fi_pingpong row does not parse: '" + std::string(line) + "'");
     }
     RT_ASSERT(*usec > 0);
+    RT_ASSERT(header_seen);
     return PingpongRow{*size, *sent, *mb, *usec};
   }
   return make_error(ErrorKind::invalid, header_seen ? "fi_pingpong printed a header but no row"

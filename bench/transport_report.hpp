@@ -20,8 +20,8 @@ namespace tandem::bench {
 struct PingpongRow {
   uint64_t size_bytes = 0;
   uint64_t iterations_count = 0;
-  double mb_per_s = 0;        // 10^6 bytes per second, both directions
-  double usec_per_xfer = 0;   // one-way: half a round trip
+  double mb_per_s = 0;       // 10^6 bytes per second, both directions
+  double usec_per_xfer = 0;  // one-way: half a round trip
   double round_trip_us() const { return 2 * usec_per_xfer; }
 };
 
@@ -43,8 +43,8 @@ double percentile(std::vector<double> samples, double q);
 
 // One table row: a metric measured by up to three sides. Absent = not measured (shown "-").
 struct ReportRow {
-  std::string metric;          // e.g. "round trip 64 B p50"
-  std::string unit;            // "us", "msg/s", "MB/s"
+  std::string metric;  // e.g. "round trip 64 B p50"
+  std::string unit;    // "us", "msg/s", "MB/s"
   std::optional<double> tandem, raw, pingpong;
 };
 

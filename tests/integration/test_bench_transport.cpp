@@ -38,13 +38,12 @@ TEST_CASE("bench transport --quick measures every side and writes JSON") {
   INFO(result.output);
   REQUIRE(result.exit_code == 0);
   CHECK(result.output.find("tandem/raw") != std::string::npos);
-  CHECK(result.output.find("goal: RMA read >= 0.90x raw at >= 1 MiB: 1 MiB") !=
-        std::string::npos);
+  CHECK(result.output.find("goal: RMA read >= 0.90x raw at >= 1 MiB: 1 MiB") != std::string::npos);
   std::string json = read_file(json_path);
   REQUIRE(!json.empty());
-  for (const char* metric : {"round trip 64 B p50", "round trip 64 B p99",
-                             "message rate, window 64", "RMA read 4 KiB", "RMA read 1 MiB",
-                             "node ping p50 (via CAF actor)"}) {
+  for (const char* metric :
+       {"round trip 64 B p50", "round trip 64 B p99", "message rate, window 64", "RMA read 4 KiB",
+        "RMA read 1 MiB", "node ping p50 (via CAF actor)"}) {
     CAPTURE(metric);
     CHECK(positive_number(row_field(json, metric, "tandem")));
     CHECK(positive_number(row_field(json, metric, "raw")));
@@ -66,8 +65,9 @@ TEST_CASE("bench transport rejects bad flags with a message naming the flag") {
   auto result = run({tandem_bin(), "bench", "transport", "--rma-inflight-max", "0"}, 30s);
   CHECK(result.exit_code == 2);
   CHECK(result.output.find("--rma-inflight-max") != std::string::npos);
-  auto serve = run({tandem_bin(), "bench", "transport", "--serve", "bogus", "--port", "1",
-                    "--ready", "/tmp/x"}, 30s);
+  auto serve = run(
+      {tandem_bin(), "bench", "transport", "--serve", "bogus", "--port", "1", "--ready", "/tmp/x"},
+      30s);
   CHECK(serve.exit_code == 2);
   CHECK(serve.output.find("--serve must be 'raw' or 'tandem'") != std::string::npos);
 }
