@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "bench/device_bench.hpp"
+#include "bench/transport_bench.hpp"
 #include "tools/commands.hpp"
 
 namespace tandem::tools {
@@ -14,6 +15,7 @@ int cmd_bench(cli::Args args) {
   };
   static constexpr Entry entries[] = {
       {"device", bench::run_device_bench},
+      {"transport", bench::run_transport_bench},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {

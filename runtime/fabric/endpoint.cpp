@@ -131,7 +131,7 @@ class Endpoint final : public FabricEndpoint {
   void finish_read_chunk(Op* op, Status status);
   void pump_peer(Peer& peer);      // mu_ held
   void pump_reads();               // mu_ held
-  void pump_all();
+  bool pump_all();  // true while RMA reads are posted or waiting
   void run_ready_callbacks();  // progress thread only; mu_ not held
   void wake();
 
@@ -564,12 +564,13 @@ void Endpoint::handle_error_completion() {
   }
 }
 
-void Endpoint::pump_all() {
+bool Endpoint::pump_all() {
   std::lock_guard lock(mu_);
   for (auto& [id, peer] : peers_) {
     if (!peer.queue.empty()) pump_peer(peer);
   }
   if (!reads_waiting_.empty()) pump_reads();
+  return reads_inflight_ > 0 || !reads_waiting_.empty();
 }
 
 void Endpoint::wake() {
@@ -594,9 +595,16 @@ void Endpoint::progress_loop() {
       run_ready_callbacks();
       continue;
     }
-    pump_all();
+    // An RMA read in flight is activity: its data arrives in many socket reads that only
+    // our polling progresses (FI_PROGRESS_MANUAL), so sleeping now would only add wake-ups.
+    if (pump_all()) last_activity = clock::now();
     run_ready_callbacks();
-    if (clock::now() - last_activity < spin) continue;
+    if (clock::now() - last_activity < spin) {
+      // Spin politely: on a machine with more runnable threads than cores, a peer (or the
+      // thread that will consume our completion) may be waiting for this CPU.
+      std::this_thread::yield();
+      continue;
+    }
     if (!cq_waitable_) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       continue;

@@ -36,7 +36,10 @@ struct FabricOptions {
   uint32_t rma_chunk_bytes = 8u << 20;
   uint32_t rma_inflight_max = 16;
   uint32_t rma_queue_max = 65536;
-  uint32_t spin_us = 50;               // busy-poll this long after the last completion
+  // Busy-poll (yielding the CPU after each empty poll) this long after the last completion,
+  // then sleep in the CQ wait. Posted or queued RMA reads count as activity: the progress
+  // thread keeps polling until they finish (a read that never completes keeps it polling).
+  uint32_t spin_us = 50;
 };
 
 // Monotonic counters, readable from any thread.
