@@ -5,8 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+
+// OpenBLAS DYNAMIC_ARCH internals (exported by Debian's libopenblas0-pthread/-openmp): re-run
+// the kernel selection, which reads OPENBLAS_CORETYPE. Weak: absent in single-arch builds.
+extern "C" __attribute__((weak)) void gotoblas_dynamic_init(void);
+extern "C" __attribute__((weak)) void gotoblas_dynamic_quit(void);
 
 namespace tandem::devices::cpu {
 namespace {
@@ -84,8 +91,13 @@ struct RouteScratch {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(ModelWeights weights, KvLayout layout, std::unique_ptr<PoolMemory> pool)
-      : w_(std::move(weights)), layout_(layout), pool_(std::move(pool)) {
+  CpuDevice(ModelWeights weights, KvLayout layout, std::unique_ptr<PoolMemory> pool,
+            int threads, int single_token_threads)
+      : w_(std::move(weights)),
+        layout_(layout),
+        pool_(std::move(pool)),
+        threads_(threads),
+        single_token_threads_(single_token_threads) {
     RT_ASSERT(pool_->bytes() == layout_.pool_bytes(), "pool size");
     RT_ASSERT(layout_.element_bytes == sizeof(float), "cpu pool is fp32");
   }
@@ -131,9 +143,18 @@ class CpuDevice final : public Device {
     return reinterpret_cast<float*>(pool_->base() + off);
   }
 
+  // BLAS threads for this pass (process-wide OpenBLAS setting; set only when it changes).
+  void set_blas_threads(uint32_t tokens_count) {
+    int want = tokens_count == 1 ? single_token_threads_ : threads_;
+    RT_ASSERT(want >= 1, "blas threads", want);
+    if (openblas_get_num_threads() != want) openblas_set_num_threads(want);
+  }
+
   ModelWeights w_;
   KvLayout layout_;
   std::unique_ptr<PoolMemory> pool_;
+  int threads_;               // >= 1
+  int single_token_threads_;  // >= 1
   // Scratch, resized per pass (grow-only in practice): a decode step allocates nothing but
   // its output logits.
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_, logits_;
@@ -194,6 +215,7 @@ Result<StepOutput> CpuDevice::run(const std::vector<SeqView>& seqs, bool all_row
     }
   }
   uint32_t n = static_cast<uint32_t>(slots.size());
+  set_blas_threads(n);
   x_.resize(uint64_t{n} * c.hidden);
   for (uint32_t t = 0; t < n; ++t) {
     int32_t id = (*seqs[slots[t].seq_index].tokens)[slots[t].pos - seqs[slots[t].seq_index].start_pos];
@@ -497,8 +519,45 @@ Status CpuDevice::copy_blocks_in(std::span<const uint32_t> blocks,
 
 }  // namespace
 
+namespace {
+
+bool avx512_usable() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+std::string reselect_blas_kernels() {
+  std::string before = openblas_get_corename();
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) {
+    return "OpenBLAS core " + before + " (OPENBLAS_CORETYPE set by the operator)";
+  }
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (before != "Prescott" || !avx2) return "OpenBLAS core " + before;
+  if (gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
+    return "OpenBLAS core " + before + " (not a DYNAMIC_ARCH build; cannot reselect)";
+  }
+  const char* want = avx512_usable() ? "SkylakeX" : "Haswell";
+  setenv("OPENBLAS_CORETYPE", want, 0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  std::string after = openblas_get_corename();
+  RT_ASSERT(!after.empty(), "OpenBLAS has a core after reselection");
+  return "OpenBLAS core " + after + " (was " + before + ": CPU model unknown to OpenBLAS)";
+}
+
+}  // namespace
+
+std::string select_blas_kernels() {
+  static std::once_flag once;  // OpenBLAS's kernel table is process-wide state
+  static std::string description;
+  std::call_once(once, [] { description = reselect_blas_kernels(); });
+  RT_ASSERT(!description.empty(), "kernel selection described");
+  return description;
+}
+
 Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
                                                 const CpuDeviceOptions& options) {
+  select_blas_kernels();
   const ModelConfig& c = weights.config;
   if (auto st = c.validate(); !st) return st.error();
   if (options.block_tokens == 0) {
@@ -518,9 +577,13 @@ Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
   }
   auto pool = PoolMemory::allocate(layout.pool_bytes());
   if (!pool) return pool.error();
-  if (options.threads > 0) openblas_set_num_threads(static_cast<int>(options.threads));
-  return std::unique_ptr<Device>(
-      std::make_unique<CpuDevice>(std::move(weights), layout, std::move(*pool)));
+  // OpenBLAS's own thread count at load is all cores (or OPENBLAS_NUM_THREADS).
+  static const int blas_threads_at_load = openblas_get_num_threads();
+  int threads = options.threads > 0 ? static_cast<int>(options.threads) : blas_threads_at_load;
+  int single = options.single_token_threads > 0 ? static_cast<int>(options.single_token_threads)
+                                                 : threads;
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(weights), layout,
+                                                             std::move(*pool), threads, single));
 }
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec) {
