@@ -3,6 +3,8 @@
 // batched vs alone, KV blocks moved between devices, draft verification in one pass.
 #include <doctest/doctest.h>
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +17,7 @@
 namespace {
 
 using namespace tandem::devices;
+using tandem::devices::cpu::select_blas_kernels;
 using reftest::RefModel;
 
 std::string source_root() {
@@ -257,6 +260,17 @@ TEST_CASE("cpu device: stories15M greedy from 'Once upon a time' matches the ref
   // ", there was a little girl named Lily."
   const std::vector<int32_t> lily = {29892, 727, 471, 263, 2217, 7826, 4257, 365, 2354, 29889};
   CHECK(std::vector<int32_t>(got.begin(), got.begin() + 10) == lily);
+}
+
+TEST_CASE("cpu device: OpenBLAS runs AVX2-or-better kernels on a CPU that has them") {
+  auto dev = open_device(subjects()[1].path);  // make_cpu_device selects the kernels
+  std::string description = select_blas_kernels();
+  CAPTURE(description);
+  CHECK(description.rfind("OpenBLAS core ", 0) == 0);
+  std::string core = openblas_get_corename();
+  CHECK(description.find(core) != std::string::npos);
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2 && std::getenv("OPENBLAS_CORETYPE") == nullptr) CHECK(core != "Prescott");
 }
 
 TEST_CASE("cpu device: synth models' shapes are what they claim (GQA, MoE, partial rotary)") {
