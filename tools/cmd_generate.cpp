@@ -1,13 +1,14 @@
 // `tandem generate`: one cpu Device in-process, streaming text to stdout.
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <numeric>
-#include <random>
 
 #include "devices/cpu/cpu_device.hpp"
 #include "devices/device.hpp"
+#include "devices/sampling.hpp"
 #include "tools/commands.hpp"
 #include "tools/text_codec.hpp"
 
@@ -20,28 +21,6 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Greedy when temperature is 0; else a draw from softmax(logits / temperature).
-int32_t pick_token(std::span<const float> logits, double temperature, std::mt19937_64& rng) {
-  RT_ASSERT(!logits.empty(), "empty logits");
-  RT_ASSERT(temperature >= 0.0, "temperature", temperature);
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  if (temperature == 0.0) return static_cast<int32_t>(best);
-  std::vector<double> p(logits.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    p[i] = std::exp((double(logits[i]) - double(logits[best])) / temperature);
-    sum += p[i];
-  }
-  double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
-  for (size_t i = 0; i < p.size(); ++i) {
-    if ((u -= p[i]) <= 0.0) return static_cast<int32_t>(i);
-  }
-  return static_cast<int32_t>(best);
-}
-
 std::string default_tokenizer(const std::string& model) {
   std::filesystem::path p(model);
   if (std::filesystem::is_directory(p)) return model;
@@ -50,42 +29,92 @@ std::string default_tokenizer(const std::string& model) {
 
 struct GenerateArgs {
   std::string model, prompt, tokenizer;
-  int64_t max_tokens = 0, seed = 0, threads = 0;
-  double temperature = 0.0;
+  int64_t max_tokens = 0, threads = 0;
+  devices::SamplingParams sampling;
 };
+
+// The sampling flags, each with the SamplingParams field it sets. A bad value is reported by
+// validating that field alone, so the error names the flag.
+struct SamplingFlag {
+  const char* flag;
+  void (*set)(devices::SamplingParams&, double);
+};
+constexpr SamplingFlag sampling_flags[] = {
+    {"temperature", [](devices::SamplingParams& p, double v) { p.temperature = float(v); }},
+    {"top-k", [](devices::SamplingParams& p, double v) { p.top_k = int32_t(v); }},
+    {"top-p", [](devices::SamplingParams& p, double v) { p.top_p = float(v); }},
+    {"min-p", [](devices::SamplingParams& p, double v) { p.min_p = float(v); }},
+    {"repetition-penalty",
+     [](devices::SamplingParams& p, double v) { p.repetition_penalty = float(v); }},
+};
+
+// Reads every sampling flag into *out. Prints the error naming the flag; false on error.
+bool parse_sampling(const cli::Flags& flags, devices::SamplingParams* out) {
+  for (const SamplingFlag& f : sampling_flags) {
+    auto value = flags.get_double(f.flag);
+    if (!value) return false;
+    if (std::string(f.flag) == "top-k" && (*value != std::floor(*value) || *value < 0.0 ||
+                                           *value > double(INT32_MAX))) {
+      std::fprintf(stderr, "tandem generate: --top-k must be an integer in [0, %d], got %s\n",
+                   INT32_MAX, flags.get(f.flag).c_str());
+      return false;
+    }
+    devices::SamplingParams alone;
+    f.set(alone, *value);
+    if (auto st = alone.validate(); !st) {
+      std::fprintf(stderr, "tandem generate: --%s: %s\n", f.flag, st.error().message.c_str());
+      return false;
+    }
+    f.set(*out, *value);
+  }
+  auto seed = flags.get_int("seed");
+  if (!seed) return false;
+  if (*seed < 0) {
+    std::fprintf(stderr, "tandem generate: --seed must be >= 0, got %s\n",
+                 flags.get("seed").c_str());
+    return false;
+  }
+  out->seed = static_cast<uint64_t>(*seed);
+  auto st = out->validate();
+  RT_ASSERT(st.ok(), "each sampling field was validated alone");
+  return true;
+}
 
 std::optional<GenerateArgs> parse(cli::Args args, int* exit_code) {
   cli::Flags flags("tandem generate --model PATH --prompt TEXT [flags]",
                    "Runs one model on the cpu device in this process and streams its text to "
-                   "stdout. Greedy when --temperature is 0.");
+                   "stdout. Greedy when --temperature is 0; otherwise the sampling core "
+                   "(devices/sampling.hpp) draws with the given filters and seed.");
   flags.flag("model", "PATH", "llama2.c .bin checkpoint or HF model directory")
       .flag("prompt", "TEXT", "prompt text (BOS is added)")
-      .flag("tokenizer", "PATH", "tokenizer file/dir (default: tokenizer.bin beside the model)")
+      .flag("tokenizer", "PATH",
+            "tokenizer file/dir (default: tokenizer.bin beside a .bin model, or the HF "
+            "directory's tokenizer.json)")
       .flag("max-tokens", "N", "tokens to generate at most", "128")
       .flag("temperature", "T", "sampling temperature, 0 = greedy", "0")
-      .flag("seed", "S", "sampling seed", "0")
+      .flag("top-k", "K", "keep the K most probable tokens (0 = off)", "0")
+      .flag("top-p", "P", "keep the most probable head of mass P, in (0, 1] (1 = off)", "1")
+      .flag("min-p", "P", "drop tokens below P * the top probability, in [0, 1] (0 = off)", "0")
+      .flag("repetition-penalty", "R", "penalize prompt and generated tokens, > 0 (1 = off)",
+            "1")
+      .flag("seed", "S", "sampling seed (same seed, same text)", "0")
       .flag("threads", "N", "compute threads (0 = all cores)", "0");
   if (!flags.parse(args, exit_code)) return std::nullopt;
   GenerateArgs g{flags.get("model"), flags.get("prompt"), flags.get("tokenizer")};
-  auto max_tokens = flags.get_int("max-tokens"), seed = flags.get_int("seed"),
-       threads = flags.get_int("threads");
-  auto temperature = flags.get_double("temperature");
   *exit_code = 2;
-  if (!max_tokens || !seed || !threads || !temperature) return std::nullopt;
+  auto max_tokens = flags.get_int("max-tokens"), threads = flags.get_int("threads");
+  if (!max_tokens || !threads || !parse_sampling(flags, &g.sampling)) return std::nullopt;
   if (g.model.empty() || !flags.has("prompt")) {
     std::fprintf(stderr, "tandem generate: --model and --prompt are required\n\n%s",
                  flags.help().c_str());
     return std::nullopt;
   }
-  if (*max_tokens < 1 || *temperature < 0.0 || *threads < 0) {
-    std::fprintf(stderr, "tandem generate: --max-tokens must be >= 1, --temperature >= 0, "
-                         "--threads >= 0\n");
+  if (*max_tokens < 1 || *threads < 0) {
+    std::fprintf(stderr, "tandem generate: --max-tokens must be >= 1, --threads >= 0\n");
     return std::nullopt;
   }
   g.max_tokens = *max_tokens;
-  g.seed = *seed;
   g.threads = *threads;
-  g.temperature = *temperature;
   if (g.tokenizer.empty()) g.tokenizer = default_tokenizer(g.model);
   return g;
 }
@@ -109,19 +138,23 @@ int run(const GenerateArgs& g, devices::Device& dev, TextCodec& codec) {
   uint32_t bt = dev.kv_layout().block_tokens;
   std::vector<uint32_t> table((prompt.size() + new_max + bt - 1) / bt);
   std::iota(table.begin(), table.end(), 0u);
-  std::mt19937_64 rng(static_cast<uint64_t>(g.seed));
+  devices::Sampler sampler(g.sampling);
+  std::vector<int32_t> history = prompt;  // what repetition_penalty sees
   auto start = Clock::now();
   devices::PrefillSeq p{0, table, 0, prompt};
   auto out = dev.prefill(std::span(&p, 1));
   if (!out) return fail("prefill", out.error());
   double prefill_ms = ms_since(start);
   codec.begin_stream(prompt.back());
-  int32_t token = pick_token(out->seqs[0].logits, g.temperature, rng);
+  auto first = sampler.sample(out->seqs[0].logits, history);
+  if (!first) return fail("sampling", first.error());
+  int32_t token = first->token;
   uint32_t produced = 0;
   auto decode_start = Clock::now();
   while (true) {
     ++produced;
     if (token == c.eos_id) break;
+    history.push_back(token);
     std::string text = codec.push(token);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
@@ -129,7 +162,9 @@ int run(const GenerateArgs& g, devices::Device& dev, TextCodec& codec) {
     devices::DecodeSeq d{0, table, static_cast<uint32_t>(prompt.size() + produced - 1), {token}};
     auto step = dev.decode(std::span(&d, 1));
     if (!step) return fail("decode", step.error());
-    token = pick_token(step->seqs[0].logits, g.temperature, rng);
+    auto next = sampler.sample(step->seqs[0].logits, history);
+    if (!next) return fail("sampling", next.error());
+    token = next->token;
   }
   std::string tail = codec.finish();
   std::fwrite(tail.data(), 1, tail.size(), stdout);

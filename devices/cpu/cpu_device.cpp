@@ -5,17 +5,31 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <numeric>
+
+// OpenBLAS DYNAMIC_ARCH internals (exported by Debian's libopenblas0-pthread/-openmp): re-run
+// the kernel selection, which reads OPENBLAS_CORETYPE. Weak: absent in single-arch builds.
+extern "C" __attribute__((weak)) void gotoblas_dynamic_init(void);
+extern "C" __attribute__((weak)) void gotoblas_dynamic_quit(void);
 
 namespace tandem::devices::cpu {
 namespace {
 
-// C[M,N] = A[M,K] * W[N,K]^T + beta * C   (W row-major [out, in])
+// C[M,N] = A[M,K] * W[N,K]^T + beta * C   (W row-major [out, in]). One row (batch-1 decode,
+// the lm head of one sequence) goes through sgemv: the weight sweep is the whole cost there,
+// and OpenBLAS's sgemm path packs W first, which sgemv does not.
 void gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
              float beta = 0.0f) {
   RT_ASSERT(m > 0 && n > 0 && k > 0, "gemm dims", m, n, k);
   RT_ASSERT(a != nullptr && w != nullptr && c != nullptr, "gemm null operand");
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.0f, w,
+                static_cast<int>(k), a, 1, beta, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), 1.0f, a, static_cast<int>(k), w, static_cast<int>(k), beta, c,
               static_cast<int>(n));
@@ -68,10 +82,22 @@ struct TokenSlot {
   uint32_t pos;
 };
 
+// MoE routing scratch, reused across layers and steps.
+struct RouteScratch {
+  std::vector<float> logits, score, rank, weights;
+  std::vector<uint32_t> order, chosen;
+  std::vector<std::vector<std::pair<uint32_t, float>>> per_expert;  // (token, weight)
+};
+
 class CpuDevice final : public Device {
  public:
-  CpuDevice(ModelWeights weights, KvLayout layout, std::unique_ptr<PoolMemory> pool)
-      : w_(std::move(weights)), layout_(layout), pool_(std::move(pool)) {
+  CpuDevice(ModelWeights weights, KvLayout layout, std::unique_ptr<PoolMemory> pool,
+            int threads, int single_token_threads)
+      : w_(std::move(weights)),
+        layout_(layout),
+        pool_(std::move(pool)),
+        threads_(threads),
+        single_token_threads_(single_token_threads) {
     RT_ASSERT(pool_->bytes() == layout_.pool_bytes(), "pool size");
     RT_ASSERT(layout_.element_bytes == sizeof(float), "cpu pool is fp32");
   }
@@ -82,14 +108,18 @@ class CpuDevice final : public Device {
   uint64_t bytes_per_token() const { return w_.bytes_per_token; }
 
   Result<StepOutput> prefill(std::span<const PrefillSeq> batch) override {
-    std::vector<SeqView> seqs;
-    for (const auto& s : batch) seqs.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
-    return run(seqs, false, "prefill");
+    views_.clear();
+    for (const auto& s : batch) {
+      views_.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
+    }
+    return run(views_, false, "prefill");
   }
   Result<StepOutput> decode(std::span<const DecodeSeq> batch) override {
-    std::vector<SeqView> seqs;
-    for (const auto& s : batch) seqs.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
-    return run(seqs, true, "decode");
+    views_.clear();
+    for (const auto& s : batch) {
+      views_.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
+    }
+    return run(views_, true, "decode");
   }
   Status copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) override;
   Status copy_blocks_in(std::span<const uint32_t> blocks,
@@ -113,11 +143,25 @@ class CpuDevice final : public Device {
     return reinterpret_cast<float*>(pool_->base() + off);
   }
 
+  // BLAS threads for this pass (process-wide OpenBLAS setting; set only when it changes).
+  void set_blas_threads(uint32_t tokens_count) {
+    int want = tokens_count == 1 ? single_token_threads_ : threads_;
+    RT_ASSERT(want >= 1, "blas threads", want);
+    if (openblas_get_num_threads() != want) openblas_set_num_threads(want);
+  }
+
   ModelWeights w_;
   KvLayout layout_;
   std::unique_ptr<PoolMemory> pool_;
-  // Scratch, resized per pass (grow-only in practice).
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_;
+  int threads_;               // >= 1
+  int single_token_threads_;  // >= 1
+  // Scratch, resized per pass (grow-only in practice): a decode step allocates nothing but
+  // its output logits.
+  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, scores_, logits_;
+  std::vector<SeqView> views_;
+  std::vector<TokenSlot> slots_;
+  std::vector<uint32_t> rows_;
+  RouteScratch route_;
 };
 
 Status CpuDevice::validate(const std::vector<SeqView>& seqs, const char* what) const {
@@ -163,13 +207,15 @@ Result<StepOutput> CpuDevice::run(const std::vector<SeqView>& seqs, bool all_row
                                   const char* what) {
   if (auto st = validate(seqs, what); !st) return st.error();
   const ModelConfig& c = w_.config;
-  std::vector<TokenSlot> slots;
+  std::vector<TokenSlot>& slots = slots_;
+  slots.clear();
   for (uint32_t i = 0; i < seqs.size(); ++i) {
     for (uint32_t j = 0; j < seqs[i].tokens->size(); ++j) {
       slots.push_back({i, seqs[i].start_pos + j});
     }
   }
   uint32_t n = static_cast<uint32_t>(slots.size());
+  set_blas_threads(n);
   x_.resize(uint64_t{n} * c.hidden);
   for (uint32_t t = 0; t < n; ++t) {
     int32_t id = (*seqs[slots[t].seq_index].tokens)[slots[t].pos - seqs[slots[t].seq_index].start_pos];
@@ -334,42 +380,50 @@ void CpuDevice::ffn_block(uint32_t layer, uint32_t n) {
 
 // Top-k expert choice for one token: sigmoid scores; bias (if any) only ranks; weights are the
 // chosen experts' sigmoid scores normalized to sum 1. Ties go to the lower expert index.
+// Fills r.chosen and r.weights.
 void route_token(const float* logits, const float* bias, uint32_t experts, uint32_t k,
-                 std::vector<uint32_t>* chosen, std::vector<float>* weights) {
-  std::vector<float> score(experts), rank(experts);
+                 RouteScratch& r) {
+  RT_ASSERT(k > 0 && k <= experts, "experts_per_token", k, experts);
+  r.score.resize(experts);
+  r.rank.resize(experts);
   for (uint32_t e = 0; e < experts; ++e) {
-    score[e] = 1.0f / (1.0f + std::exp(-logits[e]));
-    rank[e] = score[e] + (bias ? bias[e] : 0.0f);
+    r.score[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    r.rank[e] = r.score[e] + (bias ? bias[e] : 0.0f);
   }
-  std::vector<uint32_t> order(experts);
-  std::iota(order.begin(), order.end(), 0u);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&rank](uint32_t a, uint32_t b) {
-    return rank[a] > rank[b] || (rank[a] == rank[b] && a < b);
-  });
-  chosen->assign(order.begin(), order.begin() + k);
+  r.order.resize(experts);
+  std::iota(r.order.begin(), r.order.end(), 0u);
+  const std::vector<float>& rank = r.rank;
+  std::partial_sort(r.order.begin(), r.order.begin() + k, r.order.end(),
+                    [&rank](uint32_t a, uint32_t b) {
+                      return rank[a] > rank[b] || (rank[a] == rank[b] && a < b);
+                    });
+  r.chosen.assign(r.order.begin(), r.order.begin() + k);
   float sum = 0.0f;
-  for (uint32_t e : *chosen) sum += score[e];
-  weights->clear();
-  for (uint32_t e : *chosen) weights->push_back(score[e] / sum);
+  for (uint32_t e : r.chosen) sum += r.score[e];
+  r.weights.clear();
+  for (uint32_t e : r.chosen) r.weights.push_back(r.score[e] / sum);
+  RT_ASSERT(r.weights.size() == k, "one weight per chosen expert");
 }
 
 void CpuDevice::moe_block(const LayerWeights& lw, uint32_t n) {
   const ModelConfig& c = w_.config;
   RT_ASSERT(lw.router != nullptr, "router bound");
   RT_ASSERT(lw.experts.size() == c.experts, "experts bound");
-  std::vector<float> logits(uint64_t{n} * c.experts);
-  gemm_nt(xn_.data(), n, c.hidden, lw.router, c.experts, logits.data());
-  std::vector<std::vector<std::pair<uint32_t, float>>> per_expert(c.experts);
-  std::vector<uint32_t> chosen;
-  std::vector<float> weights;
+  RouteScratch& r = route_;
+  r.logits.resize(uint64_t{n} * c.experts);
+  gemm_nt(xn_.data(), n, c.hidden, lw.router, c.experts, r.logits.data());
+  r.per_expert.resize(c.experts);
+  for (auto& rows : r.per_expert) rows.clear();
   for (uint32_t t = 0; t < n; ++t) {
-    route_token(&logits[uint64_t{t} * c.experts], lw.router_bias, c.experts,
-                c.experts_per_token, &chosen, &weights);
-    for (uint32_t i = 0; i < chosen.size(); ++i) per_expert[chosen[i]].push_back({t, weights[i]});
+    route_token(&r.logits[uint64_t{t} * c.experts], lw.router_bias, c.experts,
+                c.experts_per_token, r);
+    for (uint32_t i = 0; i < r.chosen.size(); ++i) {
+      r.per_expert[r.chosen[i]].push_back({t, r.weights[i]});
+    }
   }
   uint64_t width = c.moe_intermediate;
   for (uint32_t e = 0; e < c.experts; ++e) {
-    const auto& rows = per_expert[e];
+    const auto& rows = r.per_expert[e];
     if (rows.empty()) continue;
     uint32_t m = static_cast<uint32_t>(rows.size());
     tmp_.resize(uint64_t{m} * c.hidden);
@@ -393,7 +447,8 @@ void CpuDevice::moe_block(const LayerWeights& lw, uint32_t n) {
 
 StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint32_t n) {
   const ModelConfig& c = w_.config;
-  std::vector<uint32_t> rows;  // token indices (into the batch) that get logits
+  std::vector<uint32_t>& rows = rows_;  // token indices (into the batch) that get logits
+  rows.clear();
   uint32_t first = 0;
   for (const auto& s : seqs) {
     uint32_t count = static_cast<uint32_t>(s.tokens->size());
@@ -407,7 +462,8 @@ StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint
     rmsnorm(&xn_[uint64_t{i} * c.hidden], &x_[uint64_t{rows[i]} * c.hidden], w_.final_norm,
             c.hidden, c.rms_eps);
   }
-  std::vector<float> logits(uint64_t{r} * c.vocab_size);
+  std::vector<float>& logits = logits_;
+  logits.resize(uint64_t{r} * c.vocab_size);
   gemm_nt(xn_.data(), r, c.hidden, w_.lm_head, c.vocab_size, logits.data());
   StepOutput out;
   uint64_t row = 0;
@@ -463,8 +519,45 @@ Status CpuDevice::copy_blocks_in(std::span<const uint32_t> blocks,
 
 }  // namespace
 
+namespace {
+
+bool avx512_usable() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
+std::string reselect_blas_kernels() {
+  std::string before = openblas_get_corename();
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) {
+    return "OpenBLAS core " + before + " (OPENBLAS_CORETYPE set by the operator)";
+  }
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (before != "Prescott" || !avx2) return "OpenBLAS core " + before;
+  if (gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) {
+    return "OpenBLAS core " + before + " (not a DYNAMIC_ARCH build; cannot reselect)";
+  }
+  const char* want = avx512_usable() ? "SkylakeX" : "Haswell";
+  setenv("OPENBLAS_CORETYPE", want, 0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  std::string after = openblas_get_corename();
+  RT_ASSERT(!after.empty(), "OpenBLAS has a core after reselection");
+  return "OpenBLAS core " + after + " (was " + before + ": CPU model unknown to OpenBLAS)";
+}
+
+}  // namespace
+
+std::string select_blas_kernels() {
+  static std::once_flag once;  // OpenBLAS's kernel table is process-wide state
+  static std::string description;
+  std::call_once(once, [] { description = reselect_blas_kernels(); });
+  RT_ASSERT(!description.empty(), "kernel selection described");
+  return description;
+}
+
 Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
                                                 const CpuDeviceOptions& options) {
+  select_blas_kernels();
   const ModelConfig& c = weights.config;
   if (auto st = c.validate(); !st) return st.error();
   if (options.block_tokens == 0) {
@@ -484,9 +577,13 @@ Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
   }
   auto pool = PoolMemory::allocate(layout.pool_bytes());
   if (!pool) return pool.error();
-  if (options.threads > 0) openblas_set_num_threads(static_cast<int>(options.threads));
-  return std::unique_ptr<Device>(
-      std::make_unique<CpuDevice>(std::move(weights), layout, std::move(*pool)));
+  // OpenBLAS's own thread count at load is all cores (or OPENBLAS_NUM_THREADS).
+  static const int blas_threads_at_load = openblas_get_num_threads();
+  int threads = options.threads > 0 ? static_cast<int>(options.threads) : blas_threads_at_load;
+  int single = options.single_token_threads > 0 ? static_cast<int>(options.single_token_threads)
+                                                 : threads;
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(weights), layout,
+                                                             std::move(*pool), threads, single));
 }
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec) {

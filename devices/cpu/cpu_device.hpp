@@ -2,15 +2,18 @@
 //
 // Llama family (Llama, Mistral, Qwen2 incl. q/k/v biases, llama2.c checkpoints) and
 // MiniMax-M2-style layers (QK RMSNorm, partial rotary, sigmoid-routed MoE with a selection
-// bias, no shared expert). Compute is fp32: matmuls through OpenBLAS sgemm (its own thread
-// pool, `threads` wide), attention and the elementwise ops in plain loops on the calling
-// thread. KV pool: fp32 (element_bytes 4), page-aligned anonymous memory, zero-filled.
+// bias, no shared expert). Compute is fp32: matmuls through OpenBLAS (sgemm for multi-token
+// passes on `threads` threads, sgemv for one-token passes on `single_token_threads`),
+// attention and the elementwise ops in plain loops on the calling thread. OpenBLAS's thread
+// count is process-wide: the device sets it at the start of each pass, so several devices
+// in one process must not run passes concurrently. KV pool: fp32 (element_bytes 4), page-aligned anonymous memory, zero-filled.
 //
 // Cost per pass: one weight sweep (all layers) per pass plus attention reading start_pos KV
 // rows per new token. Not thread-safe: one caller at a time.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "devices/cpu/weights.hpp"
 #include "devices/device.hpp"
@@ -21,7 +24,12 @@ struct CpuDeviceOptions {
   uint32_t block_tokens = 16;
   uint32_t blocks_total = 0;  // 0: derive from kv_bytes_max
   uint64_t kv_bytes_max = 0;
-  uint32_t threads = 0;       // 0 = leave OpenBLAS's default (all cores)
+  uint32_t threads = 0;       // BLAS threads for multi-token passes; 0 = all cores
+  // BLAS threads for a pass of exactly one token (batch-1 decode: sgemv, bandwidth-bound);
+  // 0 = same as `threads`. Default 1: one core streams the weights as fast as two here, and
+  // a 2-thread sgemv pays a thread handoff per projection (~45 per step), which costs a
+  // scheduler slice each time the cores are shared (docs/benchmarks.md#device).
+  uint32_t single_token_threads = 1;
 };
 
 // Builds a device from loaded weights. Errors: invalid (block_tokens 0, no KV size given,
@@ -34,5 +42,15 @@ Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec);
 
 // Weight bytes one single-token decode step reads (the memory-bandwidth bound's numerator).
 uint64_t weight_bytes_per_token(const Device& cpu_device);
+
+// OpenBLAS kernel choice. Debian's OpenBLAS (0.3.21, DYNAMIC_ARCH) picks its kernels from the
+// CPU model at load; a CPU model it does not know (e.g. family 6 model 207, Emerald Rapids,
+// in a VM) falls back to "Prescott", SSE3-only kernels ~4x slower than AVX2 ones. When the
+// operator has not set OPENBLAS_CORETYPE and the library reports Prescott on a CPU with
+// AVX2+FMA, this re-runs OpenBLAS's own dynamic selection with OPENBLAS_CORETYPE set to
+// SkylakeX (AVX-512 F/BW/DQ/VL present) or Haswell (AVX2+FMA). Runs once per process
+// (make_cpu_device calls it before any BLAS call); later calls only report.
+// Returns a one-line description, e.g. "OpenBLAS core SkylakeX (was Prescott: unknown CPU)".
+std::string select_blas_kernels();
 
 }  // namespace tandem::devices::cpu

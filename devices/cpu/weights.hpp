@@ -74,7 +74,7 @@ struct ModelWeights {
   const float* final_norm = nullptr;  // [hidden]
   const float* lm_head = nullptr;     // [vocab, hidden]; == embed when tied
   std::vector<LayerWeights> layers;
-  uint64_t bytes_per_token = 0;       // fp32 bytes a one-token step reads (all experts dense)
+  uint64_t bytes_per_token = 0;  // fp32 bytes a one-token step reads (MoE: router + top-k)
   // Storage the pointers above point into; moving a ModelWeights keeps them valid.
   std::vector<std::unique_ptr<MappedFile>> maps;
   std::vector<std::vector<float>> owned;

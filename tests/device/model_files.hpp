@@ -183,4 +183,31 @@ inline void write_hf_dir(const std::string& dir, const ModelConfig& c, const Ten
   write_safetensors(dir + "/model.safetensors", c, t, bf16);
 }
 
+// Reads every tensor of an F32 safetensors file into `t` (by name). Independent of
+// devices/cpu. Returns false (with a message on stderr) on any other dtype or a bad file.
+inline bool read_safetensors_f32(const std::string& path, Tensors* t) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_bytes = 0;
+  if (!in.read(reinterpret_cast<char*>(&header_bytes), 8)) return false;
+  std::string h(header_bytes, '\0');
+  if (!in.read(h.data(), std::streamsize(header_bytes))) return false;
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json header = nlohmann::json::parse(h, nullptr, false);
+  if (header.is_discarded()) return false;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    if (info["dtype"] != "F32") {
+      std::fprintf(stderr, "read_safetensors_f32: %s is %s\n", name.c_str(),
+                   info["dtype"].dump().c_str());
+      return false;
+    }
+    uint64_t begin = info["data_offsets"][0], end = info["data_offsets"][1];
+    if (end > data.size() || begin > end || (end - begin) % 4 != 0) return false;
+    std::vector<float> v((end - begin) / 4);
+    std::memcpy(v.data(), data.data() + begin, end - begin);
+    (*t)[name] = std::move(v);
+  }
+  return true;
+}
+
 }  // namespace reftest

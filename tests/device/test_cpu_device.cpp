@@ -3,16 +3,21 @@
 // batched vs alone, KV blocks moved between devices, draft verification in one pass.
 #include <doctest/doctest.h>
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "devices/cpu/cpu_device.hpp"
+#include "runtime/text/tokenizer.hpp"
 #include "tests/device/model_files.hpp"
+#include "tools/model_synth.hpp"
 
 namespace {
 
 using namespace tandem::devices;
+using tandem::devices::cpu::select_blas_kernels;
 using reftest::RefModel;
 
 std::string source_root() {
@@ -98,6 +103,41 @@ Subject stories_subject() {
   return s;
 }
 
+// A directory written by `tandem model synth` (its library, tools/model_synth.hpp); the
+// reference reads the same safetensors file with its own reader and takes the config synth
+// declares, while the device parses config.json.
+Subject synth_subject(const std::string& name, const tandem::tools::SynthOptions& options) {
+  Subject s{name, {}, temp_dir(name)};
+  auto config = tandem::tools::synth_config(options);
+  REQUIRE_MESSAGE(config.ok(), (config.ok() ? "" : config.error().describe()));
+  auto st = tandem::tools::synth_model(options, s.path);
+  REQUIRE_MESSAGE(st.ok(), (st.ok() ? "" : st.error().describe()));
+  s.ref.c = *config;
+  REQUIRE(reftest::read_safetensors_f32(s.path + "/model.safetensors", &s.ref.t));
+  return s;
+}
+
+tandem::tools::SynthOptions synth_llama_gqa() {
+  tandem::tools::SynthOptions o;
+  o.arch = Arch::llama;
+  o.heads = 8;
+  o.kv_heads = 2;  // GQA: 4 query heads per KV head
+  o.head_dim = 8;
+  o.seed = 21;
+  return o;
+}
+
+tandem::tools::SynthOptions synth_minimax_moe() {
+  tandem::tools::SynthOptions o;
+  o.arch = Arch::minimax_m2;  // QK-norm, sigmoid router with bias
+  o.experts = 8;
+  o.experts_per_token = 2;
+  o.ffn = 32;
+  o.rotary_dim = 8;  // partial rotary: 8 of 16 dims
+  o.seed = 22;
+  return o;
+}
+
 std::vector<Subject>& subjects() {
   static std::vector<Subject> all = [] {
     std::vector<Subject> v;
@@ -108,6 +148,8 @@ std::vector<Subject>& subjects() {
     per_head.router_bias = false;
     per_head.tie_embeddings = false;
     v.push_back(random_subject("minimax_per_head_qk", per_head, 13, false, false));
+    v.push_back(synth_subject("synth_llama_gqa", synth_llama_gqa()));
+    v.push_back(synth_subject("synth_minimax_moe", synth_minimax_moe()));
     return v;
   }();
   return all;
@@ -218,6 +260,53 @@ TEST_CASE("cpu device: stories15M greedy from 'Once upon a time' matches the ref
   // ", there was a little girl named Lily."
   const std::vector<int32_t> lily = {29892, 727, 471, 263, 2217, 7826, 4257, 365, 2354, 29889};
   CHECK(std::vector<int32_t>(got.begin(), got.begin() + 10) == lily);
+}
+
+TEST_CASE("cpu device: OpenBLAS runs AVX2-or-better kernels on a CPU that has them") {
+  auto dev = open_device(subjects()[1].path);  // make_cpu_device selects the kernels
+  std::string description = select_blas_kernels();
+  CAPTURE(description);
+  CHECK(description.rfind("OpenBLAS core ", 0) == 0);
+  std::string core = openblas_get_corename();
+  CHECK(description.find(core) != std::string::npos);
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2 && std::getenv("OPENBLAS_CORETYPE") == nullptr) CHECK(core != "Prescott");
+}
+
+TEST_CASE("cpu device: synth models' shapes are what they claim (GQA, MoE, partial rotary)") {
+  const ModelConfig& llama = subjects()[4].ref.c;
+  CHECK(llama.heads / llama.kv_heads == 4);
+  const ModelConfig& moe = subjects()[5].ref.c;
+  CHECK(moe.arch == Arch::minimax_m2);
+  CHECK(moe.qk_norm);
+  CHECK(moe.router_bias);
+  CHECK(moe.experts == 8);
+  CHECK(moe.rotary_dim < moe.head_dim);
+  for (size_t i : {4u, 5u}) {  // the device parses config.json to the config synth declared
+    auto dev = open_device(subjects()[i].path);
+    ModelConfig loaded = dev->model_config();
+    loaded.weight_dtype = subjects()[i].ref.c.weight_dtype;
+    CHECK(loaded == subjects()[i].ref.c);
+  }
+}
+
+TEST_CASE("cpu device: a synth dir's tokenizer.json loads with runtime/text and round-trips") {
+  const std::string texts[] = {"Once upon a time, there was a little girl named Lily.",
+                               "def f(x):\n    return x * 2  # twice\n",
+                               "  spaces\t\ttabs\n\nand \xe6\xbc\xa2\xe5\xad\x97 \xf0\x9f\x99\x82"};
+  for (size_t i : {4u, 5u}) {
+    CAPTURE(subjects()[i].name);
+    auto tok = tandem::text::load_tokenizer(subjects()[i].path);
+    REQUIRE_MESSAGE(tok.ok(), (tok.ok() ? "" : tok.error().describe()));
+    CHECK((*tok)->vocab_size() == int32_t(subjects()[i].ref.c.vocab_size));
+    CHECK((*tok)->bos_id() == std::optional<int32_t>(subjects()[i].ref.c.bos_id));
+    CHECK((*tok)->eos_id() == std::optional<int32_t>(subjects()[i].ref.c.eos_id));
+    for (const std::string& text : texts) {
+      auto ids = (*tok)->encode(text, false);
+      CHECK((*tok)->decode(ids) == text);
+    }
+    CHECK((*tok)->encode(texts[0], false).size() < texts[0].size());  // merges apply
+  }
 }
 
 TEST_CASE("cpu device: prefill logits match the dense reference at every position") {
