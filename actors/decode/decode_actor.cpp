@@ -525,6 +525,12 @@ caf::behavior running(DecodeActor* self) {
         }
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
         update_metrics(st);
+        if (st.ctx.node_actor) {
+          self->send(st.ctx.node_actor,
+                     runtime::InstanceLoadReport{st.self_name.to_string(), st.scheduler->waiting_count(), st.scheduler->active_count(),
+                                                 st.cache->blocks_used_count(),
+                                                 st.cache->blocks_count()});
+        }
         self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
       },
   };

@@ -256,6 +256,12 @@ caf::behavior running(PrefillActor* self) {
         }
         update_metrics(st);
         pump(self);
+        if (st.ctx.node_actor) {
+          self->send(st.ctx.node_actor,
+                     runtime::InstanceLoadReport{st.self_name.to_string(), st.scheduler->queued_count(), st.scheduler->held_count(),
+                                                 st.cache->blocks_used_count(),
+                                                 st.cache->blocks_count()});
+        }
         self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
       },
   };

@@ -1,0 +1,144 @@
+#include "actors/router/router_actor.hpp"
+
+#include <map>
+
+#include "actors/router/router_core.hpp"
+#include "messages/convert.hpp"
+#include "runtime/node/caf_types.hpp"
+#include "runtime/node/node_actor.hpp"
+
+namespace tandem::actors {
+namespace {
+
+using messages::ActorName;
+
+struct Known {
+  ActorName name;
+  router::InstanceRole role;
+};
+
+struct RouterState {
+  ShellContext ctx;
+  ActorName self_name;
+  std::unique_ptr<router::RouterCore> core;
+  std::vector<Known> instances;                 // index = InstanceId.value
+  std::map<std::string, uint32_t> by_name;      // "node/role/instance" -> index
+  obs::Counter* picks_disaggregated = nullptr;
+  obs::Counter* picks_local = nullptr;
+  static inline const char* name = "tandem.router";
+};
+
+using RouterActor = caf::stateful_actor<RouterState>;
+
+router::RouterConfig core_config(const config::Manifest& m) {
+  router::RouterConfig c;
+  c.policy = m.router.policy == config::RouterPolicy::round_robin ? router::Policy::round_robin
+             : m.router.policy == config::RouterPolicy::random    ? router::Policy::random
+                                                                  : router::Policy::prefix_aware;
+  c.weight_prefix = m.router.weight_prefix;
+  c.weight_queue = m.router.weight_queue;
+  c.weight_kv_usage = m.router.weight_kv_usage;
+  c.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
+  c.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
+  c.block_tokens = m.model.block_tokens;
+  c.instances_max = 65536;
+  c.seed = std::hash<std::string>{}(m.cluster.name);
+  return c;
+}
+
+void add_instances(RouterState& st) {
+  for (auto role : {config::Role::decode, config::Role::prefill}) {
+    for (const auto& [node, inst] : st.ctx.manifest->instances_of(role)) {
+      uint32_t index = static_cast<uint32_t>(st.instances.size());
+      ActorName name{node->name, std::string(config::to_string(role)), inst->name};
+      auto core_role =
+          role == config::Role::decode ? router::InstanceRole::decode : router::InstanceRole::prefill;
+      Status added = st.core->add_instance({index}, core_role);
+      RT_ASSERT(added.ok(), added.ok() ? "" : added.error().describe());
+      // Instances on other nodes are down until their node is heard from.
+      Status up = st.core->set_up({index}, node->name == st.ctx.bridge->node());
+      RT_ASSERT(up.ok());
+      st.by_name[name.to_string()] = index;
+      st.instances.push_back({name, core_role});
+    }
+  }
+}
+
+void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
+  auto& st = self->state;
+  auto req = envelope.getBody().getRouteRequest();
+  ActorName from = messages::get_name(envelope.getSource());
+  uint64_t id = req.getRequestId();
+  auto hashes = messages::get_hashes(req.getBlockHashes());
+  if (!hashes.ok()) return send_error(st.ctx, st.self_name, from, id, hashes.error());
+  auto pick = st.core->pick({*hashes, req.getPromptTokens()});
+  if (!pick.ok()) return send_error(st.ctx, st.self_name, from, id, pick.error());
+  (pick->prefill ? st.picks_disaggregated : st.picks_local)->inc();
+  (void)st.ctx.bridge->send(st.self_name, from, id, [&](wire::Envelope::Builder b) {
+    auto reply = b.getBody().initRouteReply();
+    reply.setDecodeInstance(st.instances[pick->decode.value].name.to_string());
+    if (pick->prefill) reply.setPrefillInstance(st.instances[pick->prefill->value].name.to_string());
+    reply.setCachedBlocks(pick->decode_cached_blocks);
+  });
+}
+
+void on_membership(RouterState& st, const runtime::MembershipEvent& event) {
+  bool up = event.kind != runtime::MembershipEvent::Kind::down;
+  for (uint32_t i = 0; i < st.instances.size(); ++i) {
+    if (st.instances[i].name.node != event.node) continue;
+    // A restarted node lost its KV: drop what the index believed it held.
+    if (event.kind == runtime::MembershipEvent::Kind::restarted) (void)st.core->set_up({i}, false);
+    (void)st.core->set_up({i}, up);
+  }
+  st.ctx.log->info("router: instances on {} are {}", event.node, up ? "eligible" : "excluded");
+}
+
+}  // namespace
+
+caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
+                        const config::Instance& instance) {
+  ActorName name{ctx.bridge->node(), "router", instance.name};
+  auto actor = system.spawn([ctx, name](RouterActor* self) -> caf::behavior {
+    auto& st = self->state;
+    st.ctx = ctx;
+    st.self_name = name;
+    st.core = std::make_unique<router::RouterCore>(core_config(*ctx.manifest));
+    add_instances(st);
+    obs::Labels l = {{"instance", name.instance}};
+    st.picks_disaggregated = make_counter(*ctx.metrics, "tandem_router_picks_total",
+                                          "routing decisions, by kind",
+                                          {{"instance", name.instance}, {"kind", "disaggregated"}});
+    st.picks_local = make_counter(*ctx.metrics, "tandem_router_picks_total",
+                                  "routing decisions, by kind",
+                                  {{"instance", name.instance}, {"kind", "decode_only"}});
+    if (ctx.node_actor) {
+      self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
+    }
+    return {
+        [self](const runtime::InboundFrame& in) {
+          auto envelope = in.frame->envelope();
+          auto which = envelope.getBody().which();
+          try {
+            if (which == wire::Envelope::Body::ROUTE_REQUEST) return on_route(self, envelope);
+            if (which == wire::Envelope::Body::PING) {
+              return runtime::answer_ping(self->state.ctx.bridge, self->state.self_name, envelope);
+            }
+          } catch (const kj::Exception& e) {
+            self->state.ctx.log->warn("router: dropped a message: {}", e.getDescription().cStr());
+          }
+        },
+        [self](const runtime::MembershipEvent& event) { on_membership(self->state, event); },
+        [self](const runtime::InstanceLoadReport& r) {
+          auto& st = self->state;
+          auto it = st.by_name.find(r.instance);
+          if (it == st.by_name.end()) return;
+          (void)st.core->update_load({it->second},
+                                     {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total});
+        },
+    };
+  });
+  ctx.bridge->register_actor(name, actor);
+  return actor;
+}
+
+}  // namespace tandem::actors
