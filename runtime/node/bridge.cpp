@@ -147,7 +147,13 @@ void Bridge::learn_client(const std::string& node, const std::string& address) {
   RT_ASSERT(client_order_.size() <= clients_max);
 }
 
+void Bridge::set_ready() { ready_.store(true, std::memory_order_release); }
+
 void Bridge::on_frame(std::span<const std::byte> bytes) {
+  if (!ready_.load(std::memory_order_acquire)) {
+    counters_.frames_before_ready.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   auto decoded = messages::decode_frame(bytes, manifest_.fabric.frame_bytes_max);
   if (!decoded.ok()) {
     counters_.frames_malformed.fetch_add(1, std::memory_order_relaxed);

@@ -36,6 +36,7 @@ struct BridgeCounters {
   std::atomic<uint64_t> frames_unroutable{0};     // no such actor here / not for this node
   std::atomic<uint64_t> frames_local{0};          // delivered without the fabric
   std::atomic<uint64_t> sends_failed{0};
+  std::atomic<uint64_t> frames_before_ready{0};
 };
 
 class Bridge {
@@ -50,6 +51,9 @@ class Bridge {
   // Opens the fabric endpoint on the node's host:fabric_port. Error names the address.
   Status start();
   void stop();  // stops the fabric; later sends fail with disconnected
+  // Frames are delivered only after set_ready() (every local actor registered); earlier ones
+  // are dropped and counted (peers retry: hellos and heartbeats repeat).
+  void set_ready();
 
   void register_actor(const messages::ActorName& name, caf::actor actor);
   std::vector<messages::ActorName> local_actors() const;
@@ -90,6 +94,7 @@ class Bridge {
   std::map<std::string, std::string> client_addresses_;
   std::vector<std::string> client_order_;
   std::atomic<uint64_t> warnings_{0};
+  std::atomic<bool> ready_{false};
   BridgeCounters counters_;
 };
 

@@ -2,9 +2,16 @@
 // shell per role instance the manifest gives this node, and the admin HTTP endpoint.
 #pragma once
 
+#include <caf/all.hpp>
+
+#include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "config/manifest.hpp"
+#include "runtime/node/bridge.hpp"
+#include "runtime/obs/metrics.hpp"
 
 namespace tandem::runtime {
 
@@ -12,6 +19,28 @@ namespace tandem::runtime {
 // (call block_stop_signals() first thing in main, before any thread starts).
 // Returns the process exit code: 0 after a requested stop, 1 on a startup fault (logged).
 int run_node(const config::Manifest& manifest, const std::string& node_name);
+
+// Spawns the actors of one role instance (the serving roles live in actors/, above this
+// layer, so `tandem node` passes them in). Returns the spawned actors, or an error that
+// stops the node (e.g. the gateway's port is taken). `node_actor` is the node's membership
+// and load hub.
+struct NodeServices {
+  virtual ~NodeServices() = default;
+  virtual Status spawn_all(caf::actor_system& system, caf::actor node_actor,
+                           std::vector<caf::actor>& actors) = 0;
+  virtual void stop() = 0;  // before actors exit: stop accepting outside work (HTTP)
+};
+// What run_node built, handed to the services factory. All outlive the services.
+struct NodeEnv {
+  Bridge* bridge;
+  obs::Registry* metrics;
+  std::shared_ptr<spdlog::logger> log;
+};
+using ServicesFactory =
+    std::function<std::unique_ptr<NodeServices>(const config::Manifest& manifest,
+                                                const std::string& node, NodeEnv& env)>;
+int run_node(const config::Manifest& manifest, const std::string& node_name,
+             const ServicesFactory& services);
 
 void block_stop_signals();
 

@@ -1,0 +1,740 @@
+#include "actors/gateway/gateway_actor.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "actors/gateway/api_request.hpp"
+#include "actors/gateway/api_response.hpp"
+#include "actors/gateway/http_server.hpp"
+#include "actors/gateway/output_parser.hpp"
+#include "actors/gateway/stop_matcher.hpp"
+#include "kvstore/hashing.hpp"
+#include "messages/convert.hpp"
+#include "runtime/node/caf_types.hpp"
+#include "runtime/node/node_actor.hpp"
+#include "runtime/text/chat.hpp"
+#include "runtime/text/model_chat.hpp"
+#include "runtime/text/stream_decoder.hpp"
+#include "runtime/text/tokenizer.hpp"
+
+namespace tandem::actors {
+
+// An HTTP request handed from the HTTP thread to the gateway actor.
+struct HttpCall {
+  std::shared_ptr<const gateway::HttpRequest> request;
+  std::shared_ptr<gateway::ResponseStream> out;
+};
+struct ClientGone {
+  uint64_t request_id = 0;
+};
+
+}  // namespace tandem::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::HttpCall)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ClientGone)
+
+namespace tandem::actors {
+namespace {
+
+using gateway::ApiError;
+using gateway::ApiKind;
+using messages::ActorName;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t retries_max = 2;
+const gateway::HttpHeaderList json_headers = {{"Content-Type", "application/json"}};
+const gateway::HttpHeaderList sse_headers = {{"Content-Type", "text/event-stream"},
+                                             {"Cache-Control", "no-cache"}};
+
+ApiError api_error(int status, std::string type, std::string message, std::string code = "") {
+  ApiError e;
+  e.http_status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  e.code = std::move(code);
+  return e;
+}
+
+struct Req {
+  ApiKind api = ApiKind::chat_completions;
+  gateway::GenerateSpec spec;
+  std::shared_ptr<gateway::ResponseStream> out;
+  std::unique_ptr<gateway::IdGenerator> ids;
+  std::unique_ptr<gateway::Renderer> renderer;
+  std::unique_ptr<gateway::OutputParser> parser;
+  std::unique_ptr<text::StreamDecoder> decoder;
+  std::unique_ptr<gateway::StopMatcher> stops;
+  std::vector<int32_t> prompt;
+  std::vector<kv::BlockHash> hashes;
+  int64_t max_tokens = 0;
+  uint32_t cached_tokens = 0;
+  std::optional<ActorName> decode;
+  std::string prefill;
+  uint32_t tokens_received = 0;
+  uint32_t retries_left = retries_max;
+  bool tool_calls_seen = false;
+  bool finished = false;
+  Clock::time_point start, last_token, last_activity;
+  bool got_first = false;
+};
+
+struct Metrics {
+  obs::Histogram* ttft;
+  obs::Histogram* itl;
+  obs::Histogram* e2e;
+  obs::Counter* prompt_tokens;
+  obs::Counter* generation_tokens;
+  obs::Gauge* running;
+  obs::Counter* errors;
+};
+
+struct Shared {
+  std::atomic<bool> healthy{false};
+};
+
+struct GatewayState {
+  ShellContext ctx;
+  ActorName self_name;
+  std::shared_ptr<text::Tokenizer> tokenizer;
+  text::ChatFormat format = text::ChatFormat::plain;
+  std::optional<kv::BlockHasher> hasher_template;
+  std::vector<ActorName> routers;
+  std::set<std::string> decode_nodes;   // nodes hosting a decode instance
+  std::set<std::string> up_nodes;
+  std::shared_ptr<Shared> shared;
+  std::map<uint64_t, Req> requests;
+  uint64_t next_id = 0;
+  uint64_t id_seed = 0;
+  std::unique_ptr<Metrics> metrics;
+  static inline const char* name = "tandem.gateway";
+};
+
+using GatewayActor = caf::stateful_actor<GatewayState>;
+
+Metrics make_metrics(obs::Registry& r, const std::string& instance) {
+  obs::Labels l = {{"instance", instance}};
+  auto latency = obs::exponential_buckets(0.001, 2.0, 18);
+  return Metrics{
+      make_histogram(r, "tandem:time_to_first_token_seconds", "time to first token", latency, l),
+      make_histogram(r, "tandem:inter_token_latency_seconds", "time between output tokens",
+                     latency, l),
+      make_histogram(r, "tandem:e2e_request_latency_seconds", "request latency", latency, l),
+      make_counter(r, "tandem:prompt_tokens_total", "prompt tokens received", l),
+      make_counter(r, "tandem:generation_tokens_total", "tokens generated", l),
+      make_gauge(r, "tandem:num_requests_running", "requests in flight at the gateway", l),
+      make_counter(r, "tandem:request_errors_total", "requests that ended in an error", l)};
+}
+
+void update_health(GatewayState& st) {
+  bool any = false;
+  for (const auto& node : st.decode_nodes) {
+    any = any || node == st.ctx.bridge->node() || st.up_nodes.count(node);
+  }
+  st.shared->healthy.store(any);
+}
+
+// Ends a request with an error: a whole error response before the stream started, an error
+// event in the stream after.
+void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  Req& r = it->second;
+  st.metrics->errors->inc();
+  if (r.decode && !r.finished) {
+    (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
+      b.getBody().initCancel().setRequestId(id);
+    });
+  }
+  if (r.spec.stream && r.renderer) {
+    r.out->write(r.renderer->feed(gateway::StreamError{error}));
+    r.out->end();
+  } else {
+    r.out->send(static_cast<uint32_t>(error.http_status), json_headers,
+                gateway::render_error_body(r.api, error));
+  }
+  st.requests.erase(it);
+  st.metrics->running->set(static_cast<double>(st.requests.size()));
+}
+
+void write_events(Req& r, const std::vector<gateway::GenEvent>& events) {
+  std::string bytes;
+  for (const auto& e : events) {
+    if (std::holds_alternative<gateway::ToolCallStart>(e)) r.tool_calls_seen = true;
+    bytes += r.renderer->feed(e);
+  }
+  if (r.spec.stream && !bytes.empty()) r.out->write(std::move(bytes));
+}
+
+void emit_text(Req& r, const std::string& text) {
+  if (text.empty()) return;
+  if (r.parser) return write_events(r, r.parser->feed(text));
+  write_events(r, {gateway::TextDelta{text}});
+}
+
+void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
+              const std::string& stop_string, uint32_t cached_tokens) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  Req& r = it->second;
+  r.finished = true;
+  if (reason != gateway::FinishReason::stop_string) emit_text(r, r.decoder->finish());
+  if (reason != gateway::FinishReason::stop_string) emit_text(r, r.stops->flush());
+  if (r.parser) write_events(r, r.parser->finish());
+  if (reason == gateway::FinishReason::stop && r.tool_calls_seen) {
+    reason = gateway::FinishReason::tool_calls;
+  }
+  gateway::Usage usage{static_cast<int64_t>(r.prompt.size()), cached_tokens,
+                       static_cast<int64_t>(r.tokens_received), 0};
+  write_events(r, {gateway::Finish{reason, stop_string}, gateway::UsageReport{usage}});
+  if (r.spec.stream) {
+    r.out->end();
+  } else {
+    r.out->send(200, json_headers, r.renderer->body());
+  }
+  st.metrics->e2e->observe(std::chrono::duration<double>(Clock::now() - r.start).count());
+  st.requests.erase(it);
+  st.metrics->running->set(static_cast<double>(st.requests.size()));
+}
+
+void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk) {
+  auto& st = self->state;
+  uint64_t id = chunk.getRequestId();
+  auto it = st.requests.find(id);
+  if (it == st.requests.end() || it->second.finished) return;
+  Req& r = it->second;
+  auto now = Clock::now();
+  for (int32_t token : chunk.getTokenIds()) {
+    if (!r.got_first) {
+      r.got_first = true;
+      st.metrics->ttft->observe(std::chrono::duration<double>(now - r.start).count());
+    } else {
+      st.metrics->itl->observe(std::chrono::duration<double>(now - r.last_token).count());
+    }
+    r.last_token = now;
+    ++r.tokens_received;
+    st.metrics->generation_tokens->inc();
+    auto out = r.stops->feed(r.decoder->push(token));
+    emit_text(r, out.text);
+    if (out.matched) {
+      (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
+        b.getBody().initCancel().setRequestId(id);
+      });
+      return complete(self, id, gateway::FinishReason::stop_string, *out.matched, r.cached_tokens);
+    }
+  }
+  r.last_activity = now;
+}
+
+void on_finish(GatewayActor* self, wire::Finish::Reader f) {
+  auto& st = self->state;
+  auto it = st.requests.find(f.getRequestId());
+  if (it == st.requests.end()) return;
+  gateway::FinishReason reason = gateway::FinishReason::stop;
+  switch (f.getReason()) {
+    case wire::FinishReason::STOP: reason = gateway::FinishReason::stop; break;
+    case wire::FinishReason::LENGTH: reason = gateway::FinishReason::length; break;
+    case wire::FinishReason::STOP_STRING: reason = gateway::FinishReason::stop_string; break;
+    case wire::FinishReason::CANCELLED:
+    case wire::FinishReason::ERROR:
+      return fail(self, f.getRequestId(), gateway::generation_failed_error());
+  }
+  complete(self, f.getRequestId(), reason, f.getMatchedStop(),
+           std::max(it->second.cached_tokens, f.getCachedTokens()));
+}
+
+void route(GatewayActor* self, uint64_t id);
+
+// A decode error or a dead decode node: retry if nothing was streamed yet.
+void on_failure(GatewayActor* self, uint64_t id, ErrorKind kind, const std::string& message) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  Req& r = it->second;
+  bool retryable = kind == ErrorKind::disconnected || kind == ErrorKind::failed ||
+                   kind == ErrorKind::timed_out || kind == ErrorKind::unimplemented;
+  if (r.tokens_received == 0 && r.retries_left > 0 && retryable) {
+    --r.retries_left;
+    st.ctx.log->warn("gateway: request {} failed before its first token ({}); routing again",
+                     id, message);
+    r.decode.reset();
+    return route(self, id);
+  }
+  int status = kind == ErrorKind::invalid ? 400 : kind == ErrorKind::overloaded ? 503 : 500;
+  std::string type = kind == ErrorKind::invalid ? "invalid_request_error"
+                     : kind == ErrorKind::overloaded ? "overloaded_error" : "api_error";
+  fail(self, id, api_error(status, type, message));
+}
+
+void send_generate(GatewayActor* self, uint64_t id) {
+  auto& st = self->state;
+  Req& r = st.requests.at(id);
+  const auto& s = r.spec.sampling;
+  Status sent = st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
+    auto g = b.getBody().initGenerateRequest();
+    g.setRequestId(id);
+    messages::set_tokens(g.initPromptTokenIds(static_cast<unsigned>(r.prompt.size())), r.prompt);
+    messages::set_hashes(g.initBlockHashes(static_cast<unsigned>(r.hashes.size())), r.hashes);
+    auto sp = g.initSampling();
+    sp.setTemperature(static_cast<float>(s.temperature));
+    sp.setTopP(static_cast<float>(s.top_p));
+    sp.setTopK(s.top_k > 0 ? static_cast<int32_t>(s.top_k) : 0);
+    sp.setMinP(static_cast<float>(s.min_p));
+    sp.setRepetitionPenalty(static_cast<float>(s.repetition_penalty));
+    sp.setPresencePenalty(static_cast<float>(s.presence_penalty));
+    sp.setFrequencyPenalty(static_cast<float>(s.frequency_penalty));
+    sp.setSeed(s.seed.value_or(id));
+    sp.setHasSeed(s.seed.has_value());
+    sp.setLogprobsTopN(s.logprobs ? static_cast<uint32_t>(s.top_logprobs) : 0);
+    g.getLimits().setMaxTokens(static_cast<uint32_t>(r.max_tokens));
+    g.setPrefillInstance(r.prefill);
+    g.setReplyTo(st.self_name.to_string());
+    g.setCacheSalt(r.spec.cache_salt);
+  });
+  if (!sent.ok()) on_failure(self, id, sent.error().kind, "decode unreachable: " + sent.error().message);
+}
+
+void route(GatewayActor* self, uint64_t id) {
+  auto& st = self->state;
+  Req& r = st.requests.at(id);
+  if (st.routers.empty()) {
+    return fail(self, id, api_error(503, "overloaded_error", "the cluster has no router"));
+  }
+  const ActorName& router = st.routers[id % st.routers.size()];
+  r.last_activity = Clock::now();
+  Status sent = st.ctx.bridge->send(st.self_name, router, id, [&](wire::Envelope::Builder b) {
+    auto q = b.getBody().initRouteRequest();
+    q.setRequestId(id);
+    q.setPromptTokens(static_cast<uint32_t>(r.prompt.size()));
+    messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(r.hashes.size())), r.hashes);
+  });
+  if (!sent.ok()) {
+    fail(self, id, api_error(503, "overloaded_error", "router unreachable: " + sent.error().message));
+  }
+}
+
+void on_route_reply(GatewayActor* self, uint64_t id, wire::RouteReply::Reader reply) {
+  auto& st = self->state;
+  auto it = st.requests.find(id);
+  if (it == st.requests.end()) return;
+  auto decode = ActorName::parse(reply.getDecodeInstance().cStr());
+  if (!decode.ok()) return fail(self, id, api_error(500, "api_error", decode.error().message));
+  Req& r = it->second;
+  r.decode = *decode;
+  r.prefill = reply.getPrefillInstance();
+  r.cached_tokens = reply.getCachedBlocks() * st.ctx.manifest->model.block_tokens;
+  send_generate(self, id);
+}
+
+gateway::ApiResult<ApiKind> api_of(const gateway::HttpRequest& request) {
+  static const std::map<std::string, ApiKind> paths = {
+      {"/v1/chat/completions", ApiKind::chat_completions},
+      {"/v1/completions", ApiKind::completions},
+      {"/v1/responses", ApiKind::responses},
+      {"/v1/messages", ApiKind::messages},
+      {"/v1/messages/count_tokens", ApiKind::count_tokens}};
+  auto it = paths.find(request.path);
+  if (it == paths.end()) {
+    return api_error(404, "not_found_error", "no route for POST " + request.path, "not_found");
+  }
+  return it->second;
+}
+
+text::Conversation to_text(const gateway::Conversation& c) {
+  text::Conversation out;
+  out.tools_json = c.tools_json;
+  out.add_generation_prompt = c.add_generation_prompt;
+  for (const auto& m : c.messages) {
+    text::ChatMessage t;
+    t.role = static_cast<text::ChatRole>(static_cast<int>(m.role));
+    t.content = m.content;
+    t.reasoning = m.reasoning;
+    t.tool_call_id = m.tool_call_id;
+    t.name = m.name;
+    for (const auto& call : m.tool_calls) t.tool_calls.push_back({call.id, call.name, call.arguments_json});
+    out.messages.push_back(std::move(t));
+  }
+  return out;
+}
+
+gateway::ApiResult<std::vector<int32_t>> tokenize(GatewayState& st, const gateway::GenerateSpec& spec) {
+  int32_t vocab = st.tokenizer->vocab_size();
+  switch (spec.prompt_kind) {
+    case gateway::PromptKind::conversation: {
+      auto text = text::render_chat(st.format, to_text(spec.conversation));
+      if (!text.ok()) return gateway::invalid_request("messages", text.error().message);
+      return st.tokenizer->encode(*text, st.format == text::ChatFormat::plain);
+    }
+    case gateway::PromptKind::text:
+      return st.tokenizer->encode(spec.prompt_text, st.format == text::ChatFormat::plain);
+    case gateway::PromptKind::token_ids: {
+      std::vector<int32_t> ids;
+      for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
+        int64_t t = spec.prompt_token_ids[i];
+        if (t < 0 || t >= vocab) {
+          return gateway::invalid_request("prompt[" + std::to_string(i) + "]",
+                                          "token id " + std::to_string(t) +
+                                              " is outside the vocabulary [0, " +
+                                              std::to_string(vocab) + ")");
+        }
+        ids.push_back(static_cast<int32_t>(t));
+      }
+      return ids;
+    }
+  }
+  return gateway::invalid_request("prompt", "unsupported prompt");
+}
+
+gateway::OutputParserConfig parser_config(text::ChatFormat format, const gateway::GenerateSpec& s) {
+  gateway::OutputParserConfig c;
+  c.tools_json = s.conversation.tools_json;
+  if (format == text::ChatFormat::minimax_m2) {
+    c.reasoning = true;
+    c.starts_in_reasoning = true;
+    c.tool_format = gateway::ToolCallFormat::minimax_m2;
+  } else if (format == text::ChatFormat::chatml) {
+    c.reasoning = true;
+    c.tool_format = gateway::ToolCallFormat::qwen;
+  }
+  return c;
+}
+
+void reply_error(ApiKind api, gateway::ResponseStream& out, const ApiError& error) {
+  out.send(static_cast<uint32_t>(error.http_status), json_headers,
+           gateway::render_error_body(api, error));
+}
+
+std::optional<ApiError> admit(GatewayState& st, const gateway::GenerateSpec& spec) {
+  const auto& model = st.ctx.manifest->model.name;
+  if (!spec.model.empty() && spec.model != model) {
+    return api_error(404, "not_found_error",
+                     "model '" + spec.model + "' does not exist; this cluster serves '" + model +
+                         "'",
+                     "model_not_found");
+  }
+  if (st.requests.size() >= st.ctx.manifest->gateway.requests_max) {
+    return api_error(429, "rate_limit_error",
+                     "too many requests in flight (" +
+                         std::to_string(st.ctx.manifest->gateway.requests_max) + "); retry later",
+                     "rate_limit_exceeded");
+  }
+  if (!st.shared->healthy.load()) {
+    return api_error(503, "overloaded_error", "no decode instance is reachable");
+  }
+  return std::nullopt;
+}
+
+void start_request(GatewayActor* self, const HttpCall& call, ApiKind api,
+                   gateway::GenerateSpec spec, std::vector<int32_t> prompt, int64_t max_tokens) {
+  auto& st = self->state;
+  uint64_t id = st.id_seed + ++st.next_id;
+  Req r;
+  r.api = api;
+  r.out = call.out;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.start = r.last_activity = Clock::now();
+  kv::HashKey key{st.ctx.manifest->gateway.cache_secret.empty() ? "tandem:" + st.ctx.manifest->cluster.name
+                                                                 : st.ctx.manifest->gateway.cache_secret,
+                  st.ctx.manifest->model.name, spec.cache_salt};
+  auto hashes = kv::hash_blocks(r.prompt, st.ctx.manifest->model.block_tokens, key);
+  RT_ASSERT(hashes.ok(), "the key and block size are valid");
+  r.hashes = std::move(hashes).value();
+  r.ids = std::make_unique<gateway::IdGenerator>(id);
+  gateway::RenderOptions options;
+  options.model = st.ctx.manifest->model.name;
+  options.created_s = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  options.stream = spec.stream;
+  options.include_usage = spec.include_usage;
+  options.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  options.max_output_tokens = max_tokens;
+  options.temperature = spec.sampling.temperature;
+  options.top_p = spec.sampling.top_p;
+  options.reasoning_effort = spec.reasoning.effort;
+  if (api != ApiKind::completions) {
+    auto pc = parser_config(st.format, spec);
+    if (pc.reasoning || pc.tool_format != gateway::ToolCallFormat::none) {
+      r.parser = std::make_unique<gateway::OutputParser>(pc);
+    }
+  }
+  r.renderer = gateway::make_renderer(api, options, *r.ids);
+  r.decoder = std::make_unique<text::StreamDecoder>(*st.tokenizer);
+  r.stops = std::make_unique<gateway::StopMatcher>(spec.sampling.stop);
+  r.spec = std::move(spec);
+  if (r.spec.stream) {
+    r.out->start(200, sse_headers);
+    r.out->write(r.renderer->begin());
+  } else {
+    (void)r.renderer->begin();
+  }
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  r.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });
+  st.metrics->prompt_tokens->inc(r.prompt.size());
+  st.requests.emplace(id, std::move(r));
+  st.metrics->running->set(static_cast<double>(st.requests.size()));
+  route(self, id);
+}
+
+void on_call(GatewayActor* self, const HttpCall& call) {
+  auto& st = self->state;
+  const auto& request = *call.request;
+  auto api = api_of(request);
+  if (!api.ok()) return reply_error(ApiKind::chat_completions, *call.out, api.error());
+  auto spec = gateway::parse_request(api.value(), request.body);
+  if (!spec.ok()) return reply_error(api.value(), *call.out, spec.error());
+  auto prompt = tokenize(st, spec.value());
+  if (!prompt.ok()) return reply_error(api.value(), *call.out, prompt.error());
+  if (api.value() == ApiKind::count_tokens) {
+    call.out->send(200, json_headers,
+                   gateway::render_count_tokens(static_cast<int64_t>(prompt.value().size())));
+    return;
+  }
+  auto max_tokens = gateway::check_context_length(
+      spec.value(), static_cast<int64_t>(prompt.value().size()),
+      st.ctx.manifest->model.max_model_tokens);
+  if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
+  if (auto refused = admit(st, spec.value())) return reply_error(api.value(), *call.out, *refused);
+  start_request(self, call, api.value(), std::move(spec.value()), std::move(prompt.value()),
+                max_tokens.value());
+}
+
+void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
+  auto envelope = in.frame->envelope();
+  auto body = envelope.getBody();
+  uint64_t correlation = envelope.getCorrelationId();
+  switch (body.which()) {
+    case wire::Envelope::Body::ROUTE_REPLY:
+      return on_route_reply(self, correlation, body.getRouteReply());
+    case wire::Envelope::Body::TOKEN_CHUNK:
+      return on_tokens(self, body.getTokenChunk());
+    case wire::Envelope::Body::FINISH:
+      return on_finish(self, body.getFinish());
+    case wire::Envelope::Body::ERROR: {
+      auto e = body.getError();
+      return on_failure(self, e.getRequestId(), messages::from_wire(e.getKind()), e.getMessage());
+    }
+    case wire::Envelope::Body::PING:
+      return runtime::answer_ping(self->state.ctx.bridge, self->state.self_name, envelope);
+    default:
+      return;
+  }
+}
+
+void on_membership(GatewayActor* self, const runtime::MembershipEvent& event) {
+  auto& st = self->state;
+  if (event.kind == runtime::MembershipEvent::Kind::down) {
+    st.up_nodes.erase(event.node);
+  } else {
+    st.up_nodes.insert(event.node);
+  }
+  update_health(st);
+  if (event.kind == runtime::MembershipEvent::Kind::up) return;
+  std::vector<uint64_t> affected;
+  for (const auto& [id, r] : st.requests) {
+    if (r.decode && r.decode->node == event.node) affected.push_back(id);
+  }
+  for (uint64_t id : affected) {
+    on_failure(self, id, ErrorKind::disconnected, "decode node " + event.node + " failed");
+  }
+}
+
+void on_tick(GatewayActor* self) {
+  auto& st = self->state;
+  auto now = Clock::now();
+  auto limit = std::chrono::milliseconds(st.ctx.manifest->gateway.request_timeout_ms);
+  std::vector<uint64_t> late;
+  std::vector<uint64_t> unrouted;
+  for (const auto& [id, r] : st.requests) {
+    if (!r.decode && now - r.last_activity > std::chrono::seconds(5)) {
+      unrouted.push_back(id);
+    } else if (now - r.last_activity > limit) {
+      late.push_back(id);
+    }
+  }
+  for (uint64_t id : unrouted) {
+    fail(self, id, api_error(503, "overloaded_error", "the router did not answer within 5 s"));
+  }
+  for (uint64_t id : late) {
+    on_failure(self, id, ErrorKind::timed_out, "no progress for " +
+                                                   std::to_string(limit.count()) + " ms");
+  }
+}
+
+// Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to the actor.
+class Front final : public gateway::HttpHandler {
+ public:
+  Front(const ShellContext& ctx, std::shared_ptr<Shared> shared, caf::actor actor)
+      : ctx_(ctx), shared_(std::move(shared)), actor_(std::move(actor)) {}
+
+  void on_request(const gateway::HttpRequest& request,
+                  std::shared_ptr<gateway::ResponseStream> out) override {
+    const std::string& path = request.path;
+    if (path == "/" && (request.method == "GET" || request.method == "HEAD")) {
+      out->send(200, {{"Content-Type", "text/plain"}}, request.method == "HEAD" ? "" : "tandem\n");
+      return;
+    }
+    if (path == "/health" && request.method == "GET") {
+      bool ok = shared_->healthy.load();
+      out->send(ok ? 200 : 503, json_headers,
+                ok ? R"({"status":"ok"})" : R"({"status":"no decode instance reachable"})");
+      return;
+    }
+    if (path == "/metrics" && request.method == "GET") {
+      out->send(200, {{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}},
+                ctx_.metrics->render_prometheus());
+      return;
+    }
+    ApiKind api = path.rfind("/v1/messages", 0) == 0 ? ApiKind::messages : ApiKind::chat_completions;
+    if (!authorized(request)) {
+      reply_error(api, *out, api_error(401, api == ApiKind::messages ? "authentication_error"
+                                                                     : "invalid_request_error",
+                                       "missing or invalid API key", "invalid_api_key"));
+      return;
+    }
+    if (path == "/v1/models" && request.method == "GET") {
+      out->send(200, json_headers, models_body());
+      return;
+    }
+    if (request.method != "POST") {
+      reply_error(api, *out, api_error(405, "invalid_request_error",
+                                       request.method + " is not allowed on " + path));
+      return;
+    }
+    caf::anon_send(actor_, HttpCall{std::make_shared<const gateway::HttpRequest>(request), out});
+  }
+
+ private:
+  bool authorized(const gateway::HttpRequest& request) const {
+    const auto& keys = ctx_.manifest->gateway.api_keys;
+    if (keys.empty()) return true;
+    std::string given;
+    if (auto bearer = request.header("authorization")) {
+      std::string_view v = *bearer;
+      if (v.rfind("Bearer ", 0) == 0) given = std::string(v.substr(7));
+    }
+    if (given.empty()) {
+      if (auto key = request.header("x-api-key")) given = std::string(*key);
+    }
+    for (const auto& k : keys) {
+      if (!given.empty() && given == k) return true;
+    }
+    return false;
+  }
+
+  std::string models_body() const {
+    const auto& name = ctx_.manifest->model.name;
+    return R"({"object":"list","data":[{"id":")" + name +
+           R"(","object":"model","created":0,"owned_by":"tandem","max_model_len":)" +
+           std::to_string(ctx_.manifest->model.max_model_tokens) + "}]}";
+  }
+
+  ShellContext ctx_;
+  std::shared_ptr<Shared> shared_;
+  caf::actor actor_;
+};
+
+class Service final : public GatewayService {
+ public:
+  Service(std::unique_ptr<Front> front, caf::actor actor)
+      : front_(std::move(front)), actor_(std::move(actor)) {}
+  ~Service() override { stop(); }
+  Status start(const std::string& host, uint16_t port, gateway::HttpLimits limits) {
+    server_ = std::make_unique<gateway::HttpServer>(host, port, limits, *front_);
+    return server_->start();
+  }
+  void stop() override {
+    if (server_) server_->stop();
+  }
+
+ private:
+  std::unique_ptr<Front> front_;
+  std::unique_ptr<gateway::HttpServer> server_;
+  caf::actor actor_;
+};
+
+caf::behavior gateway_behavior(GatewayActor* self) {
+  self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
+  return {
+      [self](const HttpCall& call) { on_call(self, call); },
+      [self](const ClientGone& gone) {
+        auto& st = self->state;
+        auto it = st.requests.find(gone.request_id);
+        if (it == st.requests.end()) return;
+        if (it->second.decode) {
+          (void)st.ctx.bridge->send(st.self_name, *it->second.decode, gone.request_id,
+                                    [&](wire::Envelope::Builder b) {
+                                      b.getBody().initCancel().setRequestId(gone.request_id);
+                                    });
+        }
+        st.requests.erase(it);
+        st.metrics->running->set(static_cast<double>(st.requests.size()));
+      },
+      [self](const runtime::InboundFrame& in) {
+        try {
+          on_frame(self, in);
+        } catch (const kj::Exception& e) {
+          self->state.ctx.log->warn("gateway: dropped a message: {}", e.getDescription().cStr());
+        }
+      },
+      [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
+      [self](runtime::atoms::tick) {
+        on_tick(self);
+        self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
+      },
+  };
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
+                                                      const ShellContext& ctx,
+                                                      const config::Instance& instance) {
+  const config::Manifest& m = *ctx.manifest;
+  const config::Node* node = m.find_node(ctx.bridge->node());
+  RT_ASSERT(node != nullptr && node->http_port.has_value(), "validated by the manifest");
+  auto tokenizer = text::load_tokenizer(m.model.path);
+  if (!tokenizer.ok()) return tokenizer.error();
+  auto format = text::chat_format_for(m.model);
+  if (!format.ok()) return format.error();
+  auto shared = std::make_shared<Shared>();
+  std::shared_ptr<text::Tokenizer> tok = std::move(tokenizer).value();
+  ActorName name{ctx.bridge->node(), "gateway", instance.name};
+  std::vector<ActorName> routers;
+  for (const auto& [n, inst] : m.instances_of(config::Role::router)) {
+    routers.push_back({n->name, "router", inst->name});
+  }
+  std::set<std::string> decode_nodes;
+  for (const auto& [n, inst] : m.instances_of(config::Role::decode)) decode_nodes.insert(n->name);
+  auto actor = system.spawn([=](GatewayActor* self) -> caf::behavior {
+    auto& st = self->state;
+    st.ctx = ctx;
+    st.self_name = name;
+    st.tokenizer = tok;
+    st.format = *format;
+    st.routers = routers;
+    st.decode_nodes = decode_nodes;
+    st.shared = shared;
+    st.id_seed = (std::hash<std::string>{}(name.to_string()) & 0xffffff) << 36;
+    st.metrics = std::make_unique<Metrics>(make_metrics(*ctx.metrics, name.instance));
+    update_health(st);
+    if (ctx.node_actor) {
+      self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
+    }
+    return gateway_behavior(self);
+  });
+  ctx.bridge->register_actor(name, actor);
+  auto service = std::make_unique<Service>(std::make_unique<Front>(ctx, shared, actor), actor);
+  gateway::HttpLimits limits;
+  limits.body_bytes_max = m.gateway.body_bytes_max;
+  limits.connections_max = m.gateway.connections_max;
+  if (Status s = service->start(node->host, *node->http_port, limits); !s.ok()) return s.error();
+  ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {})",
+                instance.name, node->host, *node->http_port, m.model.name, text::to_string(*format));
+  return std::unique_ptr<GatewayService>(std::move(service));
+}
+
+}  // namespace tandem::actors

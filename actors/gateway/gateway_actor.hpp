@@ -1,0 +1,40 @@
+// The gateway: the OpenAI/Anthropic-compatible HTTP API of the cluster.
+//
+// The HTTP server (http_server.hpp) runs on its own thread; GatewayFront answers the cheap
+// endpoints there (GET /v1/models, /health, /metrics, HEAD|GET /, auth failures) and hands
+// every POST to the gateway actor. The actor parses (api_request.hpp), renders the chat
+// template, tokenizes, hashes the prompt's blocks once, asks the router where to go, sends
+// GenerateRequest to the chosen decode instance, and turns TokenChunks into each API's
+// stream (detokenizer -> stop strings -> output parser -> renderer). A client that goes
+// away cancels its request on decode (and decode cancels prefill). A request that has not
+// produced a token when its decode node fails is routed again (at most retries_max times);
+// after the first token it ends with an error event.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <memory>
+
+#include "actors/common/shell.hpp"
+
+namespace tandem::gateway {
+class HttpServer;
+}
+
+namespace tandem::actors {
+
+// Owns the HTTP server and the front handler; stops the server on destruction.
+class GatewayService {
+ public:
+  virtual ~GatewayService() = default;
+  virtual void stop() = 0;
+};
+
+// Spawns the gateway actor for `instance`, loads the tokenizer and starts the HTTP server on
+// the node's http_port. Errors: the tokenizer or chat template cannot be loaded, the port
+// cannot be bound.
+Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
+                                                      const ShellContext& ctx,
+                                                      const config::Instance& instance);
+
+}  // namespace tandem::actors
