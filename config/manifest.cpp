@@ -385,9 +385,8 @@ const toml::array* Loader::table_array(const toml::node* node, Pos pos, const st
 
 void Loader::read_sections(const toml::table& root) {
   TableReader reader(sink_, root, "",
-                     {"cluster", "fabric", "membership", "logging", "model", "router",
-                      "kv_offload", "speculative", "gateway", "prefill", "decode", "sim", "node",
-                      "instance"});
+                     {"cluster", "fabric", "membership", "logging", "model", "router", "kv_offload",
+                      "speculative", "gateway", "prefill", "decode", "sim", "node", "instance"});
   if (auto* t = section(root, "cluster", true)) read_cluster(*t);
   if (auto* t = section(root, "fabric", false)) read_fabric(*t);
   if (auto* t = section(root, "membership", false)) read_membership(*t);
@@ -537,8 +536,8 @@ void Loader::read_speculative(const toml::table& table) {
 
 void Loader::read_gateway(const toml::table& table) {
   TableReader reader(sink_, table, "gateway",
-                     {"api_keys", "body_bytes_max", "connections_max", "requests_max",
-                      "queue_max", "request_timeout_ms", "cache_secret"});
+                     {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
+                      "request_timeout_ms", "cache_secret"});
   GatewaySection& gateway = manifest_.gateway;
   read_api_keys(reader);
   reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
@@ -577,9 +576,9 @@ void Loader::read_api_keys(TableReader& reader) {
 }
 
 void Loader::read_prefill(const toml::table& table) {
-  TableReader reader(sink_, table, "prefill",
-                     {"queue_max", "running_max", "held_max", "step_tokens_max",
-                      "hold_timeout_ms"});
+  TableReader reader(
+      sink_, table, "prefill",
+      {"queue_max", "running_max", "held_max", "step_tokens_max", "hold_timeout_ms"});
   PrefillSection& prefill = manifest_.prefill;
   reader.read_int("queue_max", 1, 1000000, prefill.queue_max);
   bool running_ok = reader.read_int("running_max", 1, 100000, prefill.running_max);
@@ -684,8 +683,7 @@ void Loader::read_instance(const toml::table& table, std::string path, size_t no
                            bool top_level) {
   RT_ASSERT(top_level == (node_index == no_index), "top-level instances resolve their node");
   static constexpr std::array<std::string_view, 9> keys = {
-      "node",   "role",      "name",    "count",   "device",
-      "devices", "kv_blocks", "threads", "executor"};
+      "node", "role", "name", "count", "device", "devices", "kv_blocks", "threads", "executor"};
   // "node" only in top-level [[instance]] tables.
   auto known = top_level ? std::span(keys) : std::span(keys).subspan(1);
   TableReader reader(sink_, table, path, known);

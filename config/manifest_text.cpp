@@ -139,9 +139,8 @@ std::string pad(std::string text, size_t width) {
 
 // One line: whether API keys are required (never the keys or the cache secret), and limits.
 std::string gateway_text(const GatewaySection& g) {
-  std::string keys = g.api_keys.empty()
-                         ? std::string("no")
-                         : "yes (" + std::to_string(g.api_keys.size()) + ")";
+  std::string keys =
+      g.api_keys.empty() ? std::string("no") : "yes (" + std::to_string(g.api_keys.size()) + ")";
   return "gateway   api keys " + keys + "; body max " + std::to_string(g.body_bytes_max) +
          " bytes, " + std::to_string(g.connections_max) + " connections, " +
          std::to_string(g.requests_max) + " requests, queue " + std::to_string(g.queue_max) +

@@ -669,8 +669,8 @@ TEST_CASE("new sections and executor keys default when absent") {
 }
 
 TEST_CASE("[gateway], [prefill], [decode], [sim] and executor keys are read") {
-  std::string text = replace(base_manifest, "devices = [0]",
-                             "devices = [0]\n  kv_blocks = 64\n  threads = 3");
+  std::string text =
+      replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 64\n  threads = 3");
   text += R"(
 [gateway]
 api_keys = ["sk-one", "sk-two"]
@@ -749,7 +749,8 @@ step_tokens_max = 16777216
 prefill_timeout_ms = 100
 [sim]
 )";
-  upper = replace(upper, "devices = [0]", "devices = [0]\n  kv_blocks = 16777216\n  threads = 1024");
+  upper =
+      replace(upper, "devices = [0]", "devices = [0]\n  kv_blocks = 16777216\n  threads = 1024");
   Manifest u = parse_ok(upper);
   CHECK(u.gateway.api_keys.empty());
   CHECK(u.gateway.body_bytes_max == 1u << 30);
@@ -775,8 +776,9 @@ colour = "red"
 )";
   auto issues = parse_bad(text);
   CHECK(issues.size() == 9);
-  auto body = find_issue(issues, "gateway.body_bytes_max", "value 1023 is out of range "
-                                                           "1024..1073741824");
+  auto body = find_issue(issues, "gateway.body_bytes_max",
+                         "value 1023 is out of range "
+                         "1024..1073741824");
   CHECK(body.line == line_of(text, "body_bytes_max"));
   CHECK(body.column == 18);
   auto conn = find_issue(issues, "gateway.connections_max", "out of range 1..100000");
@@ -801,8 +803,8 @@ colour = "red"
                       "request_timeout_ms = \"10s\"\n";
   auto type_issues = parse_bad(types);
   CHECK(type_issues.size() == 3);
-  auto keys = find_issue(type_issues, "gateway.api_keys",
-                         "expected an array of strings, got a string");
+  auto keys =
+      find_issue(type_issues, "gateway.api_keys", "expected an array of strings, got a string");
   CHECK(keys.line == line_of(types, "api_keys"));
   auto bytes =
       find_issue(type_issues, "gateway.body_bytes_max", "expected an integer, got a number");
@@ -844,8 +846,8 @@ hold_timeout_ms = 99
   CHECK(running.key == "prefill.running_max");
   CHECK(running.line == line_of(over, "running_max"));
 
-  std::string block = replace(base_manifest, "path = \"models/tiny\"",
-                              "path = \"models/tiny\"\nblock_tokens = 64");
+  std::string block =
+      replace(base_manifest, "path = \"models/tiny\"", "path = \"models/tiny\"\nblock_tokens = 64");
   block += "[prefill]\nstep_tokens_max = 63\n";
   auto small = only_issue(block);
   CHECK(small.key == "prefill.step_tokens_max");
@@ -910,8 +912,9 @@ x = 1
 )";
   auto issues = parse_bad(text);
   CHECK(issues.size() == 5);
-  auto factor = find_issue(issues, "sim.time_factor", "expected a number (integer or float), "
-                                                      "got a string");
+  auto factor = find_issue(issues, "sim.time_factor",
+                           "expected a number (integer or float), "
+                           "got a string");
   CHECK(factor.line == line_of(text, "time_factor"));
   CHECK(factor.column == 15);
   auto dp = find_issue(issues, "sim.dp_ep", "got a boolean");
@@ -929,18 +932,18 @@ x = 1
 }
 
 TEST_CASE("kv_blocks and threads: ranges, executors only, a pool holds one full context") {
-  std::string text = replace(base_manifest, "devices = [0]",
-                             "devices = [0]\n  kv_blocks = 0\n  threads = 1025");
+  std::string text =
+      replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 0\n  threads = 1025");
   text = replace(text, "name = \"gw\"", "name = \"gw\"\n  kv_blocks = 8\n  threads = 2");
   text = replace(text, "name = \"dec\"", "name = \"dec\"\n  threads = 1");
   auto issues = parse_bad(text);
   CHECK(issues.size() == 5);
-  auto zero = find_issue(issues, "node[0].instance[3].kv_blocks",
-                         "value 0 is out of range 1..16777216");
+  auto zero =
+      find_issue(issues, "node[0].instance[3].kv_blocks", "value 0 is out of range 1..16777216");
   CHECK(zero.line == line_of(text, "kv_blocks = 0"));
   CHECK(zero.column == 15);
-  auto threads = find_issue(issues, "node[0].instance[3].threads",
-                            "value 1025 is out of range 0..1024");
+  auto threads =
+      find_issue(issues, "node[0].instance[3].threads", "value 1025 is out of range 0..1024");
   CHECK(threads.line == line_of(text, "threads = 1025"));
   auto gw = find_issue(issues, "node[0].instance[0].kv_blocks",
                        "only executor instances take 'kv_blocks' (this is a gateway)");
@@ -1081,6 +1084,11 @@ TEST_CASE("example local.toml: one node with every role") {
   REQUIRE(executors.size() == 2);
   CHECK(executors[0].second->device_ids == std::vector<uint32_t>{0});
   CHECK(executors[1].second->device_ids == std::vector<uint32_t>{1});
+  // [gateway] is present with every key commented out: the defaults.
+  CHECK(m.gateway.api_keys.empty());
+  CHECK(m.gateway.body_bytes_max == 16u << 20);
+  CHECK(m.gateway.request_timeout_ms == 600000);
+  CHECK(executors[0].second->kv_blocks == 512);
 }
 
 TEST_CASE("example loopback-3.toml: front, prefill and decode nodes") {
@@ -1123,6 +1131,28 @@ TEST_CASE("example target-4p4d.toml: the reference design") {
   CHECK(m.model.max_model_tokens == 204800);
   CHECK(m.model.chat_format == ChatFormat::minimax_m2);
   CHECK(m.router.policy == RouterPolicy::prefix_aware);
+  CHECK(m.prefill.step_tokens_max == 4096);
+  for (const auto& [node, executor] : executors) CHECK(executor->kv_blocks == 600);
+  // Every sim device key of docs/sim-device.md, at its default.
+  CHECK(m.sim.params.size() == 28);
+  auto param = [&m](const std::string& name) {
+    for (const auto& [key, value] : m.sim.params) {
+      if (key == name) return value;
+    }
+    FAIL_CHECK("no sim parameter " << name);
+    return 0.0;
+  };
+  CHECK(param("npu_count") == 4.0);
+  CHECK(param("hbm_bytes") == 144e9);
+  CHECK(param("total_params") == 229e9);
+  CHECK(param("kv_bytes_per_token") == 126976.0);
+  CHECK(param("kv_memory_fraction") == 0.9);
+  CHECK(param("max_position") == 204800.0);
+  // 600 blocks fit the sim device's KV memory; 601 would not.
+  double capacity_tokens = (param("hbm_bytes") * param("npu_count") - param("total_params")) *
+                           param("kv_memory_fraction") / param("kv_bytes_per_token");
+  CHECK(600.0 * m.model.block_tokens <= capacity_tokens);
+  CHECK(601.0 * m.model.block_tokens > capacity_tokens);
 }
 
 TEST_CASE("summarize shows the cluster, model and a row per node") {
@@ -1135,6 +1165,7 @@ TEST_CASE("summarize shows the cluster, model and a row per node") {
   CHECK(text.find("front    127.0.0.1:17110  17210  8000   gateway, router") != std::string::npos);
   CHECK(text.find("decode   127.0.0.1:17112  17212  -      decode, executor") !=
         std::string::npos);
+  CHECK(text.find("gateway   api keys no;") != std::string::npos);
   CHECK(std::count(text.begin(), text.end(), '\n') < 25);
 }
 
