@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -300,10 +301,17 @@ class Loader {
   void read_router(const toml::table& table);
   void read_kv_offload(const toml::table& table);
   void read_speculative(const toml::table& table);
+  void read_gateway(const toml::table& table);
+  void read_api_keys(TableReader& reader);
+  void read_prefill(const toml::table& table);
+  void check_prefill_step(const toml::table* table);
+  void read_decode(const toml::table& table);
+  void read_sim(const toml::table& table);
   void read_node(const toml::table& table, size_t index);
   void read_instance(const toml::table& table, std::string path, size_t node_index,
                      bool top_level);
   void read_role_keys(TableReader& reader, InstanceDecl& decl);
+  void read_executor_keys(TableReader& reader, InstanceDecl& decl);
   void read_devices(TableReader& reader, InstanceDecl& decl);
   size_t resolve_node(TableReader& reader);
   void expand();
@@ -322,6 +330,9 @@ class Loader {
   std::vector<InstanceDecl> decls_;
   std::vector<std::vector<Origin>> origins_;    // [node][instance]
   bool roles_known_ = true;                     // every instance table's role parsed
+  bool block_tokens_ok_ = false;                // model.block_tokens read and valid
+  bool context_ok_ = false;                     // ... and max_model_tokens too
+  bool prefill_step_ok_ = true;                 // prefill.step_tokens_max (or its default)
 };
 
 std::variant<Manifest, ManifestErrors> Loader::run(std::string_view text) {
@@ -374,8 +385,8 @@ const toml::array* Loader::table_array(const toml::node* node, Pos pos, const st
 
 void Loader::read_sections(const toml::table& root) {
   TableReader reader(sink_, root, "",
-                     {"cluster", "fabric", "membership", "logging", "model", "router",
-                      "kv_offload", "speculative", "node", "instance"});
+                     {"cluster", "fabric", "membership", "logging", "model", "router", "kv_offload",
+                      "speculative", "gateway", "prefill", "decode", "sim", "node", "instance"});
   if (auto* t = section(root, "cluster", true)) read_cluster(*t);
   if (auto* t = section(root, "fabric", false)) read_fabric(*t);
   if (auto* t = section(root, "membership", false)) read_membership(*t);
@@ -384,6 +395,14 @@ void Loader::read_sections(const toml::table& root) {
   if (auto* t = section(root, "router", false)) read_router(*t);
   if (auto* t = section(root, "kv_offload", false)) read_kv_offload(*t);
   if (auto* t = section(root, "speculative", false)) read_speculative(*t);
+  // After [model]: [prefill] and the executors' kv_blocks are checked against its sizes.
+  if (auto* t = section(root, "gateway", false)) read_gateway(*t);
+  const toml::table* prefill = section(root, "prefill", false);
+  if (prefill) read_prefill(*prefill);
+  if (!prefill && root.get("prefill")) prefill_step_ok_ = false;  // reported as not a table
+  check_prefill_step(prefill);
+  if (auto* t = section(root, "decode", false)) read_decode(*t);
+  if (auto* t = section(root, "sim", false)) read_sim(*t);
   if (const toml::array* nodes = table_array(root.get("node"), {}, "node")) {
     for (size_t i = 0; i < nodes->size(); ++i) read_node(*nodes->get(i)->as_table(), i);
   }
@@ -457,6 +476,8 @@ void Loader::read_model(const toml::table& table) {
     block_ok = false;
   }
   bool max_ok = reader.read_int("max_model_tokens", 1, 1 << 24, model.max_model_tokens);
+  block_tokens_ok_ = block_ok;
+  context_ok_ = block_ok && max_ok && model.max_model_tokens >= model.block_tokens;
   if (block_ok && max_ok && model.max_model_tokens < model.block_tokens) {
     reader.issue(reader.find("max_model_tokens") ? "max_model_tokens" : "block_tokens",
                  "max_model_tokens (" + std::to_string(model.max_model_tokens) +
@@ -513,6 +534,116 @@ void Loader::read_speculative(const toml::table& table) {
   reader.read_int("draft_tokens_max", 1, 16, manifest_.speculative.draft_tokens_max);
 }
 
+void Loader::read_gateway(const toml::table& table) {
+  TableReader reader(sink_, table, "gateway",
+                     {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
+                      "request_timeout_ms", "cache_secret"});
+  GatewaySection& gateway = manifest_.gateway;
+  read_api_keys(reader);
+  reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
+  reader.read_int("connections_max", 1, 100000, gateway.connections_max);
+  reader.read_int("requests_max", 1, 100000, gateway.requests_max);
+  reader.read_int("queue_max", 0, 1000000, gateway.queue_max);
+  reader.read_int("request_timeout_ms", 1000, 86400000, gateway.request_timeout_ms);
+  reader.read_string("cache_secret", gateway.cache_secret);
+}
+
+// api_keys = ["...", ...]: every element a non-empty string; each bad element is reported.
+void Loader::read_api_keys(TableReader& reader) {
+  const toml::node* node = reader.find("api_keys");
+  if (!node) return;
+  const toml::array* array = node->as_array();
+  if (!array) {
+    reader.issue("api_keys", "expected an array of strings, got " + type_name(node->type()));
+    return;
+  }
+  std::vector<std::string> keys;
+  std::string key = reader.key("api_keys");
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& element = *array->get(i);
+    std::string element_key = key + "[" + std::to_string(i) + "]";
+    if (!element.is_string()) {
+      sink_.add(pos_of(element.source()), element_key,
+                "expected a string, got " + type_name(element.type()));
+    } else if (element.as_string()->get().empty()) {
+      sink_.add(pos_of(element.source()), element_key, "an API key must not be empty");
+    } else {
+      keys.push_back(element.as_string()->get());
+    }
+  }
+  RT_ASSERT(keys.size() <= array->size(), key);
+  if (keys.size() == array->size()) manifest_.gateway.api_keys = std::move(keys);
+}
+
+void Loader::read_prefill(const toml::table& table) {
+  TableReader reader(
+      sink_, table, "prefill",
+      {"queue_max", "running_max", "held_max", "step_tokens_max", "hold_timeout_ms"});
+  PrefillSection& prefill = manifest_.prefill;
+  reader.read_int("queue_max", 1, 1000000, prefill.queue_max);
+  bool running_ok = reader.read_int("running_max", 1, 100000, prefill.running_max);
+  bool held_ok = reader.read_int("held_max", 1, 1000000, prefill.held_max);
+  if (running_ok && held_ok && prefill.running_max > prefill.held_max) {
+    reader.issue(reader.find("held_max") ? "held_max" : "running_max",
+                 "running_max (" + std::to_string(prefill.running_max) +
+                     ") must not exceed held_max (" + std::to_string(prefill.held_max) +
+                     "): running requests count toward the held ones");
+  }
+  prefill_step_ok_ = reader.read_int("step_tokens_max", 1, 1 << 24, prefill.step_tokens_max);
+  reader.read_int("hold_timeout_ms", 100, 3600000, prefill.hold_timeout_ms);
+}
+
+// A prefill step holds at least one block: checked for the default too, so a large
+// model.block_tokens without [prefill] is reported (placeless when the section is absent).
+void Loader::check_prefill_step(const toml::table* table) {
+  const ModelSection& model = manifest_.model;
+  uint32_t step_tokens = manifest_.prefill.step_tokens_max;
+  if (!prefill_step_ok_ || !block_tokens_ok_ || step_tokens >= model.block_tokens) return;
+  RT_ASSERT(model.block_tokens > 1, "a step of >= 1 token holds a 1-token block");
+  std::string message = "step_tokens_max (" + std::to_string(step_tokens) + ") must be at " +
+                        "least model.block_tokens (" + std::to_string(model.block_tokens) + ")";
+  const toml::node* node = table ? table->get("step_tokens_max") : nullptr;
+  if (!node) message += "; the default is too small for this block size, set it in [prefill]";
+  Pos pos = node ? pos_of(node->source()) : table ? pos_of(table->source()) : Pos{};
+  sink_.add(pos, "prefill.step_tokens_max", std::move(message));
+}
+
+void Loader::read_decode(const toml::table& table) {
+  TableReader reader(sink_, table, "decode",
+                     {"waiting_max", "seqs_max", "step_tokens_max", "prefill_timeout_ms"});
+  DecodeSection& decode = manifest_.decode;
+  reader.read_int("waiting_max", 1, 1000000, decode.waiting_max);
+  reader.read_int("seqs_max", 1, 100000, decode.seqs_max);
+  reader.read_int("step_tokens_max", 1, 1 << 24, decode.step_tokens_max);
+  reader.read_int("prefill_timeout_ms", 100, 3600000, decode.prefill_timeout_ms);
+}
+
+// [sim] is free-form (the sim device knows its names); every value must be a finite number.
+void Loader::read_sim(const toml::table& table) {
+  std::vector<std::pair<std::string, double>> params;
+  size_t bad_count = 0;
+  for (auto&& [name, node] : table) {
+    std::string key = join_key("sim", name.str());
+    std::optional<double> value;
+    if (node.is_integer()) value = static_cast<double>(node.as_integer()->get());
+    if (node.is_floating_point()) value = node.as_floating_point()->get();
+    if (!value) {
+      sink_.add(pos_of(node.source()), key,
+                "expected a number (integer or float), got " + type_name(node.type()));
+    } else if (!std::isfinite(*value)) {
+      sink_.add(pos_of(node.source()), key, "must be a finite number (not inf or nan)");
+      value.reset();
+    }
+    if (value) {
+      params.emplace_back(std::string(name.str()), *value);
+    } else {
+      ++bad_count;
+    }
+  }
+  RT_ASSERT(params.size() + bad_count == table.size(), "sim params lost");
+  manifest_.sim.params = std::move(params);
+}
+
 void Loader::read_node(const toml::table& table, size_t index) {
   std::string path = "node[" + std::to_string(index) + "]";
   TableReader reader(sink_, table, path,
@@ -551,8 +682,8 @@ void Loader::read_node(const toml::table& table, size_t index) {
 void Loader::read_instance(const toml::table& table, std::string path, size_t node_index,
                            bool top_level) {
   RT_ASSERT(top_level == (node_index == no_index), "top-level instances resolve their node");
-  static constexpr std::array<std::string_view, 7> keys = {
-      "node", "role", "name", "count", "device", "devices", "executor"};
+  static constexpr std::array<std::string_view, 9> keys = {
+      "node", "role", "name", "count", "device", "devices", "kv_blocks", "threads", "executor"};
   // "node" only in top-level [[instance]] tables.
   auto known = top_level ? std::span(keys) : std::span(keys).subspan(1);
   TableReader reader(sink_, table, path, known);
@@ -598,7 +729,7 @@ void Loader::read_role_keys(TableReader& reader, InstanceDecl& decl) {
   bool executor = role == Role::executor;
   bool needs_executor = role == Role::prefill || role == Role::decode;
   std::string role_text(to_string(role));
-  for (std::string_view key : {"device", "devices"}) {
+  for (std::string_view key : {"device", "devices", "kv_blocks", "threads"}) {
     if (!executor && reader.find(key)) {
       reader.issue(key, "only executor instances take '" + std::string(key) + "' (this is a " +
                             role_text + ")");
@@ -609,10 +740,7 @@ void Loader::read_role_keys(TableReader& reader, InstanceDecl& decl) {
                  "only prefill and decode instances take 'executor' (this is a " + role_text +
                      ")");
   }
-  if (executor) {
-    reader.read_enum("device", device_kinds_all, decl.proto.device);
-    read_devices(reader, decl);
-  }
+  if (executor) read_executor_keys(reader, decl);
   if (needs_executor) {
     decl.executor_pos = reader.pos("executor");
     if (!reader.find("executor")) {
@@ -623,6 +751,30 @@ void Loader::read_role_keys(TableReader& reader, InstanceDecl& decl) {
       reader.read_string("executor", decl.proto.executor, true);
     }
   }
+}
+
+// device, devices, kv_blocks, threads. The KV pool must hold one sequence at full context;
+// checked also for the default kv_blocks (when the model's sizes are valid).
+void Loader::read_executor_keys(TableReader& reader, InstanceDecl& decl) {
+  RT_ASSERT(decl.proto.role == Role::executor, decl.path);
+  Instance& proto = decl.proto;
+  reader.read_enum("device", device_kinds_all, proto.device);
+  read_devices(reader, decl);
+  bool blocks_ok = reader.read_int("kv_blocks", 1, 1 << 24, proto.kv_blocks);
+  reader.read_int("threads", 0, 1024, proto.threads);
+  if (!blocks_ok || !context_ok_) return;
+  const ModelSection& model = manifest_.model;
+  RT_ASSERT(model.block_tokens >= 1, decl.path);
+  uint64_t pool_tokens = uint64_t{proto.kv_blocks} * model.block_tokens;
+  if (pool_tokens >= model.max_model_tokens) return;
+  uint64_t needed_blocks = (model.max_model_tokens + model.block_tokens - 1) / model.block_tokens;
+  std::string written = reader.find("kv_blocks") ? "" : " (the default)";
+  reader.issue("kv_blocks",
+               "kv_blocks " + std::to_string(proto.kv_blocks) + written + " x model.block_tokens " +
+                   std::to_string(model.block_tokens) + " = " + std::to_string(pool_tokens) +
+                   " tokens cannot hold one full-context sequence of model.max_model_tokens " +
+                   std::to_string(model.max_model_tokens) + "; needs at least " +
+                   std::to_string(needed_blocks) + " blocks");
 }
 
 // devices = [..]: split into `count` equal consecutive slices. Default: one device per

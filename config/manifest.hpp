@@ -191,7 +191,8 @@ std::variant<Manifest, ManifestErrors> load_manifest(const std::string& path);
 std::variant<Manifest, ManifestErrors> parse_manifest(std::string_view text,
                                                       const std::string& file);
 
-// One-screen human summary (nodes, their addresses, instances, model).
+// One-screen human summary (model, router, gateway limits, nodes, their addresses,
+// instances). Never prints API keys or the cache secret.
 std::string summarize(const Manifest& manifest);
 
 }  // namespace tandem::config

@@ -137,6 +137,16 @@ std::string pad(std::string text, size_t width) {
   return text + "  ";
 }
 
+// One line: whether API keys are required (never the keys or the cache secret), and limits.
+std::string gateway_text(const GatewaySection& g) {
+  std::string keys =
+      g.api_keys.empty() ? std::string("no") : "yes (" + std::to_string(g.api_keys.size()) + ")";
+  return "gateway   api keys " + keys + "; body max " + std::to_string(g.body_bytes_max) +
+         " bytes, " + std::to_string(g.connections_max) + " connections, " +
+         std::to_string(g.requests_max) + " requests, queue " + std::to_string(g.queue_max) +
+         ", timeout " + std::to_string(g.request_timeout_ms) + " ms\n";
+}
+
 }  // namespace
 
 std::string summarize(const Manifest& m) {
@@ -153,6 +163,7 @@ std::string summarize(const Manifest& m) {
   out += "router    " + std::string(to_string(m.router.policy)) + "; speculative " +
          std::string(to_string(m.speculative.method)) + "; kv offload " +
          (m.kv_offload.enabled ? "on (" + m.kv_offload.path + ")" : std::string("off")) + "\n";
+  out += gateway_text(m.gateway);
   size_t name_width = 4, fabric_width = 6;
   for (const auto& node : m.nodes) {
     name_width = std::max(name_width, node.name.size());

@@ -644,6 +644,357 @@ TEST_CASE("kv_offload.enabled needs a path") {
   CHECK(issue.message.find("required when kv_offload.enabled") != std::string::npos);
 }
 
+TEST_CASE("new sections and executor keys default when absent") {
+  Manifest m = parse_ok(base_manifest);
+  CHECK(m.gateway.api_keys.empty());
+  CHECK(m.gateway.body_bytes_max == 16u << 20);
+  CHECK(m.gateway.connections_max == 4096);
+  CHECK(m.gateway.requests_max == 1024);
+  CHECK(m.gateway.queue_max == 4096);
+  CHECK(m.gateway.request_timeout_ms == 600000);
+  CHECK(m.gateway.cache_secret.empty());
+  CHECK(m.prefill.queue_max == 256);
+  CHECK(m.prefill.running_max == 16);
+  CHECK(m.prefill.held_max == 256);
+  CHECK(m.prefill.step_tokens_max == 512);
+  CHECK(m.prefill.hold_timeout_ms == 30000);
+  CHECK(m.decode.waiting_max == 256);
+  CHECK(m.decode.seqs_max == 64);
+  CHECK(m.decode.step_tokens_max == 512);
+  CHECK(m.decode.prefill_timeout_ms == 30000);
+  CHECK(m.sim.params.empty());
+  const Instance& ex = m.nodes.at(0).instances.at(3);
+  CHECK(ex.kv_blocks == 512);
+  CHECK(ex.threads == 0);
+}
+
+TEST_CASE("[gateway], [prefill], [decode], [sim] and executor keys are read") {
+  std::string text =
+      replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 64\n  threads = 3");
+  text += R"(
+[gateway]
+api_keys = ["sk-one", "sk-two"]
+body_bytes_max = 1024
+connections_max = 100000
+requests_max = 1
+queue_max = 0
+request_timeout_ms = 86400000
+cache_secret = ""
+
+[prefill]
+queue_max = 1
+running_max = 2
+held_max = 2
+step_tokens_max = 16
+hold_timeout_ms = 100
+
+[decode]
+waiting_max = 1
+seqs_max = 1
+step_tokens_max = 1
+prefill_timeout_ms = 3600000
+
+[sim]
+npu_count = 8
+peak_flops = 2e15
+kv_scale = 0.125
+)";
+  Manifest m = parse_ok(text);
+  CHECK(m.gateway.api_keys == std::vector<std::string>{"sk-one", "sk-two"});
+  CHECK(m.gateway.body_bytes_max == 1024);
+  CHECK(m.gateway.connections_max == 100000);
+  CHECK(m.gateway.requests_max == 1);
+  CHECK(m.gateway.queue_max == 0);
+  CHECK(m.gateway.request_timeout_ms == 86400000);
+  CHECK(m.gateway.cache_secret.empty());
+  CHECK(m.prefill.queue_max == 1);
+  CHECK(m.prefill.running_max == 2);
+  CHECK(m.prefill.held_max == 2);
+  CHECK(m.prefill.step_tokens_max == 16);
+  CHECK(m.prefill.hold_timeout_ms == 100);
+  CHECK(m.decode.waiting_max == 1);
+  CHECK(m.decode.seqs_max == 1);
+  CHECK(m.decode.step_tokens_max == 1);
+  CHECK(m.decode.prefill_timeout_ms == 3600000);
+  REQUIRE(m.sim.params.size() == 3);
+  auto param = [&m](const std::string& name) {
+    for (const auto& [key, value] : m.sim.params) {
+      if (key == name) return std::optional<double>(value);
+    }
+    return std::optional<double>();
+  };
+  CHECK(param("npu_count") == std::optional<double>(8.0));
+  CHECK(param("peak_flops") == std::optional<double>(2e15));
+  CHECK(param("kv_scale") == std::optional<double>(0.125));
+  const Instance& ex = m.nodes.at(0).instances.at(3);
+  CHECK(ex.kv_blocks == 64);
+  CHECK(ex.threads == 3);
+
+  std::string upper = base_manifest + R"(
+[gateway]
+api_keys = []
+body_bytes_max = 1073741824
+cache_secret = "s3cret"
+request_timeout_ms = 1000
+[prefill]
+running_max = 100000
+held_max = 1000000
+queue_max = 1000000
+step_tokens_max = 16777216
+hold_timeout_ms = 3600000
+[decode]
+waiting_max = 1000000
+seqs_max = 100000
+step_tokens_max = 16777216
+prefill_timeout_ms = 100
+[sim]
+)";
+  upper =
+      replace(upper, "devices = [0]", "devices = [0]\n  kv_blocks = 16777216\n  threads = 1024");
+  Manifest u = parse_ok(upper);
+  CHECK(u.gateway.api_keys.empty());
+  CHECK(u.gateway.body_bytes_max == 1u << 30);
+  CHECK(u.gateway.cache_secret == "s3cret");
+  CHECK(u.prefill.held_max == 1000000);
+  CHECK(u.decode.seqs_max == 100000);
+  CHECK(u.sim.params.empty());
+  CHECK(u.nodes.at(0).instances.at(3).kv_blocks == 16777216);
+  CHECK(u.nodes.at(0).instances.at(3).threads == 1024);
+}
+
+TEST_CASE("[gateway]: ranges, types and API keys") {
+  std::string text = base_manifest + R"(
+[gateway]
+body_bytes_max = 1023
+connections_max = 0
+requests_max = 100001
+queue_max = -1
+request_timeout_ms = 999
+cache_secret = 42
+api_keys = ["ok", "", 7]
+colour = "red"
+)";
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 9);
+  auto body = find_issue(issues, "gateway.body_bytes_max",
+                         "value 1023 is out of range "
+                         "1024..1073741824");
+  CHECK(body.line == line_of(text, "body_bytes_max"));
+  CHECK(body.column == 18);
+  auto conn = find_issue(issues, "gateway.connections_max", "out of range 1..100000");
+  CHECK(conn.line == line_of(text, "connections_max"));
+  auto req = find_issue(issues, "gateway.requests_max", "value 100001 is out of range 1..100000");
+  CHECK(req.line == line_of(text, "requests_max"));
+  auto queue = find_issue(issues, "gateway.queue_max", "value -1 is out of range 0..1000000");
+  CHECK(queue.line == line_of(text, "queue_max"));
+  auto timeout = find_issue(issues, "gateway.request_timeout_ms", "out of range 1000..86400000");
+  CHECK(timeout.line == line_of(text, "request_timeout_ms"));
+  auto secret = find_issue(issues, "gateway.cache_secret", "expected a string, got an integer");
+  CHECK(secret.line == line_of(text, "cache_secret"));
+  auto empty = find_issue(issues, "gateway.api_keys[1]", "must not be empty");
+  CHECK(empty.line == line_of(text, "api_keys"));
+  CHECK(empty.column == 19);
+  auto seven = find_issue(issues, "gateway.api_keys[2]", "expected a string, got an integer");
+  CHECK(seven.column == 23);
+  find_issue(issues, "gateway.colour", "unknown key in gateway; accepted: api_keys");
+
+  std::string types = base_manifest +
+                      "[gateway]\napi_keys = \"sk\"\nbody_bytes_max = 2.5e6\n"
+                      "request_timeout_ms = \"10s\"\n";
+  auto type_issues = parse_bad(types);
+  CHECK(type_issues.size() == 3);
+  auto keys =
+      find_issue(type_issues, "gateway.api_keys", "expected an array of strings, got a string");
+  CHECK(keys.line == line_of(types, "api_keys"));
+  auto bytes =
+      find_issue(type_issues, "gateway.body_bytes_max", "expected an integer, got a number");
+  CHECK(bytes.line == line_of(types, "body_bytes_max"));
+  find_issue(type_issues, "gateway.request_timeout_ms", "expected an integer, got a string");
+  auto table = only_issue("gateway = 3\n" + base_manifest);
+  CHECK(table.key == "gateway");
+  CHECK(table.message.find("expected a table [gateway], got an integer") != std::string::npos);
+}
+
+TEST_CASE("[prefill]: limits at least 1, running_max <= held_max, a step holds a block") {
+  std::string text = base_manifest + R"(
+[prefill]
+queue_max = 0
+running_max = 0
+held_max = 1000001
+step_tokens_max = "512"
+hold_timeout_ms = 99
+)";
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 5);
+  auto queue = find_issue(issues, "prefill.queue_max", "value 0 is out of range 1..1000000");
+  CHECK(queue.line == line_of(text, "queue_max = 0"));
+  find_issue(issues, "prefill.running_max", "value 0 is out of range 1..100000");
+  find_issue(issues, "prefill.held_max", "out of range 1..1000000");
+  auto step = find_issue(issues, "prefill.step_tokens_max", "expected an integer, got a string");
+  CHECK(step.line == line_of(text, "step_tokens_max"));
+  auto hold = find_issue(issues, "prefill.hold_timeout_ms", "out of range 100..3600000");
+  CHECK(hold.line == line_of(text, "hold_timeout_ms"));
+
+  std::string order = base_manifest + "[prefill]\nrunning_max = 32\nheld_max = 31\n";
+  auto held = only_issue(order);
+  CHECK(held.key == "prefill.held_max");
+  CHECK(held.line == line_of(order, "held_max"));
+  CHECK(held.message.find("running_max (32) must not exceed held_max (31)") != std::string::npos);
+  // Against the default held_max (256): reported on running_max, the key that is written.
+  std::string over = base_manifest + "[prefill]\nrunning_max = 257\n";
+  auto running = only_issue(over);
+  CHECK(running.key == "prefill.running_max");
+  CHECK(running.line == line_of(over, "running_max"));
+
+  std::string block =
+      replace(base_manifest, "path = \"models/tiny\"", "path = \"models/tiny\"\nblock_tokens = 64");
+  block += "[prefill]\nstep_tokens_max = 63\n";
+  auto small = only_issue(block);
+  CHECK(small.key == "prefill.step_tokens_max");
+  CHECK(small.line == line_of(block, "step_tokens_max"));
+  CHECK(small.message.find("step_tokens_max (63) must be at least model.block_tokens (64)") !=
+        std::string::npos);
+  Manifest exact = parse_ok(replace(block, "step_tokens_max = 63", "step_tokens_max = 64"));
+  CHECK(exact.prefill.step_tokens_max == 64);
+  // A default step (512) below a large block is reported too, at the [prefill] table.
+  std::string big = replace(base_manifest, "path = \"models/tiny\"",
+                            "path = \"models/tiny\"\nblock_tokens = 1024\nmax_model_tokens = 1024");
+  big += "[prefill]\nqueue_max = 8\n";
+  auto default_step = only_issue(big);
+  CHECK(default_step.key == "prefill.step_tokens_max");
+  CHECK(default_step.line == line_of(big, "[prefill]"));
+  CHECK(default_step.message.find("(512) must be at least model.block_tokens (1024); the "
+                                  "default is too small") != std::string::npos);
+  // Without a [prefill] section the default still counts; the issue has no place.
+  auto absent = only_issue(big.substr(0, big.find("[prefill]")));
+  CHECK(absent.key == "prefill.step_tokens_max");
+  CHECK(absent.line == 0);
+  auto not_table = only_issue("prefill = 1\n" + big.substr(0, big.find("[prefill]")));
+  CHECK(not_table.key == "prefill");
+}
+
+TEST_CASE("[decode]: limits at least 1 and the prefill timeout range") {
+  std::string text = base_manifest + R"(
+[decode]
+waiting_max = 0
+seqs_max = 100001
+step_tokens_max = 0
+prefill_timeout_ms = 3600001
+budget = 1
+)";
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 5);
+  auto waiting = find_issue(issues, "decode.waiting_max", "value 0 is out of range 1..1000000");
+  CHECK(waiting.line == line_of(text, "waiting_max"));
+  auto seqs = find_issue(issues, "decode.seqs_max", "value 100001 is out of range 1..100000");
+  CHECK(seqs.line == line_of(text, "seqs_max"));
+  auto step = find_issue(issues, "decode.step_tokens_max", "value 0 is out of range 1..16777216");
+  CHECK(step.line == line_of(text, "step_tokens_max"));
+  auto timeout = find_issue(issues, "decode.prefill_timeout_ms", "out of range 100..3600000");
+  CHECK(timeout.line == line_of(text, "prefill_timeout_ms"));
+  find_issue(issues, "decode.budget", "unknown key in decode");
+  auto type = only_issue(base_manifest + "[decode]\nseqs_max = true\n");
+  CHECK(type.key == "decode.seqs_max");
+  CHECK(type.message == "expected an integer, got a boolean");
+}
+
+TEST_CASE("[sim]: every value is a finite number; names are free-form") {
+  std::string text = base_manifest + R"(
+[sim]
+npu_count = 4
+time_factor = "fast"
+dp_ep = true
+kv_scale = nan
+peak_flops = inf
+any_new_name = -1.5
+[sim.nested]
+x = 1
+)";
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 5);
+  auto factor = find_issue(issues, "sim.time_factor",
+                           "expected a number (integer or float), "
+                           "got a string");
+  CHECK(factor.line == line_of(text, "time_factor"));
+  CHECK(factor.column == 15);
+  auto dp = find_issue(issues, "sim.dp_ep", "got a boolean");
+  CHECK(dp.line == line_of(text, "dp_ep"));
+  auto scale = find_issue(issues, "sim.kv_scale", "must be a finite number");
+  CHECK(scale.line == line_of(text, "kv_scale"));
+  find_issue(issues, "sim.peak_flops", "must be a finite number");
+  find_issue(issues, "sim.nested", "got a table");
+
+  Manifest m = parse_ok(base_manifest + "[sim]\nany_new_name = -1.5\nnpu_count = 4\n");
+  REQUIRE(m.sim.params.size() == 2);
+  for (const auto& [name, value] : m.sim.params) {
+    CHECK((name == "any_new_name" ? value == -1.5 : (name == "npu_count" && value == 4.0)));
+  }
+}
+
+TEST_CASE("kv_blocks and threads: ranges, executors only, a pool holds one full context") {
+  std::string text =
+      replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 0\n  threads = 1025");
+  text = replace(text, "name = \"gw\"", "name = \"gw\"\n  kv_blocks = 8\n  threads = 2");
+  text = replace(text, "name = \"dec\"", "name = \"dec\"\n  threads = 1");
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 5);
+  auto zero =
+      find_issue(issues, "node[0].instance[3].kv_blocks", "value 0 is out of range 1..16777216");
+  CHECK(zero.line == line_of(text, "kv_blocks = 0"));
+  CHECK(zero.column == 15);
+  auto threads =
+      find_issue(issues, "node[0].instance[3].threads", "value 1025 is out of range 0..1024");
+  CHECK(threads.line == line_of(text, "threads = 1025"));
+  auto gw = find_issue(issues, "node[0].instance[0].kv_blocks",
+                       "only executor instances take 'kv_blocks' (this is a gateway)");
+  CHECK(gw.line == line_of(text, "kv_blocks = 8"));
+  find_issue(issues, "node[0].instance[0].threads", "only executor instances take 'threads'");
+  auto dec = find_issue(issues, "node[0].instance[2].threads", "(this is a decode)");
+  CHECK(dec.line == line_of(text, "threads = 1"));
+  auto type = only_issue(replace(base_manifest, "devices = [0]", "devices = [0]\n  threads = 1.5"));
+  CHECK(type.key == "node[0].instance[3].threads");
+  CHECK(type.message == "expected an integer, got a number");
+
+  // 15 blocks of 16 tokens = 240 < 256: one block short.
+  std::string tight = replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 15");
+  auto pool = only_issue(tight);
+  CHECK(pool.key == "node[0].instance[3].kv_blocks");
+  CHECK(pool.line == line_of(tight, "kv_blocks = 15"));
+  CHECK(pool.message.find("kv_blocks 15 x model.block_tokens 16 = 240 tokens") !=
+        std::string::npos);
+  CHECK(pool.message.find("model.max_model_tokens 256; needs at least 16 blocks") !=
+        std::string::npos);
+  Manifest exact = parse_ok(replace(tight, "kv_blocks = 15", "kv_blocks = 16"));
+  CHECK(exact.nodes.at(0).instances.at(3).kv_blocks == 16);
+  // The default (512 blocks) is checked too, and a count > 1 table is reported once.
+  std::string long_context = replace(base_manifest, "path = \"models/tiny\"",
+                                     "path = \"models/tiny\"\nmax_model_tokens = 10000");
+  long_context = replace(long_context, "  name = \"dec\"", "  name = \"dec\"\n  count = 2");
+  long_context = replace(long_context, "  name = \"ex\"", "  name = \"ex\"\n  count = 2");
+  long_context = replace(long_context, "devices = [0]", "devices = [0, 1]");
+  auto by_default = only_issue(long_context);
+  CHECK(by_default.key == "node[0].instance[3].kv_blocks");
+  CHECK(by_default.line == line_of(long_context, "role = \"executor\"") - 1);
+  CHECK(by_default.message.find("kv_blocks 512 (the default) x model.block_tokens 16 = 8192") !=
+        std::string::npos);
+  CHECK(by_default.message.find("needs at least 625 blocks") != std::string::npos);
+}
+
+TEST_CASE("summarize shows the gateway's keys and limits, never the keys themselves") {
+  Manifest m = parse_ok(base_manifest);
+  std::string text = summarize(m);
+  CHECK(text.find("gateway   api keys no; body max 16777216 bytes, 4096 connections, 1024 "
+                  "requests, queue 4096, timeout 600000 ms\n") != std::string::npos);
+  Manifest keyed = parse_ok(base_manifest +
+                            "[gateway]\napi_keys = [\"sk-a\", \"sk-b\"]\ncache_secret = \"pst\"\n"
+                            "requests_max = 8\nqueue_max = 0\n");
+  std::string keyed_text = summarize(keyed);
+  CHECK(keyed_text.find("gateway   api keys yes (2); body max 16777216 bytes, 4096 connections, "
+                        "8 requests, queue 0, timeout 600000 ms\n") != std::string::npos);
+  CHECK(keyed_text.find("sk-a") == std::string::npos);
+  CHECK(keyed_text.find("pst") == std::string::npos);
+}
+
 TEST_CASE("all problems are reported at once, in file order") {
   std::string text = replace(base_manifest, "name = \"test\"", "name = \"test\"\nzzz = 1");
   text = replace(text, "fabric_port = 17100", "fabric_port = 0");
@@ -733,6 +1084,11 @@ TEST_CASE("example local.toml: one node with every role") {
   REQUIRE(executors.size() == 2);
   CHECK(executors[0].second->device_ids == std::vector<uint32_t>{0});
   CHECK(executors[1].second->device_ids == std::vector<uint32_t>{1});
+  // [gateway] is present with every key commented out: the defaults.
+  CHECK(m.gateway.api_keys.empty());
+  CHECK(m.gateway.body_bytes_max == 16u << 20);
+  CHECK(m.gateway.request_timeout_ms == 600000);
+  CHECK(executors[0].second->kv_blocks == 512);
 }
 
 TEST_CASE("example loopback-3.toml: front, prefill and decode nodes") {
@@ -775,6 +1131,28 @@ TEST_CASE("example target-4p4d.toml: the reference design") {
   CHECK(m.model.max_model_tokens == 204800);
   CHECK(m.model.chat_format == ChatFormat::minimax_m2);
   CHECK(m.router.policy == RouterPolicy::prefix_aware);
+  CHECK(m.prefill.step_tokens_max == 4096);
+  for (const auto& [node, executor] : executors) CHECK(executor->kv_blocks == 600);
+  // Every sim device key of docs/sim-device.md, at its default.
+  CHECK(m.sim.params.size() == 28);
+  auto param = [&m](const std::string& name) {
+    for (const auto& [key, value] : m.sim.params) {
+      if (key == name) return value;
+    }
+    FAIL_CHECK("no sim parameter " << name);
+    return 0.0;
+  };
+  CHECK(param("npu_count") == 4.0);
+  CHECK(param("hbm_bytes") == 144e9);
+  CHECK(param("total_params") == 229e9);
+  CHECK(param("kv_bytes_per_token") == 126976.0);
+  CHECK(param("kv_memory_fraction") == 0.9);
+  CHECK(param("max_position") == 204800.0);
+  // 600 blocks fit the sim device's KV memory; 601 would not.
+  double capacity_tokens = (param("hbm_bytes") * param("npu_count") - param("total_params")) *
+                           param("kv_memory_fraction") / param("kv_bytes_per_token");
+  CHECK(600.0 * m.model.block_tokens <= capacity_tokens);
+  CHECK(601.0 * m.model.block_tokens > capacity_tokens);
 }
 
 TEST_CASE("summarize shows the cluster, model and a row per node") {
@@ -787,6 +1165,7 @@ TEST_CASE("summarize shows the cluster, model and a row per node") {
   CHECK(text.find("front    127.0.0.1:17110  17210  8000   gateway, router") != std::string::npos);
   CHECK(text.find("decode   127.0.0.1:17112  17212  -      decode, executor") !=
         std::string::npos);
+  CHECK(text.find("gateway   api keys no;") != std::string::npos);
   CHECK(std::count(text.begin(), text.end(), '\n') < 25);
 }
 
