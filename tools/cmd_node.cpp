@@ -1,6 +1,7 @@
 // `tandem node --manifest M --node N`: run one node of a cluster in the foreground.
 #include <cstdio>
 
+#include "actors/node_services.hpp"
 #include "runtime/node/node.hpp"
 #include "tools/commands.hpp"
 
@@ -32,7 +33,7 @@ int cmd_node(cli::Args args) {
                  flags.get("node").c_str());
     return 1;
   }
-  return runtime::run_node(manifest, flags.get("node"));
+  return runtime::run_node(manifest, flags.get("node"), actors::make_node_services);
 }
 
 }  // namespace tandem::tools

@@ -1,5 +1,7 @@
 #include "devices/cpu/weights.hpp"
 
+#include <optional>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -578,10 +580,27 @@ Result<ModelWeights> load_llama2c(const std::string& path) {
   return w;
 }
 
+// A directory without config.json that holds one llama2.c checkpoint (any *.bin other than
+// tokenizer.bin, like models/stories15M/) loads that checkpoint.
+std::optional<std::string> single_llama2c_in(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "config.json", ec)) return std::nullopt;
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const auto& p = entry.path();
+    if (p.extension() == ".bin" && p.filename() != "tokenizer.bin") found.push_back(p.string());
+  }
+  if (found.size() != 1) return std::nullopt;
+  return found[0];
+}
+
 Result<ModelWeights> load_model(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return make_error(ErrorKind::not_found, path + ": no such file");
-  if (fs::is_directory(path, ec)) return load_hf_dir(path);
+  if (fs::is_directory(path, ec)) {
+    if (auto checkpoint = single_llama2c_in(path)) return load_llama2c(*checkpoint);
+    return load_hf_dir(path);
+  }
   return load_llama2c(path);
 }
 

@@ -44,6 +44,11 @@ int wait_for_stop_signal() {
 }  // namespace
 
 int run_node(const config::Manifest& manifest, const std::string& node_name) {
+  return run_node(manifest, node_name, nullptr);
+}
+
+int run_node(const config::Manifest& manifest, const std::string& node_name,
+             const ServicesFactory& make_services) {
   const config::Node* node = manifest.find_node(node_name);
   RT_ASSERT(node != nullptr, node_name);
   auto made_log = obs::make_node_logger(node_name, manifest.logging.level);
@@ -57,6 +62,12 @@ int run_node(const config::Manifest& manifest, const std::string& node_name) {
   obs::Registry registry;
   NodeMetrics metrics(registry, node_name);
   Bridge bridge(manifest, node_name, new_incarnation(), log);
+  // The fabric opens first (executors register their KV pools with it); frames are
+  // delivered only once every actor is registered (set_ready below).
+  if (Status started = bridge.start(); !started.ok()) {
+    log->error("cannot start: {}", started.error().describe());
+    return 1;
+  }
   auto render = [&registry, &metrics, &bridge] {
     if (auto* fabric = bridge.fabric()) metrics.sync(fabric->counters(), bridge.counters());
     return registry.render_prometheus();
@@ -79,24 +90,36 @@ int run_node(const config::Manifest& manifest, const std::string& node_name) {
   NodeActorDeps deps{&manifest, &bridge, log, render,
                      [&metrics](int64_t up, int64_t total) { metrics.set_peers(up, total); }};
   metrics.set_peers(0, static_cast<int64_t>(manifest.nodes.size()) - 1);
-  actors.push_back(spawn_node_actor(system, std::move(deps)));
-  for (const auto& instance : node->instances) {
-    actors.push_back(spawn_role_actor(system, &bridge, instance));
+  caf::actor node_actor = spawn_node_actor(system, std::move(deps));
+  actors.push_back(node_actor);
+  NodeEnv env{&bridge, &registry, log};
+  std::unique_ptr<NodeServices> services = make_services ? make_services(manifest, node_name, env)
+                                                         : nullptr;
+  int code = 0;
+  if (services) {
+    if (Status s = services->spawn_all(system, node_actor, actors); !s.ok()) {
+      log->error("cannot start: {}", s.error().describe());
+      code = 1;
+    }
+  } else {
+    for (const auto& instance : node->instances) {
+      actors.push_back(spawn_role_actor(system, &bridge, instance));
+    }
   }
-  // Every actor is registered before the first frame can arrive.
-  if (Status started = bridge.start(); !started.ok()) {
-    log->error("cannot start: {}", started.error().describe());
-    for (auto& actor : actors) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-    return 1;
+  if (code == 0) {
+    bridge.set_ready();
+    log->info("node {} serving {} actor(s); cluster '{}', {} node(s)", node_name, actors.size(),
+              manifest.cluster.name, manifest.nodes.size());
+    int sig = wait_for_stop_signal();
+    log->info("stopping on signal {}", sig);
   }
-  log->info("node {} serving {} actor(s); cluster '{}', {} node(s)", node_name, actors.size(),
-            manifest.cluster.name, manifest.nodes.size());
-  int sig = wait_for_stop_signal();
-  log->info("stopping on signal {}", sig);
+  if (services) services->stop();
   if (admin) admin->stop();
-  bridge.stop();
   for (auto& actor : actors) caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
-  return 0;
+  system.await_all_actors_done();
+  services.reset();
+  bridge.stop();  // after every actor (and its registered memory) is gone
+  return code;
 }
 
 }  // namespace tandem::runtime

@@ -1,0 +1,77 @@
+#include "actors/node_services.hpp"
+
+#include <map>
+
+#include "actors/decode/decode_actor.hpp"
+#include "actors/executor/executor_actor.hpp"
+#include "actors/gateway/gateway_actor.hpp"
+#include "actors/prefill/prefill_actor.hpp"
+#include "actors/router/router_actor.hpp"
+#include "runtime/node/node_actor.hpp"
+
+namespace tandem::actors {
+namespace {
+
+class Services final : public runtime::NodeServices {
+ public:
+  Services(const config::Manifest& manifest, std::string node, runtime::NodeEnv& env)
+      : manifest_(manifest), node_(std::move(node)), env_(env) {}
+
+  Status spawn_all(caf::actor_system& system, caf::actor node_actor,
+                   std::vector<caf::actor>& actors) override {
+    const config::Node* node = manifest_.find_node(node_);
+    RT_ASSERT(node != nullptr, node_);
+    ShellContext ctx{&manifest_, env_.bridge, env_.log, env_.metrics, node_actor};
+    std::map<std::string, caf::actor> executors;
+    for (const auto& inst : node->instances) {
+      if (inst.role != config::Role::executor) continue;
+      executors[inst.name] = spawn_executor(system, ctx, inst);
+      actors.push_back(executors[inst.name]);
+    }
+    for (const auto& inst : node->instances) {
+      switch (inst.role) {
+        case config::Role::executor:
+          break;
+        case config::Role::prefill:
+          actors.push_back(spawn_prefill(system, ctx, inst, executors.at(inst.executor)));
+          break;
+        case config::Role::decode:
+          actors.push_back(spawn_decode(system, ctx, inst, executors.at(inst.executor)));
+          break;
+        case config::Role::router:
+          actors.push_back(spawn_router(system, ctx, inst));
+          break;
+        case config::Role::gateway: {
+          auto gateway = start_gateway(system, ctx, inst);
+          if (!gateway.ok()) return gateway.error();
+          gateways_.push_back(std::move(gateway).value());
+          break;
+        }
+        case config::Role::kv_offload:  // tier 2 is later work: a shell that answers pings
+          actors.push_back(runtime::spawn_role_actor(system, env_.bridge, inst));
+          break;
+      }
+    }
+    return {};
+  }
+
+  void stop() override {
+    for (auto& g : gateways_) g->stop();
+  }
+
+ private:
+  const config::Manifest& manifest_;
+  std::string node_;
+  runtime::NodeEnv& env_;
+  std::vector<std::unique_ptr<GatewayService>> gateways_;
+};
+
+}  // namespace
+
+std::unique_ptr<runtime::NodeServices> make_node_services(const config::Manifest& manifest,
+                                                          const std::string& node,
+                                                          runtime::NodeEnv& env) {
+  return std::make_unique<Services>(manifest, node, env);
+}
+
+}  // namespace tandem::actors
