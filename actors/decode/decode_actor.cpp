@@ -515,6 +515,7 @@ caf::behavior running(DecodeActor* self) {
       },
       [self](const PullChunkDone& done) { on_chunk_done(self, done); },
       [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
+      [](const runtime::InstanceLoadReport&) {},  // for the router; decode needs none
       [self](runtime::atoms::tick) {
         auto& st = self->state;
         auto now = now_ns();
@@ -582,6 +583,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
                      make_error(ErrorKind::unimplemented, "decode has no device: " + st.info.error));
         },
         [](const runtime::MembershipEvent&) {},
+        [](const runtime::InstanceLoadReport&) {},
     };
   });
   ctx.bridge->register_actor(name, actor);

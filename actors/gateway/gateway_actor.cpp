@@ -681,6 +681,7 @@ caf::behavior gateway_behavior(GatewayActor* self) {
         }
       },
       [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
+      [](const runtime::InstanceLoadReport&) {},  // for the router
       [self](runtime::atoms::tick) {
         on_tick(self);
         self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);

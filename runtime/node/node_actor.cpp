@@ -294,6 +294,10 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
       peer_names(*st.deps.manifest, st.deps.bridge->node()),
       std::chrono::milliseconds(st.deps.manifest->membership.heartbeat_interval_ms),
       st.deps.manifest->membership.heartbeat_miss_max);
+  // An error coming back from a subscriber must never take the node actor down.
+  self->set_error_handler([self](caf::error& err) {
+    self->state.deps.log->warn("node actor: ignored error: {}", to_string(err));
+  });
   caf::actor me = caf::actor_cast<caf::actor>(self);
   st.diagnostics = std::make_unique<Diagnostics>(
       st.deps.bridge,
