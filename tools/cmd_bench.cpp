@@ -3,10 +3,34 @@
 #include <cstring>
 
 #include "bench/device_bench.hpp"
+#include "bench/hash_bench.hpp"
+#include "bench/router_bench.hpp"
 #include "bench/transport_bench.hpp"
 #include "tools/commands.hpp"
 
 namespace tandem::tools {
+namespace {
+
+int run_hash(cli::Args args) {
+  cli::Flags flags("tandem bench hash [--tokens N] [--seconds S]",
+                   "Hashes a prompt's blocks (HMAC-SHA-256, chained) at block sizes 16 and 4096\n"
+                   "and prints the time beside `openssl speed` for the same hash, as ratios.");
+  flags.flag("tokens", "N", "prompt tokens", "200000")
+      .flag("seconds", "S", "wall time per measurement", "0.5")
+      .flag("no-openssl", "", "skip the openssl baseline");
+  int code = 0;
+  if (!flags.parse(args, &code)) return code;
+  auto tokens = flags.get_int("tokens");
+  auto seconds = flags.get_double("seconds");
+  if (!tokens || *tokens <= 0 || !seconds || *seconds <= 0) return 2;
+  bench::HashBenchOptions options;
+  options.tokens_count = static_cast<uint32_t>(*tokens);
+  options.seconds_min = *seconds;
+  options.run_openssl = !flags.has("no-openssl");
+  return bench::run_hash_bench(options);
+}
+
+}  // namespace
 
 int cmd_bench(cli::Args args) {
   struct Entry {
@@ -16,6 +40,8 @@ int cmd_bench(cli::Args args) {
   static constexpr Entry entries[] = {
       {"device", bench::run_device_bench},
       {"transport", bench::run_transport_bench},
+      {"hash", run_hash},
+      {"router", bench::run_router_bench_cli},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {
