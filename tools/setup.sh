@@ -22,6 +22,7 @@ packages=(
   libpcre2-dev                    # tokenizer pre-split regexes with Unicode classes (\p{L}, \p{N})
   nodejs npm                      # JS tokenizers + official SDKs used by tests
   curl procps iproute2            # tests talk HTTP, inspect processes and ports
+  tmux                            # drives the interactive admin shell in a test
 )
 
 sudo_cmd=()
