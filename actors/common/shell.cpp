@@ -1,6 +1,7 @@
 #include "actors/common/shell.hpp"
 
 #include "messages/convert.hpp"
+#include "runtime/node/caf_types.hpp"
 
 namespace tandem::actors {
 
@@ -71,6 +72,45 @@ Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, u
 std::chrono::nanoseconds now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::steady_clock::now().time_since_epoch());
+}
+
+}  // namespace tandem::actors
+
+namespace tandem::actors {
+
+InstanceMetrics::InstanceMetrics(obs::Registry& registry, const std::string& instance)
+    : registry_(registry), labels_{{"instance", instance}} {
+  waiting_ = make_gauge(registry, "tandem:num_requests_waiting",
+                        "requests waiting to be scheduled", labels_);
+  running_ = make_gauge(registry, "tandem:num_requests_running",
+                        "requests holding KV (computing, running or held for a pull)", labels_);
+  kv_usage_ = make_gauge(registry, "tandem:kv_cache_usage_perc",
+                         "fraction of KV blocks in use (0..1)", labels_);
+  queries_tokens_ = make_counter(registry, "tandem:prefix_cache_queries_total",
+                                 "prompt tokens looked up in the prefix cache", labels_);
+  hits_tokens_ = make_counter(registry, "tandem:prefix_cache_hits_total",
+                              "prompt tokens found in the prefix cache", labels_);
+}
+
+void InstanceMetrics::refresh(const kv::PrefixCache& cache, uint32_t waiting, uint32_t running) {
+  waiting_->set(waiting);
+  running_->set(running);
+  kv_usage_->set(double(cache.blocks_used_count()) / cache.blocks_count());
+  const auto& c = cache.counters();
+  RT_ASSERT(c.query_tokens_count >= queries_seen_ && c.hit_tokens_count >= hits_seen_);
+  queries_tokens_->inc(c.query_tokens_count - queries_seen_);
+  hits_tokens_->inc(c.hit_tokens_count - hits_seen_);
+  queries_seen_ = c.query_tokens_count;
+  hits_seen_ = c.hit_tokens_count;
+}
+
+void report_load(caf::event_based_actor* self, const ShellContext& ctx,
+                 const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
+                 uint32_t running) {
+  if (!ctx.node_actor) return;
+  self->send(ctx.node_actor, runtime::InstanceLoadReport{name.to_string(), waiting, running,
+                                                         cache.blocks_used_count(),
+                                                         cache.blocks_count()});
 }
 
 }  // namespace tandem::actors

@@ -54,3 +54,34 @@ Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, u
 std::chrono::nanoseconds now_ns();  // steady clock, for cores that take `now`
 
 }  // namespace tandem::actors
+
+#include "kvstore/prefix_cache.hpp"
+
+namespace tandem::actors {
+
+// The serving metrics every prefill/decode instance exports (names modelled on vLLM's,
+// labelled by instance), refreshed from its scheduler counts and its prefix cache.
+class InstanceMetrics {
+ public:
+  InstanceMetrics(obs::Registry& registry, const std::string& instance);
+  void refresh(const kv::PrefixCache& cache, uint32_t waiting, uint32_t running);
+  obs::Registry& registry() { return registry_; }
+  const obs::Labels& labels() const { return labels_; }
+
+ private:
+  obs::Registry& registry_;
+  obs::Labels labels_;
+  obs::Gauge* waiting_;
+  obs::Gauge* running_;
+  obs::Gauge* kv_usage_;
+  obs::Counter* queries_tokens_;
+  obs::Counter* hits_tokens_;
+  uint64_t queries_seen_ = 0, hits_seen_ = 0;
+};
+
+// Sends this instance's load to its node actor, which carries it in heartbeats to the router.
+void report_load(caf::event_based_actor* self, const ShellContext& ctx,
+                 const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
+                 uint32_t running);
+
+}  // namespace tandem::actors

@@ -52,15 +52,18 @@ struct Seq {
   std::chrono::nanoseconds prefill_deadline{0};
 };
 
-struct Metrics {
-  obs::Gauge* waiting;
-  obs::Gauge* running;
-  obs::Gauge* kv_usage;
-  obs::Counter* queries_tokens;
-  obs::Counter* hits_tokens;
+struct DecodeMetrics {
+  explicit DecodeMetrics(obs::Registry& r, const std::string& instance)
+      : common(r, instance),
+        fallbacks(make_counter(r, "tandem:prefill_fallbacks_total",
+                               "disaggregated prefills that failed or timed out; prefilled "
+                               "locally",
+                               common.labels())),
+        pulled_bytes(make_counter(r, "tandem:kv_pulled_bytes_total",
+                                  "KV bytes pulled from prefill by RMA", common.labels())) {}
+  InstanceMetrics common;
   obs::Counter* fallbacks;
   obs::Counter* pulled_bytes;
-  uint64_t queries_seen = 0, hits_seen = 0;
 };
 
 struct DecodeState {
@@ -72,36 +75,15 @@ struct DecodeState {
   std::unique_ptr<decode::DecodeScheduler> scheduler;
   std::unordered_map<uint64_t, Seq> seqs;
   bool stepping = false;
-  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<DecodeMetrics> metrics;
   static inline const char* name = "tandem.decode";
 };
 
 using DecodeActor = caf::stateful_actor<DecodeState>;
 
-Metrics make_metrics(obs::Registry& r, const std::string& instance) {
-  obs::Labels l = {{"instance", instance}};
-  return Metrics{
-      make_gauge(r, "tandem:num_requests_waiting", "requests waiting to be scheduled", l),
-      make_gauge(r, "tandem:num_requests_running", "requests being computed or held", l),
-      make_gauge(r, "tandem:kv_cache_usage_perc", "fraction of KV blocks in use (0..1)", l),
-      make_counter(r, "tandem:prefix_cache_queries_total", "prompt tokens looked up", l),
-      make_counter(r, "tandem:prefix_cache_hits_total", "prompt tokens found cached", l),
-      make_counter(r, "tandem:prefill_fallbacks_total",
-                   "disaggregated prefills that failed or timed out; prefilled locally", l),
-      make_counter(r, "tandem:kv_pulled_bytes_total", "KV bytes pulled from prefill by RMA", l)};
-}
-
 void update_metrics(DecodeState& st) {
   if (!st.metrics) return;
-  Metrics& m = *st.metrics;
-  m.waiting->set(st.scheduler->waiting_count());
-  m.running->set(st.scheduler->active_count());
-  m.kv_usage->set(double(st.cache->blocks_used_count()) / st.cache->blocks_count());
-  const auto& c = st.cache->counters();
-  m.queries_tokens->inc(c.query_tokens_count - m.queries_seen);
-  m.hits_tokens->inc(c.hit_tokens_count - m.hits_seen);
-  m.queries_seen = c.query_tokens_count;
-  m.hits_seen = c.hit_tokens_count;
+  st.metrics->common.refresh(*st.cache, st.scheduler->waiting_count(), st.scheduler->active_count());
 }
 
 wire::FinishReason to_wire(decode::FinishReason reason) {
@@ -526,12 +508,8 @@ caf::behavior running(DecodeActor* self) {
         }
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
         update_metrics(st);
-        if (st.ctx.node_actor) {
-          self->send(st.ctx.node_actor,
-                     runtime::InstanceLoadReport{st.self_name.to_string(), st.scheduler->waiting_count(), st.scheduler->active_count(),
-                                                 st.cache->blocks_used_count(),
-                                                 st.cache->blocks_count()});
-        }
+        report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->waiting_count(),
+                    st.scheduler->active_count());
         self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
       },
   };
@@ -568,7 +546,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
           st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
                                                        info.layout.block_tokens);
           st.scheduler = std::make_unique<decode::DecodeScheduler>(config, *st.cache);
-          st.metrics = std::make_unique<Metrics>(make_metrics(*st.ctx.metrics, st.self_name.instance));
+          st.metrics = std::make_unique<DecodeMetrics>(*st.ctx.metrics, st.self_name.instance);
           self->become(running(self));
         });
     return {

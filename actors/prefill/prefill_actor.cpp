@@ -20,15 +20,6 @@ struct Pending {
   std::optional<devices::SampledToken> first;
 };
 
-struct Metrics {
-  obs::Gauge* waiting;
-  obs::Gauge* running;
-  obs::Gauge* kv_usage;
-  obs::Counter* queries_tokens;
-  obs::Counter* hits_tokens;
-  uint64_t queries_seen = 0, hits_seen = 0;
-};
-
 struct PrefillState {
   ShellContext ctx;
   ActorName self_name;
@@ -38,33 +29,15 @@ struct PrefillState {
   std::unique_ptr<prefill::PrefillScheduler> scheduler;
   std::unordered_map<uint64_t, Pending> pending;
   bool stepping = false;
-  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<InstanceMetrics> metrics;
   static inline const char* name = "tandem.prefill";
 };
 
 using PrefillActor = caf::stateful_actor<PrefillState>;
 
-Metrics make_metrics(obs::Registry& r, const std::string& instance) {
-  obs::Labels l = {{"instance", instance}};
-  return Metrics{
-      make_gauge(r, "tandem:num_requests_waiting", "requests waiting to be scheduled", l),
-      make_gauge(r, "tandem:num_requests_running", "requests being computed or held", l),
-      make_gauge(r, "tandem:kv_cache_usage_perc", "fraction of KV blocks in use (0..1)", l),
-      make_counter(r, "tandem:prefix_cache_queries_total", "prompt tokens looked up", l),
-      make_counter(r, "tandem:prefix_cache_hits_total", "prompt tokens found cached", l)};
-}
-
 void update_metrics(PrefillState& st) {
   if (!st.metrics || !st.scheduler) return;
-  Metrics& m = *st.metrics;
-  m.waiting->set(st.scheduler->queued_count());
-  m.running->set(st.scheduler->held_count());
-  m.kv_usage->set(double(st.cache->blocks_used_count()) / st.cache->blocks_count());
-  const auto& c = st.cache->counters();
-  m.queries_tokens->inc(c.query_tokens_count - m.queries_seen);
-  m.hits_tokens->inc(c.hit_tokens_count - m.hits_seen);
-  m.queries_seen = c.query_tokens_count;
-  m.hits_seen = c.hit_tokens_count;
+  st.metrics->refresh(*st.cache, st.scheduler->queued_count(), st.scheduler->held_count());
 }
 
 void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t compute_ns) {
@@ -256,12 +229,8 @@ caf::behavior running(PrefillActor* self) {
         }
         update_metrics(st);
         pump(self);
-        if (st.ctx.node_actor) {
-          self->send(st.ctx.node_actor,
-                     runtime::InstanceLoadReport{st.self_name.to_string(), st.scheduler->queued_count(), st.scheduler->held_count(),
-                                                 st.cache->blocks_used_count(),
-                                                 st.cache->blocks_count()});
-        }
+        report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->queued_count(),
+                    st.scheduler->held_count());
         self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
       },
   };
@@ -290,7 +259,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
           st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
                                                        info.layout.block_tokens);
           st.scheduler = std::make_unique<prefill::PrefillScheduler>(config, *st.cache);
-          st.metrics = std::make_unique<Metrics>(make_metrics(*st.ctx.metrics, st.self_name.instance));
+          st.metrics = std::make_unique<InstanceMetrics>(*st.ctx.metrics, st.self_name.instance);
           self->become(running(self));
         });
     return {
