@@ -443,7 +443,7 @@ void start_request(GatewayActor* self, const HttpCall& call, ApiKind api,
   auto hashes = kv::hash_blocks(r.prompt, st.ctx.manifest->model.block_tokens, key);
   RT_ASSERT(hashes.ok(), "the key and block size are valid");
   r.hashes = std::move(hashes).value();
-  r.ids = std::make_unique<gateway::IdGenerator>(id);
+  r.ids = std::make_unique<gateway::IdGenerator>(id ^ st.ctx.bridge->incarnation());
   gateway::RenderOptions options;
   options.model = st.ctx.manifest->model.name;
   options.created_s = std::chrono::duration_cast<std::chrono::seconds>(
@@ -719,7 +719,9 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
     st.routers = routers;
     st.decode_nodes = decode_nodes;
     st.shared = shared;
-    st.id_seed = (std::hash<std::string>{}(name.to_string()) & 0xffffff) << 36;
+    // Request ids are unique across gateways and restarts: name hash and incarnation on top.
+    st.id_seed = ((std::hash<std::string>{}(name.to_string()) ^ ctx.bridge->incarnation()) &
+                  0xfffffff) << 32;
     st.metrics = std::make_unique<Metrics>(make_metrics(*ctx.metrics, name.instance));
     update_health(st);
     if (ctx.node_actor) {
