@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <set>
 
@@ -104,7 +105,15 @@ struct GatewayState {
   std::set<std::string> decode_nodes;   // nodes hosting a decode instance
   std::set<std::string> up_nodes;
   std::shared_ptr<Shared> shared;
-  std::map<uint64_t, Req> requests;
+  std::map<uint64_t, Req> requests;  // admitted, <= gateway.requests_max
+  struct Queued {
+    HttpCall call;
+    ApiKind api;
+    gateway::GenerateSpec spec;
+    std::vector<int32_t> prompt;
+    int64_t max_tokens;
+  };
+  std::deque<Queued> queued;  // waiting for admission, <= gateway.queue_max
   uint64_t next_id = 0;
   uint64_t id_seed = 0;
   std::unique_ptr<Metrics> metrics;
@@ -135,6 +144,8 @@ void update_health(GatewayState& st) {
   st.shared->healthy.store(any);
 }
 
+void admit_queued(GatewayActor* self);
+
 // Ends a request with an error: a whole error response before the stream started, an error
 // event in the stream after.
 void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
@@ -157,6 +168,7 @@ void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
   }
   st.requests.erase(it);
   st.metrics->running->set(static_cast<double>(st.requests.size()));
+  admit_queued(self);
 }
 
 void write_events(Req& r, const std::vector<gateway::GenEvent>& events) {
@@ -198,6 +210,7 @@ void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
   st.metrics->e2e->observe(std::chrono::duration<double>(Clock::now() - r.start).count());
   st.requests.erase(it);
   st.metrics->running->set(static_cast<double>(st.requests.size()));
+  admit_queued(self);
 }
 
 void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk) {
@@ -415,12 +428,6 @@ std::optional<ApiError> admit(GatewayState& st, const gateway::GenerateSpec& spe
                          "'",
                      "model_not_found");
   }
-  if (st.requests.size() >= st.ctx.manifest->gateway.requests_max) {
-    return api_error(429, "rate_limit_error",
-                     "too many requests in flight (" +
-                         std::to_string(st.ctx.manifest->gateway.requests_max) + "); retry later",
-                     "rate_limit_exceeded");
-  }
   if (!st.shared->healthy.load()) {
     return api_error(503, "overloaded_error", "no decode instance is reachable");
   }
@@ -498,8 +505,34 @@ void on_call(GatewayActor* self, const HttpCall& call) {
       st.ctx.manifest->model.max_model_tokens);
   if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
   if (auto refused = admit(st, spec.value())) return reply_error(api.value(), *call.out, *refused);
+  const auto& limits = st.ctx.manifest->gateway;
+  if (st.requests.size() >= limits.requests_max) {
+    if (st.queued.size() >= limits.queue_max) {
+      return reply_error(api.value(), *call.out,
+                         api_error(429, "rate_limit_error",
+                                   "too many requests: " + std::to_string(limits.requests_max) +
+                                       " in flight and " + std::to_string(limits.queue_max) +
+                                       " waiting; retry later",
+                                   "rate_limit_exceeded"));
+    }
+    st.queued.push_back({call, api.value(), std::move(spec.value()), std::move(prompt.value()),
+                         max_tokens.value()});
+    return;
+  }
   start_request(self, call, api.value(), std::move(spec.value()), std::move(prompt.value()),
                 max_tokens.value());
+}
+
+// A slot freed up: admit the oldest waiting request whose client is still there.
+void admit_queued(GatewayActor* self) {
+  auto& st = self->state;
+  while (!st.queued.empty() && st.requests.size() < st.ctx.manifest->gateway.requests_max) {
+    auto next = std::move(st.queued.front());
+    st.queued.pop_front();
+    if (next.call.out->is_cancelled()) continue;
+    start_request(self, next.call, next.api, std::move(next.spec), std::move(next.prompt),
+                  next.max_tokens);
+  }
 }
 
 void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
@@ -672,6 +705,7 @@ caf::behavior gateway_behavior(GatewayActor* self) {
         }
         st.requests.erase(it);
         st.metrics->running->set(static_cast<double>(st.requests.size()));
+        admit_queued(self);
       },
       [self](const runtime::InboundFrame& in) {
         try {
