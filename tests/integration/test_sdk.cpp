@@ -15,13 +15,13 @@ void require_prerequisites() {
   for (const char* dir : {"/node_modules/openai", "/node_modules/@anthropic-ai/sdk",
                           "/models/stories15M/stories15M.bin"}) {
     REQUIRE_MESSAGE(access((source_root() + dir).c_str(), R_OK) == 0,
-                    source_root() + dir + " is missing (run tools/setup.sh)");
+                    (source_root() + dir + " is missing (run tools/setup.sh)"));
   }
 }
 
 void start(TandemNode& node) {
   REQUIRE_MESSAGE(node.wait_healthy(60s),
-                  "GET /health never answered 200; node log:\n" + node.log());
+                  ("GET /health never answered 200; node log:\n" + node.log()));
 }
 
 // Runs one SDK script against the node; returns exit code and its output.
@@ -40,7 +40,7 @@ void check_passes(const TandemNode& node, const std::string& script,
   INFO(script, " output:\n", r.output);
   CHECK(r.output.find("PASS ") != std::string::npos);
   CHECK(r.output.find("FAIL ") == std::string::npos);
-  CHECK_MESSAGE(r.exit_code == 0, script + " exited with " + std::to_string(r.exit_code));
+  CHECK_MESSAGE(r.exit_code == 0, (script + " exited with " + std::to_string(r.exit_code)));
 }
 
 }  // namespace
@@ -51,7 +51,7 @@ TEST_CASE("sdk: the official OpenAI and Anthropic SDKs against one node") {
   start(node);
   check_passes(node, "sdk_openai.mjs");
   check_passes(node, "sdk_anthropic.mjs");
-  CHECK_MESSAGE(node.running(), "the node died; log:\n" + node.log());
+  CHECK_MESSAGE(node.running(), ("the node died; log:\n" + node.log()));
 }
 
 TEST_CASE("sdk: API keys: the right key works, a wrong one raises AuthenticationError") {
@@ -62,7 +62,7 @@ TEST_CASE("sdk: API keys: the right key works, a wrong one raises Authentication
   check_passes(node, "sdk_anthropic.mjs", {"--api-key", "sk-test"});
   check_passes(node, "sdk_openai.mjs", {"--api-key", "sk-wrong", "--expect-auth-error"});
   check_passes(node, "sdk_anthropic.mjs", {"--api-key", "sk-wrong", "--expect-auth-error"});
-  CHECK_MESSAGE(node.running(), "the node died; log:\n" + node.log());
+  CHECK_MESSAGE(node.running(), ("the node died; log:\n" + node.log()));
 }
 
 TEST_CASE("sdk: the scripts themselves fail when the server is not there") {

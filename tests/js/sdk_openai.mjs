@@ -81,10 +81,12 @@ async function completions() {
   expectEqual(again.choices[0].text, r.choices[0].text, 'temperature 0 text on a second call');
 }
 
+// The terminal event is response.completed when the model stopped by itself, and
+// response.incomplete (reason max_output_tokens) when it used the whole max_output_tokens.
 const RESPONSE_ORDER = [
   'response.created', 'response.in_progress', 'response.output_item.added',
   'response.content_part.added', 'response.output_text.delta', 'response.output_text.done',
-  'response.content_part.done', 'response.output_item.done', 'response.completed',
+  'response.content_part.done', 'response.output_item.done',
 ];
 
 async function responsesStreaming() {
@@ -93,7 +95,7 @@ async function responsesStreaming() {
     temperature: 0, stream: true,
   });
   const types = [];
-  let lastSeq = -1, deltas = '', doneText = null, completed = null;
+  let lastSeq = -1, deltas = '', doneText = null, final = null;
   for await (const event of stream) {
     expect(event.sequence_number > lastSeq, `sequence_number ${event.sequence_number} after ` +
            `${lastSeq} (${event.type})`);
@@ -101,19 +103,28 @@ async function responsesStreaming() {
     if (types[types.length - 1] !== event.type) types.push(event.type);
     if (event.type === 'response.output_text.delta') deltas += event.delta;
     if (event.type === 'response.output_text.done') doneText = event.text;
-    if (event.type === 'response.completed') completed = event.response;
+    if (event.type === 'response.completed' || event.type === 'response.incomplete') {
+      final = event.response;
+    }
   }
-  expectEqual(types.join(' > '), RESPONSE_ORDER.join(' > '), 'event order');
+  expect(final, `no response.completed / response.incomplete event: ${types.join(' > ')}`);
+  expect(final.usage && final.usage.input_tokens > 0, 'usage.input_tokens');
+  const outputTokens = final.usage.output_tokens;
+  expect(outputTokens > 0 && outputTokens <= MAX_TOKENS, `usage.output_tokens ${outputTokens}`);
+  const capped = outputTokens === MAX_TOKENS;
+  const terminal = capped ? 'response.incomplete' : 'response.completed';
+  expectEqual(types.join(' > '), [...RESPONSE_ORDER, terminal].join(' > '), 'event order');
+  expectEqual(final.status, capped ? 'incomplete' : 'completed', 'response.status');
+  if (capped) expectEqual(final.incomplete_details?.reason, 'max_output_tokens', 'reason');
   expectEqual(doneText, deltas, 'output_text.done text vs the deltas');
-  expectEqual(completed.status, 'completed', 'response.status');
-  expect(completed.usage && completed.usage.input_tokens > 0, 'usage.input_tokens');
-  expect(completed.usage.output_tokens > 0 && completed.usage.output_tokens <= MAX_TOKENS,
-         `usage.output_tokens ${completed.usage.output_tokens}`);
-  expect(completed.usage.input_tokens_details?.cached_tokens !== undefined,
+  expectEqual(final.usage.total_tokens, final.usage.input_tokens + outputTokens, 'total_tokens');
+  expect(final.usage.input_tokens_details?.cached_tokens !== undefined,
          'usage.input_tokens_details.cached_tokens');
-  const message = completed.output.find((item) => item.type === 'message');
-  expect(message, 'no message item in response.output');
-  expectEqual(message.content[0].text, deltas, 'completed output text vs the deltas');
+  expect(final.usage.output_tokens_details?.reasoning_tokens !== undefined,
+         'usage.output_tokens_details.reasoning_tokens');
+  const message = final.output.find((item) => item.type === 'message');
+  expect(message, 'no message item in the final response.output');
+  expectEqual(message.content[0].text, deltas, 'final output text vs the deltas');
 }
 
 async function main() {
@@ -133,7 +144,7 @@ async function main() {
     await chatStreaming(plain);
   });
   await check('completions (text prompt, deterministic at temperature 0)', completions);
-  await check('responses streaming: events in order, completed with usage', responsesStreaming);
+  await check('responses streaming: events in order, final response with usage', responsesStreaming);
   finish('sdk_openai');
 }
 
