@@ -1,7 +1,7 @@
 // Test support: one `tandem node` serving stories15M with every role (like
 // config/examples/local.toml) on free loopback ports, with extra [gateway] keys, plus a
 // socket probe for its HTTP port. The node runs until the object is destroyed (SIGTERM, then
-// SIGKILL after 5 s). Requires $TANDEM_SOURCE_ROOT/models/stories15M (tools/setup.sh).
+// SIGKILL after 5 s) and its temp dir (manifest, node.log) is removed. Requires $TANDEM_SOURCE_ROOT/models/stories15M (tools/setup.sh).
 #pragma once
 
 #include <arpa/inet.h>
@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -62,6 +63,9 @@ class TandemNode {
   // `gateway_toml`: extra lines for the [gateway] section (e.g. "api_keys = [\"sk-test\"]").
   explicit TandemNode(const std::string& gateway_toml, const std::string& tag = "node")
       : dir_(make_temp_dir(tag)), http_port_(free_port()) {
+    if (access(tandem_bin().c_str(), X_OK) != 0) {
+      throw std::runtime_error(tandem_bin() + " is not executable (is TANDEM_BUILD_ROOT set?)");
+    }
     manifest_path_ = dir_ + "/local.toml";
     write_file(manifest_path_, manifest_text(gateway_toml));
     child_ = std::make_unique<Child>(
@@ -74,6 +78,9 @@ class TandemNode {
   ~TandemNode() {
     child_->signal(SIGTERM);
     child_->wait(std::chrono::milliseconds(5000));
+    child_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
 
   // True once GET /health answers 200 (the gateway reaches a decode instance).
