@@ -48,7 +48,9 @@ TandemNode& node() {
 
 http_test::Reply send(const Case& c) {
   std::string headers = c.headers;
-  if (headers.empty()) headers = shape_of(c.path) == Shape::anthropic ? kAnthropicAuth : kOpenAiAuth;
+  if (headers.empty()) {
+    headers = shape_of(c.path) == Shape::anthropic ? kAnthropicAuth : kOpenAiAuth;
+  }
   if (!c.body.empty()) headers += "Content-Type: application/json\r\n";
   http_test::Client client(node().http_port());
   return client.request(c.method, c.path, c.body, headers);
@@ -113,8 +115,9 @@ std::vector<Case> openai_cases() {
       {"missing messages", "POST", c, R"({"model":"stories15M"})", 400, {"messages"}},
       {"empty messages", "POST", c, R"({"model":"stories15M","messages":[]})", 400,
        {"messages"}},
-      {"bad role", "POST", c, R"({"model":"stories15M","messages":[{"role":"wizard","content":"hi"}]})",
-       400, {"wizard"}},
+      {"bad role", "POST", c,
+       R"({"model":"stories15M","messages":[{"role":"wizard","content":"hi"}]})", 400,
+       {"wizard"}},
       {"max_tokens beyond context", "POST", c, chat(R"("max_tokens":100000)"), 400,
        {"256", "100000"}},
       {"max_tokens 0", "POST", c, chat(R"("max_tokens":0)"), 400, {"max_tokens"}},

@@ -20,7 +20,8 @@ async function messagesPlain() {
   const m = await client.messages.create(request);
   expectEqual(m.type, 'message', 'type');
   expectEqual(m.role, 'assistant', 'role');
-  expect(m.content.length >= 1 && m.content[0].type === 'text', `content ${JSON.stringify(m.content)}`);
+  expect(m.content.length >= 1 && m.content[0].type === 'text',
+         `content ${JSON.stringify(m.content)}`);
   expect(m.content[0].text.length > 0, 'empty text');
   expect(['end_turn', 'max_tokens'].includes(m.stop_reason), `stop_reason ${m.stop_reason}`);
   expect(m.usage.input_tokens > 0, 'usage.input_tokens');

@@ -68,8 +68,8 @@ export async function expectAuthError(call, errorClass) {
   try {
     await call();
   } catch (err) {
-    expect(err instanceof errorClass, `expected AuthenticationError, got ${err?.constructor?.name}: ` +
-           `${err?.message}`);
+    expect(err instanceof errorClass,
+           `expected AuthenticationError, got ${err?.constructor?.name}: ${err?.message}`);
     expectEqual(err.status, 401, 'status');
     return;
   }

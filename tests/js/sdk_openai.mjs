@@ -32,7 +32,8 @@ async function chatPlain() {
   expectEqual(choice.message.role, 'assistant', 'role');
   expect(typeof choice.message.content === 'string' && choice.message.content.length > 0,
          `empty content: ${JSON.stringify(choice.message)}`);
-  expect(['stop', 'length'].includes(choice.finish_reason), `finish_reason ${choice.finish_reason}`);
+  expect(['stop', 'length'].includes(choice.finish_reason),
+         `finish_reason ${choice.finish_reason}`);
   expect(r.usage.prompt_tokens > 0, 'usage.prompt_tokens');
   expect(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= MAX_TOKENS,
          `usage.completion_tokens ${r.usage.completion_tokens}`);
@@ -144,7 +145,8 @@ async function main() {
     await chatStreaming(plain);
   });
   await check('completions (text prompt, deterministic at temperature 0)', completions);
-  await check('responses streaming: events in order, final response with usage', responsesStreaming);
+  await check('responses streaming: events in order, final response with usage',
+              responsesStreaming);
   finish('sdk_openai');
 }
 

@@ -1,7 +1,8 @@
 // Test support: one `tandem node` serving stories15M with every role (like
 // config/examples/local.toml) on free loopback ports, with extra [gateway] keys, plus a
 // socket probe for its HTTP port. The node runs until the object is destroyed (SIGTERM, then
-// SIGKILL after 5 s) and its temp dir (manifest, node.log) is removed. Requires $TANDEM_SOURCE_ROOT/models/stories15M (tools/setup.sh).
+// SIGKILL after 5 s) and its temp dir (manifest, node.log) is removed.
+// Requires $TANDEM_SOURCE_ROOT/models/stories15M (tools/setup.sh).
 #pragma once
 
 #include <arpa/inet.h>
