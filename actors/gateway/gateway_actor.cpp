@@ -351,7 +351,8 @@ gateway::ApiResult<ApiKind> api_of(const gateway::HttpRequest& request) {
       {"/v1/messages/count_tokens", ApiKind::count_tokens}};
   auto it = paths.find(request.path);
   if (it == paths.end()) {
-    return api_error(404, "not_found_error", "no route for POST " + request.path, "not_found");
+    return api_error(404, "not_found_error", "no route for " + request.method + " " + request.path,
+                     "not_found");
   }
   return it->second;
 }
@@ -633,8 +634,13 @@ class Front final : public gateway::HttpHandler {
       return;
     }
     if (request.method != "POST") {
-      reply_error(api, *out, api_error(405, "invalid_request_error",
-                                       request.method + " is not allowed on " + path));
+      // An unknown path is 404 whatever the method; 405 only for the API's POST paths.
+      bool known = path == "/v1/models" || api_of(request).ok();
+      reply_error(api, *out, known ? api_error(405, "invalid_request_error",
+                                               request.method + " is not allowed on " + path)
+                                   : api_error(404, "not_found_error",
+                                               "no route for " + request.method + " " + path,
+                                               "not_found"));
       return;
     }
     caf::anon_send(actor_, HttpCall{std::make_shared<const gateway::HttpRequest>(request), out});

@@ -100,10 +100,17 @@ std::string json_escape(std::string_view text) {
   return out;
 }
 
-// The server's own error body (OpenAI-style shape; the API layer renders its own errors).
+// The server's own error body (OpenAI shape: message, type, param, code; the API layer
+// renders its own errors).
 std::string error_body(std::string_view message, std::string_view type, std::string_view code) {
   return "{\"error\":{\"message\":\"" + json_escape(message) + "\",\"type\":\"" +
-         std::string(type) + "\",\"code\":\"" + std::string(code) + "\"}}";
+         std::string(type) + "\",\"param\":null,\"code\":\"" + std::string(code) + "\"}}";
+}
+
+// The same error in the Anthropic Messages shape, for refusals on /v1/messages*.
+std::string anthropic_error_body(std::string_view message, std::string_view type) {
+  return "{\"type\":\"error\",\"error\":{\"type\":\"" + std::string(type) +
+         "\",\"message\":\"" + json_escape(message) + "\"}}";
 }
 
 HttpHeaderList json_headers() {
@@ -629,8 +636,9 @@ class ConnectionService final : public kj::HttpService {
 
  private:
   kj::Promise<void> dispatch(std::shared_ptr<HttpRequest> request, Response& response);
+  // `path`: the request's path; /v1/messages* gets the Anthropic error shape.
   kj::Promise<void> refuse(Response& response, uint32_t status, std::string message,
-                           std::string_view code);
+                           std::string_view code, const std::string& path);
 
   LoopContext& loop_;
   kj::AsyncIoStream& connection_;
@@ -676,7 +684,7 @@ kj::Promise<void> ConnectionService::request(kj::HttpMethod method, kj::StringPt
     return refuse(response, 431,
                   "request headers are " + std::to_string(header_bytes) + " bytes; the limit is " +
                       std::to_string(limits.header_bytes_max),
-                  "headers_too_large");
+                  "headers_too_large", request->path);
   }
   std::string too_large =
       "request body exceeds the limit of " + std::to_string(limits.body_bytes_max) + " bytes";
@@ -685,22 +693,30 @@ kj::Promise<void> ConnectionService::request(kj::HttpMethod method, kj::StringPt
       return refuse(response, 413,
                     "request body is " + std::to_string(*length) + " bytes; the limit is " +
                         std::to_string(limits.body_bytes_max) + " bytes",
-                    "body_too_large");
+                    "body_too_large", request->path);
     }
     request->body.reserve(*length);
   }
   return read_body(body, request->body, limits.body_bytes_max)
       .then([this, request, &response, too_large](bool fits) mutable -> kj::Promise<void> {
-        if (!fits) return refuse(response, 413, std::move(too_large), "body_too_large");
+        if (!fits) {
+          return refuse(response, 413, std::move(too_large), "body_too_large", request->path);
+        }
         return dispatch(std::move(request), response);
       });
 }
 
 kj::Promise<void> ConnectionService::refuse(Response& response, uint32_t status,
-                                            std::string message, std::string_view code) {
+                                            std::string message, std::string_view code,
+                                            const std::string& path) {
   RT_ASSERT(status == 413 || status == 431, "server-side refusal status", status);
+  RT_ASSERT(!message.empty(), "refusal without a message");
   loop_.shared.requests_rejected.fetch_add(1, std::memory_order_relaxed);
-  auto body = kj::heap<std::string>(error_body(message, "invalid_request_error", code));
+  bool anthropic = path.rfind("/v1/messages", 0) == 0;
+  auto body = kj::heap<std::string>(
+      anthropic ? anthropic_error_body(message, status == 413 ? "request_too_large"
+                                                              : "invalid_request_error")
+                : error_body(message, "invalid_request_error", code));
   kj::HttpHeaders headers(*loop_.table);
   headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
   auto stream = response.send(status, status_text(status), headers, uint64_t{body->size()});
