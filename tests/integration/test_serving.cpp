@@ -1,0 +1,455 @@
+// The serving path end to end with real `tandem node` processes on loopback and the cpu device
+// running stories15M: gateway -> router -> decode (-> prefill, KV pulled by RMA). Each case
+// writes its own manifest with free ports into a temp dir (issue 4 "Tests").
+#include <doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/http_client.hpp"
+#include "tests/support/process.hpp"
+
+using namespace tandem::testing;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+namespace http = tandem::testing::http;
+
+namespace {
+
+std::string model_dir() { return source_root() + "/models/stories15M"; }
+
+// Which processes a cluster runs: every role in one node, or the loopback-3 split.
+enum class Layout { one_node, loopback3 };
+
+struct NodePorts {
+  uint16_t fabric = 0, admin = 0;
+};
+
+std::string instance(const std::string& role, const std::string& name,
+                     const std::string& executor = "") {
+  std::string text = "  [[node.instance]]\n  role = \"" + role + "\"\n  name = \"" + name + "\"\n";
+  if (!executor.empty()) text += "  executor = \"" + executor + "\"\n";
+  return text;
+}
+
+std::string executor(const std::string& name) {
+  return instance("executor", name) + "  device = \"cpu\"\n  devices = [0]\n";
+}
+
+// A running cluster; nodes are SIGTERMed (then SIGKILLed by ~Child) on destruction.
+class ServeCluster {
+ public:
+  ServeCluster(Layout layout, int disaggregate_tokens_min)
+      : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()) {
+    for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
+    manifest_path_ = dir_ + "/cluster.toml";
+    write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
+    for (const auto& name : node_names()) start(name);
+  }
+  ~ServeCluster() {
+    for (auto& [name, child] : nodes_) child->signal(SIGTERM);
+    for (auto& [name, child] : nodes_) child->wait(5000ms);
+  }
+  ServeCluster(const ServeCluster&) = delete;
+
+  std::vector<std::string> node_names() const {
+    if (layout_ == Layout::one_node) return {"solo"};
+    return {"front", "prefill", "decode"};
+  }
+  std::string front() const { return layout_ == Layout::one_node ? "solo" : "front"; }
+  std::string prefill() const { return layout_ == Layout::one_node ? "solo" : "prefill"; }
+  std::string decode() const { return layout_ == Layout::one_node ? "solo" : "decode"; }
+  uint16_t http_port() const { return http_port_; }
+  Child& node(const std::string& name) { return *nodes_.at(name); }
+
+  // The node's admin /metrics text ("" when it does not answer).
+  std::string metrics(const std::string& name) {
+    auto r = http::get(ports_.at(name).admin, "/metrics", 3000ms);
+    return r.ok() && r.status == 200 ? r.body : "";
+  }
+  double metric(const std::string& node, const std::string& series,
+                const std::string& labels = "") {
+    return http::metric_sum(metrics(node), series, labels);
+  }
+  std::string logs() {
+    std::string out;
+    for (auto& [name, child] : nodes_) out += "---- " + name + " ----\n" + child->log();
+    return out;
+  }
+  // /health is 200 and a warm-up completion succeeds (every role has joined).
+  bool wait_ready(std::chrono::milliseconds timeout) {
+    auto ok = eventually(timeout, [&] {
+      auto h = http::get(http_port_, "/health", 1000ms);
+      return h.ok() && h.status == 200;
+    });
+    if (!ok) return false;
+    return eventually(timeout, [&] {
+      json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},
+                   {"temperature", 0}};
+      auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
+      return r.ok() && r.status == 200;
+    });
+  }
+
+ private:
+  void start(const std::string& name) {
+    nodes_[name] = std::make_unique<Child>(
+        std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest_path_, "--node",
+                                 name},
+        dir_ + "/" + name + ".log");
+  }
+  std::string node_text(const std::string& name, const std::string& body) {
+    NodePorts p = ports_.at(name);
+    std::string text = "\n[[node]]\nname = \"" + name + "\"\nhost = \"127.0.0.1\"\n" +
+                       "fabric_port = " + std::to_string(p.fabric) + "\nadmin_port = " +
+                       std::to_string(p.admin) + "\n";
+    if (name == front()) text += "http_port = " + std::to_string(http_port_) + "\n";
+    return text + body;
+  }
+  std::string manifest_text(int disaggregate_tokens_min) {
+    std::string text = "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n"
+                       "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
+                       "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
+                       "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
+                       "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
+                       std::to_string(disaggregate_tokens_min) + "\n";
+    std::string front_roles = instance("gateway", "gateway") + instance("router", "router");
+    if (layout_ == Layout::one_node) {
+      return text + node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
+                                          instance("decode", "decode", "exec-d") +
+                                          executor("exec-p") + executor("exec-d"));
+    }
+    return text + node_text("front", front_roles) +
+           node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
+           node_text("decode", instance("decode", "decode", "exec-d") + executor("exec-d"));
+  }
+
+  Layout layout_;
+  std::string dir_, manifest_path_;
+  uint16_t http_port_;
+  std::map<std::string, NodePorts> ports_;
+  std::map<std::string, std::unique_ptr<Child>> nodes_;
+};
+
+json completion_body(const std::string& prompt, int max_tokens, bool stream) {
+  json body = {{"model", "stories15M"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+               {"temperature", 0}};
+  if (stream) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+  }
+  return body;
+}
+
+struct Completion {
+  std::string text, error;  // error: transport or HTTP failure, described
+  json usage;
+  double ttft_ms = 0;       // streaming only: request sent -> first non-empty text
+};
+
+Completion complete(uint16_t port, const std::string& prompt, int max_tokens) {
+  auto r = http::post(port, "/v1/completions", completion_body(prompt, max_tokens, false).dump(),
+                      60000ms);
+  Completion c;
+  if (!r.ok() || r.status != 200) {
+    c.error = "status " + std::to_string(r.status) + " " + r.error + " " + r.body;
+    return c;
+  }
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.contains("choices")) {
+    c.error = "bad body: " + r.body;
+    return c;
+  }
+  c.text = j["choices"][0]["text"].get<std::string>();
+  c.usage = j.value("usage", json::object());
+  return c;
+}
+
+// Streams a completion to its end, joining the text deltas.
+Completion stream_complete(uint16_t port, const std::string& prompt, int max_tokens) {
+  auto start = http::Clock::now();
+  http::SseStream s(port, "/v1/completions", completion_body(prompt, max_tokens, true).dump(),
+                    60000ms);
+  Completion c;
+  if (!s.ok() || s.status() != 200) {
+    c.error = "status " + std::to_string(s.status()) + " " + s.error() + " " + s.pending_text();
+    return c;
+  }
+  while (auto event = s.next(60000ms)) {
+    if (*event == "[DONE]") break;
+    json j = json::parse(*event, nullptr, false);
+    if (j.is_discarded()) return c.error = "bad event: " + *event, c;
+    if (j.contains("error")) return c.error = "error event: " + *event, c;
+    if (j.contains("usage") && !j["usage"].is_null()) c.usage = j["usage"];
+    if (!j.contains("choices") || j["choices"].empty()) continue;
+    std::string piece = j["choices"][0].value("text", "");
+    if (!piece.empty() && c.text.empty()) {
+      c.ttft_ms = std::chrono::duration<double, std::milli>(http::Clock::now() - start).count();
+    }
+    c.text += piece;
+  }
+  if (!s.error().empty()) c.error = s.error();
+  return c;
+}
+
+// `tandem generate`, greedy: its stdout is the generated text plus a final newline.
+std::string generate(const std::string& prompt, int max_tokens) {
+  std::string dir = make_temp_dir("serve-gen");
+  std::string cmd = "timeout -s KILL 120 " + tandem_bin() + " generate --model '" + model_dir() +
+                    "/stories15M.bin' --temperature 0 --max-tokens " +
+                    std::to_string(max_tokens) + " --prompt '" + prompt + "' >" + dir +
+                    "/out.txt 2>" + dir + "/err.txt";
+  int status = std::system(cmd.c_str());
+  std::string out = read_file(dir + "/out.txt"), err = read_file(dir + "/err.txt");
+  std::filesystem::remove_all(dir);
+  REQUIRE_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), err);
+  REQUIRE_MESSAGE((!out.empty() && out.back() == '\n'), out);
+  out.pop_back();
+  return out;
+}
+
+const std::vector<std::string>& prompts() {
+  static const std::vector<std::string> p = {
+      "Once upon a time",
+      "The little dog",
+      "Tom and Sue went to the park",
+      "There was a big red ball",
+      "One day, a cat",
+      "Lily wanted to bake a cake",
+      "The sun was shining and",
+      "Ben had a toy car",
+      "In a small house lived",
+      "The bird sang a song",
+      "Mom said it was time for bed",
+      "A little boy named Tim",
+      "The tree was very tall",
+      "Sam found a shiny rock",
+      "It was a rainy day",
+      "The girl liked to draw",
+      "Once there was a fish",
+      "The bear was hungry",
+      "Anna and her friend",
+      "The old man smiled",
+  };
+  return p;
+}
+
+constexpr int kTokens = 24;
+
+}  // namespace
+
+TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and decode-only, "
+          "streaming, and `tandem generate`" * doctest::timeout(600)) {
+  REQUIRE_MESSAGE(std::ifstream(model_dir() + "/stories15M.bin").good(),
+                  "run tools/setup.sh first (models/stories15M)");
+  // One-node answers, computed once (doctest re-enters the case for every subcase).
+  static std::vector<std::string> local;
+  if (local.empty()) {
+    ServeCluster solo(Layout::one_node, 32);
+    REQUIRE_MESSAGE(solo.wait_ready(30000ms), solo.logs());
+    for (size_t i = 0; i < prompts().size(); ++i) {
+      Completion c = complete(solo.http_port(), prompts()[i], kTokens);
+      REQUIRE_MESSAGE(c.error.empty(), prompts()[i], ": ", c.error);
+      CHECK_MESSAGE(!c.text.empty(), prompts()[i]);
+      local.push_back(c.text);
+    }
+  }
+  SUBCASE("`tandem generate` prints the same text as the one-node cluster") {
+    for (size_t i = 0; i < prompts().size(); ++i) {
+      std::string out = generate(prompts()[i], kTokens);
+      CHECK_MESSAGE(out == local[i], "prompt: ", prompts()[i], "\nserved:   [", local[i],
+                    "]\ngenerate: [", out, "]");
+    }
+  }
+  SUBCASE("loopback-3, P/D forced: same text streamed and not; KV pulled by RMA") {
+    ServeCluster pd(Layout::loopback3, 1);
+    REQUIRE_MESSAGE(pd.wait_ready(30000ms), pd.logs());
+    double pulled0 = pd.metric("decode", "tandem:kv_pulled_bytes_total");
+    double picks0 = pd.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"");
+    for (size_t i = 0; i < prompts().size(); ++i) {
+      Completion c = complete(pd.http_port(), prompts()[i], kTokens);
+      REQUIRE_MESSAGE(c.error.empty(), prompts()[i], ": ", c.error);
+      CHECK_MESSAGE(c.text == local[i], prompts()[i]);
+      Completion s = stream_complete(pd.http_port(), prompts()[i], kTokens);
+      REQUIRE_MESSAGE(s.error.empty(), prompts()[i], ": ", s.error);
+      CHECK_MESSAGE(s.text == c.text, prompts()[i]);
+    }
+    double pulled = pd.metric("decode", "tandem:kv_pulled_bytes_total") - pulled0;
+    double picks = pd.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"") -
+                   picks0;
+    MESSAGE("P/D: pulled ", pulled, " KV bytes over ", picks, " disaggregated picks");
+    CHECK(pulled > 0);
+    CHECK(picks >= double(prompts().size()));
+  }
+  SUBCASE("loopback-3, decode-only forced: same text; no disaggregated picks") {
+    ServeCluster d(Layout::loopback3, 100000);
+    REQUIRE_MESSAGE(d.wait_ready(30000ms), d.logs());
+    double pulled0 = d.metric("decode", "tandem:kv_pulled_bytes_total");
+    for (size_t i = 0; i < prompts().size(); ++i) {
+      Completion c = complete(d.http_port(), prompts()[i], kTokens);
+      REQUIRE_MESSAGE(c.error.empty(), prompts()[i], ": ", c.error);
+      CHECK_MESSAGE(c.text == local[i], prompts()[i]);
+    }
+    CHECK(d.metric("front", "tandem_router_picks_total", "kind=\"decode_only\"") >=
+          double(prompts().size()));
+    CHECK(d.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"") == 0);
+    CHECK(d.metric("decode", "tandem:kv_pulled_bytes_total") == pulled0);
+  }
+}
+
+namespace {
+
+// A story-like prompt of roughly `words` words; `tag` makes its first block unique.
+std::string long_prompt(const std::string& tag, int words) {
+  static const char* kWords[] = {"the", "little", "girl", "went", "to", "park", "and", "saw",
+                                 "a", "big", "dog", "with", "red", "ball", "she", "was", "happy"};
+  std::string text = tag;
+  for (int i = 0; i < words; ++i) text += std::string(" ") + kWords[(i * 7 + 3) % 17];
+  return text;
+}
+
+double median(std::vector<double> v) {
+  REQUIRE(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+TEST_CASE("serving: a client that disconnects mid-stream frees its KV on prefill and decode" *
+          doctest::timeout(300)) {
+  ServeCluster c(Layout::loopback3, 1);
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  const std::string kv = "tandem:kv_cache_usage_perc", running = "tandem:num_requests_running";
+  REQUIRE(eventually(5000ms, [&] { return c.metric(c.decode(), running) == 0; }));
+  double prefill0 = c.metric(c.prefill(), kv), decode0 = c.metric(c.decode(), kv);
+  double generated0 = c.metric(c.front(), "tandem:generation_tokens_total");
+  MESSAGE("baseline kv usage: prefill ", prefill0, ", decode ", decode0);
+
+  const int max_tokens = 200;
+  http::SseStream s(c.http_port(), "/v1/completions",
+                    completion_body(long_prompt("Disconnect", 40), max_tokens, true).dump(),
+                    30000ms);
+  REQUIRE_MESSAGE(s.ok(), s.error());
+  REQUIRE(s.status() == 200);
+  for (int i = 0; i < 3; ++i) {
+    auto event = s.next(30000ms);
+    REQUIRE_MESSAGE(event.has_value(), s.error());
+    CHECK(event->find("\"error\"") == std::string::npos);
+  }
+  bool in_use = c.metric(c.decode(), running) > 0;
+  s.close();
+  auto closed = http::Clock::now();
+  bool freed = eventually(5000ms, [&] {
+    return c.metric(c.decode(), kv) <= decode0 && c.metric(c.prefill(), kv) <= prefill0 &&
+           c.metric(c.decode(), running) == 0 && c.metric(c.front(), running) == 0 &&
+           c.metric(c.prefill(), running) == 0;
+  });
+  double took_ms =
+      std::chrono::duration<double, std::milli>(http::Clock::now() - closed).count();
+  MESSAGE("request was running at close: ", in_use, "; resources back to baseline after ",
+          took_ms, " ms");
+  CHECK_MESSAGE(freed, "kv prefill ", c.metric(c.prefill(), kv), " decode ",
+                c.metric(c.decode(), kv), "; running decode ", c.metric(c.decode(), running),
+                " gateway ", c.metric(c.front(), running));
+  // The generation stopped early: fewer tokens than the request asked for were produced.
+  double generated = c.metric(c.front(), "tandem:generation_tokens_total") - generated0;
+  MESSAGE("tokens generated for the abandoned request: ", generated);
+  // The cluster still serves.
+  Completion after = complete(c.http_port(), "Once upon a time", 8);
+  CHECK_MESSAGE(after.error.empty(), after.error);
+}
+
+TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of decode "
+          "mid-stream ends the stream within 5 s" * doctest::timeout(300)) {
+  ServeCluster c(Layout::loopback3, 1);
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  std::string expected = complete(c.http_port(), "Once upon a time", 16).text;
+  REQUIRE(!expected.empty());
+
+  c.node("prefill").signal(SIGKILL);
+  REQUIRE(c.node("prefill").wait(5000ms) >= 0);
+  double fallbacks0 = c.metric("decode", "tandem:prefill_fallbacks_total");
+  double local0 = c.metric("front", "tandem_router_picks_total", "kind=\"decode_only\"");
+  for (int i = 0; i < 3; ++i) {
+    Completion r = complete(c.http_port(), "Once upon a time", 16);
+    REQUIRE_MESSAGE(r.error.empty(), "request ", i, " after the prefill node died: ", r.error,
+                    "\n", c.logs());
+    CHECK(r.text == expected);
+  }
+  double fallbacks = c.metric("decode", "tandem:prefill_fallbacks_total") - fallbacks0;
+  double local = c.metric("front", "tandem_router_picks_total", "kind=\"decode_only\"") - local0;
+  MESSAGE("after killing prefill: ", fallbacks, " prefill fallbacks, ", local,
+          " decode-only picks");
+  CHECK(fallbacks + local >= 3);
+
+  http::SseStream s(c.http_port(), "/v1/completions",
+                    completion_body("Once upon a time", 200, true).dump(), 30000ms);
+  REQUIRE_MESSAGE(s.ok(), s.error());
+  REQUIRE(s.status() == 200);
+  auto first = s.next(30000ms);
+  REQUIRE_MESSAGE(first.has_value(), s.error());
+  c.node("decode").signal(SIGKILL);
+  auto killed = http::Clock::now();
+  // Every event until the end: an error event, or (a retry) the whole answer, then the end.
+  bool error_event = false, done = false;
+  std::string text;
+  while (auto event = s.next(6000ms)) {
+    if (*event == "[DONE]") {
+      done = true;
+      break;
+    }
+    json j = json::parse(*event, nullptr, false);
+    REQUIRE_MESSAGE(!j.is_discarded(), *event);
+    if (j.contains("error")) error_event = true;
+  }
+  double took_ms = std::chrono::duration<double, std::milli>(http::Clock::now() - killed).count();
+  MESSAGE("decode killed: stream ended after ", took_ms, " ms; error event: ", error_event,
+          "; [DONE]: ", done, "; transport: ", s.error());
+  CHECK(took_ms < 5000);
+  // Ending is either an error event, or the socket closing (not a timeout).
+  CHECK_MESSAGE((error_event || s.error().find("timed out") == std::string::npos), s.error());
+}
+
+TEST_CASE("serving: the same long prompt twice hits the prefix cache and starts sooner" *
+          doctest::timeout(300)) {
+  ServeCluster c(Layout::loopback3, 32);
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  auto hits = [&] {
+    return c.metric("prefill", "tandem:prefix_cache_hits_total") +
+           c.metric("decode", "tandem:prefix_cache_hits_total");
+  };
+  std::vector<double> cold_ms, warm_ms;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::string prompt = long_prompt("Story" + std::to_string(rep) + ":", 170);
+    double hits0 = hits();
+    Completion cold = stream_complete(c.http_port(), prompt, 4);
+    REQUIRE_MESSAGE(cold.error.empty(), cold.error);
+    REQUIRE(cold.usage.contains("prompt_tokens"));
+    CHECK(cold.usage["prompt_tokens"].get<int>() >= 150);
+    Completion warm = stream_complete(c.http_port(), prompt, 4);
+    REQUIRE_MESSAGE(warm.error.empty(), warm.error);
+    CHECK(warm.text == cold.text);
+    CHECK(hits() > hits0);
+    int cached = warm.usage.value("prompt_tokens_details", json::object())
+                     .value("cached_tokens", 0);
+    CHECK_MESSAGE(cached > 0, warm.usage.dump());
+    cold_ms.push_back(cold.ttft_ms);
+    warm_ms.push_back(warm.ttft_ms);
+    MESSAGE("rep ", rep, ": prompt ", cold.usage["prompt_tokens"].get<int>(), " tokens, cached ",
+            cached, "; TTFT cold ", cold.ttft_ms, " ms, warm ", warm.ttft_ms, " ms");
+  }
+  // Non-streamed too: usage reports the cached tokens.
+  std::string prompt = long_prompt("Story0:", 170);
+  Completion again = complete(c.http_port(), prompt, 4);
+  REQUIRE_MESSAGE(again.error.empty(), again.error);
+  CHECK(again.usage["prompt_tokens_details"]["cached_tokens"].get<int>() > 0);
+  MESSAGE("median TTFT cold ", median(cold_ms), " ms, warm ", median(warm_ms), " ms");
+  CHECK(median(warm_ms) < median(cold_ms));
+}
