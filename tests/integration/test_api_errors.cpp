@@ -39,7 +39,7 @@ Shape shape_of(const std::string& path) {
 TandemNode& node() {
   // One node for the whole file (started on first use, stopped at exit).
   static TandemNode shared("api_keys = [\"sk-test\"]\nbody_bytes_max = " +
-                               std::to_string(kBodyBytesMax) + "\nrequests_max = 1",
+                               std::to_string(kBodyBytesMax) + "\nrequests_max = 1\nqueue_max = 0",
                            "api-errors");
   static bool healthy = shared.wait_healthy(60s);
   REQUIRE_MESSAGE(healthy, ("GET /health never answered 200; node log:\n" + shared.log()));
@@ -205,7 +205,7 @@ TEST_CASE("api_errors: valid requests still work after the errors") {
   CHECK(body["choices"][0]["message"]["content"].is_string());
 }
 
-TEST_CASE("api_errors: requests_max = 1 answers 429 while a slow stream is in flight") {
+TEST_CASE("api_errors: requests_max = 1 and queue_max = 0 answer 429 while a stream is in flight") {
   // The first stream asks for nearly the whole context and is read slowly (not at all until
   // the second request was refused), so it is still in flight.
   std::string slow = chat(R"("max_tokens":230,"stream":true)");
