@@ -198,9 +198,6 @@ Status synth_model(const SynthOptions& o, const std::string& out_dir) {
   auto config = synth_config(o);
   if (!config) return config.error();
   const devices::ModelConfig& c = *config;
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return make_error(ErrorKind::failed, "cannot create " + out_dir + ": " + ec.message());
   TensorSet t(o);
   SYNTH_TRY(t.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden));
   for (uint32_t l = 0; l < c.layers; ++l) SYNTH_TRY(add_layer(t, c, l));
@@ -211,6 +208,9 @@ Status synth_model(const SynthOptions& o, const std::string& out_dir) {
     return bad_flag("shards", "must be <= the model's " +
                                   std::to_string(t.writer().tensor_count()) + " tensors");
   }
+  std::error_code ec;  // only now: bad options leave no directory behind
+  fs::create_directories(out_dir, ec);
+  if (ec) return make_error(ErrorKind::failed, "cannot create " + out_dir + ": " + ec.message());
   SYNTH_TRY(t.writer().write_checkpoint(dir.string(), o.shards));
   SYNTH_TRY(write_text(dir / "config.json", config_json(c).dump(2) + "\n"));
   auto added = synth_added_tokens(o.arch);
