@@ -1,8 +1,11 @@
 #include "devices/safetensors_writer.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -81,21 +84,35 @@ Status SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<
   return {};
 }
 
-std::string SafetensorsWriter::header_json() const {
+std::string SafetensorsWriter::header_json() const { return header_json(0, tensors_.size()); }
+
+std::string SafetensorsWriter::header_json(size_t first, size_t last) const {
+  RT_ASSERT(first <= last, "tensor range", first, last);
+  RT_ASSERT(last <= tensors_.size(), "tensor range end", last, tensors_.size());
+  // Offsets are relative to the range's data: tensors are stored back to back in add order.
+  uint64_t base_bytes = first < last ? tensors_[first].begin_bytes : 0;
   nlohmann::json header = nlohmann::json::object();
   header["__metadata__"] = {{"format", "pt"}};
-  for (const Tensor& t : tensors_) {
+  for (size_t i = first; i < last; ++i) {
+    const Tensor& t = tensors_[i];
     header[t.name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype))},
                       {"shape", t.shape},
-                      {"data_offsets", {t.begin_bytes, t.end_bytes}}};
+                      {"data_offsets", {t.begin_bytes - base_bytes, t.end_bytes - base_bytes}}};
   }
   return header.dump();
 }
 
 Status SafetensorsWriter::write(const std::string& path) const {
-  std::string header = header_json();
+  return write_range(path, 0, tensors_.size());
+}
+
+Status SafetensorsWriter::write_range(const std::string& path, size_t first, size_t last) const {
+  std::string header = header_json(first, last);
   header.append((8 - (8 + header.size()) % 8) % 8, ' ');
   RT_ASSERT((8 + header.size()) % 8 == 0, "data start must be 8-byte aligned");
+  uint64_t begin = first < last ? tensors_[first].begin_bytes : 0;
+  uint64_t end = first < last ? tensors_[last - 1].end_bytes : 0;
+  RT_ASSERT(begin <= end && end <= data_.size(), "range bytes", begin, end, data_.size());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return make_error(ErrorKind::failed, "safetensors: cannot open " + path);
   uint64_t n = header.size();
@@ -103,8 +120,100 @@ Status SafetensorsWriter::write(const std::string& path) const {
   for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
   out.write(length, 8);
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(data_.data()),
-            static_cast<std::streamsize>(data_.size()));
+  out.write(reinterpret_cast<const char*>(data_.data() + begin),
+            static_cast<std::streamsize>(end - begin));
+  out.close();
+  if (!out) return make_error(ErrorKind::failed, "safetensors: writing " + path + " failed");
+  return {};
+}
+
+std::string SafetensorsWriter::shard_file_name(uint32_t shard_number, uint32_t shard_count) {
+  RT_ASSERT(shard_number >= 1, "shard numbers start at 1", shard_number);
+  RT_ASSERT(shard_number <= shard_count, "shard number", shard_number, shard_count);
+  RT_ASSERT(shard_count <= kShardCountMax, "shard count", shard_count);
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", shard_number, shard_count);
+  return name;
+}
+
+std::vector<size_t> SafetensorsWriter::shard_starts(uint32_t shard_count) const {
+  size_t n = tensors_.size();
+  RT_ASSERT(shard_count >= 1, "shard count", shard_count);
+  RT_ASSERT(shard_count <= n, "more shards than tensors", shard_count, n);
+  uint64_t total_bytes = data_.size();
+  std::vector<size_t> starts;
+  size_t next = 0;
+  for (uint32_t k = 0; k < shard_count; ++k) {
+    starts.push_back(next);
+    ++next;  // every shard holds at least one tensor
+    uint64_t target_bytes = total_bytes * (k + 1) / shard_count;
+    size_t shards_left = shard_count - 1 - k;  // each needs a tensor of its own
+    while (next < n - shards_left && tensors_[next].end_bytes <= target_bytes) ++next;
+  }
+  RT_ASSERT(starts.size() == shard_count, "one start per shard");
+  RT_ASSERT(next == n, "the shards cover every tensor", next, n);
+  return starts;
+}
+
+namespace {
+
+// "model-DDDDD-of-DDDDD.safetensors"
+bool is_shard_file_name(const std::string& name) {
+  if (name.size() != 32 || name.compare(0, 6, "model-") != 0) return false;
+  if (name.compare(11, 4, "-of-") != 0 || name.compare(20, 12, ".safetensors") != 0) return false;
+  for (size_t i : {6u, 7u, 8u, 9u, 10u, 15u, 16u, 17u, 18u, 19u}) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  return true;
+}
+
+// Removes checkpoint files a previous write may have left in `dir` (see write_checkpoint).
+Status remove_old_checkpoint(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    bool shard = is_shard_file_name(name);
+    if (shard || name == "model.safetensors" || name == "model.safetensors.index.json") {
+      stale.push_back(entry.path());
+    }
+  }
+  if (ec) return make_error(ErrorKind::failed, "cannot list " + dir.string() + ": " + ec.message());
+  for (const auto& path : stale) {
+    if (!std::filesystem::remove(path, ec) && ec) {
+      return make_error(ErrorKind::failed, "cannot remove " + path.string() + ": " + ec.message());
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Status SafetensorsWriter::write_checkpoint(const std::string& dir, uint32_t shard_count) const {
+  if (shard_count == 0 || shard_count > kShardCountMax || shard_count > tensors_.size()) {
+    return make_error(ErrorKind::invalid,
+                      "safetensors: " + std::to_string(shard_count) + " shards: must be in [1, " +
+                          std::to_string(std::min<size_t>(kShardCountMax, tensors_.size())) +
+                          "] (one tensor per shard at least; " +
+                          std::to_string(tensors_.size()) + " tensors)");
+  }
+  std::filesystem::path root(dir);
+  if (Status st = remove_old_checkpoint(root); !st) return st;
+  if (shard_count == 1) return write((root / "model.safetensors").string());
+  std::vector<size_t> starts = shard_starts(shard_count);
+  nlohmann::json weight_map = nlohmann::json::object();  // std::map: keys sorted, as HF
+  for (uint32_t k = 0; k < shard_count; ++k) {
+    size_t last = k + 1 < shard_count ? starts[k + 1] : tensors_.size();
+    std::string file = shard_file_name(k + 1, shard_count);
+    if (Status st = write_range((root / file).string(), starts[k], last); !st) return st;
+    for (size_t i = starts[k]; i < last; ++i) weight_map[tensors_[i].name] = file;
+  }
+  RT_ASSERT(weight_map.size() == tensors_.size(), "every tensor in the weight map");
+  nlohmann::json index = {{"metadata", {{"total_size", data_.size()}}},
+                          {"weight_map", std::move(weight_map)}};
+  std::string path = (root / "model.safetensors.index.json").string();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << index.dump(2) << "\n";
   out.close();
   if (!out) return make_error(ErrorKind::failed, "safetensors: writing " + path + " failed");
   return {};

@@ -7,6 +7,13 @@
 // padded with spaces so the data starts 8-byte aligned, then the tensors' bytes back to back
 // in the order they were added (offsets are relative to the data start).
 // Tensors are held in memory until write(): meant for small (synthetic, test) models.
+//
+// Sharded checkpoints (write_checkpoint with shard_count N > 1), as HF transformers saves
+// them: model-00001-of-0000N.safetensors ... model-0000N-of-0000N.safetensors, each a
+// safetensors file holding a contiguous run of the tensors (in the order added, sizes
+// balanced by bytes, every shard non-empty), plus model.safetensors.index.json:
+//   {"metadata": {"total_size": <sum of tensor data bytes>},
+//    "weight_map": {"<tensor>": "<shard file>", ...}}   (keys sorted, indent 2)
 #pragma once
 
 #include <cstddef>
@@ -26,6 +33,7 @@ uint16_t f32_to_f16(float value);   // IEEE half, round to nearest even, overflo
 
 class SafetensorsWriter {
  public:
+  static constexpr uint32_t kShardCountMax = 99999;  // five-digit shard file names
   // Adds a tensor from f32 values, stored as `dtype` (f32, bf16 or f16).
   // Errors (invalid): empty or duplicate name, a zero dimension, values.size() != product of
   // shape, dtype f8_e4m3 (not supported for writing).
@@ -33,6 +41,17 @@ class SafetensorsWriter {
              std::span<const float> values);
   // Writes the file (replacing it). Errors: failed (cannot open or write; names the path).
   Status write(const std::string& path) const;
+  // Writes a checkpoint into the existing directory `dir`: shard_count 1 -> model.safetensors;
+  // N > 1 -> N shards + model.safetensors.index.json (see above). Removes files a previous
+  // write with another shard count left there (model.safetensors, its index,
+  // model-NNNNN-of-NNNNN.safetensors), so the directory holds exactly one checkpoint.
+  // Errors: invalid (shard_count 0, above 99999 or above tensor_count()), failed (as write).
+  Status write_checkpoint(const std::string& dir, uint32_t shard_count) const;
+  // The first tensor index of each shard (size shard_count, starts at 0, strictly increasing).
+  // Precondition (asserted): 1 <= shard_count <= tensor_count().
+  std::vector<size_t> shard_starts(uint32_t shard_count) const;
+  // "model-0000i-of-0000N.safetensors" for shard i in [1, N].
+  static std::string shard_file_name(uint32_t shard_number, uint32_t shard_count);
   // The header JSON (without length prefix and padding), as written.
   std::string header_json() const;
   size_t tensor_count() const { return tensors_.size(); }
@@ -44,6 +63,8 @@ class SafetensorsWriter {
     std::vector<uint64_t> shape;
     uint64_t begin_bytes, end_bytes;
   };
+  std::string header_json(size_t first, size_t last) const;  // tensors [first, last)
+  Status write_range(const std::string& path, size_t first, size_t last) const;
   std::vector<Tensor> tensors_;
   std::vector<std::byte> data_;
 };

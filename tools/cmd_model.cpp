@@ -29,13 +29,16 @@ constexpr IntFlag kIntFlags[] = {
      "rotated dims per head (default: head-dim for llama, head-dim/2 for minimax-m2)"},
     {"vocab", &SynthOptions::vocab, "vocabulary size incl. 256 bytes + specials (default 512)"},
     {"max-position", &SynthOptions::max_position, "max_position_embeddings (default 256)"},
+    {"shards", &SynthOptions::shards,
+     "safetensors files; N > 1: model-0000i-of-0000N.safetensors + index.json (default 1)"},
 };
 
 int synth(cli::Args args) {
   cli::Flags flags("tandem model synth --arch llama|minimax-m2 --out DIR [flags]",
                    "Writes a small model with deterministic random weights as an HF-style\n"
                    "directory: config.json, model.safetensors, tokenizer.json (byte-level BPE),\n"
-                   "tokenizer_config.json. Same flags and seed -> identical files.");
+                   "tokenizer_config.json. Same flags and seed -> identical files.\n"
+                   "--shards N splits the weights as HF does (model.safetensors.index.json).");
   flags.flag("arch", "ARCH", "llama or minimax-m2 (required)");
   flags.flag("out", "DIR", "output directory, created if missing (required)");
   for (const IntFlag& f : kIntFlags) flags.flag(f.name, "N", f.help);

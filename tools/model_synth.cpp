@@ -164,6 +164,9 @@ Result<devices::ModelConfig> synth_config(const SynthOptions& o) {
   }
   if (o.max_position < 2) return bad_flag("max-position", "must be >= 2");
   if (o.dtype == devices::DType::f8_e4m3) return bad_flag("dtype", "must be f32, bf16 or f16");
+  if (o.shards < 1 || o.shards > devices::SafetensorsWriter::kShardCountMax) {
+    return bad_flag("shards", "must be in [1, 99999]");
+  }
   devices::ModelConfig c;
   c.arch = o.arch;
   c.vocab_size = o.vocab;
@@ -195,16 +198,20 @@ Status synth_model(const SynthOptions& o, const std::string& out_dir) {
   auto config = synth_config(o);
   if (!config) return config.error();
   const devices::ModelConfig& c = *config;
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) return make_error(ErrorKind::failed, "cannot create " + out_dir + ": " + ec.message());
   TensorSet t(o);
   SYNTH_TRY(t.matrix("model.embed_tokens.weight", c.vocab_size, c.hidden));
   for (uint32_t l = 0; l < c.layers; ++l) SYNTH_TRY(add_layer(t, c, l));
   SYNTH_TRY(t.vector("model.norm.weight", c.hidden, 1.0f, 0.1f));
   SYNTH_TRY(t.matrix("lm_head.weight", c.vocab_size, c.hidden));
   fs::path dir(out_dir);
-  SYNTH_TRY(t.writer().write((dir / "model.safetensors").string()));
+  if (o.shards > t.writer().tensor_count()) {
+    return bad_flag("shards", "must be <= the model's " +
+                                  std::to_string(t.writer().tensor_count()) + " tensors");
+  }
+  std::error_code ec;  // only now: bad options leave no directory behind
+  fs::create_directories(out_dir, ec);
+  if (ec) return make_error(ErrorKind::failed, "cannot create " + out_dir + ": " + ec.message());
+  SYNTH_TRY(t.writer().write_checkpoint(dir.string(), o.shards));
   SYNTH_TRY(write_text(dir / "config.json", config_json(c).dump(2) + "\n"));
   auto added = synth_added_tokens(o.arch);
   SYNTH_TRY(write_text(dir / "tokenizer.json", synth_tokenizer_json(c.vocab_size, added)));

@@ -2,7 +2,9 @@
 //
 // Writes into out_dir (created if missing; existing files of the same names are replaced):
 //   config.json            HF Llama (model_type "llama") or MiniMax-M2 ("minimax_m2") config
-//   model.safetensors      HF tensor names (see docs/model-synth.md)
+//   model.safetensors      HF tensor names (see docs/model-synth.md); with shards N > 1
+//                          instead model-0000i-of-0000N.safetensors + model.safetensors.index.json
+//                          (devices/safetensors_writer.hpp write_checkpoint)
 //   tokenizer.json         byte-level BPE: 256 byte tokens, merges learned from a built-in
 //                          text sample, special tokens last (valid HF tokenizers format)
 //   tokenizer_config.json  bos/eos tokens, model_max_length
@@ -33,6 +35,7 @@ struct SynthOptions {
   uint32_t max_position = 256;
   uint64_t seed = 0;
   devices::DType dtype = devices::DType::f32;  // f32, bf16 or f16
+  uint32_t shards = 1;  // safetensors files; >1: HF sharded layout; <= the model's tensor count
 };
 
 // The ModelConfig the directory describes (for tests and for the loader to compare).

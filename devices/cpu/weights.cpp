@@ -194,13 +194,17 @@ Result<std::string> read_text(const std::string& path) {
 
 class Binder {
  public:
-  Binder(std::map<std::string, TensorRef>* tensors, ModelWeights* w) : tensors_(tensors), w_(w) {}
+  // `source` names where the tensors came from, for the missing-tensor error.
+  Binder(std::map<std::string, TensorRef>* tensors, ModelWeights* w, std::string source)
+      : tensors_(tensors), w_(w), source_(std::move(source)) {}
 
   // Binds a tensor of exactly `shape`; nullptr + error when missing or mismatched.
   const float* get(const std::string& name, std::vector<uint64_t> shape, bool optional = false) {
     auto it = tensors_->find(name);
     if (it == tensors_->end()) {
-      if (!optional && !error_) error_ = invalid("missing tensor '" + name + "'");
+      if (!optional && !error_) {
+        error_ = invalid("missing tensor '" + name + "' (not in " + source_ + ")");
+      }
       return nullptr;
     }
     const TensorRef& t = it->second;
@@ -247,6 +251,7 @@ class Binder {
   }
   std::map<std::string, TensorRef>* tensors_;
   ModelWeights* w_;
+  std::string source_;
   std::optional<Error> error_;
 };
 
@@ -417,31 +422,83 @@ uint64_t compute_bytes_per_token(const ModelConfig& c) {
   return 4 * (per_layer * c.layers + uint64_t{c.vocab_size} * c.hidden + c.hidden);
 }
 
-Status open_shards(const std::string& dir, ModelWeights* w,
-                   std::map<std::string, TensorRef>* tensors) {
+// model.safetensors.index.json's weight_map, grouped by shard file (in first-seen order).
+struct ShardIndex {
   std::vector<std::string> files;
-  fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    auto text = read_text(index.string());
-    if (!text) return text.error();
-    json j = json::parse(*text, nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
-      return invalid(index.string() + ": no weight_map object");
-    }
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) return invalid(index.string() + ": weight_map['" + name + "']");
-      std::string f = file.get<std::string>();
-      if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
-    }
-  } else {
-    files.push_back("model.safetensors");
+  std::map<std::string, std::vector<std::string>> tensors_by_file;
+};
+
+Result<ShardIndex> read_shard_index(const std::string& index_path) {
+  auto text = read_text(index_path);
+  if (!text) return text.error();
+  json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid(index_path + ": not a JSON object");
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) {
+    return invalid(index_path + ": no \"weight_map\" object (tensor name -> shard file)");
   }
-  for (const auto& f : files) {
+  if (j["weight_map"].empty()) return invalid(index_path + ": \"weight_map\" is empty");
+  ShardIndex index;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    std::string where = index_path + ": weight_map[\"" + name + "\"]";
+    if (!file.is_string()) return invalid(where + " must be a file name string");
+    std::string f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+      return invalid(where + " = '" + f + "' is not a file name in the model directory");
+    }
+    auto& names = index.tensors_by_file[f];
+    if (names.empty()) index.files.push_back(f);
+    names.push_back(name);
+  }
+  RT_ASSERT(!index.files.empty(), index_path);
+  RT_ASSERT(index.files.size() == index.tensors_by_file.size(), index_path);
+  return index;
+}
+
+// Maps each shard the index names and takes from it exactly the tensors the index puts there
+// (the index is authoritative: other tensors in a shard are ignored).
+Status open_indexed_shards(const std::string& dir, const std::string& index_path,
+                           ModelWeights* w, std::map<std::string, TensorRef>* tensors) {
+  auto index = read_shard_index(index_path);
+  if (!index) return index.error();
+  for (const auto& f : index->files) {
+    const auto& names = index->tensors_by_file.at(f);
     auto map = MappedFile::open((fs::path(dir) / f).string());
-    if (!map) return map.error();
-    if (auto st = parse_safetensors(**map, tensors); !st) return st;
+    if (!map) {
+      return Error{map.error().kind, index_path + ": shard '" + f + "' (holds tensor '" +
+                                         names.front() + "' and " +
+                                         std::to_string(names.size() - 1) +
+                                         " more): " + map.error().message};
+    }
+    std::map<std::string, TensorRef> in_file;
+    if (auto st = parse_safetensors(**map, &in_file); !st) return st;
+    for (const auto& name : names) {
+      auto it = in_file.find(name);
+      if (it == in_file.end()) {
+        return invalid(index_path + ": weight_map puts tensor '" + name + "' in '" + f +
+                       "', but " + (*map)->path() + " has no such tensor");
+      }
+      (*tensors)[name] = it->second;
+    }
     w->maps.push_back(std::move(*map));
   }
+  return {};
+}
+
+// Fills `tensors` from model.safetensors.index.json + its shards when the index exists,
+// else from model.safetensors. `*source` names where tensors were looked up (for errors).
+Status open_shards(const std::string& dir, ModelWeights* w,
+                   std::map<std::string, TensorRef>* tensors, std::string* source) {
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::error_code ec;
+  if (fs::exists(index, ec)) {
+    *source = "model.safetensors.index.json's weight_map";
+    return open_indexed_shards(dir, index.string(), w, tensors);
+  }
+  *source = "model.safetensors";
+  auto map = MappedFile::open((fs::path(dir) / "model.safetensors").string());
+  if (!map) return map.error();
+  if (auto st = parse_safetensors(**map, tensors); !st) return st;
+  w->maps.push_back(std::move(*map));
   return {};
 }
 
@@ -454,12 +511,13 @@ Result<ModelWeights> load_hf_dir(const std::string& dir) {
   ModelWeights w;
   TRY_ASSIGN(w.config, parse_hf_config(*text, cfg_path.string()));
   std::map<std::string, TensorRef> tensors;
-  if (auto st = open_shards(dir, &w, &tensors); !st) return st.error();
+  std::string source;
+  if (auto st = open_shards(dir, &w, &tensors, &source); !st) return st.error();
   const ModelConfig& c = w.config;
   if (auto it = tensors.find("model.embed_tokens.weight"); it != tensors.end()) {
     w.config.weight_dtype = it->second.dtype;
   }
-  Binder b(&tensors, &w);
+  Binder b(&tensors, &w, source);
   w.embed = b.get("model.embed_tokens.weight", {c.vocab_size, c.hidden});
   w.final_norm = b.get("model.norm.weight", {c.hidden});
   w.lm_head = c.tie_embeddings ? w.embed : b.get("lm_head.weight", {c.vocab_size, c.hidden});

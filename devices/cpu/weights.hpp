@@ -86,6 +86,11 @@ Result<ModelWeights> load_llama2c(const std::string& path);
 
 // HF directory. Architectures: llama, mistral, qwen2 (model_type), minimax_m2.
 // RoPE rotate_half. Tensor dtypes F32, BF16, F16.
+// Weights: model.safetensors, or (when model.safetensors.index.json exists) the shards its
+// weight_map names, each tensor taken from the shard the index puts it in. Errors as above,
+// plus: not_found/failed naming the index and the shard that cannot be opened; invalid for a
+// malformed index (naming it) or a tensor the index places in a shard that lacks it (naming
+// index, tensor and shard).
 Result<ModelWeights> load_hf_dir(const std::string& dir);
 
 // Dispatches on what the path is: a directory -> HF, a file -> llama2.c.

@@ -252,3 +252,34 @@ TEST_CASE("bad flags exit 2 with a message naming the flag") {
   CHECK(run_tandem("--arch llama --bogus 1 --out " + out.string(), &err) == 2);
   CHECK_FALSE(fs::exists(out));
 }
+
+TEST_CASE("--shards N writes HF's sharded layout; bad values exit 2 naming --shards") {
+  fs::path dir = temp_dir("_shards");
+  REQUIRE(run_tandem("--arch llama --shards 3 --out " + dir.string()) == 0);
+  CHECK_FALSE(fs::exists(dir / "model.safetensors"));
+  json index = json::parse(slurp(dir / "model.safetensors.index.json"));
+  uint64_t data_bytes = 0;
+  size_t tensors = 0;
+  for (const char* f : {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                        "model-00003-of-00003.safetensors"}) {
+    Parsed p = parse_safetensors(dir / f);
+    data_bytes += p.bytes.size() - p.data_start;
+    for (auto& [name, e] : p.header.items()) {
+      if (name == "__metadata__") continue;
+      CHECK(index["weight_map"][name] == f);
+      ++tensors;
+    }
+  }
+  CHECK(index["weight_map"].size() == tensors);
+  CHECK(tensors == 21u);  // 2 layers x 9 + embed, norm, lm_head
+  CHECK(index["metadata"]["total_size"].get<uint64_t>() == data_bytes);
+  fs::path bad = temp_dir("_bad_shards");
+  std::string err;
+  for (const char* n : {"0", "22", "-1"}) {
+    CAPTURE(n);
+    CHECK(run_tandem(std::string("--arch llama --shards ") + n + " --out " + bad.string(),
+                     &err) == 2);
+    CHECK(err.find("--shards") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(bad));
+}
