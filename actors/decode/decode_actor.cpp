@@ -371,7 +371,11 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   decode::DecodeRequest core{id, prompt, *hashes, std::max<uint32_t>(max_tokens, 1),
                              std::nullopt, sampling->stop_token_ids,
                              prefill_name.empty() ? decode::KvSource::local : decode::KvSource::pull};
-  if (!limits.getIgnoreEos()) core.eos_token = st.info.model.eos_id;
+  if (!limits.getIgnoreEos()) {
+    core.eos_token = st.info.model.eos_id;
+    // A model that emits BOS starts a new document (llama2.c models end stories this way).
+    core.stop_token_ids.push_back(st.info.model.bos_id);
+  }
   uint32_t cached = st.cache->match(*hashes) * st.info.layout.block_tokens;
   if (Status s = st.scheduler->submit(std::move(core)); !s.ok()) {
     return send_error(st.ctx, st.self_name, *reply_to, id, s.error());

@@ -688,6 +688,7 @@ class Service final : public GatewayService {
   void stop() override {
     if (server_) server_->stop();
   }
+  caf::actor actor() const override { return actor_; }
 
  private:
   std::unique_ptr<Front> front_;

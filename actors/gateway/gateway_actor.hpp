@@ -28,6 +28,7 @@ class GatewayService {
  public:
   virtual ~GatewayService() = default;
   virtual void stop() = 0;
+  virtual caf::actor actor() const = 0;  // the gateway actor (the node stops it at shutdown)
 };
 
 // Spawns the gateway actor for `instance`, loads the tokenizer and starts the HTTP server on
