@@ -21,8 +21,9 @@ cli::Flags sim_flags() {
                "Simulates a Tandem cluster under virtual time: the real router, prefill and "
                "decode schedulers and prefix caches in one deterministic event loop, with step "
                "times from the sim device's timing model. Same seed, same output.");
-  f.flag("manifest", "FILE", "take instance counts, [router], [prefill], [decode], [sim] and "
-                             "[model] block_tokens / max_model_tokens from this manifest")
+  f.flag("manifest", "FILE",
+         "take instance counts, [router], [prefill], [decode], [sim] and "
+         "[model] block_tokens / max_model_tokens from this manifest")
       .flag("prefill", "N", "prefill instances (without --manifest)", "4")
       .flag("decode", "N", "decode instances (without --manifest)", "4")
       .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
@@ -31,7 +32,7 @@ cli::Flags sim_flags() {
       .flag("workload", "NAME", "agentic, random or shared-prefix", "agentic")
       .flag("trace", "FILE", "replay a JSONL trace (token-id prompts) instead of generating")
       .flag("sessions", "N", "agentic: sessions in flight (concurrency)", "8")
-      .flag("sessions-total", "N", "agentic: sessions generated (default: 8 x --sessions)")
+      .flag("sessions-total", "N", "agentic: sessions generated (default: 4 x --sessions)")
       .flag("requests", "N", "random / shared-prefix: requests generated", "256")
       .flag("duration-s", "S", "simulated seconds after which no request is sent", "3600")
       .flag("link-gb-per-s", "GB", "prefill -> decode KV link bandwidth, GB/s", "25")
@@ -52,9 +53,12 @@ std::string read_file(const std::string& path, bool* ok) {
 
 router::Policy to_policy(config::RouterPolicy p) {
   switch (p) {
-    case config::RouterPolicy::prefix_aware: return router::Policy::prefix_aware;
-    case config::RouterPolicy::round_robin: return router::Policy::round_robin;
-    case config::RouterPolicy::random: return router::Policy::random;
+    case config::RouterPolicy::prefix_aware:
+      return router::Policy::prefix_aware;
+    case config::RouterPolicy::round_robin:
+      return router::Policy::round_robin;
+    case config::RouterPolicy::random:
+      return router::Policy::random;
   }
   return router::Policy::prefix_aware;
 }
@@ -97,8 +101,8 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
 }
 
 bool parse_policy(const std::string& name, router::Policy* out) {
-  for (auto p : {router::Policy::prefix_aware, router::Policy::round_robin,
-                 router::Policy::random}) {
+  for (auto p :
+       {router::Policy::prefix_aware, router::Policy::round_robin, router::Policy::random}) {
     if (router::to_string(p) == name) {
       *out = p;
       return true;
@@ -171,7 +175,7 @@ Result<std::vector<workload::Request>> make_workload(const cli::Flags& f,
     workload::AgenticParams p;
     p.seed = c.seed;
     p.sessions_in_flight = c.sessions_in_flight;
-    p.sessions_count = c.sessions_in_flight * 8;
+    p.sessions_count = c.sessions_in_flight * 4;
     if (f.has("sessions-total") && !get_u32(f, "sessions-total", 1, 1u << 24, &p.sessions_count)) {
       return make_error(ErrorKind::invalid, "--sessions-total");
     }
@@ -217,11 +221,12 @@ void print_result(const sim::ClusterSimResult& r, double wall_s) {
   print_stats("E2E", s.e2e_ms);
   std::printf("  throughput %.2f req/s, %.0f output tok/s; prefix hit rate %.4f (token-weighted)\n",
               s.request_throughput_per_s, s.output_token_throughput_per_s, r.hit_rate);
-  std::printf("  simulated %.1f s in %.2f s wall (%llu events); P/D requests %llu, KV moved "
-              "%.3f GB\n",
-              r.simulated_ms / 1e3, wall_s, static_cast<unsigned long long>(r.events_count),
-              static_cast<unsigned long long>(r.pd_requests_count),
-              static_cast<double>(r.kv_transfer_bytes) / 1e9);
+  std::printf(
+      "  simulated %.1f s in %.2f s wall (%llu events); P/D requests %llu, KV moved "
+      "%.3f GB\n",
+      r.simulated_ms / 1e3, wall_s, static_cast<unsigned long long>(r.events_count),
+      static_cast<unsigned long long>(r.pd_requests_count),
+      static_cast<double>(r.kv_transfer_bytes) / 1e9);
 }
 
 }  // namespace

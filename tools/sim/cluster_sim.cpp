@@ -5,11 +5,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <queue>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 #include "actors/decode/decode_scheduler.hpp"
 #include "actors/prefill/prefill_scheduler.hpp"
@@ -73,6 +72,7 @@ struct DecodeInst {
   uint64_t step_id = 0;
   int64_t link_free_ns = 0;  // the inbound link is busy until then (transfers serialize)
   std::vector<decode::SampledTokens> sampled;  // the step in flight's results, reused
+  size_t sampled_count = 0;                    // of `sampled`, for the step in flight
   InstanceStats stats;
 };
 
@@ -132,7 +132,7 @@ class Sim {
   int64_t now_ns_ = 0;
   int64_t duration_ns_ = 0;
   std::vector<Session> sessions_;
-  std::deque<uint32_t> sessions_waiting_;  // not started yet, in start order
+  std::deque<uint32_t> sessions_waiting_;                       // not started yet, in start order
   std::map<std::pair<uint64_t, uint64_t>, Chain> base_chains_;  // (system, repo) -> chain
   std::vector<ReqState> states_;
   std::vector<uint32_t> scratch_tokens_;
@@ -168,8 +168,10 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
   RT_ASSERT(config.decode_count >= 1);
   duration_ns_ = static_cast<int64_t>(config.duration_ms * 1e6);
   uint32_t blocks = pool_blocks(config);
-  prefill::PrefillConfig pc{config.block_tokens,        config.prefill_queue_max,
-                            config.prefill_running_max, config.prefill_held_max,
+  prefill::PrefillConfig pc{config.block_tokens,
+                            config.prefill_queue_max,
+                            config.prefill_running_max,
+                            config.prefill_held_max,
                             config.prefill_step_tokens_max,
                             std::chrono::milliseconds(config.prefill_hold_timeout_ms)};
   decode::DecodeConfig dc{config.block_tokens, config.decode_waiting_max, config.decode_seqs_max,
@@ -185,8 +187,8 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
   for (uint32_t d = 0; d < config.decode_count; ++d) {
     decode_[d].cache = std::make_unique<kv::PrefixCache>(blocks, config.block_tokens);
     decode_[d].sched = std::make_unique<decode::DecodeScheduler>(dc, *decode_[d].cache);
-    decode_[d].stats.name = (config.prefill_count > 0 ? "decode-" : "instance-") +
-                            std::to_string(d);
+    decode_[d].stats.name =
+        (config.prefill_count > 0 ? "decode-" : "instance-") + std::to_string(d);
     RT_ASSERT(router_.add_instance(decode_id(d), router::InstanceRole::decode).ok(), d);
   }
   for (uint32_t p = 0; p < config.prefill_count; ++p) sync_prefill(p);
@@ -212,8 +214,8 @@ Status Sim::build_sessions() {
   for (uint32_t i = 0; i < requests_.size(); ++i) {
     const workload::Request& r = requests_[i];
     if (r.segments.empty() && r.prompt_token_ids.empty()) {
-      return make_error(ErrorKind::invalid, "sim: request " + std::to_string(i) +
-                                                " (session " + std::to_string(r.session) +
+      return make_error(ErrorKind::invalid, "sim: request " + std::to_string(i) + " (session " +
+                                                std::to_string(r.session) +
                                                 "): needs a token-id prompt, not text");
     }
     if (r.expected_output_tokens < 1) {
@@ -228,8 +230,8 @@ Status Sim::build_sessions() {
     Session& s = sessions_[it->second];
     if (!s.requests.empty() && requests_[s.requests.back()].turn >= r.turn) {
       return make_error(ErrorKind::invalid, "sim: request " + std::to_string(i) +
-                                                ": turns of session " +
-                                                std::to_string(r.session) + " out of order");
+                                                ": turns of session " + std::to_string(r.session) +
+                                                " out of order");
     }
     s.requests.push_back(i);
     states_[i].session_index = it->second;
@@ -281,10 +283,18 @@ Status Sim::run() {
     now_ns_ = e.t_ns;
     ++result_.events_count;
     switch (e.kind) {
-      case EventKind::send: on_send(static_cast<uint32_t>(e.arg)); break;
-      case EventKind::prefill_done: on_prefill_done(e.target); break;
-      case EventKind::decode_done: on_decode_done(e.target); break;
-      case EventKind::pull_done: on_pull_done(e.target, static_cast<uint32_t>(e.arg)); break;
+      case EventKind::send:
+        on_send(static_cast<uint32_t>(e.arg));
+        break;
+      case EventKind::prefill_done:
+        on_prefill_done(e.target);
+        break;
+      case EventKind::decode_done:
+        on_decode_done(e.target);
+        break;
+      case EventKind::pull_done:
+        on_pull_done(e.target, static_cast<uint32_t>(e.arg));
+        break;
     }
   }
   result_.simulated_ms = now_ms();
@@ -325,8 +335,9 @@ Status Sim::hash_prompt(uint32_t request_index, Chain& chain) {
     return {};
   }
   const Session& s = sessions_[states_[request_index].session_index];
-  bool extends = s.next_turn > 0 && segments_extend(r.segments, requests_[s.requests[s.next_turn - 1]],
-                                                    chain.segments_count);
+  bool extends =
+      s.next_turn > 0 &&
+      segments_extend(r.segments, requests_[s.requests[s.next_turn - 1]], chain.segments_count);
   if (!extends) {
     chain = Chain{};
     const auto& seg = r.segments;
@@ -387,7 +398,8 @@ void Sim::on_send(uint32_t request_index) {
   RT_ASSERT(hash_prompt(request_index, s.chain).ok());
   ++s.next_turn;
   t.prompt_tokens = s.chain.tokens_count;
-  if (t.prompt_tokens < 1 || t.prompt_tokens + r.expected_output_tokens > config_.max_model_tokens) {
+  if (t.prompt_tokens < 1 ||
+      t.prompt_tokens + r.expected_output_tokens > config_.max_model_tokens) {
     finish(request_index, "context_length");
     return;
   }
@@ -503,8 +515,8 @@ void Sim::start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls) {
       RT_ASSERT(uint64_t{k} * bt < prompt_tokens, k, prompt_tokens);
       tokens += std::min(bt, prompt_tokens - uint64_t{k} * bt);
     }
-    auto bytes = static_cast<uint64_t>(static_cast<double>(tokens) *
-                                       config_.device.kv_bytes_per_token);
+    auto bytes =
+        static_cast<uint64_t>(static_cast<double>(tokens) * config_.device.kv_bytes_per_token);
     result_.kv_transfer_bytes += bytes;
     int64_t start_ns = std::max(now_ns_, inst.link_free_ns);
     inst.link_free_ns = start_ns + to_ns(static_cast<double>(bytes) / config_.link_bytes_per_s);
@@ -522,7 +534,7 @@ void Sim::kick_decode(uint32_t d) {
   if (plan.entries.empty()) return;
   shapes_.clear();
   prefill_shapes_.clear();
-  inst.sampled.clear();
+  inst.sampled_count = 0;
   for (const decode::DecodeEntry& e : plan.entries) {
     devices::sim::SeqShape shape{e.start_position, static_cast<uint32_t>(e.tokens.size())};
     bool running = inst.sched->stage(e.seq) == decode::SeqStage::running;
@@ -532,7 +544,12 @@ void Sim::kick_decode(uint32_t d) {
       st.cached_known = true;
       st.cached_tokens = e.start_position;
     }
-    if (e.sample) inst.sampled.push_back({e.seq, {1}});
+    if (e.sample) {  // reuse the entries' token vectors: no allocation once warm
+      if (inst.sampled_count == inst.sampled.size()) inst.sampled.emplace_back();
+      inst.sampled[inst.sampled_count].seq = e.seq;
+      inst.sampled[inst.sampled_count].tokens.assign(1, 1);
+      ++inst.sampled_count;
+    }
   }
   // A mixed step runs its decode tokens and its prefill chunks as two passes.
   double step_s = 0;
@@ -566,7 +583,9 @@ void Sim::apply_update(const decode::SeqUpdate& update) {
 
 void Sim::on_decode_done(uint32_t d) {
   DecodeInst& inst = decode_[d];
-  std::vector<decode::SeqUpdate> updates = inst.sched->on_step_result(inst.step_id, inst.sampled);
+  std::vector<decode::SeqUpdate> updates = inst.sched->on_step_result(
+      inst.step_id,
+      std::span<const decode::SampledTokens>(inst.sampled.data(), inst.sampled_count));
   for (const decode::SeqUpdate& u : updates) apply_update(u);
   kick_decode(d);
 }
@@ -627,8 +646,10 @@ Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
   if (Status s = dc.validate(pool_blocks(config)); !s) {
     return make_error(ErrorKind::invalid, "sim: decode: " + s.error().message);
   }
-  prefill::PrefillConfig pc{config.block_tokens,        config.prefill_queue_max,
-                            config.prefill_running_max, config.prefill_held_max,
+  prefill::PrefillConfig pc{config.block_tokens,
+                            config.prefill_queue_max,
+                            config.prefill_running_max,
+                            config.prefill_held_max,
                             config.prefill_step_tokens_max,
                             std::chrono::milliseconds(config.prefill_hold_timeout_ms)};
   if (Status s = pc.validate(); !s) {
@@ -698,7 +719,9 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
   j["summary"] = summary_json(r.summary);
   nlohmann::ordered_json instances = nlohmann::ordered_json::array();
   for (const InstanceStats& s : r.instances) {
-    instances.push_back({{"name", s.name}, {"steps", s.steps_count}, {"busy_s", s.busy_s},
+    instances.push_back({{"name", s.name},
+                         {"steps", s.steps_count},
+                         {"busy_s", s.busy_s},
                          {"computed_tokens", s.computed_tokens_count},
                          {"cached_tokens", s.cached_tokens_count},
                          {"preemptions", s.preemptions_count}});
@@ -707,9 +730,13 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
   if (with_timelines) {
     nlohmann::ordered_json tl = nlohmann::ordered_json::array();
     for (const workload::RequestTimeline& t : r.timelines) {
-      tl.push_back({{"send_ms", t.send_ms}, {"chunk_ms", t.chunk_ms}, {"end_ms", t.end_ms},
-                    {"output_tokens", t.output_tokens}, {"prompt_tokens", t.prompt_tokens},
-                    {"turn", t.turn}, {"error", t.error_kind}});
+      tl.push_back({{"send_ms", t.send_ms},
+                    {"chunk_ms", t.chunk_ms},
+                    {"end_ms", t.end_ms},
+                    {"output_tokens", t.output_tokens},
+                    {"prompt_tokens", t.prompt_tokens},
+                    {"turn", t.turn},
+                    {"error", t.error_kind}});
     }
     j["timelines"] = tl;
   }
