@@ -12,5 +12,6 @@ int cmd_shell(cli::Args args);     // admin shell
 int cmd_bench(cli::Args args);     // benchmarks
 int cmd_generate(cli::Args args);  // run one model in-process
 int cmd_model(cli::Args args);     // model utilities (synth)
+int cmd_sim(cli::Args args);       // cluster simulator under virtual time
 
 }  // namespace tandem::tools

@@ -17,6 +17,7 @@ const std::vector<tandem::cli::Command>& commands() {
       {"generate", "run a model in-process and stream its text", cmd_generate},
       {"model", "model utilities (synth: write a small random model)", cmd_model},
       {"bench", "benchmarks (transport, device, ...)", cmd_bench},
+      {"sim", "simulate a cluster under virtual time (real cores, sim timing)", cmd_sim},
   };
   return table;
 }

@@ -1,0 +1,105 @@
+// The cluster simulator behind `tandem sim` (issue 5): the real pure cores (RouterCore,
+// PrefillScheduler, DecodeScheduler, PrefixCache) driven by one deterministic discrete-event
+// loop under virtual time, with step durations from the sim device's timing model
+// (devices/sim/sim_model.hpp) and KV transfer time = bytes / link bandwidth.
+//
+// Pure: no threads, no wall clock, no I/O. Same config and requests -> same result, byte for
+// byte (events are ordered by (time, sequence number); ties never depend on addresses).
+//
+// Sessions are closed-loop: a session's turn k+1 is sent think_time_ms after turn k
+// completed; at most `sessions_in_flight` sessions run at once and a new one starts (in
+// order of its first turn's arrival offset) when one ends; a failed turn does not end its
+// session. No request is sent at or after `duration_ms`; requests already sent always finish
+// (completed, or counted failed with a kind: context_length, router_*, prefill_*, decode_*).
+// The first turn of the first `sessions_in_flight` sessions is sent at its arrival offset.
+//
+// Model: every instance is one sim device (`device`); a prefill step lasts prefill_time_s of
+// its chunks; a decode step lasts decode_step_time_s of its decode tokens plus prefill_time_s
+// of its local prefill chunks (two passes). A P/D request's KV moves when decode pulls it:
+// bytes = pulled tokens x kv_bytes_per_token, over the decode instance's inbound link (one
+// transfer at a time). The router sees each instance's load after every change (no heartbeat
+// lag) and its evictions (kv_removed); pick() itself records where blocks go.
+//
+// Modes: disaggregated (prefill_count prefill instances + decode_count decode instances; the
+// router decides per request whether to use a prefill instance) or aggregated (prefill_count
+// == 0: every instance is a decode instance that prefills locally).
+//
+// Cost: O(events * log events) plus the cores' own costs; block hashes are computed once per
+// new block of a session (a turn's prompt extends the previous one), never per request.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/router/router_core.hpp"
+#include "devices/sim/sim_model.hpp"
+#include "runtime/base/result.hpp"
+#include "tools/workload/bench_metrics.hpp"
+#include "tools/workload/workload.hpp"
+
+namespace tandem::sim {
+
+struct ClusterSimConfig {
+  uint32_t prefill_count = 4;      // 0 = aggregated mode (decode instances prefill locally)
+  uint32_t decode_count = 4;       // >= 1
+  router::RouterConfig router;     // policy, weights, seed; block_tokens is overwritten
+  devices::sim::SimParams device;  // timing model and KV pool size of every instance
+  uint32_t block_tokens = 512;     // KV block, tokens (hash granularity), >= 1
+  uint32_t kv_blocks = 0;          // per instance; 0 = kv_capacity_tokens(device) / block_tokens
+  double link_bytes_per_s = 25e9;  // prefill -> decode KV transfer bandwidth, > 0
+  // Scheduler limits (the manifest's [prefill] and [decode]).
+  uint32_t prefill_queue_max = 256, prefill_running_max = 16, prefill_held_max = 256;
+  uint32_t prefill_step_tokens_max = 512, prefill_hold_timeout_ms = 30000;
+  uint32_t decode_waiting_max = 256, decode_seqs_max = 64, decode_step_tokens_max = 512;
+  uint32_t max_model_tokens = 204800;  // context length, tokens
+  uint32_t sessions_in_flight = 8;     // >= 1
+  double duration_ms = 3600e3;         // no request is sent at or after this, > 0
+  uint64_t seed = 1;                   // recorded in the result (the workload already used it)
+  // Errors: invalid, naming the field.
+  Status validate() const;
+};
+
+struct InstanceStats {
+  std::string name;  // "prefill-0", "decode-3"
+  uint64_t steps_count = 0;
+  double busy_s = 0;  // modelled device time
+  uint64_t computed_tokens_count = 0;
+  uint64_t cached_tokens_count = 0;
+  uint64_t preemptions_count = 0;
+};
+
+struct ClusterSimResult {
+  uint64_t seed = 0;
+  std::string mode;              // "pd" | "aggregated"
+  std::string policy;            // router policy
+  uint64_t sent_count = 0;       // requests sent
+  uint64_t completed_count = 0;  // finished with all expected output tokens
+  uint64_t failed_count = 0;     // sent_count = completed_count + failed_count
+  std::map<std::string, uint64_t> failed_by_kind;
+  uint64_t events_count = 0;
+  double simulated_ms = 0;  // time of the last event
+  // Token-weighted prefix hit rate over every prefix cache: prompt tokens served from the
+  // cache (not computed) / prompt tokens, as in the gateway's /metrics.
+  uint64_t prompt_tokens_count = 0;
+  uint64_t prompt_cached_tokens_count = 0;
+  double hit_rate = 0;
+  uint64_t kv_transfer_bytes = 0;
+  uint64_t pd_requests_count = 0;                    // routed through a prefill instance
+  std::vector<workload::RequestTimeline> timelines;  // one per sent request, request order
+  workload::BenchSummary summary;
+  std::vector<InstanceStats> instances;
+};
+
+// Runs the whole simulation. `requests`: the workload, sorted by arrival offset (as the
+// generators return it); their segments or prompt_token_ids are the prompts (text prompts:
+// invalid). Errors: invalid (bad config, a text prompt, a prompt the context cannot hold).
+Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
+                                         const std::vector<workload::Request>& requests);
+
+// The result as JSON (deterministic: fixed key order, fixed number formatting). Timelines
+// are left out unless `with_timelines`.
+std::string to_json(const ClusterSimResult& result, bool with_timelines);
+
+}  // namespace tandem::sim
