@@ -117,7 +117,9 @@ Result<workload::LatencyStats> direct_e2e(uint32_t output_tokens, uint32_t reque
   for (uint32_t r = 0; r < requests_count; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     devices::PrefillSeq p{r, {0, 1, 2}, 0, std::vector<int32_t>(kPromptTokens)};
-    for (uint32_t i = 0; i < kPromptTokens; ++i) p.tokens[i] = static_cast<int32_t>(3 + r % 997 + i);
+    for (uint32_t i = 0; i < kPromptTokens; ++i) {
+      p.tokens[i] = static_cast<int32_t>(3 + r % 997 + i);
+    }
     auto out = (*device)->prefill(std::span(&p, 1));
     if (!out.ok()) return out.error();
     int32_t last = out->seqs[0].tokens[0];

@@ -74,7 +74,9 @@ Replay plan_replay(const std::vector<workload::Request>& requests, const ServeBe
   replay.next_in_session.assign(requests.size(), -1);
   std::map<std::pair<uint32_t, uint32_t>, uint32_t> by_turn;  // (session, turn) -> index
   if (o.chain_sessions) {
-    for (uint32_t i = 0; i < requests.size(); ++i) by_turn[{requests[i].session, requests[i].turn}] = i;
+    for (uint32_t i = 0; i < requests.size(); ++i) {
+      by_turn[{requests[i].session, requests[i].turn}] = i;
+    }
   }
   std::mt19937_64 rng(o.seed);
   std::exponential_distribution<double> gap(o.request_rate_per_s > 0 ? o.request_rate_per_s : 1);
@@ -167,71 +169,107 @@ double sum_metric(const std::string& text, const std::string& metric) {
   return total;
 }
 
+namespace {
+
+// One replay: the loop's state, split into steps.
+class Runner {
+ public:
+  Runner(const std::vector<workload::Request>& requests, const ServeBenchOptions& o,
+         ServeBenchResult& result)
+      : requests_(requests), o_(o), result_(result), replay_(plan_replay(requests, o)),
+        client_(o.target, o.timeout_s * 1000.0), progress_(o.progress),
+        slot_of_(requests.size(), SIZE_MAX),
+        stop_ms_(o.duration_s > 0 ? o.duration_s * 1000.0 : INFINITY) {}
+
+  void run() {
+    while (true) {
+      double now = client_.now_ms();
+      release_timers(now);
+      issue(now);
+      bool more = now < stop_ms_ && (!replay_.timers.empty() || !replay_.ready_new.empty() ||
+                                     !replay_.ready_continuing.empty());
+      if (in_flight_ == 0 && !more) break;
+      double wait = replay_.timers.empty()
+                        ? 50
+                        : std::clamp(replay_.timers.begin()->first - now, 0.0, 50.0);
+      for (auto& [tag, outcome] : client_.poll(in_flight_ == 0 ? wait : std::min(wait, 20.0))) {
+        on_finished(tag, outcome);
+      }
+      progress_.update(client_.now_ms(), result_.timelines.size() - in_flight_, in_flight_,
+                       requests_.size(), ttfts_ms_, output_tokens_);
+    }
+    progress_.end();
+  }
+
+ private:
+  void release_timers(double now) {
+    while (!replay_.timers.empty() && replay_.timers.begin()->first <= now) {
+      auto it = replay_.timers.begin();
+      (requests_[it->second].turn > 0 ? replay_.ready_continuing : replay_.ready_new)
+          .insert(it->second);
+      replay_.timers.erase(it);
+    }
+  }
+
+  void issue(double now) {
+    uint32_t index = 0;
+    while (now < stop_ms_ && in_flight_ < o_.concurrency && take_ready(replay_, &index)) {
+      RT_ASSERT(slot_of_[index] == SIZE_MAX, "a request is sent once", index);
+      client_.start(index, StreamCall{o_.chat ? "/v1/chat/completions" : "/v1/completions",
+                                      request_body(requests_[index], o_, result_.model), o_.chat});
+      slot_of_[index] = result_.timelines.size();
+      result_.request_indexes.push_back(index);
+      result_.timelines.emplace_back();
+      ++in_flight_;
+    }
+  }
+
+  void on_finished(uint64_t tag, const StreamOutcome& outcome) {
+    RT_ASSERT(in_flight_ > 0, "a call finished with none in flight");
+    RT_ASSERT(tag < slot_of_.size() && slot_of_[tag] != SIZE_MAX, "finished call started", tag);
+    --in_flight_;
+    workload::RequestTimeline& t = result_.timelines[slot_of_[tag]];
+    t = to_timeline(requests_[tag], outcome);
+    if (!t.error_kind.empty()) result_.error_examples.emplace(t.error_kind, outcome.error_detail);
+    if (t.error_kind.empty() && !t.chunk_ms.empty()) ttfts_ms_.push_back(t.chunk_ms[0] - t.send_ms);
+    output_tokens_ += t.output_tokens;
+    int64_t next = replay_.next_in_session[tag];
+    if (next >= 0) {
+      double think = o_.use_think_time ? requests_[static_cast<size_t>(next)].think_time_ms : 0;
+      replay_.timers.emplace(client_.now_ms() + think, static_cast<uint32_t>(next));
+    }
+  }
+
+  const std::vector<workload::Request>& requests_;
+  const ServeBenchOptions& o_;
+  ServeBenchResult& result_;
+  Replay replay_;
+  StreamClient client_;
+  Progress progress_;
+  std::vector<size_t> slot_of_;  // workload index -> timeline index
+  double stop_ms_;
+  size_t in_flight_ = 0;
+  std::vector<double> ttfts_ms_;
+  uint64_t output_tokens_ = 0;
+};
+
+}  // namespace
+
 Result<ServeBenchResult> run_serve_bench(const std::vector<workload::Request>& all,
                                          const ServeBenchOptions& o) {
   if (all.empty()) return make_error(ErrorKind::invalid, "the workload has no requests");
   if (o.concurrency == 0) return make_error(ErrorKind::invalid, "--concurrency must be >= 1");
-  std::vector<workload::Request> requests(
-      all.begin(), all.begin() + (o.requests_max > 0 ? std::min<size_t>(o.requests_max, all.size())
-                                                     : all.size()));
+  size_t count = o.requests_max > 0 ? std::min<size_t>(o.requests_max, all.size()) : all.size();
+  std::vector<workload::Request> requests(all.begin(), all.begin() + static_cast<long>(count));
   ServeBenchResult result;
+  result.model = o.model;
   if (o.model.empty()) {
     auto model = first_model(o.target);
     if (!model.ok()) return model.error();
     result.model = *model;
-  } else {
-    result.model = o.model;
   }
   result.prefix_before = read_prefix(o);
-  Replay replay = plan_replay(requests, o);
-  StreamClient client(o.target, o.timeout_s * 1000.0);
-  Progress progress(o.progress);
-  std::vector<double> ttfts;
-  uint64_t output_tokens = 0;
-  size_t in_flight = 0;
-  std::vector<size_t> slot_of(requests.size(), SIZE_MAX);  // workload index -> timeline
-  double stop_ms = o.duration_s > 0 ? o.duration_s * 1000.0 : INFINITY;
-  while (true) {
-    double now = client.now_ms();
-    while (!replay.timers.empty() && replay.timers.begin()->first <= now) {
-      auto it = replay.timers.begin();
-      (requests[it->second].turn > 0 ? replay.ready_continuing : replay.ready_new)
-          .insert(it->second);
-      replay.timers.erase(it);
-    }
-    uint32_t index = 0;
-    while (now < stop_ms && in_flight < o.concurrency && take_ready(replay, &index)) {
-      client.start(index, StreamCall{o.chat ? "/v1/chat/completions" : "/v1/completions",
-                                     request_body(requests[index], o, result.model), o.chat});
-      slot_of[index] = result.timelines.size();
-      result.request_indexes.push_back(index);
-      result.timelines.emplace_back();
-      ++in_flight;
-    }
-    bool more = now < stop_ms && (!replay.timers.empty() || !replay.ready_new.empty() ||
-                                  !replay.ready_continuing.empty());
-    if (in_flight == 0 && !more) break;
-    double wait = replay.timers.empty() ? 50 : std::clamp(replay.timers.begin()->first - now, 0.0, 50.0);
-    for (auto& [tag, outcome] : client.poll(in_flight == 0 ? wait : std::min(wait, 20.0))) {
-      RT_ASSERT(in_flight > 0, "a call finished with none in flight");
-      --in_flight;
-      RT_ASSERT(tag < slot_of.size() && slot_of[tag] != SIZE_MAX, "finished call started", tag);
-      const workload::Request& r = requests[tag];
-      auto& t = result.timelines[slot_of[tag]];
-      t = to_timeline(r, outcome);
-      if (!t.error_kind.empty()) result.error_examples.emplace(t.error_kind, outcome.error_detail);
-      if (t.error_kind.empty() && !t.chunk_ms.empty()) ttfts.push_back(t.chunk_ms[0] - t.send_ms);
-      output_tokens += t.output_tokens;
-      int64_t next = replay.next_in_session[tag];
-      if (next >= 0) {
-        double think = o.use_think_time ? requests[static_cast<size_t>(next)].think_time_ms : 0;
-        replay.timers.emplace(client.now_ms() + think, static_cast<uint32_t>(next));
-      }
-    }
-    progress.update(client.now_ms(), result.timelines.size() - in_flight, in_flight,
-                    requests.size(), ttfts, output_tokens);
-  }
-  progress.end();
+  Runner(requests, o, result).run();
   result.prefix_after = read_prefix(o);
   double queries = result.prefix_after.queries_tokens - result.prefix_before.queries_tokens;
   if (result.prefix_before.ok && result.prefix_after.ok && queries > 0) {
@@ -242,6 +280,7 @@ Result<ServeBenchResult> run_serve_bench(const std::vector<workload::Request>& a
   if (!summary.ok()) return summary.error();
   result.summary = std::move(summary).value();
   RT_ASSERT(result.summary.requests_count == result.timelines.size(), "every request counted");
+  RT_ASSERT(result.request_indexes.size() == result.timelines.size(), "one index per timeline");
   return result;
 }
 

@@ -63,7 +63,9 @@ Result<std::vector<workload::Request>> make_workload(const cli::Flags& f) {
     std::stringstream ss;
     ss << in.rdbuf();
     auto read = workload::read_jsonl(ss.str());
-    if (!read.ok()) return make_error(ErrorKind::invalid, f.get("trace") + ": " + read.error().message);
+    if (!read.ok()) {
+      return make_error(ErrorKind::invalid, f.get("trace") + ": " + read.error().message);
+    }
     return read;
   }
   std::string kind = f.get("workload");
@@ -75,7 +77,9 @@ Result<std::vector<workload::Request>> make_workload(const cli::Flags& f) {
   if (kind == "random") {
     workload::RandomParams p;
     p.seed = seed, p.vocab_size = vocab, p.input_tokens = in, p.output_tokens = out;
-    if (!get_u32(f, "requests", 0, 1 << 24, &p.requests_count)) return make_error(ErrorKind::invalid, "--requests");
+    if (!get_u32(f, "requests", 0, 1 << 24, &p.requests_count)) {
+      return make_error(ErrorKind::invalid, "--requests");
+    }
     if (p.requests_count == 0) p.requests_count = 1000;
     auto r = f.get_double("range-ratio");
     if (!r) return make_error(ErrorKind::invalid, "--range-ratio");

@@ -79,9 +79,9 @@ std::string describe(const ServeBenchResult& r) {
   }
   for (const auto& [kind, count] : s.errors_by_kind) {
     auto ex = r.error_examples.find(kind);
+    bool example = ex != r.error_examples.end() && !ex->second.empty();
     out += "  error " + kind + ": " + std::to_string(count) +
-           (ex != r.error_examples.end() && !ex->second.empty() ? " (e.g. " + ex->second + ")" : "") +
-           "\n";
+           (example ? " (e.g. " + ex->second + ")" : "") + "\n";
   }
   if (r.prefix_hit_rate >= 0) {
     char line[128];
