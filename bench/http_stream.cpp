@@ -429,6 +429,16 @@ Result<std::pair<int, std::string>> http_get(const HttpEndpoint& target, const s
       close(fd);
       return make_error(ErrorKind::timed_out, "GET " + path + ": no answer in time");
     }
+    int err = 0;
+    socklen_t err_len = sizeof(err);
+    if ((p.revents & POLLERR) && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) == 0 &&
+        err != 0 && sent == 0) {
+      close(fd);
+      return make_error(ErrorKind::disconnected, "GET " + path + ": cannot connect to " +
+                                                     target.host + ":" +
+                                                     std::to_string(target.port) + ": " +
+                                                     std::strerror(err));
+    }
     if ((p.revents & POLLOUT) && sent < req.size()) {
       ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
       if (n > 0) sent += static_cast<size_t>(n);
@@ -437,7 +447,14 @@ Result<std::pair<int, std::string>> http_get(const HttpEndpoint& target, const s
     char buf[65536];
     ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n < 0 && errno == EAGAIN) continue;
-    if (n <= 0) {
+    if (n < 0) {
+      std::string why = std::strerror(errno);
+      close(fd);
+      return make_error(ErrorKind::disconnected, "GET " + path + ": cannot connect to " +
+                                                     target.host + ":" +
+                                                     std::to_string(target.port) + ": " + why);
+    }
+    if (n == 0) {
       parser.on_close();
       if (!parser.complete()) {
         close(fd);

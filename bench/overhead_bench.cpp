@@ -58,8 +58,10 @@ std::string manifest_text(const std::string& model_dir, uint16_t http_port) {
        inst("role = \"router\"\nname = \"router\"\n") +
        inst("role = \"prefill\"\nname = \"prefill\"\nexecutor = \"exec-p\"\n") +
        inst("role = \"decode\"\nname = \"decode\"\nexecutor = \"exec-d\"\n") +
-       inst("role = \"executor\"\nname = \"exec-p\"\ndevice = \"sim\"\nkv_blocks = 4096\n") +
-       inst("role = \"executor\"\nname = \"exec-d\"\ndevice = \"sim\"\nkv_blocks = 4096\n");
+       inst("role = \"executor\"\nname = \"exec-p\"\ndevice = \"sim\"\ndevices = [0]\n"
+            "kv_blocks = 4096\n") +
+       inst("role = \"executor\"\nname = \"exec-d\"\ndevice = \"sim\"\ndevices = [1]\n"
+            "kv_blocks = 4096\n");
   return t;
 }
 

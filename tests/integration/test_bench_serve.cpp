@@ -28,8 +28,10 @@ std::string manifest(uint16_t http_port) {
        {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
         "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
         "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
-        "role = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\nkv_blocks = 1024\n",
-        "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\nkv_blocks = 1024\n"}) {
+        "role = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\ndevices = [0]\n"
+        "kv_blocks = 1024\n",
+        "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
+        "kv_blocks = 1024\n"}) {
     t += std::string("[[node.instance]]\n") + inst;
   }
   return t;
