@@ -49,7 +49,11 @@ std::string manifest_text(const std::string& model_dir, uint16_t http_port) {
                   "[gateway]\nrequests_max = 4096\n"
                   "[decode]\nwaiting_max = 4096\nseqs_max = 1024\nstep_tokens_max = 4096\n"
                   "[prefill]\nqueue_max = 4096\nrunning_max = 256\nheld_max = 1024\n[sim]\n";
-  for (const auto& [k, v] : kSim) t += std::string(k) + " = " + std::to_string(v) + "\n";
+  for (const auto& [k, v] : kSim) {
+    char value[64];
+    std::snprintf(value, sizeof(value), "%.17g", v);  // exact: 1/128 must stay 1/128
+    t += std::string(k) + " = " + value + "\n";
+  }
   t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
        std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
        "\nhttp_port = " + std::to_string(http_port) + "\n";
