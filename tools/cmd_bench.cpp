@@ -4,7 +4,9 @@
 
 #include "bench/device_bench.hpp"
 #include "bench/hash_bench.hpp"
+#include "bench/overhead_bench.hpp"
 #include "bench/router_bench.hpp"
+#include "bench/serve_bench.hpp"
 #include "bench/transport_bench.hpp"
 #include "tools/commands.hpp"
 
@@ -42,6 +44,8 @@ int cmd_bench(cli::Args args) {
       {"transport", bench::run_transport_bench},
       {"hash", run_hash},
       {"router", bench::run_router_bench_cli},
+      {"serve", bench::run_serve_bench_cli},
+      {"overhead", bench::run_overhead_bench},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {

@@ -1,0 +1,271 @@
+#include "bench/overhead_bench.hpp"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "bench/serve_bench.hpp"
+#include "devices/device.hpp"
+#include "runtime/base/assert.hpp"
+
+namespace tandem::bench {
+namespace {
+
+constexpr uint32_t kPromptTokens = 16;
+
+// The sim parameters of both the cluster's executors and the direct baseline.
+const std::vector<std::pair<const char*, double>> kSim = {
+    {"time_factor", 0},     {"kv_scale", 0.0078125},      {"vocab", 32000},
+    {"bos_id", 1},          {"eos_id", 2},                {"max_position", 4096},
+    {"output_tokens_sigma", 0}, {"output_tokens_mean", 16384}, {"output_tokens_max", 16384}};
+
+uint16_t free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  RT_ASSERT(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "bind port 0");
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string manifest_text(const std::string& model_dir, uint16_t http_port) {
+  std::string t = "[cluster]\nname = \"overhead\"\n[model]\nname = \"stories15M\"\npath = \"" +
+                  model_dir + "\"\nblock_tokens = 16\nmax_model_tokens = 4096\n"
+                  "[gateway]\nrequests_max = 4096\n"
+                  "[decode]\nwaiting_max = 4096\nseqs_max = 1024\nstep_tokens_max = 4096\n"
+                  "[prefill]\nqueue_max = 4096\nrunning_max = 256\nheld_max = 1024\n[sim]\n";
+  for (const auto& [k, v] : kSim) {
+    char value[64];
+    std::snprintf(value, sizeof(value), "%.17g", v);  // exact: 1/128 must stay 1/128
+    t += std::string(k) + " = " + value + "\n";
+  }
+  t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
+       std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
+       "\nhttp_port = " + std::to_string(http_port) + "\n";
+  auto inst = [](const std::string& body) { return "[[node.instance]]\n" + body; };
+  t += inst("role = \"gateway\"\nname = \"gateway\"\n") +
+       inst("role = \"router\"\nname = \"router\"\n") +
+       inst("role = \"prefill\"\nname = \"prefill\"\nexecutor = \"exec-p\"\n") +
+       inst("role = \"decode\"\nname = \"decode\"\nexecutor = \"exec-d\"\n") +
+       inst("role = \"executor\"\nname = \"exec-p\"\ndevice = \"sim\"\ndevices = [0]\n"
+            "kv_blocks = 4096\n") +
+       inst("role = \"executor\"\nname = \"exec-d\"\ndevice = \"sim\"\ndevices = [1]\n"
+            "kv_blocks = 4096\n");
+  return t;
+}
+
+// The node process; SIGTERM then wait on destruction.
+class NodeProcess {
+ public:
+  NodeProcess(const std::string& manifest, const std::string& log) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execl("/proc/self/exe", "tandem", "node", "--manifest", manifest.c_str(), "--node", "local",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~NodeProcess() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    for (int i = 0; i < 500 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  NodeProcess(const NodeProcess&) = delete;
+  NodeProcess& operator=(const NodeProcess&) = delete;
+  bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+bool wait_healthy(const HttpEndpoint& gateway, const NodeProcess& node, double timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline && node.alive()) {
+    auto got = http_get(gateway, "/health", 1000);
+    if (got.ok() && got->first == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// Direct baseline: per request one prefill of kPromptTokens + (output - 1) decode steps.
+Result<workload::LatencyStats> direct_e2e(uint32_t output_tokens, uint32_t requests_count) {
+  devices::DeviceSpec spec;
+  spec.kind = config::DeviceKind::sim;
+  spec.block_tokens = 16;
+  spec.blocks_total = 64;
+  for (const auto& [k, v] : kSim) spec.sim[k] = v;
+  auto device = devices::make_device(spec);
+  if (!device.ok()) return device.error();
+  std::vector<double> e2e_ms;
+  for (uint32_t r = 0; r < requests_count; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    devices::PrefillSeq p{r, {0, 1, 2}, 0, std::vector<int32_t>(kPromptTokens)};
+    for (uint32_t i = 0; i < kPromptTokens; ++i) {
+      p.tokens[i] = static_cast<int32_t>(3 + r % 997 + i);
+    }
+    auto out = (*device)->prefill(std::span(&p, 1));
+    if (!out.ok()) return out.error();
+    int32_t last = out->seqs[0].tokens[0];
+    for (uint32_t s = 1; s < output_tokens; ++s) {
+      devices::DecodeSeq d{r, {0, 1, 2}, kPromptTokens + s - 1, {last}};
+      auto step = (*device)->decode(std::span(&d, 1));
+      if (!step.ok()) return step.error();
+      last = step->seqs[0].tokens[0];
+    }
+    e2e_ms.push_back(std::chrono::duration<double, std::milli>(
+                         std::chrono::steady_clock::now() - t0).count());
+  }
+  return workload::latency_stats(std::move(e2e_ms));
+}
+
+struct Point {
+  uint32_t concurrency = 0, output_tokens = 0;
+  workload::BenchSummary cluster;
+  workload::LatencyStats direct;
+};
+
+Result<Point> measure(const HttpEndpoint& gateway, uint32_t concurrency, uint32_t output_tokens,
+                      uint32_t requests_count) {
+  workload::RandomParams p;
+  p.seed = concurrency * 100 + output_tokens;
+  p.vocab_size = 32000;
+  p.requests_count = requests_count;
+  p.input_tokens = kPromptTokens;
+  p.output_tokens = output_tokens;
+  auto requests = workload::generate_random(p);
+  if (!requests.ok()) return requests.error();
+  ServeBenchOptions o;
+  o.target = gateway;
+  o.concurrency = concurrency;
+  o.chain_sessions = false;
+  o.progress = false;
+  o.timeout_s = 60;
+  auto run = run_serve_bench(*requests, o);
+  if (!run.ok()) return run.error();
+  auto direct = direct_e2e(output_tokens, std::min<uint32_t>(requests_count, 2000));
+  if (!direct.ok()) return direct.error();
+  return Point{concurrency, output_tokens, run->summary, *direct};
+}
+
+void print_point(const Point& pt) {
+  const auto& c = pt.cluster;
+  std::string errors;
+  for (const auto& [kind, n] : c.errors_by_kind) errors += " " + kind + "=" + std::to_string(n);
+  std::printf("| %5u | %3u | %6llu | %8.3f | %8.3f | %8.4f | %8.4f | %8.3f | %8.3f | %9.0f |%s\n",
+              pt.concurrency, pt.output_tokens, static_cast<unsigned long long>(c.requests_count),
+              c.e2e_ms.p50, c.e2e_ms.p99, pt.direct.p50, pt.direct.p99,
+              c.e2e_ms.p50 - pt.direct.p50, c.e2e_ms.p99 - pt.direct.p99,
+              c.request_throughput_per_s, errors.empty() ? "" : (" errors:" + errors).c_str());
+  std::fflush(stdout);
+}
+
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+}  // namespace
+
+int run_overhead_bench(cli::Args args) {
+  cli::Flags f("tandem bench overhead [--model-dir DIR] [--requests N] [--concurrency LIST]",
+               "Added latency of gateway + router + prefill/decode actors per short request\n"
+               "(16 prompt tokens; 1 and 16 output tokens) on the sim device, time factor 0,\n"
+               "versus the same device driven in-process. Goal: < 0.5 ms p99.");
+  f.flag("model-dir", "DIR", "tokenizer source (stories15M)", "models/stories15M")
+      .flag("requests", "N", "requests per point (at least 4 x concurrency are run)", "1000")
+      .flag("concurrency", "LIST", "comma-separated stream counts", "1,64,1000")
+      .flag("keep", "", "keep the temp dir (manifest, node log)");
+  int code = 0;
+  if (!f.parse(args, &code)) return code;
+  auto requests = f.get_int("requests");
+  if (!requests || *requests < 1 || *requests > 1000000) return 2;
+  std::vector<uint32_t> levels;
+  std::stringstream list(f.get("concurrency"));
+  for (std::string item; std::getline(list, item, ',');) {
+    long v = std::strtol(item.c_str(), nullptr, 10);
+    if (v < 1 || v > 20000) {
+      std::fprintf(stderr, "tandem bench overhead: --concurrency: '%s' not in 1..20000\n",
+                   item.c_str());
+      return 2;
+    }
+    levels.push_back(static_cast<uint32_t>(v));
+  }
+  std::error_code ec;
+  std::string model_dir = std::filesystem::absolute(f.get("model-dir"), ec).string();
+  if (ec || !std::filesystem::is_directory(model_dir)) {
+    std::fprintf(stderr, "tandem bench overhead: --model-dir %s is not a directory\n",
+                 model_dir.c_str());
+    return 2;
+  }
+  raise_fd_limit();
+  char dir_template[] = "/tmp/tandem-overhead-XXXXXX";
+  std::string dir = mkdtemp(dir_template);
+  HttpEndpoint gateway{"127.0.0.1", free_port()};
+  std::ofstream(dir + "/cluster.toml") << manifest_text(model_dir, gateway.port);
+  int rc = 0;
+  {
+    NodeProcess node(dir + "/cluster.toml", dir + "/node.log");
+    if (!wait_healthy(gateway, node, 60)) {
+      std::fprintf(stderr, "tandem bench overhead: the node did not become healthy; log: %s\n",
+                   (dir + "/node.log").c_str());
+      return 1;
+    }
+    ServeBenchOptions warm;  // warm-up: connections, allocator, caches
+    warm.target = gateway;
+    warm.progress = false;
+    warm.chain_sessions = false;
+    auto wreq = workload::generate_random({7, 32000, 50, kPromptTokens, 4, 0, 0});
+    if (!wreq.ok() || !run_serve_bench(*wreq, warm).ok()) {
+      std::fprintf(stderr, "tandem bench overhead: warm-up failed; log: %s/node.log\n",
+                   dir.c_str());
+      return 1;
+    }
+    std::printf("| streams | out | requests | cluster p50 ms | cluster p99 ms | direct p50 ms | "
+                "direct p99 ms | added p50 ms | added p99 ms | req/s |\n"
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (uint32_t out : {1u, 16u}) {
+      for (uint32_t c : levels) {
+        uint32_t n = std::max<uint32_t>(static_cast<uint32_t>(*requests), 4 * c);
+        auto pt = measure(gateway, c, out, n);
+        if (!pt.ok()) {
+          std::fprintf(stderr, "tandem bench overhead: %u streams: %s\n", c,
+                       pt.error().describe().c_str());
+          rc = 1;
+          continue;
+        }
+        print_point(*pt);
+        if (pt->cluster.failed_count > 0) rc = 3;
+      }
+    }
+  }
+  if (!f.has("keep")) std::filesystem::remove_all(dir, ec);
+  return rc;
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,81 @@
+// `tandem bench serve` (issue 5): a real HTTP client of the gateway that replays a workload
+// (tools/workload generators or a JSONL trace) at a concurrency or a request rate, for a
+// duration or a request count, and measures per request TTFT, TPOT, ITL and end-to-end
+// latency (tools/workload/bench_metrics does the arithmetic).
+//
+// Replay rules:
+//   - at most `concurrency` requests are in flight;
+//   - chain_sessions: turn t of a session is sent only after turn t-1 ended (plus its
+//     think_time_ms when use_think_time); continuing sessions go before new ones, so
+//     `concurrency` sessions stay in flight (agentic workload, traces);
+//   - request_rate_per_s > 0: first turns / unchained requests arrive as a Poisson process
+//     (seeded); 0: they are all ready at the start (closed loop);
+//   - duration_s > 0: no new request starts after it; those in flight finish.
+// One thread; I/O through bench/http_stream (epoll). Prints progress to stderr.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/http_stream.hpp"
+#include "runtime/base/result.hpp"
+#include "tools/cli.hpp"
+#include "tools/workload/bench_metrics.hpp"
+#include "tools/workload/workload.hpp"
+
+namespace tandem::bench {
+
+struct ServeBenchOptions {
+  HttpEndpoint target;
+  std::vector<HttpEndpoint> metrics;  // /metrics sources for the prefix hit rate; empty: target
+  std::string model;                  // "": the first id of GET /v1/models
+  bool chat = false;                  // /v1/chat/completions (text prompts only) vs completions
+  uint32_t concurrency = 8;
+  double request_rate_per_s = 0;
+  double duration_s = 0;       // 0: until every request ran
+  uint32_t requests_max = 0;   // 0: the whole workload
+  bool chain_sessions = true;
+  bool use_think_time = true;
+  double timeout_s = 600;      // per request
+  uint64_t seed = 1;           // Poisson arrivals
+  bool progress = true;
+  workload::SummaryOptions summary;
+};
+
+// Token-weighted prefix cache counters summed over every `tandem:prefix_cache_*` series.
+struct PrefixCounters {
+  double hits_tokens = 0;
+  double queries_tokens = 0;
+  bool ok = false;  // every /metrics source answered
+};
+
+struct ServeBenchResult {
+  std::string model;
+  std::vector<workload::RequestTimeline> timelines;  // in issue order
+  std::vector<uint32_t> request_indexes;             // workload index of each timeline
+  workload::BenchSummary summary;
+  PrefixCounters prefix_before, prefix_after;
+  double prefix_hit_rate = -1;  // (hits after - before) / (queries after - before); -1 unknown
+  std::map<std::string, std::string> error_examples;  // kind -> one detail
+};
+
+// Errors: invalid (empty workload, zero concurrency, no model found), disconnected (the
+// gateway is not reachable for /v1/models), and summarize()'s errors.
+Result<ServeBenchResult> run_serve_bench(const std::vector<workload::Request>& requests,
+                                         const ServeBenchOptions& options);
+
+// The summary as text (a table) and as JSON (summary, per-request timelines, options).
+std::string describe(const ServeBenchResult& result);
+std::string to_json(const ServeBenchResult& result, const ServeBenchOptions& options);
+// An SVG plot of the TTFT CDF (ms on x, fraction on y).
+std::string ttft_cdf_svg(const ServeBenchResult& result);
+
+// Sums the value of every sample of `metric` (any labels) in Prometheus text.
+double sum_metric(const std::string& prometheus_text, const std::string& metric);
+
+// `tandem bench serve ...` (flags: see --help).
+int run_serve_bench_cli(cli::Args args);
+
+}  // namespace tandem::bench

@@ -1,0 +1,133 @@
+// `tandem bench serve` against a real one-node cluster on the sim device (time factor 0):
+// a short replay completes with zero errors and the JSON result's counts match the trace.
+#include <doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/http_stream.hpp"
+#include "tests/support/process.hpp"
+#include "tools/workload/workload.hpp"
+
+using namespace tandem;
+using namespace tandem::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string manifest(uint16_t http_port) {
+  std::string model = source_root() + "/models/stories15M";
+  std::string t = "[cluster]\nname = \"bench-serve-it\"\n[model]\nname = \"stories15M\"\n"
+                  "path = \"" + model + "\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
+                  "[sim]\ntime_factor = 0\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\n"
+                  "eos_id = 2\nmax_position = 2048\noutput_tokens_sigma = 0\n"
+                  "output_tokens_mean = 16384\noutput_tokens_max = 16384\n";
+  t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
+       std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
+       "\nhttp_port = " + std::to_string(http_port) + "\n";
+  for (const char* inst :
+       {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
+        "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
+        "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
+        "role = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\ndevices = [0]\n"
+        "kv_blocks = 1024\n",
+        "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
+        "kv_blocks = 1024\n"}) {
+    t += std::string("[[node.instance]]\n") + inst;
+  }
+  return t;
+}
+
+// A trace: 3 sessions x 4 turns, each turn resending the previous prompt plus new tokens,
+// every session starting with the same 64-token system prefix.
+std::vector<workload::Request> make_trace() {
+  std::vector<workload::Request> out;
+  std::vector<uint32_t> system;
+  for (uint32_t i = 0; i < 64; ++i) system.push_back(100 + i * 7);
+  for (uint32_t s = 0; s < 3; ++s) {
+    std::vector<uint32_t> prompt = system;
+    for (uint32_t turn = 0; turn < 4; ++turn) {
+      for (uint32_t i = 0; i < 20 + 5 * turn; ++i) prompt.push_back(1000 + s * 500 + turn * 50 + i);
+      workload::Request r;
+      r.session = s;
+      r.turn = turn;
+      r.think_time_ms = turn == 0 ? 0 : 5;
+      r.expected_output_tokens = 3 + 2 * turn + s;
+      r.prompt_token_ids = prompt;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bench serve replays a trace against a sim cluster with zero errors") {
+  std::string dir = make_temp_dir("bench-serve");
+  uint16_t http_port = free_port();
+  write_file(dir + "/cluster.toml", manifest(http_port));
+  Child node({tandem_bin(), "node", "--manifest", dir + "/cluster.toml", "--node", "local"},
+             dir + "/node.log");
+  bench::HttpEndpoint gateway{"127.0.0.1", http_port};
+  bool healthy = eventually(60s, [&] {
+    auto got = bench::http_get(gateway, "/health", 500);
+    return got.ok() && got->first == 200;
+  });
+  INFO("node log: " << node.log());
+  REQUIRE(healthy);
+
+  std::vector<workload::Request> trace = make_trace();
+  write_file(dir + "/trace.jsonl", workload::to_jsonl(trace));
+  std::string target = "127.0.0.1:" + std::to_string(http_port);
+  RunResult run = testing::run({tandem_bin(), "bench", "serve", "--target", target, "--trace",
+                                dir + "/trace.jsonl", "--concurrency", "2", "--json",
+                                dir + "/result.json", "--svg", dir + "/ttft.svg", "--no-progress"},
+                               120s);
+  INFO("bench output: " << run.output);
+  REQUIRE(run.exit_code == 0);
+
+  auto j = nlohmann::json::parse(read_file(dir + "/result.json"));
+  const auto& s = j["summary"];
+  CHECK(s["requests_count"] == trace.size());
+  CHECK(s["succeeded_count"] == trace.size());
+  CHECK(s["failed_count"] == 0);
+  CHECK(s["errors_by_kind"].empty());
+  CHECK(s["ttft_ms"]["count"] == trace.size());
+  REQUIRE(j["requests"].size() == trace.size());
+  uint64_t expected_output = 0;
+  for (const auto& r : j["requests"]) {
+    const workload::Request& want = trace.at(r["index"].get<size_t>());
+    CHECK(r["error"] == "");
+    CHECK(r["turn"] == want.turn);
+    CHECK(r["prompt_tokens"] == want.prompt_token_ids.size());
+    CHECK(r["output_tokens"] == want.expected_output_tokens);
+    CHECK(r["first_chunk_ms"].get<double>() >= r["send_ms"].get<double>());
+    CHECK(r["end_ms"].get<double>() >= r["first_chunk_ms"].get<double>());
+    expected_output += want.expected_output_tokens;
+  }
+  double tokens = s["output_token_throughput_per_s"].get<double>() * s["duration_ms"].get<double>();
+  CHECK(tokens / 1000.0 == doctest::Approx(static_cast<double>(expected_output)).epsilon(0.01));
+  // Turns resend their history: the cluster's prefix caches must have seen hits.
+  REQUIRE(j["prefix_cache"]["hit_rate"].is_number());
+  CHECK(j["prefix_cache"]["hit_rate"].get<double>() > 0.0);
+  CHECK(read_file(dir + "/ttft.svg").find("<polyline") != std::string::npos);
+  node.signal(SIGTERM);
+  node.wait(5000ms);
+}
+
+TEST_CASE("bench serve: a bad trace line is an error naming the line") {
+  std::string dir = make_temp_dir("bench-serve-bad");
+  write_file(dir + "/trace.jsonl", "{\"session\":0,\"turn\":0}\nnot json\n");
+  RunResult run = testing::run({tandem_bin(), "bench", "serve", "--target", "127.0.0.1:9",
+                                "--trace", dir + "/trace.jsonl", "--no-progress"},
+                               30s);
+  CHECK(run.exit_code == 2);
+  CHECK(run.output.find("line 1") != std::string::npos);
+}
+
+TEST_CASE("bench serve: an unreachable gateway is a clear error, not a crash") {
+  RunResult run = testing::run({tandem_bin(), "bench", "serve", "--target", "127.0.0.1:9",
+                                "--requests", "3", "--no-progress"},
+                               30s);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("cannot connect") != std::string::npos);
+}
