@@ -457,11 +457,21 @@ Result<RawResults> run_raw(const Settings& s) {
 // ---- through a real node ----------------------------------------------------------------------
 namespace {
 
+// The node's gateway loads the model's tokenizer: the bundled stories15M (setup installs it
+// under the source tree; TANDEM_SOURCE_ROOT, else the current directory).
+std::string bench_model_path() {
+  const char* root = std::getenv("TANDEM_SOURCE_ROOT");
+  return std::filesystem::absolute(std::filesystem::path(root ? root : ".") / "models" /
+                                   "stories15M")
+      .string();
+}
+
 std::string node_manifest(const std::string& provider, uint16_t fabric_port, uint16_t admin_port,
                           uint16_t http_port, uint32_t spin_us) {
   return "[cluster]\nname = \"bench-transport\"\n[fabric]\nprovider = \"" + provider +
          "\"\nspin_us = " + std::to_string(spin_us) +
-         "\n[model]\nname = \"bench\"\npath = \"model\"\nblock_tokens = 16\n"
+         "\n[model]\nname = \"bench\"\npath = \"" + bench_model_path() +
+         "\"\nblock_tokens = 16\n"
          "max_model_tokens = 256\n"
          "\n[[node]]\nname = \"bench\"\nhost = \"127.0.0.1\"\nfabric_port = " +
          std::to_string(fabric_port) + "\nadmin_port = " + std::to_string(admin_port) +

@@ -77,9 +77,9 @@ heartbeat_interval_ms = 100
 heartbeat_miss_max = 5
 [model]
 name = "stories15M"
-path = "models/stories15M"
 block_tokens = 16
 max_model_tokens = 256
+path = ")" + source_root() + R"(/models/stories15M"
 )";
     auto node = [&](const std::string& name, const std::string& instances) {
       Ports p = ports_[name];

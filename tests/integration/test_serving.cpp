@@ -39,7 +39,9 @@ std::string instance(const std::string& role, const std::string& name,
 }
 
 std::string executor(const std::string& name) {
-  return instance("executor", name) + "  device = \"cpu\"\n  devices = [0]\n";
+  // Two cpu executors on one node need distinct device indexes.
+  return instance("executor", name) + "  device = \"cpu\"\n  devices = [" +
+         std::string(name == "exec-d" ? "1" : "0") + "]\n";
 }
 
 // A running cluster; nodes are SIGTERMed (then SIGKILLed by ~Child) on destruction.
