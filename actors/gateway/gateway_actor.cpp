@@ -470,7 +470,12 @@ void start_request(GatewayActor* self, const HttpCall& call, ApiKind api,
     }
   }
   r.renderer = gateway::make_renderer(api, options, *r.ids);
-  r.decoder = std::make_unique<text::StreamDecoder>(*st.tokenizer);
+  // Completions continue the prompt's text: decode against its last token, so a leading space
+  // of the first generated token is kept (as `tandem generate` prints it). Chat replies start
+  // a message, where SentencePiece's leading space is dropped.
+  std::optional<int32_t> prev_id;
+  if (api == ApiKind::completions && !r.prompt.empty()) prev_id = r.prompt.back();
+  r.decoder = std::make_unique<text::StreamDecoder>(*st.tokenizer, prev_id);
   r.stops = std::make_unique<gateway::StopMatcher>(spec.sampling.stop);
   r.spec = std::move(spec);
   if (r.spec.stream) {

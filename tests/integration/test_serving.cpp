@@ -38,10 +38,9 @@ std::string instance(const std::string& role, const std::string& name,
   return text;
 }
 
-std::string executor(const std::string& name) {
-  // Two cpu executors on one node need distinct device indexes.
+std::string executor(const std::string& name, int device_index = 0) {
   return instance("executor", name) + "  device = \"cpu\"\n  devices = [" +
-         std::string(name == "exec-d" ? "1" : "0") + "]\n";
+         std::to_string(device_index) + "]\n";
 }
 
 // A running cluster; nodes are SIGTERMed (then SIGKILLed by ~Child) on destruction.
@@ -125,7 +124,7 @@ class ServeCluster {
     if (layout_ == Layout::one_node) {
       return text + node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
                                           instance("decode", "decode", "exec-d") +
-                                          executor("exec-p") + executor("exec-d"));
+                                          executor("exec-p") + executor("exec-d", 1));
     }
     return text + node_text("front", front_roles) +
            node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
