@@ -127,6 +127,8 @@ class Endpoint final : public FabricEndpoint {
   void progress_loop();
   void handle_completion(const fi_cq_msg_entry& entry);
   void handle_error_completion();
+  // A read chunk's completion (ok or failed): frees the op, finishes the chunk, pumps.
+  void complete_read(Op* raw, Status status);
   void finish_send(Op* op, bool ok);
   void finish_read_chunk(Op* op, Status status);
   void pump_peer(Peer& peer);      // mu_ held
@@ -503,6 +505,15 @@ void Endpoint::finish_send(Op* op, bool ok) {
   pump_peer(peer->second);
 }
 
+void Endpoint::complete_read(Op* raw, Status status) {
+  std::unique_ptr<Op> op(raw);
+  std::lock_guard lock(mu_);
+  RT_ASSERT(reads_inflight_ > 0);
+  --reads_inflight_;
+  finish_read_chunk(op.get(), std::move(status));
+  pump_reads();
+}
+
 void Endpoint::handle_completion(const fi_cq_msg_entry& entry) {
   Op* raw = static_cast<Op*>(entry.op_context);
   RT_ASSERT(raw != nullptr);
@@ -521,15 +532,9 @@ void Endpoint::handle_completion(const fi_cq_msg_entry& entry) {
       finish_send(op.get(), true);
       return;
     }
-    case Op::Kind::read: {
-      std::unique_ptr<Op> op(raw);
-      std::lock_guard lock(mu_);
-      RT_ASSERT(reads_inflight_ > 0);
-      --reads_inflight_;
-      finish_read_chunk(op.get(), {});
-      pump_reads();
+    case Op::Kind::read:
+      complete_read(raw, {});
       return;
-    }
   }
 }
 
@@ -551,16 +556,9 @@ void Endpoint::handle_error_completion() {
       finish_send(op.get(), false);
       return;
     }
-    case Op::Kind::read: {
-      std::unique_ptr<Op> op(raw);
-      std::lock_guard lock(mu_);
-      RT_ASSERT(reads_inflight_ > 0);
-      --reads_inflight_;
-      finish_read_chunk(op.get(),
-                        make_error(ErrorKind::failed, fi_error_text("RMA read", -err.err)));
-      pump_reads();
+    case Op::Kind::read:
+      complete_read(raw, make_error(ErrorKind::failed, fi_error_text("RMA read", -err.err)));
       return;
-    }
   }
 }
 
