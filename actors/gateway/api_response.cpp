@@ -107,9 +107,11 @@ void RendererBase::account(const GenEvent& event, std::string_view tool_id_prefi
     RT_ASSERT(options_.logprobs, "LogprobsDelta for a request without logprobs");
     RT_ASSERT(!finished_, "LogprobsDelta after Finish");
     for (const TokenLogprobs& t : l->tokens) {
-      int64_t offset = text_offsets_.empty()
-                           ? static_cast<int64_t>(options_.echo_text.size())
-                           : text_offsets_.back() + static_cast<int64_t>(logprobs_.back().token.size());
+      // Completions text_offset: bytes of the choice's text (echo included) before the token.
+      int64_t offset = static_cast<int64_t>(options_.echo_text.size());
+      if (!logprobs_.empty()) {
+        offset = text_offsets_.back() + static_cast<int64_t>(logprobs_.back().token.size());
+      }
       text_offsets_.push_back(offset);
       logprobs_.push_back(t);
     }

@@ -1,6 +1,6 @@
 // The official OpenAI SDK against a Tandem gateway: models, chat (plain and streaming with
-// usage), completions, chat logprobs, and the Responses API streaming. Prints PASS/FAIL per check; exits
-// non-zero on any failure. Options: see sdk_common.mjs.
+// usage), completions, chat logprobs, and the Responses API streaming. Prints PASS/FAIL per
+// check; exits non-zero on any failure. Options: see sdk_common.mjs.
 //   node tests/js/sdk_openai.mjs --base-url http://127.0.0.1:PORT --model stories15M
 import OpenAI from 'openai';
 import { check, expect, expectEqual, expectAuthError, finish, options } from './sdk_common.mjs';
