@@ -25,7 +25,7 @@ std::string model_dir() { return source_root() + "/models/stories15M"; }
 class LogprobCluster {
  public:
   explicit LogprobCluster(int disaggregate_tokens_min)
-      : dir_(make_temp_dir("logprobs")), http_port_(free_port()) {
+      : dir_(make_temp_dir("logprobs")), http_port_(free_port()), admin_port_(free_port()) {
     std::string manifest = dir_ + "/cluster.toml";
     write_file(manifest, manifest_text(disaggregate_tokens_min));
     node_ = std::make_unique<Child>(
@@ -39,6 +39,10 @@ class LogprobCluster {
   LogprobCluster(const LogprobCluster&) = delete;
   uint16_t port() const { return http_port_; }
   std::string log() { return node_->log(); }
+  double metric(const std::string& series, const std::string& labels) {
+    auto r = http::get(admin_port_, "/metrics", 3000ms);
+    return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, labels);
+  }
 
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
@@ -60,7 +64,7 @@ class LogprobCluster {
            "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
            std::to_string(disaggregate_tokens_min) + "\n" +
            "[[node]]\nname = \"solo\"\nhost = \"127.0.0.1\"\nfabric_port = " +
-           std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
+           std::to_string(free_port()) + "\nadmin_port = " + std::to_string(admin_port_) +
            "\nhttp_port = " + std::to_string(http_port_) + "\n" +
            inst("gateway", "gateway", "") + inst("router", "router", "") +
            inst("prefill", "prefill", "executor = \"exec-p\"\n") +
@@ -70,7 +74,7 @@ class LogprobCluster {
   }
 
   std::string dir_;
-  uint16_t http_port_;
+  uint16_t http_port_, admin_port_;
   std::unique_ptr<Child> node_;
 };
 
@@ -304,4 +308,7 @@ TEST_CASE("logprobs: the first token's come from a remote prefill (P/D) and matc
           1e-3);
   }
   CHECK(pd.log().find("prefilling locally") == std::string::npos);  // no fallback happened
+  // Both requests (and the warm-up) went through the prefill instance.
+  CHECK(pd.metric("tandem_router_picks_total", "kind=\"disaggregated\"") >= 3);
+  CHECK(pd.metric("tandem:kv_pulled_bytes_total", "") > 0);
 }
