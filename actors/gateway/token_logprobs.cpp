@@ -17,8 +17,8 @@ std::vector<TokenLogprobs> token_logprobs(std::span<const devices::SampledToken>
     entry.logprob = std::min(0.0, static_cast<double>(t.logprob));
     entry.top.reserve(t.top.size());
     for (const devices::TokenLogprob& alt : t.top) {
-      entry.top.push_back({decode_piece(prev_id, alt.token),
-                           std::min(0.0, static_cast<double>(alt.logprob))});
+      entry.top.push_back(
+          {decode_piece(prev_id, alt.token), std::min(0.0, static_cast<double>(alt.logprob))});
     }
     out.push_back(std::move(entry));
     prev_id = t.token;

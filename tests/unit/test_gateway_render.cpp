@@ -559,3 +559,30 @@ TEST_CASE("responses request: include turns logprobs on; top_logprobs is range c
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().param == "top_logprobs");
 }
+
+TEST_CASE("chat logprobs ride on reasoning and tool-call chunks too (every token listed)") {
+  std::vector<GenEvent> events = {LogprobsDelta{{lp("<think>", -0.1)}},
+                                  LogprobsDelta{{lp("hm", -0.2)}},
+                                  ReasoningDelta{"hm"},
+                                  LogprobsDelta{{lp("<tool>", -0.3)}},
+                                  ToolCallStart{0, "call_1", "f"},
+                                  LogprobsDelta{{lp("{}", -0.4)}},
+                                  ToolCallArgsDelta{0, "{}"},
+                                  Finish{FinishReason::stop, ""},
+                                  UsageReport{Usage{5, 0, 4, 2}}};
+  auto chunks = data_chunks(run(ApiKind::chat_completions, logprob_options(true), events));
+  // role, reasoning, tool start, tool args, finish, usage
+  REQUIRE(chunks.size() == 6);
+  auto tokens = [&chunks](size_t i) {
+    std::vector<std::string> out;
+    for (const json& e : chunks[i]["choices"][0]["logprobs"]["content"]) out.push_back(e["token"]);
+    return out;
+  };
+  CHECK(tokens(1) == std::vector<std::string>{"<think>", "hm"});
+  CHECK(tokens(2) == std::vector<std::string>{"<tool>"});
+  CHECK(tokens(3) == std::vector<std::string>{"{}"});
+  CHECK(tokens(4).empty());
+  std::string body;
+  run(ApiKind::chat_completions, logprob_options(false), events, &body);
+  CHECK(json::parse(body)["choices"][0]["logprobs"]["content"].size() == 4);
+}
