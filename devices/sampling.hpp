@@ -43,6 +43,10 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;  // each >= 0 (and < vocab when a vocab is given)
   uint64_t seed = 0;
   int32_t logprobs_top_n = 0;        // [0, 20]
+  // The caller reports logprobs (the sampled token's; plus logprobs_top_n alternatives).
+  // The sampler always computes the sampled token's logprob; this only travels with the
+  // request so shells know whether to send it.
+  bool logprobs = false;
 
   // Checks every field. vocab_count > 0 also checks stop_token_ids < vocab_count.
   // Error (invalid) names the parameter, the value and the allowed range, e.g.

@@ -1,5 +1,6 @@
 #include "messages/convert.hpp"
 
+#include <cmath>
 #include <cstring>
 
 namespace tandem::messages {
@@ -59,6 +60,7 @@ Result<devices::SamplingParams> get_sampling(wire::SamplingParams::Reader r, int
   p.seed = r.getSeed();
   p.logprobs_top_n = static_cast<int32_t>(std::min<uint32_t>(r.getLogprobsTopN(), 1000));
   p.stop_token_ids = get_tokens(r.getStopTokenIds());
+  p.logprobs = r.getLogprobs();
   return devices::validate(std::move(p), vocab_count);
 }
 
@@ -74,8 +76,91 @@ void set_sampling(wire::SamplingParams::Builder b, const devices::SamplingParams
   b.setSeed(p.seed);
   b.setHasSeed(has_seed);
   b.setLogprobsTopN(static_cast<uint32_t>(p.logprobs_top_n));
+  b.setLogprobs(p.logprobs);
   set_tokens(b.initStopTokenIds(static_cast<unsigned>(p.stop_token_ids.size())),
              p.stop_token_ids);
+}
+
+void set_top(wire::TopLogprobs::Builder builder, const std::vector<devices::TokenLogprob>& top) {
+  RT_ASSERT(top.size() <= size_t(devices::logprobs_top_n_max), top.size());
+  auto ids = builder.initTokenIds(static_cast<unsigned>(top.size()));
+  auto lps = builder.initLogprobs(static_cast<unsigned>(top.size()));
+  for (unsigned i = 0; i < top.size(); ++i) {
+    ids.set(i, top[i].token);
+    lps.set(i, top[i].logprob);
+  }
+}
+
+void set_logprobs(wire::TokenChunk::Builder chunk, std::span<const devices::SampledToken> tokens) {
+  auto ids = chunk.getTokenIds();
+  RT_ASSERT(ids.size() == tokens.size(), ids.size(), tokens.size());
+  auto lps = chunk.initLogprobs(static_cast<unsigned>(tokens.size()));
+  auto tops = chunk.initTopLogprobs(static_cast<unsigned>(tokens.size()));
+  for (unsigned i = 0; i < tokens.size(); ++i) {
+    RT_ASSERT(ids[i] == tokens[i].token, i, ids[i], tokens[i].token);
+    lps.set(i, tokens[i].logprob);
+    set_top(tops[i], tokens[i].top);
+  }
+}
+
+namespace {
+
+Status check_logprob(float logprob, const std::string& field) {
+  // A logprob is a natural log of a probability: <= 0 (a little float slack), never NaN.
+  if (std::isnan(logprob) || logprob > 1e-4f) {
+    return make_error(ErrorKind::invalid,
+                      field + " = " + std::to_string(logprob) + " is not a logprob (<= 0)");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::vector<devices::TokenLogprob>> get_top(wire::TopLogprobs::Reader reader,
+                                                   const std::string& field) {
+  auto ids = reader.getTokenIds();
+  auto lps = reader.getLogprobs();
+  if (ids.size() != lps.size()) {
+    return make_error(ErrorKind::invalid, field + ": " + std::to_string(ids.size()) +
+                                              " token ids but " + std::to_string(lps.size()) +
+                                              " logprobs");
+  }
+  if (ids.size() > unsigned(devices::logprobs_top_n_max)) {
+    return make_error(ErrorKind::invalid, field + ": " + std::to_string(ids.size()) +
+                                              " alternatives, at most 20");
+  }
+  std::vector<devices::TokenLogprob> out(ids.size());
+  for (unsigned i = 0; i < ids.size(); ++i) {
+    Status ok = check_logprob(lps[i], field + ".logprobs[" + std::to_string(i) + "]");
+    if (!ok.ok()) return ok.error();
+    out[i] = {ids[i], lps[i]};
+  }
+  return out;
+}
+
+Result<std::vector<devices::SampledToken>> get_logprobs(wire::TokenChunk::Reader chunk) {
+  auto ids = chunk.getTokenIds();
+  auto lps = chunk.getLogprobs();
+  auto tops = chunk.getTopLogprobs();
+  if (lps.size() == 0 && tops.size() == 0) return std::vector<devices::SampledToken>{};
+  if (lps.size() != ids.size() || tops.size() != ids.size()) {
+    return make_error(ErrorKind::invalid, "TokenChunk: " + std::to_string(ids.size()) +
+                                              " tokenIds but " + std::to_string(lps.size()) +
+                                              " logprobs and " + std::to_string(tops.size()) +
+                                              " topLogprobs");
+  }
+  std::vector<devices::SampledToken> out(ids.size());
+  for (unsigned i = 0; i < ids.size(); ++i) {
+    std::string index = "[" + std::to_string(i) + "]";
+    Status ok = check_logprob(lps[i], "TokenChunk.logprobs" + index);
+    if (!ok.ok()) return ok.error();
+    auto top = get_top(tops[i], "TokenChunk.topLogprobs" + index);
+    if (!top.ok()) return top.error();
+    out[i].token = ids[i];
+    out[i].logprob = lps[i];
+    out[i].top = std::move(top).value();
+  }
+  return out;
 }
 
 wire::ErrorKind to_wire(ErrorKind kind) {

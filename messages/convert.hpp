@@ -3,6 +3,8 @@
 // assertion.
 #pragma once
 
+#include <span>
+#include <string>
 #include <vector>
 
 #include "devices/sampling.hpp"
@@ -26,6 +28,20 @@ Result<devices::SamplingParams> get_sampling(wire::SamplingParams::Reader reader
                                              int64_t vocab_count);
 void set_sampling(wire::SamplingParams::Builder builder, const devices::SamplingParams& params,
                   bool has_seed);
+
+// Per-token logprobs of a TokenChunk (or a PrefillResult's first token): `token`, `logprob`
+// and `top` of each SampledToken (is_stop is not carried).
+// set_logprobs fills chunk.logprobs / chunk.topLogprobs, one entry per token; the chunk's
+// tokenIds must already hold the same tokens (asserted: sizes and ids match).
+void set_logprobs(wire::TokenChunk::Builder chunk, std::span<const devices::SampledToken> tokens);
+void set_top(wire::TopLogprobs::Builder builder, const std::vector<devices::TokenLogprob>& top);
+// Reads them back, checked: empty when the chunk carries none (both lists empty). Errors
+// (invalid, naming the field and index): a list whose length differs from tokenIds, top
+// lists of different lengths, a logprob that is NaN or > 0, more than logprobs_top_n_max
+// alternatives.
+Result<std::vector<devices::SampledToken>> get_logprobs(wire::TokenChunk::Reader chunk);
+Result<std::vector<devices::TokenLogprob>> get_top(wire::TopLogprobs::Reader reader,
+                                                   const std::string& field);
 
 wire::ErrorKind to_wire(ErrorKind kind);
 ErrorKind from_wire(wire::ErrorKind kind);

@@ -15,8 +15,9 @@ struct SamplingParams {
   frequencyPenalty @6 :Float32 = 0.0;
   seed @7 :UInt64;
   hasSeed @8 :Bool;
-  logprobsTopN @9 :UInt32;          # 0 = no logprobs
+  logprobsTopN @9 :UInt32;          # alternatives per token, [0, 20]; needs `logprobs`
   stopTokenIds @10 :List(Int32);
+  logprobs @11 :Bool;               # report each token's logprob (top 0 = the sampled one only)
 }
 
 struct Limits {
@@ -70,17 +71,21 @@ struct PrefillResult {
   blocks @3 :List(Kv.BlockDescriptor);
   cachedTokens @4 :UInt32;          # prompt tokens that came from prefill's prefix cache
   computeNs @5 :UInt64;
+  firstTokenTop @6 :TopLogprobs;    # the first token's alternatives (empty unless asked)
 }
 
-# Decode -> gateway: new tokens of a request, in order.
+# Decode -> gateway: new tokens of a request, in order. When the request asked for logprobs
+# (sampling.logprobs), `logprobs` and `topLogprobs` have one entry per token id (topLogprobs[i]
+# may be empty: top 0); otherwise both are empty (no cost).
 struct TokenChunk {
   requestId @0 :UInt64;
   tokenIds @1 :List(Int32);
-  logprobs @2 :List(Float32);       # same length as tokenIds when logprobs were asked for
+  logprobs @2 :List(Float32);       # natural log of the sampled token's probability, <= 0
   topLogprobs @3 :List(TopLogprobs);
   firstIndex @4 :UInt32;            # index of tokenIds[0] in the output
 }
 
+# The most probable tokens at one position, descending by logprob; both lists the same length.
 struct TopLogprobs {
   tokenIds @0 :List(Int32);
   logprobs @1 :List(Float32);

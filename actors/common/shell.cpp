@@ -57,6 +57,8 @@ Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, u
     devices::SampledToken t;
     t.token = out.tokens[row];
     for (int32_t stop : params.stop_token_ids) t.is_stop = t.is_stop || stop == t.token;
+    // A token-producing device is deterministic: the token has probability 1.
+    if (params.logprobs_top_n > 0) t.top.push_back({t.token, 0.0f});
     return t;
   }
   if (vocab_size == 0 || out.logits.size() < uint64_t(row + 1) * vocab_size) {

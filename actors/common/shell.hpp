@@ -46,7 +46,8 @@ namespace tandem::actors {
 // (params.seed, position), so a token does not depend on which instance samples it: prefill
 // sampling the first token and decode sampling the rest give what one instance would.
 // `out` is the device's output for the sequence; `row` selects a logits row (decode passes
-// with drafts produce several). Sim devices produce tokens instead of logits.
+// with drafts produce several). Sim devices produce tokens instead of logits: such a token
+// has logprob 0 and is its own only alternative (top = {token, 0} when logprobs_top_n > 0).
 Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, uint32_t position,
                                         const devices::SeqOutput& out, uint32_t row,
                                         std::span<const int32_t> history, uint32_t vocab_size);

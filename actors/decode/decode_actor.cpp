@@ -44,6 +44,10 @@ struct Seq {
   std::optional<decode::PullOrder> order;
   std::vector<RemoteBlock> remote;
   std::optional<int32_t> remote_first;
+  devices::SampledToken remote_first_logprobs;  // prefill's first token (when asked)
+  // Logprobs of tokens sampled and not yet streamed, in order (only when asked): emit()
+  // sends the first update.tokens.size() with the tokens and drops the rest.
+  std::vector<devices::SampledToken> unsent_logprobs;
   bool prefill_failed = false;
   bool pull_started = false;
   bool pull_failed = false;
@@ -98,21 +102,39 @@ wire::FinishReason to_wire(decode::FinishReason reason) {
   return wire::FinishReason::ERROR;
 }
 
+bool wants_logprobs(const devices::SamplingParams& p) {
+  return p.logprobs || p.logprobs_top_n > 0;
+}
+
+// The scheduler streams a prefix of what was sampled (it stops at EOS, a stop token or the
+// limit): the logprobs sent are those of exactly the tokens sent.
+void send_chunk(DecodeState& st, Seq& s, const decode::SeqUpdate& update) {
+  uint32_t first_index = s.output_count;
+  bool logprobs = wants_logprobs(s.sampling);
+  if (logprobs) {
+    RT_ASSERT(s.unsent_logprobs.size() >= update.tokens.size(), update.seq,
+              s.unsent_logprobs.size(), update.tokens.size());
+  }
+  (void)st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
+    auto chunk = b.getBody().initTokenChunk();
+    chunk.setRequestId(update.seq);
+    chunk.setFirstIndex(first_index);
+    messages::set_tokens(chunk.initTokenIds(static_cast<unsigned>(update.tokens.size())),
+                         update.tokens);
+    if (logprobs) {
+      messages::set_logprobs(chunk, std::span<const devices::SampledToken>(
+                                        s.unsent_logprobs.data(), update.tokens.size()));
+    }
+  });
+}
+
 void emit(DecodeActor* self, const decode::SeqUpdate& update) {
   auto& st = self->state;
   auto it = st.seqs.find(update.seq);
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
-  if (!update.tokens.empty() && !s.cancelled) {
-    uint32_t first_index = s.output_count;
-    (void)st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
-      auto chunk = b.getBody().initTokenChunk();
-      chunk.setRequestId(update.seq);
-      chunk.setFirstIndex(first_index);
-      messages::set_tokens(chunk.initTokenIds(static_cast<unsigned>(update.tokens.size())),
-                           update.tokens);
-    });
-  }
+  if (!update.tokens.empty() && !s.cancelled) send_chunk(st, s, update);
+  s.unsent_logprobs.clear();
   s.history.insert(s.history.end(), update.tokens.begin(), update.tokens.end());
   s.output_count += static_cast<uint32_t>(update.tokens.size());
   if (!update.finished) return;
@@ -144,6 +166,8 @@ void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
       done.setOk(ok);
     });
   }
+  s.unsent_logprobs.clear();
+  if (ok && wants_logprobs(s.sampling)) s.unsent_logprobs.push_back(s.remote_first_logprobs);
   auto update = st.scheduler->on_pull_done(id, ok, ok ? *s.remote_first : 0);
   if (s.cancelled) {
     st.seqs.erase(it);
@@ -227,7 +251,9 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
     if (!entry.sample || it == st.seqs.end()) return;
     auto token = sample_at(it->second.sampling, it->second.output_count, out, row,
                            it->second.history, st.info.model.vocab_size);
-    if (token.ok()) sampled.push_back({entry.seq, {token->token}});
+    if (!token.ok()) return;
+    sampled.push_back({entry.seq, {token->token}});
+    if (wants_logprobs(it->second.sampling)) it->second.unsent_logprobs.push_back(*token);
   };
   if (error.empty()) {
     for (size_t i = 0; i < run->prefill_entries.size(); ++i)
@@ -395,11 +421,18 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   pump(self);
 }
 
+void prefill_failed(DecodeActor* self, uint64_t id, const std::string& why);
+
 void on_prefill_result(DecodeActor* self, wire::PrefillResult::Reader result) {
   auto& st = self->state;
   auto it = st.seqs.find(result.getRequestId());
   if (it == st.seqs.end() || it->second.remote_first || it->second.prefill_failed) return;
   Seq& s = it->second;
+  auto top = messages::get_top(result.getFirstTokenTop(), "PrefillResult.firstTokenTop");
+  if (!top.ok()) return prefill_failed(self, it->first, top.error().describe());
+  s.remote_first_logprobs.token = result.getFirstTokenId();
+  s.remote_first_logprobs.logprob = std::min(0.0f, result.getFirstTokenLogprob());
+  s.remote_first_logprobs.top = std::move(top).value();
   for (auto block : result.getBlocks()) {
     auto region = block.getRegion();
     s.remote.push_back(RemoteBlock{std::string(region.getFabricAddress().cStr()),

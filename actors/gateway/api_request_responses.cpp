@@ -4,6 +4,9 @@
 // belongs together: a reasoning item, then an assistant message and/or function_call items
 // merge into one assistant message until a user/system/tool message intervenes.
 #include "actors/gateway/api_request.hpp"
+
+#include <algorithm>
+
 #include "actors/gateway/request_common.hpp"
 
 namespace tandem::gateway {
@@ -156,6 +159,21 @@ void read_responses_tools(FieldReader& r, const json& root, GenerateSpec& spec) 
   }
 }
 
+// Logprobs are on when include has "message.output_text.logprobs"; top_logprobs ([0, 20])
+// sets the alternatives per token (without the include it is accepted and unused, as OpenAI).
+void read_responses_logprobs(FieldReader& r, const json& root, GenerateSpec& spec) {
+  const auto& inc = spec.include;
+  spec.sampling.logprobs =
+      std::find(inc.begin(), inc.end(), "message.output_text.logprobs") != inc.end();
+  if (auto v = r.integer(root, "top_logprobs", "")) {
+    if (*v < 0 || *v > top_logprobs_max) {
+      return r.fail_invalid("top_logprobs",
+                            "top_logprobs must be in [0, 20], got " + std::to_string(*v));
+    }
+    spec.sampling.top_logprobs = spec.sampling.logprobs ? *v : 0;
+  }
+}
+
 void read_responses_options(FieldReader& r, const json& root, GenerateSpec& spec) {
   if (auto v = r.string(root, "previous_response_id", ""); v && !v->empty()) {
     r.fail(unsupported("previous_response_id",
@@ -179,6 +197,7 @@ void read_responses_options(FieldReader& r, const json& root, GenerateSpec& spec
       spec.include.push_back((*include)[i].get<std::string>());
     }
   }
+  read_responses_logprobs(r, root, spec);
 }
 
 }  // namespace

@@ -103,12 +103,86 @@ void RendererBase::account(const GenEvent& event, std::string_view tool_id_prefi
     RT_ASSERT(!finished_, "two Finish events");
     finished_ = true;
     finish_ = *f;
+  } else if (const auto* l = std::get_if<LogprobsDelta>(&event)) {
+    RT_ASSERT(options_.logprobs, "LogprobsDelta for a request without logprobs");
+    RT_ASSERT(!finished_, "LogprobsDelta after Finish");
+    for (const TokenLogprobs& t : l->tokens) {
+      // Completions text_offset: bytes of the choice's text (echo included) before the token.
+      int64_t offset = static_cast<int64_t>(options_.echo_text.size());
+      if (!logprobs_.empty()) {
+        offset = text_offsets_.back() + static_cast<int64_t>(logprobs_.back().token.size());
+      }
+      text_offsets_.push_back(offset);
+      logprobs_.push_back(t);
+    }
   } else if (const auto* u = std::get_if<UsageReport>(&event)) {
     RT_ASSERT(finished_, "UsageReport before Finish");
     RT_ASSERT(u->usage.cached_tokens <= u->usage.prompt_tokens, "cached > prompt");
     usage_ = u->usage;
     done_ = true;
   }
+}
+
+}  // namespace tandem::gateway
+
+namespace tandem::gateway {
+
+size_t RendererBase::take_unsent_logprobs() {
+  RT_ASSERT(unsent_logprobs_index_ <= logprobs_.size(), unsent_logprobs_index_);
+  RT_ASSERT(text_offsets_.size() == logprobs_.size(), text_offsets_.size());
+  size_t begin = unsent_logprobs_index_;
+  unsent_logprobs_index_ = logprobs_.size();
+  return begin;
+}
+
+namespace {
+
+json bytes_json(const std::string& token) {
+  json bytes = json::array();
+  for (char c : token) bytes.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+  return bytes;
+}
+
+}  // namespace
+
+json chat_logprob_json(const TokenLogprobs& t) {
+  RT_ASSERT(t.logprob <= 1e-4, "a logprob is <= 0", t.logprob);
+  json top = json::array();
+  for (const TokenAlternative& a : t.top) {
+    RT_ASSERT(a.logprob <= 1e-4, "a logprob is <= 0", a.logprob);
+    top.push_back({{"token", a.token}, {"logprob", a.logprob}, {"bytes", bytes_json(a.token)}});
+  }
+  return {{"token", t.token},
+          {"logprob", t.logprob},
+          {"bytes", bytes_json(t.token)},
+          {"top_logprobs", std::move(top)}};
+}
+
+json chat_logprobs_json(std::span<const TokenLogprobs> tokens) {
+  json content = json::array();
+  for (const TokenLogprobs& t : tokens) content.push_back(chat_logprob_json(t));
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json completion_logprobs_json(std::span<const TokenLogprobs> tokens,
+                              std::span<const int64_t> text_offsets) {
+  RT_ASSERT(tokens.size() == text_offsets.size(), tokens.size(), text_offsets.size());
+  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    texts.push_back(tokens[i].token);
+    lps.push_back(tokens[i].logprob);
+    json top = json::object();
+    // Two alternatives that decode to the same text keep the more probable (listed first).
+    for (const TokenAlternative& a : tokens[i].top) {
+      if (!top.contains(a.token)) top[a.token] = a.logprob;
+    }
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offsets[i]);
+  }
+  return {{"tokens", std::move(texts)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
 }
 
 }  // namespace tandem::gateway

@@ -5,6 +5,15 @@
 //   deltas (TextDelta, ReasoningDelta, ToolCallStart, ToolCallArgsDelta)*,
 //   then Finish, then UsageReport (the terminal event);
 //   or StreamError at any point (also terminal).
+// LogprobsDelta (only when options.logprobs) may come anywhere before Finish: the gateway
+// feeds each generated token's logprobs BEFORE the text events that token produces.
+// Alignment: a renderer holds the logprobs it has not sent yet and attaches them to the next
+// chunk it writes, so text held back (an incomplete UTF-8 character, a possible stop string,
+// a possible tool-call or reasoning marker) carries its tokens' logprobs when it is released;
+// what is still held at Finish (e.g. the EOS token, the tokens of a matched stop string)
+// goes with the finish chunk. Chat and Completions report every generated token (the list
+// has usage.completion_tokens entries); Responses reports the tokens of output_text only
+// (the logprobs pending when a reasoning or function_call delta is written are dropped).
 // Feeding after the terminal event, or breaking that order, is a bug (asserted).
 // ToolCallArgsDelta must follow the ToolCallStart of the same index with no other delta
 // kind in between (the parsers guarantee this).
@@ -22,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "actors/gateway/api_types.hpp"
 
@@ -63,9 +73,29 @@ struct UsageReport {
 struct StreamError {
   ApiError error;
 };
+// One candidate at a position: `token` is the tokenizer's decode of that token alone (raw
+// bytes, possibly part of a UTF-8 character; rendered with U+FFFD in JSON strings, exact in
+// `bytes`); logprob is a natural log, <= 0.
+struct TokenAlternative {
+  std::string token;
+  double logprob = 0.0;
+  friend bool operator==(const TokenAlternative&, const TokenAlternative&) = default;
+};
+// A generated token: its own text and logprob, and the top alternatives (descending; may be
+// empty: top_logprobs 0).
+struct TokenLogprobs {
+  std::string token;
+  double logprob = 0.0;
+  std::vector<TokenAlternative> top;
+  friend bool operator==(const TokenLogprobs&, const TokenLogprobs&) = default;
+};
+struct LogprobsDelta {
+  std::vector<TokenLogprobs> tokens;  // in generation order
+};
 
+// New kinds go last: renderers test `index() <= 3` for the text/tool deltas.
 using GenEvent = std::variant<TextDelta, ReasoningDelta, ToolCallStart, ToolCallArgsDelta, Finish,
-                              UsageReport, StreamError>;
+                              UsageReport, StreamError, LogprobsDelta>;
 
 // Deterministic ids: prefix + 24 characters of [0-9A-Za-z] from a splitmix64 stream.
 class IdGenerator {
@@ -85,6 +115,7 @@ struct RenderOptions {
   int64_t prompt_tokens = 0;   // Anthropic message_start usage (known after tokenizing)
   int64_t cached_tokens = 0;   // Anthropic message_start usage, 0 when not known yet
   std::string echo_text;       // Completions echo: the prompt text to prepend
+  bool logprobs = false;       // render logprobs (LogprobsDelta events come only then)
   // Responses: echoed in the response object.
   std::string instructions;
   std::optional<int64_t> max_output_tokens;

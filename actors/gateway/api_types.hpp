@@ -147,7 +147,8 @@ struct GenerateSpec {
   bool echo = false;                 // Completions echo: prepend the prompt text
   std::string cache_salt;            // "" when unset
   bool store = false;                // Responses store (accepted; nothing is stored)
-  std::vector<std::string> include;  // Responses include (accepted, ignored)
+  std::vector<std::string> include;  // Responses include (message.output_text.logprobs
+                                     // turns logprobs on; the rest is ignored)
 };
 
 }  // namespace tandem::gateway

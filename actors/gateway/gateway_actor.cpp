@@ -11,6 +11,7 @@
 #include "actors/gateway/http_server.hpp"
 #include "actors/gateway/output_parser.hpp"
 #include "actors/gateway/stop_matcher.hpp"
+#include "actors/gateway/token_logprobs.hpp"
 #include "kvstore/hashing.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
@@ -67,6 +68,7 @@ struct Req {
   std::unique_ptr<gateway::OutputParser> parser;
   std::unique_ptr<text::StreamDecoder> decoder;
   std::unique_ptr<gateway::StopMatcher> stops;
+  std::optional<int32_t> logprobs_prev_id;  // the token before the next one (logprob text)
   std::vector<int32_t> prompt;
   std::vector<kv::BlockHash> hashes;
   int64_t max_tokens = 0;
@@ -220,7 +222,22 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk) {
   if (it == st.requests.end() || it->second.finished) return;
   Req& r = it->second;
   auto now = Clock::now();
-  for (int32_t token : chunk.getTokenIds()) {
+  std::vector<gateway::TokenLogprobs> logprobs;
+  if (r.spec.sampling.logprobs) {
+    auto sampled = messages::get_logprobs(chunk);
+    if (!sampled.ok() || sampled->size() != chunk.getTokenIds().size()) {
+      st.ctx.log->warn("gateway: request {}: bad logprobs from decode: {}", id,
+                       sampled.ok() ? "none" : sampled.error().describe());
+      return fail(self, id, gateway::generation_failed_error());
+    }
+    logprobs = gateway::token_logprobs(*sampled, r.logprobs_prev_id,
+                                       [&st](std::optional<int32_t> prev, int32_t token) {
+                                         return st.tokenizer->decode_piece(prev, token);
+                                       });
+  }
+  for (unsigned i = 0; i < chunk.getTokenIds().size(); ++i) {
+    int32_t token = chunk.getTokenIds()[i];
+    if (!logprobs.empty()) write_events(r, {gateway::LogprobsDelta{{logprobs[i]}}});
     if (!r.got_first) {
       r.got_first = true;
       st.metrics->ttft->observe(std::chrono::duration<double>(now - r.start).count());
@@ -302,6 +319,7 @@ void send_generate(GatewayActor* self, uint64_t id) {
     sp.setSeed(s.seed.value_or(id));
     sp.setHasSeed(s.seed.has_value());
     sp.setLogprobsTopN(s.logprobs ? static_cast<uint32_t>(s.top_logprobs) : 0);
+    sp.setLogprobs(s.logprobs);
     g.getLimits().setMaxTokens(static_cast<uint32_t>(r.max_tokens));
     g.setPrefillInstance(r.prefill);
     g.setReplyTo(st.self_name.to_string());
@@ -458,6 +476,7 @@ void start_request(GatewayActor* self, const HttpCall& call, ApiKind api,
                           std::chrono::system_clock::now().time_since_epoch()).count();
   options.stream = spec.stream;
   options.include_usage = spec.include_usage;
+  options.logprobs = spec.sampling.logprobs && api != ApiKind::messages;
   options.prompt_tokens = static_cast<int64_t>(r.prompt.size());
   options.max_output_tokens = max_tokens;
   options.temperature = spec.sampling.temperature;
@@ -476,6 +495,7 @@ void start_request(GatewayActor* self, const HttpCall& call, ApiKind api,
   std::optional<int32_t> prev_id;
   if (api == ApiKind::completions && !r.prompt.empty()) prev_id = r.prompt.back();
   r.decoder = std::make_unique<text::StreamDecoder>(*st.tokenizer, prev_id);
+  r.logprobs_prev_id = prev_id;
   r.stops = std::make_unique<gateway::StopMatcher>(spec.sampling.stop);
   r.spec = std::move(spec);
   if (r.spec.stream) {

@@ -137,6 +137,7 @@ std::string MessagesRenderer::feed(const GenEvent& event) {
          {"error", {{"type", anthropic_error_type(e->http_status)}, {"message", e->message}}}});
   }
   if (event.index() <= 3) return on_delta(event);
+  if (std::holds_alternative<LogprobsDelta>(event)) return {};  // Anthropic has no logprobs
   if (std::holds_alternative<Finish>(event)) return close_block();
   RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
   if (!options_.stream) return {};

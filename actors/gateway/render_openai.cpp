@@ -35,10 +35,14 @@ std::string openai_error_data(const ApiError& e) {
 ChatRenderer::ChatRenderer(RenderOptions options, IdGenerator& ids)
     : RendererBase(std::move(options), ids), id_(ids_.next("chatcmpl-")) {}
 
-std::string ChatRenderer::chunk(json delta, json finish_reason) const {
+std::string ChatRenderer::chunk(json delta, json finish_reason) {
+  json logprobs = nullptr;
+  if (options_.logprobs) {
+    logprobs = chat_logprobs_json(std::span(logprobs_).subspan(take_unsent_logprobs()));
+  }
   json choice = {{"index", 0},
                  {"delta", std::move(delta)},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", std::move(finish_reason)}};
   json c = {{"id", id_},
             {"object", "chat.completion.chunk"},
@@ -61,7 +65,7 @@ std::string ChatRenderer::feed(const GenEvent& event) {
     if (!options_.stream) return {};
     return sse_data(openai_error_data(*e)) + sse_data("[DONE]");
   }
-  if (!options_.stream) return {};
+  if (!options_.stream || std::holds_alternative<LogprobsDelta>(event)) return {};
   if (const auto* t = std::get_if<TextDelta>(&event)) {
     return t->text.empty() ? std::string() : chunk(json{{"content", t->text}}, nullptr);
   }
@@ -115,7 +119,7 @@ std::string ChatRenderer::body() const {
   }
   json choice = {{"index", 0},
                  {"message", std::move(message)},
-                 {"logprobs", nullptr},
+                 {"logprobs", options_.logprobs ? chat_logprobs_json(logprobs_) : json(nullptr)},
                  {"finish_reason", openai_finish_reason(finish_, had_tool_calls())}};
   json b = {{"id", id_},
             {"object", "chat.completion"},
@@ -131,10 +135,16 @@ std::string ChatRenderer::body() const {
 CompletionRenderer::CompletionRenderer(RenderOptions options, IdGenerator& ids)
     : RendererBase(std::move(options), ids), id_(ids_.next("cmpl-")) {}
 
-std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) const {
+std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) {
+  json logprobs = nullptr;
+  if (options_.logprobs) {
+    size_t begin = take_unsent_logprobs();
+    logprobs = completion_logprobs_json(std::span(logprobs_).subspan(begin),
+                                        std::span(text_offsets_).subspan(begin));
+  }
   json choice = {{"index", 0},
                  {"text", text},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", std::move(finish_reason)}};
   json c = {{"id", id_},
             {"object", "text_completion"},
@@ -158,7 +168,7 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
     if (!options_.stream) return {};
     return sse_data(openai_error_data(*e)) + sse_data("[DONE]");
   }
-  if (!options_.stream) return {};
+  if (!options_.stream || std::holds_alternative<LogprobsDelta>(event)) return {};
   // Raw completions have no reasoning channel: reasoning text is text here.
   if (const auto* t = std::get_if<TextDelta>(&event)) {
     return t->text.empty() ? std::string() : chunk(t->text, nullptr);
@@ -186,9 +196,11 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
 std::string CompletionRenderer::body() const {
   RT_ASSERT(done_, "body() before the terminal event");
   RT_ASSERT(!error_, "body() after an error; render error() instead");
+  json logprobs = options_.logprobs ? completion_logprobs_json(logprobs_, text_offsets_)
+                                    : json(nullptr);
   json choice = {{"index", 0},
                  {"text", options_.echo_text + reasoning_ + text_},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", openai_finish_reason(finish_, false)}};
   json b = {{"id", id_},
             {"object", "text_completion"},

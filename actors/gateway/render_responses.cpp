@@ -4,12 +4,25 @@
 // starts or at Finish: reasoning (rs_...), message (msg_...), function_call (fc_..., call_id
 // call_...). Event order per item: output_item.added, [content_part.added], deltas,
 // [..._text.done, content_part.done | function_call_arguments.done], output_item.done.
+// With logprobs (include message.output_text.logprobs): each output_text.delta carries the
+// logprobs of the tokens released with it, and the done event / content part all of them.
 #include "actors/gateway/renderers.hpp"
 
 namespace tandem::gateway {
 
 ResponsesRenderer::ResponsesRenderer(RenderOptions options, IdGenerator& ids)
     : RendererBase(std::move(options), ids), id_(ids_.next("resp_")) {}
+
+json ResponsesRenderer::delta_logprobs() {
+  json out = json::array();
+  if (!options_.logprobs) return out;
+  size_t begin = take_unsent_logprobs();
+  for (size_t i = begin; i < logprobs_.size(); ++i) {
+    out.push_back(chat_logprob_json(logprobs_[i]));
+    open_logprobs_.push_back(out.back());
+  }
+  return out;
+}
 
 std::string ResponsesRenderer::emit(const std::string& type, json fields) {
   fields["type"] = type;
@@ -67,6 +80,7 @@ std::string ResponsesRenderer::open_item(Open kind, const GenEvent& event) {
   RT_ASSERT(kind != Open::none, "open_item(none)");
   open_ = kind;
   open_text_.clear();
+  open_logprobs_ = json::array();
   int64_t out_index = static_cast<int64_t>(items_.size());
   if (kind == Open::function_call) {
     const ToolCallAccum& tool = tools_.back();
@@ -114,10 +128,18 @@ std::string ResponsesRenderer::close_item() {
         message
             ? json{{"type", "output_text"}, {"text", open_text_}, {"annotations", json::array()}}
             : json{{"type", "reasoning_text"}, {"text", open_text_}};
+    if (message && options_.logprobs) {
+      // Tokens still unsent (the EOS, held-back text) belong to this message's text.
+      size_t begin = take_unsent_logprobs();
+      for (size_t i = begin; i < logprobs_.size(); ++i) {
+        open_logprobs_.push_back(chat_logprob_json(logprobs_[i]));
+      }
+      part["logprobs"] = open_logprobs_;
+    }
     json done = ids;
     done["content_index"] = 0;
     done["text"] = open_text_;
-    if (message) done["logprobs"] = json::array();
+    if (message) done["logprobs"] = options_.logprobs ? open_logprobs_ : json::array();
     out += emit(message ? "response.output_text.done" : "response.reasoning_text.done", done);
     json part_done = ids;
     part_done["content_index"] = 0;
@@ -143,11 +165,13 @@ std::string ResponsesRenderer::on_delta(const GenEvent& event) {
   }
   std::string out;
   if (std::holds_alternative<ToolCallStart>(event)) {
+    (void)take_unsent_logprobs();  // tool-call tokens: not output_text
     out += close_item();
     return out + open_item(Open::function_call, event);
   }
   RT_ASSERT(kind != Open::none, "on_delta with a non-delta", event.index());
   if (delta.empty()) return out;
+  if (kind != Open::message) (void)take_unsent_logprobs();  // not output_text tokens
   if (open_ != kind) {
     out += close_item();
     out += open_item(kind, event);
@@ -159,7 +183,7 @@ std::string ResponsesRenderer::on_delta(const GenEvent& event) {
     return out + emit("response.function_call_arguments.delta", fields);
   }
   fields["content_index"] = 0;
-  if (kind == Open::message) fields["logprobs"] = json::array();
+  if (kind == Open::message) fields["logprobs"] = delta_logprobs();
   return out + emit(kind == Open::message ? "response.output_text.delta"
                                           : "response.reasoning_text.delta",
                     fields);
@@ -174,6 +198,7 @@ std::string ResponsesRenderer::feed(const GenEvent& event) {
     return emit("error", fields);
   }
   if (event.index() <= 3) return on_delta(event);
+  if (std::holds_alternative<LogprobsDelta>(event)) return {};  // sent with the next delta
   if (std::holds_alternative<Finish>(event)) return close_item();
   RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
   bool incomplete = finish_.reason == FinishReason::length;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ class RendererBase : public Renderer {
   bool had_tool_calls() const { return !tools_.empty(); }
   // The ApiError ending the stream for StreamError / Finish{error}; nullptr otherwise.
   const ApiError* terminal_error(const GenEvent& event);
+  // The index of the first logprobs_ entry not yet written to the stream; the entries from
+  // there to the end count as written after this call.
+  size_t take_unsent_logprobs();
 
   RenderOptions options_;
   IdGenerator& ids_;
@@ -41,7 +45,18 @@ class RendererBase : public Renderer {
   std::vector<ToolCallAccum> tools_;
   Finish finish_;
   Usage usage_;
+  std::vector<TokenLogprobs> logprobs_;       // every LogprobsDelta entry, in order
+  std::vector<int64_t> text_offsets_;         // per logprobs_ entry: bytes of text before it
+  size_t unsent_logprobs_index_ = 0;          // logprobs_[index, end) are not streamed yet
 };
+
+// OpenAI shapes of one token's logprobs: chat / responses {token, logprob, bytes,
+// top_logprobs:[{token, logprob, bytes}]}; bytes are the token's raw bytes.
+json chat_logprob_json(const TokenLogprobs& t);
+json chat_logprobs_json(std::span<const TokenLogprobs> tokens);  // {content, refusal}
+// Completions: {tokens, token_logprobs, top_logprobs:[{token: logprob}], text_offset}.
+json completion_logprobs_json(std::span<const TokenLogprobs> tokens,
+                              std::span<const int64_t> text_offsets);
 
 class ChatRenderer final : public RendererBase {
  public:
@@ -51,7 +66,7 @@ class ChatRenderer final : public RendererBase {
   std::string body() const override;
 
  private:
-  std::string chunk(json delta, json finish_reason) const;
+  std::string chunk(json delta, json finish_reason);
   std::string id_;
 };
 
@@ -63,7 +78,7 @@ class CompletionRenderer final : public RendererBase {
   std::string body() const override;
 
  private:
-  std::string chunk(const std::string& text, json finish_reason) const;
+  std::string chunk(const std::string& text, json finish_reason);
   std::string id_;
 };
 
@@ -80,6 +95,7 @@ class ResponsesRenderer final : public RendererBase {
   std::string open_item(Open kind, const GenEvent& event);
   std::string close_item();
   std::string on_delta(const GenEvent& event);
+  json delta_logprobs();  // the unsent logprobs, now part of the open message
   json response_object(const std::string& status) const;
   std::string id_;
   int64_t sequence_number_ = 0;
@@ -87,6 +103,7 @@ class ResponsesRenderer final : public RendererBase {
   std::string open_text_;       // text/reasoning/arguments of the open item
   json items_ = json::array();  // completed output items
   json open_item_;              // the item being streamed
+  json open_logprobs_ = json::array();  // logprobs of the open message's output_text
 };
 
 class MessagesRenderer final : public RendererBase {

@@ -53,6 +53,9 @@ void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t c
     r.setRequestId(done.request);
     r.setFirstTokenId(p.first->token);
     r.setFirstTokenLogprob(p.first->logprob);
+    if (p.sampling.logprobs || p.sampling.logprobs_top_n > 0) {
+      messages::set_top(r.initFirstTokenTop(), p.first->top);
+    }
     r.setCachedTokens(done.cached_tokens_count);
     r.setComputeNs(compute_ns);
     auto blocks = r.initBlocks(static_cast<unsigned>(done.block_table.size()));

@@ -1,6 +1,6 @@
 // The official OpenAI SDK against a Tandem gateway: models, chat (plain and streaming with
-// usage), completions, and the Responses API streaming. Prints PASS/FAIL per check; exits
-// non-zero on any failure. Options: see sdk_common.mjs.
+// usage), completions, chat logprobs, and the Responses API streaming. Prints PASS/FAIL per
+// check; exits non-zero on any failure. Options: see sdk_common.mjs.
 //   node tests/js/sdk_openai.mjs --base-url http://127.0.0.1:PORT --model stories15M
 import OpenAI from 'openai';
 import { check, expect, expectEqual, expectAuthError, finish, options } from './sdk_common.mjs';
@@ -82,6 +82,34 @@ async function completions() {
   expectEqual(again.choices[0].text, r.choices[0].text, 'temperature 0 text on a second call');
 }
 
+// logprobs / top_logprobs read through the SDK's types: one entry per generated token, the
+// greedy token is the most probable alternative, alternatives descend, all logprobs <= 0.
+async function chatLogprobs() {
+  const TOP = 3;
+  const r = await client.chat.completions.create({
+    model: opts.model, messages, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: TOP,
+  });
+  const content = r.choices[0].logprobs?.content;
+  expect(Array.isArray(content), `no logprobs.content: ${JSON.stringify(r.choices[0])}`);
+  expectEqual(content.length, r.usage.completion_tokens, 'one logprob per generated token');
+  expectEqual(r.choices[0].logprobs.refusal, null, 'logprobs.refusal');
+  let joined = '';
+  for (const entry of content) {
+    expect(entry.logprob <= 0, `logprob ${entry.logprob} > 0`);
+    expectEqual(entry.top_logprobs.length, TOP, 'top_logprobs length');
+    expectEqual(entry.top_logprobs[0].token, entry.token, 'greedy token is the top one');
+    expectEqual(entry.top_logprobs[0].logprob, entry.logprob, 'greedy logprob is the top one');
+    for (let i = 1; i < TOP; ++i) {
+      expect(entry.top_logprobs[i].logprob <= entry.top_logprobs[i - 1].logprob,
+             'top_logprobs descend');
+    }
+    expectEqual(JSON.stringify(entry.bytes), JSON.stringify([...Buffer.from(entry.token)]),
+                'bytes are the token\'s UTF-8');
+    joined += entry.token;
+  }
+  expectEqual(joined, r.choices[0].message.content, 'tokens join to the content');
+}
+
 // The terminal event is response.completed when the model stopped by itself, and
 // response.incomplete (reason max_output_tokens) when it used the whole max_output_tokens.
 const RESPONSE_ORDER = [
@@ -145,6 +173,7 @@ async function main() {
     await chatStreaming(plain);
   });
   await check('completions (text prompt, deterministic at temperature 0)', completions);
+  await check('chat.completions logprobs + top_logprobs', chatLogprobs);
   await check('responses streaming: events in order, final response with usage',
               responsesStreaming);
   finish('sdk_openai');

@@ -8,6 +8,7 @@
 #include "actors/gateway/api_request.hpp"
 #include "actors/gateway/api_response.hpp"
 #include "actors/gateway/output_parser.hpp"
+#include "actors/gateway/token_logprobs.hpp"
 
 using namespace tandem::gateway;
 using nlohmann::json;
@@ -369,4 +370,219 @@ TEST_CASE("text cut inside a UTF-8 character renders (replaced), never throws") 
   std::string body;
   run(ApiKind::messages, options(false), events, &body);
   CHECK(json::parse(body)["content"][0]["text"] == "\xEF\xBF\xBD");
+}
+
+// ---------------- logprobs ----------------
+
+namespace {
+
+TokenLogprobs lp(std::string token, double logprob, std::vector<TokenAlternative> top = {}) {
+  return TokenLogprobs{std::move(token), logprob, std::move(top)};
+}
+
+// Three tokens: "Hi" (text released at once), " th" + "ere" (released together, as when a
+// stop-string prefix is held back), then the EOS ("" text) whose logprob comes at Finish.
+std::vector<GenEvent> logprob_script() {
+  return {LogprobsDelta{{lp("Hi", -0.5, {{"Hi", -0.5}, {"Ho", -1.25}})}},
+          TextDelta{"Hi"},
+          LogprobsDelta{{lp(" th", -0.25, {{" th", -0.25}, {" t\xc3", -2.0}})}},
+          LogprobsDelta{{lp("ere", -1.0, {{"ere", -1.0}, {"en", -3.5}})}},
+          TextDelta{" there"},
+          LogprobsDelta{{lp("", -0.125, {{"", -0.125}, {"!", -4.0}})}},
+          Finish{FinishReason::stop, ""},
+          UsageReport{Usage{10, 0, 4, 0}}};
+}
+
+RenderOptions logprob_options(bool stream) {
+  RenderOptions o = options(stream);
+  o.logprobs = true;
+  return o;
+}
+
+std::vector<json> data_chunks(const std::string& sse) {
+  std::vector<json> out;
+  for (const SseEvent& e : split_sse(sse)) {
+    if (e.data != "[DONE]") out.push_back(json::parse(e.data));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("chat logprobs: OpenAI shape in the body and aligned with each stream chunk") {
+  std::string body;
+  run(ApiKind::chat_completions, logprob_options(false), logprob_script(), &body);
+  json b = json::parse(body);
+  const json& l = b["choices"][0]["logprobs"];
+  CHECK(l["refusal"].is_null());
+  REQUIRE(l["content"].size() == 4);  // every generated token, the EOS included
+  CHECK(l["content"][0] == json::parse(R"({"token":"Hi","logprob":-0.5,"bytes":[72,105],
+      "top_logprobs":[{"token":"Hi","logprob":-0.5,"bytes":[72,105]},
+                      {"token":"Ho","logprob":-1.25,"bytes":[72,111]}]})"));
+  // A token cut inside a UTF-8 character: the string is replaced, the bytes are exact.
+  CHECK(l["content"][1]["top_logprobs"][1]["bytes"] == json::parse("[32,116,195]"));
+  CHECK(l["content"][3]["token"] == "");
+  CHECK(l["content"][3]["bytes"] == json::array());
+
+  auto chunks = data_chunks(run(ApiKind::chat_completions, logprob_options(true),
+                                logprob_script()));
+  // role, "Hi", " there", finish, usage
+  REQUIRE(chunks.size() == 5);
+  CHECK(chunks[0]["choices"][0]["logprobs"]["content"] == json::array());
+  CHECK(chunks[1]["choices"][0]["delta"]["content"] == "Hi");
+  REQUIRE(chunks[1]["choices"][0]["logprobs"]["content"].size() == 1);
+  CHECK(chunks[1]["choices"][0]["logprobs"]["content"][0] == l["content"][0]);
+  CHECK(chunks[2]["choices"][0]["delta"]["content"] == " there");
+  CHECK(chunks[2]["choices"][0]["logprobs"]["content"] ==
+        json::array({l["content"][1], l["content"][2]}));
+  CHECK(chunks[3]["choices"][0]["finish_reason"] == "stop");
+  CHECK(chunks[3]["choices"][0]["logprobs"]["content"] == json::array({l["content"][3]}));
+  CHECK(chunks[4]["choices"].empty());
+}
+
+TEST_CASE("chat without logprobs keeps logprobs null") {
+  std::string body;
+  std::vector<GenEvent> events = {TextDelta{"Hi"}, Finish{FinishReason::stop, ""},
+                                  UsageReport{Usage{1, 0, 1, 0}}};
+  run(ApiKind::chat_completions, options(false), events, &body);
+  CHECK(json::parse(body)["choices"][0]["logprobs"].is_null());
+  for (const json& c : data_chunks(run(ApiKind::chat_completions, options(true), events))) {
+    if (!c["choices"].empty()) CHECK(c["choices"][0]["logprobs"].is_null());
+  }
+}
+
+TEST_CASE("completions logprobs: tokens, token_logprobs, top dicts, text_offset after echo") {
+  RenderOptions o = logprob_options(false);
+  o.echo_text = "Say";
+  std::string body;
+  run(ApiKind::completions, o, logprob_script(), &body);
+  const json l = json::parse(body)["choices"][0]["logprobs"];
+  CHECK(l["tokens"] == json::parse(R"(["Hi"," th","ere",""])"));
+  CHECK(l["token_logprobs"] == json::parse("[-0.5,-0.25,-1.0,-0.125]"));
+  CHECK(l["top_logprobs"][0] == json::parse(R"({"Hi":-0.5,"Ho":-1.25})"));
+  CHECK(l["top_logprobs"][3] == json::parse(R"({"":-0.125,"!":-4.0})"));
+  CHECK(l["text_offset"] == json::parse("[3,5,8,11]"));  // bytes; "Say" comes first
+
+  o.stream = true;
+  auto chunks = data_chunks(run(ApiKind::completions, o, logprob_script()));
+  // echo, "Hi", " there", finish, usage
+  REQUIRE(chunks.size() == 5);
+  CHECK(chunks[0]["choices"][0]["logprobs"]["tokens"] == json::array());
+  CHECK(chunks[1]["choices"][0]["logprobs"]["tokens"] == json::parse(R"(["Hi"])"));
+  CHECK(chunks[2]["choices"][0]["logprobs"]["tokens"] == json::parse(R"([" th","ere"])"));
+  CHECK(chunks[2]["choices"][0]["logprobs"]["text_offset"] == json::parse("[5,8]"));
+  CHECK(chunks[3]["choices"][0]["logprobs"]["token_logprobs"] == json::parse("[-0.125]"));
+}
+
+TEST_CASE("responses logprobs: on output_text deltas, the done event and the content part") {
+  std::vector<GenEvent> events = {LogprobsDelta{{lp("<think>", -0.1)}},
+                                  ReasoningDelta{"hmm"},
+                                  LogprobsDelta{{lp("Hi", -0.5, {{"Hi", -0.5}})}},
+                                  TextDelta{"Hi"},
+                                  LogprobsDelta{{lp("", -0.25, {{"", -0.25}})}},
+                                  Finish{FinishReason::stop, ""},
+                                  UsageReport{Usage{10, 0, 3, 0}}};
+  std::string body;
+  std::string sse = run(ApiKind::responses, logprob_options(true), events, &body);
+  json hi = json::parse(R"({"token":"Hi","logprob":-0.5,"bytes":[72,105],
+      "top_logprobs":[{"token":"Hi","logprob":-0.5,"bytes":[72,105]}]})");
+  json eos = json::parse(R"({"token":"","logprob":-0.25,"bytes":[],
+      "top_logprobs":[{"token":"","logprob":-0.25,"bytes":[]}]})");
+  int deltas = 0, dones = 0;
+  for (const SseEvent& e : split_sse(sse)) {
+    json d = json::parse(e.data);
+    if (e.name == "response.output_text.delta") {
+      ++deltas;
+      CHECK(d["logprobs"] == json::array({hi}));  // the reasoning token is not output_text
+    }
+    if (e.name == "response.output_text.done") {
+      ++dones;
+      CHECK(d["logprobs"] == json::array({hi, eos}));
+    }
+    if (e.name == "response.reasoning_text.delta") CHECK_FALSE(d.contains("logprobs"));
+  }
+  CHECK(deltas == 1);
+  CHECK(dones == 1);
+  json b = json::parse(body);
+  REQUIRE(b["output"].size() == 2);
+  CHECK(b["output"][1]["content"][0]["logprobs"] == json::array({hi, eos}));
+  CHECK_FALSE(b["output"][0]["content"][0].contains("logprobs"));
+
+  std::string plain;
+  std::vector<GenEvent> no_lp = {TextDelta{"Hi"}, Finish{FinishReason::stop, ""},
+                                 UsageReport{Usage{10, 0, 1, 0}}};
+  run(ApiKind::responses, options(false), no_lp, &plain);
+  CHECK_FALSE(json::parse(plain)["output"][0]["content"][0].contains("logprobs"));
+}
+
+TEST_CASE("anthropic ignores logprobs events") {
+  std::string body;
+  run(ApiKind::messages, logprob_options(false), logprob_script(), &body);
+  json b = json::parse(body);
+  CHECK(b["content"][0]["text"] == "Hi there");
+  CHECK_FALSE(b.contains("logprobs"));
+}
+
+TEST_CASE("token_logprobs decodes each token and its alternatives after the previous token") {
+  // A fake tokenizer: token n is "<n>", with a leading space unless at the start of text.
+  DecodePieceFn piece = [](std::optional<int32_t> prev, int32_t id) {
+    return std::string(prev ? " " : "") + "<" + std::to_string(id) + ">";
+  };
+  std::vector<tandem::devices::SampledToken> tokens(2);
+  tokens[0].token = 5;
+  tokens[0].logprob = -0.5f;
+  tokens[0].top = {{5, -0.5f}, {6, -1.0f}};
+  tokens[1].token = 7;
+  tokens[1].logprob = 1e-7f;  // float slack above 0 is clamped
+  std::optional<int32_t> prev;
+  auto out = token_logprobs(tokens, prev, piece);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0] == lp("<5>", -0.5, {{"<5>", -0.5}, {"<6>", -1.0}}));
+  CHECK(out[1].token == " <7>");
+  CHECK(out[1].logprob == 0.0);
+  CHECK(out[1].top.empty());
+  REQUIRE(prev.has_value());
+  CHECK(*prev == 7);
+}
+
+TEST_CASE("responses request: include turns logprobs on; top_logprobs is range checked") {
+  auto on = parse_request(ApiKind::responses, R"({"model":"m","input":"hi",
+      "include":["message.output_text.logprobs"],"top_logprobs":3})");
+  REQUIRE(on.ok());
+  CHECK(on.value().sampling.logprobs);
+  CHECK(on.value().sampling.top_logprobs == 3);
+  auto off = parse_request(ApiKind::responses, R"({"model":"m","input":"hi","top_logprobs":3})");
+  REQUIRE(off.ok());
+  CHECK_FALSE(off.value().sampling.logprobs);
+  auto bad = parse_request(ApiKind::responses, R"({"model":"m","input":"hi",
+      "include":["message.output_text.logprobs"],"top_logprobs":21})");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().param == "top_logprobs");
+}
+
+TEST_CASE("chat logprobs ride on reasoning and tool-call chunks too (every token listed)") {
+  std::vector<GenEvent> events = {LogprobsDelta{{lp("<think>", -0.1)}},
+                                  LogprobsDelta{{lp("hm", -0.2)}},
+                                  ReasoningDelta{"hm"},
+                                  LogprobsDelta{{lp("<tool>", -0.3)}},
+                                  ToolCallStart{0, "call_1", "f"},
+                                  LogprobsDelta{{lp("{}", -0.4)}},
+                                  ToolCallArgsDelta{0, "{}"},
+                                  Finish{FinishReason::stop, ""},
+                                  UsageReport{Usage{5, 0, 4, 2}}};
+  auto chunks = data_chunks(run(ApiKind::chat_completions, logprob_options(true), events));
+  // role, reasoning, tool start, tool args, finish, usage
+  REQUIRE(chunks.size() == 6);
+  auto tokens = [&chunks](size_t i) {
+    std::vector<std::string> out;
+    for (const json& e : chunks[i]["choices"][0]["logprobs"]["content"]) out.push_back(e["token"]);
+    return out;
+  };
+  CHECK(tokens(1) == std::vector<std::string>{"<think>", "hm"});
+  CHECK(tokens(2) == std::vector<std::string>{"<tool>"});
+  CHECK(tokens(3) == std::vector<std::string>{"{}"});
+  CHECK(tokens(4).empty());
+  std::string body;
+  run(ApiKind::chat_completions, logprob_options(false), events, &body);
+  CHECK(json::parse(body)["choices"][0]["logprobs"]["content"].size() == 4);
 }

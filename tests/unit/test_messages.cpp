@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 
+#include "messages/convert.hpp"
 #include "messages/envelope.hpp"
 
 using namespace tandem;
@@ -140,4 +141,111 @@ TEST_CASE("malformed frames are refused with a reason, never a crash") {
   uint32_t header[2] = {0, 0x7fffffff};
   std::memcpy(liar.data(), header, 8);
   CHECK(decode_frame(liar, 1 << 20).error().message.find("truncated") != std::string::npos);
+}
+
+// ---- per-token logprobs (messages/convert.hpp) ----
+
+namespace {
+
+using devices::SampledToken;
+using devices::TokenLogprob;
+
+// Builds a TokenChunk with `tokens` (ids and, when with_logprobs, their logprobs) and reads
+// the logprobs back through a frame, as the gateway does.
+Result<std::vector<SampledToken>> chunk_round_trip(const std::vector<SampledToken>& tokens,
+                                                   bool with_logprobs) {
+  auto words = envelope_with([&](wire::Envelope::Builder e) {
+    auto chunk = e.getBody().initTokenChunk();
+    chunk.setRequestId(5);
+    auto ids = chunk.initTokenIds(static_cast<unsigned>(tokens.size()));
+    for (unsigned i = 0; i < tokens.size(); ++i) ids.set(i, tokens[i].token);
+    if (with_logprobs) set_logprobs(chunk, tokens);
+  });
+  auto frame = decode_frame(frame_span(words), 1 << 20);
+  REQUIRE(frame.ok());
+  return get_logprobs(frame->envelope().getBody().getTokenChunk());
+}
+
+}  // namespace
+
+TEST_CASE("TokenChunk logprobs round trip: sampled logprob and top-N per token") {
+  std::vector<SampledToken> tokens(2);
+  tokens[0].token = 42;
+  tokens[0].logprob = -0.25f;
+  tokens[0].top = {TokenLogprob{42, -0.25f}, TokenLogprob{7, -1.5f}, TokenLogprob{9, -3.0f}};
+  tokens[1].token = 8;
+  tokens[1].logprob = -2.0f;  // top 0: no alternatives
+  auto back = chunk_round_trip(tokens, true);
+  REQUIRE(back.ok());
+  REQUIRE(back->size() == 2);
+  CHECK((*back)[0].token == 42);
+  CHECK((*back)[0].logprob == -0.25f);
+  CHECK((*back)[0].top == tokens[0].top);
+  CHECK((*back)[1].token == 8);
+  CHECK((*back)[1].logprob == -2.0f);
+  CHECK((*back)[1].top.empty());
+}
+
+TEST_CASE("TokenChunk without logprobs costs nothing and reads back empty") {
+  std::vector<SampledToken> tokens(3);
+  tokens[1].token = 4;
+  auto back = chunk_round_trip(tokens, false);
+  REQUIRE(back.ok());
+  CHECK(back->empty());
+}
+
+TEST_CASE("malformed TokenChunk logprobs are refused naming the field") {
+  auto read = [](const std::function<void(wire::TokenChunk::Builder)>& fill) {
+    auto words = envelope_with([&](wire::Envelope::Builder e) {
+      auto chunk = e.getBody().initTokenChunk();
+      auto ids = chunk.initTokenIds(2);
+      ids.set(0, 1), ids.set(1, 2);
+      fill(chunk);
+    });
+    auto frame = decode_frame(frame_span(words), 1 << 20);
+    REQUIRE(frame.ok());
+    return get_logprobs(frame->envelope().getBody().getTokenChunk());
+  };
+  auto short_list = read([](wire::TokenChunk::Builder c) {
+    c.initLogprobs(1).set(0, -1.0f);
+    c.initTopLogprobs(1);
+  });
+  REQUIRE_FALSE(short_list.ok());
+  CHECK(short_list.error().message.find("2 tokenIds but 1 logprobs") != std::string::npos);
+  auto positive = read([](wire::TokenChunk::Builder c) {
+    auto l = c.initLogprobs(2);
+    l.set(0, -1.0f), l.set(1, 0.5f);
+    c.initTopLogprobs(2);
+  });
+  REQUIRE_FALSE(positive.ok());
+  CHECK(positive.error().message.find("TokenChunk.logprobs[1]") != std::string::npos);
+  auto ragged = read([](wire::TokenChunk::Builder c) {
+    auto l = c.initLogprobs(2);
+    l.set(0, -1.0f), l.set(1, -1.0f);
+    auto tops = c.initTopLogprobs(2);
+    tops[0].initTokenIds(2);
+    tops[0].initLogprobs(1);
+  });
+  REQUIRE_FALSE(ragged.ok());
+  CHECK(ragged.error().message.find("TokenChunk.topLogprobs[0]") != std::string::npos);
+}
+
+TEST_CASE("sampling logprobs flag and top-N survive the wire") {
+  devices::SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = true;
+  p.logprobs_top_n = 0;
+  capnp::MallocMessageBuilder message;
+  auto b = message.initRoot<wire::SamplingParams>();
+  set_sampling(b, p, false);
+  auto back = get_sampling(b.asReader(), 100);
+  REQUIRE(back.ok());
+  CHECK(back->logprobs);
+  CHECK(back->logprobs_top_n == 0);
+  p.logprobs_top_n = 5;
+  set_sampling(b, p, false);
+  back = get_sampling(b.asReader(), 100);
+  REQUIRE(back.ok());
+  CHECK(back->logprobs_top_n == 5);
+  CHECK(*back == p);
 }
