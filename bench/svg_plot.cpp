@@ -132,10 +132,18 @@ void append_legend(const Chart& c, const Frame& f, std::string& svg) {
   svg += buf;
   for (size_t i = 0; i < c.series.size(); ++i) {
     double ly = y + 4 + row * static_cast<double>(i) + row / 2;
-    std::snprintf(buf, sizeof(buf),
-                  "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
-                  "stroke-width=\"3\"/>\n<text x=\"%.2f\" y=\"%.2f\">",
-                  x + 6, ly, x + 28, ly, kColours[i % kColoursCount], x + 34, ly + 4);
+    const char* colour = kColours[i % kColoursCount];
+    if (c.series[i].mark == Mark::dots) {  // the key looks like the series
+      std::snprintf(buf, sizeof(buf), "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"3\" fill=\"%s\"/>\n",
+                    x + 17, ly, colour);
+    } else {
+      std::snprintf(buf, sizeof(buf),
+                    "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
+                    "stroke-width=\"3\"/>\n",
+                    x + 6, ly, x + 28, ly, colour);
+    }
+    svg += buf;
+    std::snprintf(buf, sizeof(buf), "<text x=\"%.2f\" y=\"%.2f\">", x + 34, ly + 4);
     svg += buf;
     svg += xml_escape(c.series[i].name) + "</text>\n";
   }

@@ -86,10 +86,12 @@ Status DecodeScheduler::submit(DecodeRequest request) {
   SeqId id = request.id;
   Seq s;
   s.source = request.source;
-  // Room for every token it may generate: appending never copies the (long) prompt again.
+  s.prompt_tokens_count = static_cast<uint32_t>(request.prompt.size());
+  // The prompt becomes the token history without a copy; room for every token it may
+  // generate, so appending never copies the (long) prompt either.
+  s.tokens = std::move(request.prompt);
   s.tokens.reserve(
-      std::min<size_t>(request.prompt.size() + request.max_tokens, config_.max_model_tokens));
-  s.tokens = request.prompt;
+      std::min<size_t>(s.tokens.size() + request.max_tokens, config_.max_model_tokens));
   s.input = std::move(request);
   s.arrival = ++arrivals_;
   seqs_.emplace(id, std::move(s));
@@ -463,7 +465,7 @@ void DecodeScheduler::check_invariants() const {
   uint32_t waiting = 0, waiting_new = 0, active = 0;
   std::unordered_map<kv::BlockIndex, uint32_t> refs;
   for (const auto& [id, s] : seqs_) {
-    RT_ASSERT(s.input.id == id && s.tokens.size() == s.input.prompt.size() + s.generated_count);
+    RT_ASSERT(s.input.id == id && s.tokens.size() == s.prompt_tokens_count + s.generated_count);
     RT_ASSERT(s.tokens.size() <= config_.max_model_tokens, id);
     RT_ASSERT(s.generated_count < s.input.max_tokens || s.input.max_tokens == 0, id);
     bool in_flight = s.in_flight_tokens_count > 0;

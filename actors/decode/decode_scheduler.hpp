@@ -158,7 +158,8 @@ class DecodeScheduler {
 
  private:
   struct Seq {
-    DecodeRequest input;
+    DecodeRequest input;  // its prompt is moved into `tokens` (empty here)
+    uint32_t prompt_tokens_count = 0;
     SeqStage stage = SeqStage::waiting;
     KvSource source = KvSource::local;
     std::vector<TokenId> tokens;  // prompt + generated

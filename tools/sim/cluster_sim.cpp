@@ -395,6 +395,7 @@ void Sim::on_send(uint32_t request_index) {
   st.sent = true;
   workload::RequestTimeline& t = result_.timelines[request_index];
   t.send_ms = now_ms();
+  t.chunk_ms.reserve(r.expected_output_tokens);  // one chunk per token: no regrowth
   t.turn = r.turn;
   ++result_.sent_count;
   RT_ASSERT(hash_prompt(request_index, s.chain).ok());
@@ -438,6 +439,9 @@ bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
   ReqState& st = states_[request_index];
   decode::DecodeRequest dr;
   dr.id = request_index;
+  // Capacity for the whole sequence: the scheduler keeps this vector as its token history.
+  dr.prompt.reserve(result_.timelines[request_index].prompt_tokens +
+                    requests_[request_index].expected_output_tokens);
   dr.prompt.assign(result_.timelines[request_index].prompt_tokens, 0);
   dr.block_hashes = std::move(hashes);
   dr.max_tokens = requests_[request_index].expected_output_tokens;
