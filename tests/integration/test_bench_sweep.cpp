@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "bench/http_stream.hpp"
 #include "tests/support/process.hpp"
 #include "tools/workload/workload.hpp"
 
@@ -26,15 +27,16 @@ struct SimConfig {
 TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim runs") {
   std::string dir = make_temp_dir("sweep-sim");
   std::vector<SimConfig> configs = {
-      {"pd-rr", "policy:round-robin,prefill:1,decode:2",
+      {"pd-rr",
+       "policy:round-robin,prefill:1,decode:2",
        {"--policy", "round-robin", "--prefill", "1", "--decode", "2"}},
-      {"agg", "policy:prefix-aware,aggregated,prefill:1,decode:2",
+      {"agg",
+       "policy:prefix-aware,aggregated,prefill:1,decode:2",
        {"--policy", "prefix-aware", "--aggregated", "--prefill", "1", "--decode", "2"}},
   };
-  std::vector<std::string> sweep = {tandem_bin(), "bench",      "sweep", "--sim",
-                                    "--seed",     "7",          "--duration", "90",
-                                    "--sessions", "6",          "--concurrency", "2,4",
-                                    "--out",      dir + "/out"};
+  std::vector<std::string> sweep = {
+      tandem_bin(), "bench",      "sweep", "--sim",         "--seed", "7",     "--duration",
+      "90",         "--sessions", "6",     "--concurrency", "2,4",    "--out", dir + "/out"};
   for (const SimConfig& c : configs) {
     sweep.push_back("--config");
     sweep.push_back(std::string(c.name) + "=" + c.spec);
@@ -50,9 +52,9 @@ TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim ru
   for (const SimConfig& c : configs) {
     for (const char* concurrency : {"2", "4"}) {
       std::string json_path = dir + "/" + c.name + "-" + concurrency + ".json";
-      std::vector<std::string> sim = {tandem_bin(), "sim",        "--seed",   "7",
-                                      "--sessions", concurrency,  "--duration-s", "90",
-                                      "--workload", "agentic",    "--sessions-total", "6",
+      std::vector<std::string> sim = {tandem_bin(), "sim",       "--seed",           "7",
+                                      "--sessions", concurrency, "--duration-s",     "90",
+                                      "--workload", "agentic",   "--sessions-total", "6",
                                       "--json",     json_path};
       sim.insert(sim.end(), c.sim_flags.begin(), c.sim_flags.end());
       RunResult alone = testing::run(sim, 120s);
@@ -74,8 +76,8 @@ TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim ru
       CHECK(row["output_tokens_per_s"] == want["summary"]["output_token_throughput_per_s"]);
     }
   }
-  for (const char* plot : {"ttft_p50.svg", "ttft_p90.svg", "hit_rate.svg",
-                           "output_throughput.svg"}) {
+  for (const char* plot :
+       {"ttft_p50.svg", "ttft_p90.svg", "hit_rate.svg", "output_throughput.svg"}) {
     INFO(plot);
     std::string svg = read_file(dir + "/out/" + plot);
     CHECK(svg.find("</svg>") != std::string::npos);
@@ -88,8 +90,8 @@ TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim ru
 
 TEST_CASE("sweep --sim: bad configurations are errors naming what is wrong") {
   std::string dir = make_temp_dir("sweep-bad");
-  RunResult run = testing::run({tandem_bin(), "bench", "sweep", "--sim", "--config",
-                                "a=seed:3", "--concurrency", "2", "--out", dir},
+  RunResult run = testing::run({tandem_bin(), "bench", "sweep", "--sim", "--config", "a=seed:3",
+                                "--concurrency", "2", "--out", dir},
                                30s);
   CHECK(run.exit_code == 1);
   CHECK(run.output.find("'seed' is set by the sweep") != std::string::npos);
@@ -112,11 +114,14 @@ namespace {
 
 std::string cluster_manifest(uint16_t http_port) {
   std::string model = source_root() + "/models/stories15M";
-  std::string t = "[cluster]\nname = \"bench-sweep-it\"\n[model]\nname = \"stories15M\"\n"
-                  "path = \"" + model + "\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
-                  "[sim]\ntime_factor = 0\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\n"
-                  "eos_id = 2\nmax_position = 2048\noutput_tokens_sigma = 0\n"
-                  "output_tokens_mean = 16384\noutput_tokens_max = 16384\n";
+  std::string t =
+      "[cluster]\nname = \"bench-sweep-it\"\n[model]\nname = \"stories15M\"\n"
+      "path = \"" +
+      model +
+      "\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
+      "[sim]\ntime_factor = 0\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\n"
+      "eos_id = 2\nmax_position = 2048\noutput_tokens_sigma = 0\n"
+      "output_tokens_mean = 16384\noutput_tokens_max = 16384\n";
   t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
        std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
        "\nhttp_port = " + std::to_string(http_port) + "\n";
@@ -160,11 +165,10 @@ TEST_CASE("sweep (real): a manifest's cluster is started, swept at 2 concurrenci
   write_file(dir + "/cluster.toml", cluster_manifest(http_port));
   std::vector<workload::Request> trace = make_trace();
   write_file(dir + "/trace.jsonl", workload::to_jsonl(trace));
-  RunResult run = testing::run({tandem_bin(), "bench", "sweep", "--config",
-                                "one=" + dir + "/cluster.toml", "--trace", dir + "/trace.jsonl",
-                                "--concurrency", "1,3", "--duration", "60", "--out",
-                                dir + "/out"},
-                               300s);
+  RunResult run = testing::run(
+      {tandem_bin(), "bench", "sweep", "--config", "one=" + dir + "/cluster.toml", "--trace",
+       dir + "/trace.jsonl", "--concurrency", "1,3", "--duration", "60", "--out", dir + "/out"},
+      300s);
   INFO("sweep output: " << run.output);
   INFO("cluster log: " << read_file(dir + "/out/logs/one.log"));
   REQUIRE(run.exit_code == 0);
@@ -184,10 +188,45 @@ TEST_CASE("sweep (real): a manifest's cluster is started, swept at 2 concurrenci
   CHECK(std::filesystem::exists(dir + "/out/points/one-c1.json"));
   CHECK(std::filesystem::exists(dir + "/out/points/one-c3.json"));
   // The cluster was stopped: its gateway port no longer answers.
-  RunResult probe = testing::run({tandem_bin(), "bench", "serve", "--target",
-                                  "127.0.0.1:" + std::to_string(http_port), "--requests", "1",
-                                  "--no-progress"},
-                                 30s);
+  RunResult probe =
+      testing::run({tandem_bin(), "bench", "serve", "--target",
+                    "127.0.0.1:" + std::to_string(http_port), "--requests", "1", "--no-progress"},
+                   30s);
   CHECK(probe.exit_code == 1);
   CHECK(probe.output.find("cannot connect") != std::string::npos);
+}
+
+TEST_CASE("sweep --target: an already running cluster, one configuration, 2 concurrencies") {
+  std::string dir = make_temp_dir("sweep-target");
+  uint16_t http_port = free_port();
+  write_file(dir + "/cluster.toml", cluster_manifest(http_port));
+  Child node({tandem_bin(), "node", "--manifest", dir + "/cluster.toml", "--node", "local"},
+             dir + "/node.log");
+  std::string target = "127.0.0.1:" + std::to_string(http_port);
+  bool healthy = eventually(60s, [&] {
+    auto got = bench::http_get({"127.0.0.1", http_port}, "/health", 500);
+    return got.ok() && got->first == 200;
+  });
+  INFO("node log: " << node.log());
+  REQUIRE(healthy);
+  std::vector<workload::Request> trace = make_trace();
+  write_file(dir + "/trace.jsonl", workload::to_jsonl(trace));
+  RunResult run =
+      testing::run({tandem_bin(), "bench", "sweep", "--target", target, "--trace",
+                    dir + "/trace.jsonl", "--concurrency", "2,1", "--out", dir + "/out"},
+                   120s);
+  INFO("sweep output: " << run.output);
+  REQUIRE(run.exit_code == 0);
+  auto table = nlohmann::json::parse(read_file(dir + "/out/sweep.json"));
+  REQUIRE(table["rows"].size() == 2);
+  CHECK(table["rows"][0]["config"] == "target");
+  CHECK(table["rows"][0]["concurrency"] == 2);
+  CHECK(table["rows"][1]["concurrency"] == 1);
+  for (const auto& row : table["rows"]) {
+    CHECK(row["succeeded"] == trace.size());
+    CHECK(row["failed"] == 0);
+  }
+  CHECK(node.running());  // --target never stops the cluster
+  node.signal(SIGTERM);
+  node.wait(5000ms);
 }
