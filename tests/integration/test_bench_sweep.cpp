@@ -227,6 +227,28 @@ TEST_CASE("sweep --target: an already running cluster, one configuration, 2 conc
     CHECK(row["failed"] == 0);
   }
   CHECK(node.running());  // --target never stops the cluster
+
+  // bench serve --svg-dir against the same cluster: the three request plots, one dot per
+  // request in the scatter plots (plus one legend key each).
+  RunResult serve = testing::run(
+      {tandem_bin(), "bench", "serve", "--target", target, "--trace", dir + "/trace.jsonl",
+       "--concurrency", "2", "--svg-dir", dir + "/plots", "--no-progress"},
+      120s);
+  INFO("serve output: " << serve.output);
+  REQUIRE(serve.exit_code == 0);
+  for (const char* name : {"ttft_cdf.svg", "ttft_over_time.svg", "ttft_vs_context.svg"}) {
+    INFO(name);
+    std::string svg = read_file(dir + "/plots/" + name);
+    CHECK(svg.find("</svg>") != std::string::npos);
+    CHECK(svg.find("TTFT (ms)") != std::string::npos);
+  }
+  std::string over_time = read_file(dir + "/plots/ttft_over_time.svg");
+  size_t circles = 0;
+  for (size_t at = over_time.find("<circle"); at != std::string::npos;
+       at = over_time.find("<circle", at + 1)) {
+    ++circles;
+  }
+  CHECK(circles == trace.size() + 1);
   node.signal(SIGTERM);
   node.wait(5000ms);
 }
