@@ -75,6 +75,15 @@ std::string ttft_cdf_svg(const ServeBenchResult& result);
 // Sums the value of every sample of `metric` (any labels) in Prometheus text.
 double sum_metric(const std::string& prometheus_text, const std::string& metric);
 
+// The workload flags of `tandem bench serve` (--workload, --trace, --requests, --seed,
+// --vocab, --input-tokens, ..., --sessions, --turns-min/max), shared with `tandem bench sweep`.
+void declare_workload_flags(cli::Flags& flags, const std::string& workload_default);
+// The workload those flags describe (a generator, or --trace read from disk); agentic
+// sessions are staggered for `sessions_in_flight` slots. Errors: invalid (a bad flag value,
+// an unknown kind, a bad trace line naming the line), not_found (trace unreadable).
+Result<std::vector<workload::Request>> make_workload(const cli::Flags& flags,
+                                                     uint32_t sessions_in_flight);
+
 // `tandem bench serve ...` (flags: see --help).
 int run_serve_bench_cli(cli::Args args);
 

@@ -5,6 +5,9 @@
 
 #include "bench/serve_bench.hpp"
 
+#include "bench/plot_files.hpp"
+#include "bench/request_plots.hpp"
+
 namespace tandem::bench {
 namespace {
 
@@ -14,33 +17,20 @@ void declare_flags(cli::Flags& f) {
       .flag("model", "NAME", "model name (default: the first of GET /v1/models)")
       .flag("api", "KIND", "completions (token-id or text prompts) or chat (text prompts)",
             "completions")
-      .flag("workload", "KIND", "agentic, random or shared-prefix (ignored with --trace)",
-            "random")
-      .flag("trace", "FILE", "replay a JSONL trace instead of generating")
       .flag("write-trace", "FILE", "write the workload as a JSONL trace, then run it")
       .flag("concurrency", "N", "requests (agentic: sessions) in flight at most", "8")
       .flag("request-rate", "R", "Poisson arrivals per second; 0 = closed loop", "0")
       .flag("duration", "S", "stop starting requests after S seconds; 0 = run all", "0")
-      .flag("requests", "N", "run at most the first N requests; 0 = all", "0")
       .flag("no-think-time", "", "send a session's next turn as soon as the last one ends")
       .flag("timeout", "S", "per-request timeout", "600")
-      .flag("seed", "N", "workload and arrival seed", "1")
-      .flag("vocab", "N", "token ids drawn from [0, N) (the model's vocab)", "32000")
-      .flag("input-tokens", "N", "random: prompt tokens", "128")
-      .flag("output-tokens", "N", "random, shared-prefix: output tokens", "64")
-      .flag("range-ratio", "R", "random: lengths uniform in x(1-R)..x(1+R)", "0")
-      .flag("prefix-tokens", "N", "shared-prefix: shared prefix tokens", "2048")
-      .flag("suffix-tokens", "N", "shared-prefix: unique suffix tokens", "256")
-      .flag("groups", "N", "shared-prefix: distinct prefixes", "8")
-      .flag("sessions", "N", "agentic: sessions in total", "64")
-      .flag("turns-max", "N", "agentic: most turns per session", "80")
-      .flag("turns-min", "N", "agentic: fewest turns per session", "20")
       .flag("slo-ttft-ms", "MS", "goodput SLO on TTFT")
       .flag("slo-tpot-ms", "MS", "goodput SLO on TPOT")
       .flag("slo-e2e-ms", "MS", "goodput SLO on end-to-end latency")
       .flag("json", "FILE", "write the result (summary + per request) as JSON")
       .flag("svg", "FILE", "write the TTFT CDF as SVG")
+      .flag("svg-dir", "DIR", "write every plot (TTFT CDF, over time, vs context) as SVG")
       .flag("no-progress", "", "no progress output");
+  declare_workload_flags(f, "random");
 }
 
 // Reads an integer flag into *out; false (message printed) when bad or outside [lo, hi].
@@ -56,7 +46,28 @@ bool get_u32(const cli::Flags& f, const char* name, int64_t lo, int64_t hi, uint
   return true;
 }
 
-Result<std::vector<workload::Request>> make_workload(const cli::Flags& f) {
+}  // namespace
+
+void declare_workload_flags(cli::Flags& f, const std::string& workload_default) {
+  f.flag("workload", "KIND", "agentic, random or shared-prefix (ignored with --trace)",
+         workload_default)
+      .flag("trace", "FILE", "replay a JSONL trace instead of generating")
+      .flag("requests", "N", "run at most the first N requests; 0 = all", "0")
+      .flag("seed", "N", "workload and arrival seed", "1")
+      .flag("vocab", "N", "token ids drawn from [0, N) (the model's vocab)", "32000")
+      .flag("input-tokens", "N", "random: prompt tokens", "128")
+      .flag("output-tokens", "N", "random, shared-prefix: output tokens", "64")
+      .flag("range-ratio", "R", "random: lengths uniform in x(1-R)..x(1+R)", "0")
+      .flag("prefix-tokens", "N", "shared-prefix: shared prefix tokens", "2048")
+      .flag("suffix-tokens", "N", "shared-prefix: unique suffix tokens", "256")
+      .flag("groups", "N", "shared-prefix: distinct prefixes", "8")
+      .flag("sessions", "N", "agentic: sessions in total", "64")
+      .flag("turns-max", "N", "agentic: most turns per session", "80")
+      .flag("turns-min", "N", "agentic: fewest turns per session", "20");
+}
+
+Result<std::vector<workload::Request>> make_workload(const cli::Flags& f,
+                                                     uint32_t sessions_in_flight) {
   if (f.has("trace")) {
     std::ifstream in(f.get("trace"));
     if (!in) return make_error(ErrorKind::not_found, "--trace: cannot read " + f.get("trace"));
@@ -99,8 +110,8 @@ Result<std::vector<workload::Request>> make_workload(const cli::Flags& f) {
   if (kind == "agentic") {
     workload::AgenticParams p;
     p.seed = seed, p.vocab_size = vocab;
+    p.sessions_in_flight = sessions_in_flight;
     if (!get_u32(f, "sessions", 1, 1 << 20, &p.sessions_count) ||
-        !get_u32(f, "concurrency", 1, 1 << 20, &p.sessions_in_flight) ||
         !get_u32(f, "turns-min", 1, 100000, &p.turns_min) ||
         !get_u32(f, "turns-max", 1, 100000, &p.turns_max)) {
       return make_error(ErrorKind::invalid, "bad agentic flag");
@@ -110,6 +121,8 @@ Result<std::vector<workload::Request>> make_workload(const cli::Flags& f) {
   return make_error(ErrorKind::invalid, "--workload: '" + kind +
                                             "' is not agentic, random or shared-prefix");
 }
+
+namespace {
 
 bool read_options(const cli::Flags& f, ServeBenchOptions& o) {
   auto target = parse_endpoint(f.get("target"), "--target");
@@ -173,7 +186,7 @@ int run_serve_bench_cli(cli::Args args) {
   if (!f.parse(args, &code)) return code;
   ServeBenchOptions options;
   if (!read_options(f, options)) return 2;
-  auto requests = make_workload(f);
+  auto requests = make_workload(f, options.concurrency);
   if (!requests.ok()) {
     std::fprintf(stderr, "tandem bench serve: %s\n", requests.error().message.c_str());
     return 2;
@@ -189,6 +202,13 @@ int run_serve_bench_cli(cli::Args args) {
   std::fputs(describe(*result).c_str(), stdout);
   if (f.has("json") && !write_text(f.get("json"), to_json(*result, options))) return 1;
   if (f.has("svg") && !write_text(f.get("svg"), ttft_cdf_svg(*result))) return 1;
+  if (f.has("svg-dir")) {
+    Status wrote = write_files(f.get("svg-dir"), request_plots(result->timelines, result->model));
+    if (!wrote) {
+      std::fprintf(stderr, "tandem bench serve: --svg-dir: %s\n", wrote.error().message.c_str());
+      return 1;
+    }
+  }
   return result->summary.failed_count == 0 ? 0 : 3;
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/serve_bench.hpp"
+#include "bench/request_plots.hpp"
 #include "runtime/base/assert.hpp"
 
 namespace tandem::bench {
@@ -129,38 +130,7 @@ std::string to_json(const ServeBenchResult& r, const ServeBenchOptions& o) {
 }
 
 std::string ttft_cdf_svg(const ServeBenchResult& r) {
-  std::vector<double> ttft;
-  for (const auto& t : r.timelines) {
-    if (t.error_kind.empty() && !t.chunk_ms.empty()) ttft.push_back(t.chunk_ms[0] - t.send_ms);
-  }
-  std::sort(ttft.begin(), ttft.end());
-  const double w = 640, h = 400, left = 60, bottom = 40, top = 20, right = 20;
-  double x_max = ttft.empty() ? 1 : std::max(ttft.back(), 1e-3);
-  auto x = [&](double v) { return left + v / x_max * (w - left - right); };
-  auto y = [&](double f) { return h - bottom - f * (h - bottom - top); };
-  char buf[256];
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"400\">\n"
-                    "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  std::snprintf(buf, sizeof(buf),
-                "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n"
-                "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n",
-                left, y(0), w - right, y(0), left, y(0), left, y(1));
-  svg += buf;
-  std::snprintf(buf, sizeof(buf),
-                "<text x=\"%g\" y=\"%g\" font-size=\"12\">TTFT (ms), max %.2f</text>\n"
-                "<text x=\"5\" y=\"%g\" font-size=\"12\">CDF</text>\n"
-                "<text x=\"%g\" y=\"14\" font-size=\"12\">TTFT CDF, %zu requests (%s)</text>\n",
-                w / 2 - 60, h - 10, x_max, y(0.5), left, ttft.size(), r.model.c_str());
-  svg += buf;
-  std::string points;
-  for (size_t i = 0; i < ttft.size(); ++i) {
-    std::snprintf(buf, sizeof(buf), "%.1f,%.1f ", x(ttft[i]),
-                  y(static_cast<double>(i + 1) / static_cast<double>(ttft.size())));
-    points += buf;
-  }
-  svg += "<polyline fill=\"none\" stroke=\"steelblue\" stroke-width=\"2\" points=\"" + points +
-         "\"/>\n</svg>\n";
-  return svg;
+  return plot::render_svg(ttft_cdf_chart(r.timelines, r.model));
 }
 
 }  // namespace tandem::bench

@@ -1,7 +1,7 @@
 #include "kvstore/prefix_cache.hpp"
 
+#include <algorithm>
 #include <string>
-#include <unordered_set>
 
 #include "runtime/base/assert.hpp"
 
@@ -33,14 +33,23 @@ uint32_t PrefixCache::match(std::span<const BlockHash> hashes) const {
 }
 
 Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint32_t fresh_count) {
-  uint32_t matched = match(hashes);
-  // Distinct blocks: a (malformed) hash list may repeat a hash.
-  std::unordered_set<BlockIndex> matched_evictable_set;
-  for (uint32_t i = 0; i < matched; ++i) {
-    BlockIndex b = by_hash_.at(hashes[i]);
-    if (blocks_[b].ref_count == 0) matched_evictable_set.insert(b);
+  // The leading cached hashes' blocks, looked up once (match() without a second pass).
+  matched_scratch_.clear();
+  for (const auto& hash : hashes) {
+    auto it = by_hash_.find(hash);
+    if (it == by_hash_.end()) break;
+    RT_ASSERT(blocks_[it->second].cached && blocks_[it->second].hash == hash, it->second);
+    matched_scratch_.push_back(it->second);
   }
-  auto matched_evictable = static_cast<uint32_t>(matched_evictable_set.size());
+  auto matched = static_cast<uint32_t>(matched_scratch_.size());
+  // Distinct evictable blocks: a (malformed) hash list may repeat a hash.
+  distinct_scratch_.clear();
+  for (BlockIndex b : matched_scratch_) {
+    if (blocks_[b].ref_count == 0) distinct_scratch_.push_back(b);
+  }
+  std::sort(distinct_scratch_.begin(), distinct_scratch_.end());
+  auto matched_evictable = static_cast<uint32_t>(
+      std::unique(distinct_scratch_.begin(), distinct_scratch_.end()) - distinct_scratch_.begin());
   RT_ASSERT(matched_evictable <= evictable_count_, matched_evictable, evictable_count_);
   uint64_t available = uint64_t{free_.size()} + evictable_count_ - matched_evictable;
   if (fresh_count > available) {
@@ -53,8 +62,7 @@ Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint3
   Allocation out;
   out.cached.reserve(matched);
   out.fresh.reserve(fresh_count);
-  for (uint32_t i = 0; i < matched; ++i) {
-    BlockIndex b = by_hash_.at(hashes[i]);
+  for (BlockIndex b : matched_scratch_) {
     if (blocks_[b].ref_count == 0) {
       lru_unlink(b);
       ++used_count_;

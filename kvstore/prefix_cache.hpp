@@ -117,6 +117,8 @@ class PrefixCache {
   uint32_t block_tokens_ = 0;
   std::unordered_map<BlockHash, BlockIndex, BlockHashHasher> by_hash_;  // <= blocks_count
   std::unordered_map<BlockHash, int, BlockHashHasher> pending_events_;  // <= 2 x blocks_count
+  // acquire()'s scratch (reused: no allocation once warm), each <= the hashes offered.
+  std::vector<BlockIndex> matched_scratch_, distinct_scratch_;
   PrefixCacheCounters counters_;
 };
 

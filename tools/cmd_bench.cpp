@@ -7,6 +7,7 @@
 #include "bench/overhead_bench.hpp"
 #include "bench/router_bench.hpp"
 #include "bench/serve_bench.hpp"
+#include "bench/sweep_cli.hpp"
 #include "bench/transport_bench.hpp"
 #include "tools/commands.hpp"
 
@@ -46,6 +47,7 @@ int cmd_bench(cli::Args args) {
       {"router", bench::run_router_bench_cli},
       {"serve", bench::run_serve_bench_cli},
       {"overhead", bench::run_overhead_bench},
+      {"sweep", bench::run_sweep_cli},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {

@@ -5,201 +5,15 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
-#include <sstream>
-#include <variant>
 
-#include "config/manifest.hpp"
+#include "bench/plot_files.hpp"
+#include "bench/request_plots.hpp"
 #include "tools/commands.hpp"
 #include "tools/sim/cluster_sim.hpp"
-#include "tools/workload/workload.hpp"
+#include "tools/sim_setup.hpp"
 
 namespace tandem::tools {
 namespace {
-
-cli::Flags sim_flags() {
-  cli::Flags f("tandem sim [FLAGS]",
-               "Simulates a Tandem cluster under virtual time: the real router, prefill and "
-               "decode schedulers and prefix caches in one deterministic event loop, with step "
-               "times from the sim device's timing model. Same seed, same output.");
-  f.flag("manifest", "FILE",
-         "take instance counts, [router], [prefill], [decode], [sim] and "
-         "[model] block_tokens / max_model_tokens from this manifest")
-      .flag("prefill", "N", "prefill instances (without --manifest)", "4")
-      .flag("decode", "N", "decode instances (without --manifest)", "4")
-      .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
-      .flag("policy", "NAME", "router policy: prefix-aware, round-robin or random")
-      .flag("seed", "N", "seed of the workload and the router (default: a fresh one, printed)")
-      .flag("workload", "NAME", "agentic, random or shared-prefix", "agentic")
-      .flag("trace", "FILE", "replay a JSONL trace (token-id prompts) instead of generating")
-      .flag("sessions", "N", "agentic: sessions in flight (concurrency)", "8")
-      .flag("sessions-total", "N", "agentic: sessions generated (default: 4 x --sessions)")
-      .flag("requests", "N", "random / shared-prefix: requests generated", "256")
-      .flag("duration-s", "S", "simulated seconds after which no request is sent", "3600")
-      .flag("link-gb-per-s", "GB", "prefill -> decode KV link bandwidth, GB/s", "25")
-      .flag("block-tokens", "N", "KV block tokens (default: manifest's, else 512)")
-      .flag("kv-blocks", "N", "KV pool blocks per instance (0: from the timing model)", "0")
-      .flag("json", "FILE", "write the result as JSON (deterministic) to FILE")
-      .flag("timelines", "", "include every request's timeline in the JSON");
-  return f;
-}
-
-std::string read_file(const std::string& path, bool* ok) {
-  std::ifstream in(path, std::ios::binary);
-  *ok = static_cast<bool>(in);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-router::Policy to_policy(config::RouterPolicy p) {
-  switch (p) {
-    case config::RouterPolicy::prefix_aware:
-      return router::Policy::prefix_aware;
-    case config::RouterPolicy::round_robin:
-      return router::Policy::round_robin;
-    case config::RouterPolicy::random:
-      return router::Policy::random;
-  }
-  return router::Policy::prefix_aware;
-}
-
-// Applies a manifest's sections; false (after printing why) on a bad manifest.
-bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
-  auto loaded = config::load_manifest(path);
-  if (const auto* errors = std::get_if<config::ManifestErrors>(&loaded)) {
-    std::fprintf(stderr, "tandem sim: %s", errors->describe().c_str());
-    return false;
-  }
-  const auto& m = std::get<config::Manifest>(loaded);
-  c.prefill_count = static_cast<uint32_t>(m.instances_of(config::Role::prefill).size());
-  c.decode_count = static_cast<uint32_t>(m.instances_of(config::Role::decode).size());
-  c.router.policy = to_policy(m.router.policy);
-  c.router.weight_prefix = m.router.weight_prefix;
-  c.router.weight_queue = m.router.weight_queue;
-  c.router.weight_kv_usage = m.router.weight_kv_usage;
-  c.router.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
-  c.router.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
-  c.block_tokens = m.model.block_tokens;
-  c.max_model_tokens = m.model.max_model_tokens;
-  c.prefill_queue_max = m.prefill.queue_max;
-  c.prefill_running_max = m.prefill.running_max;
-  c.prefill_held_max = m.prefill.held_max;
-  c.prefill_step_tokens_max = m.prefill.step_tokens_max;
-  c.prefill_hold_timeout_ms = m.prefill.hold_timeout_ms;
-  c.decode_waiting_max = m.decode.waiting_max;
-  c.decode_seqs_max = m.decode.seqs_max;
-  c.decode_step_tokens_max = m.decode.step_tokens_max;
-  devices::SimParams map(m.sim.params.begin(), m.sim.params.end());
-  auto params = devices::sim::params_from_map(map);
-  if (!params) {
-    std::fprintf(stderr, "tandem sim: %s: [sim]: %s\n", path.c_str(),
-                 params.error().message.c_str());
-    return false;
-  }
-  c.device = *params;
-  return true;
-}
-
-bool parse_policy(const std::string& name, router::Policy* out) {
-  for (auto p :
-       {router::Policy::prefix_aware, router::Policy::round_robin, router::Policy::random}) {
-    if (router::to_string(p) == name) {
-      *out = p;
-      return true;
-    }
-  }
-  std::fprintf(stderr, "tandem sim: --policy: unknown '%s' (prefix-aware, round-robin, random)\n",
-               name.c_str());
-  return false;
-}
-
-// Reads an integer flag in [lo, hi]; prints an error naming it otherwise.
-bool get_u32(const cli::Flags& f, const std::string& name, uint32_t lo, uint32_t hi,
-             uint32_t* out) {
-  auto v = f.get_int(name);
-  if (!v) return false;
-  if (*v < lo || *v > hi) {
-    std::fprintf(stderr, "tandem sim: --%s: %lld is outside %u..%u\n", name.c_str(),
-                 static_cast<long long>(*v), lo, hi);
-    return false;
-  }
-  *out = static_cast<uint32_t>(*v);
-  return true;
-}
-
-bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
-  c.block_tokens = 512;
-  if (f.has("manifest")) {
-    if (!apply_manifest(f.get("manifest"), c)) return false;
-  } else if (!get_u32(f, "prefill", 0, 65535, &c.prefill_count) ||
-             !get_u32(f, "decode", 1, 65535, &c.decode_count)) {
-    return false;
-  }
-  if (f.has("aggregated")) {
-    c.decode_count += c.prefill_count;
-    c.prefill_count = 0;
-  }
-  if (f.has("policy") && !parse_policy(f.get("policy"), &c.router.policy)) return false;
-  if (f.has("block-tokens") && !get_u32(f, "block-tokens", 1, 1u << 20, &c.block_tokens)) {
-    return false;
-  }
-  if (!get_u32(f, "kv-blocks", 0, 1u << 24, &c.kv_blocks)) return false;
-  if (!get_u32(f, "sessions", 1, 1u << 20, &c.sessions_in_flight)) return false;
-  auto duration_s = f.get_double("duration-s");
-  auto link = f.get_double("link-gb-per-s");
-  if (!duration_s || !link) return false;
-  c.duration_ms = *duration_s * 1e3;
-  c.link_bytes_per_s = *link * 1e9;
-  if (Status s = c.validate(); !s) {
-    std::fprintf(stderr, "tandem sim: %s\n", s.error().message.c_str());
-    return false;
-  }
-  return true;
-}
-
-Result<std::vector<workload::Request>> make_workload(const cli::Flags& f,
-                                                     const sim::ClusterSimConfig& c) {
-  if (f.has("trace")) {
-    bool ok = false;
-    std::string text = read_file(f.get("trace"), &ok);
-    if (!ok) return make_error(ErrorKind::invalid, "--trace: cannot read " + f.get("trace"));
-    auto requests = workload::read_jsonl(text);
-    if (!requests) {
-      return make_error(ErrorKind::invalid, f.get("trace") + ": " + requests.error().message);
-    }
-    return requests;
-  }
-  std::string name = f.get("workload");
-  uint32_t count = 0;
-  if (name == "agentic") {
-    workload::AgenticParams p;
-    p.seed = c.seed;
-    p.sessions_in_flight = c.sessions_in_flight;
-    p.sessions_count = c.sessions_in_flight * 4;
-    if (f.has("sessions-total") && !get_u32(f, "sessions-total", 1, 1u << 24, &p.sessions_count)) {
-      return make_error(ErrorKind::invalid, "--sessions-total");
-    }
-    p.context_tokens_max = c.max_model_tokens;
-    return workload::generate_agentic(p);
-  }
-  if (!get_u32(f, "requests", 1, 1u << 24, &count)) {
-    return make_error(ErrorKind::invalid, "--requests");
-  }
-  if (name == "random") {
-    workload::RandomParams p;
-    p.seed = c.seed;
-    p.requests_count = count;
-    return workload::generate_random(p);
-  }
-  if (name == "shared-prefix") {
-    workload::SharedPrefixParams p;
-    p.seed = c.seed;
-    p.prompts_per_group = std::max(1u, count / p.groups_count);
-    return workload::generate_shared_prefix(p);
-  }
-  return make_error(ErrorKind::invalid,
-                    "--workload: unknown '" + name + "' (agentic, random, shared-prefix)");
-}
 
 void print_stats(const char* name, const workload::LatencyStats& s) {
   std::printf("  %-5s ms  p50 %10.1f  p90 %10.1f  p99 %10.1f  mean %10.1f\n", name, s.p50, s.p90,
@@ -235,25 +49,20 @@ int cmd_sim(cli::Args args) {
   cli::Flags f = sim_flags();
   int exit_code = 0;
   if (!f.parse(args, &exit_code)) return exit_code;
-  sim::ClusterSimConfig c;
+  uint64_t seed = 0;
   if (f.has("seed")) {
-    auto seed = f.get_int("seed");
-    if (!seed || *seed < 0) return 2;
-    c.seed = static_cast<uint64_t>(*seed);
+    auto given = f.get_int("seed");
+    if (!given || *given < 0) return 2;
+    seed = static_cast<uint64_t>(*given);
   } else {
-    c.seed = std::random_device{}() & 0x7fffffffu;
+    seed = std::random_device{}() & 0x7fffffffu;
   }
-  std::printf("seed %llu\n", static_cast<unsigned long long>(c.seed));
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::fflush(stdout);
-  if (!build_config(f, c)) return 2;
-  c.router.seed = c.seed;
-  auto requests = make_workload(f, c);
-  if (!requests) {
-    std::fprintf(stderr, "tandem sim: %s\n", requests.error().message.c_str());
-    return 2;
-  }
+  std::optional<SimRun> run = prepare_sim(f, seed);
+  if (!run) return 2;
   auto started = std::chrono::steady_clock::now();
-  auto result = sim::run_cluster_sim(c, *requests);
+  auto result = sim::run_cluster_sim(run->config, run->requests);
   double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (!result) {
     std::fprintf(stderr, "tandem sim: %s\n", result.error().describe().c_str());
@@ -265,6 +74,15 @@ int cmd_sim(cli::Args args) {
     out << sim::to_json(*result, f.has("timelines"));
     if (!out) {
       std::fprintf(stderr, "tandem sim: --json: cannot write %s\n", f.get("json").c_str());
+      return 1;
+    }
+  }
+  if (f.has("svg-dir")) {
+    std::string subtitle = result->mode + ", " + result->policy;
+    Status wrote = bench::write_files(f.get("svg-dir"),
+                                      bench::request_plots(result->timelines, subtitle));
+    if (!wrote) {
+      std::fprintf(stderr, "tandem sim: --svg-dir: %s\n", wrote.error().message.c_str());
       return 1;
     }
   }

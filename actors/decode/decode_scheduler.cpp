@@ -86,7 +86,12 @@ Status DecodeScheduler::submit(DecodeRequest request) {
   SeqId id = request.id;
   Seq s;
   s.source = request.source;
-  s.tokens = request.prompt;
+  s.prompt_tokens_count = static_cast<uint32_t>(request.prompt.size());
+  // The prompt becomes the token history without a copy; room for every token it may
+  // generate, so appending never copies the (long) prompt either.
+  s.tokens = std::move(request.prompt);
+  s.tokens.reserve(
+      std::min<size_t>(s.tokens.size() + request.max_tokens, config_.max_model_tokens));
   s.input = std::move(request);
   s.arrival = ++arrivals_;
   seqs_.emplace(id, std::move(s));
@@ -98,9 +103,22 @@ Status DecodeScheduler::submit(DecodeRequest request) {
 }
 
 DecodePlan DecodeScheduler::plan_step() {
+  DecodePlan plan;
+  plan_step(plan);
+  return plan;
+}
+
+void DecodeScheduler::plan_step(DecodePlan& plan) {
   RT_ASSERT(!in_flight_, "plan_step while step", step_id_, "is in flight");
   RT_ASSERT(in_flight_ids_.empty());
-  DecodePlan plan;
+  for (DecodeEntry& e : plan.entries) spare_entries_.push_back(std::move(e));
+  RT_ASSERT(spare_entries_.size() <= size_t{config_.seqs_max} + config_.step_tokens_max,
+            spare_entries_.size());
+  plan.entries.clear();
+  plan.pulls.clear();
+  plan.preempted.clear();
+  plan.tokens_count = 0;
+  plan.step_id = 0;
   uint32_t budget = config_.step_tokens_max;
   plan_running(plan, budget);
   plan_prefilling(plan, budget);
@@ -110,23 +128,28 @@ DecodePlan DecodeScheduler::plan_step() {
     plan.step_id = ++step_id_;
     in_flight_ = true;
   }
-  return plan;
 }
 
-std::vector<SeqId> DecodeScheduler::active_by_arrival() const {
-  std::vector<std::pair<uint64_t, SeqId>> order;
-  for (const auto& [id, s] : seqs_) {
-    if (s.stage != SeqStage::waiting) order.emplace_back(s.arrival, id);
-  }
-  std::sort(order.begin(), order.end());
-  std::vector<SeqId> out;
-  out.reserve(order.size());
-  for (const auto& [arrival, id] : order) out.push_back(id);
-  return out;
+void DecodeScheduler::active_insert(const Seq& s) {
+  std::pair<uint64_t, SeqId> key{s.arrival, s.input.id};
+  auto at = std::lower_bound(active_.begin(), active_.end(), key);
+  RT_ASSERT(at == active_.end() || *at != key, s.input.id);
+  active_.insert(at, key);
+  RT_ASSERT(active_.size() <= config_.seqs_max, active_.size());
+}
+
+void DecodeScheduler::active_erase(const Seq& s) {
+  std::pair<uint64_t, SeqId> key{s.arrival, s.input.id};
+  auto at = std::lower_bound(active_.begin(), active_.end(), key);
+  RT_ASSERT(at != active_.end() && *at == key, s.input.id);
+  active_.erase(at);
 }
 
 void DecodeScheduler::plan_running(DecodePlan& plan, uint32_t& budget) {
-  for (SeqId id : active_by_arrival()) {
+  // A snapshot: preemptions below take sequences out of active_.
+  order_scratch_.clear();
+  for (const auto& [arrival, id] : active_) order_scratch_.push_back(id);
+  for (SeqId id : order_scratch_) {
     if (budget == 0) break;
     auto it = seqs_.find(id);
     if (it == seqs_.end() || it->second.stage != SeqStage::running) continue;  // preempted
@@ -148,10 +171,9 @@ bool DecodeScheduler::grow_or_preempt(Seq& s, DecodePlan& plan) {
       continue;
     }
     // The newest sequence holding blocks that is not being pulled into gives them up.
-    auto order = active_by_arrival();
     Seq* victim = nullptr;
-    for (auto it = order.rbegin(); it != order.rend() && victim == nullptr; ++it) {
-      Seq& candidate = seqs_.at(*it);
+    for (auto it = active_.rbegin(); it != active_.rend() && victim == nullptr; ++it) {
+      Seq& candidate = seqs_.at(it->second);
       if (candidate.stage != SeqStage::pulling) victim = &candidate;
     }
     RT_ASSERT(victim != nullptr, "no preemptible sequence although", s.input.id, "runs");
@@ -169,6 +191,7 @@ void DecodeScheduler::preempt(Seq& victim, DecodePlan& plan) {
   RT_ASSERT(victim.in_flight_tokens_count == 0, "preempting a planned sequence", victim.input.id);
   cache_.release(victim.blocks);
   victim.blocks.clear();
+  active_erase(victim);
   victim.stage = SeqStage::waiting;
   victim.source = KvSource::local;  // recompute locally: the prefill hold is gone
   victim.computed_tokens_count = 0;
@@ -180,7 +203,7 @@ void DecodeScheduler::preempt(Seq& victim, DecodePlan& plan) {
 }
 
 void DecodeScheduler::plan_prefilling(DecodePlan& plan, uint32_t& budget) {
-  for (SeqId id : active_by_arrival()) {
+  for (const auto& [arrival, id] : active_) {  // add_entry leaves active_ unchanged
     if (budget == 0) break;
     Seq& s = seqs_.at(id);
     if (s.stage != SeqStage::prefilling) continue;
@@ -223,6 +246,7 @@ bool DecodeScheduler::try_admit(Seq& s, DecodePlan& plan) {
   s.blocks = std::move(alloc->cached);
   s.blocks.insert(s.blocks.end(), alloc->fresh.begin(), alloc->fresh.end());
   s.committed_blocks_count = matched;
+  active_insert(s);
   if (s.source == KvSource::pull) {
     s.stage = SeqStage::pulling;
     PullOrder order{s.input.id, s.blocks, {}};
@@ -242,10 +266,15 @@ void DecodeScheduler::add_entry(Seq& s, uint32_t tokens_count, bool sample, Deco
   RT_ASSERT(start + tokens_count <= s.tokens.size(), start, tokens_count);
   RT_ASSERT(blocks_for(start + tokens_count) <= s.blocks.size(), s.input.id);
   DecodeEntry e;
+  if (!spare_entries_.empty()) {  // reuse a previous step's vectors
+    e = std::move(spare_entries_.back());
+    spare_entries_.pop_back();
+  }
   e.seq = s.input.id;
-  e.block_table = s.blocks;
+  e.block_table.assign(s.blocks.begin(), s.blocks.end());
   e.start_position = start;
   e.tokens.assign(s.tokens.begin() + start, s.tokens.begin() + start + tokens_count);
+  e.draft_tokens_count = 0;
   e.sample = sample;
   s.in_flight_tokens_count = tokens_count;
   s.in_flight_sample = sample;
@@ -287,14 +316,36 @@ void DecodeScheduler::commit_prompt_blocks(Seq& s) {
 
 std::vector<SeqUpdate> DecodeScheduler::on_step_result(uint64_t step_id,
                                                        std::span<const SampledTokens> sampled) {
+  std::vector<SeqUpdate> updates;
+  on_step_result(step_id, sampled, updates);
+  return updates;
+}
+
+// The first result for `id` in `sampled` (sampled_index_ must index it), or nullptr.
+const SampledTokens* DecodeScheduler::sampled_for(SeqId id,
+                                                  std::span<const SampledTokens> sampled) const {
+  auto at = std::lower_bound(sampled_index_.begin(), sampled_index_.end(),
+                             std::pair<SeqId, size_t>{id, 0});
+  if (at == sampled_index_.end() || at->first != id) return nullptr;
+  RT_ASSERT(at->second < sampled.size(), at->second);
+  return &sampled[at->second];
+}
+
+void DecodeScheduler::on_step_result(uint64_t step_id, std::span<const SampledTokens> sampled,
+                                     std::vector<SeqUpdate>& updates) {
   RT_ASSERT(in_flight_, "on_step_result with no step in flight", step_id);
   RT_ASSERT(step_id == step_id_, step_id, step_id_);
-  std::unordered_map<SeqId, const SampledTokens*> by_seq;
-  for (const auto& r : sampled) {
-    if (!by_seq.emplace(r.seq, &r).second) ++counters_.bad_results_count;  // repeated: first
+  for (SeqUpdate& u : updates) spare_updates_.push_back(std::move(u));
+  RT_ASSERT(spare_updates_.size() <= size_t{config_.seqs_max} + config_.step_tokens_max,
+            spare_updates_.size());
+  updates.clear();
+  sampled_index_.clear();
+  for (size_t i = 0; i < sampled.size(); ++i) sampled_index_.emplace_back(sampled[i].seq, i);
+  std::sort(sampled_index_.begin(), sampled_index_.end());
+  for (size_t i = 1; i < sampled_index_.size(); ++i) {  // repeated: the first one counts
+    if (sampled_index_[i].first == sampled_index_[i - 1].first) ++counters_.bad_results_count;
   }
-  std::vector<SeqUpdate> updates;
-  std::vector<std::pair<SeqId, FinishReason>> finishing;
+  finishing_.clear();
   for (SeqId id : in_flight_ids_) {
     auto it = seqs_.find(id);
     if (it == seqs_.end()) continue;  // cancelled while the step ran
@@ -310,27 +361,32 @@ std::vector<SeqUpdate> DecodeScheduler::on_step_result(uint64_t step_id,
       counters_.prefill_tokens_count += fed;
       commit_prompt_blocks(s);
     }
-    auto found = by_seq.find(id);
+    const SampledTokens* found = sampled_for(id, sampled);
     if (!sample) {
-      if (found != by_seq.end()) ++counters_.bad_results_count;
+      if (found != nullptr) ++counters_.bad_results_count;
       continue;
     }
-    SeqUpdate update{id, {}, std::nullopt};
-    if (found == by_seq.end() || found->second->tokens.empty() ||
-        found->second->tokens.size() > sampled_max) {
+    SeqUpdate update;
+    if (!spare_updates_.empty()) {  // reuse a previous step's token vector
+      update = std::move(spare_updates_.back());
+      spare_updates_.pop_back();
+    }
+    update.seq = id;
+    update.tokens.clear();
+    update.finished.reset();
+    if (found == nullptr || found->tokens.empty() || found->tokens.size() > sampled_max) {
       ++counters_.bad_results_count;
       update.finished = FinishReason::failed;
     } else {
       if (s.stage == SeqStage::prefilling) s.stage = SeqStage::running;
-      update.finished = append_tokens(s, found->second->tokens, update);
+      update.finished = append_tokens(s, found->tokens, update);
     }
-    if (update.finished) finishing.emplace_back(id, *update.finished);
+    if (update.finished) finishing_.emplace_back(id, *update.finished);
     updates.push_back(std::move(update));
   }
   in_flight_ids_.clear();
   in_flight_ = false;
-  for (const auto& [id, reason] : finishing) finish(id, reason);
-  return updates;
+  for (const auto& [id, reason] : finishing_) finish(id, reason);
 }
 
 Result<SeqUpdate> DecodeScheduler::on_pull_done(SeqId seq, bool ok, TokenId first_token) {
@@ -393,6 +449,7 @@ void DecodeScheduler::finish(SeqId id, FinishReason reason) {
     RT_ASSERT(active_count_ > 0, id);
     --active_count_;
     cache_.release(s.blocks);
+    active_erase(s);
   }
   seqs_.erase(it);
   ++counters_.finished_count;
@@ -408,7 +465,7 @@ void DecodeScheduler::check_invariants() const {
   uint32_t waiting = 0, waiting_new = 0, active = 0;
   std::unordered_map<kv::BlockIndex, uint32_t> refs;
   for (const auto& [id, s] : seqs_) {
-    RT_ASSERT(s.input.id == id && s.tokens.size() == s.input.prompt.size() + s.generated_count);
+    RT_ASSERT(s.input.id == id && s.tokens.size() == s.prompt_tokens_count + s.generated_count);
     RT_ASSERT(s.tokens.size() <= config_.max_model_tokens, id);
     RT_ASSERT(s.generated_count < s.input.max_tokens || s.input.max_tokens == 0, id);
     bool in_flight = s.in_flight_tokens_count > 0;
@@ -439,6 +496,13 @@ void DecodeScheduler::check_invariants() const {
   }
   RT_ASSERT(waiting == waiting_.size() && waiting_new == waiting_new_count_, waiting);
   RT_ASSERT(active == active_count_ && active_count_ <= config_.seqs_max, active);
+  RT_ASSERT(active_.size() == active_count_, active_.size());
+  RT_ASSERT(std::is_sorted(active_.begin(), active_.end()));
+  for (const auto& [arrival, id] : active_) {
+    auto it = seqs_.find(id);
+    RT_ASSERT(it != seqs_.end() && it->second.arrival == arrival, id);
+    RT_ASSERT(it->second.stage != SeqStage::waiting, id);
+  }
   RT_ASSERT(waiting_new_count_ <= config_.waiting_max, waiting_new_count_);
   for (const auto& [block, count] : refs) {
     RT_ASSERT(cache_.ref_count(block) == count, block, count);

@@ -134,9 +134,15 @@ class DecodeScheduler {
   Status submit(DecodeRequest request);
   // Precondition (asserted): no step in flight.
   DecodePlan plan_step();
+  // The same, into `plan` (overwritten). Pass the previous plan back: its entries' vectors
+  // are reused, so a warm step allocates nothing (the simulator's hot path).
+  void plan_step(DecodePlan& plan);
   // Precondition (asserted): step_id is the step in flight. Malformed or missing results
   // finish their sequence with FinishReason::failed; results for unknown ids are ignored.
   std::vector<SeqUpdate> on_step_result(uint64_t step_id, std::span<const SampledTokens> sampled);
+  // The same, into `updates` (overwritten; its elements' storage is reused).
+  void on_step_result(uint64_t step_id, std::span<const SampledTokens> sampled,
+                      std::vector<SeqUpdate>& updates);
   // The pull of `seq` ended. ok: running, first_token is streamed; !ok: local prefill.
   // Errors: not_found when `seq` is not pulling.
   Result<SeqUpdate> on_pull_done(SeqId seq, bool ok, TokenId first_token);
@@ -152,7 +158,8 @@ class DecodeScheduler {
 
  private:
   struct Seq {
-    DecodeRequest input;
+    DecodeRequest input;  // its prompt is moved into `tokens` (empty here)
+    uint32_t prompt_tokens_count = 0;
     SeqStage stage = SeqStage::waiting;
     KvSource source = KvSource::local;
     std::vector<TokenId> tokens;  // prompt + generated
@@ -180,7 +187,9 @@ class DecodeScheduler {
                                             SeqUpdate& update);
   void commit_prompt_blocks(Seq& s);
   void finish(SeqId id, FinishReason reason);
-  std::vector<SeqId> active_by_arrival() const;
+  void active_insert(const Seq& s);
+  void active_erase(const Seq& s);
+  const SampledTokens* sampled_for(SeqId id, std::span<const SampledTokens> sampled) const;
 
   DecodeConfig config_;
   kv::PrefixCache& cache_;
@@ -189,6 +198,16 @@ class DecodeScheduler {
   uint32_t waiting_new_count_ = 0;       // never-admitted ones in waiting_, <= waiting_max
   uint32_t active_count_ = 0;            // pulling + prefilling + running, <= seqs_max
   std::vector<SeqId> in_flight_ids_;
+  // Sequences holding blocks (pulling, prefilling, running) as (arrival, id), oldest first;
+  // size == active_count_.
+  std::vector<std::pair<uint64_t, SeqId>> active_;
+  // Per-step scratch, reused so that a warm step does not allocate (each <= seqs_max, or
+  // the sampled results count).
+  std::vector<SeqId> order_scratch_;
+  std::vector<std::pair<SeqId, size_t>> sampled_index_;  // (seq, index in sampled), sorted
+  std::vector<std::pair<SeqId, FinishReason>> finishing_;
+  std::vector<DecodeEntry> spare_entries_;
+  std::vector<SeqUpdate> spare_updates_;
   bool in_flight_ = false;
   uint64_t step_id_ = 0;
   uint64_t arrivals_ = 0;

@@ -412,3 +412,80 @@ TEST_CASE("randomized: invariants after every operation, pool returns to baselin
   CHECK(s.counters().pull_failures_count > 0);
   CHECK(s.counters().finished_count > 500);
 }
+
+// measure: the buffer-reusing plan_step(plan) / on_step_result(..., updates) overloads give
+// exactly what the by-value ones give, over a random run with preemption, pulls (ok and
+// failed), duplicate and missing results; a tight pool forces preemption.
+TEST_CASE("reusing overloads match the by-value API step for step") {
+  std::mt19937 rng(42);
+  DecodeConfig c = config();
+  PrefixCache cache_a(12, bt), cache_b(12, bt);
+  DecodeScheduler a(c, cache_a), b(c, cache_b);
+  DecodePlan plan_b;
+  std::vector<SeqUpdate> updates_b;
+  std::set<SeqId> pulling;
+  SeqId next = 1;
+  uint64_t preempted = 0;
+  for (int step = 0; step < 400; ++step) {
+    if (rng() % 3 == 0) {
+      auto source = rng() % 2 ? KvSource::pull : KvSource::local;
+      auto r = make_request(next, 1 + rng() % 14, 1 + rng() % 10, source,
+                            static_cast<TokenId>(1 + rng() % 3));
+      tandem::Status sa = a.submit(r), sb = b.submit(r);
+      CHECK(sa.ok() == sb.ok());
+      ++next;
+    }
+    if (!pulling.empty() && rng() % 2 == 0) {
+      SeqId id = *pulling.begin();
+      pulling.erase(pulling.begin());
+      bool ok = rng() % 4 != 0;
+      auto ua = a.on_pull_done(id, ok, 5), ub = b.on_pull_done(id, ok, 5);
+      REQUIRE(ua.ok() == ub.ok());
+      if (ua.ok()) CHECK(ua->tokens == ub->tokens);
+    }
+    DecodePlan plan_a = a.plan_step();
+    b.plan_step(plan_b);
+    REQUIRE(plan_a.step_id == plan_b.step_id);
+    REQUIRE(plan_a.entries.size() == plan_b.entries.size());
+    CHECK(plan_a.tokens_count == plan_b.tokens_count);
+    CHECK(plan_a.preempted == plan_b.preempted);
+    preempted += plan_a.preempted.size();
+    REQUIRE(plan_a.pulls.size() == plan_b.pulls.size());
+    for (size_t i = 0; i < plan_a.pulls.size(); ++i) {
+      CHECK(plan_a.pulls[i].block_table == plan_b.pulls[i].block_table);
+      pulling.insert(plan_a.pulls[i].seq);
+    }
+    for (size_t i = 0; i < plan_a.entries.size(); ++i) {
+      const auto &ea = plan_a.entries[i], &eb = plan_b.entries[i];
+      CHECK(ea.seq == eb.seq);
+      CHECK(ea.block_table == eb.block_table);
+      CHECK(ea.start_position == eb.start_position);
+      CHECK(ea.tokens == eb.tokens);
+      CHECK(ea.sample == eb.sample);
+    }
+    if (plan_a.entries.empty()) continue;
+    std::vector<SampledTokens> sampled;
+    for (const auto& e : plan_a.entries) {
+      if (!e.sample || rng() % 20 == 0) continue;  // sometimes missing
+      auto token = static_cast<TokenId>(1 + rng() % 50);
+      sampled.push_back(SampledTokens{e.seq, {token}});
+      if (rng() % 15 == 0) sampled.push_back(SampledTokens{e.seq, {token}});  // repeated
+    }
+    std::shuffle(sampled.begin(), sampled.end(), rng);
+    auto updates_a = a.on_step_result(plan_a.step_id, sampled);
+    b.on_step_result(plan_b.step_id, sampled, updates_b);
+    REQUIRE(updates_a.size() == updates_b.size());
+    for (size_t i = 0; i < updates_a.size(); ++i) {
+      CHECK(updates_a[i].seq == updates_b[i].seq);
+      CHECK(updates_a[i].tokens == updates_b[i].tokens);
+      CHECK(updates_a[i].finished == updates_b[i].finished);
+    }
+    a.check_invariants();
+    b.check_invariants();
+  }
+  CHECK(a.counters().bad_results_count == b.counters().bad_results_count);
+  CHECK(a.counters().bad_results_count > 0);
+  CHECK(a.counters().finished_count == b.counters().finished_count);
+  CHECK(a.counters().finished_count > 20);
+  CHECK(preempted > 0);
+}

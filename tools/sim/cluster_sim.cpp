@@ -73,6 +73,8 @@ struct DecodeInst {
   int64_t link_free_ns = 0;  // the inbound link is busy until then (transfers serialize)
   std::vector<decode::SampledTokens> sampled;  // the step in flight's results, reused
   size_t sampled_count = 0;                    // of `sampled`, for the step in flight
+  decode::DecodePlan plan;                     // the last plan, handed back for reuse
+  std::vector<decode::SeqUpdate> updates;      // the last step's updates, reused
   InstanceStats stats;
 };
 
@@ -393,6 +395,7 @@ void Sim::on_send(uint32_t request_index) {
   st.sent = true;
   workload::RequestTimeline& t = result_.timelines[request_index];
   t.send_ms = now_ms();
+  t.chunk_ms.reserve(r.expected_output_tokens);  // one chunk per token: no regrowth
   t.turn = r.turn;
   ++result_.sent_count;
   RT_ASSERT(hash_prompt(request_index, s.chain).ok());
@@ -436,6 +439,9 @@ bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
   ReqState& st = states_[request_index];
   decode::DecodeRequest dr;
   dr.id = request_index;
+  // Capacity for the whole sequence: the scheduler keeps this vector as its token history.
+  dr.prompt.reserve(result_.timelines[request_index].prompt_tokens +
+                    requests_[request_index].expected_output_tokens);
   dr.prompt.assign(result_.timelines[request_index].prompt_tokens, 0);
   dr.block_hashes = std::move(hashes);
   dr.max_tokens = requests_[request_index].expected_output_tokens;
@@ -527,7 +533,8 @@ void Sim::start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls) {
 void Sim::kick_decode(uint32_t d) {
   DecodeInst& inst = decode_[d];
   if (inst.sched->step_in_flight()) return;
-  decode::DecodePlan plan = inst.sched->plan_step();
+  inst.sched->plan_step(inst.plan);  // reuses the previous plan's buffers
+  const decode::DecodePlan& plan = inst.plan;
   start_pulls(d, plan.pulls);
   inst.stats.preemptions_count += plan.preempted.size();
   sync_decode(d);
@@ -583,10 +590,10 @@ void Sim::apply_update(const decode::SeqUpdate& update) {
 
 void Sim::on_decode_done(uint32_t d) {
   DecodeInst& inst = decode_[d];
-  std::vector<decode::SeqUpdate> updates = inst.sched->on_step_result(
-      inst.step_id,
-      std::span<const decode::SampledTokens>(inst.sampled.data(), inst.sampled_count));
-  for (const decode::SeqUpdate& u : updates) apply_update(u);
+  inst.sched->on_step_result(
+      inst.step_id, std::span<const decode::SampledTokens>(inst.sampled.data(), inst.sampled_count),
+      inst.updates);
+  for (const decode::SeqUpdate& u : inst.updates) apply_update(u);
   kick_decode(d);
 }
 

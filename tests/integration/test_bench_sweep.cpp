@@ -1,0 +1,254 @@
+// `tandem bench sweep`: the sim back-end gives the same numbers as separate `tandem sim` runs
+// with the same seed; the real back-end starts a one-node sim-device cluster from its
+// manifest (`tandem up`), sweeps 2 concurrencies with zero errors, and stops it.
+#include <doctest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "bench/http_stream.hpp"
+#include "tests/support/process.hpp"
+#include "tools/workload/workload.hpp"
+
+using namespace tandem;
+using namespace tandem::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct SimConfig {
+  const char* name;
+  const char* spec;
+  std::vector<std::string> sim_flags;  // the same configuration as `tandem sim` flags
+};
+
+}  // namespace
+
+TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim runs") {
+  std::string dir = make_temp_dir("sweep-sim");
+  std::vector<SimConfig> configs = {
+      {"pd-rr",
+       "policy:round-robin,prefill:1,decode:2",
+       {"--policy", "round-robin", "--prefill", "1", "--decode", "2"}},
+      {"agg",
+       "policy:prefix-aware,aggregated,prefill:1,decode:2",
+       {"--policy", "prefix-aware", "--aggregated", "--prefill", "1", "--decode", "2"}},
+  };
+  std::vector<std::string> sweep = {
+      tandem_bin(), "bench",      "sweep", "--sim",         "--seed", "7",     "--duration",
+      "90",         "--sessions", "6",     "--concurrency", "2,4",    "--out", dir + "/out"};
+  for (const SimConfig& c : configs) {
+    sweep.push_back("--config");
+    sweep.push_back(std::string(c.name) + "=" + c.spec);
+  }
+  RunResult run = testing::run(sweep, 240s);
+  INFO("sweep output: " << run.output);
+  REQUIRE(run.exit_code == 0);
+  auto table = nlohmann::json::parse(read_file(dir + "/out/sweep.json"));
+  REQUIRE(table["rows"].size() == 4);
+  CHECK(table["meta"]["backend"] == "sim");
+  CHECK(table["meta"]["seed"] == 7);
+  size_t row_index = 0;
+  for (const SimConfig& c : configs) {
+    for (const char* concurrency : {"2", "4"}) {
+      std::string json_path = dir + "/" + c.name + "-" + concurrency + ".json";
+      std::vector<std::string> sim = {tandem_bin(), "sim",       "--seed",           "7",
+                                      "--sessions", concurrency, "--duration-s",     "90",
+                                      "--workload", "agentic",   "--sessions-total", "6",
+                                      "--json",     json_path};
+      sim.insert(sim.end(), c.sim_flags.begin(), c.sim_flags.end());
+      RunResult alone = testing::run(sim, 120s);
+      INFO("sim output: " << alone.output);
+      REQUIRE(alone.exit_code == 0);
+      std::string expected = read_file(json_path);
+      // The per-point JSON is byte-identical, and the table row carries its numbers.
+      CHECK(read_file(dir + "/out/points/" + c.name + "-c" + concurrency + ".json") == expected);
+      auto want = nlohmann::json::parse(expected);
+      const auto& row = table["rows"][row_index++];
+      CHECK(row["config"] == c.name);
+      CHECK(row["concurrency"] == std::stoi(concurrency));
+      CHECK(want["sent"].get<uint64_t>() > 0);
+      CHECK(row["requests"] == want["summary"]["requests"]);
+      CHECK(row["failed"] == want["summary"]["failed"]);
+      CHECK(row["ttft_p50_ms"] == want["summary"]["ttft_ms"]["p50"]);
+      CHECK(row["ttft_p90_ms"] == want["summary"]["ttft_ms"]["p90"]);
+      CHECK(row["hit_rate"] == want["hit_rate"]);
+      CHECK(row["output_tokens_per_s"] == want["summary"]["output_token_throughput_per_s"]);
+    }
+  }
+  for (const char* plot :
+       {"ttft_p50.svg", "ttft_p90.svg", "hit_rate.svg", "output_throughput.svg"}) {
+    INFO(plot);
+    std::string svg = read_file(dir + "/out/" + plot);
+    CHECK(svg.find("</svg>") != std::string::npos);
+    CHECK(svg.find(">pd-rr</text>") != std::string::npos);
+    CHECK(svg.find(">agg</text>") != std::string::npos);
+  }
+  std::string csv = read_file(dir + "/out/sweep.csv");
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == 5);
+}
+
+TEST_CASE("sweep --sim: bad configurations are errors naming what is wrong") {
+  std::string dir = make_temp_dir("sweep-bad");
+  RunResult run = testing::run({tandem_bin(), "bench", "sweep", "--sim", "--config", "a=seed:3",
+                                "--concurrency", "2", "--out", dir},
+                               30s);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("'seed' is set by the sweep") != std::string::npos);
+  run = testing::run({tandem_bin(), "bench", "sweep", "--sim", "--config", "a=policy:nope",
+                      "--concurrency", "2", "--out", dir},
+                     30s);
+  CHECK(run.exit_code == 1);
+  CHECK(run.output.find("nope") != std::string::npos);
+  run = testing::run({tandem_bin(), "bench", "sweep", "--sim", "--config", "a=policy:random",
+                      "--concurrency", "2,0", "--out", dir},
+                     30s);
+  CHECK(run.exit_code == 2);
+  CHECK(run.output.find("--concurrency: 0") != std::string::npos);
+  run = testing::run({tandem_bin(), "bench", "sweep", "--sim", "--concurrency", "2"}, 30s);
+  CHECK(run.exit_code == 2);
+  CHECK(run.output.find("--config") != std::string::npos);
+}
+
+namespace {
+
+std::string cluster_manifest(uint16_t http_port) {
+  std::string model = source_root() + "/models/stories15M";
+  std::string t =
+      "[cluster]\nname = \"bench-sweep-it\"\n[model]\nname = \"stories15M\"\n"
+      "path = \"" +
+      model +
+      "\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
+      "[sim]\ntime_factor = 0\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\n"
+      "eos_id = 2\nmax_position = 2048\noutput_tokens_sigma = 0\n"
+      "output_tokens_mean = 16384\noutput_tokens_max = 16384\n";
+  t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
+       std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
+       "\nhttp_port = " + std::to_string(http_port) + "\n";
+  for (const char* inst :
+       {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
+        "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
+        "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
+        "role = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\ndevices = [0]\n"
+        "kv_blocks = 1024\n",
+        "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
+        "kv_blocks = 1024\n"}) {
+    t += std::string("[[node.instance]]\n") + inst;
+  }
+  return t;
+}
+
+// 3 sessions x 3 turns; each turn resends the previous prompt plus new tokens.
+std::vector<workload::Request> make_trace() {
+  std::vector<workload::Request> out;
+  for (uint32_t s = 0; s < 3; ++s) {
+    std::vector<uint32_t> prompt;
+    for (uint32_t i = 0; i < 48; ++i) prompt.push_back(100 + i * 3);
+    for (uint32_t turn = 0; turn < 3; ++turn) {
+      for (uint32_t i = 0; i < 20; ++i) prompt.push_back(1000 + s * 300 + turn * 40 + i);
+      workload::Request r;
+      r.session = s;
+      r.turn = turn;
+      r.expected_output_tokens = 4 + turn;
+      r.prompt_token_ids = prompt;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sweep (real): a manifest's cluster is started, swept at 2 concurrencies, stopped") {
+  std::string dir = make_temp_dir("sweep-real");
+  uint16_t http_port = free_port();
+  write_file(dir + "/cluster.toml", cluster_manifest(http_port));
+  std::vector<workload::Request> trace = make_trace();
+  write_file(dir + "/trace.jsonl", workload::to_jsonl(trace));
+  RunResult run = testing::run(
+      {tandem_bin(), "bench", "sweep", "--config", "one=" + dir + "/cluster.toml", "--trace",
+       dir + "/trace.jsonl", "--concurrency", "1,3", "--duration", "60", "--out", dir + "/out"},
+      300s);
+  INFO("sweep output: " << run.output);
+  INFO("cluster log: " << read_file(dir + "/out/logs/one.log"));
+  REQUIRE(run.exit_code == 0);
+  auto table = nlohmann::json::parse(read_file(dir + "/out/sweep.json"));
+  CHECK(table["meta"]["backend"] == "serve");
+  REQUIRE(table["rows"].size() == 2);
+  for (const auto& row : table["rows"]) {
+    CHECK(row["config"] == "one");
+    CHECK(row["requests"] == trace.size());
+    CHECK(row["succeeded"] == trace.size());
+    CHECK(row["failed"] == 0);
+    CHECK(row["ttft_p50_ms"].get<double>() > 0);
+    CHECK(row["output_tokens_per_s"].get<double>() > 0);
+  }
+  CHECK(table["rows"][0]["concurrency"] == 1);
+  CHECK(table["rows"][1]["concurrency"] == 3);
+  CHECK(std::filesystem::exists(dir + "/out/points/one-c1.json"));
+  CHECK(std::filesystem::exists(dir + "/out/points/one-c3.json"));
+  // The cluster was stopped: its gateway port no longer answers.
+  RunResult probe =
+      testing::run({tandem_bin(), "bench", "serve", "--target",
+                    "127.0.0.1:" + std::to_string(http_port), "--requests", "1", "--no-progress"},
+                   30s);
+  CHECK(probe.exit_code == 1);
+  CHECK(probe.output.find("cannot connect") != std::string::npos);
+}
+
+TEST_CASE("sweep --target: an already running cluster, one configuration, 2 concurrencies") {
+  std::string dir = make_temp_dir("sweep-target");
+  uint16_t http_port = free_port();
+  write_file(dir + "/cluster.toml", cluster_manifest(http_port));
+  Child node({tandem_bin(), "node", "--manifest", dir + "/cluster.toml", "--node", "local"},
+             dir + "/node.log");
+  std::string target = "127.0.0.1:" + std::to_string(http_port);
+  bool healthy = eventually(60s, [&] {
+    auto got = bench::http_get({"127.0.0.1", http_port}, "/health", 500);
+    return got.ok() && got->first == 200;
+  });
+  INFO("node log: " << node.log());
+  REQUIRE(healthy);
+  std::vector<workload::Request> trace = make_trace();
+  write_file(dir + "/trace.jsonl", workload::to_jsonl(trace));
+  RunResult run =
+      testing::run({tandem_bin(), "bench", "sweep", "--target", target, "--trace",
+                    dir + "/trace.jsonl", "--concurrency", "2,1", "--out", dir + "/out"},
+                   120s);
+  INFO("sweep output: " << run.output);
+  REQUIRE(run.exit_code == 0);
+  auto table = nlohmann::json::parse(read_file(dir + "/out/sweep.json"));
+  REQUIRE(table["rows"].size() == 2);
+  CHECK(table["rows"][0]["config"] == "target");
+  CHECK(table["rows"][0]["concurrency"] == 2);
+  CHECK(table["rows"][1]["concurrency"] == 1);
+  for (const auto& row : table["rows"]) {
+    CHECK(row["succeeded"] == trace.size());
+    CHECK(row["failed"] == 0);
+  }
+  CHECK(node.running());  // --target never stops the cluster
+
+  // bench serve --svg-dir against the same cluster: the three request plots, one dot per
+  // request in the scatter plots (plus one legend key each).
+  RunResult serve = testing::run(
+      {tandem_bin(), "bench", "serve", "--target", target, "--trace", dir + "/trace.jsonl",
+       "--concurrency", "2", "--svg-dir", dir + "/plots", "--no-progress"},
+      120s);
+  INFO("serve output: " << serve.output);
+  REQUIRE(serve.exit_code == 0);
+  for (const char* name : {"ttft_cdf.svg", "ttft_over_time.svg", "ttft_vs_context.svg"}) {
+    INFO(name);
+    std::string svg = read_file(dir + "/plots/" + name);
+    CHECK(svg.find("</svg>") != std::string::npos);
+    CHECK(svg.find("TTFT (ms)") != std::string::npos);
+  }
+  std::string over_time = read_file(dir + "/plots/ttft_over_time.svg");
+  size_t circles = 0;
+  for (size_t at = over_time.find("<circle"); at != std::string::npos;
+       at = over_time.find("<circle", at + 1)) {
+    ++circles;
+  }
+  CHECK(circles == trace.size() + 1);
+  node.signal(SIGTERM);
+  node.wait(5000ms);
+}
