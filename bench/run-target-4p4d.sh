@@ -65,6 +65,9 @@ trap stop_cluster EXIT
 # in cluster-TAG.time), then waits for the gateway's /health.
 start_cluster() {
   local manifest="$1" tag="$2"
+  if curl -sf "http://$HTTP/health" >/dev/null 2>&1; then
+    die "something already serves $HTTP (a cluster left running?); stop it first"
+  fi
   /usr/bin/time -f "cluster cpu: user %U s, system %S s, wall %e s" -o "$OUT/cluster-$tag.time" \
     "$TANDEM" up "$manifest" --grace-ms 10000 >"$OUT/cluster-$tag.log" 2>&1 &
   CLUSTER_PID=$!

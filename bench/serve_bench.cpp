@@ -232,7 +232,8 @@ class Runner {
 
   void issue(double now) {
     uint32_t index = 0;
-    while (now < stop_ms_ && in_flight_ < o_.concurrency && take_ready(replay_, o_.concurrency, &index)) {
+    while (now < stop_ms_ && in_flight_ < o_.concurrency &&
+           take_ready(replay_, o_.concurrency, &index)) {
       RT_ASSERT(slot_of_[index] == SIZE_MAX, "a request is sent once", index);
       client_.start(index, StreamCall{o_.chat ? "/v1/chat/completions" : "/v1/completions",
                                       request_body(requests_[index], o_, result_.model), o_.chat});
