@@ -63,10 +63,17 @@ PrefixCounters read_prefix(const ServeBenchOptions& o) {
 }
 
 // The replay state: which requests are ready, waiting (timers), or chained behind another.
+// Closed-loop session replay (chain_sessions, no request rate) admits sessions, not requests:
+// the first `concurrency` sessions start at their first turn's arrival offset (the
+// workload's stagger) and hold a slot until their last turn ends, think times included;
+// then the next session (workload order) takes the slot -- as `tandem sim` does.
 struct Replay {
   std::set<uint32_t> ready_continuing, ready_new;  // by workload index
   std::multimap<double, uint32_t> timers;          // ready time ms -> index
   std::vector<int64_t> next_in_session;            // index of turn t+1, or -1
+  bool session_slots = false;                      // closed-loop session replay (above)
+  std::set<uint32_t> admitted_first_turns;         // first wave: own a slot from the start
+  size_t sessions_active = 0;                      // sessions holding a slot
 };
 
 Replay plan_replay(const std::vector<workload::Request>& requests, const ServeBenchOptions& o) {
@@ -78,6 +85,7 @@ Replay plan_replay(const std::vector<workload::Request>& requests, const ServeBe
       by_turn[{requests[i].session, requests[i].turn}] = i;
     }
   }
+  replay.session_slots = o.chain_sessions && o.request_rate_per_s <= 0;
   std::mt19937_64 rng(o.seed);
   std::exponential_distribution<double> gap(o.request_rate_per_s > 0 ? o.request_rate_per_s : 1);
   double arrival_ms = 0;
@@ -91,6 +99,10 @@ Replay plan_replay(const std::vector<workload::Request>& requests, const ServeBe
     if (o.request_rate_per_s > 0) {
       replay.timers.emplace(arrival_ms, i);
       arrival_ms += gap(rng) * 1000.0;
+    } else if (replay.session_slots && replay.sessions_active < o.concurrency) {
+      replay.timers.emplace(std::max(0.0, r.arrival_offset_ms), i);
+      replay.admitted_first_turns.insert(i);
+      ++replay.sessions_active;
     } else {
       replay.ready_new.insert(i);
     }
@@ -143,12 +155,18 @@ class Progress {
   double next_ms_ = 0;
 };
 
-bool take_ready(Replay& replay, uint32_t* index) {
-  std::set<uint32_t>& from = replay.ready_continuing.empty() ? replay.ready_new
-                                                             : replay.ready_continuing;
+// The next request to send: a turn of a session that holds a slot first, else a new
+// session's first turn (with session slots: only while a slot is free, and it takes it).
+bool take_ready(Replay& replay, size_t concurrency, uint32_t* index) {
+  bool continuing = !replay.ready_continuing.empty();
+  if (!continuing && replay.session_slots && replay.sessions_active >= concurrency) return false;
+  std::set<uint32_t>& from = continuing ? replay.ready_continuing : replay.ready_new;
   if (from.empty()) return false;
   *index = *from.begin();
   from.erase(from.begin());
+  if (!continuing && replay.session_slots) ++replay.sessions_active;
+  RT_ASSERT(!replay.session_slots || replay.sessions_active <= concurrency,
+            replay.sessions_active);
   return true;
 }
 
@@ -205,15 +223,17 @@ class Runner {
   void release_timers(double now) {
     while (!replay_.timers.empty() && replay_.timers.begin()->first <= now) {
       auto it = replay_.timers.begin();
-      (requests_[it->second].turn > 0 ? replay_.ready_continuing : replay_.ready_new)
-          .insert(it->second);
+      bool continuing = requests_[it->second].turn > 0 ||
+                        replay_.admitted_first_turns.count(it->second) > 0;
+      (continuing ? replay_.ready_continuing : replay_.ready_new).insert(it->second);
       replay_.timers.erase(it);
     }
   }
 
   void issue(double now) {
     uint32_t index = 0;
-    while (now < stop_ms_ && in_flight_ < o_.concurrency && take_ready(replay_, &index)) {
+    while (now < stop_ms_ && in_flight_ < o_.concurrency &&
+           take_ready(replay_, o_.concurrency, &index)) {
       RT_ASSERT(slot_of_[index] == SIZE_MAX, "a request is sent once", index);
       client_.start(index, StreamCall{o_.chat ? "/v1/chat/completions" : "/v1/completions",
                                       request_body(requests_[index], o_, result_.model), o_.chat});
@@ -234,6 +254,10 @@ class Runner {
     if (t.error_kind.empty() && !t.chunk_ms.empty()) ttfts_ms_.push_back(t.chunk_ms[0] - t.send_ms);
     output_tokens_ += t.output_tokens;
     int64_t next = replay_.next_in_session[tag];
+    if (next < 0 && replay_.session_slots) {
+      RT_ASSERT(replay_.sessions_active > 0, "a session ended without a slot", tag);
+      --replay_.sessions_active;  // its last turn: the slot goes to the next session
+    }
     if (next >= 0) {
       double think = o_.use_think_time ? requests_[static_cast<size_t>(next)].think_time_ms : 0;
       replay_.timers.emplace(client_.now_ms() + think, static_cast<uint32_t>(next));

@@ -6,8 +6,11 @@
 // Replay rules:
 //   - at most `concurrency` requests are in flight;
 //   - chain_sessions: turn t of a session is sent only after turn t-1 ended (plus its
-//     think_time_ms when use_think_time); continuing sessions go before new ones, so
-//     `concurrency` sessions stay in flight (agentic workload, traces);
+//     think_time_ms when use_think_time); continuing sessions go before new ones. In a
+//     closed loop (no request rate) `concurrency` is the number of sessions in flight, think
+//     times included: the first `concurrency` sessions start at their first turn's
+//     arrival_offset_ms, and a new session starts only when one has sent its last turn and
+//     that turn ended (as `tandem sim` replays sessions);
 //   - request_rate_per_s > 0: first turns / unchained requests arrive as a Poisson process
 //     (seeded); 0: they are all ready at the start (closed loop);
 //   - duration_s > 0: no new request starts after it; those in flight finish.

@@ -29,6 +29,9 @@ cli::Flags sim_flags() {
       .flag("requests", "N", "random / shared-prefix: requests generated", "256")
       .flag("duration-s", "S", "simulated seconds after which no request is sent", "3600")
       .flag("link-gb-per-s", "GB", "prefill -> decode KV link bandwidth, GB/s", "25")
+      .flag("load-report-ms", "MS",
+            "instances report load to the router every MS (the real shells: 100); "
+            "0 = after every change", "100")
       .flag("block-tokens", "N", "KV block tokens (default: manifest's, else 512)")
       .flag("kv-blocks", "N", "KV pool blocks per instance (0: from the timing model)", "0")
       .flag("json", "FILE", "write the result as JSON (deterministic) to FILE")
@@ -143,7 +146,9 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
   if (!get_u32(f, "sessions", 1, 1u << 20, &c.sessions_in_flight)) return false;
   auto duration_s = f.get_double("duration-s");
   auto link = f.get_double("link-gb-per-s");
-  if (!duration_s || !link) return false;
+  auto report_ms = f.get_double("load-report-ms");
+  if (!duration_s || !link || !report_ms) return false;
+  c.load_report_interval_ms = *report_ms;
   c.duration_ms = *duration_s * 1e3;
   c.link_bytes_per_s = *link * 1e9;
   if (Status s = c.validate(); !s) {

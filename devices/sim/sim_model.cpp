@@ -287,7 +287,11 @@ NextToken next_token(const SimParams& p, uint64_t seed, std::span<const int32_t>
   } else {
     out.token = static_cast<int32_t>(mix64(h ^ 0x72616e64ULL) % p.vocab);
   }
-  if (out.token == p.eos_id) out.token = static_cast<int32_t>((out.token + 1) % p.vocab);
+  // Neither eos nor bos comes from a copy or a draw: eos only ends the output (rule 1),
+  // and decode treats bos as a stop token (llama2.c models end a story with it).
+  for (int i = 0; i < 2 && (out.token == p.eos_id || out.token == p.bos_id); ++i) {
+    out.token = static_cast<int32_t>((out.token + 1) % p.vocab);
+  }
   RT_ASSERT(out.token >= 0 && static_cast<uint32_t>(out.token) < p.vocab, "token range");
   return out;
 }

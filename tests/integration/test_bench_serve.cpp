@@ -2,6 +2,8 @@
 // a short replay completes with zero errors and the JSON result's counts match the trace.
 #include <doctest.h>
 
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "bench/http_stream.hpp"
@@ -103,6 +105,24 @@ TEST_CASE("bench serve replays a trace against a sim cluster with zero errors") 
     CHECK(r["first_chunk_ms"].get<double>() >= r["send_ms"].get<double>());
     CHECK(r["end_ms"].get<double>() >= r["first_chunk_ms"].get<double>());
     expected_output += want.expected_output_tokens;
+  }
+  // --concurrency 2 counts sessions, think times included: a session holds its slot from
+  // its first turn's send to its last turn's end, so at most 2 of the 3 overlap.
+  std::map<uint32_t, std::pair<double, double>> span_ms;  // session -> [first send, last end]
+  for (const auto& r : j["requests"]) {
+    uint32_t session = trace.at(r["index"].get<size_t>()).session;
+    auto [it, fresh] = span_ms.try_emplace(session, r["send_ms"].get<double>(),
+                                           r["end_ms"].get<double>());
+    it->second.first = std::min(it->second.first, r["send_ms"].get<double>());
+    it->second.second = std::max(it->second.second, r["end_ms"].get<double>());
+  }
+  REQUIRE(span_ms.size() == 3);
+  for (const auto& [session, span] : span_ms) {
+    int active = 0;
+    for (const auto& entry : span_ms) {
+      active += entry.second.first <= span.first && span.first < entry.second.second;
+    }
+    CHECK_MESSAGE(active <= 2, "session " << session << " started with " << active << " active");
   }
   double tokens = s["output_token_throughput_per_s"].get<double>() * s["duration_ms"].get<double>();
   CHECK(tokens / 1000.0 == doctest::Approx(static_cast<double>(expected_output)).epsilon(0.01));

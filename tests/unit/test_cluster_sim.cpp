@@ -127,3 +127,31 @@ TEST_CASE("bad input is an invalid error, not a crash") {
   REQUIRE(!t.ok());
   CHECK(t.error().message.find("text") != std::string::npos);
 }
+
+// The router learns load only from reports (every load_report_interval_ms, as the real
+// shells send them); between reports it knows its own picks (waiting + 1). Two sessions
+// starting 500 ms apart on an idle cluster: with 100 ms reports the first pick's +1 is gone
+// when the second session arrives, so prefix affinity (the shared system prompt) sends both
+// to the same decode instance; if the load were reported only on changes, the idle decode
+// instance would still look busy and the second session would go elsewhere.
+TEST_CASE("load reports every interval: a pick's waiting + 1 lasts until the next report") {
+  auto requests = agentic(5, 2, 2);
+  auto c = small_cluster(router::Policy::prefix_aware, 1, 2);
+  c.sessions_in_flight = 2;
+  c.duration_ms = 20e3;
+  auto busy_decodes = [&](double interval_ms) {
+    c.load_report_interval_ms = interval_ms;
+    auto r = sim::run_cluster_sim(c, requests);
+    REQUIRE(r.ok());
+    CHECK(r->sent_count == r->completed_count);
+    int busy = 0;
+    for (const auto& inst : r->instances) {
+      busy += inst.name.rfind("decode-", 0) == 0 && inst.busy_s > 0;
+    }
+    return busy;
+  };
+  CHECK(busy_decodes(100) == 1);
+  CHECK(busy_decodes(0) == 2);
+  c.load_report_interval_ms = -1;
+  CHECK_FALSE(c.validate().ok());
+}

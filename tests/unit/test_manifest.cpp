@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <set>
 #include <string>
 #include <variant>
 
@@ -1218,4 +1220,74 @@ TEST_CASE("tandem check: exit 1 with file:line:column issues, exit 0 with a summ
   RunResult usage = run_tandem("check");
   CHECK(usage.exit_code == 2);
   fs::remove_all(dir);
+}
+
+// target-4p4d-local.toml is target-4p4d.toml on one machine (issue 5: `tandem sim` on the
+// target vs `tandem bench serve` on the local cluster). Only the listed deployment keys may
+// differ; the topology, the schedulers' and router's settings and the timing model may not.
+TEST_CASE("example target-4p4d-local.toml keeps target-4p4d's topology and timing model") {
+  Manifest target = load_example("target-4p4d.toml");
+  Manifest local = load_example("target-4p4d-local.toml");
+  REQUIRE(local.nodes.size() == target.nodes.size());
+  std::set<uint16_t> ports;
+  for (size_t n = 0; n < target.nodes.size(); ++n) {
+    const Node& t = target.nodes[n];
+    const Node& l = local.nodes[n];
+    CHECK(l.name == t.name);
+    CHECK(l.host == "127.0.0.1");
+    CHECK(l.http_port.has_value() == t.http_port.has_value());
+    CHECK(ports.insert(l.fabric_port).second);
+    REQUIRE(l.admin_port.has_value());
+    CHECK(ports.insert(*l.admin_port).second);
+    REQUIRE(l.instances.size() == t.instances.size());
+    for (size_t i = 0; i < t.instances.size(); ++i) {
+      const Instance& ti = t.instances[i];
+      const Instance& li = l.instances[i];
+      INFO(t.name << " instance " << ti.name);
+      CHECK(li.role == ti.role);
+      CHECK(li.name == ti.name);
+      CHECK(li.executor == ti.executor);
+      CHECK(li.device == ti.device);
+      CHECK(li.device_ids == ti.device_ids);
+      CHECK(li.kv_blocks == ti.kv_blocks);
+    }
+  }
+  CHECK(local.fabric.provider == "tcp;ofi_rxm");
+  CHECK(local.membership.heartbeat_interval_ms == target.membership.heartbeat_interval_ms);
+  CHECK(local.membership.heartbeat_miss_max == target.membership.heartbeat_miss_max);
+  CHECK(local.model.name == target.model.name);
+  CHECK(local.model.block_tokens == target.model.block_tokens);
+  CHECK(local.model.max_model_tokens == target.model.max_model_tokens);
+  CHECK(fs::exists(local.model.path + "/tokenizer.bin"));  // the gateway loads it
+  CHECK(local.router.policy == target.router.policy);
+  CHECK(local.router.weight_prefix == target.router.weight_prefix);
+  CHECK(local.router.weight_queue == target.router.weight_queue);
+  CHECK(local.router.weight_kv_usage == target.router.weight_kv_usage);
+  CHECK(local.router.prefix_index_blocks_max == target.router.prefix_index_blocks_max);
+  CHECK(local.router.disaggregate_tokens_min == target.router.disaggregate_tokens_min);
+  CHECK(local.prefill.queue_max == target.prefill.queue_max);
+  CHECK(local.prefill.running_max == target.prefill.running_max);
+  CHECK(local.prefill.held_max == target.prefill.held_max);
+  CHECK(local.prefill.step_tokens_max == target.prefill.step_tokens_max);
+  CHECK(local.prefill.hold_timeout_ms == target.prefill.hold_timeout_ms);
+  CHECK(local.decode.waiting_max == target.decode.waiting_max);
+  CHECK(local.decode.seqs_max == target.decode.seqs_max);
+  CHECK(local.decode.step_tokens_max == target.decode.step_tokens_max);
+  CHECK(local.decode.prefill_timeout_ms == target.decode.prefill_timeout_ms);
+  CHECK(local.kv_offload.enabled == target.kv_offload.enabled);
+  // [sim]: same keys; equal values except the deployment keys named in the file's header.
+  const std::map<std::string, double> local_only = {
+      {"time_factor", 1.0},          {"kv_scale", 1.0 / 128},       {"vocab", 32000.0},
+      {"bos_id", 1.0},               {"eos_id", 2.0},               {"output_tokens_mean", 16384.0},
+      {"output_tokens_sigma", 0.0},  {"output_tokens_max", 16384.0}};
+  std::map<std::string, double> t_sim(target.sim.params.begin(), target.sim.params.end());
+  std::map<std::string, double> l_sim(local.sim.params.begin(), local.sim.params.end());
+  CHECK(l_sim.size() == local.sim.params.size());  // no key given twice
+  REQUIRE(l_sim.size() == t_sim.size());
+  for (const auto& [key, value] : t_sim) {
+    INFO("[sim] " << key);
+    REQUIRE(l_sim.count(key) == 1);
+    auto it = local_only.find(key);
+    CHECK(l_sim.at(key) == (it == local_only.end() ? value : it->second));
+  }
 }

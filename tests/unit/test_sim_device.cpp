@@ -170,6 +170,36 @@ TEST_CASE("outputs end with eos at the drawn length; lengths average the mean") 
   CHECK(output_length_tokens(p, 11, 42) == output_length_tokens(p, 11, 42));
 }
 
+TEST_CASE("bos and eos are never copied or drawn (decode stops at bos)") {
+  sim::SimParams p;  // a llama2.c token space: a tiny vocab so draws hit bos and eos often
+  p.vocab = 8;
+  p.bos_id = 1;
+  p.eos_id = 2;
+  p.output_tokens_mean = 100000;
+  p.output_tokens_sigma = 0;
+  p.output_tokens_max = 100000;
+  std::vector<int32_t> ctx;
+  std::vector<uint64_t> hashes;
+  uint64_t h = context_hash_root;
+  for (int32_t i = 0; i < 64; ++i) {  // a prompt full of bos and eos for spans to copy
+    ctx.push_back(i % 4);
+    h = context_hash(h, ctx.back(), static_cast<uint32_t>(i));
+    hashes.push_back(h);
+  }
+  size_t copied = 0;
+  for (uint32_t q = 64; q < 2064; ++q) {
+    NextToken t = next_token(p, 9, ctx, hashes, 64);
+    REQUIRE_FALSE(t.end);
+    CHECK(t.token != 1);
+    CHECK(t.token != 2);
+    copied += t.copied;
+    ctx.push_back(t.token);
+    h = context_hash(h, t.token, q);
+    hashes.push_back(h);
+  }
+  CHECK(copied > 500);  // the copy path was exercised, not only draws
+}
+
 TEST_CASE("KV blocks carry checkable contents; a decode with drafts matches single steps") {
   auto d = make(small_spec());
   auto p = prompt(40);

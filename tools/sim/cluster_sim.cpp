@@ -27,6 +27,9 @@ Status ClusterSimConfig::validate() const {
   if (sessions_in_flight < 1) return bad("sessions_in_flight must be >= 1");
   if (!(duration_ms > 0)) return bad("duration_ms must be > 0");
   if (max_model_tokens < 2) return bad("max_model_tokens must be >= 2");
+  if (!(load_report_interval_ms >= 0) || !std::isfinite(load_report_interval_ms)) {
+    return bad("load_report_interval_ms must be finite and >= 0");
+  }
   if (Status s = device.validate(); !s) return bad("device: " + s.error().message);
   return {};
 }
@@ -35,7 +38,7 @@ namespace {
 
 using Nanos = std::chrono::nanoseconds;
 
-enum class EventKind : uint8_t { send, prefill_done, decode_done, pull_done };
+enum class EventKind : uint8_t { send, prefill_done, decode_done, pull_done, load_report };
 
 struct Event {
   int64_t t_ns = 0;
@@ -119,6 +122,7 @@ class Sim {
   void finish(uint32_t request_index, const std::string& error_kind);
   void sync_prefill(uint32_t p);
   void sync_decode(uint32_t d);
+  void on_load_report();
   void start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls);
   double now_ms() const { return static_cast<double>(now_ns_) / 1e6; }
   router::InstanceId decode_id(uint32_t d) const { return {config_.prefill_count + d}; }
@@ -278,6 +282,7 @@ Status Sim::run() {
     double offset_ms = std::max(0.0, requests_[sessions_[index].requests[0]].arrival_offset_ms);
     start_session(index, to_ns(offset_ms / 1e3));
   }
+  if (config_.load_report_interval_ms > 0) push(0, EventKind::load_report, 0, 0);
   while (!events_.empty()) {
     Event e = events_.top();
     events_.pop();
@@ -296,6 +301,9 @@ Status Sim::run() {
         break;
       case EventKind::pull_done:
         on_pull_done(e.target, static_cast<uint32_t>(e.arg));
+        break;
+      case EventKind::load_report:
+        on_load_report();
         break;
     }
   }
@@ -454,11 +462,15 @@ bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
   return true;
 }
 
-// Reports load and evictions of an instance to the router (its heartbeat and KV events).
+// Reports an instance's evictions to the router at once, and its load either at once
+// (load_report_interval_ms == 0) or at the next periodic report (on_load_report), as the
+// real shells do: each reports its load every 100 ms, and pick()'s own waiting + 1 on the
+// chosen instances lasts until then.
 void Sim::sync_prefill(uint32_t p) {
   PrefillInst& inst = prefill_[p];
   kv::CacheEvents ev = inst.cache->drain_events();
   if (!ev.removed.empty()) RT_ASSERT(router_.kv_removed({p}, ev.removed).ok(), p);
+  if (config_.load_report_interval_ms > 0) return;
   router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
                             inst.cache->blocks_used_count(), inst.cache->blocks_count()};
   RT_ASSERT(router_.update_load({p}, load).ok(), p);
@@ -468,9 +480,30 @@ void Sim::sync_decode(uint32_t d) {
   DecodeInst& inst = decode_[d];
   kv::CacheEvents ev = inst.cache->drain_events();
   if (!ev.removed.empty()) RT_ASSERT(router_.kv_removed(decode_id(d), ev.removed).ok(), d);
+  if (config_.load_report_interval_ms > 0) return;
   router::InstanceLoad load{inst.sched->waiting_count(), inst.sched->active_count(),
                             inst.cache->blocks_used_count(), inst.cache->blocks_count()};
   RT_ASSERT(router_.update_load(decode_id(d), load).ok(), d);
+}
+
+// The periodic load report of every instance; repeats while anything else is pending.
+void Sim::on_load_report() {
+  RT_ASSERT(config_.load_report_interval_ms > 0, config_.load_report_interval_ms);
+  for (uint32_t p = 0; p < prefill_.size(); ++p) {
+    const PrefillInst& inst = prefill_[p];
+    router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
+                              inst.cache->blocks_used_count(), inst.cache->blocks_count()};
+    RT_ASSERT(router_.update_load({p}, load).ok(), p);
+  }
+  for (uint32_t d = 0; d < decode_.size(); ++d) {
+    const DecodeInst& inst = decode_[d];
+    router::InstanceLoad load{inst.sched->waiting_count(), inst.sched->active_count(),
+                              inst.cache->blocks_used_count(), inst.cache->blocks_count()};
+    RT_ASSERT(router_.update_load(decode_id(d), load).ok(), d);
+  }
+  if (!events_.empty()) {
+    push(now_ns_ + to_ns(config_.load_report_interval_ms / 1e3), EventKind::load_report, 0, 0);
+  }
 }
 
 void Sim::kick_prefill(uint32_t p) {

@@ -17,8 +17,10 @@
 // its chunks; a decode step lasts decode_step_time_s of its decode tokens plus prefill_time_s
 // of its local prefill chunks (two passes). A P/D request's KV moves when decode pulls it:
 // bytes = pulled tokens x kv_bytes_per_token, over the decode instance's inbound link (one
-// transfer at a time). The router sees each instance's load after every change (no heartbeat
-// lag) and its evictions (kv_removed); pick() itself records where blocks go.
+// transfer at a time). The router sees each instance's load every load_report_interval_ms
+// (as the real shells report it; heartbeat forwarding from other nodes is not modelled) or
+// after every change (interval 0), and its evictions (kv_removed) at once; pick() itself
+// records where blocks go.
 //
 // Modes: disaggregated (prefill_count prefill instances + decode_count decode instances; the
 // router decides per request whether to use a prefill instance) or aggregated (prefill_count
@@ -54,6 +56,10 @@ struct ClusterSimConfig {
   uint32_t prefill_step_tokens_max = 512, prefill_hold_timeout_ms = 30000;
   uint32_t decode_waiting_max = 256, decode_seqs_max = 64, decode_step_tokens_max = 512;
   uint32_t max_model_tokens = 204800;  // context length, tokens
+  // How often every instance reports its load to the router, ms; 0 = after every change.
+  // The real shells report every 100 ms (prefill and decode actors' ticks); between
+  // reports the router knows only its own picks (waiting + 1 on the chosen instances).
+  double load_report_interval_ms = 100;
   uint32_t sessions_in_flight = 8;     // >= 1
   double duration_ms = 3600e3;         // no request is sent at or after this, > 0
   uint64_t seed = 1;                   // recorded in the result (the workload already used it)
