@@ -538,6 +538,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
           st.info = info;
           if (!info.ok) {
             st.ctx.log->error("decode {}: no device: {}", st.self_name.instance, info.error);
+            self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
             return;
           }
           auto config = scheduler_config(*st.ctx.manifest);
@@ -545,6 +546,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
             st.ctx.log->error("decode {}: {}", st.self_name.instance, valid.error().describe());
             st.info.ok = false;
             st.info.error = valid.error().describe();
+            self->send(self, runtime::atoms::tick::value);
             return;
           }
           st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
@@ -566,6 +568,11 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
         },
         [](const runtime::MembershipEvent&) {},
         [](const runtime::InstanceLoadReport&) {},
+        [self](runtime::atoms::tick) {  // only if the device failed: tell router and gateway
+          auto& st = self->state;
+          report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
+          self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+        },
     };
   });
   ctx.bridge->register_actor(name, actor);

@@ -253,6 +253,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
           st.info = info;
           if (!info.ok) {
             st.ctx.log->error("prefill {}: no device: {}", st.self_name.instance, info.error);
+            self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
             return;
           }
           auto config = scheduler_config(*st.ctx.manifest);
@@ -270,6 +271,11 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
           send_error(st.ctx, st.self_name, messages::get_name(envelope.getSource()),
                      envelope.getBody().getPrefillRequest().getRequestId(),
                      make_error(ErrorKind::unimplemented, "prefill has no device: " + st.info.error));
+        },
+        [self](runtime::atoms::tick) {  // only if the device failed: tell the router
+          auto& st = self->state;
+          report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
+          self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
         },
     };
   });
