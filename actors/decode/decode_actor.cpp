@@ -256,7 +256,7 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
     batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
                       e.tokens});
   }
-  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::decode, nullptr, batch})
       .then(
           [self, run](const ExecResult& r) {
@@ -283,7 +283,7 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
   }
   st.stepping = true;
   if (batch->empty()) return run_decode_part(self, run);
-  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then(
           [self, run](const ExecResult& r) {

@@ -140,7 +140,7 @@ void pump(PrefillActor* self) {
   }
   st.stepping = true;
   auto kept = std::make_shared<prefill::PrefillPlan>(std::move(*plan));
-  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then([self, kept](const ExecResult& r) { on_step(self, *kept, r); },
             [self, kept](caf::error& e) {
