@@ -88,9 +88,17 @@ std::string anthropic(int max_tokens) {
          R"(,"messages":[{"role":"user","content":"Once upon a time"}]})";
 }
 
+bool is_healthy(uint16_t port) { return http::get(port, "/health", 1000ms).status == 200; }
+
 double gauge(uint16_t port, const std::string& name) {
   auto r = http::get(port, "/metrics");
   return r.ok() ? http::metric_sum(r.body, name, "instance=\"gateway\"") : -1;
+}
+
+// Waits until the gateway's gauge `name` equals `value`.
+bool gauge_becomes(uint16_t port, const std::string& name, double value,
+                   std::chrono::milliseconds timeout) {
+  return eventually(timeout, [&] { return gauge(port, name) == value; });
 }
 
 // A streaming request sent without reading its answer yet (it may wait in the queue).
@@ -156,7 +164,7 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
   SimNode node("gwops-admit", "time_factor = 10\nkv_scale = 0.0078125",
                "requests_max = " + std::to_string(kRunningMax) +
                    "\nqueue_max = " + std::to_string(kQueueMax) + "\nqueue_timeout_ms = 3000");
-  bool healthy = eventually(60s, [&] { return http::get(node.port(), "/health", 1000ms).status == 200; });
+  bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
   INFO("node log:\n" << node.log());
   REQUIRE(healthy);
 
@@ -166,7 +174,7 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
       streams.push_back(std::make_unique<Pending>(node.port(), completion(40)));
       REQUIRE(streams.back()->sent);
     }
-    REQUIRE(eventually(5s, [&] { return gauge(node.port(), "tandem:num_requests_waiting") == kQueueMax; }));
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", kQueueMax, 5s));
     CHECK(gauge(node.port(), "tandem:num_requests_running") == kRunningMax);
     auto refused = http::post(node.port(), "/v1/chat/completions", chat(4, true), 10s);
     CHECK(refused.status == 429);
@@ -190,7 +198,7 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
       CHECK(r.body.find("data: [DONE]") != std::string::npos);
       CHECK(r.body.find("\"finish_reason\":\"length\"") != std::string::npos);
     }
-    CHECK(eventually(2s, [&] { return gauge(node.port(), "tandem:num_requests_waiting") == 0; }));
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 2s));
   }
 
   SUBCASE("a waiting client that disconnects leaves the queue; a long wait gets 503") {
@@ -198,12 +206,12 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
     for (uint32_t i = 0; i < kRunningMax; ++i) {
       running.push_back(std::make_unique<Pending>(node.port(), completion(2000)));
     }
-    REQUIRE(eventually(5s, [&] { return gauge(node.port(), "tandem:num_requests_running") == kRunningMax; }));
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_running", kRunningMax, 5s));
     {
       Pending waiting(node.port(), completion(4));
-      REQUIRE(eventually(5s, [&] { return gauge(node.port(), "tandem:num_requests_waiting") == 1; }));
+      REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", 1, 5s));
     }  // closes its socket while queued
-    CHECK(eventually(2s, [&] { return gauge(node.port(), "tandem:num_requests_waiting") == 0; }));
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 2s));
     CHECK(gauge(node.port(), "tandem:num_requests_running") == kRunningMax);
     // Now one that stays: it is refused after queue_timeout_ms (3 s) with 503 + Retry-After.
     auto start = http::Clock::now();
@@ -215,13 +223,13 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
     CHECK(waited >= 2900ms);
     CHECK(gauge(node.port(), "tandem:num_requests_waiting") == 0);
     for (auto& r : running) r->conn.close();  // the long streams are cancelled
-    CHECK(eventually(5s, [&] { return gauge(node.port(), "tandem:num_requests_running") == 0; }));
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_running", 0, 5s));
   }
 }
 
 TEST_CASE("gateway_ops: a healthy sim cluster answers /health 200 and serves") {
   SimNode node("gwops-ok", "time_factor = 0\nkv_scale = 0.0078125", "");
-  bool healthy = eventually(60s, [&] { return http::get(node.port(), "/health", 1000ms).status == 200; });
+  bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
   INFO("node log:\n" << node.log());
   REQUIRE(healthy);
   CHECK(http::get(node.port(), "/health").body == R"({"status":"ok"})");

@@ -14,7 +14,8 @@ TEST_CASE("decode_health: no decode instance is never healthy") {
 TEST_CASE("decode_health: a local instance is healthy only once it reported ready") {
   DecodeHealth h("n0", {{"n0", "decode"}});
   CHECK_FALSE(h.healthy());
-  CHECK(h.reason() == "no decode instance is ready: decode@n0 has not reported ready yet (starting)");
+  CHECK(h.reason() ==
+        "no decode instance is ready: decode@n0 has not reported ready yet (starting)");
   h.report("n0/decode/decode", true, "");
   CHECK(h.healthy());
   CHECK(h.reason().empty());
@@ -47,7 +48,8 @@ TEST_CASE("decode_health: remote instances need their node up AND a ready report
   CHECK(h.healthy());  // d1 still serves
   h.node_up("n1", false);
   CHECK_FALSE(h.healthy());
-  CHECK(h.reason() == "no decode instance is ready: d1@n1 node is down; d2@n2 executor failed: boom");
+  CHECK(h.reason() ==
+        "no decode instance is ready: d1@n1 node is down; d2@n2 executor failed: boom");
   // A restarted node must report ready again.
   h.node_up("n1", true);
   CHECK(h.healthy());

@@ -791,7 +791,8 @@ colour = "red"
   CHECK(queue.line == line_of(text, "queue_max"));
   auto timeout = find_issue(issues, "gateway.request_timeout_ms", "out of range 1000..86400000");
   CHECK(timeout.line == line_of(text, "request_timeout_ms"));
-  auto wait = find_issue(issues, "gateway.queue_timeout_ms", "value 99 is out of range 100..86400000");
+  auto wait =
+      find_issue(issues, "gateway.queue_timeout_ms", "value 99 is out of range 100..86400000");
   CHECK(wait.line == line_of(text, "queue_timeout_ms"));
   auto secret = find_issue(issues, "gateway.cache_secret", "expected a string, got an integer");
   CHECK(secret.line == line_of(text, "cache_secret"));
@@ -988,13 +989,15 @@ TEST_CASE("summarize shows the gateway's keys and limits, never the keys themsel
   Manifest m = parse_ok(base_manifest);
   std::string text = summarize(m);
   CHECK(text.find("gateway   api keys no; body max 16777216 bytes, 4096 connections, 1024 "
-                  "requests, queue 4096 (wait max 30000 ms), timeout 600000 ms\n") != std::string::npos);
+                  "requests, queue 4096 (wait max 30000 ms), timeout 600000 ms\n") !=
+        std::string::npos);
   Manifest keyed = parse_ok(base_manifest +
                             "[gateway]\napi_keys = [\"sk-a\", \"sk-b\"]\ncache_secret = \"pst\"\n"
                             "requests_max = 8\nqueue_max = 0\nqueue_timeout_ms = 500\n");
   std::string keyed_text = summarize(keyed);
   CHECK(keyed_text.find("gateway   api keys yes (2); body max 16777216 bytes, 4096 connections, "
-                        "8 requests, queue 0 (wait max 500 ms), timeout 600000 ms\n") != std::string::npos);
+                        "8 requests, queue 0 (wait max 500 ms), timeout 600000 ms\n") !=
+        std::string::npos);
   CHECK(keyed_text.find("sk-a") == std::string::npos);
   CHECK(keyed_text.find("pst") == std::string::npos);
 }
