@@ -19,6 +19,7 @@ struct Known {
   router::InstanceRole role;
   bool node_up = false;
   bool ready = false;
+  bool reported = false;  // a load report arrived (for logging the first not-ready one)
 };
 
 struct RouterState {
@@ -110,6 +111,7 @@ void on_membership(RouterState& st, const runtime::MembershipEvent& event) {
     // instances to report that they are ready again.
     if (event.kind == runtime::MembershipEvent::Kind::restarted) {
       set_eligibility(st, i, false, false);
+      st.instances[i].reported = false;
     }
     set_eligibility(st, i, up, up && st.instances[i].ready);
   }
@@ -120,10 +122,11 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
   auto it = st.by_name.find(r.instance);
   if (it == st.by_name.end()) return;
   Known& k = st.instances[it->second];
-  if (k.ready != r.ready) {
-    st.ctx.log->info("router: {} is {}{}", r.instance, r.ready ? "ready" : "not ready: ",
-                     r.not_ready_reason);
+  if (r.ready && !k.ready) st.ctx.log->info("router: {} is ready", r.instance);
+  if (!r.ready && (k.ready || !k.reported)) {
+    st.ctx.log->warn("router: {} is not ready: {}", r.instance, r.not_ready_reason);
   }
+  k.reported = true;
   set_eligibility(st, it->second, k.node_up, r.ready);
   if (!r.ready) return;
   (void)st.core->update_load({it->second},

@@ -28,14 +28,17 @@ constexpr uint32_t kQueueMax = 2;    // gateway.queue_max (Q)
 // `gateway` are extra lines for those sections.
 class SimNode {
  public:
-  SimNode(const std::string& tag, const std::string& sim, const std::string& gateway)
+  // `extra`: more sections (e.g. "[router]\n..."); `prefill_device`: the prefill executor's.
+  SimNode(const std::string& tag, const std::string& sim, const std::string& gateway,
+          const std::string& extra = "", const std::string& prefill_device = "sim")
       : dir_(make_temp_dir(tag)), http_port_(free_port()) {
     std::string t = "[cluster]\nname = \"" + tag + "\"\n[logging]\nlevel = \"warn\"\n"
                     "[model]\nname = \"stories15M\"\npath = \"" + source_root() +
                     "/models/stories15M\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
                     "chat_format = \"plain\"\n[sim]\nvocab = 32000\nbos_id = 1\neos_id = 2\n"
                     "max_position = 2048\noutput_tokens_sigma = 0\noutput_tokens_mean = 16384\n"
-                    "output_tokens_max = 16384\n" + sim + "\n[gateway]\n" + gateway + "\n";
+                    "output_tokens_max = 16384\n" + sim + "\n[gateway]\n" + gateway + "\n" +
+                    extra + "\n";
     t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
          std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
          "\nhttp_port = " + std::to_string(http_port_) + "\n";
@@ -43,11 +46,12 @@ class SimNode {
          {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
           "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
           "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
-          "role = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\ndevices = [0]\nkv_blocks = 1024\n",
           "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
           "kv_blocks = 1024\n"}) {
       t += std::string("[[node.instance]]\n") + inst;
     }
+    t += "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"" + prefill_device +
+         "\"\ndevices = [0]\nkv_blocks = 1024\n";
     write_file(dir_ + "/cluster.toml", t);
     child_ = std::make_unique<Child>(std::vector<std::string>{tandem_bin(), "node", "--manifest",
                                                               dir_ + "/cluster.toml", "--node",
@@ -235,4 +239,29 @@ TEST_CASE("gateway_ops: a healthy sim cluster answers /health 200 and serves") {
   CHECK(http::get(node.port(), "/health").body == R"({"status":"ok"})");
   auto reply = http::post(node.port(), "/v1/chat/completions", chat(4, false), 20s);
   CHECK(reply.status == 200);
+}
+
+TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has no device") {
+  // The prefill executor asks for the rbln device, which this build does not have; decode
+  // runs on the sim device. P/D is forced (disaggregate_tokens_min = 1), so a router that
+  // counted the broken prefill instance would pick it.
+  SimNode node("gwops-noprefill", "time_factor = 0\nkv_scale = 0.0078125", "",
+               "[router]\ndisaggregate_tokens_min = 1", "rbln");
+  bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
+  INFO("node log:\n" << node.log());
+  REQUIRE(healthy);  // a broken prefill instance does not make the gateway unhealthy
+  for (int i = 0; i < 3; ++i) {
+    std::string body = R"({"model":"stories15M","prompt":[)" + std::to_string(100 + i) +
+                       R"(,200,300,400,500,600,700,800,900,1000,1100,1200,1300,1400,1500,)"
+                       R"(1600,1700,1800,1900,2000],"temperature":0,"max_tokens":4})";
+    auto reply = http::post(node.port(), "/v1/completions", body, 20s);
+    INFO(reply.body);
+    CHECK(reply.status == 200);
+  }
+  auto metrics = http::get(node.port(), "/metrics");
+  REQUIRE(metrics.ok());
+  CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"decode_only\"") == 3);
+  CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"disaggregated\"") == 0);
+  CHECK(node.log().find("router: local/prefill/prefill is not ready: executor failed") !=
+        std::string::npos);
 }
