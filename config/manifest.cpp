@@ -537,7 +537,7 @@ void Loader::read_speculative(const toml::table& table) {
 void Loader::read_gateway(const toml::table& table) {
   TableReader reader(sink_, table, "gateway",
                      {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
-                      "request_timeout_ms", "cache_secret"});
+                      "request_timeout_ms", "queue_timeout_ms", "cache_secret"});
   GatewaySection& gateway = manifest_.gateway;
   read_api_keys(reader);
   reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
@@ -545,6 +545,7 @@ void Loader::read_gateway(const toml::table& table) {
   reader.read_int("requests_max", 1, 100000, gateway.requests_max);
   reader.read_int("queue_max", 0, 1000000, gateway.queue_max);
   reader.read_int("request_timeout_ms", 1000, 86400000, gateway.request_timeout_ms);
+  reader.read_int("queue_timeout_ms", 100, 86400000, gateway.queue_timeout_ms);
   reader.read_string("cache_secret", gateway.cache_secret);
 }
 

@@ -97,6 +97,7 @@ struct GatewaySection {
   uint32_t requests_max = 1024;          // requests in flight (admitted) across the gateway
   uint32_t queue_max = 4096;             // requests waiting for admission; beyond: 429
   uint32_t request_timeout_ms = 600000;  // a request that produced nothing for this long fails
+  uint32_t queue_timeout_ms = 30000;     // a request waiting for admission this long gets 503
   std::string cache_secret;              // block-hash key; "" = derived from the cluster name
 };
 

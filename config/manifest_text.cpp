@@ -144,7 +144,8 @@ std::string gateway_text(const GatewaySection& g) {
   return "gateway   api keys " + keys + "; body max " + std::to_string(g.body_bytes_max) +
          " bytes, " + std::to_string(g.connections_max) + " connections, " +
          std::to_string(g.requests_max) + " requests, queue " + std::to_string(g.queue_max) +
-         ", timeout " + std::to_string(g.request_timeout_ms) + " ms\n";
+         " (wait max " + std::to_string(g.queue_timeout_ms) + " ms), timeout " +
+         std::to_string(g.request_timeout_ms) + " ms\n";
 }
 
 }  // namespace

@@ -34,6 +34,8 @@ struct InstanceLoad {
   requestsRunning @3 :UInt32;
   kvBlocksUsed @4 :UInt32;
   kvBlocksTotal @5 :UInt32;
+  ready @6 :Bool = true;       # the instance can serve (its executor created the device)
+  notReadyReason @7 :Text;     # why not, when ready is false ("executor failed: ...")
 }
 
 # Sent by every node to every peer node each heartbeat interval. Not answered; a peer that

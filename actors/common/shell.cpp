@@ -115,4 +115,15 @@ void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                                                          cache.blocks_count()});
 }
 
+void report_not_ready(caf::event_based_actor* self, const ShellContext& ctx,
+                      const messages::ActorName& name, const std::string& reason) {
+  if (!ctx.node_actor) return;
+  RT_ASSERT(!reason.empty(), name.to_string());
+  runtime::InstanceLoadReport report;
+  report.instance = name.to_string();
+  report.ready = false;
+  report.not_ready_reason = reason;
+  self->send(ctx.node_actor, std::move(report));
+}
+
 }  // namespace tandem::actors

@@ -85,4 +85,9 @@ void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                  const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
                  uint32_t running);
 
+// Reports that this instance cannot serve (no device yet, or its executor failed), with
+// the reason the gateway shows in /health. Sent every tick while not ready, like report_load.
+void report_not_ready(caf::event_based_actor* self, const ShellContext& ctx,
+                      const messages::ActorName& name, const std::string& reason);
+
 }  // namespace tandem::actors

@@ -282,7 +282,7 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
     batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
                       e.tokens});
   }
-  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::decode, nullptr, batch})
       .then(
           [self, run](const ExecResult& r) {
@@ -309,7 +309,7 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
   }
   st.stepping = true;
   if (batch->empty()) return run_decode_part(self, run);
-  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then(
           [self, run](const ExecResult& r) {
@@ -571,6 +571,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
           st.info = info;
           if (!info.ok) {
             st.ctx.log->error("decode {}: no device: {}", st.self_name.instance, info.error);
+            self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
             return;
           }
           auto config = scheduler_config(*st.ctx.manifest);
@@ -578,6 +579,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
             st.ctx.log->error("decode {}: {}", st.self_name.instance, valid.error().describe());
             st.info.ok = false;
             st.info.error = valid.error().describe();
+            self->send(self, runtime::atoms::tick::value);
             return;
           }
           st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
@@ -599,6 +601,11 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
         },
         [](const runtime::MembershipEvent&) {},
         [](const runtime::InstanceLoadReport&) {},
+        [self](runtime::atoms::tick) {  // only if the device failed: tell router and gateway
+          auto& st = self->state;
+          report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
+          self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+        },
     };
   });
   ctx.bridge->register_actor(name, actor);

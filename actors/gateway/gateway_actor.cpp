@@ -4,10 +4,14 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "actors/gateway/api_request.hpp"
 #include "actors/gateway/api_response.hpp"
+#include "actors/gateway/decode_health.hpp"
 #include "actors/gateway/http_server.hpp"
 #include "actors/gateway/output_parser.hpp"
 #include "actors/gateway/stop_matcher.hpp"
@@ -90,11 +94,20 @@ struct Metrics {
   obs::Counter* prompt_tokens;
   obs::Counter* generation_tokens;
   obs::Gauge* running;
+  obs::Gauge* waiting;
   obs::Counter* errors;
 };
 
+// Written by the gateway actor, read by the HTTP thread (/health, the admission check).
 struct Shared {
   std::atomic<bool> healthy{false};
+  std::mutex mutex;
+  std::string unhealthy_reason;  // guarded by mutex; "" when healthy
+
+  std::string reason() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return unhealthy_reason;
+  }
 };
 
 struct GatewayState {
@@ -104,11 +117,12 @@ struct GatewayState {
   text::ChatFormat format = text::ChatFormat::plain;
   std::optional<kv::BlockHasher> hasher_template;
   std::vector<ActorName> routers;
-  std::set<std::string> decode_nodes;   // nodes hosting a decode instance
-  std::set<std::string> up_nodes;
+  std::unique_ptr<gateway::DecodeHealth> health;  // which decode instances can serve
   std::shared_ptr<Shared> shared;
   std::map<uint64_t, Req> requests;  // admitted, <= gateway.requests_max
   struct Queued {
+    uint64_t id;  // the request id it keeps once admitted
+    Clock::time_point enqueued;
     HttpCall call;
     ApiKind api;
     gateway::GenerateSpec spec;
@@ -135,15 +149,23 @@ Metrics make_metrics(obs::Registry& r, const std::string& instance) {
       make_counter(r, "tandem:prompt_tokens_total", "prompt tokens received", l),
       make_counter(r, "tandem:generation_tokens_total", "tokens generated", l),
       make_gauge(r, "tandem:num_requests_running", "requests in flight at the gateway", l),
+      make_gauge(r, "tandem:num_requests_waiting",
+                 "requests waiting for admission at the gateway (gateway.queue_max)", l),
       make_counter(r, "tandem:request_errors_total", "requests that ended in an error", l)};
 }
 
 void update_health(GatewayState& st) {
-  bool any = false;
-  for (const auto& node : st.decode_nodes) {
-    any = any || node == st.ctx.bridge->node() || st.up_nodes.count(node);
+  bool healthy = st.health->healthy();
+  std::string reason = st.health->reason();
+  RT_ASSERT(healthy == reason.empty(), reason);
+  {
+    std::lock_guard<std::mutex> lock(st.shared->mutex);
+    if (reason != st.shared->unhealthy_reason) {
+      st.ctx.log->info("gateway: {}", healthy ? "a decode instance is ready" : reason);
+      st.shared->unhealthy_reason = std::move(reason);
+    }
   }
-  st.shared->healthy.store(any);
+  st.shared->healthy.store(healthy);
 }
 
 void admit_queued(GatewayActor* self);
@@ -439,6 +461,15 @@ void reply_error(ApiKind api, gateway::ResponseStream& out, const ApiError& erro
            gateway::render_error_body(api, error));
 }
 
+// An overload answer (429 full queue, 503 queue wait timed out): the client may retry soon.
+void reply_busy(ApiKind api, gateway::ResponseStream& out, const ApiError& error) {
+  RT_ASSERT(error.http_status == 429 || error.http_status == 503, error.http_status);
+  gateway::HttpHeaderList headers = json_headers;
+  headers.push_back({"Retry-After", "1"});
+  out.send(static_cast<uint32_t>(error.http_status), headers,
+           gateway::render_error_body(api, error));
+}
+
 std::optional<ApiError> admit(GatewayState& st, const gateway::GenerateSpec& spec) {
   const auto& model = st.ctx.manifest->model.name;
   if (!spec.model.empty() && spec.model != model) {
@@ -448,15 +479,16 @@ std::optional<ApiError> admit(GatewayState& st, const gateway::GenerateSpec& spe
                      "model_not_found");
   }
   if (!st.shared->healthy.load()) {
-    return api_error(503, "overloaded_error", "no decode instance is reachable");
+    return api_error(503, "overloaded_error", st.shared->reason());
   }
   return std::nullopt;
 }
 
-void start_request(GatewayActor* self, const HttpCall& call, ApiKind api,
+void start_request(GatewayActor* self, uint64_t id, const HttpCall& call, ApiKind api,
                    gateway::GenerateSpec spec, std::vector<int32_t> prompt, int64_t max_tokens) {
   auto& st = self->state;
-  uint64_t id = st.id_seed + ++st.next_id;
+  RT_ASSERT(st.requests.count(id) == 0, id);
+  RT_ASSERT(st.requests.size() < st.ctx.manifest->gateway.requests_max, st.requests.size());
   Req r;
   r.api = api;
   r.out = call.out;
@@ -532,20 +564,26 @@ void on_call(GatewayActor* self, const HttpCall& call) {
   if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
   if (auto refused = admit(st, spec.value())) return reply_error(api.value(), *call.out, *refused);
   const auto& limits = st.ctx.manifest->gateway;
+  uint64_t id = st.id_seed + ++st.next_id;
   if (st.requests.size() >= limits.requests_max) {
     if (st.queued.size() >= limits.queue_max) {
-      return reply_error(api.value(), *call.out,
-                         api_error(429, "rate_limit_error",
-                                   "too many requests: " + std::to_string(limits.requests_max) +
-                                       " in flight and " + std::to_string(limits.queue_max) +
-                                       " waiting; retry later",
-                                   "rate_limit_exceeded"));
+      return reply_busy(api.value(), *call.out,
+                        api_error(429, "rate_limit_error",
+                                  "too many requests: " + std::to_string(limits.requests_max) +
+                                      " in flight and " + std::to_string(limits.queue_max) +
+                                      " waiting; retry later",
+                                  "rate_limit_exceeded"));
     }
-    st.queued.push_back({call, api.value(), std::move(spec.value()), std::move(prompt.value()),
-                         max_tokens.value()});
+    // A waiting client that disconnects leaves the queue at once (ClientGone).
+    caf::actor me = caf::actor_cast<caf::actor>(self);
+    call.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });
+    st.queued.push_back({id, Clock::now(), call, api.value(), std::move(spec.value()),
+                         std::move(prompt.value()), max_tokens.value()});
+    RT_ASSERT(st.queued.size() <= limits.queue_max, st.queued.size());
+    st.metrics->waiting->set(static_cast<double>(st.queued.size()));
     return;
   }
-  start_request(self, call, api.value(), std::move(spec.value()), std::move(prompt.value()),
+  start_request(self, id, call, api.value(), std::move(spec.value()), std::move(prompt.value()),
                 max_tokens.value());
 }
 
@@ -555,10 +593,38 @@ void admit_queued(GatewayActor* self) {
   while (!st.queued.empty() && st.requests.size() < st.ctx.manifest->gateway.requests_max) {
     auto next = std::move(st.queued.front());
     st.queued.pop_front();
+    st.metrics->waiting->set(static_cast<double>(st.queued.size()));
     if (next.call.out->is_cancelled()) continue;
-    start_request(self, next.call, next.api, std::move(next.spec), std::move(next.prompt),
-                  next.max_tokens);
+    start_request(self, next.id, next.call, next.api, std::move(next.spec),
+                  std::move(next.prompt), next.max_tokens);
   }
+}
+
+// A waiting request's client went away: drop it from the queue. False if it was not queued.
+bool drop_queued(GatewayState& st, uint64_t id) {
+  for (auto it = st.queued.begin(); it != st.queued.end(); ++it) {
+    if (it->id != id) continue;
+    st.queued.erase(it);
+    st.metrics->waiting->set(static_cast<double>(st.queued.size()));
+    return true;
+  }
+  return false;
+}
+
+// Requests that waited longer than gateway.queue_timeout_ms get 503 (oldest first: FIFO).
+void expire_queued(GatewayState& st, Clock::time_point now) {
+  auto limit = std::chrono::milliseconds(st.ctx.manifest->gateway.queue_timeout_ms);
+  while (!st.queued.empty() && now - st.queued.front().enqueued > limit) {
+    auto late = std::move(st.queued.front());
+    st.queued.pop_front();
+    st.metrics->errors->inc();
+    reply_busy(late.api, *late.call.out,
+               api_error(503, "overloaded_error",
+                         "waited " + std::to_string(limit.count()) +
+                             " ms for admission (gateway.queue_timeout_ms); retry later",
+                         "queue_timeout"));
+  }
+  st.metrics->waiting->set(static_cast<double>(st.queued.size()));
 }
 
 void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
@@ -585,11 +651,10 @@ void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
 
 void on_membership(GatewayActor* self, const runtime::MembershipEvent& event) {
   auto& st = self->state;
-  if (event.kind == runtime::MembershipEvent::Kind::down) {
-    st.up_nodes.erase(event.node);
-  } else {
-    st.up_nodes.insert(event.node);
+  if (event.kind == runtime::MembershipEvent::Kind::restarted) {
+    st.health->node_restarted(event.node);
   }
+  st.health->node_up(event.node, event.kind != runtime::MembershipEvent::Kind::down);
   update_health(st);
   if (event.kind == runtime::MembershipEvent::Kind::up) return;
   std::vector<uint64_t> affected;
@@ -604,6 +669,7 @@ void on_membership(GatewayActor* self, const runtime::MembershipEvent& event) {
 void on_tick(GatewayActor* self) {
   auto& st = self->state;
   auto now = Clock::now();
+  expire_queued(st, now);
   auto limit = std::chrono::milliseconds(st.ctx.manifest->gateway.request_timeout_ms);
   std::vector<uint64_t> late;
   std::vector<uint64_t> unrouted;
@@ -637,9 +703,13 @@ class Front final : public gateway::HttpHandler {
       return;
     }
     if (path == "/health" && request.method == "GET") {
-      bool ok = shared_->healthy.load();
-      out->send(ok ? 200 : 503, json_headers,
-                ok ? R"({"status":"ok"})" : R"({"status":"no decode instance reachable"})");
+      if (shared_->healthy.load()) {
+        out->send(200, json_headers, R"({"status":"ok"})");
+      } else {
+        nlohmann::json body = {{"status", "unavailable"}, {"reason", shared_->reason()}};
+        out->send(503, json_headers, body.dump(-1, ' ', false,
+                                               nlohmann::json::error_handler_t::replace));
+      }
       return;
     }
     if (path == "/metrics" && request.method == "GET") {
@@ -727,6 +797,7 @@ caf::behavior gateway_behavior(GatewayActor* self) {
       [self](const HttpCall& call) { on_call(self, call); },
       [self](const ClientGone& gone) {
         auto& st = self->state;
+        if (drop_queued(st, gone.request_id)) return;
         auto it = st.requests.find(gone.request_id);
         if (it == st.requests.end()) return;
         if (it->second.decode) {
@@ -747,7 +818,11 @@ caf::behavior gateway_behavior(GatewayActor* self) {
         }
       },
       [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
-      [](const runtime::InstanceLoadReport&) {},  // for the router
+      [self](const runtime::InstanceLoadReport& report) {
+        auto& st = self->state;
+        st.health->report(report.instance, report.ready, report.not_ready_reason);
+        update_health(st);
+      },
       [self](runtime::atoms::tick) {
         on_tick(self);
         self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
@@ -774,8 +849,10 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   for (const auto& [n, inst] : m.instances_of(config::Role::router)) {
     routers.push_back({n->name, "router", inst->name});
   }
-  std::set<std::string> decode_nodes;
-  for (const auto& [n, inst] : m.instances_of(config::Role::decode)) decode_nodes.insert(n->name);
+  std::vector<gateway::DecodeHealth::Instance> decodes;
+  for (const auto& [n, inst] : m.instances_of(config::Role::decode)) {
+    decodes.push_back({n->name, inst->name});
+  }
   auto actor = system.spawn([=](GatewayActor* self) -> caf::behavior {
     auto& st = self->state;
     st.ctx = ctx;
@@ -783,7 +860,7 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
     st.tokenizer = tok;
     st.format = *format;
     st.routers = routers;
-    st.decode_nodes = decode_nodes;
+    st.health = std::make_unique<gateway::DecodeHealth>(ctx.bridge->node(), decodes);
     st.shared = shared;
     // Request ids are unique across gateways and restarts: name hash and incarnation on top.
     st.id_seed = ((std::hash<std::string>{}(name.to_string()) ^ ctx.bridge->incarnation()) &

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -24,6 +25,7 @@ namespace {
 constexpr uint32_t rejections_in_flight_max = 64;
 // Accept failures (e.g. out of file descriptors) retry after this delay.
 constexpr auto accept_retry_delay = 100 * kj::MILLISECONDS;
+constexpr auto idle_peek_interval = 100 * kj::MILLISECONDS;  // closed_while_idle()
 
 bool ascii_iequal(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -724,6 +726,35 @@ kj::Promise<void> ConnectionService::refuse(Response& response, uint32_t status,
   return written.attach(kj::mv(stream), kj::mv(body));
 }
 
+// Resolves when the client closed its socket (FIN) while its response has not begun, e.g.
+// while the request waits in the gateway's admission queue. Such a close causes no POLLHUP
+// and no write error, so the socket is peeked (MSG_PEEK, never consuming) every
+// idle_peek_interval until the response begins; then it never resolves. Bytes of a pipelined
+// next request keep it pending too (EOF behind them is not visible).
+kj::Promise<void> closed_while_idle(kj::Timer& timer, kj::AsyncIoStream& connection,
+                                    std::shared_ptr<ResponseStream::Core> core) {
+  int fd = -1;
+  KJ_IF_MAYBE (got, connection.getFd()) {
+    fd = *got;
+  } else {
+    return kj::NEVER_DONE;
+  }
+  RT_ASSERT(fd >= 0, fd);
+  return timer.afterDelay(idle_peek_interval)
+      .then([&timer, &connection, fd, core = std::move(core)]() mutable -> kj::Promise<void> {
+        {
+          std::lock_guard lock(core->mutex);
+          if (core->phase != ResponseStream::Core::Phase::idle) return kj::NEVER_DONE;
+        }
+        char byte = 0;
+        ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          return kj::READY_NOW;  // EOF or a reset: nobody will read the response
+        }
+        return closed_while_idle(timer, connection, std::move(core));
+      });
+}
+
 kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> request,
                                               Response& response) {
   RT_ASSERT(request->body.size() <= loop_.limits.body_bytes_max, "body over the limit");
@@ -744,9 +775,11 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
     if (idle) stream->send(500, json_headers(), error_body(message, "server_error", "internal"));
   }
   stream.reset();  // the handler holds the only reference now (or none: then a 500 is queued)
-  auto disconnected = connection_.whenWriteDisconnected().then([]() -> kj::Promise<void> {
-    return KJ_EXCEPTION(DISCONNECTED, "gateway http: client disconnected");
-  });
+  auto disconnected = connection_.whenWriteDisconnected()
+                          .exclusiveJoin(closed_while_idle(loop_.timer, connection_, core))
+                          .then([]() -> kj::Promise<void> {
+                            return KJ_EXCEPTION(DISCONNECTED, "gateway http: client disconnected");
+                          });
   auto pumped = exchange->pump().exclusiveJoin(kj::mv(disconnected));
   // Remember a disconnect: kj may report follow-up failures on this connection.
   auto noted = pumped.catch_([state = state_](kj::Exception&& e) -> kj::Promise<void> {

@@ -29,6 +29,10 @@
 // - on_cancel callbacks run on the HTTP thread (or, if registered after the cancellation
 //   happened, right away on the registering thread). They must be short, must not block and
 //   must not call stop().
+// - A client is gone (on_cancel fires) when a write fails, when its socket reports HUP/ERR,
+//   or, while its response has not begun (e.g. queued for admission), when a peek at the
+//   socket (MSG_PEEK every 100 ms) finds EOF: a client that half-closes after sending its
+//   request is treated as gone, as nginx does for proxied requests.
 //
 // BOUNDED BUFFERING: bytes accepted by write()/send() but not yet handed to the socket are
 // counted per stream. If they would exceed stream_buffer_bytes_max (the client reads

@@ -143,7 +143,7 @@ void pump(PrefillActor* self) {
   }
   st.stepping = true;
   auto kept = std::make_shared<prefill::PrefillPlan>(std::move(*plan));
-  self->request(st.executor, std::chrono::seconds(600), atoms::exec_run::value,
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then([self, kept](const ExecResult& r) { on_step(self, *kept, r); },
             [self, kept](caf::error& e) {
@@ -256,6 +256,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
           st.info = info;
           if (!info.ok) {
             st.ctx.log->error("prefill {}: no device: {}", st.self_name.instance, info.error);
+            self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
             return;
           }
           auto config = scheduler_config(*st.ctx.manifest);
@@ -273,6 +274,11 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
           send_error(st.ctx, st.self_name, messages::get_name(envelope.getSource()),
                      envelope.getBody().getPrefillRequest().getRequestId(),
                      make_error(ErrorKind::unimplemented, "prefill has no device: " + st.info.error));
+        },
+        [self](runtime::atoms::tick) {  // only if the device failed: tell the router
+          auto& st = self->state;
+          report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
+          self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
         },
     };
   });

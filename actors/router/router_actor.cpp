@@ -12,9 +12,14 @@ namespace {
 
 using messages::ActorName;
 
+// An instance is eligible (core `set_up(true)`) while its node is up AND its last load
+// report said it is ready (its executor created the device). No report yet = not ready.
 struct Known {
   ActorName name;
   router::InstanceRole role;
+  bool node_up = false;
+  bool ready = false;
+  bool reported = false;  // a load report arrived (for logging the first not-ready one)
 };
 
 struct RouterState {
@@ -55,11 +60,12 @@ void add_instances(RouterState& st) {
           role == config::Role::decode ? router::InstanceRole::decode : router::InstanceRole::prefill;
       Status added = st.core->add_instance({index}, core_role);
       RT_ASSERT(added.ok(), added.ok() ? "" : added.error().describe());
-      // Instances on other nodes are down until their node is heard from.
-      Status up = st.core->set_up({index}, node->name == st.ctx.bridge->node());
+      // Instances on other nodes are down until their node is heard from; every instance is
+      // ineligible until it reports that it is ready.
+      Status up = st.core->set_up({index}, false);
       RT_ASSERT(up.ok());
       st.by_name[name.to_string()] = index;
-      st.instances.push_back({name, core_role});
+      st.instances.push_back({name, core_role, node->name == st.ctx.bridge->node(), false});
     }
   }
 }
@@ -82,15 +88,49 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
   });
 }
 
+// Applies a change of node state or readiness to the core; the core's view changes only
+// when eligibility does (set_up(false) drops the instance's prefix index).
+void set_eligibility(RouterState& st, uint32_t i, bool node_up, bool ready) {
+  RT_ASSERT(i < st.instances.size(), i);
+  Known& k = st.instances[i];
+  bool was = k.node_up && k.ready;
+  k.node_up = node_up;
+  k.ready = ready;
+  bool now = k.node_up && k.ready;
+  if (was != now) {
+    Status s = st.core->set_up({i}, now);
+    RT_ASSERT(s.ok(), i);
+  }
+}
+
 void on_membership(RouterState& st, const runtime::MembershipEvent& event) {
   bool up = event.kind != runtime::MembershipEvent::Kind::down;
   for (uint32_t i = 0; i < st.instances.size(); ++i) {
     if (st.instances[i].name.node != event.node) continue;
-    // A restarted node lost its KV: drop what the index believed it held.
-    if (event.kind == runtime::MembershipEvent::Kind::restarted) (void)st.core->set_up({i}, false);
-    (void)st.core->set_up({i}, up);
+    // A restarted node lost its KV: drop what the index believed it held, and wait for its
+    // instances to report that they are ready again.
+    if (event.kind == runtime::MembershipEvent::Kind::restarted) {
+      set_eligibility(st, i, false, false);
+      st.instances[i].reported = false;
+    }
+    set_eligibility(st, i, up, up && st.instances[i].ready);
   }
   st.ctx.log->info("router: instances on {} are {}", event.node, up ? "eligible" : "excluded");
+}
+
+void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
+  auto it = st.by_name.find(r.instance);
+  if (it == st.by_name.end()) return;
+  Known& k = st.instances[it->second];
+  if (r.ready && !k.ready) st.ctx.log->info("router: {} is ready", r.instance);
+  if (!r.ready && (k.ready || !k.reported)) {
+    st.ctx.log->warn("router: {} is not ready: {}", r.instance, r.not_ready_reason);
+  }
+  k.reported = true;
+  set_eligibility(st, it->second, k.node_up, r.ready);
+  if (!r.ready) return;
+  (void)st.core->update_load({it->second},
+                             {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total});
 }
 
 }  // namespace
@@ -128,13 +168,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
           }
         },
         [self](const runtime::MembershipEvent& event) { on_membership(self->state, event); },
-        [self](const runtime::InstanceLoadReport& r) {
-          auto& st = self->state;
-          auto it = st.by_name.find(r.instance);
-          if (it == st.by_name.end()) return;
-          (void)st.core->update_load({it->second},
-                                     {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total});
-        },
+        [self](const runtime::InstanceLoadReport& r) { on_load(self->state, r); },
     };
   });
   ctx.bridge->register_actor(name, actor);

@@ -22,6 +22,11 @@ struct InstanceLoadReport {
   uint32_t running = 0;
   uint64_t kv_blocks_used = 0;
   uint64_t kv_blocks_total = 0;
+  // False while the instance cannot serve: its executor is still creating the device, or
+  // failed to. The router skips not-ready instances; the gateway's /health counts ready
+  // decode instances only.
+  bool ready = true;
+  std::string not_ready_reason;  // set when !ready, e.g. "executor failed: <why>"
 };
 
 // One received envelope for this actor. The actor converts it inside its handler and never

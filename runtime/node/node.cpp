@@ -57,6 +57,16 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::tandem>();
   cfg.set("scheduler.max-threads", 2);
+  // Latency: CAF's idle workers first poll with sleep_for(50 us) for 500 rounds, and a job
+  // enqueued from outside the scheduler (the HTTP thread, a detached executor actor) waits
+  // for that sleep to end (~60-110 us with timer slack) because only a worker parked on its
+  // condition variable is notified. Every request crosses that boundary at least twice and
+  // every decode step once more, so skip the sleeping phase: after a short spin an idle
+  // worker parks and is woken at once by the enqueue. Parked workers look for work to steal
+  // every relaxed-sleep-duration (CAF's default is 10 ms; 1 ms keeps both workers busy
+  // under load). docs/benchmarks.md "Serving overhead" has the before/after.
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
+  cfg.set("work-stealing.relaxed-sleep-duration", caf::timespan{std::chrono::milliseconds(1)});
   cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system system{cfg};
   obs::Registry registry;

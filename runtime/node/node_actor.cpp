@@ -124,6 +124,8 @@ void heartbeat_tick(NodeActor* self) {
                                    l.setRequestsRunning(r.running);
                                    l.setKvBlocksUsed(static_cast<uint32_t>(r.kv_blocks_used));
                                    l.setKvBlocksTotal(static_cast<uint32_t>(r.kv_blocks_total));
+                                   l.setReady(r.ready);
+                                   l.setNotReadyReason(r.not_ready_reason);
                                  }
                                });
   }
@@ -261,7 +263,8 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
       auto hb = body.getHeartbeat();
       for (auto l : hb.getLoad()) {
         InstanceLoadReport report{l.getInstance(), l.getRequestsWaiting(), l.getRequestsRunning(),
-                                  l.getKvBlocksUsed(), l.getKvBlocksTotal()};
+                                  l.getKvBlocksUsed(), l.getKvBlocksTotal(), l.getReady(),
+                                  l.getNotReadyReason()};
         for (const auto& sub : st.subscribers) self->send(sub, report);
       }
       if (auto event = st.membership->heard(source_node, hb.getIncarnation(),

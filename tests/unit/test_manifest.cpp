@@ -654,6 +654,7 @@ TEST_CASE("new sections and executor keys default when absent") {
   CHECK(m.gateway.requests_max == 1024);
   CHECK(m.gateway.queue_max == 4096);
   CHECK(m.gateway.request_timeout_ms == 600000);
+  CHECK(m.gateway.queue_timeout_ms == 30000);
   CHECK(m.gateway.cache_secret.empty());
   CHECK(m.prefill.queue_max == 256);
   CHECK(m.prefill.running_max == 16);
@@ -772,12 +773,13 @@ connections_max = 0
 requests_max = 100001
 queue_max = -1
 request_timeout_ms = 999
+queue_timeout_ms = 99
 cache_secret = 42
 api_keys = ["ok", "", 7]
 colour = "red"
 )";
   auto issues = parse_bad(text);
-  CHECK(issues.size() == 9);
+  CHECK(issues.size() == 10);
   auto body = find_issue(issues, "gateway.body_bytes_max",
                          "value 1023 is out of range "
                          "1024..1073741824");
@@ -791,6 +793,9 @@ colour = "red"
   CHECK(queue.line == line_of(text, "queue_max"));
   auto timeout = find_issue(issues, "gateway.request_timeout_ms", "out of range 1000..86400000");
   CHECK(timeout.line == line_of(text, "request_timeout_ms"));
+  auto wait =
+      find_issue(issues, "gateway.queue_timeout_ms", "value 99 is out of range 100..86400000");
+  CHECK(wait.line == line_of(text, "queue_timeout_ms"));
   auto secret = find_issue(issues, "gateway.cache_secret", "expected a string, got an integer");
   CHECK(secret.line == line_of(text, "cache_secret"));
   auto empty = find_issue(issues, "gateway.api_keys[1]", "must not be empty");
@@ -986,13 +991,15 @@ TEST_CASE("summarize shows the gateway's keys and limits, never the keys themsel
   Manifest m = parse_ok(base_manifest);
   std::string text = summarize(m);
   CHECK(text.find("gateway   api keys no; body max 16777216 bytes, 4096 connections, 1024 "
-                  "requests, queue 4096, timeout 600000 ms\n") != std::string::npos);
+                  "requests, queue 4096 (wait max 30000 ms), timeout 600000 ms\n") !=
+        std::string::npos);
   Manifest keyed = parse_ok(base_manifest +
                             "[gateway]\napi_keys = [\"sk-a\", \"sk-b\"]\ncache_secret = \"pst\"\n"
-                            "requests_max = 8\nqueue_max = 0\n");
+                            "requests_max = 8\nqueue_max = 0\nqueue_timeout_ms = 500\n");
   std::string keyed_text = summarize(keyed);
   CHECK(keyed_text.find("gateway   api keys yes (2); body max 16777216 bytes, 4096 connections, "
-                        "8 requests, queue 0, timeout 600000 ms\n") != std::string::npos);
+                        "8 requests, queue 0 (wait max 500 ms), timeout 600000 ms\n") !=
+        std::string::npos);
   CHECK(keyed_text.find("sk-a") == std::string::npos);
   CHECK(keyed_text.find("pst") == std::string::npos);
 }

@@ -1,0 +1,267 @@
+// Gateway operations against a real one-node cluster on the sim device:
+// - /health is 503 (with the reason) while no decode instance can serve because its
+//   executor failed to create its device, and a chat request then gets a 503 error body;
+//   a healthy cluster answers 200;
+// - admission: with requests_max = C and queue_max = Q, C + Q concurrent streams all
+//   complete, request C + Q + 1 gets 429 (OpenAI and Anthropic shapes, Retry-After), the
+//   waiting gauge follows the queue, a waiting client that disconnects leaves the queue, and
+//   a request that waits longer than queue_timeout_ms gets 503.
+#include <doctest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/http_client.hpp"
+#include "tests/support/process.hpp"
+
+using namespace tandem::testing;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+constexpr uint32_t kRunningMax = 2;  // gateway.requests_max (C)
+constexpr uint32_t kQueueMax = 2;    // gateway.queue_max (Q)
+
+// A one-node cluster (gateway, router, prefill, decode on the sim device). `sim` and
+// `gateway` are extra lines for those sections.
+class SimNode {
+ public:
+  // `extra`: more sections (e.g. "[router]\n..."); `prefill_device`: the prefill executor's.
+  SimNode(const std::string& tag, const std::string& sim, const std::string& gateway,
+          const std::string& extra = "", const std::string& prefill_device = "sim")
+      : dir_(make_temp_dir(tag)), http_port_(free_port()) {
+    std::string t = "[cluster]\nname = \"" + tag + "\"\n[logging]\nlevel = \"warn\"\n"
+                    "[model]\nname = \"stories15M\"\npath = \"" + source_root() +
+                    "/models/stories15M\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
+                    "chat_format = \"plain\"\n[sim]\nvocab = 32000\nbos_id = 1\neos_id = 2\n"
+                    "max_position = 2048\noutput_tokens_sigma = 0\noutput_tokens_mean = 16384\n"
+                    "output_tokens_max = 16384\n" + sim + "\n[gateway]\n" + gateway + "\n" +
+                    extra + "\n";
+    t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
+         std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
+         "\nhttp_port = " + std::to_string(http_port_) + "\n";
+    for (const char* inst :
+         {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
+          "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
+          "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
+          "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
+          "kv_blocks = 1024\n"}) {
+      t += std::string("[[node.instance]]\n") + inst;
+    }
+    t += "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"" + prefill_device +
+         "\"\ndevices = [0]\nkv_blocks = 1024\n";
+    write_file(dir_ + "/cluster.toml", t);
+    child_ = std::make_unique<Child>(std::vector<std::string>{tandem_bin(), "node", "--manifest",
+                                                              dir_ + "/cluster.toml", "--node",
+                                                              "local"},
+                                     dir_ + "/node.log");
+  }
+  ~SimNode() {
+    child_->signal(SIGTERM);
+    child_->wait(5000ms);
+    child_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  uint16_t port() const { return http_port_; }
+  std::string log() const { return child_->log(); }
+  bool running() { return child_->running(); }
+
+ private:
+  std::string dir_;
+  uint16_t http_port_;
+  std::unique_ptr<Child> child_;
+};
+
+std::string chat(int max_tokens, bool stream) {
+  return R"({"model":"stories15M","messages":[{"role":"user","content":"Once upon a time"}],)"
+         R"("max_tokens":)" + std::to_string(max_tokens) +
+         (stream ? R"(,"stream":true})" : "}");
+}
+
+// A completion over fixed token ids (greedy): the sim device then runs it to max_tokens.
+std::string completion(int max_tokens) {
+  return R"({"model":"stories15M","prompt":[100,200,300,400,500,600,700,800],"temperature":0,)"
+         R"("stream":true,"max_tokens":)" + std::to_string(max_tokens) + "}";
+}
+
+std::string anthropic(int max_tokens) {
+  return R"({"model":"stories15M","max_tokens":)" + std::to_string(max_tokens) +
+         R"(,"messages":[{"role":"user","content":"Once upon a time"}]})";
+}
+
+bool is_healthy(uint16_t port) { return http::get(port, "/health", 1000ms).status == 200; }
+
+double gauge(uint16_t port, const std::string& name) {
+  auto r = http::get(port, "/metrics");
+  return r.ok() ? http::metric_sum(r.body, name, "instance=\"gateway\"") : -1;
+}
+
+// Waits until the gateway's gauge `name` equals `value`.
+bool gauge_becomes(uint16_t port, const std::string& name, double value,
+                   std::chrono::milliseconds timeout) {
+  return eventually(timeout, [&] { return gauge(port, name) == value; });
+}
+
+// A streaming request sent without reading its answer yet (it may wait in the queue).
+struct Pending {
+  http::Connection conn;
+  bool sent = false;
+  Pending(uint16_t port, const std::string& body) {
+    sent = conn.connect_to(port) &&
+           conn.send_all(http::request_text("POST", "/v1/completions", body));
+  }
+  // Reads the whole response; returns status and body.
+  http::Response finish(std::chrono::milliseconds timeout) {
+    http::Response r;
+    auto deadline = http::Clock::now() + timeout;
+    if (!conn.read_head(&r, deadline)) {
+      r.error = conn.error();
+      return r;
+    }
+    while (conn.read_body_some(&r.body, deadline)) {
+    }
+    if (!conn.body_done()) r.error = conn.error();
+    return r;
+  }
+};
+
+std::string error_message(const http::Response& r) {
+  json body = json::parse(r.body, nullptr, false);
+  if (!body.is_object() || !body.contains("error") || !body["error"].is_object()) return "";
+  return body["error"].value("message", "");
+}
+
+}  // namespace
+
+TEST_CASE("gateway_ops: a decode executor without a device makes /health 503 with the reason") {
+  // kv_scale 2 is outside the sim device's [1/128, 1]: both executors fail to create it.
+  SimNode node("gwops-broken", "time_factor = 0\nkv_scale = 2", "");
+  http::Response health;
+  bool reported = eventually(60s, [&] {
+    health = http::get(node.port(), "/health", 1000ms);
+    return health.ok() && health.body.find("executor failed") != std::string::npos;
+  });
+  INFO("node log:\n" << node.log());
+  INFO("last /health: " << health.status << " " << health.body << " " << health.error);
+  REQUIRE(reported);
+  CHECK(health.status == 503);
+  json body = json::parse(health.body, nullptr, false);
+  REQUIRE(body.is_object());
+  CHECK(body.value("status", "") == "unavailable");
+  std::string reason = body.value("reason", "");
+  CHECK(reason.find("no decode instance is ready: decode@local executor failed: ") == 0);
+  CHECK(reason.find("kv_scale") != std::string::npos);
+  // A chat request is refused with the same reason in an OpenAI error body.
+  auto chat_reply = http::post(node.port(), "/v1/chat/completions", chat(4, false), 10s);
+  INFO("chat: " << chat_reply.body);
+  CHECK(chat_reply.status == 503);
+  CHECK(error_message(chat_reply).find("decode@local executor failed") != std::string::npos);
+  CHECK(node.running());  // a failed executor does not take the node down
+}
+
+TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
+  // time_factor 10: a decode step of the modelled Rebel100 takes ~8 ms, so a stream of
+  // 30 tokens is in flight for a quarter of a second and one of 2000 tokens for ~16 s.
+  SimNode node("gwops-admit", "time_factor = 10\nkv_scale = 0.0078125",
+               "requests_max = " + std::to_string(kRunningMax) +
+                   "\nqueue_max = " + std::to_string(kQueueMax) + "\nqueue_timeout_ms = 3000");
+  bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
+  INFO("node log:\n" << node.log());
+  REQUIRE(healthy);
+
+  SUBCASE("C + Q streams succeed, C + Q + 1 gets 429 in both API shapes") {
+    std::vector<std::unique_ptr<Pending>> streams;
+    for (uint32_t i = 0; i < kRunningMax + kQueueMax; ++i) {
+      streams.push_back(std::make_unique<Pending>(node.port(), completion(40)));
+      REQUIRE(streams.back()->sent);
+    }
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", kQueueMax, 5s));
+    CHECK(gauge(node.port(), "tandem:num_requests_running") == kRunningMax);
+    auto refused = http::post(node.port(), "/v1/chat/completions", chat(4, true), 10s);
+    CHECK(refused.status == 429);
+    CHECK(refused.headers.find("Retry-After: 1") != std::string::npos);
+    json openai = json::parse(refused.body, nullptr, false);
+    REQUIRE(openai.is_object());
+    CHECK(openai["error"].value("type", "") == "rate_limit_error");
+    CHECK(openai["error"].value("code", "") == "rate_limit_exceeded");
+    CHECK(openai["error"].value("message", "").find("too many requests") == 0);
+    auto refused_msg = http::post(node.port(), "/v1/messages", anthropic(4), 10s);
+    CHECK(refused_msg.status == 429);
+    CHECK(refused_msg.headers.find("Retry-After: 1") != std::string::npos);
+    json claude = json::parse(refused_msg.body, nullptr, false);
+    REQUIRE(claude.is_object());
+    CHECK(claude.value("type", "") == "error");
+    CHECK(claude["error"].value("type", "") == "rate_limit_error");
+    for (auto& s : streams) {
+      auto r = s->finish(30s);
+      INFO(r.error << " " << r.body.substr(r.body.size() > 600 ? r.body.size() - 600 : 0));
+      CHECK(r.status == 200);
+      CHECK(r.body.find("data: [DONE]") != std::string::npos);
+      CHECK(r.body.find("\"finish_reason\":\"length\"") != std::string::npos);
+    }
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 2s));
+  }
+
+  SUBCASE("a waiting client that disconnects leaves the queue; a long wait gets 503") {
+    std::vector<std::unique_ptr<Pending>> running;
+    for (uint32_t i = 0; i < kRunningMax; ++i) {
+      running.push_back(std::make_unique<Pending>(node.port(), completion(2000)));
+    }
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_running", kRunningMax, 5s));
+    {
+      Pending waiting(node.port(), completion(4));
+      REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", 1, 5s));
+    }  // closes its socket while queued
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 2s));
+    CHECK(gauge(node.port(), "tandem:num_requests_running") == kRunningMax);
+    // Now one that stays: it is refused after queue_timeout_ms (3 s) with 503 + Retry-After.
+    auto start = http::Clock::now();
+    auto late = http::post(node.port(), "/v1/chat/completions", chat(4, false), 20s);
+    auto waited = http::Clock::now() - start;
+    CHECK(late.status == 503);
+    CHECK(late.headers.find("Retry-After: 1") != std::string::npos);
+    CHECK(error_message(late).find("queue_timeout_ms") != std::string::npos);
+    CHECK(waited >= 2900ms);
+    CHECK(gauge(node.port(), "tandem:num_requests_waiting") == 0);
+    for (auto& r : running) r->conn.close();  // the long streams are cancelled
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_running", 0, 5s));
+  }
+}
+
+TEST_CASE("gateway_ops: a healthy sim cluster answers /health 200 and serves") {
+  SimNode node("gwops-ok", "time_factor = 0\nkv_scale = 0.0078125", "");
+  bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
+  INFO("node log:\n" << node.log());
+  REQUIRE(healthy);
+  CHECK(http::get(node.port(), "/health").body == R"({"status":"ok"})");
+  auto reply = http::post(node.port(), "/v1/chat/completions", chat(4, false), 20s);
+  CHECK(reply.status == 200);
+}
+
+TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has no device") {
+  // The prefill executor asks for the rbln device, which this build does not have; decode
+  // runs on the sim device. P/D is forced (disaggregate_tokens_min = 1), so a router that
+  // counted the broken prefill instance would pick it.
+  SimNode node("gwops-noprefill", "time_factor = 0\nkv_scale = 0.0078125", "",
+               "[router]\ndisaggregate_tokens_min = 1", "rbln");
+  bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
+  INFO("node log:\n" << node.log());
+  REQUIRE(healthy);  // a broken prefill instance does not make the gateway unhealthy
+  for (int i = 0; i < 3; ++i) {
+    std::string body = R"({"model":"stories15M","prompt":[)" + std::to_string(100 + i) +
+                       R"(,200,300,400,500,600,700,800,900,1000,1100,1200,1300,1400,1500,)"
+                       R"(1600,1700,1800,1900,2000],"temperature":0,"max_tokens":4})";
+    auto reply = http::post(node.port(), "/v1/completions", body, 20s);
+    INFO(reply.body);
+    CHECK(reply.status == 200);
+  }
+  auto metrics = http::get(node.port(), "/metrics");
+  REQUIRE(metrics.ok());
+  CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"decode_only\"") == 3);
+  CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"disaggregated\"") == 0);
+  CHECK(node.log().find("router: local/prefill/prefill is not ready: executor failed") !=
+        std::string::npos);
+}
