@@ -319,6 +319,9 @@ void StreamClient::on_sse_bytes(Conn& conn, const std::string& bytes) {
       conn.outcome.usage_seen = true;
       conn.outcome.completion_tokens = u->value("completion_tokens", 0u);
       conn.outcome.prompt_tokens = u->value("prompt_tokens", 0u);
+      if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+        conn.outcome.cached_tokens = d->value("cached_tokens", 0u);
+      }
     }
     auto choices = j.find("choices");
     if (choices == j.end() || !choices->is_array() || choices->empty()) continue;

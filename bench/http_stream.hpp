@@ -67,6 +67,7 @@ struct StreamOutcome {
   double end_ms = 0;
   uint32_t completion_tokens = 0;  // from the usage chunk (0 if none came)
   uint32_t prompt_tokens = 0;
+  uint32_t cached_tokens = 0;  // usage.prompt_tokens_details.cached_tokens
   bool usage_seen = false;
   std::string error_kind, error_detail;
 };

@@ -118,6 +118,7 @@ workload::RequestTimeline to_timeline(const workload::Request& r, const StreamOu
   uint64_t chunks = s.chunk_ms.size();
   t.output_tokens = s.usage_seen ? s.completion_tokens : static_cast<uint32_t>(chunks);
   t.prompt_tokens = r.prompt_text.empty() ? r.prompt_tokens_count() : s.prompt_tokens;
+  t.cached_tokens = std::min<uint64_t>(s.cached_tokens, t.prompt_tokens);
   t.turn = r.turn;
   t.error_kind = s.error_kind;
   if (t.error_kind.empty() && t.output_tokens < chunks) {
@@ -300,6 +301,13 @@ Result<ServeBenchResult> run_serve_bench(const std::vector<workload::Request>& a
     result.prefix_hit_rate =
         (result.prefix_after.hits_tokens - result.prefix_before.hits_tokens) / queries;
   }
+  uint64_t prompt_sum = 0, cached_sum = 0;
+  for (const auto& t : result.timelines) {
+    if (!t.error_kind.empty()) continue;
+    prompt_sum += t.prompt_tokens;
+    cached_sum += t.cached_tokens;
+  }
+  if (prompt_sum > 0) result.request_hit_rate = double(cached_sum) / double(prompt_sum);
   auto summary = workload::summarize(result.timelines, o.summary);
   if (!summary.ok()) return summary.error();
   result.summary = std::move(summary).value();

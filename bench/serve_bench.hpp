@@ -61,6 +61,10 @@ struct ServeBenchResult {
   workload::BenchSummary summary;
   PrefixCounters prefix_before, prefix_after;
   double prefix_hit_rate = -1;  // (hits after - before) / (queries after - before); -1 unknown
+  // Prompt tokens not computed / prompt tokens, over the succeeded requests' usage
+  // (prompt_tokens_details.cached_tokens): the cluster-level hit rate, the same definition
+  // as `tandem sim`'s hit_rate. -1 when no request succeeded.
+  double request_hit_rate = -1;
   std::map<std::string, std::string> error_examples;  // kind -> one detail
 };
 

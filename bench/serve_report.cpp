@@ -84,6 +84,13 @@ std::string describe(const ServeBenchResult& r) {
     out += "  error " + kind + ": " + std::to_string(count) +
            (example ? " (e.g. " + ex->second + ")" : "") + "\n";
   }
+  if (r.request_hit_rate >= 0) {
+    char line[128];
+    std::snprintf(line, sizeof(line),
+                  "  prompt tokens cached (token-weighted, usage.cached_tokens): %.1f%%\n",
+                  r.request_hit_rate * 100);
+    out += line;
+  }
   if (r.prefix_hit_rate >= 0) {
     char line[128];
     std::snprintf(line, sizeof(line), "  prefix hit rate (token-weighted, /metrics): %.1f%%\n",
@@ -111,13 +118,16 @@ std::string to_json(const ServeBenchResult& r, const ServeBenchOptions& o) {
   j["prefix_cache"] = {{"hits_tokens", r.prefix_after.hits_tokens - r.prefix_before.hits_tokens},
                        {"queries_tokens",
                         r.prefix_after.queries_tokens - r.prefix_before.queries_tokens},
-                       {"hit_rate", r.prefix_hit_rate >= 0 ? json(r.prefix_hit_rate) : json()}};
+                       {"hit_rate", r.prefix_hit_rate >= 0 ? json(r.prefix_hit_rate) : json()},
+                       {"request_hit_rate",
+                        r.request_hit_rate >= 0 ? json(r.request_hit_rate) : json()}};
   json requests = json::array();
   for (size_t i = 0; i < r.timelines.size(); ++i) {
     const auto& t = r.timelines[i];
     requests.push_back({{"index", r.request_indexes[i]},
                         {"turn", t.turn},
                         {"prompt_tokens", t.prompt_tokens},
+                        {"cached_tokens", t.cached_tokens},
                         {"output_tokens", t.output_tokens},
                         {"send_ms", t.send_ms},
                         {"first_chunk_ms", t.chunk_ms.empty() ? json() : json(t.chunk_ms[0])},

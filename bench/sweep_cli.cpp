@@ -198,7 +198,8 @@ class ServeBackend : public SweepBackend {
     Status wrote = write_files(settings_.out_dir + "/points",
                                {{point_file(config.name, concurrency), to_json(*result, o)}});
     if (!wrote) return wrote.error();
-    return row_from_summary(config.name, concurrency, result->summary, result->prefix_hit_rate);
+    return row_from_summary(config.name, concurrency, result->summary,
+                             result->request_hit_rate);
   }
 
   void end_config(const SweepConfig&) override { stop(); }

@@ -32,7 +32,8 @@ uint32_t PrefixCache::match(std::span<const BlockHash> hashes) const {
   return matched;
 }
 
-Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint32_t fresh_count) {
+Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint32_t fresh_count,
+                                        uint32_t query_blocks_count) {
   // The leading cached hashes' blocks, looked up once (match() without a second pass).
   matched_scratch_.clear();
   for (const auto& hash : hashes) {
@@ -72,8 +73,9 @@ Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint3
   }
   for (uint32_t i = 0; i < fresh_count; ++i) out.fresh.push_back(take_fresh());
   ++counters_.queries_count;
-  counters_.query_blocks_count += hashes.size();
-  counters_.query_tokens_count += uint64_t{hashes.size()} * block_tokens_;
+  uint64_t query_blocks = std::max<uint64_t>(hashes.size(), query_blocks_count);
+  counters_.query_blocks_count += query_blocks;
+  counters_.query_tokens_count += query_blocks * block_tokens_;
   counters_.hit_blocks_count += matched;
   counters_.hit_tokens_count += uint64_t{matched} * block_tokens_;
   RT_ASSERT(used_count_ <= blocks_.size(), used_count_);

@@ -36,7 +36,7 @@ enum class CommitOutcome {
 
 struct PrefixCacheCounters {
   uint64_t queries_count = 0;       // successful acquire() calls
-  uint64_t query_blocks_count = 0;  // hashes offered to successful acquire() calls
+  uint64_t query_blocks_count = 0;  // prompt blocks asked for by successful acquire() calls
   uint64_t hit_blocks_count = 0;    // of those, served from the cache
   uint64_t hit_tokens_count = 0;    // hit_blocks_count x block_tokens
   uint64_t query_tokens_count = 0;  // query_blocks_count x block_tokens
@@ -63,7 +63,11 @@ class PrefixCache {
   // `fresh_count` private blocks (free ones first, then evicting LRU-oldest evictable ones).
   // Errors: overloaded when free + evictable (excluding the matched ones) < fresh_count;
   // nothing changes then (except overloaded_count).
-  Result<Allocation> acquire(std::span<const BlockHash> hashes, uint32_t fresh_count);
+  // `query_blocks_count`: the prompt's full blocks this acquire answers for, when the caller
+  // offers only a prefix of them (e.g. it recomputes the last cached block); the query
+  // counters count max(hashes.size(), query_blocks_count) blocks, hits count the matched.
+  Result<Allocation> acquire(std::span<const BlockHash> hashes, uint32_t fresh_count,
+                             uint32_t query_blocks_count = 0);
 
   // A private block the caller owns has been filled with the full block `hash`: cache it.
   // Preconditions (asserted): block is referenced and not cached.

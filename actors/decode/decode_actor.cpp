@@ -39,7 +39,8 @@ struct Seq {
   std::vector<int32_t> history;  // prompt + generated (penalties)
   uint32_t prompt_tokens = 0;
   uint32_t output_count = 0;
-  uint32_t cached_tokens = 0;
+  uint32_t cached_tokens = 0;  // prompt tokens not computed: prefill's hit, or ours (local)
+  bool first_chunk_planned = false;  // a local prefill's first chunk starts after our hit
   std::optional<ActorName> prefill;  // remote prefill instance, when disaggregated
   std::optional<decode::PullOrder> order;
   std::vector<RemoteBlock> remote;
@@ -303,6 +304,10 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
     bool is_decode = e.sample && e.tokens.size() == 1;
     (is_decode ? run->decode_entries : run->prefill_entries).push_back(i);
     if (!is_decode) {
+      if (auto it = st.seqs.find(e.seq); it != st.seqs.end() && !it->second.first_chunk_planned) {
+        it->second.first_chunk_planned = true;
+        it->second.cached_tokens = std::max(it->second.cached_tokens, e.start_position);
+      }
       batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
                         e.tokens});
     }

@@ -241,7 +241,8 @@ bool DecodeScheduler::try_admit(Seq& s, DecodePlan& plan) {
   uint32_t matched = cache_.match(hashes);
   // A local prefill must compute at least the last block to sample from it.
   if (s.source == KvSource::local && matched == needed) --matched;
-  auto alloc = cache_.acquire(hashes.first(matched), needed - matched);
+  auto alloc = cache_.acquire(hashes.first(matched), needed - matched,
+                              static_cast<uint32_t>(hashes.size()));
   if (!alloc) return false;
   s.blocks = std::move(alloc->cached);
   s.blocks.insert(s.blocks.end(), alloc->fresh.begin(), alloc->fresh.end());

@@ -378,7 +378,8 @@ void on_route_reply(GatewayActor* self, uint64_t id, wire::RouteReply::Reader re
   Req& r = it->second;
   r.decode = *decode;
   r.prefill = reply.getPrefillInstance();
-  r.cached_tokens = reply.getCachedBlocks() * st.ctx.manifest->model.block_tokens;
+  // usage.cached_tokens comes from decode (what was really not computed), not from the
+  // router's belief (reply.getCachedBlocks()), which can be stale.
   send_generate(self, id);
 }
 

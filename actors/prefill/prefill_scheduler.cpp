@@ -80,7 +80,8 @@ bool PrefillScheduler::try_admit(Request& r) {
   uint32_t matched = cache_.match(hashes);
   // Fully cached prompt: recompute the last block to get the first token's logits.
   if (matched == needed) --matched;
-  auto alloc = cache_.acquire(hashes.first(matched), needed - matched);
+  auto alloc = cache_.acquire(hashes.first(matched), needed - matched,
+                              static_cast<uint32_t>(hashes.size()));
   if (!alloc) return false;  // overloaded: wait for blocks to come back
   r.blocks = std::move(alloc->cached);
   r.blocks.insert(r.blocks.end(), alloc->fresh.begin(), alloc->fresh.end());

@@ -129,6 +129,13 @@ TEST_CASE("bench serve replays a trace against a sim cluster with zero errors") 
   // Turns resend their history: the cluster's prefix caches must have seen hits.
   REQUIRE(j["prefix_cache"]["hit_rate"].is_number());
   CHECK(j["prefix_cache"]["hit_rate"].get<double>() > 0.0);
+  // ... but not every prompt token: first turns are cold (a hit rate of 1 means the query
+  // counters count only the blocks that hit).
+  CHECK(j["prefix_cache"]["hit_rate"].get<double>() < 1.0);
+  // The requests' own usage.cached_tokens give the same kind of figure (the sim's hit_rate).
+  REQUIRE(j["prefix_cache"]["request_hit_rate"].is_number());
+  CHECK(j["prefix_cache"]["request_hit_rate"].get<double>() > 0.0);
+  CHECK(j["prefix_cache"]["request_hit_rate"].get<double>() < 1.0);
   CHECK(read_file(dir + "/ttft.svg").find("<polyline") != std::string::npos);
   node.signal(SIGTERM);
   node.wait(5000ms);

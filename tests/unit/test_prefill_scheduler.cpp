@@ -167,6 +167,10 @@ TEST_CASE("cached prefix blocks are reused and not computed") {
   REQUIRE(done.size() == 1);
   CHECK(done[0].cached_tokens_count == 48);
   CHECK(cache.counters().hit_blocks_count == 3);
+  // The query counters count the prompts' full blocks (3 + 4), not only the blocks offered
+  // to acquire(): the tokens-weighted hit rate on /metrics is below 1 for uncached prompts.
+  CHECK(cache.counters().query_blocks_count == 7);
+  CHECK(cache.counters().query_tokens_count == 7 * 16);
 
   SUBCASE("a fully cached prompt recomputes only its last block") {
     REQUIRE(s.submit(make_request(3, shared)).ok());
@@ -178,6 +182,8 @@ TEST_CASE("cached prefix blocks are reused and not computed") {
     auto d = s.on_step_done(q->step_id, Nanos(0));
     REQUIRE(d.size() == 1);
     CHECK(d[0].cached_tokens_count == 32);
+    CHECK(cache.counters().query_blocks_count == 10);  // all 3 asked, 2 reused
+    CHECK(cache.counters().hit_blocks_count == 5);
     s.check_invariants();
   }
 }
