@@ -172,6 +172,7 @@ weight_queue = 0.5
 weight_kv_usage = 0.0
 prefix_index_blocks_max = 500
 disaggregate_tokens_min = 0
+load_imbalance_max = 0.25
 
 [kv_offload]
 enabled = true
@@ -201,6 +202,7 @@ draft_tokens_max = 16
   CHECK(m.router.weight_kv_usage == 0.0);
   CHECK(m.router.prefix_index_blocks_max == 500);
   CHECK(m.router.disaggregate_tokens_min == 0);
+  CHECK(m.router.load_imbalance_max == 0.25);
   CHECK(m.kv_offload.enabled);
   CHECK(m.kv_offload.path == "/etc/tandem/kv");
   CHECK(m.kv_offload.capacity_bytes == 1000000);
