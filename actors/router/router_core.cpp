@@ -717,7 +717,9 @@ void RouterCore::evict_to(uint32_t slot, size_t keep) {
   RT_ASSERT(s.held.size() <= keep, s.held.size());
 }
 
-void RouterCore::evict_to_capacity(uint32_t slot) { evict_to(slot, config_.prefix_index_blocks_max); }
+void RouterCore::evict_to_capacity(uint32_t slot) {
+  evict_to(slot, config_.prefix_index_blocks_max);
+}
 
 void RouterCore::clear_slot_index(uint32_t slot) {
   evict_to(slot, 0);
