@@ -31,6 +31,8 @@ cli::Flags sim_flags() {
       .flag("decode", "N", "decode instances (without --manifest)", "4")
       .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
       .flag("policy", "NAME", "router policy: prefix-aware, round-robin or random")
+      .flag("prefill-load-imbalance-max", "X",
+            "the same bound for prefill instances (default: manifest's, else none)")
       .flag("load-imbalance-max", "X",
             "router bounded load: an instance at >= (1 + X) x mean load is not picked "
             "(default: manifest's, else 0.5; 'inf' = no bound)")
@@ -151,6 +153,11 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
     auto imbalance = f.get_double("load-imbalance-max");
     if (!imbalance) return false;
     c.router.load_imbalance_max = *imbalance;
+  }
+  if (f.has("prefill-load-imbalance-max")) {
+    auto imbalance = f.get_double("prefill-load-imbalance-max");
+    if (!imbalance) return false;
+    c.router.prefill_load_imbalance_max = *imbalance;
   }
   if (f.has("block-tokens") && !get_u32(f, "block-tokens", 1, 1u << 20, &c.block_tokens)) {
     return false;

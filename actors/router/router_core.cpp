@@ -52,6 +52,9 @@ Status validate(const RouterConfig& config) {
   if (std::isnan(config.load_imbalance_max) || config.load_imbalance_max < 0.0) {
     return bad("load_imbalance_max must be >= 0 (infinity: no bound)");
   }
+  if (std::isnan(config.prefill_load_imbalance_max) || config.prefill_load_imbalance_max < 0.0) {
+    return bad("prefill_load_imbalance_max must be >= 0 (infinity: no bound)");
+  }
   if (config.prefix_index_blocks_max < 1) return bad("prefix_index_blocks_max must be >= 1");
   if (config.block_tokens < 1) return bad("block_tokens must be >= 1");
   if (config.instances_max < 1 || config.instances_max > 65536) {
@@ -327,7 +330,9 @@ InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t bloc
   score.queue = (mean + 1.0) / (mean + 1.0 + load);
   // Bounded load: eligible while load < (1 + e) * (sum + 1) / n (the new request counted).
   // Some instance always is (the least loaded one is at or below the mean).
-  double bound = (1.0 + config_.load_imbalance_max) *
+  double imbalance_max = s.role == InstanceRole::prefill ? config_.prefill_load_imbalance_max
+                                                         : config_.load_imbalance_max;
+  double bound = (1.0 + imbalance_max) *
                  (static_cast<double>(role_load.load_sum) + 1.0) / candidates;
   score.over_bound = !(load < bound);
   const InstanceLoad& l = s.load;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -46,6 +47,11 @@ struct RouterConfig {
   // role's up instances (counting the request being placed) is not picked, so prefix
   // affinity cannot pile requests on one instance. >= 0; +infinity turns the bound off.
   double load_imbalance_max = 0.5;
+  // The same bound for prefill instances (default: none). A prefill request's work depends
+  // on its cache hit (a session's next turn computes ~1K tokens where it is cached, its
+  // whole context elsewhere), so request counts misjudge prefill load and a tight bound
+  // moves prefills away from their cache.
+  double prefill_load_imbalance_max = std::numeric_limits<double>::infinity();
   uint64_t seed = 0;                          // for the `random` policy
 };
 

@@ -410,6 +410,8 @@ TEST_CASE("router: bad input and bad config are errors, not crashes") {
   CHECK_FALSE(validate(bad).ok());
   bad.load_imbalance_max = std::numeric_limits<double>::infinity();  // no bound: valid
   CHECK(validate(bad).ok());
+  bad.prefill_load_imbalance_max = -1;
+  CHECK(validate(bad).error().message.find("prefill_load_imbalance_max") != std::string::npos);
   bad = RouterConfig{};
   bad.block_tokens = 0;
   CHECK_THROWS_AS(RouterCore{bad}, std::invalid_argument);
@@ -548,14 +550,23 @@ TEST_CASE("router: bounded load avoids hot spots and keeps affinity") {
   CHECK(core.decide(request_for(chain(700, 66, &repo, 64))).value().decode == d2);
 }
 
-TEST_CASE("router: the bound applies to prefill instances too") {
-  RouterConfig config;
-  config.disaggregate_tokens_min = 16;
-  RouterCore core = make_core(config, {d0}, {p0, p1});
+TEST_CASE("router: prefill instances have their own bound (none by default)") {
+  auto setup = [](double prefill_imbalance_max) {
+    RouterConfig config;
+    config.disaggregate_tokens_min = 16;
+    config.prefill_load_imbalance_max = prefill_imbalance_max;
+    RouterCore core = make_core(config, {d0}, {p0, p1});
+    REQUIRE(core.kv_stored(p0, std::nullopt, chain(52, 32)).ok());
+    REQUIRE(core.update_load(p0, InstanceLoad{6, 2, 0, 0}).ok());
+    REQUIRE(core.update_load(p1, InstanceLoad{0, 1, 0, 0}).ok());
+    return core;
+  };
   auto repo = chain(52, 32);
-  REQUIRE(core.kv_stored(p0, std::nullopt, repo).ok());
-  REQUIRE(core.update_load(p0, InstanceLoad{6, 2, 0, 0}).ok());
-  REQUIRE(core.update_load(p1, InstanceLoad{0, 1, 0, 0}).ok());
+  RouterCore unbounded = setup(std::numeric_limits<double>::infinity());
+  Pick cached = unbounded.decide(request_for(chain(53, 40, &repo, 32))).value();
+  REQUIRE(cached.prefill);
+  CHECK(*cached.prefill == p0);  // 0.8 + 5.5 / 13.5 + 1 beats 0 + 5.5 / 6.5 + 1
+  RouterCore core = setup(0.5);
   Pick pick = core.decide(request_for(chain(53, 40, &repo, 32))).value();
   REQUIRE(pick.prefill);
   CHECK(*pick.prefill == p1);  // p0 holds the prefix but is at 8 >= 1.5 x (9 + 1) / 2
