@@ -31,6 +31,7 @@ cli::Flags sim_flags() {
       .flag("decode", "N", "decode instances (without --manifest)", "4")
       .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
       .flag("policy", "NAME", "router policy: prefix-aware, round-robin or random")
+      .flag("weight-prefix", "X", "router prefix-affinity weight (default: manifest's, else 1)")
       .flag("prefill-load-imbalance-max", "X",
             "the same bound for prefill instances (default: manifest's, else none)")
       .flag("load-imbalance-max", "X",
@@ -153,6 +154,11 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
     auto imbalance = f.get_double("load-imbalance-max");
     if (!imbalance) return false;
     c.router.load_imbalance_max = *imbalance;
+  }
+  if (f.has("weight-prefix")) {
+    auto weight = f.get_double("weight-prefix");
+    if (!weight) return false;
+    c.router.weight_prefix = *weight;
   }
   if (f.has("prefill-load-imbalance-max")) {
     auto imbalance = f.get_double("prefill-load-imbalance-max");
