@@ -31,6 +31,8 @@ cli::Flags sim_flags() {
       .flag("decode", "N", "decode instances (without --manifest)", "4")
       .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
       .flag("policy", "NAME", "router policy: prefix-aware, round-robin or random")
+      .flag("prefill-weighted", "",
+            "router: prefill instance by the weighted score, not by least estimated work")
       .flag("weight-prefix", "X", "router prefix-affinity weight (default: manifest's, else 1)")
       .flag("prefill-load-imbalance-max", "X",
             "the same bound for prefill instances (default: manifest's, else none)")
@@ -155,6 +157,7 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
     if (!imbalance) return false;
     c.router.load_imbalance_max = *imbalance;
   }
+  if (f.has("prefill-weighted")) c.router.prefill_by_work = false;
   if (f.has("weight-prefix")) {
     auto weight = f.get_double("weight-prefix");
     if (!weight) return false;

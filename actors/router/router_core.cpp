@@ -405,6 +405,41 @@ std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<
   return chosen;
 }
 
+// The prefill instance with the least estimated work ahead of this prompt's first token:
+// load x mean uncached tokens per P/D request + this prompt's uncached tokens there. Within
+// the prefill load bound (if any); ties (1e-9 relative): more free KV, then rotation.
+std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& lengths,
+                                                   const PickRequest& request) const {
+  RoleLoad loads = role_load(InstanceRole::prefill);
+  double per_request = prefill_tokens_mean_ < 0.0 ? static_cast<double>(request.prompt_tokens)
+                                                  : prefill_tokens_mean_;
+  size_t blocks = request.block_hashes.size();
+  auto count = static_cast<uint32_t>(slots_.size());
+  std::optional<uint32_t> best;
+  double best_work = 0.0, best_kv = 0.0;
+  for (int pass = 0; pass < 2 && !best; ++pass) {
+    for (uint32_t k = 0; k < count; ++k) {
+      uint32_t slot = (prefill_cursor_ + k) % count;
+      const Slot& s = slots_[slot];
+      if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
+      InstanceScore score = score_slot(slot, lengths[slot], blocks, loads);
+      if (pass == 0 && score.over_bound) continue;
+      uint64_t uncached = request.prompt_tokens - uint64_t{lengths[slot]} * config_.block_tokens;
+      double work = static_cast<double>(score.load_count) * per_request +
+                    static_cast<double>(uncached);
+      bool tie = best && std::abs(work - best_work) <= 1e-9 * std::max(1.0, best_work);
+      if (!best || (!tie && work < best_work) || (tie && score.kv_usage > best_kv + tie_epsilon)) {
+        best = slot;
+        best_work = work;
+        best_kv = score.kv_usage;
+      }
+    }
+  }
+  RT_ASSERT(!best || slots_[*best].role == InstanceRole::prefill, *best);
+  RT_ASSERT(best || loads.candidates_count == 0, loads.candidates_count);
+  return best;
+}
+
 uint64_t RouterCore::next_random() {  // splitmix64
   random_state_ += 0x9e3779b97f4a7c15ull;
   uint64_t z = random_state_;
@@ -434,6 +469,32 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   return out;
 }
 
+// P/D: picks the prefill instance (when one is up) into `pick`.
+void RouterCore::decide_prefill(const PickRequest& request, Pick& pick) {
+  size_t blocks = request.block_hashes.size();
+  role_mask(InstanceRole::prefill, pick_mask_);
+  match_lengths(request.block_hashes, pick_mask_, pick_prefill_lengths_);
+  std::optional<uint32_t> prefill;
+  if (config_.prefill_by_work && config_.policy == Policy::prefix_aware) {
+    prefill = choose_by_work(pick_prefill_lengths_, request);
+    if (prefill) prefill_cursor_ = (*prefill + 1) % static_cast<uint32_t>(slots_.size());
+  } else {
+    double prefill_score = 0.0;
+    prefill = choose(InstanceRole::prefill, pick_prefill_lengths_, blocks, prefill_cursor_,
+                     &prefill_score);
+  }
+  if (!prefill) return;
+  pick.prefill = slots_[*prefill].id;
+  pick.prefill_cached_blocks = pick_prefill_lengths_[*prefill];
+  slots_[*prefill].inflight_count += 1;
+  uint64_t cached_tokens = uint64_t{pick.prefill_cached_blocks} * config_.block_tokens;
+  RT_ASSERT(cached_tokens <= request.prompt_tokens, cached_tokens, request.prompt_tokens);
+  auto uncached = static_cast<double>(request.prompt_tokens - cached_tokens);
+  prefill_tokens_mean_ = prefill_tokens_mean_ < 0.0
+                             ? uncached
+                             : prefill_tokens_mean_ + (uncached - prefill_tokens_mean_) / 32.0;
+}
+
 Result<Pick> RouterCore::decide(const PickRequest& request) {
   Status valid = check_request(request);
   if (!valid) return valid.error();
@@ -455,18 +516,7 @@ Result<Pick> RouterCore::decide(const PickRequest& request) {
   pick.uncached_tokens =
       request.prompt_tokens - uint64_t{pick.decode_cached_blocks} * config_.block_tokens;
   slots_[*decode].inflight_count += 1;
-  if (pick.uncached_tokens >= config_.disaggregate_tokens_min) {
-    double prefill_score = 0.0;
-    role_mask(InstanceRole::prefill, pick_mask_);
-    match_lengths(request.block_hashes, pick_mask_, pick_prefill_lengths_);
-    std::optional<uint32_t> prefill = choose(InstanceRole::prefill, pick_prefill_lengths_, blocks,
-                                             prefill_cursor_, &prefill_score);
-    if (prefill) {
-      pick.prefill = slots_[*prefill].id;
-      pick.prefill_cached_blocks = pick_prefill_lengths_[*prefill];
-      slots_[*prefill].inflight_count += 1;
-    }
-  }
+  if (pick.uncached_tokens >= config_.disaggregate_tokens_min) decide_prefill(request, pick);
   RT_ASSERT(pick.decode_cached_blocks <= blocks, pick.decode_cached_blocks, blocks);
   RT_ASSERT(slots_[*decode].up && slots_[*decode].role == InstanceRole::decode);
   return pick;

@@ -52,6 +52,12 @@ struct RouterConfig {
   // whole context elsewhere), so request counts misjudge prefill load and a tight bound
   // moves prefills away from their cache.
   double prefill_load_imbalance_max = std::numeric_limits<double>::infinity();
+  // Prefill by work (prefix-aware only): the prefill instance with the least estimated work
+  // before this prompt's first token, in tokens: load x (mean uncached tokens of recent P/D
+  // picks) + this prompt's uncached tokens there. Prefix affinity and load in one unit, so
+  // neither needs a weight against the other (ties: KV usage, then rotation). false: the
+  // weighted score, as for decode.
+  bool prefill_by_work = true;
   uint64_t seed = 0;                          // for the `random` policy
 };
 
@@ -208,6 +214,9 @@ class RouterCore {
                                  size_t blocks, uint32_t& cursor, double* score);
   std::optional<uint32_t> choose_best(InstanceRole role, const std::vector<uint32_t>& lengths,
                                       size_t blocks, uint32_t& cursor, double* score) const;
+  void decide_prefill(const PickRequest& request, Pick& pick);
+  std::optional<uint32_t> choose_by_work(const std::vector<uint32_t>& lengths,
+                                         const PickRequest& request) const;
   void record_slot(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached);
   uint32_t node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth);
   uint32_t hold(uint32_t slot, uint32_t node, uint64_t stamp, uint32_t parent_entry);
@@ -246,6 +255,7 @@ class RouterCore {
   std::vector<uint64_t> pick_mask_;  // pick()'s scratch, reused
   std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_;
   uint64_t stamp_ = 0;
+  double prefill_tokens_mean_ = -1.0;  // EWMA of P/D picks' uncached tokens; < 0: none yet
   uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation
   uint32_t prefill_cursor_ = 0;
   uint64_t random_state_;

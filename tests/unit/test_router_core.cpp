@@ -554,6 +554,7 @@ TEST_CASE("router: prefill instances have their own bound (none by default)") {
   auto setup = [](double prefill_imbalance_max) {
     RouterConfig config;
     config.disaggregate_tokens_min = 16;
+    config.prefill_by_work = false;  // the weighted score, as for decode
     config.prefill_load_imbalance_max = prefill_imbalance_max;
     RouterCore core = make_core(config, {d0}, {p0, p1});
     REQUIRE(core.kv_stored(p0, std::nullopt, chain(52, 32)).ok());
@@ -677,4 +678,43 @@ TEST_CASE("router: LRU order with touched inner blocks") {
   CHECK(core.cached_blocks(d0, c) == 10);
   CHECK(core.cached_blocks(d0, a) == 0);
   core.check_invariants();
+}
+
+// Prefill by work: estimated tokens ahead of the first token = load x mean uncached tokens
+// of recent P/D picks + this prompt's uncached tokens there.
+TEST_CASE("router: prefill by work weighs the cache against the queue in tokens") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 16;
+  REQUIRE(config.prefill_by_work);  // the default
+  RouterCore core = make_core(config, {d0}, {p0, p1});
+  auto session = chain(80, 64);  // 64 blocks of 16 + 5 tokens = 1029 tokens
+  REQUIRE(core.kv_stored(p0, std::nullopt, std::span(session).first(60)).ok());
+  for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {0, 1, 0, 0}).ok());
+  Pick first = core.decide(request_for(session)).value();
+  REQUIRE(first.prefill);
+  CHECK(*first.prefill == p0);  // 1 x 1029 + 69 < 1 x 1029 + 1029
+  CHECK(first.prefill_cached_blocks == 60);
+  // Mean uncached tokens is now 69: three queued requests on p0 cost less than a miss.
+  REQUIRE(core.update_load(p0, {1, 2, 0, 0}).ok());
+  REQUIRE(core.update_load(p1, {0, 0, 0, 0}).ok());
+  CHECK(*core.decide(request_for(session)).value().prefill == p0);  // 3 x 69 + 69 < 1029
+  // Twenty do not: 20 x 69 + 69 > 0 + 1029.
+  REQUIRE(core.update_load(p0, {10, 10, 0, 0}).ok());
+  REQUIRE(core.update_load(p1, {0, 0, 0, 0}).ok());
+  CHECK(*core.decide(request_for(session)).value().prefill == p1);
+  // Equal work: more free KV wins.
+  RouterCore tie = make_core(config, {d0}, {p0, p1});
+  REQUIRE(tie.update_load(p0, {0, 0, 90, 100}).ok());
+  REQUIRE(tie.update_load(p1, {0, 0, 10, 100}).ok());
+  CHECK(*tie.decide(request_for(chain(81, 8))).value().prefill == p1);
+  // The weighted score instead (prefill_by_work = false) compares fractions, not tokens:
+  // p0 (3 running) scores 60/64 + 2.5/5.5 + 1 against p1's 0 + 1 + 1.
+  config.prefill_by_work = false;
+  RouterCore weighted = make_core(config, {d0}, {p0, p1});
+  REQUIRE(weighted.kv_stored(p0, std::nullopt, std::span(session).first(60)).ok());
+  REQUIRE(weighted.update_load(p0, {0, 3, 0, 0}).ok());
+  auto scores = weighted.scores(request_for(session), InstanceRole::prefill);
+  REQUIRE(scores.ok());
+  CHECK((*scores)[0].total > (*scores)[1].total);
+  CHECK(*weighted.decide(request_for(session)).value().prefill == p0);
 }
