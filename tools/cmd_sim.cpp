@@ -91,6 +91,8 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   c.router.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
   c.router.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
   c.router.load_imbalance_max = m.router.load_imbalance_max;
+  c.router.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
+  c.router.prefill_by_work = m.router.prefill_by_work;
   c.block_tokens = m.model.block_tokens;
   c.max_model_tokens = m.model.max_model_tokens;
   c.prefill_queue_max = m.prefill.queue_max;

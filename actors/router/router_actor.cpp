@@ -41,6 +41,8 @@ router::RouterConfig core_config(const config::Manifest& m) {
   c.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
   c.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
   c.load_imbalance_max = m.router.load_imbalance_max;
+  c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
+  c.prefill_by_work = m.router.prefill_by_work;
   c.block_tokens = m.model.block_tokens;
   c.instances_max = 65536;
   c.seed = std::hash<std::string>{}(m.cluster.name);

@@ -95,7 +95,8 @@ struct InstanceScore {
   double prefix = 0.0;    // cached_blocks / blocks, in [0, 1]; 0 for an empty prompt
   uint64_t load_count = 0;  // waiting + running + picks since the last heartbeat
   bool over_bound = false;  // load at/above the bounded-load cap: not eligible (prefix-aware)
-  double queue = 0.0;     // (mean + 1) / (mean + 1 + load_count), in (0, 1]; mean: role's
+  // (mean + 1) / (mean + 1 + load_count), in (0, 1]; mean: the role's mean load_count.
+  double queue = 0.0;
   double kv_usage = 0.0;  // 1 - used / total, in [0, 1]; 1 when total is 0
   double total = 0.0;     // weighted sum
 };
@@ -142,7 +143,8 @@ class RouterCore {
   Result<Pick> pick(const PickRequest& request);
 
   // Scores every up instance of `role` without changing state (prefix-aware math, also
-  // shown for baselines). Errors: invalid (as pick).
+  // shown for baselines; with prefill_by_work, prefill instances are ranked by estimated
+  // work instead, but their weighted terms are still shown). Errors: invalid (as pick).
   Result<std::vector<InstanceScore>> scores(const PickRequest& request, InstanceRole role) const;
 
   // Leading blocks of `hashes` the index holds for `id` (0 if unknown).
