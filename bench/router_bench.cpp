@@ -77,6 +77,64 @@ void warm(RouterCore& core, const RouterBenchOptions& options,
   }
 }
 
+// Times decide() and record() of one pick separately; `samples` keeps decide, record and
+// their sum per pick, `recorded_blocks` the blocks the pick newly recorded.
+struct PickTimer {
+  std::vector<double> decide_us, record_us, total_us;
+  uint64_t recorded_blocks = 0;
+  double record_sum_us = 0;
+
+  router::Pick run(RouterCore& core, const PickRequest& request, bool keep) {
+    Clock::time_point start = Clock::now();
+    auto pick = core.decide(request);
+    Clock::time_point decided = Clock::now();
+    RT_ASSERT(pick.ok(), pick.error().describe());
+    core.record(request, *pick);
+    Clock::time_point recorded = Clock::now();
+    if (!keep) return *pick;
+    double decide = std::chrono::duration<double, std::micro>(decided - start).count();
+    double record = std::chrono::duration<double, std::micro>(recorded - decided).count();
+    decide_us.push_back(decide);
+    record_us.push_back(record);
+    total_us.push_back(decide + record);
+    record_sum_us += record;
+    auto blocks = static_cast<uint64_t>(request.block_hashes.size());
+    recorded_blocks += blocks - pick->decode_cached_blocks;
+    if (pick->prefill) recorded_blocks += blocks - pick->prefill_cached_blocks;
+    return *pick;
+  }
+
+  void fill(RouterBenchScenario& scenario) {
+    RT_ASSERT(!total_us.empty());
+    RT_ASSERT(decide_us.size() == total_us.size());
+    double sum_us = 0;
+    for (double us : total_us) sum_us += us;
+    auto at = [](std::vector<double>& v, double q) {
+      std::sort(v.begin(), v.end());
+      return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+    };
+    scenario.decide_p50_us = at(decide_us, 0.50);
+    scenario.decide_p99_us = at(decide_us, 0.99);
+    scenario.record_p50_us = at(record_us, 0.50);
+    scenario.record_p99_us = at(record_us, 0.99);
+    scenario.p50_us = at(total_us, 0.50);
+    scenario.p99_us = at(total_us, 0.99);
+    scenario.max_us = total_us.back();
+    scenario.recorded_blocks_count = recorded_blocks;
+    scenario.record_ns_per_block =
+        recorded_blocks == 0 ? 0 : 1e3 * record_sum_us / static_cast<double>(recorded_blocks);
+    scenario.picks_per_s = sum_us > 0 ? 1e6 * static_cast<double>(total_us.size()) / sum_us : 0;
+  }
+};
+
+// The heartbeat view is restored (untimed) so every pick sees the same loads.
+void restore_loads(RouterCore& core, const router::Pick& pick) {
+  RT_ASSERT(core.update_load(pick.decode, load_of(pick.decode.value)).ok());
+  if (pick.prefill) {
+    RT_ASSERT(core.update_load(*pick.prefill, load_of(pick.prefill->value)).ok());
+  }
+}
+
 RouterBenchScenario time_picks(RouterCore& core, const RouterBenchOptions& options,
                                const std::vector<kv::BlockHash>& prompt, std::string name,
                                const std::vector<uint32_t>& lengths) {
@@ -85,30 +143,14 @@ RouterBenchScenario time_picks(RouterCore& core, const RouterBenchOptions& optio
   scenario.match_lengths_distinct =
       static_cast<uint32_t>(std::set<uint32_t>(lengths.begin(), lengths.end()).size());
   PickRequest request{prompt, options.prompt_tokens};
-  std::vector<double> samples_us;
-  samples_us.reserve(options.picks_count);
-  double total_us = 0;
+  PickTimer timer;
+  timer.decide_us.reserve(options.picks_count);
+  timer.record_us.reserve(options.picks_count);
+  timer.total_us.reserve(options.picks_count);
   for (uint32_t i = 0; i < options.picks_count + 100; ++i) {  // 100 untimed warm-up picks
-    Clock::time_point start = Clock::now();
-    auto pick = core.pick(request);
-    Clock::time_point end = Clock::now();
-    RT_ASSERT(pick.ok(), pick.error().describe());
-    // The heartbeat view is restored (untimed) so every pick sees the same loads.
-    RT_ASSERT(core.update_load(pick->decode, load_of(pick->decode.value)).ok());
-    if (pick->prefill) {
-      RT_ASSERT(core.update_load(*pick->prefill, load_of(pick->prefill->value)).ok());
-    }
-    if (i < 100) continue;
-    double us = std::chrono::duration<double, std::micro>(end - start).count();
-    samples_us.push_back(us);
-    total_us += us;
+    restore_loads(core, timer.run(core, request, i >= 100));
   }
-  std::sort(samples_us.begin(), samples_us.end());
-  auto at = [&](double q) { return samples_us[static_cast<size_t>(q * (samples_us.size() - 1))]; };
-  scenario.p50_us = at(0.50);
-  scenario.p99_us = at(0.99);
-  scenario.max_us = samples_us.back();
-  scenario.picks_per_s = total_us > 0 ? 1e6 * static_cast<double>(samples_us.size()) / total_us : 0;
+  timer.fill(scenario);
   return scenario;
 }
 
@@ -121,9 +163,8 @@ RouterBenchScenario time_turns(RouterCore& core, const RouterBenchOptions& optio
   scenario.name = "turn+" + std::to_string(new_blocks);
   uint32_t blocks_max = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
   uint32_t turns = std::min<uint32_t>(options.picks_count, 5000);
-  std::vector<double> samples_us;
+  PickTimer timer;
   std::vector<kv::BlockHash> session;
-  double total_us = 0;
   for (uint32_t turn = 0, session_index = 0; turn < turns; ++turn) {
     if (session.size() + new_blocks > blocks_max || session.empty()) {
       session.assign(system.begin(), system.end());  // a new session
@@ -131,38 +172,28 @@ RouterBenchScenario time_turns(RouterCore& core, const RouterBenchOptions& optio
     }
     session = extend(session, 77000 + session_index * 1000 + turn, new_blocks);
     uint64_t tokens = uint64_t{session.size()} * options.block_tokens;
-    Clock::time_point start = Clock::now();
-    auto pick = core.pick(PickRequest{session, tokens});
-    double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    RT_ASSERT(pick.ok(), pick.error().describe());
-    RT_ASSERT(core.update_load(pick->decode, load_of(pick->decode.value)).ok());
-    if (pick->prefill) {
-      RT_ASSERT(core.update_load(*pick->prefill, load_of(pick->prefill->value)).ok());
-    }
-    samples_us.push_back(us);
-    total_us += us;
+    restore_loads(core, timer.run(core, PickRequest{session, tokens}, true));
   }
-  std::sort(samples_us.begin(), samples_us.end());
-  auto at = [&](double q) { return samples_us[static_cast<size_t>(q * (samples_us.size() - 1))]; };
-  scenario.p50_us = at(0.50);
-  scenario.p99_us = at(0.99);
-  scenario.max_us = samples_us.back();
-  scenario.picks_per_s = 1e6 * static_cast<double>(samples_us.size()) / total_us;
+  timer.fill(scenario);
   return scenario;
 }
 
-double cold_pick_us(RouterCore& core, const RouterBenchOptions& options) {
+void time_cold_picks(RouterCore& core, const RouterBenchOptions& options,
+                     RouterBenchResult& result) {
   constexpr uint32_t cold_picks = 10;
   uint32_t blocks = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
-  double total_us = 0;
+  PickTimer timer;
   for (uint32_t i = 0; i < cold_picks; ++i) {
     auto prompt = chain(5000 + i, blocks);
-    Clock::time_point start = Clock::now();
-    auto pick = core.pick(PickRequest{prompt, options.prompt_tokens});
-    total_us += std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    RT_ASSERT(pick.ok(), pick.error().describe());
+    timer.run(core, PickRequest{prompt, options.prompt_tokens}, true);
   }
-  return total_us / cold_picks;
+  double decide_sum = 0, total_sum = 0;
+  for (double us : timer.decide_us) decide_sum += us;
+  for (double us : timer.total_us) total_sum += us;
+  result.cold_pick_us = total_sum / cold_picks;
+  result.cold_decide_us = decide_sum / cold_picks;
+  result.cold_record_ns_per_block =
+      1e3 * timer.record_sum_us / static_cast<double>(std::max<uint64_t>(1, timer.recorded_blocks));
 }
 
 }  // namespace
@@ -196,7 +227,7 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
     RouterCore core = make_core(options);
     warm(core, options, prompt, lengths);
     result.scenarios.push_back(time_picks(core, options, prompt, "spread", lengths));
-    result.cold_pick_us = cold_pick_us(core, options);
+    time_cold_picks(core, options, result);
   }
   RT_ASSERT(result.scenarios.size() == 3);
   return result;
@@ -204,19 +235,25 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
 
 std::string describe(const RouterBenchResult& result) {
   std::string out;
-  char line[256];
+  char line[320];
   std::snprintf(line, sizeof(line),
                 "router pick: block %u tokens, %u hashes per prompt, %zu blocks indexed\n",
                 result.block_tokens, result.blocks_count, result.index_nodes_count);
   out += line;
-  out += "  scenario  distinct-lengths   p50 us   p99 us   max us     picks/s\n";
+  out += "  scenario  distinct   decide us (p50/p99)   record us (p50/p99)  record ns/block"
+         "   pick us (p50/p99/max)     picks/s\n";
   for (const RouterBenchScenario& s : result.scenarios) {
-    std::snprintf(line, sizeof(line), "  %-8s  %16u %8.2f %8.2f %8.1f %11.0f\n", s.name.c_str(),
-                  s.match_lengths_distinct, s.p50_us, s.p99_us, s.max_us, s.picks_per_s);
+    std::snprintf(line, sizeof(line),
+                  "  %-8s  %8u %10.2f %10.2f %10.2f %10.2f %16.0f %8.2f %8.2f %8.1f %11.0f\n",
+                  s.name.c_str(), s.match_lengths_distinct, s.decide_p50_us, s.decide_p99_us,
+                  s.record_p50_us, s.record_p99_us, s.record_ns_per_block, s.p50_us, s.p99_us,
+                  s.max_us, s.picks_per_s);
     out += line;
   }
-  std::snprintf(line, sizeof(line), "  cold pick (every block new, P/D both learn it): %.1f us\n",
-                result.cold_pick_us);
+  std::snprintf(line, sizeof(line),
+                "  cold pick (every block new, P/D both learn it): %.1f us = decide %.1f us + "
+                "record %.0f ns/block\n",
+                result.cold_pick_us, result.cold_decide_us, result.cold_record_ns_per_block);
   out += line;
   return out;
 }

@@ -26,7 +26,11 @@ struct RouterBenchScenario {
   // turn+N: agent turns, each adding N new blocks (~1,250 tokens) to a growing history.
   std::string name;
   uint32_t match_lengths_distinct = 0;  // distinct leading-hit lengths among instances
-  double p50_us = 0, p99_us = 0, max_us = 0;
+  double decide_p50_us = 0, decide_p99_us = 0;  // RouterCore::decide (the reply waits on it)
+  double record_p50_us = 0, record_p99_us = 0;  // RouterCore::record (after the reply)
+  double record_ns_per_block = 0;  // summed record time / blocks newly recorded (0: none)
+  uint64_t recorded_blocks_count = 0;
+  double p50_us = 0, p99_us = 0, max_us = 0;  // decide + record (= pick), per pick
   double picks_per_s = 0;  // picks_count / summed pick time
 };
 
@@ -35,6 +39,8 @@ struct RouterBenchResult {
   uint32_t blocks_count = 0;     // hashes per prompt
   size_t index_nodes_count = 0;  // distinct blocks in the index after warm-up
   double cold_pick_us = 0;       // mean pick of a never-seen prompt (inserts every block)
+  double cold_decide_us = 0;     // its decide part
+  double cold_record_ns_per_block = 0;  // its record part, per block recorded
   std::vector<RouterBenchScenario> scenarios;
 };
 

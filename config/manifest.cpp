@@ -490,7 +490,8 @@ void Loader::read_model(const toml::table& table) {
 void Loader::read_router(const toml::table& table) {
   TableReader reader(sink_, table, "router",
                      {"policy", "weight_prefix", "weight_queue", "weight_kv_usage",
-                      "prefix_index_blocks_max", "disaggregate_tokens_min"});
+                      "prefix_index_blocks_max", "disaggregate_tokens_min", "load_imbalance_max",
+                      "prefill_load_imbalance_max", "prefill_by_work"});
   RouterSection& router = manifest_.router;
   constexpr double weight_max = 1e6;
   reader.read_enum("policy", router_policies_all, router.policy);
@@ -506,6 +507,9 @@ void Loader::read_router(const toml::table& table) {
   reader.read_int("prefix_index_blocks_max", 1, 100000000, router.prefix_index_blocks_max);
   reader.read_int("disaggregate_tokens_min", 0, std::numeric_limits<int32_t>::max(),
                   router.disaggregate_tokens_min);
+  reader.read_double("load_imbalance_max", 0.0, 1e6, router.load_imbalance_max);
+  reader.read_double("prefill_load_imbalance_max", 0.0, 1e6, router.prefill_load_imbalance_max);
+  reader.read_bool("prefill_by_work", router.prefill_by_work);
 }
 
 void Loader::read_kv_offload(const toml::table& table) {

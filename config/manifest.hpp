@@ -73,6 +73,9 @@ struct RouterSection {
   double weight_kv_usage = 1.0;
   uint32_t prefix_index_blocks_max = 100000;  // per-instance LRU capacity, blocks
   uint32_t disaggregate_tokens_min = 256;     // uncached tokens at/above which P/D is used
+  double load_imbalance_max = 0.5;  // bounded load: >= (1 + this) x mean load is not picked
+  double prefill_load_imbalance_max = 1e6;  // the same for prefill instances (1e6: none)
+  bool prefill_by_work = true;  // prefill instance by least estimated work in tokens
 };
 
 struct KvOffloadSection {

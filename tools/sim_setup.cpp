@@ -21,6 +21,14 @@ cli::Flags sim_flags() {
       .flag("decode", "N", "decode instances (without --manifest)", "4")
       .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
       .flag("policy", "NAME", "router policy: prefix-aware, round-robin or random")
+      .flag("prefill-weighted", "",
+            "router: prefill instance by the weighted score, not by least estimated work")
+      .flag("weight-prefix", "X", "router prefix-affinity weight (default: manifest's, else 1)")
+      .flag("prefill-load-imbalance-max", "X",
+            "the same bound for prefill instances (default: manifest's, else none)")
+      .flag("load-imbalance-max", "X",
+            "router bounded load: an instance at >= (1 + X) x mean load is not picked "
+            "(default: manifest's, else 0.5; 'inf' = no bound)")
       .flag("seed", "N", "seed of the workload and the router (default: a fresh one, printed)")
       .flag("workload", "NAME", "agentic, random or shared-prefix", "agentic")
       .flag("trace", "FILE", "replay a JSONL trace (token-id prompts) instead of generating")
@@ -78,6 +86,9 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   c.router.weight_kv_usage = m.router.weight_kv_usage;
   c.router.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
   c.router.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
+  c.router.load_imbalance_max = m.router.load_imbalance_max;
+  c.router.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
+  c.router.prefill_by_work = m.router.prefill_by_work;
   c.block_tokens = m.model.block_tokens;
   c.max_model_tokens = m.model.max_model_tokens;
   c.prefill_queue_max = m.prefill.queue_max;
@@ -139,6 +150,22 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
     c.prefill_count = 0;
   }
   if (f.has("policy") && !parse_policy(f.get("policy"), &c.router.policy)) return false;
+  if (f.has("load-imbalance-max")) {
+    auto imbalance = f.get_double("load-imbalance-max");
+    if (!imbalance) return false;
+    c.router.load_imbalance_max = *imbalance;
+  }
+  if (f.has("prefill-weighted")) c.router.prefill_by_work = false;
+  if (f.has("weight-prefix")) {
+    auto weight = f.get_double("weight-prefix");
+    if (!weight) return false;
+    c.router.weight_prefix = *weight;
+  }
+  if (f.has("prefill-load-imbalance-max")) {
+    auto imbalance = f.get_double("prefill-load-imbalance-max");
+    if (!imbalance) return false;
+    c.router.prefill_load_imbalance_max = *imbalance;
+  }
   if (f.has("block-tokens") && !get_u32(f, "block-tokens", 1, 1u << 20, &c.block_tokens)) {
     return false;
   }

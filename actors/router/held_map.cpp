@@ -18,26 +18,26 @@ size_t HeldMap::slot_of(uint32_t node) const {
   return i;
 }
 
-Held* HeldMap::find(uint32_t node) {
+uint32_t HeldMap::find(uint32_t node) const {
   RT_ASSERT(node != empty_key);
   size_t i = slot_of(node);
-  return slots_[i].node == node ? &slots_[i].held : nullptr;
+  return slots_[i].node == node ? slots_[i].entry : absent;
 }
 
-Held& HeldMap::at(uint32_t node) {
-  Held* held = find(node);
-  RT_ASSERT(held != nullptr, "HeldMap::at of an absent node", node);
-  return *held;
+uint32_t HeldMap::at(uint32_t node) const {
+  uint32_t entry = find(node);
+  RT_ASSERT(entry != absent, "HeldMap::at of an absent node", node);
+  return entry;
 }
 
-Held& HeldMap::insert(uint32_t node, const Held& held) {
+void HeldMap::insert(uint32_t node, uint32_t entry) {
   RT_ASSERT(node != empty_key);
   if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
   size_t i = slot_of(node);
   RT_ASSERT(slots_[i].node == empty_key, "HeldMap::insert of a present node", node);
-  slots_[i] = Entry{node, held};
+  RT_ASSERT(entry != absent);
+  slots_[i] = Entry{node, entry};
   ++size_;
-  return slots_[i].held;
 }
 
 void HeldMap::erase(uint32_t node) {
@@ -67,7 +67,7 @@ void HeldMap::rehash(size_t slots_count) {
   shift_ = 64 - static_cast<uint32_t>(std::countr_zero(slots_count));
   size_ = 0;
   for (const Entry& entry : old) {
-    if (entry.node != empty_key) insert(entry.node, entry.held);
+    if (entry.node != empty_key) insert(entry.node, entry.entry);
   }
 }
 

@@ -1,7 +1,7 @@
-// One instance's held blocks in the router index: node id -> (LRU stamp, held children).
-// Open addressing, linear probing, load <= 1/2, backward-shift deletion; one 16-byte entry
-// per block and no allocation per insert. Pointers returned stay valid until an insert
-// grows the table (reserve() first to prevent that) or an erase. Pure, not thread-safe.
+// One instance's held blocks in the router index: node id -> index of the block's entry in
+// the instance's entry pool (router_core.hpp, Slot::entries). Open addressing, linear
+// probing, load <= 1/2, backward-shift deletion; one 8-byte slot per block and no
+// allocation per insert once reserved/grown. Pure, not thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -10,17 +10,13 @@
 
 namespace tandem::router {
 
-struct Held {
-  uint64_t stamp = 0;        // last touch (larger = more recent)
-  uint32_t child_count = 0;  // held children (0 = a leaf of this instance's tree)
-};
-
 class HeldMap {
  public:
   HeldMap();
-  Held* find(uint32_t node);                      // nullptr when absent
-  Held& at(uint32_t node);                        // precondition (asserted): present
-  Held& insert(uint32_t node, const Held& held);  // precondition (asserted): absent
+  static constexpr uint32_t absent = UINT32_MAX;
+  uint32_t find(uint32_t node) const;             // the entry index, or `absent`
+  uint32_t at(uint32_t node) const;               // precondition (asserted): present
+  void insert(uint32_t node, uint32_t entry);     // precondition (asserted): absent
   void erase(uint32_t node);                      // precondition (asserted): present
   void reserve(size_t entries);                   // no growth until size() passes entries
   size_t size() const { return size_; }
@@ -30,7 +26,7 @@ class HeldMap {
   static constexpr uint32_t empty_key = UINT32_MAX;
   struct Entry {
     uint32_t node = empty_key;
-    Held held;
+    uint32_t entry = 0;
   };
   size_t home(uint32_t node) const {
     return static_cast<size_t>((node * 0x9e3779b97f4a7c15ull) >> shift_);

@@ -45,6 +45,9 @@ router::RouterConfig core_config(const config::Manifest& m) {
   c.weight_kv_usage = m.router.weight_kv_usage;
   c.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
   c.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
+  c.load_imbalance_max = m.router.load_imbalance_max;
+  c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
+  c.prefill_by_work = m.router.prefill_by_work;
   c.block_tokens = m.model.block_tokens;
   c.instances_max = 65536;
   c.seed = std::hash<std::string>{}(m.cluster.name);
@@ -77,7 +80,8 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
   uint64_t id = req.getRequestId();
   auto hashes = messages::get_hashes(req.getBlockHashes());
   if (!hashes.ok()) return send_error(st.ctx, st.self_name, from, id, hashes.error());
-  auto pick = st.core->pick({*hashes, req.getPromptTokens()});
+  router::PickRequest request{*hashes, req.getPromptTokens()};
+  auto pick = st.core->decide(request);
   if (!pick.ok()) return send_error(st.ctx, st.self_name, from, id, pick.error());
   (pick->prefill ? st.picks_disaggregated : st.picks_local)->inc();
   (void)st.ctx.bridge->send(st.self_name, from, id, [&](wire::Envelope::Builder b) {
@@ -86,6 +90,8 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
     if (pick->prefill) reply.setPrefillInstance(st.instances[pick->prefill->value].name.to_string());
     reply.setCachedBlocks(pick->decode_cached_blocks);
   });
+  // Reply first, then record where the blocks will be (same behavior: nothing in between).
+  st.core->record(request, *pick);
 }
 
 // Applies a change of node state or readiness to the core; the core's view changes only

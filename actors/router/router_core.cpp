@@ -49,6 +49,12 @@ Status validate(const RouterConfig& config) {
   if (config.weight_prefix + config.weight_queue + config.weight_kv_usage <= 0.0) {
     return bad("weight_prefix, weight_queue and weight_kv_usage are all zero");
   }
+  if (std::isnan(config.load_imbalance_max) || config.load_imbalance_max < 0.0) {
+    return bad("load_imbalance_max must be >= 0 (infinity: no bound)");
+  }
+  if (std::isnan(config.prefill_load_imbalance_max) || config.prefill_load_imbalance_max < 0.0) {
+    return bad("prefill_load_imbalance_max must be >= 0 (infinity: no bound)");
+  }
   if (config.prefix_index_blocks_max < 1) return bad("prefix_index_blocks_max must be >= 1");
   if (config.block_tokens < 1) return bad("block_tokens must be >= 1");
   if (config.instances_max < 1 || config.instances_max > 65536) {
@@ -88,12 +94,13 @@ Status RouterCore::add_instance(InstanceId id, InstanceRole role) {
   if (slot == slots_.size()) slots_.emplace_back();
   RT_ASSERT(slot < config_.instances_max, slot);
   Slot& s = slots_[slot];
-  RT_ASSERT(s.held.empty() && s.leaves.empty(), slot);
+  RT_ASSERT(s.held.empty() && s.oldest == none_, slot);
   s.used = true;
   s.up = true;
   s.id = id;
   s.role = role;
   s.load = {};
+  s.inflight_count = 0;
   slot_of_[id.value] = slot;
   return {};
 }
@@ -105,7 +112,7 @@ Status RouterCore::remove_instance(InstanceId id) {
   }
   uint32_t slot = slot_of_[id.value];
   clear_slot_index(slot);
-  RT_ASSERT(s->held.empty() && s->leaves.empty(), slot);
+  RT_ASSERT(s->held.empty() && s->oldest == none_, slot);
   s->used = false;
   slot_of_.erase(id.value);
   return {};
@@ -119,6 +126,7 @@ Status RouterCore::set_up(InstanceId id, bool up) {
   if (!up) {
     clear_slot_index(slot_of_[id.value]);
     if (s->up) s->load = {};
+    s->inflight_count = 0;
   }
   s->up = up;
   RT_ASSERT(up || s->held.empty(), id.value);
@@ -131,6 +139,7 @@ Status RouterCore::update_load(InstanceId id, const InstanceLoad& load) {
     return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
   }
   s->load = load;
+  s->inflight_count = 0;  // the heartbeat now counts what was picked before it
   RT_ASSERT(s->used, id.value);
   return {};
 }
@@ -289,21 +298,49 @@ size_t RouterCore::index_blocks_count(InstanceId id) const {
 
 // ---- scoring and choosing ----
 
-InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t blocks) const {
+uint64_t RouterCore::load_count(const Slot& s) {
+  return uint64_t{s.load.waiting_count} + s.load.running_count + s.inflight_count;
+}
+
+RouterCore::RoleLoad RouterCore::role_load(InstanceRole role) const {
+  RoleLoad out;
+  for (const Slot& s : slots_) {
+    if (!s.used || !s.up || s.role != role) continue;
+    ++out.candidates_count;
+    out.load_sum += load_count(s);
+  }
+  RT_ASSERT(out.candidates_count <= slots_.size(), out.candidates_count);
+  return out;
+}
+
+InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t blocks,
+                                     const RoleLoad& role_load) const {
   const Slot& s = slots_[slot];
   RT_ASSERT(s.used, slot);
   RT_ASSERT(cached <= blocks, cached, blocks);
+  RT_ASSERT(role_load.candidates_count >= 1, slot);
   InstanceScore score;
   score.id = s.id;
   score.cached_blocks = cached;
   score.prefix = blocks == 0 ? 0.0 : static_cast<double>(cached) / static_cast<double>(blocks);
-  score.queue = 1.0 / (1.0 + static_cast<double>(s.load.waiting_count));
-  const InstanceLoad& load = s.load;
-  if (load.kv_blocks_total == 0) {
+  score.load_count = load_count(s);
+  auto candidates = static_cast<double>(role_load.candidates_count);
+  double mean = static_cast<double>(role_load.load_sum) / candidates;
+  auto load = static_cast<double>(score.load_count);
+  score.queue = (mean + 1.0) / (mean + 1.0 + load);
+  // Bounded load: eligible while load < (1 + e) * (sum + 1) / n (the new request counted).
+  // Some instance always is (the least loaded one is at or below the mean).
+  double imbalance_max = s.role == InstanceRole::prefill ? config_.prefill_load_imbalance_max
+                                                         : config_.load_imbalance_max;
+  double bound = (1.0 + imbalance_max) *
+                 (static_cast<double>(role_load.load_sum) + 1.0) / candidates;
+  score.over_bound = !(load < bound);
+  const InstanceLoad& l = s.load;
+  if (l.kv_blocks_total == 0) {
     score.kv_usage = 1.0;
   } else {
-    uint64_t used = std::min(load.kv_blocks_used, load.kv_blocks_total);
-    score.kv_usage = 1.0 - static_cast<double>(used) / static_cast<double>(load.kv_blocks_total);
+    uint64_t used = std::min(l.kv_blocks_used, l.kv_blocks_total);
+    score.kv_usage = 1.0 - static_cast<double>(used) / static_cast<double>(l.kv_blocks_total);
   }
   score.total = config_.weight_prefix * score.prefix + config_.weight_queue * score.queue +
                 config_.weight_kv_usage * score.kv_usage;
@@ -313,21 +350,27 @@ InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t bloc
 std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
                                                 const std::vector<uint32_t>& lengths, size_t blocks,
                                                 uint32_t& cursor, double* score) const {
+  RoleLoad loads = role_load(role);
   std::optional<uint32_t> best;
   double best_total = 0.0;
   auto count = static_cast<uint32_t>(slots_.size());
-  for (uint32_t k = 0; k < count; ++k) {
-    uint32_t slot = (cursor + k) % count;  // ties go to the first after the last pick
-    const Slot& s = slots_[slot];
-    if (!s.used || !s.up || s.role != role) continue;
-    double total = score_slot(slot, lengths[slot], blocks).total;
-    if (!best || total > best_total + tie_epsilon) {
-      best = slot;
-      best_total = total;
+  // Pass 0 honours the load bound; pass 1 (never needed in exact arithmetic) ignores it.
+  for (int pass = 0; pass < 2 && !best; ++pass) {
+    for (uint32_t k = 0; k < count; ++k) {
+      uint32_t slot = (cursor + k) % count;  // ties go to the first after the last pick
+      const Slot& s = slots_[slot];
+      if (!s.used || !s.up || s.role != role) continue;
+      InstanceScore candidate = score_slot(slot, lengths[slot], blocks, loads);
+      if (pass == 0 && candidate.over_bound) continue;
+      if (!best || candidate.total > best_total + tie_epsilon) {
+        best = slot;
+        best_total = candidate.total;
+      }
     }
   }
   if (best) *score = best_total;
   RT_ASSERT(!best || *best < count, *best);
+  RT_ASSERT(best || loads.candidates_count == 0, loads.candidates_count);
   return best;
 }
 
@@ -340,25 +383,61 @@ std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<
   if (config_.policy == Policy::prefix_aware) {
     chosen = choose_best(role, lengths, blocks, cursor, score);
   } else {
-    std::vector<uint32_t> eligible;
-    for (uint32_t k = 0; k < count; ++k) {
-      uint32_t slot = (cursor + k) % count;
-      const Slot& s = slots_[slot];
-      if (s.used && s.up && s.role == role) eligible.push_back(slot);
-    }
-    if (!eligible.empty()) {
-      size_t index = 0;
+    uint32_t eligible_count = 0;
+    for (const Slot& s : slots_) eligible_count += s.used && s.up && s.role == role ? 1 : 0;
+    if (eligible_count > 0) {
+      uint32_t index = 0;
       if (config_.policy == Policy::random) {
-        // Lemire's multiply-shift: uniform enough for 2^64 >> eligible.size().
-        index = static_cast<size_t>(
-            (static_cast<unsigned __int128>(next_random()) * eligible.size()) >> 64);
+        // Lemire's multiply-shift: uniform enough for 2^64 >> eligible_count.
+        index = static_cast<uint32_t>(
+            (static_cast<unsigned __int128>(next_random()) * eligible_count) >> 64);
       }
-      chosen = eligible[index];
+      for (uint32_t k = 0; k < count && !chosen; ++k) {
+        uint32_t slot = (cursor + k) % count;
+        const Slot& s = slots_[slot];
+        if (!s.used || !s.up || s.role != role) continue;
+        if (index-- == 0) chosen = slot;
+      }
     }
   }
   if (chosen) cursor = (*chosen + 1) % count;
   RT_ASSERT(!chosen || slots_[*chosen].role == role, *chosen);
   return chosen;
+}
+
+// The prefill instance with the least estimated work ahead of this prompt's first token:
+// load x mean uncached tokens per P/D request + this prompt's uncached tokens there. Within
+// the prefill load bound (if any); ties (1e-9 relative): more free KV, then rotation.
+std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& lengths,
+                                                   const PickRequest& request) const {
+  RoleLoad loads = role_load(InstanceRole::prefill);
+  double per_request = prefill_tokens_mean_ < 0.0 ? static_cast<double>(request.prompt_tokens)
+                                                  : prefill_tokens_mean_;
+  size_t blocks = request.block_hashes.size();
+  auto count = static_cast<uint32_t>(slots_.size());
+  std::optional<uint32_t> best;
+  double best_work = 0.0, best_kv = 0.0;
+  for (int pass = 0; pass < 2 && !best; ++pass) {
+    for (uint32_t k = 0; k < count; ++k) {
+      uint32_t slot = (prefill_cursor_ + k) % count;
+      const Slot& s = slots_[slot];
+      if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
+      InstanceScore score = score_slot(slot, lengths[slot], blocks, loads);
+      if (pass == 0 && score.over_bound) continue;
+      uint64_t uncached = request.prompt_tokens - uint64_t{lengths[slot]} * config_.block_tokens;
+      double work = static_cast<double>(score.load_count) * per_request +
+                    static_cast<double>(uncached);
+      bool tie = best && std::abs(work - best_work) <= 1e-9 * std::max(1.0, best_work);
+      if (!best || (!tie && work < best_work) || (tie && score.kv_usage > best_kv + tie_epsilon)) {
+        best = slot;
+        best_work = work;
+        best_kv = score.kv_usage;
+      }
+    }
+  }
+  RT_ASSERT(!best || slots_[*best].role == InstanceRole::prefill, *best);
+  RT_ASSERT(best || loads.candidates_count == 0, loads.candidates_count);
+  return best;
 }
 
 uint64_t RouterCore::next_random() {  // splitmix64
@@ -377,11 +456,12 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   role_mask(role, mask);
   std::vector<uint32_t> lengths;
   match_lengths(request.block_hashes, mask, lengths);
+  RoleLoad loads = role_load(role);
   std::vector<InstanceScore> out;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.used || !s.up || s.role != role) continue;
-    out.push_back(score_slot(slot, lengths[slot], request.block_hashes.size()));
+    out.push_back(score_slot(slot, lengths[slot], request.block_hashes.size(), loads));
   }
   std::sort(out.begin(), out.end(),
             [](const InstanceScore& a, const InstanceScore& b) { return a.id < b.id; });
@@ -389,7 +469,33 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   return out;
 }
 
-Result<Pick> RouterCore::pick(const PickRequest& request) {
+// P/D: picks the prefill instance (when one is up) into `pick`.
+void RouterCore::decide_prefill(const PickRequest& request, Pick& pick) {
+  size_t blocks = request.block_hashes.size();
+  role_mask(InstanceRole::prefill, pick_mask_);
+  match_lengths(request.block_hashes, pick_mask_, pick_prefill_lengths_);
+  std::optional<uint32_t> prefill;
+  if (config_.prefill_by_work && config_.policy == Policy::prefix_aware) {
+    prefill = choose_by_work(pick_prefill_lengths_, request);
+    if (prefill) prefill_cursor_ = (*prefill + 1) % static_cast<uint32_t>(slots_.size());
+  } else {
+    double prefill_score = 0.0;
+    prefill = choose(InstanceRole::prefill, pick_prefill_lengths_, blocks, prefill_cursor_,
+                     &prefill_score);
+  }
+  if (!prefill) return;
+  pick.prefill = slots_[*prefill].id;
+  pick.prefill_cached_blocks = pick_prefill_lengths_[*prefill];
+  slots_[*prefill].inflight_count += 1;
+  uint64_t cached_tokens = uint64_t{pick.prefill_cached_blocks} * config_.block_tokens;
+  RT_ASSERT(cached_tokens <= request.prompt_tokens, cached_tokens, request.prompt_tokens);
+  auto uncached = static_cast<double>(request.prompt_tokens - cached_tokens);
+  prefill_tokens_mean_ = prefill_tokens_mean_ < 0.0
+                             ? uncached
+                             : prefill_tokens_mean_ + (uncached - prefill_tokens_mean_) / 32.0;
+}
+
+Result<Pick> RouterCore::decide(const PickRequest& request) {
   Status valid = check_request(request);
   if (!valid) return valid.error();
   bool any_decode = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) {
@@ -409,29 +515,51 @@ Result<Pick> RouterCore::pick(const PickRequest& request) {
   pick.decode_cached_blocks = lengths[*decode];
   pick.uncached_tokens =
       request.prompt_tokens - uint64_t{pick.decode_cached_blocks} * config_.block_tokens;
-  std::optional<uint32_t> prefill;
-  if (pick.uncached_tokens >= config_.disaggregate_tokens_min) {
-    double prefill_score = 0.0;
-    role_mask(InstanceRole::prefill, pick_mask_);
-    match_lengths(request.block_hashes, pick_mask_, pick_prefill_lengths_);
-    for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
-      if (slots_[slot].role == InstanceRole::prefill) lengths[slot] = pick_prefill_lengths_[slot];
-    }
-    prefill = choose(InstanceRole::prefill, lengths, blocks, prefill_cursor_, &prefill_score);
-  }
-  record(*decode, request.block_hashes, lengths[*decode]);
-  slots_[*decode].load.waiting_count += 1;
-  if (prefill) {
-    pick.prefill = slots_[*prefill].id;
-    record(*prefill, request.block_hashes, lengths[*prefill]);
-    slots_[*prefill].load.waiting_count += 1;
-  }
+  slots_[*decode].inflight_count += 1;
+  if (pick.uncached_tokens >= config_.disaggregate_tokens_min) decide_prefill(request, pick);
   RT_ASSERT(pick.decode_cached_blocks <= blocks, pick.decode_cached_blocks, blocks);
   RT_ASSERT(slots_[*decode].up && slots_[*decode].role == InstanceRole::decode);
   return pick;
 }
 
-// ---- the index: nodes, per-instance trees, LRU ----
+void RouterCore::record(const PickRequest& request, const Pick& pick) {
+  std::span<const kv::BlockHash> hashes = request.block_hashes;
+  RT_ASSERT(hashes.size() < UINT32_MAX, hashes.size());
+  auto blocks = static_cast<uint32_t>(hashes.size());
+  auto one = [&](InstanceId id, uint32_t cached) {
+    auto it = slot_of_.find(id.value);
+    if (it == slot_of_.end() || !slots_[it->second].up) return;  // gone or down meanwhile
+    uint32_t slot = it->second;
+    RT_ASSERT(cached <= blocks, cached, blocks);
+    // Still exact? (the index may have changed since decide); else measure again.
+    bool holds_prefix = cached == 0 || holds_at(slot, hashes, cached - 1);
+    bool holds_next = cached < blocks && holds_at(slot, hashes, cached);
+    if (!holds_prefix || holds_next) {
+      std::vector<uint64_t> mask(words_, 0);
+      mask[slot / 64] |= uint64_t{1} << (slot % 64);
+      match_lengths(hashes, mask, pick_prefill_lengths_);
+      cached = pick_prefill_lengths_[slot];
+    }
+    record_slot(slot, hashes, cached);
+  };
+  one(pick.decode, pick.decode_cached_blocks);
+  if (pick.prefill) one(*pick.prefill, pick.prefill_cached_blocks);
+}
+
+Result<Pick> RouterCore::pick(const PickRequest& request) {
+  Result<Pick> decided = decide(request);
+  if (decided.ok()) record(request, *decided);
+  return decided;
+}
+
+bool RouterCore::holds_at(uint32_t slot, std::span<const kv::BlockHash> hashes,
+                          uint32_t position) const {
+  RT_ASSERT(position < hashes.size(), position, hashes.size());
+  const BlockTable::Entry* entry = table_.find(hashes[position]);
+  return entry != nullptr && entry->depth == position && bit(entry->node, slot);
+}
+
+// ---- the index: nodes, per-instance trees, LRU list ----
 
 uint32_t RouterCore::node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth) {
   if (uint32_t found = node_of(hash); found != none_) {
@@ -486,52 +614,131 @@ void RouterCore::free_node(uint32_t node) {
   free_nodes_.push_back(node);
 }
 
-// Holds `node` for `slot` as a new leaf; its parent (held, or none) loses its leaf status.
-void RouterCore::hold(uint32_t slot, uint32_t node, uint64_t stamp) {
+void RouterCore::link_newest(Slot& s, uint32_t entry) {
+  Held& h = s.entries[entry];
+  RT_ASSERT(!h.listed, entry);
+  RT_ASSERT(s.newest == none_ || s.entries[s.newest].stamp <= h.stamp, "LRU list order", entry);
+  h.older = s.newest;
+  h.newer = none_;
+  if (s.newest != none_) {
+    s.entries[s.newest].newer = entry;
+  } else {
+    s.oldest = entry;
+  }
+  s.newest = entry;
+  h.listed = true;
+}
+
+void RouterCore::unlink(Slot& s, uint32_t entry) {
+  Held& h = s.entries[entry];
+  RT_ASSERT(h.listed, entry);
+  if (h.older != none_) {
+    s.entries[h.older].newer = h.newer;
+  } else {
+    RT_ASSERT(s.oldest == entry, entry);
+    s.oldest = h.newer;
+  }
+  if (h.newer != none_) {
+    s.entries[h.newer].older = h.older;
+  } else {
+    RT_ASSERT(s.newest == entry, entry);
+    s.newest = h.older;
+  }
+  h.older = h.newer = none_;
+  h.listed = false;
+}
+
+// `new_entry` takes `old_entry`'s place in the list (and its stamp order); `old_entry` leaves.
+void RouterCore::replace_in_list(Slot& s, uint32_t old_entry, uint32_t new_entry) {
+  RT_ASSERT(old_entry != new_entry, old_entry);
+  if (s.entries[new_entry].listed) unlink(s, new_entry);
+  Held& o = s.entries[old_entry];
+  Held& n = s.entries[new_entry];
+  RT_ASSERT(o.listed, old_entry);
+  n.older = o.older;
+  n.newer = o.newer;
+  n.listed = true;
+  if (o.older != none_) {
+    s.entries[o.older].newer = new_entry;
+  } else {
+    s.oldest = new_entry;
+  }
+  if (o.newer != none_) {
+    s.entries[o.newer].older = new_entry;
+  } else {
+    s.newest = new_entry;
+  }
+  o.older = o.newer = none_;
+  o.listed = false;
+}
+
+// Holds `node` for `slot` as a new leaf (the newest entry of the list) under the held
+// `parent_entry` (none_: a first block). O(1); allocates only while the pool grows.
+uint32_t RouterCore::hold(uint32_t slot, uint32_t node, uint64_t stamp, uint32_t parent_entry) {
   Slot& s = slots_[slot];
   RT_ASSERT(!bit(node, slot), node, slot);
   uint32_t parent = nodes_[node].parent;
   RT_ASSERT(parent == none_ || bit(parent, slot), "closure: parent held first", node);
-  node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
-  s.held.insert(node, Held{stamp, 0});
-  s.leaves.emplace(stamp, node);
-  if (parent != none_) {
-    Held& p = s.held.at(parent);
-    if (p.child_count++ == 0) s.leaves.erase({p.stamp, parent});
+  RT_ASSERT((parent == none_) == (parent_entry == none_), node);
+  uint32_t entry = 0;
+  if (!s.free_entries.empty()) {
+    entry = s.free_entries.back();
+    s.free_entries.pop_back();
+  } else {
+    RT_ASSERT(s.entries.size() < none_, s.entries.size());
+    entry = static_cast<uint32_t>(s.entries.size());
+    s.entries.emplace_back();
   }
+  s.entries[entry] = Held{node, 0, stamp, none_, none_, false};
+  s.held.insert(node, entry);
+  node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
+  link_newest(s, entry);
+  if (parent_entry != none_) {
+    RT_ASSERT(s.entries[parent_entry].node == parent, parent_entry, parent);
+    s.entries[parent_entry].child_count += 1;
+  }
+  return entry;
 }
 
 void RouterCore::touch(uint32_t slot, uint32_t node) {
   Slot& s = slots_[slot];
-  Held& h = s.held.at(node);
+  uint32_t entry = s.held.at(node);
+  Held& h = s.entries[entry];
   uint64_t stamp = ++stamp_;
   RT_ASSERT(stamp > h.stamp, stamp, h.stamp);
-  if (h.child_count == 0) {
-    size_t erased = s.leaves.erase({h.stamp, node});
-    RT_ASSERT(erased == 1, node);
-    s.leaves.emplace(stamp, node);
-  }
   h.stamp = stamp;
+  if (h.listed) unlink(s, entry);
+  link_newest(s, entry);
 }
 
-// Drops a leaf of `slot`'s tree. Its parent inherits the stamp if newer (a block counts as
-// used whenever a deeper block of its chain was), and becomes a leaf when childless.
+// Drops a leaf of `slot`'s tree. Its parent inherits the stamp and list position if newer
+// (a block counts as used whenever a deeper block of its chain was), so a parent that
+// becomes a leaf is always listed. O(1).
 void RouterCore::drop(uint32_t slot, uint32_t node) {
   Slot& s = slots_[slot];
-  Held* held = s.held.find(node);
-  RT_ASSERT(held != nullptr && held->child_count == 0, node, slot);
-  uint64_t stamp = held->stamp;
-  size_t erased = s.leaves.erase({stamp, node});
-  RT_ASSERT(erased == 1, node);
-  s.held.erase(node);
-  node_bits_[size_t{node} * words_ + slot / 64] &= ~(uint64_t{1} << (slot % 64));
+  uint32_t entry = s.held.at(node);
+  RT_ASSERT(s.entries[entry].child_count == 0, node, slot);
+  RT_ASSERT(s.entries[entry].listed, "a leaf is always listed", node);
   uint32_t parent = nodes_[node].parent;
   if (parent != none_) {
-    Held& p = s.held.at(parent);
+    uint32_t parent_entry = s.held.at(parent);
+    Held& p = s.entries[parent_entry];
     RT_ASSERT(p.child_count > 0, parent);
-    p.stamp = std::max(p.stamp, stamp);
-    if (--p.child_count == 0) s.leaves.emplace(p.stamp, parent);
+    p.child_count -= 1;
+    uint64_t stamp = s.entries[entry].stamp;
+    if (!p.listed || stamp > p.stamp) {
+      p.stamp = std::max(p.stamp, stamp);
+      replace_in_list(s, entry, parent_entry);
+    } else {
+      unlink(s, entry);
+    }
+  } else {
+    unlink(s, entry);
   }
+  s.entries[entry].node = none_;
+  s.free_entries.push_back(entry);
+  s.held.erase(node);
+  node_bits_[size_t{node} * words_ + slot / 64] &= ~(uint64_t{1} << (slot % 64));
   if (!any_bit(&node_bits_[size_t{node} * words_], words_)) free_node(node);
 }
 
@@ -548,22 +755,36 @@ void RouterCore::drop_subtree(uint32_t slot, uint32_t node) {
   RT_ASSERT(order.size() >= 1);
 }
 
-void RouterCore::evict_to_capacity(uint32_t slot) {
+// Evicts least recently used leaves until at most `keep` blocks are held. An internal entry
+// at the list's head is parked (unlisted): its stamp is the oldest, and it comes back with a
+// child's stamp when that child is dropped. Amortized O(1) per evicted block.
+void RouterCore::evict_to(uint32_t slot, size_t keep) {
   Slot& s = slots_[slot];
-  while (s.held.size() > config_.prefix_index_blocks_max) {
-    RT_ASSERT(!s.leaves.empty(), "a non-empty tree has a leaf", slot);
-    drop(slot, s.leaves.begin()->second);
+  while (s.held.size() > keep) {
+    uint32_t entry = s.oldest;
+    RT_ASSERT(entry != none_, "a non-empty tree has a listed leaf", slot);
+    if (s.entries[entry].child_count > 0) {
+      unlink(s, entry);
+      continue;
+    }
+    drop(slot, s.entries[entry].node);
   }
-  RT_ASSERT(s.held.size() <= config_.prefix_index_blocks_max, s.held.size());
+  RT_ASSERT(s.held.size() <= keep, s.held.size());
+}
+
+void RouterCore::evict_to_capacity(uint32_t slot) {
+  evict_to(slot, config_.prefix_index_blocks_max);
 }
 
 void RouterCore::clear_slot_index(uint32_t slot) {
+  evict_to(slot, 0);
   Slot& s = slots_[slot];
-  while (!s.leaves.empty()) drop(slot, s.leaves.begin()->second);
-  RT_ASSERT(s.held.empty(), "every held block is reachable from a leaf", slot);
+  RT_ASSERT(s.held.empty() && s.oldest == none_, "every held block was dropped", slot);
+  RT_ASSERT(s.free_entries.size() == s.entries.size(), slot);
 }
 
-void RouterCore::record(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached) {
+void RouterCore::record_slot(uint32_t slot, std::span<const kv::BlockHash> hashes,
+                             uint32_t cached) {
   RT_ASSERT(cached <= hashes.size(), cached, hashes.size());
   RT_ASSERT(slots_[slot].used, slot);
   if (hashes.empty()) return;
@@ -573,26 +794,20 @@ void RouterCore::record(uint32_t slot, std::span<const kv::BlockHash> hashes, ui
     return;
   }
   uint32_t parent = cached == 0 ? none_ : node_of(hashes[cached - 1]);
-  if (parent != none_) touch(slot, parent);
-  uint64_t stamp = ++stamp_;
-  // Like hold() per block, but only the new deepest block enters the leaf set.
   Slot& s = slots_[slot];
-  s.held.reserve(s.held.size() + (blocks - cached));  // keeps the Held pointers below valid
-  Held* previous = parent == none_ ? nullptr : &s.held.at(parent);
-  uint32_t previous_node = parent;
-  for (uint32_t i = cached; i < blocks; ++i) {
-    uint32_t node = node_for(hashes[i], previous_node, i);
-    if (node == none_ || bit(node, slot)) break;  // inconsistent chain: stop recording
-    node_bits_[size_t{node} * words_ + slot / 64] |= uint64_t{1} << (slot % 64);
-    Held* held = &s.held.insert(node, Held{stamp, 0});
-    if (previous != nullptr && previous->child_count++ == 0 && previous_node == parent) {
-      s.leaves.erase({previous->stamp, parent});  // the old deepest block is a leaf no more
-    }
-    previous = held;
-    previous_node = node;
+  uint32_t parent_entry = none_;
+  if (parent != none_) {
+    touch(slot, parent);
+    parent_entry = s.held.at(parent);
   }
-  if (previous_node != parent) s.leaves.emplace(stamp, previous_node);
-  RT_ASSERT(previous_node == parent || s.held.at(previous_node).child_count == 0);
+  uint64_t stamp = ++stamp_;  // one stamp for the new chain; only its deepest is a leaf
+  s.held.reserve(s.held.size() + (blocks - cached));
+  for (uint32_t i = cached; i < blocks; ++i) {
+    uint32_t node = node_for(hashes[i], parent, i);
+    if (node == none_ || bit(node, slot)) break;  // inconsistent chain: stop recording
+    parent_entry = hold(slot, node, stamp, parent_entry);
+    parent = node;
+  }
   evict_to_capacity(slot);
 }
 
@@ -610,13 +825,16 @@ Status RouterCore::kv_stored(InstanceId id, std::optional<kv::BlockHash> parent_
     if (parent == none_ || !bit(parent, slot)) return {};  // cannot be a leading hit
     depth = nodes_[parent].depth + 1;
   }
+  Slot& s = slots_[slot];
+  uint32_t parent_entry = parent == none_ ? none_ : s.held.at(parent);
   for (const kv::BlockHash& hash : hashes) {
     uint32_t node = node_for(hash, parent, depth);
     if (node == none_) break;
     if (bit(node, slot)) {
       touch(slot, node);
+      parent_entry = s.held.at(node);
     } else {
-      hold(slot, node, ++stamp_);
+      parent_entry = hold(slot, node, ++stamp_, parent_entry);
     }
     parent = node;
     ++depth;
@@ -638,6 +856,47 @@ Status RouterCore::kv_removed(InstanceId id, std::span<const kv::BlockHash> hash
   }
   RT_ASSERT(slots_[slot].held.size() <= config_.prefix_index_blocks_max);
   return {};
+}
+
+void RouterCore::check_invariants() const {
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (!s.used) continue;
+    size_t listed_count = 0;
+    uint64_t previous_stamp = 0;
+    uint32_t previous = none_;
+    for (uint32_t e = s.oldest; e != none_; e = s.entries[e].newer) {
+      const Held& h = s.entries[e];
+      RT_ASSERT(h.listed && h.node != none_, slot, e);
+      RT_ASSERT(h.older == previous, "LRU list links", slot, e);
+      RT_ASSERT(h.stamp >= previous_stamp, "LRU list in stamp order", slot, e);
+      previous_stamp = h.stamp;
+      previous = e;
+      ++listed_count;
+    }
+    RT_ASSERT(s.newest == previous, slot);
+    uint64_t oldest_stamp = s.oldest == none_ ? UINT64_MAX : s.entries[s.oldest].stamp;
+    std::vector<uint32_t> children(s.entries.size(), 0);
+    size_t used_count = 0;
+    for (const Held& h : s.entries) {
+      if (h.node == none_) continue;
+      ++used_count;
+      RT_ASSERT(bit(h.node, slot), slot, h.node);
+      uint32_t parent = nodes_[h.node].parent;
+      if (parent != none_) children[s.held.at(parent)] += 1;  // closure: parent held
+    }
+    RT_ASSERT(used_count == s.held.size(), slot, used_count, s.held.size());
+    RT_ASSERT(used_count + s.free_entries.size() == s.entries.size(), slot);
+    for (uint32_t e = 0; e < s.entries.size(); ++e) {
+      const Held& h = s.entries[e];
+      if (h.node == none_) continue;
+      RT_ASSERT(s.held.at(h.node) == e, slot, e);
+      RT_ASSERT(h.child_count == children[e], "child count", slot, e);
+      RT_ASSERT(h.listed || h.child_count > 0, "every leaf is listed", slot, e);
+      RT_ASSERT(h.listed || h.stamp <= oldest_stamp, "parked entries are the oldest", slot, e);
+    }
+    RT_ASSERT(listed_count <= used_count, slot);
+  }
 }
 
 }  // namespace tandem::router

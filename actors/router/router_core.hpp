@@ -8,8 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
-#include <set>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -42,6 +42,22 @@ struct RouterConfig {
   uint32_t disaggregate_tokens_min = 256;     // uncached tokens at/above which P/D is used
   uint32_t block_tokens = 16;                 // tokens per KV block, >= 1
   uint32_t instances_max = 64;                // instances known at once, 1 .. 65536
+  // Bounded load (prefix-aware only): an instance whose load (waiting + running + picks
+  // since its last heartbeat) is at or above (1 + load_imbalance_max) x the mean load of its
+  // role's up instances (counting the request being placed) is not picked, so prefix
+  // affinity cannot pile requests on one instance. >= 0; +infinity turns the bound off.
+  double load_imbalance_max = 0.5;
+  // The same bound for prefill instances (default: none). A prefill request's work depends
+  // on its cache hit (a session's next turn computes ~1K tokens where it is cached, its
+  // whole context elsewhere), so request counts misjudge prefill load and a tight bound
+  // moves prefills away from their cache.
+  double prefill_load_imbalance_max = std::numeric_limits<double>::infinity();
+  // Prefill by work (prefix-aware only): the prefill instance with the least estimated work
+  // before this prompt's first token, in tokens: load x (mean uncached tokens of recent P/D
+  // picks) + this prompt's uncached tokens there. Prefix affinity and load in one unit, so
+  // neither needs a weight against the other (ties: KV usage, then rotation). false: the
+  // weighted score, as for decode.
+  bool prefill_by_work = true;
   uint64_t seed = 0;                          // for the `random` policy
 };
 
@@ -67,6 +83,7 @@ struct Pick {
   InstanceId decode;
   std::optional<InstanceId> prefill;  // nullopt: decode prefills locally
   uint32_t decode_cached_blocks = 0;  // leading blocks the index believes decode holds
+  uint32_t prefill_cached_blocks = 0;  // same for prefill (0 when there is no prefill)
   uint64_t uncached_tokens = 0;       // prompt_tokens - decode_cached_blocks * block_tokens
   double decode_score = 0.0;          // weighted sum (prefix-aware policy; 0 for baselines)
 };
@@ -76,7 +93,10 @@ struct InstanceScore {
   InstanceId id;
   uint32_t cached_blocks = 0;
   double prefix = 0.0;    // cached_blocks / blocks, in [0, 1]; 0 for an empty prompt
-  double queue = 0.0;     // 1 / (1 + waiting_count), in (0, 1]
+  uint64_t load_count = 0;  // waiting + running + picks since the last heartbeat
+  bool over_bound = false;  // load at/above the bounded-load cap: not eligible (prefix-aware)
+  // (mean + 1) / (mean + 1 + load_count), in (0, 1]; mean: the role's mean load_count.
+  double queue = 0.0;
   double kv_usage = 0.0;  // 1 - used / total, in [0, 1]; 1 when total is 0
   double total = 0.0;     // weighted sum
 };
@@ -106,15 +126,25 @@ class RouterCore {
                    std::span<const kv::BlockHash> hashes);
   Status kv_removed(InstanceId id, std::span<const kv::BlockHash> hashes);
 
-  // Picks decode (and maybe prefill) and records the request's blocks on them. The picked
-  // instances' waiting_count grows by one until the next update_load (so a burst between
-  // heartbeats spreads). Errors: invalid (prompt_tokens below the blocks' tokens),
-  // not_found (no decode instance known), overloaded (every decode instance is down).
-  // Cost: O(instances + distinct match lengths * log(blocks) + new blocks * log(capacity)).
+  // The decision: picks decode (and maybe prefill) without touching the prefix index. Each
+  // picked instance counts one more request in flight until its next update_load (so a
+  // burst between heartbeats spreads). Errors: invalid (prompt_tokens below the blocks'
+  // tokens), not_found (no decode instance known), overloaded (every decode instance down).
+  // Cost: O(instances + distinct match lengths * log(blocks)); no allocation once warm.
+  Result<Pick> decide(const PickRequest& request);
+  // Records `request`'s blocks in the index of the instances `pick` names (decode always,
+  // prefill when set), as the picked instances will hold them. Call it right after the
+  // decide() that returned `pick`, with the same request (the shell replies first, then
+  // records, in the same behavior). If the index changed in between, the cached lengths are
+  // recomputed; an instance that is gone or down is skipped. Cost: O(1) per new block (plus
+  // O(1) amortized per evicted block); no allocation once the index is warm.
+  void record(const PickRequest& request, const Pick& pick);
+  // decide() then record(): same decision.
   Result<Pick> pick(const PickRequest& request);
 
   // Scores every up instance of `role` without changing state (prefix-aware math, also
-  // shown for baselines). Errors: invalid (as pick).
+  // shown for baselines; with prefill_by_work, prefill instances are ranked by estimated
+  // work instead, but their weighted terms are still shown). Errors: invalid (as pick).
   Result<std::vector<InstanceScore>> scores(const PickRequest& request, InstanceRole role) const;
 
   // Leading blocks of `hashes` the index holds for `id` (0 if unknown).
@@ -124,6 +154,9 @@ class RouterCore {
   bool holds(InstanceId id, const kv::BlockHash& hash) const;
   size_t index_nodes_count() const { return table_.size(); }  // distinct blocks
   size_t instances_count() const { return slot_of_.size(); }
+  // Checks the index's internal invariants (LRU list order, leaves listed, parked stamps,
+  // counts); RT_ASSERTs on a violation. O(held blocks): for tests.
+  void check_invariants() const;
   const RouterConfig& config() const { return config_; }
 
  private:
@@ -136,14 +169,35 @@ class RouterCore {
     uint32_t next_sibling = none_;
     uint32_t previous_sibling = none_;
   };
+  // One block held by one instance. Entries live in the instance's pool; the listed ones
+  // form a doubly-linked list in non-decreasing stamp order (the LRU order). Every leaf is
+  // listed; an internal entry may be "parked" (unlisted) once eviction passed it: its stamp
+  // is then <= every listed stamp, and it is re-listed when touched or when a child is
+  // dropped (it inherits the child's stamp and list position).
+  struct Held {
+    uint32_t node = none_;
+    uint32_t child_count = 0;  // held children (0 = a leaf of this instance's tree)
+    uint64_t stamp = 0;        // last use (larger = more recent)
+    uint32_t older = none_;    // list neighbours (entry indexes)
+    uint32_t newer = none_;
+    bool listed = false;
+  };
   struct Slot {
     bool used = false;
     bool up = true;
     InstanceId id;
     InstanceRole role = InstanceRole::decode;
     InstanceLoad load;
-    HeldMap held;                                    // node -> held entry
-    std::set<std::pair<uint64_t, uint32_t>> leaves;  // (stamp, node): LRU eviction order
+    uint32_t inflight_count = 0;  // picks since the last update_load
+    HeldMap held;                 // node -> index into entries
+    std::vector<Held> entries;    // pool: grows to the capacity once, then reused
+    std::vector<uint32_t> free_entries;
+    uint32_t oldest = none_, newest = none_;  // the LRU list
+  };
+  // Load of a role's up instances, for the queue score and the bounded-load cap.
+  struct RoleLoad {
+    uint32_t candidates_count = 0;
+    uint64_t load_sum = 0;
   };
 
   Status check_request(const PickRequest& request) const;
@@ -154,16 +208,28 @@ class RouterCore {
   void role_mask(InstanceRole role, std::vector<uint64_t>& mask) const;
   void probe(std::span<const kv::BlockHash> hashes) const;
   uint32_t node_of(const kv::BlockHash& hash) const;  // none_ when absent
-  InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks) const;
+  static uint64_t load_count(const Slot& s);
+  RoleLoad role_load(InstanceRole role) const;
+  InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks,
+                           const RoleLoad& role_load) const;
   std::optional<uint32_t> choose(InstanceRole role, const std::vector<uint32_t>& lengths,
                                  size_t blocks, uint32_t& cursor, double* score);
   std::optional<uint32_t> choose_best(InstanceRole role, const std::vector<uint32_t>& lengths,
                                       size_t blocks, uint32_t& cursor, double* score) const;
-  void record(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached);
+  void decide_prefill(const PickRequest& request, Pick& pick);
+  std::optional<uint32_t> choose_by_work(const std::vector<uint32_t>& lengths,
+                                         const PickRequest& request) const;
+  void record_slot(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached);
   uint32_t node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth);
-  void hold(uint32_t slot, uint32_t node, uint64_t stamp);
+  uint32_t hold(uint32_t slot, uint32_t node, uint64_t stamp, uint32_t parent_entry);
+  bool holds_at(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t position) const;
+  void evict_to(uint32_t slot, size_t keep);
   void touch(uint32_t slot, uint32_t node);
   void drop(uint32_t slot, uint32_t node);
+  // The LRU list of one slot (entries by index).
+  void link_newest(Slot& s, uint32_t entry);
+  void unlink(Slot& s, uint32_t entry);
+  void replace_in_list(Slot& s, uint32_t old_entry, uint32_t new_entry);
   void drop_subtree(uint32_t slot, uint32_t node);
   void evict_to_capacity(uint32_t slot);
   void clear_slot_index(uint32_t slot);
@@ -191,6 +257,7 @@ class RouterCore {
   std::vector<uint64_t> pick_mask_;  // pick()'s scratch, reused
   std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_;
   uint64_t stamp_ = 0;
+  double prefill_tokens_mean_ = -1.0;  // EWMA of P/D picks' uncached tokens; < 0: none yet
   uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation
   uint32_t prefill_cursor_ = 0;
   uint64_t random_state_;

@@ -174,6 +174,9 @@ weight_queue = 0.5
 weight_kv_usage = 0.0
 prefix_index_blocks_max = 500
 disaggregate_tokens_min = 0
+load_imbalance_max = 0.25
+prefill_load_imbalance_max = 2.5
+prefill_by_work = false
 
 [kv_offload]
 enabled = true
@@ -203,6 +206,9 @@ draft_tokens_max = 16
   CHECK(m.router.weight_kv_usage == 0.0);
   CHECK(m.router.prefix_index_blocks_max == 500);
   CHECK(m.router.disaggregate_tokens_min == 0);
+  CHECK(m.router.load_imbalance_max == 0.25);
+  CHECK(m.router.prefill_load_imbalance_max == 2.5);
+  CHECK_FALSE(m.router.prefill_by_work);
   CHECK(m.kv_offload.enabled);
   CHECK(m.kv_offload.path == "/etc/tandem/kv");
   CHECK(m.kv_offload.capacity_bytes == 1000000);

@@ -1,6 +1,7 @@
 #include <doctest.h>
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <vector>
@@ -84,12 +85,17 @@ TEST_CASE("router: scoring math per scorer and weighted sum") {
   CHECK(a.id == d0);
   CHECK(a.cached_blocks == 6);
   CHECK(a.prefix == doctest::Approx(0.75));
-  CHECK(a.queue == doctest::Approx(0.25));
+  // Load 3 waiting + 2 running = 5; the role's mean is 2.5: queue = 3.5 / (3.5 + 5).
+  CHECK(a.load_count == 5);
+  CHECK(a.queue == doctest::Approx(3.5 / 8.5));
+  CHECK(a.over_bound);  // 5 >= 1.5 * (5 + 1) / 2
   CHECK(a.kv_usage == doctest::Approx(0.75));
-  CHECK(a.total == doctest::Approx(2.0 * 0.75 + 0.5 * 0.25 + 0.25 * 0.75));
+  CHECK(a.total == doctest::Approx(2.0 * 0.75 + 0.5 * 3.5 / 8.5 + 0.25 * 0.75));
   const auto& b = (*scores)[1];
   CHECK(b.cached_blocks == 0);
   CHECK(b.prefix == 0.0);
+  CHECK(b.load_count == 0);
+  CHECK_FALSE(b.over_bound);
   CHECK(b.queue == 1.0);
   CHECK(b.kv_usage == 1.0);  // no report yet: treated as empty
   CHECK(b.total == doctest::Approx(0.5 + 0.25));
@@ -128,6 +134,7 @@ TEST_CASE("router: weights change the pick") {
   auto setup = [&](double weight_prefix) {
     RouterConfig config;
     config.weight_prefix = weight_prefix;
+    config.load_imbalance_max = std::numeric_limits<double>::infinity();  // weights only
     RouterCore core = make_core(config, {d0, d1});
     REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
     // d0 has the prefix but is busy; d1 is idle.
@@ -139,7 +146,7 @@ TEST_CASE("router: weights change the pick") {
   CHECK(prefix_heavy.pick(request_for(prompt))->decode == d0);
   RouterCore prefix_blind = setup(0.0);
   CHECK(prefix_blind.pick(request_for(prompt))->decode == d1);
-  RouterCore balanced = setup(1.0);  // d0: 1 + 0.2 + 0.2 = 1.4; d1: 0 + 1 + 0.9 = 1.9
+  RouterCore balanced = setup(1.0);  // d0: 1 + 7 / 19 + 0.2 = 1.57; d1: 0 + 1 + 0.9 = 1.9
   CHECK(balanced.pick(request_for(prompt))->decode == d1);
 }
 
@@ -344,7 +351,9 @@ TEST_CASE("router: a burst between heartbeats spreads over equal instances") {
   CHECK(counts[d1.value] == 3);
   CHECK(counts[d2.value] == 3);
   auto scores = core.scores(request_for(chain(1, 1)), InstanceRole::decode);
-  CHECK((*scores)[0].queue == doctest::Approx(0.25));  // 3 picks since the last heartbeat
+  // 3 picks since the last heartbeat on each: load 3, mean 3 -> queue 4 / 7.
+  CHECK((*scores)[0].load_count == 3);
+  CHECK((*scores)[0].queue == doctest::Approx(4.0 / 7.0));
 }
 
 TEST_CASE("router: identical inputs give identical picks") {
@@ -394,6 +403,15 @@ TEST_CASE("router: bad input and bad config are errors, not crashes") {
   bad = RouterConfig{};
   bad.weight_queue = -1;
   CHECK(validate(bad).error().message.find("weight_queue") != std::string::npos);
+  bad = RouterConfig{};
+  bad.load_imbalance_max = -0.5;
+  CHECK(validate(bad).error().message.find("load_imbalance_max") != std::string::npos);
+  bad.load_imbalance_max = std::numeric_limits<double>::quiet_NaN();
+  CHECK_FALSE(validate(bad).ok());
+  bad.load_imbalance_max = std::numeric_limits<double>::infinity();  // no bound: valid
+  CHECK(validate(bad).ok());
+  bad.prefill_load_imbalance_max = -1;
+  CHECK(validate(bad).error().message.find("prefill_load_imbalance_max") != std::string::npos);
   bad = RouterConfig{};
   bad.block_tokens = 0;
   CHECK_THROWS_AS(RouterCore{bad}, std::invalid_argument);
@@ -449,6 +467,7 @@ TEST_CASE("router: random operations keep the index prefix-closed (bisection == 
           if (who != d0) REQUIRE(core.set_up(who, !((state >> 40) % 2)).ok());
           break;
       }
+      core.check_invariants();  // LRU list order, leaves listed, counts, closure
       for (InstanceId id : all) {
         CHECK(core.index_blocks_count(id) <= 40);
         for (const auto& probe : chains) {
@@ -462,4 +481,240 @@ TEST_CASE("router: random operations keep the index prefix-closed (bisection == 
       }
     }
   }
+}
+
+TEST_CASE("router: the load counts waiting, running and picks since the heartbeat") {
+  RouterCore core = make_core(RouterConfig{}, {d0, d1});
+  auto prompt = chain(3, 4);
+  REQUIRE(core.update_load(d0, InstanceLoad{1, 6, 0, 0}).ok());
+  REQUIRE(core.update_load(d1, InstanceLoad{0, 1, 0, 0}).ok());
+  auto scores = core.scores(request_for(prompt), InstanceRole::decode);
+  REQUIRE(scores.ok());
+  CHECK((*scores)[0].load_count == 7);  // a big running batch counts, not only the queue
+  CHECK((*scores)[1].load_count == 1);
+  CHECK((*scores)[0].queue < (*scores)[1].queue);
+  CHECK((*scores)[0].queue == doctest::Approx(5.0 / 12.0));  // mean 4
+  CHECK((*scores)[1].queue == doctest::Approx(5.0 / 6.0));
+  // Queue scores are relative: doubling every load keeps them within the same band.
+  REQUIRE(core.update_load(d0, InstanceLoad{2, 12, 0, 0}).ok());
+  REQUIRE(core.update_load(d1, InstanceLoad{0, 2, 0, 0}).ok());
+  auto doubled = core.scores(request_for(prompt), InstanceRole::decode);
+  CHECK((*doubled)[1].queue == doctest::Approx(9.0 / 11.0));
+  // A pick counts on the picked instance until its next heartbeat replaces the load.
+  Pick pick = core.decide(request_for(prompt)).value();
+  CHECK(pick.decode == d1);
+  auto after = core.scores(request_for(prompt), InstanceRole::decode);
+  CHECK((*after)[1].load_count == 3);
+  REQUIRE(core.update_load(d1, InstanceLoad{0, 3, 0, 0}).ok());
+  CHECK((*core.scores(request_for(prompt), InstanceRole::decode))[1].load_count == 3);
+  // Going down forgets the load and the in-flight picks.
+  REQUIRE(core.set_up(d1, false).ok());
+  REQUIRE(core.set_up(d1, true).ok());
+  CHECK((*core.scores(request_for(prompt), InstanceRole::decode))[1].load_count == 0);
+}
+
+// Sessions that share a long prefix held by one instance: without a bound they all pile
+// onto it; with the bound the load stays within (1 + e) x the mean, and equal loads still
+// go to the instance holding the prefix.
+TEST_CASE("router: bounded load avoids hot spots and keeps affinity") {
+  auto run = [](double imbalance_max) {
+    RouterConfig config;
+    config.load_imbalance_max = imbalance_max;
+    RouterCore core = make_core(config, {d0, d1, d2, d3});
+    auto repo = chain(50, 64);
+    REQUIRE(core.kv_stored(d0, std::nullopt, repo).ok());
+    std::map<uint32_t, uint32_t> running;  // the instances' batches (nothing finishes)
+    for (uint64_t session = 0; session < 40; ++session) {
+      auto prompt = chain(600 + session, 66, &repo, 64);
+      Pick pick = core.pick(request_for(prompt)).value();
+      running[pick.decode.value] += 1;
+      InstanceLoad load{0, running[pick.decode.value], 0, 0};
+      REQUIRE(core.update_load(pick.decode, load).ok());  // the heartbeat shows the batch
+    }
+    return running;
+  };
+  auto unbounded = run(std::numeric_limits<double>::infinity());
+  CHECK(unbounded[d0.value] == 40);  // prefix affinity alone: every session on d0
+  auto bounded = run(0.5);
+  for (InstanceId id : {d0, d1, d2, d3}) CHECK(bounded[id.value] <= 15);  // < 1.5 x 40 / 4 + 1
+  CHECK(bounded.size() >= 3);  // spread, but only as far as needed: the repo moved to
+  // the instances that took its overflow, and they keep getting its sessions
+  CHECK(bounded[d0.value] >= 10);  // the prefix holder still gets at least its share
+  auto even = run(0.0);  // e = 0: the least loaded always wins, so loads differ by <= 1
+  for (InstanceId id : {d0, d1, d2, d3}) CHECK(even[id.value] == 10);
+  // Equal loads: affinity decides.
+  RouterCore core = make_core(RouterConfig{}, {d0, d1, d2, d3});
+  auto repo = chain(51, 64);
+  REQUIRE(core.kv_stored(d2, std::nullopt, repo).ok());
+  for (InstanceId id : {d0, d1, d2, d3}) REQUIRE(core.update_load(id, {0, 4, 0, 0}).ok());
+  CHECK(core.decide(request_for(chain(700, 66, &repo, 64))).value().decode == d2);
+}
+
+TEST_CASE("router: prefill instances have their own bound (none by default)") {
+  auto setup = [](double prefill_imbalance_max) {
+    RouterConfig config;
+    config.disaggregate_tokens_min = 16;
+    config.prefill_by_work = false;  // the weighted score, as for decode
+    config.prefill_load_imbalance_max = prefill_imbalance_max;
+    RouterCore core = make_core(config, {d0}, {p0, p1});
+    REQUIRE(core.kv_stored(p0, std::nullopt, chain(52, 32)).ok());
+    REQUIRE(core.update_load(p0, InstanceLoad{6, 2, 0, 0}).ok());
+    REQUIRE(core.update_load(p1, InstanceLoad{0, 1, 0, 0}).ok());
+    return core;
+  };
+  auto repo = chain(52, 32);
+  RouterCore unbounded = setup(std::numeric_limits<double>::infinity());
+  Pick cached = unbounded.decide(request_for(chain(53, 40, &repo, 32))).value();
+  REQUIRE(cached.prefill);
+  CHECK(*cached.prefill == p0);  // 0.8 + 5.5 / 13.5 + 1 beats 0 + 5.5 / 6.5 + 1
+  RouterCore core = setup(0.5);
+  Pick pick = core.decide(request_for(chain(53, 40, &repo, 32))).value();
+  REQUIRE(pick.prefill);
+  CHECK(*pick.prefill == p1);  // p0 holds the prefix but is at 8 >= 1.5 x (9 + 1) / 2
+  REQUIRE(core.update_load(p0, InstanceLoad{2, 2, 0, 0}).ok());
+  REQUIRE(core.update_load(p1, InstanceLoad{0, 2, 0, 0}).ok());
+  pick = core.decide(request_for(chain(54, 40, &repo, 32))).value();
+  CHECK(*pick.prefill == p0);
+  CHECK(pick.prefill_cached_blocks == 32);
+}
+
+// decide() + record() must give exactly what pick() gives, step for step.
+TEST_CASE("router: decide then record equals pick") {
+  auto make = [] {
+    RouterConfig config;
+    config.prefix_index_blocks_max = 60;
+    config.disaggregate_tokens_min = 64;
+    config.instances_max = 8;
+    return make_core(config, {d0, d1, d2, d3}, {p0, p1});
+  };
+  RouterCore whole = make();
+  RouterCore split = make();
+  auto system = chain(2, 12);
+  std::vector<std::vector<BlockHash>> sessions;
+  for (uint64_t i = 0; i < 6; ++i) sessions.push_back(chain(300 + i, 14, &system, 12));
+  uint64_t state = 9;
+  for (int step = 0; step < 400; ++step) {
+    state = mix(state);
+    auto& session = sessions[state % sessions.size()];
+    if ((state >> 8) % 3 == 0) session = chain(state, session.size() + 3, &session, session.size());
+    if (session.size() > 80) session = chain(state, 14, &system, 12);
+    Pick a = whole.pick(request_for(session)).value();
+    Pick b = split.decide(request_for(session)).value();
+    split.record(request_for(session), b);
+    REQUIRE(a.decode == b.decode);
+    REQUIRE(a.prefill == b.prefill);
+    REQUIRE(a.decode_cached_blocks == b.decode_cached_blocks);
+    REQUIRE(a.prefill_cached_blocks == b.prefill_cached_blocks);
+    REQUIRE(a.decode_score == b.decode_score);
+    if (step % 7 == 0) {
+      InstanceLoad load{uint32_t(state % 5), uint32_t((state >> 4) % 9), 10, 100};
+      InstanceId who = std::vector<InstanceId>{d0, d1, d2, d3, p0, p1}[(state >> 12) % 6];
+      REQUIRE(whole.update_load(who, load).ok());
+      REQUIRE(split.update_load(who, load).ok());
+    }
+  }
+  for (InstanceId id : {d0, d1, d2, d3, p0, p1}) {
+    CHECK(whole.index_blocks_count(id) == split.index_blocks_count(id));
+    for (const auto& session : sessions) {
+      CHECK(whole.cached_blocks(id, session) == split.cached_blocks(id, session));
+    }
+  }
+  whole.check_invariants();
+  split.check_invariants();
+}
+
+TEST_CASE("router: record after the index changed re-measures, never corrupts") {
+  RouterCore core = make_core(RouterConfig{}, {d0});
+  auto prompt = chain(60, 20);
+  REQUIRE(core.kv_stored(d0, std::nullopt, std::span(prompt).first(10)).ok());
+  Pick pick = core.decide(request_for(prompt)).value();
+  CHECK(pick.decode_cached_blocks == 10);
+  // Between decide and record the instance dropped block 5 (and everything below it).
+  REQUIRE(core.kv_removed(d0, std::span(prompt).subspan(5, 1)).ok());
+  core.record(request_for(prompt), pick);
+  CHECK(core.cached_blocks(d0, prompt) == 20);
+  // Or learned more than decide saw.
+  auto other = chain(61, 20);
+  Pick second = core.decide(request_for(other)).value();
+  REQUIRE(core.kv_stored(d0, std::nullopt, std::span(other).first(15)).ok());
+  core.record(request_for(other), second);
+  CHECK(core.cached_blocks(d0, other) == 20);
+  CHECK(core.index_blocks_count(d0) == 40);
+  // An instance that went down meanwhile is skipped.
+  auto third = chain(62, 8);
+  Pick down = core.decide(request_for(third)).value();
+  REQUIRE(core.set_up(d0, false).ok());
+  core.record(request_for(third), down);
+  CHECK(core.index_blocks_count(d0) == 0);
+  core.check_invariants();
+}
+
+// Touching a prefix makes its inner blocks newer than the chain's leaf: eviction must still
+// take the least recently used leaf first (inner blocks inherit a dropped child's stamp).
+TEST_CASE("router: LRU order with touched inner blocks") {
+  RouterConfig config;
+  config.prefix_index_blocks_max = 10;
+  RouterCore core = make_core(config, {d0});
+  auto a = chain(70, 6);
+  REQUIRE(core.kv_stored(d0, std::nullopt, a).ok());                   // a0..a5
+  REQUIRE(core.kv_stored(d0, std::nullopt, std::span(a).first(3)).ok());  // a0..a2 used again
+  auto b = chain(71, 6);
+  REQUIRE(core.kv_stored(d0, std::nullopt, b).ok());  // 12 held: a5 and a4 go
+  CHECK(core.cached_blocks(d0, a) == 4);
+  CHECK(core.cached_blocks(d0, b) == 6);
+  core.check_invariants();
+  REQUIRE(core.kv_stored(d0, std::nullopt, chain(72, 1)).ok());  // a3 (stamp of a5) goes
+  CHECK(core.cached_blocks(d0, a) == 3);
+  REQUIRE(core.kv_stored(d0, std::nullopt, chain(73, 1)).ok());  // then a2, the oldest leaf
+  CHECK(core.cached_blocks(d0, a) == 2);
+  REQUIRE(core.kv_stored(d0, std::nullopt, chain(74, 1)).ok());
+  CHECK(core.cached_blocks(d0, a) == 1);
+  CHECK(core.cached_blocks(d0, b) == 6);  // b is newer than every block of a
+  CHECK(core.index_blocks_count(d0) == 10);
+  core.check_invariants();
+  // A long chain into a full index keeps its leading blocks and evicts the rest of a first.
+  auto c = chain(75, 30);
+  REQUIRE(core.kv_stored(d0, std::nullopt, c).ok());
+  CHECK(core.cached_blocks(d0, c) == 10);
+  CHECK(core.cached_blocks(d0, a) == 0);
+  core.check_invariants();
+}
+
+// Prefill by work: estimated tokens ahead of the first token = load x mean uncached tokens
+// of recent P/D picks + this prompt's uncached tokens there.
+TEST_CASE("router: prefill by work weighs the cache against the queue in tokens") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 16;
+  REQUIRE(config.prefill_by_work);  // the default
+  RouterCore core = make_core(config, {d0}, {p0, p1});
+  auto session = chain(80, 64);  // 64 blocks of 16 + 5 tokens = 1029 tokens
+  REQUIRE(core.kv_stored(p0, std::nullopt, std::span(session).first(60)).ok());
+  for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {0, 1, 0, 0}).ok());
+  Pick first = core.decide(request_for(session)).value();
+  REQUIRE(first.prefill);
+  CHECK(*first.prefill == p0);  // 1 x 1029 + 69 < 1 x 1029 + 1029
+  CHECK(first.prefill_cached_blocks == 60);
+  // Mean uncached tokens is now 69: three queued requests on p0 cost less than a miss.
+  REQUIRE(core.update_load(p0, {1, 2, 0, 0}).ok());
+  REQUIRE(core.update_load(p1, {0, 0, 0, 0}).ok());
+  CHECK(*core.decide(request_for(session)).value().prefill == p0);  // 3 x 69 + 69 < 1029
+  // Twenty do not: 20 x 69 + 69 > 0 + 1029.
+  REQUIRE(core.update_load(p0, {10, 10, 0, 0}).ok());
+  REQUIRE(core.update_load(p1, {0, 0, 0, 0}).ok());
+  CHECK(*core.decide(request_for(session)).value().prefill == p1);
+  // Equal work: more free KV wins.
+  RouterCore tie = make_core(config, {d0}, {p0, p1});
+  REQUIRE(tie.update_load(p0, {0, 0, 90, 100}).ok());
+  REQUIRE(tie.update_load(p1, {0, 0, 10, 100}).ok());
+  CHECK(*tie.decide(request_for(chain(81, 8))).value().prefill == p1);
+  // The weighted score instead (prefill_by_work = false) compares fractions, not tokens:
+  // p0 (3 running) scores 60/64 + 2.5/5.5 + 1 against p1's 0 + 1 + 1.
+  config.prefill_by_work = false;
+  RouterCore weighted = make_core(config, {d0}, {p0, p1});
+  REQUIRE(weighted.kv_stored(p0, std::nullopt, std::span(session).first(60)).ok());
+  REQUIRE(weighted.update_load(p0, {0, 3, 0, 0}).ok());
+  auto scores = weighted.scores(request_for(session), InstanceRole::prefill);
+  REQUIRE(scores.ok());
+  CHECK((*scores)[0].total > (*scores)[1].total);
+  CHECK(*weighted.decide(request_for(session)).value().prefill == p0);
 }

@@ -657,6 +657,7 @@ ClusterSimResult Sim::take_result() {
     r.prompt_tokens_count += r.timelines[i].prompt_tokens;
     r.prompt_cached_tokens_count += states_[i].cached_tokens;
     sent.push_back(std::move(r.timelines[i]));
+    r.sent_request_indexes.push_back(static_cast<uint32_t>(i));
   }
   RT_ASSERT(sent.size() == r.sent_count, sent.size(), r.sent_count);
   r.timelines = std::move(sent);

@@ -94,6 +94,7 @@ struct ClusterSimResult {
   uint64_t kv_transfer_bytes = 0;
   uint64_t pd_requests_count = 0;                    // routed through a prefill instance
   std::vector<workload::RequestTimeline> timelines;  // one per sent request, request order
+  std::vector<uint32_t> sent_request_indexes;        // timelines[i] is of requests[this[i]]
   workload::BenchSummary summary;
   std::vector<InstanceStats> instances;
 };
