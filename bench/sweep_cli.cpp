@@ -107,7 +107,9 @@ class SimBackend : public SweepBackend {
     if (given(raw_, "sessions")) a.insert(a.end(), {"--sessions-total", flags_.get("sessions")});
     if (given(raw_, "trace")) a.insert(a.end(), {"--trace", flags_.get("trace")});
     const std::string& spec = config.spec;
-    if (spec.ends_with(".toml") || spec.find('/') != std::string::npos) {
+    // A bare path is a manifest; `manifest:FILE,policy:round-robin` combines one with flags.
+    bool has_items = spec.find(':') != std::string::npos;
+    if (!has_items && (spec.ends_with(".toml") || spec.find('/') != std::string::npos)) {
       a.insert(a.end(), {"--manifest", spec});
       return a;
     }

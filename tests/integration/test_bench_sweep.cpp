@@ -3,6 +3,7 @@
 // manifest (`tandem up`), sweeps 2 concurrencies with zero errors, and stops it.
 #include <doctest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -17,14 +18,14 @@ using namespace std::chrono_literals;
 namespace {
 
 struct SimConfig {
-  const char* name;
-  const char* spec;
+  std::string name;
+  std::string spec;
   std::vector<std::string> sim_flags;  // the same configuration as `tandem sim` flags
 };
 
 }  // namespace
 
-TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim runs") {
+TEST_CASE("sweep --sim: 3 configs (one manifest + flags) x 2 concurrencies equal tandem sim runs") {
   std::string dir = make_temp_dir("sweep-sim");
   std::vector<SimConfig> configs = {
       {"pd-rr",
@@ -34,18 +35,23 @@ TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim ru
        "policy:prefix-aware,aggregated,prefill:1,decode:2",
        {"--policy", "prefix-aware", "--aggregated", "--prefill", "1", "--decode", "2"}},
   };
+  // A manifest combined with flags (`manifest:FILE,policy:...`): the path has '/' in it.
+  std::string manifest =
+      std::string(std::getenv("TANDEM_SOURCE_ROOT")) + "/config/examples/target-4p4d.toml";
+  configs.push_back({"mf-rr", "manifest:" + manifest + ",policy:round-robin",
+                     {"--manifest", manifest, "--policy", "round-robin"}});
   std::vector<std::string> sweep = {
       tandem_bin(), "bench",      "sweep", "--sim",         "--seed", "7",     "--duration",
       "90",         "--sessions", "6",     "--concurrency", "2,4",    "--out", dir + "/out"};
   for (const SimConfig& c : configs) {
     sweep.push_back("--config");
-    sweep.push_back(std::string(c.name) + "=" + c.spec);
+    sweep.push_back(c.name + "=" + c.spec);
   }
   RunResult run = testing::run(sweep, 240s);
   INFO("sweep output: " << run.output);
   REQUIRE(run.exit_code == 0);
   auto table = nlohmann::json::parse(read_file(dir + "/out/sweep.json"));
-  REQUIRE(table["rows"].size() == 4);
+  REQUIRE(table["rows"].size() == configs.size() * 2);
   CHECK(table["meta"]["backend"] == "sim");
   CHECK(table["meta"]["seed"] == 7);
   size_t row_index = 0;
@@ -85,7 +91,7 @@ TEST_CASE("sweep --sim: 2 configs x 2 concurrencies equal separate tandem sim ru
     CHECK(svg.find(">agg</text>") != std::string::npos);
   }
   std::string csv = read_file(dir + "/out/sweep.csv");
-  CHECK(std::count(csv.begin(), csv.end(), '\n') == 5);
+  CHECK(std::count(csv.begin(), csv.end(), '\n') == static_cast<long>(configs.size() * 2 + 1));
 }
 
 TEST_CASE("sweep --sim: bad configurations are errors naming what is wrong") {

@@ -29,9 +29,9 @@ struct RequestTimeline {
   double end_ms = 0;             // stream closed (>= last chunk)
   uint32_t output_tokens = 0;    // tokens generated (usage); >= chunk count when succeeded
   uint64_t prompt_tokens = 0;    // for TTFT by context length
-  uint64_t cached_tokens = 0;    // prompt tokens served from a prefix cache (not computed)
   uint32_t turn = 0;             // for TTFT by turn
   std::string error_kind;        // "" = succeeded; else e.g. "http_503", "timeout"
+  uint64_t cached_tokens = 0;    // prompt tokens served from a prefix cache (not computed)
 };
 
 struct LatencyStats {
