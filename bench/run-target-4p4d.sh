@@ -150,7 +150,7 @@ case "$MODE" in
     if [[ "$MODE" == pd-vs-agg ]]; then VARIANTS="pd aggregated"; else
       VARIANTS="prefix-aware round-robin"; fi
     echo "| variant, sessions | requests | failed | TTFT p50 ms | TTFT p90 ms | TPOT p50 ms |" \
-         "output tok/s | hit rate (/metrics) | cluster CPU / wall |" >>"$SUMMARY"
+         "output tok/s | hit rate (usage.cached_tokens) | cluster CPU / wall |" >>"$SUMMARY"
     echo "|$(printf ' --- |%.0s' $(seq 9))" >>"$SUMMARY"
     for c in $CONCURRENCY; do
       for v in $VARIANTS; do

@@ -50,7 +50,9 @@ def sim_ttfts(sim):
 def main():
     mode, label, real = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
     rs = real["summary"]
-    hit = real["prefix_cache"].get("hit_rate") or 0
+    # The requests' usage.cached_tokens (the sim's definition); older results: /metrics.
+    hit = (real["prefix_cache"].get("request_hit_rate")
+           or real["prefix_cache"].get("hit_rate") or 0)
     if mode == "real":
         cells = [label, rs["requests_count"], rs["failed_count"],
                  f'{rs["ttft_ms"]["p50"]:.0f}', f'{rs["ttft_ms"]["p90"]:.0f}',
