@@ -7,6 +7,7 @@
 #include <set>
 
 #include "actors/router/router_core.hpp"
+#include "runtime/base/mix.hpp"
 
 namespace tandem::bench {
 namespace {
@@ -19,12 +20,6 @@ using router::RouterConfig;
 using router::RouterCore;
 using Clock = std::chrono::steady_clock;
 
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Stand-in for the gateway's chained block hashes (same shape: 32 bytes, chained).
 std::vector<kv::BlockHash> chain(uint64_t salt, uint32_t blocks) {
@@ -32,7 +27,7 @@ std::vector<kv::BlockHash> chain(uint64_t salt, uint32_t blocks) {
   uint64_t previous = salt;
   for (uint32_t i = 0; i < blocks; ++i) {
     for (size_t word = 0; word < 4; ++word) {
-      uint64_t part = mix(previous * 31 + salt + word);
+      uint64_t part = mix64(previous * 31 + salt + word);
       std::memcpy(out[i].bytes.data() + 8 * word, &part, 8);
     }
     std::memcpy(&previous, out[i].bytes.data(), 8);

@@ -8,6 +8,7 @@
 
 #include "bench/http_stream.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/sim_cluster.hpp"
 #include "tools/workload/workload.hpp"
 
 using namespace tandem;
@@ -17,26 +18,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string manifest(uint16_t http_port) {
-  std::string model = source_root() + "/models/stories15M";
-  std::string t = "[cluster]\nname = \"bench-serve-it\"\n[model]\nname = \"stories15M\"\n"
-                  "path = \"" + model + "\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
-                  "[sim]\ntime_factor = 0\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\n"
-                  "eos_id = 2\nmax_position = 2048\noutput_tokens_sigma = 0\n"
-                  "output_tokens_mean = 16384\noutput_tokens_max = 16384\n";
-  t += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
-       std::to_string(free_port()) + "\nadmin_port = " + std::to_string(free_port()) +
-       "\nhttp_port = " + std::to_string(http_port) + "\n";
-  for (const char* inst :
-       {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
-        "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
-        "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
-        "role = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\ndevices = [0]\n"
-        "kv_blocks = 1024\n",
-        "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
-        "kv_blocks = 1024\n"}) {
-    t += std::string("[[node.instance]]\n") + inst;
-  }
-  return t;
+  return one_node_sim_manifest("bench-serve-it", http_port);
 }
 
 // A trace: 3 sessions x 4 turns, each turn resending the previous prompt plus new tokens,

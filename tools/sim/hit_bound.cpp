@@ -7,16 +7,10 @@
 #include <utility>
 
 #include "runtime/base/assert.hpp"
+#include "runtime/base/mix.hpp"
 
 namespace tandem::sim {
 namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // A prompt's chain so far: the last full block's hash and the open block's tokens.
 struct ChainState {
@@ -57,8 +51,8 @@ void Bound::absorb(ChainState& chain, std::span<const uint32_t> tokens) {
   for (uint32_t token : tokens) {
     chain.tail.push_back(token);
     if (chain.tail.size() < block_tokens_) continue;
-    uint64_t h = mix(chain.last_hash ^ 0x5bd1e995u);
-    for (uint32_t t : chain.tail) h = mix(h ^ t);
+    uint64_t h = mix64(chain.last_hash ^ 0x5bd1e995u);
+    for (uint32_t t : chain.tail) h = mix64(h ^ t);
     chain.tail.clear();
     chain.last_hash = h;
     chain.blocks_count += 1;

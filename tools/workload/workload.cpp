@@ -1,4 +1,5 @@
 #include "tools/workload/workload.hpp"
+#include "runtime/base/mix.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,17 +9,11 @@
 namespace tandem::workload {
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // Seeds for independent streams: derive(seed, tag, index) never depends on draw order.
 enum class Stream : uint64_t { system = 1, repo, session, task, assistant, tool, request, group };
 uint64_t derive(uint64_t seed, Stream stream, uint64_t a, uint64_t b = 0) {
-  return mix(mix(mix(seed) ^ static_cast<uint64_t>(stream)) ^ mix(a + 0x51ed27)) ^ mix(b);
+  uint64_t tagged = mix64(mix64(seed) ^ static_cast<uint64_t>(stream));
+  return mix64(tagged ^ mix64(a + 0x51ed27)) ^ mix64(b);
 }
 
 // Platform-independent random draws (std distributions differ between libraries).
@@ -27,7 +22,7 @@ class Rng {
   explicit Rng(uint64_t seed) : state_(seed) {}
   uint64_t next() {
     state_ += 0x9e3779b97f4a7c15ull;
-    return mix(state_);
+    return mix64(state_);
   }
   double uniform01() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
   uint32_t uniform_int(uint32_t lo, uint32_t hi) {                              // inclusive
@@ -196,9 +191,9 @@ uint64_t Request::prompt_tokens_count() const {
 void append_token_ids(const Segment& segment, std::vector<uint32_t>& out) {
   RT_ASSERT(segment.vocab_size >= 1, segment.vocab_size);
   size_t before = out.size();
-  uint64_t base = mix(segment.seed);
+  uint64_t base = mix64(segment.seed);
   for (uint32_t i = 0; i < segment.tokens_count; ++i) {
-    out.push_back(static_cast<uint32_t>(mix(base + i) % segment.vocab_size));
+    out.push_back(static_cast<uint32_t>(mix64(base + i) % segment.vocab_size));
   }
   RT_ASSERT(out.size() == before + segment.tokens_count);
 }
