@@ -5,6 +5,7 @@
 #include <sstream>
 #include <variant>
 
+#include "actors/router/router_actor.hpp"
 #include "config/manifest.hpp"
 
 namespace tandem::tools {
@@ -58,18 +59,6 @@ std::string read_file(const std::string& path, bool* ok) {
   return text.str();
 }
 
-router::Policy to_policy(config::RouterPolicy p) {
-  switch (p) {
-    case config::RouterPolicy::prefix_aware:
-      return router::Policy::prefix_aware;
-    case config::RouterPolicy::round_robin:
-      return router::Policy::round_robin;
-    case config::RouterPolicy::random:
-      return router::Policy::random;
-  }
-  return router::Policy::prefix_aware;
-}
-
 // Applies a manifest's sections; false (after printing why) on a bad manifest.
 bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   auto loaded = config::load_manifest(path);
@@ -80,15 +69,7 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   const auto& m = std::get<config::Manifest>(loaded);
   c.prefill_count = static_cast<uint32_t>(m.instances_of(config::Role::prefill).size());
   c.decode_count = static_cast<uint32_t>(m.instances_of(config::Role::decode).size());
-  c.router.policy = to_policy(m.router.policy);
-  c.router.weight_prefix = m.router.weight_prefix;
-  c.router.weight_queue = m.router.weight_queue;
-  c.router.weight_kv_usage = m.router.weight_kv_usage;
-  c.router.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
-  c.router.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
-  c.router.load_imbalance_max = m.router.load_imbalance_max;
-  c.router.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
-  c.router.prefill_by_work = m.router.prefill_by_work;
+  c.router = actors::router_config(m);  // the sim sets its seed and block size itself
   c.block_tokens = m.model.block_tokens;
   c.max_model_tokens = m.model.max_model_tokens;
   c.prefill_queue_max = m.prefill.queue_max;

@@ -1,5 +1,6 @@
 #include "actors/router/router_actor.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "actors/router/router_core.hpp"
@@ -35,7 +36,9 @@ struct RouterState {
 
 using RouterActor = caf::stateful_actor<RouterState>;
 
-router::RouterConfig core_config(const config::Manifest& m) {
+}  // namespace
+
+router::RouterConfig router_config(const config::Manifest& m) {
   router::RouterConfig c;
   c.policy = m.router.policy == config::RouterPolicy::round_robin ? router::Policy::round_robin
              : m.router.policy == config::RouterPolicy::random    ? router::Policy::random
@@ -49,10 +52,16 @@ router::RouterConfig core_config(const config::Manifest& m) {
   c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
   c.prefill_by_work = m.router.prefill_by_work;
   c.block_tokens = m.model.block_tokens;
-  c.instances_max = 65536;
+  // Only the manifest's instances are ever added; the index keeps one holder bit per
+  // instance per block (instances_max / 64 words), so size it to them, not to the maximum.
+  size_t instances = m.instances_of(config::Role::prefill).size() +
+                     m.instances_of(config::Role::decode).size();
+  c.instances_max = static_cast<uint32_t>(std::clamp<size_t>(instances, 1, 65536));
   c.seed = std::hash<std::string>{}(m.cluster.name);
   return c;
 }
+
+namespace {
 
 void add_instances(RouterState& st) {
   for (auto role : {config::Role::decode, config::Role::prefill}) {
@@ -148,7 +157,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;
-    st.core = std::make_unique<router::RouterCore>(core_config(*ctx.manifest));
+    st.core = std::make_unique<router::RouterCore>(router_config(*ctx.manifest));
     add_instances(st);
     obs::Labels l = {{"instance", name.instance}};
     st.picks_disaggregated = make_counter(*ctx.metrics, "tandem_router_picks_total",

@@ -9,8 +9,15 @@
 #include <caf/all.hpp>
 
 #include "actors/common/shell.hpp"
+#include "actors/router/router_core.hpp"
 
 namespace tandem::actors {
+
+// The manifest's [router] section (plus [model] block_tokens) as the core's config; the
+// seed derives from the cluster name and instances_max is the manifest's prefill + decode
+// instance count. Used by the
+// router actor and by `tandem sim --manifest` (which overrides seed and block size).
+router::RouterConfig router_config(const config::Manifest& manifest);
 
 caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
                         const config::Instance& instance);
