@@ -164,14 +164,16 @@ json chat_logprobs_json(std::span<const TokenLogprobs> tokens) {
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-json completion_logprobs_json(std::span<const TokenLogprobs> tokens,
-                              std::span<const int64_t> text_offsets) {
+nlohmann::ordered_json completion_logprobs_json(std::span<const TokenLogprobs> tokens,
+                                                std::span<const int64_t> text_offsets) {
+  using ojson = nlohmann::ordered_json;
   RT_ASSERT(tokens.size() == text_offsets.size(), tokens.size(), text_offsets.size());
-  json texts = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  ojson texts = ojson::array(), lps = ojson::array(), tops = ojson::array();
+  ojson offsets = ojson::array();
   for (size_t i = 0; i < tokens.size(); ++i) {
     texts.push_back(tokens[i].token);
     lps.push_back(tokens[i].logprob);
-    json top = json::object();
+    ojson top = ojson::object();
     // Two alternatives that decode to the same text keep the more probable (listed first).
     for (const TokenAlternative& a : tokens[i].top) {
       if (!top.contains(a.token)) top[a.token] = a.logprob;

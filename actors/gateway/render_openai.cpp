@@ -135,22 +135,25 @@ std::string ChatRenderer::body() const {
 CompletionRenderer::CompletionRenderer(RenderOptions options, IdGenerator& ids)
     : RendererBase(std::move(options), ids), id_(ids_.next("cmpl-")) {}
 
+// Completions bodies and chunks are ordered_json: their logprobs' top dicts keep the
+// probability order (see completion_logprobs_json).
 std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) {
-  json logprobs = nullptr;
+  using ojson = nlohmann::ordered_json;
+  ojson logprobs = nullptr;
   if (options_.logprobs) {
     size_t begin = take_unsent_logprobs();
     logprobs = completion_logprobs_json(std::span(logprobs_).subspan(begin),
                                         std::span(text_offsets_).subspan(begin));
   }
-  json choice = {{"index", 0},
-                 {"text", text},
-                 {"logprobs", std::move(logprobs)},
-                 {"finish_reason", std::move(finish_reason)}};
-  json c = {{"id", id_},
-            {"object", "text_completion"},
-            {"created", options_.created_s},
-            {"model", options_.model},
-            {"choices", json::array({choice})}};
+  ojson choice = {{"index", 0},
+                  {"text", text},
+                  {"logprobs", std::move(logprobs)},
+                  {"finish_reason", ojson(finish_reason)}};
+  ojson c = {{"id", id_},
+             {"object", "text_completion"},
+             {"created", options_.created_s},
+             {"model", options_.model},
+             {"choices", ojson::array({choice})}};
   return sse_data(c.dump(-1, ' ', false, utf8_replace));
 }
 
@@ -196,18 +199,19 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
 std::string CompletionRenderer::body() const {
   RT_ASSERT(done_, "body() before the terminal event");
   RT_ASSERT(!error_, "body() after an error; render error() instead");
-  json logprobs = options_.logprobs ? completion_logprobs_json(logprobs_, text_offsets_)
-                                    : json(nullptr);
-  json choice = {{"index", 0},
-                 {"text", options_.echo_text + reasoning_ + text_},
-                 {"logprobs", std::move(logprobs)},
-                 {"finish_reason", openai_finish_reason(finish_, false)}};
-  json b = {{"id", id_},
-            {"object", "text_completion"},
-            {"created", options_.created_s},
-            {"model", options_.model},
-            {"choices", json::array({choice})},
-            {"usage", chat_usage_json(usage_)}};
+  using ojson = nlohmann::ordered_json;
+  ojson logprobs = options_.logprobs ? completion_logprobs_json(logprobs_, text_offsets_)
+                                     : ojson(nullptr);
+  ojson choice = {{"index", 0},
+                  {"text", options_.echo_text + reasoning_ + text_},
+                  {"logprobs", std::move(logprobs)},
+                  {"finish_reason", openai_finish_reason(finish_, false)}};
+  ojson b = {{"id", id_},
+             {"object", "text_completion"},
+             {"created", options_.created_s},
+             {"model", options_.model},
+             {"choices", ojson::array({choice})},
+             {"usage", ojson(chat_usage_json(usage_))}};
   return b.dump(-1, ' ', false, utf8_replace);
 }
 

@@ -54,9 +54,11 @@ class RendererBase : public Renderer {
 // top_logprobs:[{token, logprob, bytes}]}; bytes are the token's raw bytes.
 json chat_logprob_json(const TokenLogprobs& t);
 json chat_logprobs_json(std::span<const TokenLogprobs> tokens);  // {content, refusal}
-// Completions: {tokens, token_logprobs, top_logprobs:[{token: logprob}], text_offset}.
-json completion_logprobs_json(std::span<const TokenLogprobs> tokens,
-                              std::span<const int64_t> text_offsets);
+// Completions: {tokens, token_logprobs, top_logprobs:[{token: logprob}], text_offset}. An
+// ordered_json: each top_logprobs object lists its keys most probable first, as OpenAI
+// does (a plain json object would sort them by text).
+nlohmann::ordered_json completion_logprobs_json(std::span<const TokenLogprobs> tokens,
+                                                std::span<const int64_t> text_offsets);
 
 class ChatRenderer final : public RendererBase {
  public:

@@ -8,6 +8,7 @@
 #include "actors/gateway/api_request.hpp"
 #include "actors/gateway/api_response.hpp"
 #include "actors/gateway/output_parser.hpp"
+#include "actors/gateway/renderers.hpp"
 #include "actors/gateway/token_logprobs.hpp"
 
 using namespace tandem::gateway;
@@ -585,4 +586,18 @@ TEST_CASE("chat logprobs ride on reasoning and tool-call chunks too (every token
   std::string body;
   run(ApiKind::chat_completions, logprob_options(false), events, &body);
   CHECK(json::parse(body)["choices"][0]["logprobs"]["content"].size() == 4);
+}
+
+TEST_CASE("completions logprobs: each top_logprobs dict lists the most probable key first") {
+  // "b" is more probable than "a": a sorted (std::map) object would write "a" first.
+  std::vector<TokenLogprobs> tokens = {{"b", -0.1, {{"b", -0.1}, {"a", -2.0}, {"c", -3.0}}}};
+  std::vector<int64_t> offsets = {0};
+  std::string text = completion_logprobs_json(tokens, offsets).dump();
+  CHECK(text.find(R"({"b":-0.1,"a":-2.0,"c":-3.0})") != std::string::npos);
+  // And in a rendered body: keys in the order the API documents (id, object, ...).
+  RenderOptions o = logprob_options(false);
+  std::string body;
+  run(ApiKind::completions, o, logprob_script(), &body);
+  CHECK(body.rfind(R"({"id":")", 0) == 0);
+  CHECK(body.find(R"("tokens":)") < body.find(R"("token_logprobs":)"));
 }
