@@ -4,11 +4,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <memory>
 
 #include "config/manifest.hpp"
 #include "messages/envelope.hpp"
 #include "runtime/node/bridge.hpp"
+#include "runtime/node/caf_types.hpp"
 #include "runtime/obs/metrics.hpp"
 
 namespace tandem::actors {
@@ -89,5 +91,18 @@ void report_load(caf::event_based_actor* self, const ShellContext& ctx,
 // the reason the gateway shows in /health. Sent every tick while not ready, like report_load.
 void report_not_ready(caf::event_based_actor* self, const ShellContext& ctx,
                       const messages::ActorName& name, const std::string& reason);
+
+// How often prefill and decode shells tick: load reports, hold and prefill timeouts.
+inline constexpr std::chrono::milliseconds shell_tick_interval{100};
+
+// The tick of a prefill or decode shell whose executor failed to create its device: reports
+// not-ready with the executor's error (router and gateway skip the instance) and schedules
+// the next tick. The actor's state has `ctx`, `self_name` and `info` (ExecInfo).
+template <class ShellActor>
+void not_ready_tick(ShellActor* self) {
+  auto& st = self->state;
+  report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
+  self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
+}
 
 }  // namespace tandem::actors

@@ -528,7 +528,7 @@ decode::DecodeConfig scheduler_config(const config::Manifest& m) {
 }
 
 caf::behavior running(DecodeActor* self) {
-  self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+  self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
   return {
       [self](const runtime::InboundFrame& in) {
         try {
@@ -552,7 +552,7 @@ caf::behavior running(DecodeActor* self) {
         update_metrics(st);
         report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->waiting_count(),
                     st.scheduler->active_count());
-        self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+        self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
       },
   };
 }
@@ -606,11 +606,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
         },
         [](const runtime::MembershipEvent&) {},
         [](const runtime::InstanceLoadReport&) {},
-        [self](runtime::atoms::tick) {  // only if the device failed: tell router and gateway
-          auto& st = self->state;
-          report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
-          self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
-        },
+        [self](runtime::atoms::tick) { not_ready_tick(self); },  // only if the device failed
     };
   });
   ctx.bridge->register_actor(name, actor);

@@ -214,7 +214,7 @@ prefill::PrefillConfig scheduler_config(const config::Manifest& m) {
 }
 
 caf::behavior running(PrefillActor* self) {
-  self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+  self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
   return {
       [self](const runtime::InboundFrame& in) {
         try {
@@ -234,7 +234,7 @@ caf::behavior running(PrefillActor* self) {
         pump(self);
         report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->queued_count(),
                     st.scheduler->held_count());
-        self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
+        self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
       },
   };
 }
@@ -275,11 +275,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
                      envelope.getBody().getPrefillRequest().getRequestId(),
                      make_error(ErrorKind::unimplemented, "prefill has no device: " + st.info.error));
         },
-        [self](runtime::atoms::tick) {  // only if the device failed: tell the router
-          auto& st = self->state;
-          report_not_ready(self, st.ctx, st.self_name, "executor failed: " + st.info.error);
-          self->delayed_send(self, std::chrono::milliseconds(100), runtime::atoms::tick::value);
-        },
+        [self](runtime::atoms::tick) { not_ready_tick(self); },  // only if the device failed
     };
   });
   ctx.bridge->register_actor(name, actor);
