@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,21 +31,28 @@ inline std::string build_root() { return env_or("TANDEM_BUILD_ROOT", "build"); }
 inline std::string source_root() { return env_or("TANDEM_SOURCE_ROOT", "."); }
 inline std::string tandem_bin() { return build_root() + "/tools/tandem"; }
 
-// A free TCP port on 127.0.0.1 (bound then released; fine for tests on one machine).
+// A free TCP port on 127.0.0.1 (bound then released; fine for tests on one machine). The
+// kernel may hand a just-released port out again, so a port this process already got is
+// never returned twice (a manifest's fabric, admin and HTTP ports must differ).
 inline uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  static std::set<uint16_t> given;  // ports returned so far, this process
+  for (int attempt = 0; attempt < 256; ++attempt) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      throw std::runtime_error("free_port: bind failed");
+    }
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
     close(fd);
-    throw std::runtime_error("free_port: bind failed");
+    uint16_t port = ntohs(addr.sin_port);
+    if (given.insert(port).second) return port;
   }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  throw std::runtime_error("free_port: no port not handed out before in 256 tries");
 }
 
 inline std::string make_temp_dir(const std::string& tag) {
