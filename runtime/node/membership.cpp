@@ -71,4 +71,12 @@ size_t Membership::up_count() const {
   return count;
 }
 
+std::vector<MembershipEvent> Membership::current() const {
+  std::vector<MembershipEvent> events;
+  for (const auto& [node, view] : peers_) {
+    if (view.state == PeerState::up) events.push_back({MembershipEvent::Kind::up, node});
+  }
+  return events;
+}
+
 }  // namespace tandem::runtime

@@ -51,6 +51,10 @@ class Membership {
   // Declares down every up peer not heard within the window. Call every interval.
   std::vector<MembershipEvent> tick(Clock::time_point now);
 
+  // What a subscriber that arrives now must be told so that its view equals ours: an `up`
+  // for every peer that is up (it starts with every peer down), in name order.
+  std::vector<MembershipEvent> current() const;
+
   const std::map<std::string, PeerView>& peers() const { return peers_; }
   bool is_up(const std::string& node) const;
   size_t up_count() const;

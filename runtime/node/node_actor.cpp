@@ -333,8 +333,17 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
         for (const auto& sub : st.subscribers) self->send(sub, report);
       },
       [self](atoms::subscribe, caf::actor subscriber) {
-        auto& subs = self->state.subscribers;
-        if (subs.size() < NodeState::subscribers_max) subs.insert(std::move(subscriber));
+        // Subscribing is asynchronous: peers may have come up before this message arrived.
+        // Replay them, or the subscriber (the router, say) keeps them down until they
+        // restart. Subscribers treat a repeated `up` as a no-op.
+        auto& st = self->state;
+        if (st.subscribers.size() >= NodeState::subscribers_max) {
+          st.deps.log->warn("node actor: subscriber limit {} reached; ignoring a subscription",
+                            NodeState::subscribers_max);
+          return;
+        }
+        if (!st.subscribers.insert(subscriber).second) return;
+        for (const auto& event : st.membership->current()) self->send(subscriber, event);
       },
   };
 }

@@ -22,7 +22,8 @@ struct NodeActorDeps {
 };
 
 // Spawns the node actor and registers it as NODE/node/. Subscribers (send
-// `atoms::subscribe` with an actor) get every MembershipEvent.
+// `atoms::subscribe` with an actor) first get an `up` for every peer already up, then every
+// MembershipEvent and every InstanceLoadReport.
 caf::actor spawn_node_actor(caf::actor_system& system, NodeActorDeps deps);
 
 // Spawns the actor shell for one role instance and registers it as NODE/role/instance.

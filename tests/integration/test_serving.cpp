@@ -79,7 +79,7 @@ class ServeCluster {
     return http::metric_sum(metrics(node), series, labels);
   }
   std::string logs() {
-    std::string out;
+    std::string out = "last warm-up answer: " + warm_up_answer_ + "\n";
     for (auto& [name, child] : nodes_) out += "---- " + name + " ----\n" + child->log();
     return out;
   }
@@ -93,7 +93,12 @@ class ServeCluster {
     return eventually(timeout, [&] {
       json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},
                    {"temperature", 0}};
+      auto started = std::chrono::steady_clock::now();
       auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                            started).count();
+      warm_up_answer_ = std::to_string(r.status) + " after " + std::to_string(ms) + " ms " +
+                        r.error + " " + r.body.substr(0, 400);
       return r.ok() && r.status == 200;
     });
   }
@@ -136,6 +141,7 @@ class ServeCluster {
   uint16_t http_port_;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
+  std::string warm_up_answer_ = "(none)";
 };
 
 json completion_body(const std::string& prompt, int max_tokens, bool stream) {

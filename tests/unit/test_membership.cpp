@@ -39,3 +39,15 @@ TEST_CASE("a new incarnation while up is a restart; unknown nodes are ignored") 
   CHECK(m.peers().size() == 1);
   CHECK(m.down_after() == 100ms);
 }
+
+TEST_CASE("current(): an up event per up peer, for a subscriber that arrives late") {
+  Membership m({"b", "c", "d"}, 100ms, 5);
+  Clock::time_point t0{};
+  CHECK(m.current().empty());
+  (void)m.heard("d", 1, 0ms, t0);
+  (void)m.heard("b", 1, 0ms, t0);
+  CHECK(m.current() == std::vector<MembershipEvent>{{Kind::up, "b"}, {Kind::up, "d"}});
+  (void)m.heard("d", 1, 0ms, t0 + 600ms);  // d keeps talking; b falls silent
+  (void)m.tick(t0 + 600ms);
+  CHECK(m.current() == std::vector<MembershipEvent>{{Kind::up, "d"}});
+}

@@ -1,0 +1,132 @@
+// The node actor's subscriptions: a subscriber that arrives after a peer came up is told
+// that the peer is up (the router once kept a decode node excluded for good because its
+// `subscribe` reached the node actor after the peer's first heartbeat).
+#include <doctest.h>
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <string>
+#include <variant>
+
+#include "config/manifest.hpp"
+#include "runtime/obs/log.hpp"
+#include "runtime/node/bridge.hpp"
+#include "runtime/node/caf_types.hpp"
+#include "runtime/node/node_actor.hpp"
+#include "tests/support/process.hpp"
+
+using namespace tandem;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string two_nodes = R"([cluster]
+name = "subs"
+[membership]
+heartbeat_interval_ms = 60000
+[model]
+name = "tiny"
+path = "models/tiny"
+[[node]]
+name = "a"
+host = "127.0.0.1"
+fabric_port = FABRIC_PORT
+admin_port = 17200
+http_port = 8000
+  [[node.instance]]
+  role = "gateway"
+  name = "gw"
+  [[node.instance]]
+  role = "router"
+  name = "rt"
+[[node]]
+name = "b"
+host = "127.0.0.1"
+fabric_port = 17101
+admin_port = 17201
+  [[node.instance]]
+  role = "decode"
+  name = "dec"
+  executor = "ex"
+  [[node.instance]]
+  role = "executor"
+  name = "ex"
+  device = "cpu"
+  devices = [0]
+)";
+
+config::Manifest parse(const std::string& text) {
+  auto parsed = config::parse_manifest(text, "subs.toml");
+  if (auto* errors = std::get_if<config::ManifestErrors>(&parsed)) FAIL(errors->describe());
+  return std::get<config::Manifest>(parsed);
+}
+
+caf::actor_system_config& configured(caf::actor_system_config& cfg) {
+  cfg.add_message_types<caf::id_block::tandem>();
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+// Node b's heartbeat, delivered to node a's node actor through a's bridge (local delivery:
+// the bridge has no fabric; the envelope names b as its source).
+void heartbeat_from_b(runtime::Bridge& bridge, uint64_t sequence) {
+  Status sent = bridge.send({"b", "node", ""}, {"a", "node", ""}, 0,
+                            [&](wire::Envelope::Builder b) {
+                              auto hb = b.getBody().initHeartbeat();
+                              hb.setIncarnation(42);
+                              hb.setSequence(sequence);
+                              hb.setUptimeMs(1000);
+                            });
+  REQUIRE_MESSAGE(sent.ok(), sent.error().describe());
+}
+
+}  // namespace
+
+TEST_CASE("node actor: a late subscriber learns the peers that are already up") {
+  std::string text = two_nodes;
+  text.replace(text.find("FABRIC_PORT"), 11, std::to_string(testing::free_port()));
+  config::Manifest manifest = parse(text);
+  caf::actor_system_config cfg;
+  caf::actor_system system{configured(cfg)};
+  auto log = obs::make_node_logger("a", "warn");
+  REQUIRE(log.ok());
+  runtime::Bridge bridge(manifest, "a", 1, *log);
+  Status started = bridge.start();  // node b never answers: its hellos go nowhere
+  REQUIRE_MESSAGE(started.ok(), started.error().describe());
+  runtime::NodeActorDeps deps{&manifest, &bridge, *log, [] { return std::string(); }, nullptr};
+  caf::actor node = runtime::spawn_node_actor(system, std::move(deps));
+  // However the test ends, the node actor exits (or ~actor_system waits for it forever).
+  struct Stop {
+    caf::actor node;
+    ~Stop() { caf::anon_send_exit(node, caf::exit_reason::user_shutdown); }
+  } stop{node};
+  bridge.set_ready();
+
+  // An early subscriber sees b come up as it happens.
+  caf::scoped_actor early{system};
+  early->send(node, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(early));
+  heartbeat_from_b(bridge, 1);
+  bool early_saw_up = false;
+  early->receive([&](const runtime::MembershipEvent& e) {
+    early_saw_up = e.kind == runtime::MembershipEvent::Kind::up && e.node == "b";
+  }, caf::after(5s) >> [] {});
+  CHECK(early_saw_up);
+
+  // A subscriber that arrives after b is up is told at once, not at b's next change.
+  caf::scoped_actor late{system};
+  late->send(node, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(late));
+  bool late_saw_up = false;
+  late->receive([&](const runtime::MembershipEvent& e) {
+    late_saw_up = e.kind == runtime::MembershipEvent::Kind::up && e.node == "b";
+  }, caf::after(5s) >> [] {});
+  CHECK(late_saw_up);
+
+  // Subscribing twice is harmless: no second replay, and b's heartbeats cause no events.
+  late->send(node, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(late));
+  heartbeat_from_b(bridge, 2);
+  bool extra = false;
+  late->receive([&](const runtime::MembershipEvent&) { extra = true; },
+                caf::after(300ms) >> [] {});
+  CHECK_FALSE(extra);
+}
