@@ -79,6 +79,7 @@ class PrefixCache {
   void release(std::span<const BlockIndex> blocks);
 
   CacheEvents drain_events();  // and starts a new window
+  bool has_events() const { return !pending_events_.empty(); }
 
   uint32_t blocks_count() const { return static_cast<uint32_t>(blocks_.size()); }
   uint32_t block_tokens() const { return block_tokens_; }

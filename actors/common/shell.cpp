@@ -1,5 +1,7 @@
 #include "actors/common/shell.hpp"
 
+#include <algorithm>
+
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
 
@@ -104,6 +106,41 @@ void InstanceMetrics::refresh(const kv::PrefixCache& cache, uint32_t waiting, ui
   hits_tokens_->inc(c.hit_tokens_count - hits_seen_);
   queries_seen_ = c.query_tokens_count;
   hits_seen_ = c.hit_tokens_count;
+}
+
+KvEventReporter::KvEventReporter(const ShellContext& ctx, messages::ActorName self)
+    : ctx_(ctx), self_(std::move(self)) {
+  for (const auto& [node, inst] : ctx_.manifest->instances_of(config::Role::router)) {
+    routers_.push_back({node->name, std::string(config::to_string(config::Role::router)),
+                        inst->name});
+  }
+  // A hash is a 32-byte Data element (8-byte pointer + 32 bytes); leave 1 KiB for the
+  // envelope and the instance name.
+  uint32_t frame = ctx_.manifest->fabric.frame_bytes_max;
+  hashes_per_frame_ = std::max<size_t>(1, (frame > 1024 ? frame - 1024 : 0) / 40);
+}
+
+void KvEventReporter::flush(kv::PrefixCache& cache) {
+  if (!cache.has_events()) return;
+  kv::CacheEvents events = cache.drain_events();
+  if (events.removed.empty() || routers_.empty()) return;
+  std::string instance = self_.to_string();
+  for (size_t at = 0; at < events.removed.size(); at += hashes_per_frame_) {
+    size_t n = std::min(hashes_per_frame_, events.removed.size() - at);
+    std::vector<kv::BlockHash> part(events.removed.begin() + at, events.removed.begin() + at + n);
+    for (const auto& router : routers_) {
+      Status sent = ctx_.bridge->send(self_, router, 0, [&](wire::Envelope::Builder b) {
+        auto ev = b.getBody().initKvEvents();
+        ev.setInstance(instance);
+        messages::set_hashes(ev.initRemoved(static_cast<unsigned>(part.size())), part);
+      });
+      if (!sent.ok()) {
+        ctx_.log->debug("{}: KV events for {} not sent: {}", instance, router.to_string(),
+                        sent.error().describe());
+      }
+    }
+  }
+  removed_count_ += events.removed.size();
 }
 
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,

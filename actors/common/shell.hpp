@@ -82,6 +82,28 @@ class InstanceMetrics {
   uint64_t queries_seen_ = 0, hits_seen_ = 0;
 };
 
+// Tells every router of the cluster which blocks left this instance's prefix cache since the
+// last flush (evictions), so their prefix index stops counting them. Without it a router keeps
+// believing an evicted prefix is cached: it sends the prompt's next turn to an instance that
+// recomputes it, and skips P/D for it. Blocks that entered are not sent (the router recorded
+// them when it picked the instance). A router that cannot be reached misses the events; one
+// that restarts starts with an empty index. `tandem sim` applies the same removals.
+class KvEventReporter {
+ public:
+  KvEventReporter(const ShellContext& ctx, messages::ActorName self);
+  // Drains the cache's events and sends the removals, in frames that fit the manifest's
+  // frame_bytes_max. Costs nothing when the cache has no events.
+  void flush(kv::PrefixCache& cache);
+  uint64_t removed_count() const { return removed_count_; }  // hashes sent, per router
+
+ private:
+  ShellContext ctx_;
+  messages::ActorName self_;
+  std::vector<messages::ActorName> routers_;
+  size_t hashes_per_frame_ = 0;
+  uint64_t removed_count_ = 0;
+};
+
 // Sends this instance's load to its node actor, which carries it in heartbeats to the router.
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                  const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,

@@ -81,6 +81,7 @@ struct DecodeState {
   std::unordered_map<uint64_t, Seq> seqs;
   bool stepping = false;
   std::unique_ptr<DecodeMetrics> metrics;
+  std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
   static inline const char* name = "tandem.decode";
 };
 
@@ -89,6 +90,7 @@ using DecodeActor = caf::stateful_actor<DecodeState>;
 void update_metrics(DecodeState& st) {
   if (!st.metrics) return;
   st.metrics->common.refresh(*st.cache, st.scheduler->waiting_count(), st.scheduler->active_count());
+  st.kv_events->flush(*st.cache);
 }
 
 wire::FinishReason to_wire(decode::FinishReason reason) {
@@ -591,6 +593,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
                                                        info.layout.block_tokens);
           st.scheduler = std::make_unique<decode::DecodeScheduler>(config, *st.cache);
           st.metrics = std::make_unique<DecodeMetrics>(*st.ctx.metrics, st.self_name.instance);
+          st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);
           self->become(running(self));
         });
     return {

@@ -30,6 +30,7 @@ struct PrefillState {
   std::unordered_map<uint64_t, Pending> pending;
   bool stepping = false;
   std::unique_ptr<InstanceMetrics> metrics;
+  std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
   static inline const char* name = "tandem.prefill";
 };
 
@@ -38,6 +39,7 @@ using PrefillActor = caf::stateful_actor<PrefillState>;
 void update_metrics(PrefillState& st) {
   if (!st.metrics || !st.scheduler) return;
   st.metrics->refresh(*st.cache, st.scheduler->queued_count(), st.scheduler->held_count());
+  st.kv_events->flush(*st.cache);
 }
 
 void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t compute_ns) {
@@ -264,6 +266,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
                                                        info.layout.block_tokens);
           st.scheduler = std::make_unique<prefill::PrefillScheduler>(config, *st.cache);
           st.metrics = std::make_unique<InstanceMetrics>(*st.ctx.metrics, st.self_name.instance);
+          st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);
           self->become(running(self));
         });
     return {

@@ -31,6 +31,7 @@ struct RouterState {
   std::map<std::string, uint32_t> by_name;      // "node/role/instance" -> index
   obs::Counter* picks_disaggregated = nullptr;
   obs::Counter* picks_local = nullptr;
+  obs::Counter* kv_removed = nullptr;
   static inline const char* name = "tandem.router";
 };
 
@@ -148,6 +149,26 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
                              {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total});
 }
 
+// Blocks evicted from an instance's prefix cache (KvEventReporter): the index drops them and
+// every deeper block of their chains for that instance. `stored` lists are not sent (the
+// index learns stored blocks from its own picks).
+void on_kv_events(RouterState& st, wire::KvEvents::Reader ev) {
+  auto it = st.by_name.find(ev.getInstance());
+  if (it == st.by_name.end()) {
+    st.ctx.log->debug("router: KV events from unknown instance {}", std::string(ev.getInstance()));
+    return;
+  }
+  auto removed = messages::get_hashes(ev.getRemoved());
+  if (!removed.ok()) {
+    st.ctx.log->warn("router: bad KV events from {}: {}", std::string(ev.getInstance()),
+                     removed.error().describe());
+    return;
+  }
+  Status applied = st.core->kv_removed({it->second}, *removed);
+  RT_ASSERT(applied.ok(), it->second);
+  st.kv_removed->inc(removed->size());
+}
+
 }  // namespace
 
 caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
@@ -166,6 +187,9 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     st.picks_local = make_counter(*ctx.metrics, "tandem_router_picks_total",
                                   "routing decisions, by kind",
                                   {{"instance", name.instance}, {"kind", "decode_only"}});
+    st.kv_removed = make_counter(*ctx.metrics, "tandem_router_kv_blocks_removed_total",
+                                 "blocks instances reported evicted from their prefix cache",
+                                 {{"instance", name.instance}});
     if (ctx.node_actor) {
       self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
     }
@@ -175,6 +199,9 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
           auto which = envelope.getBody().which();
           try {
             if (which == wire::Envelope::Body::ROUTE_REQUEST) return on_route(self, envelope);
+            if (which == wire::Envelope::Body::KV_EVENTS) {
+              return on_kv_events(self->state, envelope.getBody().getKvEvents());
+            }
             if (which == wire::Envelope::Body::PING) {
               return runtime::answer_ping(self->state.ctx.bridge, self->state.self_name, envelope);
             }

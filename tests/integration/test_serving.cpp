@@ -38,16 +38,20 @@ std::string instance(const std::string& role, const std::string& name,
   return text;
 }
 
-std::string executor(const std::string& name, int device_index = 0) {
-  return instance("executor", name) + "  device = \"cpu\"\n  devices = [" +
-         std::to_string(device_index) + "]\n";
+std::string executor(const std::string& name, int device_index = 0, uint32_t kv_blocks = 0) {
+  std::string text = instance("executor", name) + "  device = \"cpu\"\n  devices = [" +
+                     std::to_string(device_index) + "]\n";
+  if (kv_blocks > 0) text += "  kv_blocks = " + std::to_string(kv_blocks) + "\n";
+  return text;
 }
 
 // A running cluster; nodes are SIGTERMed (then SIGKILLed by ~Child) on destruction.
 class ServeCluster {
  public:
-  ServeCluster(Layout layout, int disaggregate_tokens_min)
-      : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()) {
+  // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default).
+  ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0)
+      : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
+        decode_kv_blocks_(decode_kv_blocks) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -129,16 +133,19 @@ class ServeCluster {
     if (layout_ == Layout::one_node) {
       return text + node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
                                           instance("decode", "decode", "exec-d") +
-                                          executor("exec-p") + executor("exec-d", 1));
+                                          executor("exec-p") +
+                                          executor("exec-d", 1, decode_kv_blocks_));
     }
     return text + node_text("front", front_roles) +
            node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
-           node_text("decode", instance("decode", "decode", "exec-d") + executor("exec-d"));
+           node_text("decode", instance("decode", "decode", "exec-d") +
+                                   executor("exec-d", 0, decode_kv_blocks_));
   }
 
   Layout layout_;
   std::string dir_, manifest_path_;
   uint16_t http_port_;
+  uint32_t decode_kv_blocks_;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
   std::string warm_up_answer_ = "(none)";
@@ -461,4 +468,42 @@ TEST_CASE("serving: the same long prompt twice hits the prefix cache and starts 
   // assertion; the TTFT comparison is printed for the log.
   MESSAGE("median TTFT cold ", median(cold_ms), " ms, warm ", median(warm_ms), " ms",
           median(warm_ms) < median(cold_ms) ? " (warm sooner)" : " (warm NOT sooner)");
+}
+
+TEST_CASE("serving: blocks evicted on decode leave the router's index (KV events)" *
+          doctest::timeout(300)) {
+  // Decode's pool holds two 12-block requests and a half; prefill keeps everything (512).
+  ServeCluster c(Layout::one_node, 32, 30);
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  auto picks = [&](const std::string& kind) {
+    return c.metric("solo", "tandem_router_picks_total", "kind=\"" + kind + "\"");
+  };
+  auto cached_tokens = [](const Completion& r) {
+    return r.usage.value("prompt_tokens_details", json::object()).value("cached_tokens", 0);
+  };
+  std::string a = long_prompt("Story A:", 170);
+  Completion first = complete(c.http_port(), a, 4);
+  REQUIRE_MESSAGE(first.error.empty(), first.error);
+  // Decode holds A now: the same prompt again is decode-only and hits decode's cache.
+  double local0 = picks("decode_only");
+  Completion warm = complete(c.http_port(), a, 4);
+  REQUIRE_MESSAGE(warm.error.empty(), warm.error);
+  CHECK(picks("decode_only") == local0 + 1);
+  CHECK(cached_tokens(warm) >= 160);
+  // Four other prompts push A's blocks out of decode's pool.
+  for (const char* tag : {"Story B:", "Story C:", "Story D:", "Story E:"}) {
+    Completion other = complete(c.http_port(), long_prompt(tag, 170), 4);
+    REQUIRE_MESSAGE(other.error.empty(), other.error);
+  }
+  double removed = c.metric("solo", "tandem_router_kv_blocks_removed_total");
+  MESSAGE("router learned of ", removed, " evicted blocks");
+  CHECK(removed >= 10);
+  // The router knows decode lost A: it disaggregates again, and prefill's copy serves it
+  // (without the events it would send A decode-only and decode would recompute it all).
+  double pd0 = picks("disaggregated");
+  Completion again = complete(c.http_port(), a, 4);
+  REQUIRE_MESSAGE(again.error.empty(), again.error);
+  CHECK(picks("disaggregated") == pd0 + 1);
+  CHECK_MESSAGE(cached_tokens(again) >= 160, again.usage.dump());
+  CHECK(again.text == first.text);
 }

@@ -9,11 +9,8 @@
 #include <string>
 #include <variant>
 
-#include "config/manifest.hpp"
-#include "runtime/obs/log.hpp"
-#include "runtime/node/bridge.hpp"
-#include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "tests/support/local_bridge.hpp"
 #include "tests/support/process.hpp"
 
 using namespace tandem;
@@ -56,18 +53,6 @@ admin_port = 17201
   devices = [0]
 )";
 
-config::Manifest parse(const std::string& text) {
-  auto parsed = config::parse_manifest(text, "subs.toml");
-  if (auto* errors = std::get_if<config::ManifestErrors>(&parsed)) FAIL(errors->describe());
-  return std::get<config::Manifest>(parsed);
-}
-
-caf::actor_system_config& configured(caf::actor_system_config& cfg) {
-  cfg.add_message_types<caf::id_block::tandem>();
-  cfg.set("logger.verbosity", caf::atom("quiet"));
-  return cfg;
-}
-
 // Node b's heartbeat, delivered to node a's node actor through a's bridge (local delivery:
 // the bridge has no fabric; the envelope names b as its source).
 void heartbeat_from_b(runtime::Bridge& bridge, uint64_t sequence) {
@@ -86,15 +71,13 @@ void heartbeat_from_b(runtime::Bridge& bridge, uint64_t sequence) {
 TEST_CASE("node actor: a late subscriber learns the peers that are already up") {
   std::string text = two_nodes;
   text.replace(text.find("FABRIC_PORT"), 11, std::to_string(testing::free_port()));
-  config::Manifest manifest = parse(text);
+  config::Manifest manifest = testing::parse_manifest_or_fail(text);
   caf::actor_system_config cfg;
-  caf::actor_system system{configured(cfg)};
-  auto log = obs::make_node_logger("a", "warn");
-  REQUIRE(log.ok());
-  runtime::Bridge bridge(manifest, "a", 1, *log);
-  Status started = bridge.start();  // node b never answers: its hellos go nowhere
-  REQUIRE_MESSAGE(started.ok(), started.error().describe());
-  runtime::NodeActorDeps deps{&manifest, &bridge, *log, [] { return std::string(); }, nullptr};
+  caf::actor_system system{testing::tandem_actor_config(cfg)};
+  testing::LocalBridge local(manifest, "a");  // node b never answers: its hellos go nowhere
+  runtime::Bridge& bridge = *local.bridge;
+  runtime::NodeActorDeps deps{&manifest, &bridge, local.log, [] { return std::string(); },
+                              nullptr};
   caf::actor node = runtime::spawn_node_actor(system, std::move(deps));
   // However the test ends, the node actor exits (or ~actor_system waits for it forever).
   struct Stop {
