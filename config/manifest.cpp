@@ -429,7 +429,8 @@ void Loader::read_cluster(const toml::table& table) {
 
 void Loader::read_fabric(const toml::table& table) {
   TableReader reader(sink_, table, "fabric",
-                     {"provider", "send_queue_max", "frame_bytes_max", "recv_buffers",
+                     {"provider", "send_queue_max", "sends_inflight_max", "frame_bytes_max",
+                      "recv_buffers",
                       "rma_chunk_bytes", "rma_inflight_max", "connect_timeout_ms", "spin_us"});
   FabricSection& fabric = manifest_.fabric;
   size_t provider_index = no_index;
@@ -437,6 +438,7 @@ void Loader::read_fabric(const toml::table& table) {
     fabric.provider = std::string(providers[provider_index]);
   }
   reader.read_int("send_queue_max", 1, 1 << 20, fabric.send_queue_max);
+  reader.read_int("sends_inflight_max", 1, 4096, fabric.sends_inflight_max);
   reader.read_int("frame_bytes_max", 4 << 10, 64 << 20, fabric.frame_bytes_max);
   reader.read_int("recv_buffers", 1, 4096, fabric.recv_buffers);
   reader.read_int("rma_chunk_bytes", 4 << 10, 1 << 30, fabric.rma_chunk_bytes);

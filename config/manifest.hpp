@@ -35,6 +35,7 @@ struct ClusterSection {
 struct FabricSection {
   std::string provider = "tcp;ofi_rxm";  // also "shm", "verbs;ofi_rxm"
   uint32_t send_queue_max = 1024;         // frames queued per peer before send() is refused
+  uint32_t sends_inflight_max = 64;       // frames posted to the provider per peer at once
   uint32_t frame_bytes_max = 4u << 20;    // largest control frame, bytes
   uint32_t recv_buffers = 32;             // receive buffers posted, each frame_bytes_max
   uint32_t rma_chunk_bytes = 8u << 20;    // one RMA read op moves at most this many bytes

@@ -1,5 +1,6 @@
 #include "actors/decode/decode_actor.hpp"
 
+#include <deque>
 #include <unordered_map>
 
 #include "actors/decode/decode_scheduler.hpp"
@@ -82,6 +83,17 @@ struct DecodeState {
   bool stepping = false;
   std::unique_ptr<DecodeMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
+  // Requests cancelled because their tokens could not be sent: the error for the gateway is
+  // retried every tick until it goes out (the gateway may be reachable again) or gives up.
+  struct LostStream {
+    ActorName to;
+    uint64_t id = 0;
+    uint32_t tokens_sent = 0;
+    uint32_t attempts = 0;
+  };
+  std::deque<LostStream> lost;
+  static constexpr size_t lost_max = 4096;
+  static constexpr uint32_t lost_attempts_max = 50;  // ticks (5 s)
   static inline const char* name = "tandem.decode";
 };
 
@@ -111,14 +123,14 @@ bool wants_logprobs(const devices::SamplingParams& p) {
 
 // The scheduler streams a prefix of what was sampled (it stops at EOS, a stop token or the
 // limit): the logprobs sent are those of exactly the tokens sent.
-void send_chunk(DecodeState& st, Seq& s, const decode::SeqUpdate& update) {
+Status send_chunk(DecodeState& st, Seq& s, const decode::SeqUpdate& update) {
   uint32_t first_index = s.output_count;
   bool logprobs = wants_logprobs(s.sampling);
   if (logprobs) {
     RT_ASSERT(s.unsent_logprobs.size() >= update.tokens.size(), update.seq,
               s.unsent_logprobs.size(), update.tokens.size());
   }
-  (void)st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
+  return st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
     auto chunk = b.getBody().initTokenChunk();
     chunk.setRequestId(update.seq);
     chunk.setFirstIndex(first_index);
@@ -131,12 +143,47 @@ void send_chunk(DecodeState& st, Seq& s, const decode::SeqUpdate& update) {
   });
 }
 
+// Sends the errors of streams that lost tokens; keeps those that could not be sent yet.
+void retry_lost(DecodeState& st) {
+  std::deque<DecodeState::LostStream> keep;
+  for (auto& l : st.lost) {
+    Status sent = st.ctx.bridge->send(st.self_name, l.to, l.id, [&](wire::Envelope::Builder b) {
+      auto e = b.getBody().initError();
+      e.setRequestId(l.id);
+      e.setKind(messages::to_wire(ErrorKind::failed));
+      e.setMessage("decode could not send the generated tokens; the request was cancelled");
+      e.setTokensSent(l.tokens_sent);
+    });
+    if (sent.ok()) continue;
+    if (++l.attempts < DecodeState::lost_attempts_max) {
+      keep.push_back(l);
+    } else {
+      st.ctx.log->warn("decode {}: request {}: could not tell {} that it failed: {}",
+                       st.self_name.instance, l.id, l.to.to_string(), sent.error().describe());
+    }
+  }
+  st.lost = std::move(keep);
+}
+
 void emit(DecodeActor* self, const decode::SeqUpdate& update) {
   auto& st = self->state;
   auto it = st.seqs.find(update.seq);
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
-  if (!update.tokens.empty() && !s.cancelled) send_chunk(st, s, update);
+  if (!update.tokens.empty() && !s.cancelled) {
+    if (Status sent = send_chunk(st, s, update); !sent.ok()) {
+      // The stream has a hole now: stop generating (free the KV) and tell the gateway, if
+      // it can still be reached; it also notices the gap or the missing finish itself.
+      st.ctx.log->warn("decode {}: request {}: tokens not sent ({}); cancelling it",
+                       st.self_name.instance, update.seq, sent.error().describe());
+      if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
+      st.lost.push_back({s.reply_to, update.seq, s.output_count, 0});
+      retry_lost(st);
+      if (!update.finished) (void)st.scheduler->cancel(update.seq);
+      st.seqs.erase(it);
+      return;
+    }
+  }
   s.unsent_logprobs.clear();
   s.history.insert(s.history.end(), update.tokens.begin(), update.tokens.end());
   s.output_count += static_cast<uint32_t>(update.tokens.size());
@@ -551,6 +598,7 @@ caf::behavior running(DecodeActor* self) {
             late.push_back(id);
         }
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
+        if (!st.lost.empty()) retry_lost(st);
         update_metrics(st);
         report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->waiting_count(),
                     st.scheduler->active_count());

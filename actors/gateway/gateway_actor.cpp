@@ -172,6 +172,12 @@ void admit_queued(GatewayActor* self);
 
 // Ends a request with an error: a whole error response before the stream started, an error
 // event in the stream after.
+ApiError lost_tokens_error() {
+  return api_error(500, "api_error",
+                   "part of the generated text was lost between decode and the gateway "
+                   "(decode's send queue was full); retry the request");
+}
+
 void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
   auto& st = self->state;
   auto it = st.requests.find(id);
@@ -243,6 +249,13 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk) {
   auto it = st.requests.find(id);
   if (it == st.requests.end() || it->second.finished) return;
   Req& r = it->second;
+  // Chunks arrive in order over one connection; a gap means decode could not send one (its
+  // send queue to this node was full). Fail the request rather than stream text with a hole.
+  if (chunk.getFirstIndex() != r.tokens_received) {
+    st.ctx.log->warn("gateway: request {}: tokens from index {} arrived after {}: a chunk from "
+                     "decode was lost", id, chunk.getFirstIndex(), r.tokens_received);
+    return fail(self, id, lost_tokens_error());
+  }
   auto now = Clock::now();
   std::vector<gateway::TokenLogprobs> logprobs;
   if (r.spec.sampling.logprobs) {
@@ -293,6 +306,11 @@ void on_finish(GatewayActor* self, wire::Finish::Reader f) {
     case wire::FinishReason::CANCELLED:
     case wire::FinishReason::ERROR:
       return fail(self, f.getRequestId(), gateway::generation_failed_error());
+  }
+  if (f.getOutputTokens() != it->second.tokens_received) {  // the last chunk(s) were lost
+    st.ctx.log->warn("gateway: request {}: decode finished after {} tokens, {} arrived",
+                     f.getRequestId(), f.getOutputTokens(), it->second.tokens_received);
+    return fail(self, f.getRequestId(), lost_tokens_error());
   }
   complete(self, f.getRequestId(), reason, f.getMatchedStop(),
            std::max(it->second.cached_tokens, f.getCachedTokens()));

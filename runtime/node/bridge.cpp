@@ -28,6 +28,7 @@ Status Bridge::start() {
   options.host = self->host;
   options.port = self->fabric_port;
   options.send_queue_max = manifest_.fabric.send_queue_max;
+  options.sends_inflight_max = manifest_.fabric.sends_inflight_max;
   options.frame_bytes_max = manifest_.fabric.frame_bytes_max;
   options.recv_buffers = manifest_.fabric.recv_buffers;
   options.rma_chunk_bytes = manifest_.fabric.rma_chunk_bytes;

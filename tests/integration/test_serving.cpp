@@ -48,10 +48,12 @@ std::string executor(const std::string& name, int device_index = 0, uint32_t kv_
 // A running cluster; nodes are SIGTERMed (then SIGKILLed by ~Child) on destruction.
 class ServeCluster {
  public:
-  // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default).
-  ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0)
+  // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default);
+  // fabric_toml: extra lines for the [fabric] section.
+  ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
+               std::string fabric_toml = "")
       : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
-        decode_kv_blocks_(decode_kv_blocks) {
+        decode_kv_blocks_(decode_kv_blocks), fabric_toml_(std::move(fabric_toml)) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -123,7 +125,8 @@ class ServeCluster {
     return text + body;
   }
   std::string manifest_text(int disaggregate_tokens_min) {
-    std::string text = "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n"
+    std::string text = "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n" +
+                       fabric_toml_ +
                        "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
                        "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
                        "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
@@ -146,6 +149,7 @@ class ServeCluster {
   std::string dir_, manifest_path_;
   uint16_t http_port_;
   uint32_t decode_kv_blocks_;
+  std::string fabric_toml_;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
   std::string warm_up_answer_ = "(none)";
@@ -506,4 +510,42 @@ TEST_CASE("serving: blocks evicted on decode leave the router's index (KV events
   CHECK(picks("disaggregated") == pd0 + 1);
   CHECK_MESSAGE(cached_tokens(again) >= 160, again.usage.dump());
   CHECK(again.text == first.text);
+}
+
+TEST_CASE("serving: tokens decode cannot send end the stream with an error, never with a hole" *
+          doctest::timeout(600)) {
+  // One frame in flight and one queued per peer: when several streams produce tokens in the
+  // same decode step, decode's sends to the gateway's node are refused.
+  constexpr size_t streams = 8;
+  std::vector<std::string> expected;
+  for (size_t i = 0; i < streams; ++i) expected.push_back(generate(prompts()[i], kTokens));
+  ServeCluster c(Layout::loopback3, 1000, 0, "send_queue_max = 1\nsends_inflight_max = 1\n");
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  size_t errors = 0, intact = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Completion> got(streams);
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < streams; ++i) {
+      clients.emplace_back([&, i] { got[i] = stream_complete(c.http_port(), prompts()[i], kTokens); });
+    }
+    for (auto& t : clients) t.join();
+    for (size_t i = 0; i < streams; ++i) {
+      if (!got[i].error.empty()) {
+        if (errors++ == 0) MESSAGE("first error: ", got[i].error);
+        continue;
+      }
+      ++intact;
+      CHECK_MESSAGE(got[i].text == expected[i], "prompt: ", prompts()[i], "\nserved:   [",
+                    got[i].text, "]\nexpected: [", expected[i], "]");
+    }
+  }
+  double refused = c.metric("decode", "tandem_fabric_sends_refused_total");
+  MESSAGE(intact, " streams intact, ", errors, " ended with an error; decode's sends refused: ",
+          refused);
+  CHECK(refused > 0);  // the path was exercised
+  CHECK(intact > 0);
+  // Afterwards, with nothing competing, a request is served whole again.
+  Completion after = stream_complete(c.http_port(), prompts()[0], kTokens);
+  CHECK_MESSAGE(after.error.empty(), after.error);
+  CHECK(after.text == expected[0]);
 }

@@ -153,6 +153,7 @@ TEST_CASE("every section's keys are read") {
 [fabric]
 provider = "shm"
 send_queue_max = 64
+sends_inflight_max = 3
 frame_bytes_max = 65536
 recv_buffers = 8
 rma_chunk_bytes = 1048576
@@ -191,6 +192,7 @@ draft_tokens_max = 16
   Manifest m = parse_ok(text);
   CHECK(m.fabric.provider == "shm");
   CHECK(m.fabric.send_queue_max == 64);
+  CHECK(m.fabric.sends_inflight_max == 3);
   CHECK(m.fabric.frame_bytes_max == 65536);
   CHECK(m.fabric.recv_buffers == 8);
   CHECK(m.fabric.rma_chunk_bytes == 1048576);
