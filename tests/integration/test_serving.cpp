@@ -544,8 +544,12 @@ TEST_CASE("serving: tokens decode cannot send end the stream with an error, neve
           refused);
   CHECK(refused > 0);  // the path was exercised
   CHECK(intact > 0);
-  // Afterwards, with nothing competing, a request is served whole again.
-  Completion after = stream_complete(c.http_port(), prompts()[0], kTokens);
-  CHECK_MESSAGE(after.error.empty(), after.error);
-  CHECK(after.text == expected[0]);
+  // Afterwards, with nothing competing, requests are served whole again (a node whose
+  // heartbeats were refused in the burst may need a heartbeat interval to be up again).
+  Completion after;
+  CHECK(eventually(5000ms, [&] {
+    after = stream_complete(c.http_port(), prompts()[0], kTokens);
+    return after.error.empty();
+  }));
+  CHECK_MESSAGE(after.text == expected[0], after.error);
 }
