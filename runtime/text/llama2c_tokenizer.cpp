@@ -41,6 +41,31 @@ class Llama2cTokenizer final : public Tokenizer {
     for (std::size_t id = tokens_min_count; id < pieces_.size(); ++id) {
       piece_ids_.emplace(pieces_[id], static_cast<int32_t>(id));
     }
+    // Every merge the encoder can make, keyed by the pair of ids: a pair (a, b) merges into
+    // the piece whose text is text(a) + text(b). Both sides of a merge are always ids that
+    // lookup() returned (the winners among equal pieces), so splitting each winning piece at
+    // every byte finds them all; the merge loop then needs no string building or hashing.
+    for (const auto& [text, merged] : piece_ids_) {
+      if (scores_[static_cast<std::size_t>(merged)] <= merge_score_floor) continue;
+      for (std::size_t cut = 1; cut < text.size(); ++cut) {
+        auto left = piece_ids_.find(text.substr(0, cut));
+        if (left == piece_ids_.end()) continue;
+        auto right = piece_ids_.find(text.substr(cut));
+        if (right == piece_ids_.end()) continue;
+        merges_.emplace(pair_key(left->second, right->second), merged);
+      }
+    }
+    // Words: SentencePiece vocabularies trained with split_by_whitespace have no piece with
+    // a space right after another character ("a b", "x "), so no merge can cross the point
+    // before a space that follows a non-space, and the text can be merged word by word
+    // (small heaps that stay in cache instead of one heap over the whole prompt) with the
+    // same result. A vocabulary with such a piece is merged whole.
+    words_split_ok_ = true;
+    for (const auto& [text, id] : piece_ids_) {
+      for (std::size_t i = 1; i < text.size() && words_split_ok_; ++i) {
+        if (text[i] == ' ' && text[i - 1] != ' ') words_split_ok_ = false;
+      }
+    }
   }
 
   TokenizerKind kind() const override { return TokenizerKind::llama2c; }
@@ -70,23 +95,34 @@ class Llama2cTokenizer final : public Tokenizer {
     return found->second;
   }
 
+  static uint64_t pair_key(int32_t left, int32_t right) {
+    return (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
+  }
+
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int32_t> piece_ids_;
+  std::unordered_map<uint64_t, int32_t> merges_;  // (left id, right id) -> merged id
+  bool words_split_ok_ = false;
 };
 
 std::vector<int32_t> Llama2cTokenizer::encode(std::string_view raw_text, bool add_bos) {
   const std::string text = utf8::sanitize(raw_text);
   std::vector<int32_t> ids;
+  std::vector<std::size_t> word_starts{0};  // indexes into ids where a word begins
   if (!text.empty()) {
     // The dummy prefix: SentencePiece treats the text as if it started with a space.
     const std::optional<int32_t> space_id = lookup(" ");
     if (space_id) ids.push_back(*space_id);
   }
+  bool after_non_space = false;
   for (std::size_t offset = 0; offset < text.size();) {
     const utf8::Decoded decoded = utf8::decode_one(text, offset);
     RT_ASSERT(decoded.valid, "sanitized text is valid UTF-8", offset);
     const std::string_view code_point = std::string_view(text).substr(offset, decoded.length_bytes);
+    bool is_space = code_point == " ";
+    if (is_space && after_non_space && words_split_ok_) word_starts.push_back(ids.size());
+    after_non_space = !is_space;
     if (const std::optional<int32_t> id = lookup(code_point)) {
       ids.push_back(*id);
     } else {
@@ -96,18 +132,30 @@ std::vector<int32_t> Llama2cTokenizer::encode(std::string_view raw_text, bool ad
     }
     offset += decoded.length_bytes;
   }
-  std::string joined;
-  detail::merge_symbols(ids, [this, &joined](int32_t left, int32_t right) {
+  auto merge = [this](int32_t left, int32_t right) {
     std::optional<detail::MergeCandidate> candidate;
     if (left < tokens_min_count || right < tokens_min_count) return candidate;
-    joined.assign(pieces_[static_cast<std::size_t>(left)]);
-    joined.append(pieces_[static_cast<std::size_t>(right)]);
-    if (const std::optional<int32_t> merged = lookup(joined)) {
-      const float score = scores_[static_cast<std::size_t>(*merged)];
-      if (score > merge_score_floor) candidate = detail::MergeCandidate{-double(score), *merged};
+    auto merged = merges_.find(pair_key(left, right));
+    if (merged != merges_.end()) {
+      candidate = detail::MergeCandidate{-double(scores_[static_cast<std::size_t>(merged->second)]),
+                                         merged->second};
     }
     return candidate;
-  });
+  };
+  if (word_starts.size() == 1) {
+    detail::merge_symbols(ids, merge);
+  } else {
+    std::vector<int32_t> merged, word;
+    merged.reserve(ids.size());
+    word_starts.push_back(ids.size());
+    for (std::size_t w = 0; w + 1 < word_starts.size(); ++w) {
+      word.assign(ids.begin() + static_cast<std::ptrdiff_t>(word_starts[w]),
+                  ids.begin() + static_cast<std::ptrdiff_t>(word_starts[w + 1]));
+      detail::merge_symbols(word, merge);
+      merged.insert(merged.end(), word.begin(), word.end());
+    }
+    ids.swap(merged);
+  }
   if (add_bos) ids.insert(ids.begin(), bos_token_id);
   for (const int32_t id : ids) RT_ASSERT(valid_id(id), "encode produced a bad id", id);
   return ids;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/text/bpe_tokenizer.hpp"
@@ -199,6 +200,92 @@ TEST_CASE("llama2.c tokenizer: round trips, byte fallback for emoji and CJK") {
   REQUIRE(emoji.size() >= 4);
   CHECK(emoji[emoji.size() - 4] == 0xF0 + 3);
   CHECK(emoji.back() == 0x80 + 3);
+}
+
+// llama2.c's own encode loop, written plainly: look each code point up (byte fallback
+// otherwise), then merge the best-scoring adjacent pair of the whole sequence (leftmost on a
+// tie) until none merges. O(n^2); the tokenizer must give exactly these ids.
+std::vector<int32_t> reference_llama2c_encode(const fs::path& file, const std::string& text) {
+  std::ifstream in(file, std::ios::binary);
+  int32_t max_len = 0;
+  in.read(reinterpret_cast<char*>(&max_len), sizeof max_len);
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  std::unordered_map<std::string, int32_t> ids_of;
+  for (int32_t id = 0; id < 32000; ++id) {
+    float score = 0;
+    int32_t len = 0;
+    in.read(reinterpret_cast<char*>(&score), sizeof score);
+    in.read(reinterpret_cast<char*>(&len), sizeof len);
+    std::string piece(static_cast<size_t>(len), '\0');
+    in.read(piece.data(), len);
+    if (id >= 259) ids_of.emplace(piece, id);
+    pieces.push_back(piece);
+    scores.push_back(score);
+  }
+  REQUIRE(in.good());
+  std::vector<int32_t> ids;
+  if (!text.empty()) ids.push_back(ids_of.at(" "));
+  for (size_t at = 0; at < text.size();) {
+    size_t len = 1;
+    auto lead = static_cast<unsigned char>(text[at]);
+    if (lead >= 0xF0) len = 4; else if (lead >= 0xE0) len = 3; else if (lead >= 0xC0) len = 2;
+    std::string cp = text.substr(at, len);
+    if (auto it = ids_of.find(cp); it != ids_of.end()) {
+      ids.push_back(it->second);
+    } else {
+      for (unsigned char b : cp) ids.push_back(3 + b);
+    }
+    at += len;
+  }
+  while (true) {
+    float best = -1e10f;
+    int32_t best_id = -1;
+    size_t best_at = 0;
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      if (ids[i] < 259 || ids[i + 1] < 259) continue;
+      auto it = ids_of.find(pieces[size_t(ids[i])] + pieces[size_t(ids[i + 1])]);
+      if (it != ids_of.end() && scores[size_t(it->second)] > best) {
+        best = scores[size_t(it->second)];
+        best_id = it->second;
+        best_at = i;
+      }
+    }
+    if (best_id < 0) break;
+    ids[best_at] = best_id;
+    ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+  }
+  return ids;
+}
+
+TEST_CASE("llama2.c tokenizer: the same ids as llama2.c's whole-text merge loop") {
+  auto tokenizer = stories_tokenizer();
+  const fs::path file = source_root() / "models" / "stories15M" / "tokenizer.bin";
+  // Texts that stress word boundaries: runs of spaces (indentation), tabs, newlines, spaces
+  // before punctuation, unicode, byte fallback, and a pseudo-random mix of them.
+  std::vector<std::string> texts = {
+      "Once upon a time, there was a little girl named Lily.",
+      "    def f(x):\n        return  x  +  1\n\n\tif   a :  b",
+      "  two  spaces   three    four     five      six       seven",
+      "end with spaces   ",
+      "naïve café — Straße 日本語 😀 👍🏽",
+      " , . ! ? ; : ' \" ( ) [ ] { } - _ = +",
+  };
+  const char* atoms[] = {"the", " ", "  ", "\n", "\t", "dog", ",", ".", "Lily", "é", "😀",
+                         "   ", "ran", "a", "(", ")", "x", "1", "   \n", "big"};
+  uint64_t state = 12345;
+  for (int t = 0; t < 8; ++t) {
+    std::string text;
+    for (int i = 0; i < 250; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      text += atoms[(state >> 33) % (sizeof atoms / sizeof atoms[0])];
+    }
+    texts.push_back(text);
+  }
+  for (const std::string& text : texts) {
+    CAPTURE(text);
+    CHECK(tokenizer->encode(text, false) == reference_llama2c_encode(file, text));
+  }
 }
 
 TEST_CASE("StreamDecoder never emits half a UTF-8 character") {
