@@ -8,6 +8,7 @@
 #include "bench/router_bench.hpp"
 #include "bench/serve_bench.hpp"
 #include "bench/sweep_cli.hpp"
+#include "bench/tokenize_bench.hpp"
 #include "bench/transport_bench.hpp"
 #include "tools/commands.hpp"
 
@@ -44,6 +45,7 @@ int cmd_bench(cli::Args args) {
       {"device", bench::run_device_bench},
       {"transport", bench::run_transport_bench},
       {"hash", run_hash},
+      {"tokenize", bench::run_tokenize_bench},
       {"router", bench::run_router_bench_cli},
       {"serve", bench::run_serve_bench_cli},
       {"overhead", bench::run_overhead_bench},
