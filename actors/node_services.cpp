@@ -44,7 +44,7 @@ class Services final : public runtime::NodeServices {
         case config::Role::gateway: {
           auto gateway = start_gateway(system, ctx, inst);
           if (!gateway.ok()) return gateway.error();
-          actors.push_back((*gateway)->actor());
+          for (const auto& a : (*gateway)->actors()) actors.push_back(a);
           gateways_.push_back(std::move(gateway).value());
           break;
         }

@@ -35,11 +35,21 @@ struct HttpCall {
 struct ClientGone {
   uint64_t request_id = 0;
 };
+// A generation request the preparer parsed, tokenized and hashed, for the gateway actor.
+struct PreparedCall {
+  HttpCall call;
+  gateway::ApiKind api = gateway::ApiKind::chat_completions;
+  gateway::GenerateSpec spec;
+  std::vector<int32_t> prompt;
+  std::vector<kv::BlockHash> hashes;
+  int64_t max_tokens = 0;
+};
 
 }  // namespace tandem::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::HttpCall)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ClientGone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::PreparedCall)
 
 namespace tandem::actors {
 namespace {
@@ -115,7 +125,6 @@ struct GatewayState {
   ActorName self_name;
   std::shared_ptr<text::Tokenizer> tokenizer;
   text::ChatFormat format = text::ChatFormat::plain;
-  std::optional<kv::BlockHasher> hasher_template;
   std::vector<ActorName> routers;
   std::unique_ptr<gateway::DecodeHealth> health;  // which decode instances can serve
   std::shared_ptr<Shared> shared;
@@ -123,11 +132,7 @@ struct GatewayState {
   struct Queued {
     uint64_t id;  // the request id it keeps once admitted
     Clock::time_point enqueued;
-    HttpCall call;
-    ApiKind api;
-    gateway::GenerateSpec spec;
-    std::vector<int32_t> prompt;
-    int64_t max_tokens;
+    PreparedCall prepared;
   };
   std::deque<Queued> queued;  // waiting for admission, <= gateway.queue_max
   uint64_t next_id = 0;
@@ -433,16 +438,17 @@ text::Conversation to_text(const gateway::Conversation& c) {
   return out;
 }
 
-gateway::ApiResult<std::vector<int32_t>> tokenize(GatewayState& st, const gateway::GenerateSpec& spec) {
-  int32_t vocab = st.tokenizer->vocab_size();
+gateway::ApiResult<std::vector<int32_t>> tokenize(text::Tokenizer& tokenizer, text::ChatFormat format,
+                                                  const gateway::GenerateSpec& spec) {
+  int32_t vocab = tokenizer.vocab_size();
   switch (spec.prompt_kind) {
     case gateway::PromptKind::conversation: {
-      auto text = text::render_chat(st.format, to_text(spec.conversation));
+      auto text = text::render_chat(format, to_text(spec.conversation));
       if (!text.ok()) return gateway::invalid_request("messages", text.error().message);
-      return st.tokenizer->encode(*text, st.format == text::ChatFormat::plain);
+      return tokenizer.encode(*text, format == text::ChatFormat::plain);
     }
     case gateway::PromptKind::text:
-      return st.tokenizer->encode(spec.prompt_text, st.format == text::ChatFormat::plain);
+      return tokenizer.encode(spec.prompt_text, format == text::ChatFormat::plain);
     case gateway::PromptKind::token_ids: {
       std::vector<int32_t> ids;
       for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
@@ -489,37 +495,38 @@ void reply_busy(ApiKind api, gateway::ResponseStream& out, const ApiError& error
            gateway::render_error_body(api, error));
 }
 
-std::optional<ApiError> admit(GatewayState& st, const gateway::GenerateSpec& spec) {
-  const auto& model = st.ctx.manifest->model.name;
+std::optional<ApiError> unknown_model(const config::Manifest& m, const gateway::GenerateSpec& spec) {
+  const auto& model = m.model.name;
   if (!spec.model.empty() && spec.model != model) {
     return api_error(404, "not_found_error",
                      "model '" + spec.model + "' does not exist; this cluster serves '" + model +
                          "'",
                      "model_not_found");
   }
+  return std::nullopt;
+}
+
+std::optional<ApiError> admit(GatewayState& st) {
   if (!st.shared->healthy.load()) {
     return api_error(503, "overloaded_error", st.shared->reason());
   }
   return std::nullopt;
 }
 
-void start_request(GatewayActor* self, uint64_t id, const HttpCall& call, ApiKind api,
-                   gateway::GenerateSpec spec, std::vector<int32_t> prompt, int64_t max_tokens) {
+void start_request(GatewayActor* self, uint64_t id, PreparedCall p) {
   auto& st = self->state;
   RT_ASSERT(st.requests.count(id) == 0, id);
   RT_ASSERT(st.requests.size() < st.ctx.manifest->gateway.requests_max, st.requests.size());
+  ApiKind api = p.api;
+  gateway::GenerateSpec spec = std::move(p.spec);
+  int64_t max_tokens = p.max_tokens;
   Req r;
   r.api = api;
-  r.out = call.out;
-  r.prompt = std::move(prompt);
+  r.out = p.call.out;
+  r.prompt = std::move(p.prompt);
+  r.hashes = std::move(p.hashes);
   r.max_tokens = max_tokens;
   r.start = r.last_activity = Clock::now();
-  kv::HashKey key{st.ctx.manifest->gateway.cache_secret.empty() ? "tandem:" + st.ctx.manifest->cluster.name
-                                                                 : st.ctx.manifest->gateway.cache_secret,
-                  st.ctx.manifest->model.name, spec.cache_salt};
-  auto hashes = kv::hash_blocks(r.prompt, st.ctx.manifest->model.block_tokens, key);
-  RT_ASSERT(hashes.ok(), "the key and block size are valid");
-  r.hashes = std::move(hashes).value();
   r.ids = std::make_unique<gateway::IdGenerator>(id ^ st.ctx.bridge->incarnation());
   gateway::RenderOptions options;
   options.model = st.ctx.manifest->model.name;
@@ -563,14 +570,29 @@ void start_request(GatewayActor* self, uint64_t id, const HttpCall& call, ApiKin
   route(self, id);
 }
 
-void on_call(GatewayActor* self, const HttpCall& call) {
+// The preparer: parses, tokenizes and hashes each generation request off the gateway actor,
+// so that a long prompt (100K tokens: tens of milliseconds) does not hold up the tokens the
+// gateway streams meanwhile. It answers malformed requests and count_tokens itself and hands
+// the rest to the gateway actor, which admits, routes and streams.
+struct PreparerState {
+  ShellContext ctx;
+  std::shared_ptr<text::Tokenizer> tokenizer;  // encode only here; the gateway only decodes
+  text::ChatFormat format = text::ChatFormat::plain;
+  kv::HashKey key_base;  // cache_salt set per request
+  caf::actor gateway;
+  static inline const char* name = "tandem.gateway.preparer";
+};
+
+using PreparerActor = caf::stateful_actor<PreparerState>;
+
+void prepare(PreparerActor* self, const HttpCall& call) {
   auto& st = self->state;
   const auto& request = *call.request;
   auto api = api_of(request);
   if (!api.ok()) return reply_error(ApiKind::chat_completions, *call.out, api.error());
   auto spec = gateway::parse_request(api.value(), request.body);
   if (!spec.ok()) return reply_error(api.value(), *call.out, spec.error());
-  auto prompt = tokenize(st, spec.value());
+  auto prompt = tokenize(*st.tokenizer, st.format, spec.value());
   if (!prompt.ok()) return reply_error(api.value(), *call.out, prompt.error());
   if (api.value() == ApiKind::count_tokens) {
     call.out->send(200, json_headers,
@@ -581,12 +603,26 @@ void on_call(GatewayActor* self, const HttpCall& call) {
       spec.value(), static_cast<int64_t>(prompt.value().size()),
       st.ctx.manifest->model.max_model_tokens);
   if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
-  if (auto refused = admit(st, spec.value())) return reply_error(api.value(), *call.out, *refused);
+  if (auto missing = unknown_model(*st.ctx.manifest, spec.value())) {
+    return reply_error(api.value(), *call.out, *missing);
+  }
+  kv::HashKey key = st.key_base;
+  key.salt = spec.value().cache_salt;
+  auto hashes = kv::hash_blocks(prompt.value(), st.ctx.manifest->model.block_tokens, key);
+  RT_ASSERT(hashes.ok(), "the key and block size are valid");
+  self->send(st.gateway, PreparedCall{call, api.value(), std::move(spec.value()),
+                                      std::move(prompt.value()), std::move(hashes).value(),
+                                      max_tokens.value()});
+}
+
+void on_prepared(GatewayActor* self, PreparedCall& p) {
+  auto& st = self->state;
+  if (auto refused = admit(st)) return reply_error(p.api, *p.call.out, *refused);
   const auto& limits = st.ctx.manifest->gateway;
   uint64_t id = st.id_seed + ++st.next_id;
   if (st.requests.size() >= limits.requests_max) {
     if (st.queued.size() >= limits.queue_max) {
-      return reply_busy(api.value(), *call.out,
+      return reply_busy(p.api, *p.call.out,
                         api_error(429, "rate_limit_error",
                                   "too many requests: " + std::to_string(limits.requests_max) +
                                       " in flight and " + std::to_string(limits.queue_max) +
@@ -595,15 +631,13 @@ void on_call(GatewayActor* self, const HttpCall& call) {
     }
     // A waiting client that disconnects leaves the queue at once (ClientGone).
     caf::actor me = caf::actor_cast<caf::actor>(self);
-    call.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });
-    st.queued.push_back({id, Clock::now(), call, api.value(), std::move(spec.value()),
-                         std::move(prompt.value()), max_tokens.value()});
+    p.call.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });
+    st.queued.push_back({id, Clock::now(), std::move(p)});
     RT_ASSERT(st.queued.size() <= limits.queue_max, st.queued.size());
     st.metrics->waiting->set(static_cast<double>(st.queued.size()));
     return;
   }
-  start_request(self, id, call, api.value(), std::move(spec.value()), std::move(prompt.value()),
-                max_tokens.value());
+  start_request(self, id, std::move(p));
 }
 
 // A slot freed up: admit the oldest waiting request whose client is still there.
@@ -613,9 +647,8 @@ void admit_queued(GatewayActor* self) {
     auto next = std::move(st.queued.front());
     st.queued.pop_front();
     st.metrics->waiting->set(static_cast<double>(st.queued.size()));
-    if (next.call.out->is_cancelled()) continue;
-    start_request(self, next.id, next.call, next.api, std::move(next.spec),
-                  std::move(next.prompt), next.max_tokens);
+    if (next.prepared.call.out->is_cancelled()) continue;
+    start_request(self, next.id, std::move(next.prepared));
   }
 }
 
@@ -637,7 +670,7 @@ void expire_queued(GatewayState& st, Clock::time_point now) {
     auto late = std::move(st.queued.front());
     st.queued.pop_front();
     st.metrics->errors->inc();
-    reply_busy(late.api, *late.call.out,
+    reply_busy(late.prepared.api, *late.prepared.call.out,
                api_error(503, "overloaded_error",
                          "waited " + std::to_string(limit.count()) +
                              " ms for admission (gateway.queue_timeout_ms); retry later",
@@ -792,8 +825,8 @@ class Front final : public gateway::HttpHandler {
 
 class Service final : public GatewayService {
  public:
-  Service(std::unique_ptr<Front> front, caf::actor actor)
-      : front_(std::move(front)), actor_(std::move(actor)) {}
+  Service(std::unique_ptr<Front> front, std::vector<caf::actor> actors)
+      : front_(std::move(front)), actors_(std::move(actors)) {}
   ~Service() override { stop(); }
   Status start(const std::string& host, uint16_t port, gateway::HttpLimits limits) {
     server_ = std::make_unique<gateway::HttpServer>(host, port, limits, *front_);
@@ -802,18 +835,18 @@ class Service final : public GatewayService {
   void stop() override {
     if (server_) server_->stop();
   }
-  caf::actor actor() const override { return actor_; }
+  std::vector<caf::actor> actors() const override { return actors_; }
 
  private:
   std::unique_ptr<Front> front_;
   std::unique_ptr<gateway::HttpServer> server_;
-  caf::actor actor_;
+  std::vector<caf::actor> actors_;
 };
 
 caf::behavior gateway_behavior(GatewayActor* self) {
   self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
   return {
-      [self](const HttpCall& call) { on_call(self, call); },
+      [self](PreparedCall& p) { on_prepared(self, p); },
       [self](const ClientGone& gone) {
         auto& st = self->state;
         if (drop_queued(st, gone.request_id)) return;
@@ -892,7 +925,15 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
     return gateway_behavior(self);
   });
   ctx.bridge->register_actor(name, actor);
-  auto service = std::make_unique<Service>(std::make_unique<Front>(ctx, shared, actor), actor);
+  kv::HashKey key_base{m.gateway.cache_secret.empty() ? "tandem:" + m.cluster.name
+                                                      : m.gateway.cache_secret,
+                       m.model.name, ""};
+  auto preparer = system.spawn([=](PreparerActor* self) -> caf::behavior {
+    self->state = PreparerState{ctx, tok, *format, key_base, actor};
+    return {[self](const HttpCall& call) { prepare(self, call); }};
+  });
+  auto service = std::make_unique<Service>(std::make_unique<Front>(ctx, shared, preparer),
+                                           std::vector<caf::actor>{actor, preparer});
   gateway::HttpLimits limits;
   limits.body_bytes_max = m.gateway.body_bytes_max;
   limits.connections_max = m.gateway.connections_max;

@@ -14,6 +14,7 @@
 #include <caf/all.hpp>
 
 #include <memory>
+#include <vector>
 
 #include "actors/common/shell.hpp"
 
@@ -28,7 +29,9 @@ class GatewayService {
  public:
   virtual ~GatewayService() = default;
   virtual void stop() = 0;
-  virtual caf::actor actor() const = 0;  // the gateway actor (the node stops it at shutdown)
+  // The gateway's actors (the gateway and its request preparer); the node stops them at
+  // shutdown.
+  virtual std::vector<caf::actor> actors() const = 0;
 };
 
 // Spawns the gateway actor for `instance`, loads the tokenizer and starts the HTTP server on
