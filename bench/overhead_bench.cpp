@@ -190,7 +190,173 @@ void raise_fd_limit() {
   }
 }
 
+// The largest wait of stream `o` for its next text chunk (from the request's send, then
+// between chunks) among the waits that overlap [from_ms, to_ms] (ms on the client's clock).
+double max_gap_ms(const StreamOutcome& o, double from_ms, double to_ms) {
+  double gap = 0, previous = o.send_ms;
+  for (double at : o.chunk_ms) {
+    if (at >= from_ms && previous <= to_ms) gap = std::max(gap, at - previous);
+    previous = at;
+  }
+  return gap;
+}
+
+struct IsolationRound {
+  double quiet_gap_ms = 0, loaded_gap_ms = 0, big_ms = 0;
+  uint32_t big_ok = 0;
+};
+
+// One stream of `stream_tokens` tokens; when `big` > 0, that many count_tokens requests
+// with `big_body` start once the stream's first text arrives. Returns the stream's largest
+// chunk gap while the big requests were in flight (or over the whole stream when none).
+Result<IsolationRound> isolation_round(const HttpEndpoint& gateway, uint32_t stream_tokens,
+                                       uint32_t big, const std::string& big_body) {
+  StreamClient client(gateway, 60000);
+  std::string prompt;
+  for (uint32_t i = 0; i < kPromptTokens; ++i) prompt += (i ? "," : "") + std::to_string(300 + i);
+  StreamCall stream;
+  stream.body = "{\"model\":\"stories15M\",\"prompt\":[" + prompt + "],\"max_tokens\":" +
+                std::to_string(stream_tokens) + ",\"temperature\":0,\"stream\":true}";
+  client.start(0, stream);
+  std::optional<StreamOutcome> streamed;
+  std::vector<StreamOutcome> bigs;
+  double big_start = -1;
+  IsolationRound round;
+  while (!streamed || bigs.size() < big) {
+    for (auto& [tag, outcome] : client.poll(5)) {
+      if (tag == 0) {
+        streamed = std::move(outcome);
+      } else {
+        bigs.push_back(std::move(outcome));
+      }
+    }
+    if (big > 0 && big_start < 0 && client.in_flight_count() > 0) {
+      // Start the big requests right away: the stream is in flight (its first chunk comes
+      // within a millisecond at time factor 0).
+      big_start = client.now_ms();
+      for (uint32_t b = 1; b <= big; ++b) {
+        StreamCall call;
+        call.path = "/v1/messages/count_tokens";
+        call.body = big_body;
+        client.start(b, call);
+      }
+    }
+  }
+  if (!streamed->error_kind.empty()) {
+    return make_error(ErrorKind::failed, "stream: " + streamed->error_kind + " " +
+                                             streamed->error_detail);
+  }
+  if (big == 0) {
+    round.quiet_gap_ms = max_gap_ms(*streamed, 0, 1e300);
+    return round;
+  }
+  double big_end = big_start;
+  for (const auto& b : bigs) {
+    big_end = std::max(big_end, b.end_ms);
+    round.big_ok += b.error_kind.empty() || b.error_kind == "bad_response" ? 1 : 0;
+  }
+  round.big_ms = big_end - big_start;
+  round.loaded_gap_ms = max_gap_ms(*streamed, big_start, big_end);
+  return round;
+}
+
+struct StartedCluster {
+  std::string dir;
+  HttpEndpoint gateway;
+  std::unique_ptr<NodeProcess> node;
+};
+
+// Writes the manifest to a temp dir, starts the node and waits for /health.
+Result<StartedCluster> start_cluster(const std::string& model_dir, const char* what) {
+  raise_fd_limit();
+  char dir_template[] = "/tmp/tandem-overhead-XXXXXX";
+  StartedCluster c;
+  c.dir = mkdtemp(dir_template);
+  c.gateway = {"127.0.0.1", free_port()};
+  std::ofstream(c.dir + "/cluster.toml") << manifest_text(model_dir, c.gateway.port);
+  c.node = std::make_unique<NodeProcess>(c.dir + "/cluster.toml", c.dir + "/node.log");
+  if (!wait_healthy(c.gateway, *c.node, 60)) {
+    return make_error(ErrorKind::failed, std::string(what) +
+                                             ": the node did not become healthy; log: " +
+                                             c.dir + "/node.log");
+  }
+  return c;
+}
+
 }  // namespace
+
+int run_isolation_bench(cli::Args args) {
+  cli::Flags f("tandem bench isolation [--model-dir DIR] [--prompt-tokens N] [--big N] "
+               "[--rounds N]",
+               "How much a long prompt arriving at the gateway delays the tokens it streams:\n"
+               "one stream (sim device, time factor 0) alone, then the same stream while\n"
+               "--big count_tokens requests of --prompt-tokens tokens arrive. Prints the\n"
+               "stream's largest gap between chunks in each case, per round, and the ratio.");
+  f.flag("model-dir", "DIR", "tokenizer source (stories15M)", "models/stories15M")
+      .flag("prompt-tokens", "N", "tokens per big request", "50000")
+      .flag("big", "N", "big requests per loaded round", "2")
+      .flag("stream-tokens", "N", "tokens of the measured stream", "4000")
+      .flag("rounds", "N", "rounds (each: quiet, then loaded)", "5")
+      .flag("keep", "", "keep the temp dir (manifest, node log)");
+  int code = 0;
+  if (!f.parse(args, &code)) return code;
+  auto prompt_tokens = f.get_int("prompt-tokens");
+  auto big = f.get_int("big");
+  auto stream_tokens = f.get_int("stream-tokens");
+  auto rounds = f.get_int("rounds");
+  if (!prompt_tokens || *prompt_tokens < 1 || !big || *big < 1 || *big > 64 || !stream_tokens ||
+      *stream_tokens < 2 || *stream_tokens > 4000 || !rounds || *rounds < 1) {
+    std::fprintf(stderr, "tandem bench isolation: --prompt-tokens >= 1, --big 1..64, "
+                         "--stream-tokens 2..4000, --rounds >= 1\n");
+    return 2;
+  }
+  std::error_code ec;
+  std::string model_dir = std::filesystem::absolute(f.get("model-dir"), ec).string();
+  auto cluster = start_cluster(model_dir, "tandem bench isolation");
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "%s\n", cluster.error().describe().c_str());
+    return 1;
+  }
+  // ~4 characters per token of this text with the stories15M tokenizer.
+  std::string words;
+  static const char* kWords[] = {"the ", "little ", "dog ", "ran ", "to ", "a ", "big ", "park "};
+  for (size_t i = 0; words.size() < size_t(*prompt_tokens) * 4; ++i) words += kWords[i % 8];
+  std::string big_body = "{\"model\":\"stories15M\",\"max_tokens\":1,\"messages\":[{\"role\":"
+                         "\"user\",\"content\":\"" + words + "\"}]}";
+  std::printf("| round | stream alone: max gap ms | with %lld x %lld-token prompts: max gap ms "
+              "| big requests took ms | ratio |\n| --- | --- | --- | --- | --- |\n",
+              static_cast<long long>(*big), static_cast<long long>(*prompt_tokens));
+  int rc = 0;
+  std::vector<double> quiet, loaded;
+  (void)isolation_round(cluster->gateway, 64, 0, big_body);  // warm-up
+  for (int64_t r = 0; r < *rounds; ++r) {
+    auto q = isolation_round(cluster->gateway, static_cast<uint32_t>(*stream_tokens), 0, big_body);
+    auto l = isolation_round(cluster->gateway, static_cast<uint32_t>(*stream_tokens),
+                             static_cast<uint32_t>(*big), big_body);
+    if (!q.ok() || !l.ok()) {
+      std::fprintf(stderr, "tandem bench isolation: %s\n",
+                   (!q.ok() ? q.error() : l.error()).describe().c_str());
+      rc = 1;
+      break;
+    }
+    quiet.push_back(q->quiet_gap_ms);
+    loaded.push_back(l->loaded_gap_ms);
+    std::printf("| %lld | %.3f | %.3f | %.1f | %.1f |\n", static_cast<long long>(r + 1),
+                q->quiet_gap_ms, l->loaded_gap_ms, l->big_ms,
+                l->loaded_gap_ms / std::max(q->quiet_gap_ms, 1e-3));
+    std::fflush(stdout);
+  }
+  if (!quiet.empty()) {
+    std::sort(quiet.begin(), quiet.end());
+    std::sort(loaded.begin(), loaded.end());
+    double qm = quiet[quiet.size() / 2], lm = loaded[loaded.size() / 2];
+    std::printf("median max gap: alone %.3f ms, with long prompts %.3f ms (ratio %.1f)\n", qm, lm,
+                lm / std::max(qm, 1e-3));
+  }
+  cluster->node.reset();
+  if (!f.has("keep")) std::filesystem::remove_all(cluster->dir, ec);
+  return rc;
+}
 
 int run_overhead_bench(cli::Args args) {
   cli::Flags f("tandem bench overhead [--model-dir DIR] [--requests N] [--concurrency LIST]",

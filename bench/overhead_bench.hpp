@@ -16,4 +16,9 @@ namespace tandem::bench {
 
 int run_overhead_bench(cli::Args args);
 
+// `tandem bench isolation`: one stream's largest gap between chunks alone and while long
+// prompts arrive at the gateway (count_tokens), same cluster, same run; prints both and
+// their ratio per round.
+int run_isolation_bench(cli::Args args);
+
 }  // namespace tandem::bench

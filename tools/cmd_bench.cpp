@@ -49,6 +49,7 @@ int cmd_bench(cli::Args args) {
       {"router", bench::run_router_bench_cli},
       {"serve", bench::run_serve_bench_cli},
       {"overhead", bench::run_overhead_bench},
+      {"isolation", bench::run_isolation_bench},
       {"sweep", bench::run_sweep_cli},
   };
   if (!args.empty()) {
