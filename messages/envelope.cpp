@@ -40,10 +40,24 @@ ActorName get_name(wire::ActorName::Reader reader) {
 }
 
 FrameBytes encode_frame(capnp::MessageBuilder& message) {
-  kj::Array<capnp::word> flat = capnp::messageToFlatArray(message);
-  RT_ASSERT(flat.size() > 0);
-  FrameBytes out(flat.begin(), flat.end());
-  RT_ASSERT(out.size() == flat.size());
+  // Cap'n Proto's flat framing, written straight into the frame (one allocation, no copy of
+  // a copy): uint32 segment count - 1, the segments' sizes in words, padding to a word,
+  // then the segments.
+  auto segments = message.getSegmentsForOutput();
+  RT_ASSERT(segments.size() > 0);
+  size_t table_words = (segments.size() + 2) / 2;
+  size_t total = table_words;
+  for (const auto& segment : segments) total += segment.size();
+  FrameBytes out(total);  // zeroed: the table's padding stays 0
+  auto* table = reinterpret_cast<uint32_t*>(out.data());
+  table[0] = static_cast<uint32_t>(segments.size() - 1);
+  capnp::word* at = out.data() + table_words;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    table[1 + i] = static_cast<uint32_t>(segments[i].size());
+    std::memcpy(at, segments[i].begin(), segments[i].size() * sizeof(capnp::word));
+    at += segments[i].size();
+  }
+  RT_ASSERT(at == out.data() + out.size());
   return out;
 }
 

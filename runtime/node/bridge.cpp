@@ -1,5 +1,8 @@
 #include "runtime/node/bridge.hpp"
 
+#include <array>
+#include <optional>
+
 #include <caf/send.hpp>
 #include <spdlog/spdlog.h>
 
@@ -84,9 +87,47 @@ Result<std::string> Bridge::address_of_locked(const std::string& node) const {
   return make_error(ErrorKind::not_found, "no node or client named '" + node + "'");
 }
 
+namespace {
+
+// Each thread builds its envelopes in one reused first segment (capnp zeroes what it used
+// when the builder goes away), so a typical message costs no 8 KiB malloc/free. A nested
+// send on the same thread (none today) would fall back to a fresh segment.
+struct ScratchSegment {
+  alignas(capnp::word) std::array<capnp::word, 1024> words{};
+  bool in_use = false;
+};
+thread_local ScratchSegment scratch_segment;
+
+class ScratchBuilder {
+ public:
+  ScratchBuilder() : borrowed_(!scratch_segment.in_use) {
+    if (borrowed_) {
+      scratch_segment.in_use = true;
+      builder_.emplace(kj::ArrayPtr<capnp::word>(scratch_segment.words.data(),
+                                                 scratch_segment.words.size()));
+    } else {
+      builder_.emplace();
+    }
+  }
+  ~ScratchBuilder() {
+    builder_.reset();  // zeroes the scratch it used
+    if (borrowed_) scratch_segment.in_use = false;
+  }
+  ScratchBuilder(const ScratchBuilder&) = delete;
+  ScratchBuilder& operator=(const ScratchBuilder&) = delete;
+  capnp::MallocMessageBuilder& get() { return *builder_; }
+
+ private:
+  bool borrowed_;
+  std::optional<capnp::MallocMessageBuilder> builder_;
+};
+
+}  // namespace
+
 Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correlation_id,
                     const Fill& fill) {
-  capnp::MallocMessageBuilder message;
+  ScratchBuilder scratch;
+  capnp::MallocMessageBuilder& message = scratch.get();
   auto envelope = message.initRoot<wire::Envelope>();
   envelope.setProtocolVersion(manifest_.cluster.protocol_version);
   messages::set_name(envelope.initSource(), from);
