@@ -73,6 +73,7 @@ struct Peer {
   fi_addr_t addr = FI_ADDR_UNSPEC;
   uint32_t inflight = 0;
   std::deque<std::vector<std::byte>> queue;
+  uint32_t control_queued = 0;  // queue[0, control_queued) are control frames
 };
 
 class Region final : public MemoryRegion {
@@ -111,7 +112,7 @@ class Endpoint final : public FabricEndpoint {
   std::string provider() const override { return provider_; }
   Result<PeerHandle> peer(const std::string& host_port) override;
   void reset_peer(const std::string& host_port) override;
-  Status send(PeerHandle peer, std::vector<std::byte> frame) override;
+  Status send(PeerHandle peer, std::vector<std::byte> frame, bool control) override;
   Result<std::unique_ptr<MemoryRegion>> register_memory(std::byte* base,
                                                         uint64_t length_bytes) override;
   Status read(PeerHandle peer, const RemoteRegionRef& remote, uint64_t remote_offset,
@@ -329,7 +330,7 @@ void Endpoint::reset_peer(const std::string& host_port) {
   peer_by_address_.erase(it);
 }
 
-Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame) {
+Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame, bool control) {
   if (frame.empty() || frame.size() > options_.frame_bytes_max) {
     return make_error(ErrorKind::invalid, "frame of " + std::to_string(frame.size()) +
                                               " bytes (limit " +
@@ -340,13 +341,19 @@ Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame) {
     auto it = peers_.find(handle);
     if (it == peers_.end()) return make_error(ErrorKind::not_found, "unknown peer");
     Peer& peer = it->second;
-    if (peer.queue.size() >= options_.send_queue_max) {
+    size_t limit = size_t{options_.send_queue_max} + (control ? control_reserve : 0);
+    if (peer.queue.size() >= limit) {
       counters_.sends_refused.fetch_add(1, std::memory_order_relaxed);
       return make_error(ErrorKind::overloaded, "send queue to " + peer.address + " is full (" +
                                                    std::to_string(options_.send_queue_max) +
                                                    " frames)");
     }
-    peer.queue.push_back(std::move(frame));
+    if (control) {
+      peer.queue.insert(peer.queue.begin() + peer.control_queued, std::move(frame));
+      ++peer.control_queued;
+    } else {
+      peer.queue.push_back(std::move(frame));
+    }
     pump_peer(peer);
   }
   wake();
@@ -365,6 +372,7 @@ void Endpoint::pump_peer(Peer& peer) {
       return;
     }
     peer.queue.pop_front();
+    if (peer.control_queued > 0) --peer.control_queued;
     if (rc != 0) {
       counters_.send_errors.fetch_add(1, std::memory_order_relaxed);
       continue;

@@ -94,7 +94,11 @@ class FabricEndpoint {
 
   // Queues one frame to a peer. Errors: overloaded (queue full), not_found (unknown handle),
   // invalid (frame larger than frame_bytes_max or empty).
-  virtual Status send(PeerHandle peer, std::vector<std::byte> frame) = 0;
+  // `control` frames (membership: hellos, heartbeats) go ahead of the peer's queued data
+  // frames and may use control_reserve slots beyond send_queue_max, so a flood of data to a
+  // peer cannot get this node declared down by it.
+  virtual Status send(PeerHandle peer, std::vector<std::byte> frame, bool control = false) = 0;
+  static constexpr uint32_t control_reserve = 64;
 
   // Registers [base, base+length) for local writes and remote reads.
   virtual Result<std::unique_ptr<MemoryRegion>> register_memory(std::byte* base,

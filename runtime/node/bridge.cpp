@@ -156,7 +156,10 @@ Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correla
   auto peer = fabric_->peer(*address);
   if (!peer.ok()) return peer.error();
   auto bytes = messages::frame_span(words);
-  Status sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  // The node actor's frames (hellos, heartbeats, their answers) are membership traffic:
+  // they must get through even when data to that peer fills its queue.
+  bool control = from.role == "node" && from.node == node_;
+  Status sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()), control);
   if (!sent.ok()) counters_.sends_failed.fetch_add(1, std::memory_order_relaxed);
   return sent;
 }

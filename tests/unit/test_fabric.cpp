@@ -145,6 +145,52 @@ TEST_CASE("backpressure: a peer that never drains refuses sends once its queue i
   CHECK((*a)->counters().sends_refused.load() == static_cast<uint64_t>(refused));
 }
 
+TEST_CASE("backpressure: control frames use a reserve beyond the full queue and go first") {
+  Inbox inbox;
+  FabricOptions o = small_options();
+  o.send_queue_max = 8;
+  o.sends_inflight_max = 1;
+  auto a = open_fabric(o, inbox.handler());
+  REQUIRE(a.ok());
+  auto ghost = (*a)->peer("127.0.0.1:9");  // never drains
+  REQUIRE(ghost.ok());
+  int data_sent = 0;
+  for (int i = 0; i < 100; ++i) data_sent += (*a)->send(*ghost, bytes_of("data")).ok() ? 1 : 0;
+  CHECK(data_sent <= 8 + 1);  // the queue, plus what is in flight
+  CHECK_FALSE((*a)->send(*ghost, bytes_of("data")).ok());
+  // Heartbeats still get in, up to the reserve; then they are refused too (bounded).
+  uint32_t control_sent = 0;
+  for (uint32_t i = 0; i < FabricEndpoint::control_reserve + 10; ++i) {
+    control_sent += (*a)->send(*ghost, bytes_of("heartbeat"), true).ok() ? 1 : 0;
+  }
+  CHECK(control_sent == FabricEndpoint::control_reserve);
+  CHECK_FALSE((*a)->send(*ghost, bytes_of("data")).ok());
+}
+
+TEST_CASE("control frames overtake queued data frames to a live peer") {
+  Inbox inbox_a, inbox_b;
+  FabricOptions o = small_options();
+  o.sends_inflight_max = 1;
+  auto a = open_fabric(o, inbox_a.handler());
+  auto b = open_fabric(small_options(), inbox_b.handler());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  auto to_b = (*a)->peer((*b)->address());
+  REQUIRE(to_b.ok());
+  // Many data frames queue up behind the one in flight; a control frame sent last arrives
+  // before most of them.
+  constexpr int data_frames = 200;
+  for (int i = 0; i < data_frames; ++i) REQUIRE((*a)->send(*to_b, bytes_of("d")).ok());
+  REQUIRE((*a)->send(*to_b, bytes_of("control"), true).ok());
+  REQUIRE(inbox_b.wait_for(data_frames + 1, 10000ms));
+  std::lock_guard lock(inbox_b.mu);
+  size_t at = 0;
+  while (at < inbox_b.frames.size() && inbox_b.frames[at] != bytes_of("control")) ++at;
+  REQUIRE(at < inbox_b.frames.size());
+  MESSAGE("the control frame arrived at position ", at, " of ", inbox_b.frames.size());
+  CHECK(at < data_frames / 2);
+}
+
 TEST_CASE("RMA: a 64 MiB region is read by a peer and matches byte for byte") {
   Inbox inbox_a, inbox_b;
   auto a = open_fabric(small_options(), inbox_a.handler());
