@@ -679,19 +679,32 @@ void expire_queued(GatewayState& st, Clock::time_point now) {
   st.metrics->waiting->set(static_cast<double>(st.queued.size()));
 }
 
+// Whether a decode message about request `id` comes from the decode instance the request
+// is on now. After a retry on another instance, late messages from the first one (cancelled,
+// but its tokens may already be on the way) must not be mixed into the answer.
+bool from_current_decode(const GatewayState& st, uint64_t id, const ActorName& source) {
+  auto it = st.requests.find(id);
+  return it != st.requests.end() && it->second.decode && *it->second.decode == source;
+}
+
 void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
   auto envelope = in.frame->envelope();
   auto body = envelope.getBody();
   uint64_t correlation = envelope.getCorrelationId();
+  ActorName source = messages::get_name(envelope.getSource());
+  const auto& st = self->state;
   switch (body.which()) {
     case wire::Envelope::Body::ROUTE_REPLY:
       return on_route_reply(self, correlation, body.getRouteReply());
     case wire::Envelope::Body::TOKEN_CHUNK:
+      if (!from_current_decode(st, body.getTokenChunk().getRequestId(), source)) return;
       return on_tokens(self, body.getTokenChunk());
     case wire::Envelope::Body::FINISH:
+      if (!from_current_decode(st, body.getFinish().getRequestId(), source)) return;
       return on_finish(self, body.getFinish());
     case wire::Envelope::Body::ERROR: {
       auto e = body.getError();
+      if (source.role == "decode" && !from_current_decode(st, e.getRequestId(), source)) return;
       return on_failure(self, e.getRequestId(), messages::from_wire(e.getKind()), e.getMessage());
     }
     case wire::Envelope::Body::PING:
