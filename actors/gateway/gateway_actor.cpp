@@ -617,6 +617,7 @@ void prepare(PreparerActor* self, const HttpCall& call) {
 
 void on_prepared(GatewayActor* self, PreparedCall& p) {
   auto& st = self->state;
+  if (p.call.out->is_cancelled()) return;  // the client left while its prompt was prepared
   if (auto refused = admit(st)) return reply_error(p.api, *p.call.out, *refused);
   const auto& limits = st.ctx.manifest->gateway;
   uint64_t id = st.id_seed + ++st.next_id;
