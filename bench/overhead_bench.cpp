@@ -268,6 +268,10 @@ struct StartedCluster {
 
 // Writes the manifest to a temp dir, starts the node and waits for /health.
 Result<StartedCluster> start_cluster(const std::string& model_dir, const char* what) {
+  if (!std::filesystem::is_directory(model_dir)) {
+    return make_error(ErrorKind::invalid,
+                      std::string(what) + ": --model-dir " + model_dir + " is not a directory");
+  }
   raise_fd_limit();
   char dir_template[] = "/tmp/tandem-overhead-XXXXXX";
   StartedCluster c;
@@ -384,24 +388,15 @@ int run_overhead_bench(cli::Args args) {
   }
   std::error_code ec;
   std::string model_dir = std::filesystem::absolute(f.get("model-dir"), ec).string();
-  if (ec || !std::filesystem::is_directory(model_dir)) {
-    std::fprintf(stderr, "tandem bench overhead: --model-dir %s is not a directory\n",
-                 model_dir.c_str());
-    return 2;
+  auto cluster = start_cluster(model_dir, "tandem bench overhead");
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "%s\n", cluster.error().describe().c_str());
+    return cluster.error().kind == ErrorKind::invalid ? 2 : 1;
   }
-  raise_fd_limit();
-  char dir_template[] = "/tmp/tandem-overhead-XXXXXX";
-  std::string dir = mkdtemp(dir_template);
-  HttpEndpoint gateway{"127.0.0.1", free_port()};
-  std::ofstream(dir + "/cluster.toml") << manifest_text(model_dir, gateway.port);
+  const std::string& dir = cluster->dir;
+  const HttpEndpoint& gateway = cluster->gateway;
   int rc = 0;
   {
-    NodeProcess node(dir + "/cluster.toml", dir + "/node.log");
-    if (!wait_healthy(gateway, node, 60)) {
-      std::fprintf(stderr, "tandem bench overhead: the node did not become healthy; log: %s\n",
-                   (dir + "/node.log").c_str());
-      return 1;
-    }
     ServeBenchOptions warm;  // warm-up: connections, allocator, caches
     warm.target = gateway;
     warm.progress = false;
@@ -430,6 +425,7 @@ int run_overhead_bench(cli::Args args) {
       }
     }
   }
+  cluster->node.reset();
   if (!f.has("keep")) std::filesystem::remove_all(dir, ec);
   return rc;
 }
