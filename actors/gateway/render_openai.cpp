@@ -52,6 +52,19 @@ std::string ChatRenderer::chunk(json delta, json finish_reason) {
   return sse_data(c.dump(-1, ' ', false, utf8_replace));
 }
 
+std::string ChatRenderer::text_chunk(const char* key, const std::string& text) {
+  if (options_.logprobs) return chunk(json{{key, text}}, nullptr);
+  if (text_chunk_tail_.empty()) {
+    text_chunk_tail_ = R"(},"finish_reason":null,"index":0,"logprobs":null}],"created":)" +
+                       std::to_string(options_.created_s) + R"(,"id":)" +
+                       json(id_).dump(-1, ' ', false, utf8_replace) + R"(,"model":)" +
+                       json(options_.model).dump(-1, ' ', false, utf8_replace) +
+                       R"(,"object":"chat.completion.chunk"})";
+  }
+  return sse_data(std::string(R"({"choices":[{"delta":{")") + key + "\":" +
+                  json(text).dump(-1, ' ', false, utf8_replace) + text_chunk_tail_);
+}
+
 std::string ChatRenderer::begin() {
   RT_ASSERT(!begun_, "begin() twice");
   begun_ = true;
@@ -67,10 +80,10 @@ std::string ChatRenderer::feed(const GenEvent& event) {
   }
   if (!options_.stream || std::holds_alternative<LogprobsDelta>(event)) return {};
   if (const auto* t = std::get_if<TextDelta>(&event)) {
-    return t->text.empty() ? std::string() : chunk(json{{"content", t->text}}, nullptr);
+    return t->text.empty() ? std::string() : text_chunk("content", t->text);
   }
   if (const auto* r = std::get_if<ReasoningDelta>(&event)) {
-    return r->text.empty() ? std::string() : chunk(json{{"reasoning_content", r->text}}, nullptr);
+    return r->text.empty() ? std::string() : text_chunk("reasoning_content", r->text);
   }
   if (std::holds_alternative<ToolCallStart>(event)) {
     const ToolCallAccum& tool = tools_.back();
@@ -139,6 +152,17 @@ CompletionRenderer::CompletionRenderer(RenderOptions options, IdGenerator& ids)
 // probability order (see completion_logprobs_json).
 std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) {
   using ojson = nlohmann::ordered_json;
+  if (!options_.logprobs && finish_reason.is_null()) {  // a token's text: the hot path
+    if (text_chunk_head_.empty()) {
+      text_chunk_head_ = R"({"id":)" + json(id_).dump(-1, ' ', false, utf8_replace) +
+                         R"(,"object":"text_completion","created":)" +
+                         std::to_string(options_.created_s) + R"(,"model":)" +
+                         json(options_.model).dump(-1, ' ', false, utf8_replace) +
+                         R"(,"choices":[{"index":0,"text":)";
+    }
+    return sse_data(text_chunk_head_ + json(text).dump(-1, ' ', false, utf8_replace) +
+                    R"(,"logprobs":null,"finish_reason":null}]})");
+  }
   ojson logprobs = nullptr;
   if (options_.logprobs) {
     size_t begin = take_unsent_logprobs();

@@ -69,7 +69,11 @@ class ChatRenderer final : public RendererBase {
 
  private:
   std::string chunk(json delta, json finish_reason);
+  // The per-token chunk {"<key>": text} without logprobs, written around the escaped text
+  // from a tail built once: the same bytes as chunk(), without building a JSON tree per token.
+  std::string text_chunk(const char* key, const std::string& text);
   std::string id_;
+  std::string text_chunk_tail_;  // built on first use
 };
 
 class CompletionRenderer final : public RendererBase {
@@ -82,6 +86,7 @@ class CompletionRenderer final : public RendererBase {
  private:
   std::string chunk(const std::string& text, json finish_reason);
   std::string id_;
+  std::string text_chunk_head_;  // chunk()'s bytes before the text (no logprobs); first use
 };
 
 class ResponsesRenderer final : public RendererBase {

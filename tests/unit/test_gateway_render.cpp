@@ -601,3 +601,40 @@ TEST_CASE("completions logprobs: each top_logprobs dict lists the most probable 
   CHECK(body.rfind(R"({"id":")", 0) == 0);
   CHECK(body.find(R"("tokens":)") < body.find(R"("token_logprobs":)"));
 }
+
+TEST_CASE("per-token chunks: the same bytes as the JSON object they stand for, any text") {
+  // Quotes, backslashes, control characters, a DEL, unicode, an invalid UTF-8 byte (replaced),
+  // a lone surrogate's bytes: chat and completions chunks are what serializing the full
+  // object gives (the renderers write the per-token chunk around the escaped text).
+  const std::vector<std::string> texts = {"plain", "\"quoted\" \\ back", "tab\tnl\ncr\r\x01\x1f",
+                                          "\x7f del", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+                                          "bad \xff byte", "\xed\xa0\x80 surrogate", "</script>"};
+  IdGenerator probe(seed);
+  std::string chat_id = probe.next("chatcmpl-");
+  IdGenerator probe2(seed);
+  std::string cmpl_id = probe2.next("cmpl-");
+  for (const std::string& text : texts) {
+    CAPTURE(text);
+    std::vector<GenEvent> events = {TextDelta{text}, ReasoningDelta{text},
+                                    Finish{FinishReason::stop, ""}, UsageReport{{1, 0, 2, 0}}};
+    auto chat = split_sse(run(ApiKind::chat_completions, options(true), events));
+    REQUIRE(chat.size() >= 3);
+    for (int i : {1, 2}) {
+      const char* key = i == 1 ? "content" : "reasoning_content";
+      json choice = {{"index", 0}, {"delta", {{key, text}}}, {"logprobs", nullptr},
+                     {"finish_reason", nullptr}};
+      json want = {{"id", chat_id}, {"object", "chat.completion.chunk"},
+                   {"created", 1700000000}, {"model", "minimax-m2"},
+                   {"choices", json::array({choice})}};
+      CHECK(chat[size_t(i)].data == want.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+    auto cmpl = split_sse(run(ApiKind::completions, options(true), events));
+    REQUIRE(cmpl.size() >= 2);
+    using ojson = nlohmann::ordered_json;
+    ojson choice = {{"index", 0}, {"text", text}, {"logprobs", nullptr},
+                    {"finish_reason", nullptr}};
+    ojson want = {{"id", cmpl_id}, {"object", "text_completion"}, {"created", 1700000000},
+                  {"model", "minimax-m2"}, {"choices", ojson::array({choice})}};
+    CHECK(cmpl[0].data == want.dump(-1, ' ', false, ojson::error_handler_t::replace));
+  }
+}
