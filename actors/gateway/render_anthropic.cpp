@@ -105,15 +105,15 @@ std::string MessagesRenderer::on_delta(const GenEvent& event) {
   }
   Open kind = Open::none;
   std::string delta;
-  json d;
+  const char* field = "";  // the delta's text field and type (keys sort: field < "type")
+  const char* type = "";
   if (const auto* t = std::get_if<TextDelta>(&event)) {
-    kind = Open::text, delta = t->text, d = {{"type", "text_delta"}, {"text", delta}};
+    kind = Open::text, delta = t->text, field = "text", type = "text_delta";
   } else if (const auto* r = std::get_if<ReasoningDelta>(&event)) {
-    kind = Open::thinking, delta = r->text, d = {{"type", "thinking_delta"}, {"thinking", delta}};
+    kind = Open::thinking, delta = r->text, field = "thinking", type = "thinking_delta";
   } else if (const auto* a = std::get_if<ToolCallArgsDelta>(&event)) {
     RT_ASSERT(open_ == Open::tool_use, "arguments without an open tool_use");
-    kind = Open::tool_use, delta = a->delta,
-    d = {{"type", "input_json_delta"}, {"partial_json", delta}};
+    kind = Open::tool_use, delta = a->delta, field = "partial_json", type = "input_json_delta";
   }
   RT_ASSERT(kind != Open::none, "on_delta with a non-delta", event.index());
   if (delta.empty()) return {};
@@ -124,8 +124,13 @@ std::string MessagesRenderer::on_delta(const GenEvent& event) {
   }
   open_text_ += delta;
   if (!options_.stream) return out;
-  return out +
-         anthropic_event({{"type", "content_block_delta"}, {"index", block_index_}, {"delta", d}});
+  // Per token: the event written around the escaped text (the bytes anthropic_event() gives
+  // for {"type":"content_block_delta","index":i,"delta":{"type":type,field:delta}}).
+  return out + sse_event("content_block_delta",
+                         std::string(R"({"delta":{")") + field + "\":" +
+                             json(delta).dump(-1, ' ', false, utf8_replace) + R"(,"type":")" +
+                             type + R"("},"index":)" + std::to_string(block_index_) +
+                             R"(,"type":"content_block_delta"})");
 }
 
 std::string MessagesRenderer::feed(const GenEvent& event) {

@@ -636,5 +636,23 @@ TEST_CASE("per-token chunks: the same bytes as the JSON object they stand for, a
     ojson want = {{"id", cmpl_id}, {"object", "text_completion"}, {"created", 1700000000},
                   {"model", "minimax-m2"}, {"choices", ojson::array({choice})}};
     CHECK(cmpl[0].data == want.dump(-1, ' ', false, ojson::error_handler_t::replace));
+    // Anthropic: the text delta (block 0) and the thinking delta (block 1, opened after the
+    // text block closes), each byte-equal to the dump of its event object.
+    std::vector<json> deltas;
+    for (const SseEvent& e : split_sse(run(ApiKind::messages, options(true), events))) {
+      if (e.name != "content_block_delta") continue;
+      json d = json::parse(e.data);
+      deltas.push_back(d);
+      CHECK(e.data == d.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+    REQUIRE(deltas.size() == 2);
+    json text_want = {{"type", "content_block_delta"}, {"index", 0},
+                      {"delta", {{"type", "text_delta"}, {"text", text}}}};
+    json thinking_want = {{"type", "content_block_delta"}, {"index", 1},
+                          {"delta", {{"type", "thinking_delta"}, {"thinking", text}}}};
+    CHECK(deltas[0].dump(-1, ' ', false, json::error_handler_t::replace) ==
+          text_want.dump(-1, ' ', false, json::error_handler_t::replace));
+    CHECK(deltas[1].dump(-1, ' ', false, json::error_handler_t::replace) ==
+          thinking_want.dump(-1, ' ', false, json::error_handler_t::replace));
   }
 }
