@@ -178,6 +178,20 @@ std::string ResponsesRenderer::on_delta(const GenEvent& event) {
   }
   open_text_ += delta;
   int64_t out_index = static_cast<int64_t>(items_.size());
+  if (options_.stream && !options_.logprobs && kind != Open::function_call) {
+    // Per token: the event written around the escaped text (the bytes emit() gives for the
+    // same fields; keys in nlohmann::json's sorted order).
+    const char* type =
+        kind == Open::message ? "response.output_text.delta" : "response.reasoning_text.delta";
+    std::string data = R"({"content_index":0,"delta":)" +
+                       json(delta).dump(-1, ' ', false, utf8_replace) + R"(,"item_id":)" +
+                       open_item_["id"].dump(-1, ' ', false, utf8_replace) +
+                       (kind == Open::message ? R"(,"logprobs":[])" : "") +
+                       R"(,"output_index":)" + std::to_string(out_index) +
+                       R"(,"sequence_number":)" + std::to_string(sequence_number_++) +
+                       R"(,"type":")" + type + "\"}";
+    return out + sse_event(type, data);
+  }
   json fields = {{"item_id", open_item_["id"]}, {"output_index", out_index}, {"delta", delta}};
   if (kind == Open::function_call) {
     return out + emit("response.function_call_arguments.delta", fields);

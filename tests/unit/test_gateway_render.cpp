@@ -646,6 +646,22 @@ TEST_CASE("per-token chunks: the same bytes as the JSON object they stand for, a
       CHECK(e.data == d.dump(-1, ' ', false, json::error_handler_t::replace));
     }
     REQUIRE(deltas.size() == 2);
+    // Responses: output_text and reasoning_text deltas, each byte-equal to its dump.
+    size_t responses_deltas = 0;
+    for (const SseEvent& e : split_sse(run(ApiKind::responses, options(true), events))) {
+      if (e.name != "response.output_text.delta" && e.name != "response.reasoning_text.delta") {
+        continue;
+      }
+      ++responses_deltas;
+      json d = json::parse(e.data);
+      CHECK(e.data == d.dump(-1, ' ', false, json::error_handler_t::replace));
+      CHECK(d["delta"] == json::parse(json(text).dump(-1, ' ', false,
+                                                      json::error_handler_t::replace)));
+      CHECK(d["type"] == e.name);
+      CHECK(d.contains("sequence_number"));
+      CHECK(d.contains("logprobs") == (e.name == "response.output_text.delta"));
+    }
+    CHECK(responses_deltas == 2);
     json text_want = {{"type", "content_block_delta"}, {"index", 0},
                       {"delta", {{"type", "text_delta"}, {"text", text}}}};
     json thinking_want = {{"type", "content_block_delta"}, {"index", 1},
