@@ -147,8 +147,10 @@ struct Point {
   workload::LatencyStats direct;
 };
 
+// rate_per_s > 0: Poisson arrivals at that rate (open loop), at most `concurrency` in
+// flight; 0: closed loop at `concurrency`.
 Result<Point> measure(const HttpEndpoint& gateway, uint32_t concurrency, uint32_t output_tokens,
-                      uint32_t requests_count) {
+                      uint32_t requests_count, double rate_per_s = 0) {
   workload::RandomParams p;
   p.seed = concurrency * 100 + output_tokens;
   p.vocab_size = 32000;
@@ -160,6 +162,7 @@ Result<Point> measure(const HttpEndpoint& gateway, uint32_t concurrency, uint32_
   ServeBenchOptions o;
   o.target = gateway;
   o.concurrency = concurrency;
+  o.request_rate_per_s = rate_per_s;
   o.chain_sessions = false;
   o.progress = false;
   o.timeout_s = 60;
@@ -370,11 +373,25 @@ int run_overhead_bench(cli::Args args) {
   f.flag("model-dir", "DIR", "tokenizer source (stories15M)", "models/stories15M")
       .flag("requests", "N", "requests per point (at least 4 x concurrency are run)", "1000")
       .flag("concurrency", "LIST", "comma-separated stream counts", "1,64,1000")
+      .flag("rate", "LIST", "also open loop: Poisson arrivals at these req/s, at most the "
+                            "largest --concurrency in flight (e.g. 2000,5000)", "")
       .flag("keep", "", "keep the temp dir (manifest, node log)");
   int code = 0;
   if (!f.parse(args, &code)) return code;
   auto requests = f.get_int("requests");
   if (!requests || *requests < 1 || *requests > 1000000) return 2;
+  std::vector<double> rates;
+  std::stringstream rate_list(f.get("rate"));
+  for (std::string item; std::getline(rate_list, item, ',');) {
+    char* end = nullptr;
+    double v = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end != '\0' || !(v > 0) || v > 1e7) {
+      std::fprintf(stderr, "tandem bench overhead: --rate: '%s' is not a rate in (0, 1e7]\n",
+                   item.c_str());
+      return 2;
+    }
+    rates.push_back(v);
+  }
   std::vector<uint32_t> levels;
   std::stringstream list(f.get("concurrency"));
   for (std::string item; std::getline(list, item, ',');) {
@@ -422,6 +439,31 @@ int run_overhead_bench(cli::Args args) {
         }
         print_point(*pt);
         if (pt->cluster.failed_count > 0) rc = 3;
+      }
+    }
+    if (!rates.empty()) {
+      uint32_t cap = *std::max_element(levels.begin(), levels.end());
+      std::printf("\nopen loop (Poisson arrivals, at most %u in flight):\n"
+                  "| offered req/s | out | requests | added p50 ms | added p99 ms | "
+                  "achieved req/s |\n| --- | --- | --- | --- | --- | --- |\n", cap);
+      for (uint32_t out : {1u, 16u}) {
+        for (double rate : rates) {
+          auto n = static_cast<uint32_t>(std::max<double>(*requests, rate * 2));  // >= ~2 s
+          auto pt = measure(gateway, cap, out, n, rate);
+          if (!pt.ok()) {
+            std::fprintf(stderr, "tandem bench overhead: rate %.0f: %s\n", rate,
+                         pt.error().describe().c_str());
+            rc = 1;
+            continue;
+          }
+          const auto& c = pt->cluster;
+          std::printf("| %.0f | %u | %llu | %.3f | %.3f | %.0f |\n", rate, out,
+                      static_cast<unsigned long long>(c.requests_count),
+                      c.e2e_ms.p50 - pt->direct.p50, c.e2e_ms.p99 - pt->direct.p99,
+                      c.request_throughput_per_s);
+          std::fflush(stdout);
+          if (c.failed_count > 0) rc = 3;
+        }
       }
     }
   }
