@@ -143,17 +143,22 @@ Status send_chunk(DecodeState& st, Seq& s, const decode::SeqUpdate& update) {
   });
 }
 
-// Sends the errors of streams that lost tokens; keeps those that could not be sent yet.
+// Tells the gateway that a stream lost tokens and was cancelled.
+Status send_lost(DecodeState& st, const DecodeState::LostStream& l) {
+  return st.ctx.bridge->send(st.self_name, l.to, l.id, [&](wire::Envelope::Builder b) {
+    auto e = b.getBody().initError();
+    e.setRequestId(l.id);
+    e.setKind(messages::to_wire(ErrorKind::failed));
+    e.setMessage("decode could not send the generated tokens; the request was cancelled");
+    e.setTokensSent(l.tokens_sent);
+  });
+}
+
+// Each tick: sends the errors not sent yet; keeps those that still cannot go.
 void retry_lost(DecodeState& st) {
   std::deque<DecodeState::LostStream> keep;
   for (auto& l : st.lost) {
-    Status sent = st.ctx.bridge->send(st.self_name, l.to, l.id, [&](wire::Envelope::Builder b) {
-      auto e = b.getBody().initError();
-      e.setRequestId(l.id);
-      e.setKind(messages::to_wire(ErrorKind::failed));
-      e.setMessage("decode could not send the generated tokens; the request was cancelled");
-      e.setTokensSent(l.tokens_sent);
-    });
+    Status sent = send_lost(st, l);
     if (sent.ok()) continue;
     if (++l.attempts < DecodeState::lost_attempts_max) {
       keep.push_back(l);
@@ -176,9 +181,11 @@ void emit(DecodeActor* self, const decode::SeqUpdate& update) {
       // it can still be reached; it also notices the gap or the missing finish itself.
       st.ctx.log->warn("decode {}: request {}: tokens not sent ({}); cancelling it",
                        st.self_name.instance, update.seq, sent.error().describe());
-      if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
-      st.lost.push_back({s.reply_to, update.seq, s.output_count, 0});
-      retry_lost(st);
+      DecodeState::LostStream lost{s.reply_to, update.seq, s.output_count, 0};
+      if (!send_lost(st, lost).ok()) {  // the tick retries it
+        if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
+        st.lost.push_back(lost);
+      }
       if (!update.finished) (void)st.scheduler->cancel(update.seq);
       st.seqs.erase(it);
       return;

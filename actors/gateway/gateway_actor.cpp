@@ -248,12 +248,20 @@ void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
   admit_queued(self);
 }
 
-void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk) {
+// Decode messages count only from the decode instance the request is on now: after a retry
+// on another instance, late messages from the first one (cancelled, but its tokens may
+// already be on the way) must not be mixed into the answer.
+bool from_current_decode(const Req& r, const ActorName& source) {
+  return r.decode && *r.decode == source;
+}
+
+void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorName& source) {
   auto& st = self->state;
   uint64_t id = chunk.getRequestId();
   auto it = st.requests.find(id);
   if (it == st.requests.end() || it->second.finished) return;
   Req& r = it->second;
+  if (!from_current_decode(r, source)) return;
   // Chunks arrive in order over one connection; a gap means decode could not send one (its
   // send queue to this node was full). Fail the request rather than stream text with a hole.
   if (chunk.getFirstIndex() != r.tokens_received) {
@@ -299,10 +307,10 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk) {
   r.last_activity = now;
 }
 
-void on_finish(GatewayActor* self, wire::Finish::Reader f) {
+void on_finish(GatewayActor* self, wire::Finish::Reader f, const ActorName& source) {
   auto& st = self->state;
   auto it = st.requests.find(f.getRequestId());
-  if (it == st.requests.end()) return;
+  if (it == st.requests.end() || !from_current_decode(it->second, source)) return;
   gateway::FinishReason reason = gateway::FinishReason::stop;
   switch (f.getReason()) {
     case wire::FinishReason::STOP: reason = gateway::FinishReason::stop; break;
@@ -680,32 +688,24 @@ void expire_queued(GatewayState& st, Clock::time_point now) {
   st.metrics->waiting->set(static_cast<double>(st.queued.size()));
 }
 
-// Whether a decode message about request `id` comes from the decode instance the request
-// is on now. After a retry on another instance, late messages from the first one (cancelled,
-// but its tokens may already be on the way) must not be mixed into the answer.
-bool from_current_decode(const GatewayState& st, uint64_t id, const ActorName& source) {
-  auto it = st.requests.find(id);
-  return it != st.requests.end() && it->second.decode && *it->second.decode == source;
-}
-
 void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
   auto envelope = in.frame->envelope();
   auto body = envelope.getBody();
   uint64_t correlation = envelope.getCorrelationId();
   ActorName source = messages::get_name(envelope.getSource());
-  const auto& st = self->state;
   switch (body.which()) {
     case wire::Envelope::Body::ROUTE_REPLY:
       return on_route_reply(self, correlation, body.getRouteReply());
     case wire::Envelope::Body::TOKEN_CHUNK:
-      if (!from_current_decode(st, body.getTokenChunk().getRequestId(), source)) return;
-      return on_tokens(self, body.getTokenChunk());
+      return on_tokens(self, body.getTokenChunk(), source);
     case wire::Envelope::Body::FINISH:
-      if (!from_current_decode(st, body.getFinish().getRequestId(), source)) return;
-      return on_finish(self, body.getFinish());
+      return on_finish(self, body.getFinish(), source);
     case wire::Envelope::Body::ERROR: {
       auto e = body.getError();
-      if (source.role == "decode" && !from_current_decode(st, e.getRequestId(), source)) return;
+      if (source.role == "decode") {  // the router's errors have no decode to compare with
+        auto it = self->state.requests.find(e.getRequestId());
+        if (it != self->state.requests.end() && !from_current_decode(it->second, source)) return;
+      }
       return on_failure(self, e.getRequestId(), messages::from_wire(e.getKind()), e.getMessage());
     }
     case wire::Envelope::Body::PING:

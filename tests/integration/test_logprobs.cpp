@@ -18,8 +18,6 @@ namespace http = tandem::testing::http;
 
 namespace {
 
-std::string model_dir() { return source_root() + "/models/stories15M"; }
-
 // One node with every role; disaggregate_tokens_min 1 sends every prompt through the prefill
 // instance (its first token and logprobs come in the PrefillResult), 100000 none.
 class LogprobCluster {

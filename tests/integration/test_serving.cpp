@@ -22,8 +22,6 @@ namespace http = tandem::testing::http;
 
 namespace {
 
-std::string model_dir() { return source_root() + "/models/stories15M"; }
-
 // Which processes a cluster runs: every role in one node, or the loopback-3 split.
 enum class Layout { one_node, loopback3 };
 

@@ -29,6 +29,8 @@ inline std::string env_or(const char* name, const std::string& fallback) {
 
 inline std::string build_root() { return env_or("TANDEM_BUILD_ROOT", "build"); }
 inline std::string source_root() { return env_or("TANDEM_SOURCE_ROOT", "."); }
+// The bundled demo model (tools/setup.sh puts it there).
+inline std::string model_dir() { return source_root() + "/models/stories15M"; }
 inline std::string tandem_bin() { return build_root() + "/tools/tandem"; }
 
 // A free TCP port on 127.0.0.1 (bound then released; fine for tests on one machine). The

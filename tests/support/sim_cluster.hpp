@@ -12,7 +12,7 @@ namespace tandem::testing {
 
 // `cluster_name` names the cluster; `http_port` is the gateway's port (the caller keeps it).
 inline std::string one_node_sim_manifest(const std::string& cluster_name, uint16_t http_port) {
-  std::string model = source_root() + "/models/stories15M";
+  std::string model = model_dir();
   std::string t = "[cluster]\nname = \"" + cluster_name + "\"\n[model]\nname = \"stories15M\"\n"
                   "path = \"" + model + "\"\nblock_tokens = 16\nmax_model_tokens = 2048\n"
                   "[sim]\ntime_factor = 0\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\n"

@@ -27,7 +27,7 @@ namespace {
 
 std::string manifest_text(uint16_t fabric_port, uint16_t http_port) {
   return "[cluster]\nname = \"gw-protocol\"\n[model]\nname = \"stories15M\"\npath = \"" +
-         testing::source_root() + "/models/stories15M\"\nblock_tokens = 16\n"
+         testing::model_dir() + "\"\nblock_tokens = 16\n"
          "max_model_tokens = 256\nchat_format = \"plain\"\n"
          "[[node]]\nname = \"a\"\nhost = \"127.0.0.1\"\nfabric_port = " +
          std::to_string(fabric_port) + "\nadmin_port = " + std::to_string(testing::free_port()) +
@@ -72,7 +72,7 @@ class Harness {
       auto h = http::get(http_port_, "/health", 1000ms);
       return h.ok() && h.status == 200;
     }));
-    auto tokenizer = text::load_tokenizer(testing::source_root() + "/models/stories15M");
+    auto tokenizer = text::load_tokenizer(testing::model_dir());
     REQUIRE(tokenizer.ok());
     tokenizer_ = std::move(tokenizer).value();
   }
