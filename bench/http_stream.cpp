@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -393,8 +394,17 @@ void StreamClient::on_event(Conn& conn, uint32_t events) {
 
 std::vector<std::pair<uint64_t, StreamOutcome>> StreamClient::poll(double wait_ms) {
   epoll_event events[256];
-  int timeout = finished_.empty() ? std::max(0, static_cast<int>(wait_ms)) : 0;
-  int n = epoll_wait(epoll_fd_, events, 256, timeout);
+  // The wait is to the microsecond (epoll_pwait2): with epoll_wait's whole milliseconds an
+  // open-loop client either spins through the last millisecond before an arrival, taking a
+  // core from the server it measures, or sends up to a millisecond late.
+  double wait = finished_.empty() ? std::max(0.0, wait_ms) : 0.0;
+  auto wait_ns = static_cast<int64_t>(wait * 1e6);
+  timespec timeout{static_cast<time_t>(wait_ns / 1000000000),
+                   static_cast<long>(wait_ns % 1000000000)};
+  int n = epoll_pwait2(epoll_fd_, events, 256, &timeout, nullptr);
+  if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: round the wait up to a millisecond
+    n = epoll_wait(epoll_fd_, events, 256, static_cast<int>(std::ceil(wait)));
+  }
   for (int i = 0; i < n; ++i) {
     auto it = conns_by_fd_.find(events[i].data.fd);
     if (it == conns_by_fd_.end()) continue;

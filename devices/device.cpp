@@ -1,6 +1,7 @@
 #include "devices/device.hpp"
 
 #include <string>
+#include <thread>
 
 namespace tandem::devices {
 
@@ -32,6 +33,10 @@ uint32_t dtype_bytes(DType dtype) {
   RT_ASSERT(false, "unknown dtype", static_cast<int>(dtype));
   return 0;
 }
+
+bool holds_thread(config::DeviceKind kind) { return kind != config::DeviceKind::sim; }
+
+void wait_ready(const StepOutput& out) { std::this_thread::sleep_until(out.ready_at); }
 
 namespace {
 Error bad(const std::string& what) { return make_error(ErrorKind::invalid, "model config: " + what); }

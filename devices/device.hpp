@@ -12,6 +12,7 @@
 // n new positions. Nothing else in the pool is touched.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -132,7 +133,15 @@ struct SeqOutput {
 
 struct StepOutput {
   std::vector<SeqOutput> seqs;  // same order as the input batch
+  // When the pass is over. A device that computes (cpu, rbln) returns when it is and leaves
+  // this at its default (already past). A device that models time (sim, time_factor > 0)
+  // returns at once with the modelled end here; its caller answers no earlier: the executor
+  // on a timer (holding no thread), a direct caller with wait_ready().
+  std::chrono::steady_clock::time_point ready_at{};
 };
+
+// Sleeps the calling thread until out.ready_at (returns at once when it has passed).
+void wait_ready(const StepOutput& out);
 
 // Backend-specific knobs of the sim device (defined by the sim backend; keys are documented
 // in devices/sim/). Ignored by other kinds.
@@ -174,6 +183,12 @@ class Device {
   virtual Status copy_blocks_in(std::span<const uint32_t> blocks,
                                 std::span<const std::byte> src) = 0;
 };
+
+// True when a device of this kind holds the calling thread for the length of a pass (cpu,
+// rbln): its executor gets a thread of its own. False for sim, whose passes cost only host
+// work (the modelled time is StepOutput::ready_at): its executor runs on the node's shared
+// CAF workers and saves the two thread wake-ups per step.
+bool holds_thread(config::DeviceKind kind);
 
 // Builds a device of spec.kind. Errors: not_found (model path missing), invalid (bad model
 // file, bad spec), unimplemented (kind not built in). Throws nothing.

@@ -1,6 +1,7 @@
 #include "actors/executor/executor_actor.hpp"
 
 #include <chrono>
+#include <deque>
 
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
@@ -23,10 +24,21 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
 
 namespace {
 
+// A pass whose answer waits for its modelled end (StepOutput::ready_at).
+struct PendingPass {
+  caf::response_promise promise;
+  ExecResult result;
+};
+
+// Passes answered later. The prefill or decode instance that owns the executor has one pass
+// in flight at a time; more than this is a bug upstream, answered with an error.
+constexpr size_t kPendingMax = 64;
+
 struct ExecutorState {
   std::unique_ptr<devices::Device> device;
   std::unique_ptr<runtime::MemoryRegion> registration;
   ExecInfo info;
+  std::deque<PendingPass> pending;  // in ready_at order: the device runs passes one at a time
   static inline const char* name = "tandem.executor";
 };
 
@@ -80,40 +92,69 @@ ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
   return result;
 }
 
+// Answers every pending pass whose modelled end has come.
+void deliver_ready(ExecutorState& st) {
+  auto now = std::chrono::steady_clock::now();
+  while (!st.pending.empty() && st.pending.front().result.output->ready_at <= now) {
+    st.pending.front().promise.deliver(std::move(st.pending.front().result));
+    st.pending.pop_front();
+  }
+}
+
+caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context,
+                                const config::Instance& inst) {
+  self->state.info = open_device(self->state, context, inst);
+  if (self->state.info.ok) {
+    const auto& l = self->state.info.layout;
+    context.log->info("executor {}: {} device, KV pool {} blocks x {} bytes ({} MiB)", inst.name,
+                      config::to_string(inst.device), l.blocks_total, l.block_bytes(),
+                      l.pool_bytes() >> 20);
+  } else {
+    context.log->error("{}", self->state.info.error);
+  }
+  return {
+      [self](atoms::exec_info) { return self->state.info; },
+      [self](atoms::exec_run, const ExecBatch& batch) -> caf::result<ExecResult> {
+        auto& st = self->state;
+        if (!st.device) return ExecResult{false, st.info.error, nullptr, 0};
+        if (st.pending.size() >= kPendingMax) {
+          return ExecResult{false, "executor: too many passes in flight", nullptr, 0};
+        }
+        ExecResult result = run_batch(*st.device, batch);
+        if (!result.ok) return result;
+        auto ready_at = result.output->ready_at;
+        auto now = std::chrono::steady_clock::now();
+        if (ready_at <= now && st.pending.empty()) return result;
+        // A modelled pass (sim, time_factor > 0): answer at its end, from a timer.
+        auto promise = self->make_response_promise();
+        st.pending.push_back({promise, std::move(result)});
+        self->delayed_send(self, std::max(ready_at - now, std::chrono::steady_clock::duration{}),
+                           runtime::atoms::tick::value);
+        return promise;
+      },
+      [self](runtime::atoms::tick) { deliver_ready(self->state); },
+      [self, context, inst](const runtime::InboundFrame& in) {
+        auto envelope = in.frame->envelope();
+        if (envelope.getBody().which() == wire::Envelope::Body::PING) {
+          runtime::answer_ping(context.bridge, {context.bridge->node(), "executor", inst.name},
+                               envelope);
+        }
+      },
+  };
+}
+
 }  // namespace
 
 caf::actor spawn_executor(caf::actor_system& system, const ShellContext& ctx,
                           const config::Instance& instance) {
   messages::ActorName name{ctx.bridge->node(), "executor", instance.name};
-  ShellContext context = ctx;
-  config::Instance inst = instance;
-  auto actor = system.spawn<caf::detached>([context, inst](ExecutorActor* self) -> caf::behavior {
-    self->state.info = open_device(self->state, context, inst);
-    if (self->state.info.ok) {
-      const auto& l = self->state.info.layout;
-      context.log->info("executor {}: {} device, KV pool {} blocks x {} bytes ({} MiB)", inst.name,
-                        config::to_string(inst.device), l.blocks_total, l.block_bytes(),
-                        l.pool_bytes() >> 20);
-    } else {
-      context.log->error("{}", self->state.info.error);
-    }
-    return {
-        [self](atoms::exec_info) { return self->state.info; },
-        [self](atoms::exec_run, const ExecBatch& batch) {
-          if (!self->state.device) {
-            return ExecResult{false, self->state.info.error, nullptr, 0};
-          }
-          return run_batch(*self->state.device, batch);
-        },
-        [self, context, inst](const runtime::InboundFrame& in) {
-          auto envelope = in.frame->envelope();
-          if (envelope.getBody().which() == wire::Envelope::Body::PING) {
-            runtime::answer_ping(context.bridge, {context.bridge->node(), "executor", inst.name},
-                                 envelope);
-          }
-        },
-    };
-  });
+  auto fn = [context = ctx, inst = instance](ExecutorActor* self) {
+    return executor_behavior(self, context, inst);
+  };
+  // A device that holds the calling thread for a pass (cpu, rbln) gets a thread of its own;
+  // the sim costs only host work and runs on the node's CAF workers.
+  auto actor = devices::holds_thread(instance.device) ? system.spawn<caf::detached>(fn)
+                                                      : system.spawn(fn);
   ctx.bridge->register_actor(name, actor);
   return actor;
 }

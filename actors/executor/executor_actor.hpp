@@ -1,7 +1,9 @@
 // The NPU executor: one per device group. It owns exactly one Device; nothing else touches
-// it. It runs as a detached actor (its own thread) because device calls block for the
-// length of a batch. Only actors on the same node talk to it (plain CAF messages, never the
-// wire): its prefill or decode instance.
+// it. A device whose calls block for the length of a batch (cpu, rbln) gets a detached actor
+// (its own thread); the sim device, which only models time, runs on the node's CAF workers
+// and answers a pass at its modelled end (StepOutput::ready_at) from a timer. Only actors on
+// the same node talk to it (plain CAF messages, never the wire): its prefill or decode
+// instance.
 #pragma once
 
 #include <caf/all.hpp>
@@ -46,7 +48,7 @@ struct ExecResult {
 // Builds the device spec for `instance` (an executor) from the manifest.
 devices::DeviceSpec device_spec(const config::Manifest& manifest, const config::Instance& instance);
 
-// Spawns the executor for `instance` (detached), creates its device and registers the KV
+// Spawns the executor for `instance` (detached when devices::holds_thread), creates its device and registers the KV
 // pool with the fabric (the bridge's endpoint must be open). Registers NODE/executor/NAME.
 caf::actor spawn_executor(caf::actor_system& system, const ShellContext& ctx,
                           const config::Instance& instance);

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <unordered_set>
 
 namespace tandem::devices::sim {
@@ -240,24 +239,25 @@ Result<StepOutput> SimDevice::run(std::span<const Pass> batch, bool is_prefill) 
     RT_ASSERT(seq.rows_count == (is_prefill ? 1u : pass.tokens.size()), "rows_count");
     out.seqs.push_back(std::move(seq));
   }
-  model_time(batch, is_prefill, started);
+  out.ready_at = model_time(batch, is_prefill, started);
   return out;
 }
 
-void SimDevice::model_time(std::span<const Pass> batch, bool is_prefill,
-                           std::chrono::steady_clock::time_point started) {
+std::chrono::steady_clock::time_point SimDevice::model_time(
+    std::span<const Pass> batch, bool is_prefill, std::chrono::steady_clock::time_point started) {
   std::vector<SeqShape> shapes;
   for (const Pass& p : batch) {
     shapes.push_back({p.start_pos, static_cast<uint32_t>(p.tokens.size())});
   }
   last_pass_s_ = is_prefill ? prefill_time_s(params_, shapes) : decode_step_time_s(params_, shapes);
   total_s_ += last_pass_s_;
-  if (params_.time_factor > 0) {
-    // The host work of this pass counts toward the modelled time: sleep only the rest.
-    auto wall = std::chrono::duration<double>(last_pass_s_ * params_.time_factor);
-    std::this_thread::sleep_until(
-        started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wall));
-  }
+  if (params_.time_factor <= 0) return {};
+  // The modelled device runs one pass at a time: a pass asked for before the previous one's
+  // end starts at that end. The host work of this pass counts toward its time.
+  auto begin = std::max(started, busy_until_);
+  auto wall = std::chrono::duration<double>(last_pass_s_ * params_.time_factor);
+  busy_until_ = begin + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wall);
+  return busy_until_;
 }
 
 void SimDevice::evict_if_full() {

@@ -9,9 +9,10 @@
 //      copied in from another device work). KV that was never written there -> failed;
 //   3. writes the new positions' KV rows, picks tokens with sim::next_token;
 //   4. models the pass time (prefill_time_s / decode_step_time_s) and, when
-//      time_factor > 0, sleeps on the calling thread until modelled time * time_factor has
-//      passed since the pass began (the host work of steps 1-3 counts toward it; a pass whose
-//      host work takes longer than that returns late, not early).
+//      time_factor > 0, sets StepOutput::ready_at to when modelled time * time_factor has
+//      passed since the pass began (the host work of steps 1-3 counts toward it), or since
+//      the previous pass's ready_at if that is later: the modelled device runs one pass at a
+//      time. It never sleeps: the caller waits (the executor on a timer, holding no thread).
 // Not thread-safe (one executor thread), like every Device.
 #pragma once
 
@@ -101,8 +102,9 @@ class SimDevice final : public Device {
   Status rebuild_context(const Pass& pass, SeqState& state) const;
   void write_token(const Pass& pass, SeqState& state, uint32_t index_in_pass);
   Result<StepOutput> run(std::span<const Pass> batch, bool is_prefill);
-  void model_time(std::span<const Pass> batch, bool is_prefill,
-                  std::chrono::steady_clock::time_point started);
+  // Returns the pass's ready_at (default: no modelled wait).
+  std::chrono::steady_clock::time_point model_time(std::span<const Pass> batch, bool is_prefill,
+                                                   std::chrono::steady_clock::time_point started);
   void evict_if_full();
 
   SimParams params_;
@@ -114,6 +116,7 @@ class SimDevice final : public Device {
   uint64_t pass_count_ = 0;
   double last_pass_s_ = 0;
   double total_s_ = 0;
+  std::chrono::steady_clock::time_point busy_until_{};  // the latest pass's ready_at
 };
 
 // For make_device(): the sim backend behind the Device interface.

@@ -309,17 +309,35 @@ TEST_CASE("bad batches and bad specs are errors naming what is wrong") {
   CHECK(make_sim_device(small_spec()).ok());
 }
 
-TEST_CASE("time_factor sleeps the modelled time; 0 does not") {
+TEST_CASE("time_factor: ready_at is the modelled end, passes queue one after another; 0 is now") {
   auto fast = make(small_spec(1, {{"step_overhead_us", 30000}}));
   auto slow = make(small_spec(1, {{"step_overhead_us", 30000}, {"time_factor", 1}}));
   PrefillSeq pre{1, table(0, 1), 0, {1, 2, 3}};
   auto t0 = std::chrono::steady_clock::now();
-  REQUIRE(fast->prefill(std::span(&pre, 1)).ok());
+  auto quick = fast->prefill(std::span(&pre, 1));
+  REQUIRE(quick.ok());
+  CHECK(quick.value().ready_at == std::chrono::steady_clock::time_point{});
   auto t1 = std::chrono::steady_clock::now();
-  REQUIRE(slow->prefill(std::span(&pre, 1)).ok());
+  auto first = slow->prefill(std::span(&pre, 1));
+  REQUIRE(first.ok());
   auto t2 = std::chrono::steady_clock::now();
   CHECK(slow->last_pass_modelled_s() > 0.03);
-  CHECK(std::chrono::duration<double>(t2 - t1).count() >= slow->last_pass_modelled_s());
+  // It does not sleep: the modelled time is returned, not spent.
+  CHECK(std::chrono::duration<double>(t2 - t1).count() < 0.03);
+  CHECK(std::chrono::duration<double>(first.value().ready_at - t1).count() >=
+        slow->last_pass_modelled_s());
+  CHECK(first.value().ready_at <=
+        t2 + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::duration<double>(slow->last_pass_modelled_s())));
+  // A second pass asked for at once starts when the first ends.
+  DecodeSeq dec{1, table(0, 1), 3, {first.value().seqs[0].tokens[0]}};
+  auto second = slow->decode(std::span(&dec, 1));
+  REQUIRE(second.ok());
+  CHECK(std::chrono::duration<double>(second.value().ready_at - first.value().ready_at).count() ==
+        doctest::Approx(slow->last_pass_modelled_s()).epsilon(0.01));
+  // wait_ready sleeps until the modelled end.
+  wait_ready(second.value());
+  CHECK(std::chrono::steady_clock::now() >= second.value().ready_at);
   CHECK(std::chrono::duration<double>(t1 - t0).count() < 0.03);
   SeqShape shape{0, 3};
   CHECK(fast->last_pass_modelled_s() == doctest::Approx(prefill_time_s(fast->params(),
