@@ -92,36 +92,47 @@ SimDevice::SimDevice(Key, SimParams params, uint64_t seed, KvLayout layout,
   RT_ASSERT(pool_ && pool_->size() == layout_.pool_bytes(), "SimDevice: pool size");
   RT_ASSERT(model_.validate().ok(), "SimDevice: model shape",
             model_.validate().ok() ? "" : model_.validate().error().message);
+  for (uint32_t l = 0; l < layout_.layers; ++l) {
+    for (KvPart part : {KvPart::k, KvPart::v}) row_salts_.push_back(row_salt(l, part));
+  }
 }
 
 Status SimDevice::validate_batch(std::span<const Pass> batch) const {
   if (batch.empty()) return invalid("empty batch");
+  // Seq ids must be distinct: sorted copy first (one allocation), the set only to name one.
+  std::vector<uint64_t> sorted_ids;
+  sorted_ids.reserve(batch.size());
+  for (const Pass& p : batch) sorted_ids.push_back(p.seq_id);
+  std::sort(sorted_ids.begin(), sorted_ids.end());
+  bool repeated = std::adjacent_find(sorted_ids.begin(), sorted_ids.end()) != sorted_ids.end();
   std::unordered_set<uint64_t> ids;
   for (size_t b = 0; b < batch.size(); ++b) {
     const Pass& p = batch[b];
-    std::string where = "batch[" + std::to_string(b) + "] (seq " + std::to_string(p.seq_id) + ")";
-    if (!ids.insert(p.seq_id).second) return invalid(where + ": seq_id appears twice");
-    if (p.tokens.empty()) return invalid(where + ": no tokens");
+    auto where = [&] {
+      return "batch[" + std::to_string(b) + "] (seq " + std::to_string(p.seq_id) + ")";
+    };
+    if (repeated && !ids.insert(p.seq_id).second) return invalid(where() + ": seq_id appears twice");
+    if (p.tokens.empty()) return invalid(where() + ": no tokens");
     for (size_t i = 0; i < p.tokens.size(); ++i) {
       if (p.tokens[i] < 0 || static_cast<uint32_t>(p.tokens[i]) >= params_.vocab) {
-        return invalid(where + ": tokens[" + std::to_string(i) + "] = " +
+        return invalid(where() + ": tokens[" + std::to_string(i) + "] = " +
                        std::to_string(p.tokens[i]) + " is outside [0, " +
                        std::to_string(params_.vocab) + ")");
       }
     }
     uint64_t end = uint64_t{p.start_pos} + p.tokens.size();
     if (end > params_.max_position) {
-      return invalid(where + ": positions up to " + std::to_string(end) + " exceed max_position " +
+      return invalid(where() + ": positions up to " + std::to_string(end) + " exceed max_position " +
                      std::to_string(params_.max_position));
     }
     uint64_t blocks_needed = (end + layout_.block_tokens - 1) / layout_.block_tokens;
     if (p.block_table.size() < blocks_needed) {
-      return invalid(where + ": block table has " + std::to_string(p.block_table.size()) +
+      return invalid(where() + ": block table has " + std::to_string(p.block_table.size()) +
                      " blocks, " + std::to_string(blocks_needed) + " needed");
     }
     for (size_t i = 0; i < blocks_needed; ++i) {
       if (p.block_table[i] >= layout_.blocks_total) {
-        return invalid(where + ": block_table[" + std::to_string(i) + "] = " +
+        return invalid(where() + ": block_table[" + std::to_string(i) + "] = " +
                        std::to_string(p.block_table[i]) + " is outside [0, " +
                        std::to_string(layout_.blocks_total) + ")");
       }
@@ -197,11 +208,15 @@ void SimDevice::write_token(const Pass& pass, SeqState& state, uint32_t index_in
   state.hashes.push_back(h);
   uint32_t block = pass.block_table[pos / layout_.block_tokens];
   uint32_t slot = pos % layout_.block_tokens;
-  uint64_t row_bytes = layout_.part_bytes() / layout_.block_tokens;
+  // Rows of one position: (layer, part) i lies i part_bytes after (layer 0, K).
+  std::byte* first = pool_->data() + layout_.slot_offset_bytes(block, 0, KvPart::k, slot);
+  uint64_t stride = layout_.part_bytes();
+  uint64_t row_bytes = stride / layout_.block_tokens;
   for (uint32_t l = 0; l < layout_.layers; ++l) {
     for (KvPart part : {KvPart::k, KvPart::v}) {
-      std::byte* row = pool_->data() + layout_.slot_offset_bytes(block, l, part, slot);
-      fill_row(std::span(row, row_bytes), h, token, pos, l, part);
+      uint32_t i = l * 2 + static_cast<uint32_t>(part);
+      fill_row_salted(std::span(first + i * stride, row_bytes), h, token, pos, l, part,
+                      row_salts_[i]);
     }
   }
 }

@@ -112,6 +112,7 @@ class SimDevice final : public Device {
   ModelConfig model_;
   KvLayout layout_;
   std::unique_ptr<PageBuffer> pool_;
+  std::vector<uint64_t> row_salts_;  // row_salt(layer, part) at layer * 2 + part
   std::unordered_map<uint64_t, SeqState> seqs_;
   uint64_t pass_count_ = 0;
   double last_pass_s_ = 0;

@@ -311,10 +311,19 @@ KvLayout sim_kv_layout(const SimParams& p, uint32_t block_tokens, uint32_t block
   return layout;
 }
 
+uint64_t row_salt(uint32_t layer, KvPart part) {
+  return mix64((uint64_t{layer} << 1) | static_cast<uint32_t>(part));
+}
+
 void fill_row(std::span<std::byte> row, uint64_t hash, int32_t token, uint32_t position,
               uint32_t layer, KvPart part) {
+  fill_row_salted(row, hash, token, position, layer, part, row_salt(layer, part));
+}
+
+void fill_row_salted(std::span<std::byte> row, uint64_t hash, int32_t token, uint32_t position,
+                     uint32_t layer, KvPart part, uint64_t salt) {
   RT_ASSERT(row.size() >= 8, "sim KV row too small", row.size());
-  uint64_t state = mix64(hash ^ mix64((uint64_t{layer} << 1) | static_cast<uint32_t>(part)));
+  uint64_t state = mix64(hash ^ salt);
   if (state == 0) state = 1;
   size_t i = 0;
   static_assert(std::endian::native == std::endian::little, "rows are little-endian");

@@ -107,6 +107,11 @@ KvLayout sim_kv_layout(const SimParams& params, uint32_t block_tokens, uint32_t 
 // reads a sequence's context back from its blocks (e.g. blocks pulled from another device).
 void fill_row(std::span<std::byte> row, uint64_t hash, int32_t token, uint32_t position,
               uint32_t layer, KvPart part);
+// The same bytes, with the (layer, part) part of the seed given: salt = row_salt(layer, part).
+// For writers that fill every row of a position (the device precomputes the salts).
+uint64_t row_salt(uint32_t layer, KvPart part);
+void fill_row_salted(std::span<std::byte> row, uint64_t hash, int32_t token, uint32_t position,
+                     uint32_t layer, KvPart part, uint64_t salt);
 // What block `block_in_seq` of a sequence holds after its tokens were written: slots past the
 // end of `tokens` are zero (a fresh pool). For tests: compare with copy_blocks_out bytes.
 std::vector<std::byte> expected_block_bytes(const KvLayout& layout,
