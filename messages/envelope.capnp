@@ -47,5 +47,6 @@ struct Envelope {
     offloadStoreDone @25 :Kv.OffloadStoreDone;
     offloadLookup @26 :Kv.OffloadLookup;
     offloadLookupReply @27 :Kv.OffloadLookupReply;
+    stepEvents @28 :Serving.StepEvents;
   }
 }

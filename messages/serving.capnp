@@ -109,6 +109,21 @@ struct Finish {
   matchedStop @5 :Text;
 }
 
+# Decode -> gateway: what one decode step (or one finished KV pull) produced for the requests
+# of one gateway, in order. Each event means exactly what it means sent alone; batching them
+# makes a step cost one frame per gateway instead of one (or two) per request. A step's
+# events for one gateway may be split over several frames (frame size), sent in order.
+struct StepEvents {
+  events @0 :List(StepEvent);
+}
+
+struct StepEvent {
+  union {
+    tokenChunk @0 :TokenChunk;
+    finish @1 :Finish;
+  }
+}
+
 # Anyone -> the request's current holders: stop work, free its KV. Not answered.
 struct Cancel {
   requestId @0 :UInt64;

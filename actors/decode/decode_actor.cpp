@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/decode/decode_scheduler.hpp"
 #include "actors/executor/executor_actor.hpp"
@@ -93,6 +94,19 @@ struct DecodeState {
   };
   std::deque<LostStream> lost;
   static constexpr size_t lost_max = 4096;
+  // What the current step (or finished pull) produced for the gateways, sent as one
+  // StepEvents frame per gateway when it is complete (flush_events). Bounded by the step:
+  // at most a chunk and a finish per sequence in it.
+  struct OutEvent {
+    ActorName to;
+    uint64_t id = 0;
+    uint32_t first_index = 0;                      // chunk: index of tokens[0] in the output
+    std::vector<int32_t> tokens;                   // chunk
+    std::vector<devices::SampledToken> logprobs;   // chunk, when asked: one per token
+    std::optional<wire::FinishReason> finish;      // set: a Finish, not a chunk
+    uint32_t prompt_tokens = 0, cached_tokens = 0, output_tokens = 0;  // finish
+  };
+  std::vector<OutEvent> outbox;
   static constexpr uint32_t lost_attempts_max = 50;  // ticks (5 s)
   static inline const char* name = "tandem.decode";
 };
@@ -121,26 +135,28 @@ bool wants_logprobs(const devices::SamplingParams& p) {
   return p.logprobs || p.logprobs_top_n > 0;
 }
 
-// The scheduler streams a prefix of what was sampled (it stops at EOS, a stop token or the
-// limit): the logprobs sent are those of exactly the tokens sent.
-Status send_chunk(DecodeState& st, Seq& s, const decode::SeqUpdate& update) {
-  uint32_t first_index = s.output_count;
-  bool logprobs = wants_logprobs(s.sampling);
-  if (logprobs) {
-    RT_ASSERT(s.unsent_logprobs.size() >= update.tokens.size(), update.seq,
-              s.unsent_logprobs.size(), update.tokens.size());
+void write_event(wire::StepEvent::Builder b, const DecodeState::OutEvent& e) {
+  if (e.finish) {
+    auto f = b.initFinish();
+    f.setRequestId(e.id);
+    f.setReason(*e.finish);
+    f.setPromptTokens(e.prompt_tokens);
+    f.setCachedTokens(e.cached_tokens);
+    f.setOutputTokens(e.output_tokens);
+    return;
   }
-  return st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
-    auto chunk = b.getBody().initTokenChunk();
-    chunk.setRequestId(update.seq);
-    chunk.setFirstIndex(first_index);
-    messages::set_tokens(chunk.initTokenIds(static_cast<unsigned>(update.tokens.size())),
-                         update.tokens);
-    if (logprobs) {
-      messages::set_logprobs(chunk, std::span<const devices::SampledToken>(
-                                        s.unsent_logprobs.data(), update.tokens.size()));
-    }
-  });
+  auto chunk = b.initTokenChunk();
+  chunk.setRequestId(e.id);
+  chunk.setFirstIndex(e.first_index);
+  messages::set_tokens(chunk.initTokenIds(static_cast<unsigned>(e.tokens.size())), e.tokens);
+  if (!e.logprobs.empty()) messages::set_logprobs(chunk, e.logprobs);
+}
+
+// An upper bound of an event's encoded size (capnp words: ids, pointers, list headers).
+uint64_t event_bytes_bound(const DecodeState::OutEvent& e) {
+  uint64_t bytes = 96 + 8 * uint64_t{e.tokens.size()};
+  for (const auto& l : e.logprobs) bytes += 48 + 16 * uint64_t{l.top.size()};
+  return bytes;
 }
 
 // Tells the gateway that a stream lost tokens and was cancelled.
@@ -170,42 +186,95 @@ void retry_lost(DecodeState& st) {
   st.lost = std::move(keep);
 }
 
+// Queues what `update` means for the gateway (a chunk, a finish) in the outbox; the caller
+// flushes it once the step's updates are all in (flush_events).
 void emit(DecodeActor* self, const decode::SeqUpdate& update) {
   auto& st = self->state;
   auto it = st.seqs.find(update.seq);
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
   if (!update.tokens.empty() && !s.cancelled) {
-    if (Status sent = send_chunk(st, s, update); !sent.ok()) {
-      // The stream has a hole now: stop generating (free the KV) and tell the gateway, if
-      // it can still be reached; it also notices the gap or the missing finish itself.
-      st.ctx.log->warn("decode {}: request {}: tokens not sent ({}); cancelling it",
-                       st.self_name.instance, update.seq, sent.error().describe());
-      DecodeState::LostStream lost{s.reply_to, update.seq, s.output_count, 0};
-      if (!send_lost(st, lost).ok()) {  // the tick retries it
-        if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
-        st.lost.push_back(lost);
-      }
-      if (!update.finished) (void)st.scheduler->cancel(update.seq);
-      st.seqs.erase(it);
-      return;
+    // The scheduler streams a prefix of what was sampled (it stops at EOS, a stop token or
+    // the limit): the logprobs sent are those of exactly the tokens sent.
+    DecodeState::OutEvent chunk{s.reply_to, update.seq, s.output_count, update.tokens};
+    if (wants_logprobs(s.sampling)) {
+      RT_ASSERT(s.unsent_logprobs.size() >= update.tokens.size(), update.seq,
+                s.unsent_logprobs.size(), update.tokens.size());
+      chunk.logprobs.assign(s.unsent_logprobs.begin(),
+                            s.unsent_logprobs.begin() + static_cast<ptrdiff_t>(update.tokens.size()));
     }
+    st.outbox.push_back(std::move(chunk));
   }
   s.unsent_logprobs.clear();
   s.history.insert(s.history.end(), update.tokens.begin(), update.tokens.end());
   s.output_count += static_cast<uint32_t>(update.tokens.size());
   if (!update.finished) return;
   if (!s.cancelled) {
-    (void)st.ctx.bridge->send(st.self_name, s.reply_to, update.seq, [&](wire::Envelope::Builder b) {
-      auto f = b.getBody().initFinish();
-      f.setRequestId(update.seq);
-      f.setReason(to_wire(*update.finished));
-      f.setPromptTokens(s.prompt_tokens);
-      f.setCachedTokens(s.cached_tokens);
-      f.setOutputTokens(s.output_count);
-    });
+    DecodeState::OutEvent finish{s.reply_to, update.seq};
+    finish.finish = to_wire(*update.finished);
+    finish.prompt_tokens = s.prompt_tokens;
+    finish.cached_tokens = s.cached_tokens;
+    finish.output_tokens = s.output_count;
+    st.outbox.push_back(std::move(finish));
   }
   st.seqs.erase(it);
+}
+
+// A frame of events could not be sent: each of its streams has a hole (or lacks its finish)
+// now. Stop generating those (free the KV) and tell their gateway, if it can still be
+// reached; the gateway also notices the gap or the missing finish itself.
+void on_events_lost(DecodeState& st, std::span<const DecodeState::OutEvent> events,
+                    const Error& why) {
+  std::unordered_set<uint64_t> done;
+  for (const auto& e : events) {
+    if (!done.insert(e.id).second) continue;  // its first event says what the gateway has
+    st.ctx.log->warn("decode {}: request {}: tokens not sent ({}); cancelling it",
+                     st.self_name.instance, e.id, why.describe());
+    if (auto it = st.seqs.find(e.id); it != st.seqs.end()) {
+      (void)st.scheduler->cancel(e.id);
+      st.seqs.erase(it);
+    }
+    DecodeState::LostStream lost{e.to, e.id, e.finish ? e.output_tokens : e.first_index, 0};
+    if (!send_lost(st, lost).ok()) {  // the tick retries it
+      if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
+      st.lost.push_back(lost);
+    }
+  }
+}
+
+// Sends the outbox: per gateway (in order of first appearance), its events in order, in as
+// few StepEvents frames as frame_bytes_max allows.
+void flush_events(DecodeState& st) {
+  if (st.outbox.empty()) return;
+  std::vector<DecodeState::OutEvent> events = std::move(st.outbox);
+  st.outbox.clear();
+  uint64_t frame_budget = st.ctx.manifest->fabric.frame_bytes_max / 2;  // envelope, slack
+  std::vector<bool> sent(events.size(), false);
+  std::vector<DecodeState::OutEvent> frame;
+  for (size_t first = 0; first < events.size(); ++first) {
+    if (sent[first]) continue;
+    const ActorName to = events[first].to;
+    frame.clear();
+    uint64_t bytes = 0;
+    auto send_frame = [&] {
+      Status ok = st.ctx.bridge->send(st.self_name, to, 0, [&](wire::Envelope::Builder b) {
+        auto list = b.getBody().initStepEvents().initEvents(static_cast<unsigned>(frame.size()));
+        for (unsigned i = 0; i < frame.size(); ++i) write_event(list[i], frame[i]);
+      });
+      if (!ok.ok()) on_events_lost(st, frame, ok.error());
+      frame.clear();
+      bytes = 0;
+    };
+    for (size_t i = first; i < events.size(); ++i) {
+      if (sent[i] || !(events[i].to == to)) continue;
+      sent[i] = true;
+      uint64_t size = event_bytes_bound(events[i]);
+      if (!frame.empty() && bytes + size > frame_budget) send_frame();
+      bytes += size;
+      frame.push_back(std::move(events[i]));
+    }
+    send_frame();
+  }
 }
 
 void pump(DecodeActor* self);
@@ -230,6 +299,7 @@ void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
     st.seqs.erase(it);
   } else if (update.ok()) {
     emit(self, *update);
+    flush_events(st);
   }
   update_metrics(st);
   pump(self);
@@ -326,6 +396,7 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
   for (const auto& update : st.scheduler->on_step_result(run->plan.step_id, sampled)) {
     emit(self, update);
   }
+  flush_events(st);
   update_metrics(st);
   pump(self);
 }

@@ -700,6 +700,15 @@ void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
       return on_tokens(self, body.getTokenChunk(), source);
     case wire::Envelope::Body::FINISH:
       return on_finish(self, body.getFinish(), source);
+    case wire::Envelope::Body::STEP_EVENTS:
+      for (auto event : body.getStepEvents().getEvents()) {
+        if (event.isTokenChunk()) {
+          on_tokens(self, event.getTokenChunk(), source);
+        } else if (event.isFinish()) {
+          on_finish(self, event.getFinish(), source);
+        }
+      }
+      return;
     case wire::Envelope::Body::ERROR: {
       auto e = body.getError();
       if (source.role == "decode") {  // the router's errors have no decode to compare with

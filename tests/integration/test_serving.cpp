@@ -153,9 +153,10 @@ class ServeCluster {
   std::string warm_up_answer_ = "(none)";
 };
 
-json completion_body(const std::string& prompt, int max_tokens, bool stream) {
+json completion_body(const std::string& prompt, int max_tokens, bool stream, int logprobs = 0) {
   json body = {{"model", "stories15M"}, {"prompt", prompt}, {"max_tokens", max_tokens},
                {"temperature", 0}};
+  if (logprobs > 0) body["logprobs"] = logprobs;
   if (stream) {
     body["stream"] = true;
     body["stream_options"] = {{"include_usage", true}};
@@ -188,10 +189,11 @@ Completion complete(uint16_t port, const std::string& prompt, int max_tokens) {
 }
 
 // Streams a completion to its end, joining the text deltas.
-Completion stream_complete(uint16_t port, const std::string& prompt, int max_tokens) {
+Completion stream_complete(uint16_t port, const std::string& prompt, int max_tokens,
+                           int logprobs = 0) {
   auto start = http::Clock::now();
-  http::SseStream s(port, "/v1/completions", completion_body(prompt, max_tokens, true).dump(),
-                    60000ms);
+  http::SseStream s(port, "/v1/completions",
+                    completion_body(prompt, max_tokens, true, logprobs).dump(), 60000ms);
   Completion c;
   if (!s.ok() || s.status() != 200) {
     c.error = "status " + std::to_string(s.status()) + " " + s.error() + " " + s.pending_text();
@@ -512,19 +514,31 @@ TEST_CASE("serving: blocks evicted on decode leave the router's index (KV events
 
 TEST_CASE("serving: tokens decode cannot send end the stream with an error, never with a hole" *
           doctest::timeout(600)) {
-  // One frame in flight and one queued per peer: when several streams produce tokens in the
-  // same decode step, decode's sends to the gateway's node are refused.
-  constexpr size_t streams = 8;
+  // One frame in flight and one queued per peer. Decode sends a step's tokens as one
+  // StepEvents frame per gateway, split at frame_bytes_max (4 KiB, the least allowed): 24
+  // streams with logprobs need ~3 frames per step, more than the queue takes, so some of
+  // decode's sends are refused. Requests start 5 ms apart so the gateway's own sends to
+  // decode mostly go through.
+  constexpr size_t streams = 24;
+  constexpr int logprobs = 5;
   std::vector<std::string> expected;
-  for (size_t i = 0; i < streams; ++i) expected.push_back(generate(prompts()[i], kTokens));
-  ServeCluster c(Layout::loopback3, 1000, 0, "send_queue_max = 1\nsends_inflight_max = 1\n");
+  for (size_t i = 0; i < streams; ++i) {
+    const std::string& prompt = prompts()[i % prompts().size()];
+    expected.push_back(i < prompts().size() ? generate(prompt, kTokens) : expected[i % prompts().size()]);
+  }
+  ServeCluster c(Layout::loopback3, 1000, 0,
+                 "send_queue_max = 1\nsends_inflight_max = 1\nframe_bytes_max = 4096\n");
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
   size_t errors = 0, intact = 0;
   for (int round = 0; round < 3; ++round) {
     std::vector<Completion> got(streams);
     std::vector<std::thread> clients;
     for (size_t i = 0; i < streams; ++i) {
-      clients.emplace_back([&, i] { got[i] = stream_complete(c.http_port(), prompts()[i], kTokens); });
+      clients.emplace_back([&, i] {
+        std::this_thread::sleep_for(5ms * i);
+        got[i] = stream_complete(c.http_port(), prompts()[i % prompts().size()], kTokens,
+                                 logprobs);
+      });
     }
     for (auto& t : clients) t.join();
     for (size_t i = 0; i < streams; ++i) {
@@ -533,8 +547,8 @@ TEST_CASE("serving: tokens decode cannot send end the stream with an error, neve
         continue;
       }
       ++intact;
-      CHECK_MESSAGE(got[i].text == expected[i], "prompt: ", prompts()[i], "\nserved:   [",
-                    got[i].text, "]\nexpected: [", expected[i], "]");
+      CHECK_MESSAGE(got[i].text == expected[i], "prompt: ", prompts()[i % prompts().size()],
+                    "\nserved:   [", got[i].text, "]\nexpected: [", expected[i], "]");
     }
   }
   double refused = c.metric("decode", "tandem_fabric_sends_refused_total");

@@ -4,6 +4,8 @@
 // gap fails the request instead of streaming text with a hole.
 #include <doctest.h>
 
+#include <algorithm>
+
 #include <caf/all.hpp>
 
 #include <chrono>
@@ -83,7 +85,10 @@ class Harness {
 
   // Posts a non-streamed completion while the stand-ins answer: the router picks
   // a/decode/dec, the decode stand-in sends `chunks` then a finish for `finish_tokens`.
-  http::Response complete(const std::vector<Chunk>& chunks, uint32_t finish_tokens) {
+  // With `step_events`, the stand-ins send as decode does: each source's chunks in one
+  // StepEvents frame, the finish inside a/decode/dec's frame (after its chunks).
+  http::Response complete(const std::vector<Chunk>& chunks, uint32_t finish_tokens,
+                          bool step_events = false) {
     auto answer = std::async(std::launch::async, [&] {
       return http::post(http_port_, "/v1/completions",
                         R"({"model":"stories15M","prompt":"Once upon a time","max_tokens":8})",
@@ -112,6 +117,10 @@ class Harness {
           caf::after(5s) >> [] {});
     }
     REQUIRE(generated);
+    if (step_events) {
+      send_step_events(chunks, gateway, id, finish_tokens);
+      return answer.get();
+    }
     for (const Chunk& c : chunks) {
       auto from = messages::ActorName::parse(c.from);
       REQUIRE(from.ok());
@@ -131,6 +140,46 @@ class Harness {
       f.setOutputTokens(finish_tokens);
     }).ok());
     return answer.get();
+  }
+
+  void send_step_events(const std::vector<Chunk>& chunks, const messages::ActorName& gateway,
+                        uint64_t id, uint32_t finish_tokens) {
+    std::vector<std::string> sources;
+    for (const Chunk& c : chunks) {
+      if (std::find(sources.begin(), sources.end(), c.from) == sources.end()) {
+        sources.push_back(c.from);
+      }
+    }
+    if (std::find(sources.begin(), sources.end(), "a/decode/dec") == sources.end()) {
+      sources.push_back("a/decode/dec");
+    }
+    for (const std::string& source : sources) {
+      std::vector<const Chunk*> mine;
+      for (const Chunk& c : chunks) {
+        if (c.from == source) mine.push_back(&c);
+      }
+      bool finishes = source == "a/decode/dec";
+      auto from = messages::ActorName::parse(source);
+      REQUIRE(from.ok());
+      REQUIRE(local_.bridge->send(*from, gateway, 0, [&](wire::Envelope::Builder b) {
+        auto events = b.getBody().initStepEvents().initEvents(
+            static_cast<unsigned>(mine.size() + (finishes ? 1 : 0)));
+        for (unsigned i = 0; i < mine.size(); ++i) {
+          auto chunk = events[i].initTokenChunk();
+          chunk.setRequestId(id);
+          chunk.setFirstIndex(mine[i]->first_index);
+          messages::set_tokens(chunk.initTokenIds(static_cast<unsigned>(mine[i]->tokens.size())),
+                               mine[i]->tokens);
+        }
+        if (finishes) {
+          auto f = events[static_cast<unsigned>(mine.size())].initFinish();
+          f.setRequestId(id);
+          f.setReason(wire::FinishReason::LENGTH);
+          f.setPromptTokens(5);
+          f.setOutputTokens(finish_tokens);
+        }
+      }).ok());
+    }
   }
 
   std::string text_of(const std::vector<int32_t>& ids, int32_t prev) {
@@ -180,4 +229,23 @@ TEST_CASE("gateway: a chunk after a gap fails the request; so does a short finis
   auto short_finish = h.complete({{"a/decode/dec", 0, {263, 2217}}}, 3);
   REQUIRE_MESSAGE(short_finish.ok(), short_finish.error);
   CHECK(short_finish.status == 500);
+}
+
+TEST_CASE("gateway: StepEvents frames (decode's batched chunks and finish) answer the same, "
+          "with the same checks") {
+  Harness h;
+  std::vector<int32_t> legit = {263, 2217, 7826}, impostor = {1128};
+  auto r = h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/old", 0, impostor},
+                       {"a/decode/dec", 1, {2217, 7826}}},
+                      3, true);
+  REQUIRE_MESSAGE(r.ok(), r.error);
+  CHECK(r.status == 200);
+  auto body = nlohmann::json::parse(r.body, nullptr, false);
+  REQUIRE_FALSE(body.is_discarded());
+  CHECK(body["choices"][0]["text"] == h.text_of(legit, 931));
+  CHECK(body["usage"]["completion_tokens"] == 3);
+  auto gap = h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/dec", 2, {7826}}}, 3, true);
+  REQUIRE_MESSAGE(gap.ok(), gap.error);
+  CHECK(gap.status == 500);
+  CHECK(gap.body.find("lost") != std::string::npos);
 }
