@@ -57,7 +57,7 @@ bool BlockTable::erase(const kv::BlockHash& hash) {
 }
 
 void BlockTable::grow() {
-  std::vector<Entry> old = std::exchange(slots_, std::vector<Entry>(slots_.size() * 2));
+  auto old = std::exchange(slots_, std::vector<Entry, HugePageAllocator<Entry>>(slots_.size() * 2));
   mask_ = slots_.size() - 1;
   size_ = 0;
   for (const Entry& entry : old) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvstore/block_hash.hpp"
+#include "runtime/base/huge_pages.hpp"
 
 namespace tandem::router {
 
@@ -36,7 +37,7 @@ class BlockTable {
   size_t home(const kv::BlockHash& hash) const { return hash.prefix64() & mask_; }
   void grow();
 
-  std::vector<Entry> slots_;
+  std::vector<Entry, HugePageAllocator<Entry>> slots_;
   size_t mask_ = 0;
   size_t size_ = 0;
 };
