@@ -94,6 +94,7 @@ struct DecodeState {
   };
   std::deque<LostStream> lost;
   static constexpr size_t lost_max = 4096;
+  static constexpr uint32_t lost_attempts_max = 50;  // ticks (5 s)
   // What the current step (or finished pull) produced for the gateways, sent as one
   // StepEvents frame per gateway when it is complete (flush_events). Bounded by the step:
   // at most a chunk and a finish per sequence in it.
@@ -107,7 +108,6 @@ struct DecodeState {
     uint32_t prompt_tokens = 0, cached_tokens = 0, output_tokens = 0;  // finish
   };
   std::vector<OutEvent> outbox;
-  static constexpr uint32_t lost_attempts_max = 50;  // ticks (5 s)
   static inline const char* name = "tandem.decode";
 };
 
@@ -200,8 +200,8 @@ void emit(DecodeActor* self, const decode::SeqUpdate& update) {
     if (wants_logprobs(s.sampling)) {
       RT_ASSERT(s.unsent_logprobs.size() >= update.tokens.size(), update.seq,
                 s.unsent_logprobs.size(), update.tokens.size());
-      chunk.logprobs.assign(s.unsent_logprobs.begin(),
-                            s.unsent_logprobs.begin() + static_cast<ptrdiff_t>(update.tokens.size()));
+      auto first = s.unsent_logprobs.begin();
+      chunk.logprobs.assign(first, first + static_cast<ptrdiff_t>(update.tokens.size()));
     }
     st.outbox.push_back(std::move(chunk));
   }

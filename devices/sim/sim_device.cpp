@@ -111,7 +111,9 @@ Status SimDevice::validate_batch(std::span<const Pass> batch) const {
     auto where = [&] {
       return "batch[" + std::to_string(b) + "] (seq " + std::to_string(p.seq_id) + ")";
     };
-    if (repeated && !ids.insert(p.seq_id).second) return invalid(where() + ": seq_id appears twice");
+    if (repeated && !ids.insert(p.seq_id).second) {
+      return invalid(where() + ": seq_id appears twice");
+    }
     if (p.tokens.empty()) return invalid(where() + ": no tokens");
     for (size_t i = 0; i < p.tokens.size(); ++i) {
       if (p.tokens[i] < 0 || static_cast<uint32_t>(p.tokens[i]) >= params_.vocab) {
@@ -122,8 +124,8 @@ Status SimDevice::validate_batch(std::span<const Pass> batch) const {
     }
     uint64_t end = uint64_t{p.start_pos} + p.tokens.size();
     if (end > params_.max_position) {
-      return invalid(where() + ": positions up to " + std::to_string(end) + " exceed max_position " +
-                     std::to_string(params_.max_position));
+      return invalid(where() + ": positions up to " + std::to_string(end) +
+                     " exceed max_position " + std::to_string(params_.max_position));
     }
     uint64_t blocks_needed = (end + layout_.block_tokens - 1) / layout_.block_tokens;
     if (p.block_table.size() < blocks_needed) {

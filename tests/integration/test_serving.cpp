@@ -524,7 +524,8 @@ TEST_CASE("serving: tokens decode cannot send end the stream with an error, neve
   std::vector<std::string> expected;
   for (size_t i = 0; i < streams; ++i) {
     const std::string& prompt = prompts()[i % prompts().size()];
-    expected.push_back(i < prompts().size() ? generate(prompt, kTokens) : expected[i % prompts().size()]);
+    expected.push_back(i < prompts().size() ? generate(prompt, kTokens)
+                                            : expected[i % prompts().size()]);
   }
   ServeCluster c(Layout::loopback3, 1000, 0,
                  "send_queue_max = 1\nsends_inflight_max = 1\nframe_bytes_max = 4096\n");

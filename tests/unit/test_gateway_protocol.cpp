@@ -207,25 +207,37 @@ class Harness {
 
 }  // namespace
 
-TEST_CASE("gateway: tokens from another decode instance are ignored") {
-  Harness h;
-  std::vector<int32_t> legit = {263, 2217, 7826}, impostor = {1128};
-  auto r = h.complete({{"a/decode/old", 0, impostor}, {"a/decode/dec", 0, legit}}, 3);
+namespace {
+
+// The completion answers exactly `legit` (Completions continue the prompt's last token,
+// "time" = 931).
+void check_answer(Harness& h, const http::Response& r, const std::vector<int32_t>& legit) {
   REQUIRE_MESSAGE(r.ok(), r.error);
   CHECK(r.status == 200);
   auto body = nlohmann::json::parse(r.body, nullptr, false);
   REQUIRE_FALSE(body.is_discarded());
-  // Completions continue the prompt's last token ("time" = 931).
   CHECK(body["choices"][0]["text"] == h.text_of(legit, 931));
-  CHECK(body["usage"]["completion_tokens"] == 3);
+  CHECK(body["usage"]["completion_tokens"] == legit.size());
+}
+
+void check_lost(const http::Response& r) {
+  REQUIRE_MESSAGE(r.ok(), r.error);
+  CHECK(r.status == 500);
+  CHECK(r.body.find("lost") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("gateway: tokens from another decode instance are ignored") {
+  Harness h;
+  std::vector<int32_t> legit = {263, 2217, 7826}, impostor = {1128};
+  check_answer(h, h.complete({{"a/decode/old", 0, impostor}, {"a/decode/dec", 0, legit}}, 3),
+               legit);
 }
 
 TEST_CASE("gateway: a chunk after a gap fails the request; so does a short finish") {
   Harness h;
-  auto gap = h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/dec", 2, {7826}}}, 3);
-  REQUIRE_MESSAGE(gap.ok(), gap.error);
-  CHECK(gap.status == 500);
-  CHECK(gap.body.find("lost") != std::string::npos);
+  check_lost(h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/dec", 2, {7826}}}, 3));
   auto short_finish = h.complete({{"a/decode/dec", 0, {263, 2217}}}, 3);
   REQUIRE_MESSAGE(short_finish.ok(), short_finish.error);
   CHECK(short_finish.status == 500);
@@ -235,17 +247,10 @@ TEST_CASE("gateway: StepEvents frames (decode's batched chunks and finish) answe
           "with the same checks") {
   Harness h;
   std::vector<int32_t> legit = {263, 2217, 7826}, impostor = {1128};
-  auto r = h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/old", 0, impostor},
-                       {"a/decode/dec", 1, {2217, 7826}}},
-                      3, true);
-  REQUIRE_MESSAGE(r.ok(), r.error);
-  CHECK(r.status == 200);
-  auto body = nlohmann::json::parse(r.body, nullptr, false);
-  REQUIRE_FALSE(body.is_discarded());
-  CHECK(body["choices"][0]["text"] == h.text_of(legit, 931));
-  CHECK(body["usage"]["completion_tokens"] == 3);
-  auto gap = h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/dec", 2, {7826}}}, 3, true);
-  REQUIRE_MESSAGE(gap.ok(), gap.error);
-  CHECK(gap.status == 500);
-  CHECK(gap.body.find("lost") != std::string::npos);
+  check_answer(h,
+               h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/old", 0, impostor},
+                           {"a/decode/dec", 1, {2217, 7826}}},
+                          3, true),
+               legit);
+  check_lost(h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/dec", 2, {7826}}}, 3, true));
 }
