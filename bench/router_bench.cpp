@@ -44,6 +44,31 @@ std::vector<kv::BlockHash> extend(std::span<const kv::BlockHash> prefix, uint64_
   return out;
 }
 
+// A random cyclic permutation of 16M slots (64 MiB): following it from any slot visits
+// every slot, each load depending on the one before (Sattolo's algorithm; seeded).
+class MemoryChase {
+ public:
+  MemoryChase() : next_(uint32_t{1} << 24) {
+    for (uint32_t i = 0; i < next_.size(); ++i) next_[i] = i;
+    uint64_t state = 0x5eed;
+    for (uint32_t i = static_cast<uint32_t>(next_.size()) - 1; i > 0; --i) {
+      state = mix64(state);
+      std::swap(next_[i], next_[state % i]);
+    }
+  }
+  // Follows `loads` links from the current slot; returns where it ended (keeps it live).
+  uint32_t run(uint32_t loads) {
+    uint32_t at = at_;
+    for (uint32_t i = 0; i < loads; ++i) at = next_[at];
+    at_ = at;
+    return at;
+  }
+
+ private:
+  std::vector<uint32_t> next_;
+  uint32_t at_ = 0;
+};
+
 InstanceLoad load_of(uint32_t instance) {
   return InstanceLoad{instance % 3, instance % 5, 1000 + 37 * instance, 10000};
 }
@@ -75,7 +100,9 @@ void warm(RouterCore& core, const RouterBenchOptions& options,
 // Times decide() and record() of one pick separately; `samples` keeps decide, record and
 // their sum per pick, `recorded_blocks` the blocks the pick newly recorded.
 struct PickTimer {
-  std::vector<double> decide_us, record_us, total_us;
+  explicit PickTimer(MemoryChase& chase) : chase(chase) {}
+  MemoryChase& chase;
+  std::vector<double> decide_us, record_us, total_us, reference_us;
   uint64_t recorded_blocks = 0;
   double record_sum_us = 0;
 
@@ -87,6 +114,12 @@ struct PickTimer {
     core.record(request, *pick);
     Clock::time_point recorded = Clock::now();
     if (!keep) return *pick;
+    Clock::time_point reference_start = Clock::now();
+    uint32_t end = chase.run(kReferenceLoads);
+    Clock::time_point reference_end = Clock::now();
+    RT_ASSERT(end < (uint32_t{1} << 24), end);
+    reference_us.push_back(
+        std::chrono::duration<double, std::micro>(reference_end - reference_start).count());
     double decide = std::chrono::duration<double, std::micro>(decided - start).count();
     double record = std::chrono::duration<double, std::micro>(recorded - decided).count();
     decide_us.push_back(decide);
@@ -112,6 +145,8 @@ struct PickTimer {
     scenario.decide_p99_us = at(decide_us, 0.99);
     scenario.record_p50_us = at(record_us, 0.50);
     scenario.record_p99_us = at(record_us, 0.99);
+    scenario.reference_p50_us = at(reference_us, 0.50);
+    scenario.reference_p99_us = at(reference_us, 0.99);
     scenario.p50_us = at(total_us, 0.50);
     scenario.p99_us = at(total_us, 0.99);
     scenario.max_us = total_us.back();
@@ -130,7 +165,8 @@ void restore_loads(RouterCore& core, const router::Pick& pick) {
   }
 }
 
-RouterBenchScenario time_picks(RouterCore& core, const RouterBenchOptions& options,
+RouterBenchScenario time_picks(MemoryChase& chase, RouterCore& core,
+                               const RouterBenchOptions& options,
                                const std::vector<kv::BlockHash>& prompt, std::string name,
                                const std::vector<uint32_t>& lengths) {
   RouterBenchScenario scenario;
@@ -138,7 +174,7 @@ RouterBenchScenario time_picks(RouterCore& core, const RouterBenchOptions& optio
   scenario.match_lengths_distinct =
       static_cast<uint32_t>(std::set<uint32_t>(lengths.begin(), lengths.end()).size());
   PickRequest request{prompt, options.prompt_tokens};
-  PickTimer timer;
+  PickTimer timer(chase);
   timer.decide_us.reserve(options.picks_count);
   timer.record_us.reserve(options.picks_count);
   timer.total_us.reserve(options.picks_count);
@@ -151,14 +187,15 @@ RouterBenchScenario time_picks(RouterCore& core, const RouterBenchOptions& optio
 
 // Agent sessions: every turn resends the history plus ~1,250 new tokens (previous answer +
 // tool output), so each pick records that many new blocks on the instances it picks.
-RouterBenchScenario time_turns(RouterCore& core, const RouterBenchOptions& options,
+RouterBenchScenario time_turns(MemoryChase& chase, RouterCore& core,
+                               const RouterBenchOptions& options,
                                std::span<const kv::BlockHash> system) {
   RouterBenchScenario scenario;
   uint32_t new_blocks = std::max<uint32_t>(1, 1250 / options.block_tokens);
   scenario.name = "turn+" + std::to_string(new_blocks);
   uint32_t blocks_max = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
   uint32_t turns = std::min<uint32_t>(options.picks_count, 5000);
-  PickTimer timer;
+  PickTimer timer(chase);
   std::vector<kv::BlockHash> session;
   for (uint32_t turn = 0, session_index = 0; turn < turns; ++turn) {
     if (session.size() + new_blocks > blocks_max || session.empty()) {
@@ -173,11 +210,11 @@ RouterBenchScenario time_turns(RouterCore& core, const RouterBenchOptions& optio
   return scenario;
 }
 
-void time_cold_picks(RouterCore& core, const RouterBenchOptions& options,
+void time_cold_picks(MemoryChase& chase, RouterCore& core, const RouterBenchOptions& options,
                      RouterBenchResult& result) {
   constexpr uint32_t cold_picks = 10;
   uint32_t blocks = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
-  PickTimer timer;
+  PickTimer timer(chase);
   for (uint32_t i = 0; i < cold_picks; ++i) {
     auto prompt = chain(5000 + i, blocks);
     timer.run(core, PickRequest{prompt, options.prompt_tokens}, true);
@@ -200,6 +237,7 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
   result.block_tokens = options.block_tokens;
   result.blocks_count = static_cast<uint32_t>(options.prompt_tokens / options.block_tokens);
   auto prompt = chain(42, result.blocks_count);
+  MemoryChase chase;
   uint32_t blocks = result.blocks_count;
   uint32_t system_blocks = std::min<uint32_t>(blocks, 8192 / options.block_tokens);
   {  // typical: every instance has the system prompt; 4 decode instances have it all
@@ -210,9 +248,9 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
     RouterCore core = make_core(options);
     warm(core, options, prompt, lengths);
     result.index_nodes_count = core.index_nodes_count();
-    result.scenarios.push_back(time_picks(core, options, prompt, "typical", lengths));
+    result.scenarios.push_back(time_picks(chase, core, options, prompt, "typical", lengths));
     std::span<const kv::BlockHash> system(prompt.data(), system_blocks);
-    result.scenarios.push_back(time_turns(core, options, system));
+    result.scenarios.push_back(time_turns(chase, core, options, system));
   }
   {  // spread: every instance a different leading-hit length (bisection's worst case)
     std::vector<uint32_t> lengths(options.instances_count);
@@ -221,8 +259,8 @@ RouterBenchResult run_router_bench(const RouterBenchOptions& options) {
     }
     RouterCore core = make_core(options);
     warm(core, options, prompt, lengths);
-    result.scenarios.push_back(time_picks(core, options, prompt, "spread", lengths));
-    time_cold_picks(core, options, result);
+    result.scenarios.push_back(time_picks(chase, core, options, prompt, "spread", lengths));
+    time_cold_picks(chase, core, options, result);
   }
   RT_ASSERT(result.scenarios.size() == 3);
   return result;
@@ -236,19 +274,25 @@ std::string describe(const RouterBenchResult& result) {
                 result.block_tokens, result.blocks_count, result.index_nodes_count);
   out += line;
   out += "  scenario  distinct   decide us (p50/p99)   record us (p50/p99)  record ns/block"
-         "   pick us (p50/p99/max)     picks/s\n";
+         "   pick us (p50/p99/max)     picks/s   reference us (p50/p99)\n";
   for (const RouterBenchScenario& s : result.scenarios) {
     std::snprintf(line, sizeof(line),
-                  "  %-8s  %8u %10.2f %10.2f %10.2f %10.2f %16.0f %8.2f %8.2f %8.1f %11.0f\n",
+                  "  %-8s  %8u %10.2f %10.2f %10.2f %10.2f %16.0f %8.2f %8.2f %8.1f %11.0f"
+                  " %10.2f %10.2f\n",
                   s.name.c_str(), s.match_lengths_distinct, s.decide_p50_us, s.decide_p99_us,
                   s.record_p50_us, s.record_p99_us, s.record_ns_per_block, s.p50_us, s.p99_us,
-                  s.max_us, s.picks_per_s);
+                  s.max_us, s.picks_per_s, s.reference_p50_us, s.reference_p99_us);
     out += line;
   }
   std::snprintf(line, sizeof(line),
                 "  cold pick (every block new, P/D both learn it): %.1f us = decide %.1f us + "
                 "record %.0f ns/block\n",
                 result.cold_pick_us, result.cold_decide_us, result.cold_record_ns_per_block);
+  out += line;
+  std::snprintf(line, sizeof(line),
+                "  reference: %u dependent loads at random in 64 MiB, timed between the picks "
+                "(this machine's memory latency and preemption meanwhile)\n",
+                kReferenceLoads);
   out += line;
   return out;
 }

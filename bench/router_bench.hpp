@@ -32,7 +32,15 @@ struct RouterBenchScenario {
   uint64_t recorded_blocks_count = 0;
   double p50_us = 0, p99_us = 0, max_us = 0;  // decide + record (= pick), per pick
   double picks_per_s = 0;  // picks_count / summed pick time
+  // The machine's reference, timed between this scenario's picks: a chain of
+  // kReferenceLoads dependent loads at random places in 64 MiB (each a cache and usually a
+  // TLB miss, like a bisection probe). Its p99 next to decide's shows how much of decide's
+  // tail is this machine's memory latency and preemption at that minute.
+  double reference_p50_us = 0, reference_p99_us = 0;
 };
+
+// Dependent loads per reference chain (about the misses of a 12,500-block bisection).
+inline constexpr uint32_t kReferenceLoads = 32;
 
 struct RouterBenchResult {
   uint32_t block_tokens = 0;

@@ -26,6 +26,8 @@ TEST_CASE("router bench: runs every scenario and reports consistent numbers") {
     CHECK(s.decide_p50_us <= s.decide_p99_us);
     CHECK(s.record_p50_us <= s.record_p99_us);
     CHECK(s.decide_p50_us <= s.p99_us);
+    CHECK(s.reference_p50_us > 0);
+    CHECK(s.reference_p50_us <= s.reference_p99_us);
   }
   // typical resends one prompt (nothing new to record); turns add 78 blocks per instance.
   CHECK(result.scenarios[0].recorded_blocks_count == 0);
@@ -36,4 +38,5 @@ TEST_CASE("router bench: runs every scenario and reports consistent numbers") {
   CHECK(result.cold_decide_us < result.cold_pick_us);
   CHECK(result.cold_record_ns_per_block > 0);
   CHECK(describe(result).find("spread") != std::string::npos);
+  CHECK(describe(result).find("reference") != std::string::npos);
 }
