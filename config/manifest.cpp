@@ -307,6 +307,8 @@ class Loader {
   void check_prefill_step(const toml::table* table);
   void read_decode(const toml::table& table);
   void read_sim(const toml::table& table);
+  std::vector<std::pair<std::string, double>> read_sim_numbers(const toml::table& table,
+                                                               const std::string& path);
   void read_node(const toml::table& table, size_t index);
   void read_instance(const toml::table& table, std::string path, size_t node_index,
                      bool top_level);
@@ -627,10 +629,16 @@ void Loader::read_decode(const toml::table& table) {
 
 // [sim] is free-form (the sim device knows its names); every value must be a finite number.
 void Loader::read_sim(const toml::table& table) {
+  manifest_.sim.params = read_sim_numbers(table, "sim");
+}
+
+// name -> number pairs of a sim parameter table; bad values are reported under `path`.
+std::vector<std::pair<std::string, double>> Loader::read_sim_numbers(const toml::table& table,
+                                                                     const std::string& path) {
   std::vector<std::pair<std::string, double>> params;
   size_t bad_count = 0;
   for (auto&& [name, node] : table) {
-    std::string key = join_key("sim", name.str());
+    std::string key = join_key(path, name.str());
     std::optional<double> value;
     if (node.is_integer()) value = static_cast<double>(node.as_integer()->get());
     if (node.is_floating_point()) value = node.as_floating_point()->get();
@@ -648,7 +656,7 @@ void Loader::read_sim(const toml::table& table) {
     }
   }
   RT_ASSERT(params.size() + bad_count == table.size(), "sim params lost");
-  manifest_.sim.params = std::move(params);
+  return params;
 }
 
 void Loader::read_node(const toml::table& table, size_t index) {
@@ -689,8 +697,9 @@ void Loader::read_node(const toml::table& table, size_t index) {
 void Loader::read_instance(const toml::table& table, std::string path, size_t node_index,
                            bool top_level) {
   RT_ASSERT(top_level == (node_index == no_index), "top-level instances resolve their node");
-  static constexpr std::array<std::string_view, 9> keys = {
-      "node", "role", "name", "count", "device", "devices", "kv_blocks", "threads", "executor"};
+  static constexpr std::array<std::string_view, 10> keys = {
+      "node",      "role",    "name",     "count", "device", "devices",
+      "kv_blocks", "threads", "executor", "sim"};
   // "node" only in top-level [[instance]] tables.
   auto known = top_level ? std::span(keys) : std::span(keys).subspan(1);
   TableReader reader(sink_, table, path, known);
@@ -736,7 +745,7 @@ void Loader::read_role_keys(TableReader& reader, InstanceDecl& decl) {
   bool executor = role == Role::executor;
   bool needs_executor = role == Role::prefill || role == Role::decode;
   std::string role_text(to_string(role));
-  for (std::string_view key : {"device", "devices", "kv_blocks", "threads"}) {
+  for (std::string_view key : {"device", "devices", "kv_blocks", "threads", "sim"}) {
     if (!executor && reader.find(key)) {
       reader.issue(key, "only executor instances take '" + std::string(key) + "' (this is a " +
                             role_text + ")");
@@ -769,6 +778,17 @@ void Loader::read_executor_keys(TableReader& reader, InstanceDecl& decl) {
   read_devices(reader, decl);
   bool blocks_ok = reader.read_int("kv_blocks", 1, 1 << 24, proto.kv_blocks);
   reader.read_int("threads", 0, 1024, proto.threads);
+  if (const toml::node* sim = reader.find("sim")) {
+    if (!sim->is_table()) {
+      reader.issue("sim", "expected a table of sim device parameters (e.g. sim = { dp_ep = 1 }), "
+                          "got " + type_name(sim->type()));
+    } else if (proto.device != DeviceKind::sim) {
+      reader.issue("sim", "sim parameters apply to device = \"sim\" only (this executor's "
+                          "device is " + std::string(to_string(proto.device)) + ")");
+    } else {
+      proto.sim = read_sim_numbers(*sim->as_table(), join_key(decl.path, "sim"));
+    }
+  }
   if (!blocks_ok || !context_ok_) return;
   const ModelSection& model = manifest_.model;
   RT_ASSERT(model.block_tokens >= 1, decl.path);

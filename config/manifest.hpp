@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -136,6 +137,9 @@ struct Instance {
   std::vector<uint32_t> device_ids;  // device indices on the node (this instance's slice)
   uint32_t kv_blocks = 512;          // KV pool size, blocks of model.block_tokens (1..1<<24)
   uint32_t threads = 0;              // cpu device compute threads; 0 = all cores
+  // device "sim" only: this executor's values of [sim] keys (e.g. decode DP+EP while prefill
+  // runs PP: sim = { dp_ep = 1 }); the rest come from [sim]. Manifest::sim_params merges.
+  std::vector<std::pair<std::string, double>> sim;
   // prefill and decode only: the executor instance (same node) that runs its batches;
   // already expanded (`exec-1`) and checked to exist, be an executor, and serve only this
   std::string executor;
@@ -172,6 +176,10 @@ struct Manifest {
   const Node* find_node(std::string_view name) const;        // nullptr if absent
   // Every instance of a role across the cluster, with its node.
   std::vector<std::pair<const Node*, const Instance*>> instances_of(Role role) const;
+  // The executor instance named `name` (nullptr if absent or not an executor).
+  const Instance* find_executor(std::string_view name) const;
+  // The sim parameters of an executor: [sim], then the executor's own `sim` values.
+  std::map<std::string, double> sim_params(const Instance& executor) const;
 };
 
 struct ManifestIssue {

@@ -112,6 +112,22 @@ std::vector<std::pair<const Node*, const Instance*>> Manifest::instances_of(Role
   return out;
 }
 
+const Instance* Manifest::find_executor(std::string_view name) const {
+  for (const Node& node : nodes) {
+    for (const Instance& instance : node.instances) {
+      if (instance.role == Role::executor && instance.name == name) return &instance;
+    }
+  }
+  return nullptr;
+}
+
+std::map<std::string, double> Manifest::sim_params(const Instance& executor) const {
+  RT_ASSERT(executor.role == Role::executor, executor.name);
+  std::map<std::string, double> merged(sim.params.begin(), sim.params.end());
+  for (const auto& [key, value] : executor.sim) merged[key] = value;
+  return merged;
+}
+
 namespace {
 
 std::string port_text(const std::optional<uint16_t>& port) {

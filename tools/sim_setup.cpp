@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <variant>
 
@@ -59,6 +60,51 @@ std::string read_file(const std::string& path, bool* ok) {
   return text.str();
 }
 
+// The sim parameters of `role`'s instances: their executors' [sim] plus own values. The
+// simulator models one set per role, so executors of one role that differ are an error
+// (naming the two instances and the first key they differ in). No instance: [sim].
+std::optional<devices::sim::SimParams> role_sim_params(const config::Manifest& m,
+                                                       config::Role role,
+                                                       const std::string& path) {
+  std::optional<std::map<std::string, double>> first;
+  std::string first_name;
+  std::string role_name(config::to_string(role));
+  for (const auto& [node, instance] : m.instances_of(role)) {
+    const config::Instance* executor = m.find_executor(instance->executor);
+    RT_ASSERT(executor != nullptr, "the manifest checked executor references", instance->name);
+    std::map<std::string, double> merged = m.sim_params(*executor);
+    if (!first) {
+      first = std::move(merged);
+      first_name = instance->name;
+      continue;
+    }
+    if (merged == *first) continue;
+    std::string key;
+    for (const auto& [k, v] : merged) {
+      auto it = first->find(k);
+      if (it == first->end() || it->second != v) key = k;
+      if (!key.empty()) break;
+    }
+    for (const auto& [k, v] : *first) {
+      if (key.empty() && merged.count(k) == 0) key = k;
+    }
+    std::fprintf(stderr,
+                 "tandem sim: %s: %s instances '%s' and '%s' run executors with different sim "
+                 "parameters (first difference: '%s'); tandem sim models one set per role\n",
+                 path.c_str(), role_name.c_str(), first_name.c_str(), instance->name.c_str(),
+                 key.c_str());
+    return std::nullopt;
+  }
+  if (!first) first = std::map<std::string, double>(m.sim.params.begin(), m.sim.params.end());
+  auto params = devices::sim::params_from_map(*first);
+  if (!params) {
+    std::fprintf(stderr, "tandem sim: %s: %s instances' sim parameters: %s\n", path.c_str(),
+                 role_name.c_str(), params.error().message.c_str());
+    return std::nullopt;
+  }
+  return *params;
+}
+
 // Applies a manifest's sections; false (after printing why) on a bad manifest.
 bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   auto loaded = config::load_manifest(path);
@@ -80,14 +126,11 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   c.decode_waiting_max = m.decode.waiting_max;
   c.decode_seqs_max = m.decode.seqs_max;
   c.decode_step_tokens_max = m.decode.step_tokens_max;
-  devices::SimParams map(m.sim.params.begin(), m.sim.params.end());
-  auto params = devices::sim::params_from_map(map);
-  if (!params) {
-    std::fprintf(stderr, "tandem sim: %s: [sim]: %s\n", path.c_str(),
-                 params.error().message.c_str());
-    return false;
-  }
-  c.device = *params;
+  auto decode = role_sim_params(m, config::Role::decode, path);
+  auto prefill = decode ? role_sim_params(m, config::Role::prefill, path) : std::nullopt;
+  if (!decode || !prefill) return false;
+  c.decode_device = *decode;
+  c.prefill_device = m.instances_of(config::Role::prefill).empty() ? *decode : *prefill;
   return true;
 }
 

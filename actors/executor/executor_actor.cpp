@@ -18,7 +18,7 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.blocks_total = instance.kv_blocks;
   spec.threads = instance.threads;
   spec.seed = std::hash<std::string>{}(instance.name);
-  for (const auto& [name, value] : manifest.sim.params) spec.sim[name] = value;
+  spec.sim = manifest.sim_params(instance);
   return spec;
 }
 

@@ -237,3 +237,39 @@ TEST_CASE("sweep --target: an already running cluster, one configuration, 2 conc
   node.signal(SIGTERM);
   node.wait(5000ms);
 }
+
+TEST_CASE("tandem sim --manifest: decode executors with their own sim values (DP + EP) change "
+          "decode's model only; executors of one role must agree") {
+  std::string dir = make_temp_dir("sim-roles");
+  std::string base = read_file(source_root() + "/config/examples/target-4p4d.toml");
+  auto with_decode_dp_ep = [&](std::string text, int first, int last) {
+    for (int i = first; i <= last; ++i) {
+      std::string from = "name = \"exec-decode-" + std::to_string(i) + "\"\n  device = \"sim\"\n";
+      auto at = text.find(from);
+      REQUIRE(at != std::string::npos);
+      text.replace(at, from.size(), from + "  sim = { dp_ep = 1 }\n");
+    }
+    return text;
+  };
+  auto run_sim = [&](const std::string& name, const std::string& text) {
+    write_file(dir + "/" + name + ".toml", text);
+    return testing::run({tandem_bin(), "sim", "--manifest", dir + "/" + name + ".toml", "--seed",
+                         "3", "--sessions", "4", "--sessions-total", "8", "--duration-s", "60",
+                         "--workload", "agentic", "--json", dir + "/" + name + ".json"},
+                        120s);
+  };
+  RunResult pp = run_sim("pp", base);
+  INFO("pp: " << pp.output);
+  REQUIRE(pp.exit_code == 0);
+  RunResult dp = run_sim("dp", with_decode_dp_ep(base, 1, 4));
+  INFO("dp: " << dp.output);
+  REQUIRE(dp.exit_code == 0);
+  auto a = nlohmann::json::parse(read_file(dir + "/pp.json"));
+  auto b = nlohmann::json::parse(read_file(dir + "/dp.json"));
+  CHECK(a["summary"]["tpot_ms"]["p50"] != b["summary"]["tpot_ms"]["p50"]);
+  // One decode executor differs from the others: refused, naming both and the key.
+  RunResult mixed = run_sim("mixed", with_decode_dp_ep(base, 1, 1));
+  CHECK(mixed.exit_code != 0);
+  CHECK(mixed.output.find("decode instances 'decode-1' and 'decode-2'") != std::string::npos);
+  CHECK(mixed.output.find("'dp_ep'") != std::string::npos);
+}

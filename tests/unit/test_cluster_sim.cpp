@@ -155,3 +155,32 @@ TEST_CASE("load reports every interval: a pick's waiting + 1 lasts until the nex
   c.load_report_interval_ms = -1;
   CHECK_FALSE(c.validate().ok());
 }
+
+TEST_CASE("prefill and decode instances each take their own device model") {
+  auto requests = agentic(5, 8, 16);
+  auto base = small_cluster(router::Policy::prefix_aware, 2, 2);
+  auto run = [&](const sim::ClusterSimConfig& c) {
+    auto r = sim::run_cluster_sim(c, requests);
+    REQUIRE(r.ok());
+    REQUIRE(r->completed_count > 0);
+    return std::move(r).value();
+  };
+  auto same = run(base);
+  // A decode model with a quarter of the memory bandwidth: time per output token grows.
+  auto slow_decode = base;
+  slow_decode.decode_device.decode_hbm_efficiency /= 4;
+  auto d = run(slow_decode);
+  CHECK(d.summary.tpot_ms.p50 > same.summary.tpot_ms.p50 * 2);
+  // A prefill model 20x slower: first tokens come much later. (Decode's pace may change
+  // too: fewer sequences reach it at once.)
+  auto slow_prefill = base;
+  slow_prefill.prefill_device.prefill_mfu /= 20;
+  auto p = run(slow_prefill);
+  CHECK(p.summary.ttft_ms.p50 > same.summary.ttft_ms.p50 * 2);
+  // Each role validated on its own.
+  auto bad = base;
+  bad.prefill_device.prefill_mfu = 0;
+  auto r = sim::run_cluster_sim(bad, requests);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("prefill device") != std::string::npos);
+}

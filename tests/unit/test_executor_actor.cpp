@@ -130,3 +130,16 @@ TEST_CASE("executor over sim, time_factor 0: a pass is answered at once") {
           [&](caf::error& e) { FAIL(to_string(e)); });
   CHECK(seconds(Clock::now() - t0) < 0.060);
 }
+
+TEST_CASE("device_spec: an executor's own sim values override [sim]") {
+  std::string text = manifest_text(0.0, 60000);
+  std::string from = "device = \"sim\"\n";
+  text.replace(text.find(from), from.size(), from + "sim = { step_overhead_us = 1234 }\n");
+  config::Manifest manifest = testing::parse_manifest_or_fail(text);
+  const config::Instance& executor = manifest.nodes[0].instances[3];
+  REQUIRE(executor.role == config::Role::executor);
+  devices::DeviceSpec spec = actors::device_spec(manifest, executor);
+  CHECK(spec.sim.at("step_overhead_us") == 1234.0);  // the executor's value
+  CHECK(spec.sim.at("vocab") == 32000.0);            // from [sim]
+  CHECK(spec.sim.at("time_factor") == 0.0);
+}

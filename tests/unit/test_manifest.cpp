@@ -946,6 +946,43 @@ x = 1
   }
 }
 
+TEST_CASE("executor sim = { ... }: its own values of [sim] keys, for sim executors only") {
+  std::string sim_executor = replace(base_manifest, "device = \"cpu\"", "device = \"sim\"\n  "
+                                     "sim = { dp_ep = 1, step_overhead_us = 250 }");
+  Manifest m = parse_ok(sim_executor + "[sim]\nnpu_count = 4\ndp_ep = 0\n");
+  const Instance* ex = m.find_executor("ex");
+  REQUIRE(ex != nullptr);
+  CHECK(ex->sim.size() == 2);
+  auto merged = m.sim_params(*ex);
+  CHECK(merged.size() == 3);
+  CHECK(merged["npu_count"] == 4.0);   // from [sim]
+  CHECK(merged["dp_ep"] == 1.0);       // the executor's own value wins
+  CHECK(merged["step_overhead_us"] == 250.0);
+  CHECK(m.find_executor("dec") == nullptr);  // not an executor
+
+  // Not a table; a non-number inside; on a cpu executor; on a decode instance.
+  std::string text = replace(base_manifest, "device = \"cpu\"",
+                             "device = \"sim\"\n  sim = { dp_ep = \"yes\" }");
+  auto value = only_issue(text);
+  CHECK(value.key == "node[0].instance[3].sim.dp_ep");
+  CHECK(value.line == line_of(text, "sim = {"));
+  CHECK(value.message.find("expected a number") != std::string::npos);
+  text = replace(base_manifest, "device = \"cpu\"", "device = \"sim\"\n  sim = 3");
+  auto not_table = only_issue(text);
+  CHECK(not_table.key == "node[0].instance[3].sim");
+  CHECK(not_table.line == line_of(text, "sim = 3"));
+  CHECK(not_table.message.find("expected a table") != std::string::npos);
+  text = replace(base_manifest, "devices = [0]", "devices = [0]\n  sim = { dp_ep = 1 }");
+  auto cpu = only_issue(text);
+  CHECK(cpu.key == "node[0].instance[3].sim");
+  CHECK(cpu.message.find("device = \"sim\" only (this executor's device is cpu)") !=
+        std::string::npos);
+  text = replace(base_manifest, "executor = \"ex\"", "executor = \"ex\"\n  sim = { dp_ep = 1 }");
+  auto decode = only_issue(text);
+  CHECK(decode.key == "node[0].instance[2].sim");
+  CHECK(decode.message.find("only executor instances take 'sim'") != std::string::npos);
+}
+
 TEST_CASE("kv_blocks and threads: ranges, executors only, a pool holds one full context") {
   std::string text =
       replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 0\n  threads = 1025");

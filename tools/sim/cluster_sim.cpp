@@ -30,7 +30,10 @@ Status ClusterSimConfig::validate() const {
   if (!(load_report_interval_ms >= 0) || !std::isfinite(load_report_interval_ms)) {
     return bad("load_report_interval_ms must be finite and >= 0");
   }
-  if (Status s = device.validate(); !s) return bad("device: " + s.error().message);
+  if (Status s = prefill_device.validate(); !s) {
+    return bad("prefill device: " + s.error().message);
+  }
+  if (Status s = decode_device.validate(); !s) return bad("decode device: " + s.error().message);
   return {};
 }
 
@@ -159,9 +162,9 @@ router::RouterConfig router_config(const ClusterSimConfig& c) {
   return r;
 }
 
-uint32_t pool_blocks(const ClusterSimConfig& c) {
+uint32_t pool_blocks(const ClusterSimConfig& c, const devices::sim::SimParams& device) {
   if (c.kv_blocks > 0) return c.kv_blocks;
-  double blocks = devices::sim::kv_capacity_tokens(c.device) / c.block_tokens;
+  double blocks = devices::sim::kv_capacity_tokens(device) / c.block_tokens;
   return static_cast<uint32_t>(std::clamp(blocks, 1.0, 16.0e6));
 }
 
@@ -173,7 +176,6 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
   RT_ASSERT(config.validate().ok());
   RT_ASSERT(config.decode_count >= 1);
   duration_ns_ = static_cast<int64_t>(config.duration_ms * 1e6);
-  uint32_t blocks = pool_blocks(config);
   prefill::PrefillConfig pc{config.block_tokens,
                             config.prefill_queue_max,
                             config.prefill_running_max,
@@ -184,14 +186,16 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
                           config.decode_step_tokens_max, config.max_model_tokens};
   prefill_.resize(config.prefill_count);
   for (uint32_t p = 0; p < config.prefill_count; ++p) {
-    prefill_[p].cache = std::make_unique<kv::PrefixCache>(blocks, config.block_tokens);
+    prefill_[p].cache = std::make_unique<kv::PrefixCache>(
+        pool_blocks(config, config.prefill_device), config.block_tokens);
     prefill_[p].sched = std::make_unique<prefill::PrefillScheduler>(pc, *prefill_[p].cache);
     prefill_[p].stats.name = "prefill-" + std::to_string(p);
     RT_ASSERT(router_.add_instance({p}, router::InstanceRole::prefill).ok(), p);
   }
   decode_.resize(config.decode_count);
   for (uint32_t d = 0; d < config.decode_count; ++d) {
-    decode_[d].cache = std::make_unique<kv::PrefixCache>(blocks, config.block_tokens);
+    decode_[d].cache = std::make_unique<kv::PrefixCache>(
+        pool_blocks(config, config.decode_device), config.block_tokens);
     decode_[d].sched = std::make_unique<decode::DecodeScheduler>(dc, *decode_[d].cache);
     decode_[d].stats.name =
         (config.prefill_count > 0 ? "decode-" : "instance-") + std::to_string(d);
@@ -518,7 +522,7 @@ void Sim::kick_prefill(uint32_t p) {
   for (const prefill::PrefillChunk& c : plan->chunks) {
     shapes_.push_back({c.start_position, static_cast<uint32_t>(c.tokens.size())});
   }
-  double step_s = devices::sim::prefill_time_s(config_.device, shapes_);
+  double step_s = devices::sim::prefill_time_s(config_.prefill_device, shapes_);
   inst.step_id = plan->step_id;
   ++inst.stats.steps_count;
   inst.stats.busy_s += step_s;
@@ -555,7 +559,8 @@ void Sim::start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls) {
       tokens += std::min(bt, prompt_tokens - uint64_t{k} * bt);
     }
     auto bytes =
-        static_cast<uint64_t>(static_cast<double>(tokens) * config_.device.kv_bytes_per_token);
+        static_cast<uint64_t>(static_cast<double>(tokens) *
+                              config_.prefill_device.kv_bytes_per_token);
     result_.kv_transfer_bytes += bytes;
     int64_t start_ns = std::max(now_ns_, inst.link_free_ns);
     inst.link_free_ns = start_ns + to_ns(static_cast<double>(bytes) / config_.link_bytes_per_s);
@@ -593,9 +598,9 @@ void Sim::kick_decode(uint32_t d) {
   }
   // A mixed step runs its decode tokens and its prefill chunks as two passes.
   double step_s = 0;
-  if (!shapes_.empty()) step_s += devices::sim::decode_step_time_s(config_.device, shapes_);
+  if (!shapes_.empty()) step_s += devices::sim::decode_step_time_s(config_.decode_device, shapes_);
   if (!prefill_shapes_.empty()) {
-    step_s += devices::sim::prefill_time_s(config_.device, prefill_shapes_);
+    step_s += devices::sim::prefill_time_s(config_.decode_device, prefill_shapes_);
   }
   RT_ASSERT(step_s > 0, step_s);
   inst.step_id = plan.step_id;
@@ -684,7 +689,7 @@ Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
   if (Status s = config.validate(); !s) return s.error();
   decode::DecodeConfig dc{config.block_tokens, config.decode_waiting_max, config.decode_seqs_max,
                           config.decode_step_tokens_max, config.max_model_tokens};
-  if (Status s = dc.validate(pool_blocks(config)); !s) {
+  if (Status s = dc.validate(pool_blocks(config, config.decode_device)); !s) {
     return make_error(ErrorKind::invalid, "sim: decode: " + s.error().message);
   }
   prefill::PrefillConfig pc{config.block_tokens,

@@ -47,9 +47,12 @@ struct ClusterSimConfig {
   uint32_t prefill_count = 4;      // 0 = aggregated mode (decode instances prefill locally)
   uint32_t decode_count = 4;       // >= 1
   router::RouterConfig router;     // policy, weights, seed; block_tokens is overwritten
-  devices::sim::SimParams device;  // timing model and KV pool size of every instance
+  // Timing model and KV pool size of each prefill instance and of each decode instance (in
+  // aggregated mode every instance is a decode instance). A manifest may give the roles'
+  // executors different values (e.g. prefill PP, decode DP + EP).
+  devices::sim::SimParams prefill_device, decode_device;
   uint32_t block_tokens = 512;     // KV block, tokens (hash granularity), >= 1
-  uint32_t kv_blocks = 0;          // per instance; 0 = kv_capacity_tokens(device) / block_tokens
+  uint32_t kv_blocks = 0;          // per instance; 0 = kv_capacity_tokens(its device) / block_tokens
   double link_bytes_per_s = 25e9;  // prefill -> decode KV transfer bandwidth, > 0
   // Scheduler limits (the manifest's [prefill] and [decode]).
   uint32_t prefill_queue_max = 256, prefill_running_max = 16, prefill_held_max = 256;
