@@ -1179,6 +1179,8 @@ TEST_CASE("example target-4p4d.toml: the reference design") {
     bool prefill = executor->name.find("prefill") != std::string::npos;
     CHECK(executor->device_ids ==
           (prefill ? std::vector<uint32_t>{0, 1, 2, 3} : std::vector<uint32_t>{4, 5, 6, 7}));
+    // Prefill PP4 ([sim] dp_ep = 0); decode DP4 + expert parallel (its own dp_ep = 1).
+    CHECK(m.sim_params(*executor).at("dp_ep") == (prefill ? 0.0 : 1.0));
   }
   CHECK(m.model.name == "MiniMax-M2.7");
   CHECK(m.model.block_tokens == 4096);
@@ -1302,6 +1304,7 @@ TEST_CASE("example target-4p4d-local.toml keeps target-4p4d's topology and timin
       CHECK(li.device == ti.device);
       CHECK(li.device_ids == ti.device_ids);
       CHECK(li.kv_blocks == ti.kv_blocks);
+      CHECK(li.sim == ti.sim);
     }
   }
   CHECK(local.fabric.provider == "tcp;ofi_rxm");
