@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "bench/http_stream.hpp"
@@ -241,7 +242,15 @@ TEST_CASE("sweep --target: an already running cluster, one configuration, 2 conc
 TEST_CASE("tandem sim --manifest: decode executors with their own sim values (DP + EP) change "
           "decode's model only; executors of one role must agree") {
   std::string dir = make_temp_dir("sim-roles");
-  std::string base = read_file(source_root() + "/config/examples/target-4p4d.toml");
+  // The example models decode as DP + EP (its decode executors' own sim values); without
+  // those lines every instance is PP ([sim] dp_ep = 0).
+  std::string example = read_file(source_root() + "/config/examples/target-4p4d.toml");
+  std::string base;
+  std::istringstream lines(example);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("sim = { dp_ep = 1 }") == std::string::npos) base += line + "\n";
+  }
+  REQUIRE(base.size() < example.size());
   auto with_decode_dp_ep = [&](std::string text, int first, int last) {
     for (int i = first; i <= last; ++i) {
       std::string from = "name = \"exec-decode-" + std::to_string(i) + "\"\n  device = \"sim\"\n";
