@@ -92,12 +92,18 @@ ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
   return result;
 }
 
-// Answers every pending pass whose modelled end has come.
-void deliver_ready(ExecutorState& st) {
+// Answers every pending pass whose modelled end has come. A timer that fired a little early
+// leaves the front waiting: another tick is armed for it, so no pass is ever left behind.
+void deliver_ready(ExecutorActor* self) {
+  auto& st = self->state;
   auto now = std::chrono::steady_clock::now();
   while (!st.pending.empty() && st.pending.front().result.output->ready_at <= now) {
     st.pending.front().promise.deliver(std::move(st.pending.front().result));
     st.pending.pop_front();
+  }
+  if (!st.pending.empty()) {
+    self->delayed_send(self, st.pending.front().result.output->ready_at - now,
+                       runtime::atoms::tick::value);
   }
 }
 
@@ -132,7 +138,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
                            runtime::atoms::tick::value);
         return promise;
       },
-      [self](runtime::atoms::tick) { deliver_ready(self->state); },
+      [self](runtime::atoms::tick) { deliver_ready(self); },
       [self, context, inst](const runtime::InboundFrame& in) {
         auto envelope = in.frame->envelope();
         if (envelope.getBody().which() == wire::Envelope::Body::PING) {

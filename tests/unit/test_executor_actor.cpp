@@ -12,6 +12,7 @@
 #include "actors/executor/executor_actor.hpp"
 #include "tests/support/local_bridge.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/sim_cluster.hpp"
 
 using namespace tandem;
 using namespace std::chrono_literals;
@@ -19,31 +20,25 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// One node (gateway and router present because a manifest needs them), one decode instance
-// on a sim executor whose every pass is modelled to take at
-// least STEP_US microseconds (the sim's fixed per-step overhead).
+// The tests' one-node sim cluster (tests/support/sim_cluster.hpp) with every pass modelled
+// to take at least STEP_US microseconds (the sim's fixed per-step overhead).
 std::string manifest_text(double time_factor, int step_us) {
-  return "[cluster]\nname = \"exec-actor\"\n[model]\nname = \"tiny\"\npath = \"models/tiny\"\n"
-         "block_tokens = 16\nmax_model_tokens = 2048\n"
-         "[sim]\ntime_factor = " + std::to_string(time_factor) +
-         "\nstep_overhead_us = " + std::to_string(step_us) +
-         "\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\neos_id = 2\nmax_position = 2048\n"
-         "[[node]]\nname = \"a\"\nhost = \"127.0.0.1\"\nfabric_port = " +
-         std::to_string(testing::free_port()) + "\nadmin_port = 17201\nhttp_port = 8000\n"
-         "[[node.instance]]\nrole = \"gateway\"\nname = \"gw\"\n"
-         "[[node.instance]]\nrole = \"router\"\nname = \"r\"\n"
-         "[[node.instance]]\nrole = \"decode\"\nname = \"dec\"\nexecutor = \"ex\"\n"
-         "[[node.instance]]\nrole = \"executor\"\nname = \"ex\"\ndevice = \"sim\"\n"
-         "devices = [0]\nkv_blocks = 128\n";
+  std::string text = testing::one_node_sim_manifest("exec-actor", testing::free_port());
+  std::string from = "time_factor = 0\n";
+  auto at = text.find(from);
+  RT_ASSERT(at != std::string::npos, "the support manifest sets time_factor");
+  text.replace(at, from.size(), "time_factor = " + std::to_string(time_factor) +
+                                    "\nstep_overhead_us = " + std::to_string(step_us) + "\n");
+  return text;
 }
 
 struct Harness {
   explicit Harness(double time_factor, int step_us)
       : manifest(testing::parse_manifest_or_fail(manifest_text(time_factor, step_us))),
         system(testing::tandem_actor_config(cfg)),
-        local(manifest, "a") {
+        local(manifest, "local") {
     actors::ShellContext ctx{&manifest, local.bridge.get(), local.log, &registry, {}};
-    executor = actors::spawn_executor(system, ctx, manifest.nodes[0].instances[3]);
+    executor = actors::spawn_executor(system, ctx, *manifest.find_executor("ed"));
     local.bridge->set_ready();
   }
   // The executor's KV registration must end before the bridge's fabric does (as in a node).
@@ -136,9 +131,9 @@ TEST_CASE("device_spec: an executor's own sim values override [sim]") {
   std::string from = "device = \"sim\"\n";
   text.replace(text.find(from), from.size(), from + "sim = { step_overhead_us = 1234 }\n");
   config::Manifest manifest = testing::parse_manifest_or_fail(text);
-  const config::Instance& executor = manifest.nodes[0].instances[3];
-  REQUIRE(executor.role == config::Role::executor);
-  devices::DeviceSpec spec = actors::device_spec(manifest, executor);
+  const config::Instance* executor = manifest.find_executor("ep");
+  REQUIRE(executor != nullptr);
+  devices::DeviceSpec spec = actors::device_spec(manifest, *executor);
   CHECK(spec.sim.at("step_overhead_us") == 1234.0);  // the executor's value
   CHECK(spec.sim.at("vocab") == 32000.0);            // from [sim]
   CHECK(spec.sim.at("time_factor") == 0.0);
