@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "actors/gateway/http_server.hpp"
 #include "bench/serve_bench.hpp"
 #include "devices/device.hpp"
 #include "runtime/base/assert.hpp"
@@ -95,6 +96,7 @@ class NodeProcess {
   NodeProcess(const NodeProcess&) = delete;
   NodeProcess& operator=(const NodeProcess&) = delete;
   bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;
@@ -141,16 +143,84 @@ Result<workload::LatencyStats> direct_e2e(uint32_t output_tokens, uint32_t reque
   return workload::latency_stats(std::move(e2e_ms));
 }
 
+// CPU time (ns) the process has used so far: the sum of its threads' on-CPU time
+// (/proc/PID/task/*/schedstat, first field; nanoseconds, unlike stat's clock ticks).
+// Threads that exited are not counted (the node keeps its threads for its life).
+uint64_t process_cpu_ns(pid_t pid) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(task.path() / "schedstat");
+    uint64_t ns = 0;
+    if (in >> ns) total += ns;
+  }
+  return total;
+}
+
+// CPU time (ns) of the calling thread: the bench client runs on it.
+uint64_t thread_cpu_ns() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  auto ns = [](const timeval& t) { return uint64_t(t.tv_sec) * 1000000000u + t.tv_usec * 1000u; };
+  return ns(u.ru_utime) + ns(u.ru_stime);
+}
+
+// The transport floor: the same client against Tandem's HTTP transport (gateway::HttpServer,
+// kj-http) answering every completion at once from its own thread with canned SSE events of
+// the gateway's shape -- one per output token, the finish, the usage, [DONE] -- and no
+// actors, router, device or rendering behind it. What a request costs the client, the
+// loopback TCP stack and the HTTP layer alone on this machine, in the same run.
+class FloorHandler : public gateway::HttpHandler {
+ public:
+  void on_request(const gateway::HttpRequest& request,
+                  std::shared_ptr<gateway::ResponseStream> out) override {
+    if (request.method != "POST" || request.path != "/v1/completions") {
+      out->send(404, {{"Content-Type", "application/json"}},
+                R"({"error":{"message":"the floor serves POST /v1/completions only",)"
+                R"("type":"not_found_error","param":null,"code":null}})");
+      return;
+    }
+    uint32_t tokens = 1;
+    if (auto at = request.body.find("\"max_tokens\":"); at != std::string::npos) {
+      tokens = static_cast<uint32_t>(std::strtoul(request.body.c_str() + at + 13, nullptr, 10));
+    }
+    out->start(200, {{"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}});
+    for (uint32_t i = 0; i < std::max(tokens, 1u); ++i) out->write(kText);
+    out->write(kFinish + kUsageHead + std::to_string(tokens) + kUsageTail + kDone);
+    out->end();
+  }
+
+ private:
+  static constexpr const char* kHead =
+      R"(data: {"id":"cmpl-0123456789abcdefghijklmn","object":"text_completion",)"
+      R"("created":1796047335,"model":"stories15M","choices":[{"index":0,)";
+  const std::string kText =
+      std::string(kHead) + R"("text":" dol","logprobs":null,"finish_reason":null}]})" + "\n\n";
+  const std::string kFinish =
+      std::string(kHead) + R"("text":"","logprobs":null,"finish_reason":"length"}]})" + "\n\n";
+  const std::string kUsageHead =
+      R"(data: {"choices":[],"created":1796047335,"id":"cmpl-0123456789abcdefghijklmn",)"
+      R"("model":"stories15M","object":"text_completion","usage":{"completion_tokens":)";
+  const std::string kUsageTail =
+      R"(,"completion_tokens_details":{"reasoning_tokens":0},"prompt_tokens":16,)"
+      R"("prompt_tokens_details":{"cached_tokens":0},"total_tokens":0}})" + std::string("\n\n");
+  const std::string kDone = "data: [DONE]\n\n";
+};
+
 struct Point {
   uint32_t concurrency = 0, output_tokens = 0;
   workload::BenchSummary cluster;
   workload::LatencyStats direct;
+  workload::BenchSummary floor;  // empty when the floor was not measured
+  double node_cpu_us = 0, client_cpu_us = 0, floor_client_cpu_us = 0;  // per request
 };
 
-// rate_per_s > 0: Poisson arrivals at that rate (open loop), at most `concurrency` in
-// flight; 0: closed loop at `concurrency`.
-Result<Point> measure(const HttpEndpoint& gateway, uint32_t concurrency, uint32_t output_tokens,
-                      uint32_t requests_count, double rate_per_s = 0) {
+// The same workload against `target` (closed loop, or Poisson arrivals at rate_per_s > 0
+// with at most `concurrency` in flight). client_cpu_us: the client's CPU per request.
+Result<workload::BenchSummary> drive(const HttpEndpoint& target, uint32_t concurrency,
+                                     uint32_t output_tokens, uint32_t requests_count,
+                                     double rate_per_s, double* client_cpu_us) {
   workload::RandomParams p;
   p.seed = concurrency * 100 + output_tokens;
   p.vocab_size = 32000;
@@ -160,28 +230,69 @@ Result<Point> measure(const HttpEndpoint& gateway, uint32_t concurrency, uint32_
   auto requests = workload::generate_random(p);
   if (!requests.ok()) return requests.error();
   ServeBenchOptions o;
-  o.target = gateway;
+  o.target = target;
+  o.model = "stories15M";
   o.concurrency = concurrency;
   o.request_rate_per_s = rate_per_s;
   o.chain_sessions = false;
   o.progress = false;
   o.timeout_s = 60;
+  uint64_t cpu0 = thread_cpu_ns();
   auto run = run_serve_bench(*requests, o);
   if (!run.ok()) return run.error();
+  *client_cpu_us = double(thread_cpu_ns() - cpu0) / 1000.0 / requests_count;
+  return run->summary;
+}
+
+// One point: the cluster (and the node's CPU per request), the floor when given, and the
+// direct device baseline. rate_per_s > 0: open loop (see drive).
+Result<Point> measure(const HttpEndpoint& gateway, pid_t node_pid,
+                      const std::optional<HttpEndpoint>& floor, uint32_t concurrency,
+                      uint32_t output_tokens, uint32_t requests_count, double rate_per_s = 0) {
+  Point pt{concurrency, output_tokens, {}, {}, {}, 0, 0, 0};
+  uint64_t node0 = process_cpu_ns(node_pid);
+  auto cluster = drive(gateway, concurrency, output_tokens, requests_count, rate_per_s,
+                       &pt.client_cpu_us);
+  if (!cluster.ok()) return cluster.error();
+  pt.node_cpu_us = double(process_cpu_ns(node_pid) - node0) / 1000.0 / requests_count;
+  pt.cluster = std::move(cluster).value();
+  if (floor) {
+    auto f = drive(*floor, concurrency, output_tokens, requests_count, rate_per_s,
+                   &pt.floor_client_cpu_us);
+    if (!f.ok()) return make_error(ErrorKind::failed, "floor: " + f.error().describe());
+    pt.floor = std::move(f).value();
+  }
   auto direct = direct_e2e(output_tokens, std::min<uint32_t>(requests_count, 2000));
   if (!direct.ok()) return direct.error();
-  return Point{concurrency, output_tokens, run->summary, *direct};
+  pt.direct = *direct;
+  return pt;
 }
+
+constexpr const char* kTableHead =
+    "| streams | out | requests | cluster p50 ms | cluster p99 ms | direct p50 ms | "
+    "direct p99 ms | added p50 ms | added p99 ms | req/s | floor p50 ms | floor p99 ms | "
+    "floor req/s | over floor p50 ms | over floor p99 ms | node CPU us/req | "
+    "client CPU us/req |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+    "| --- | --- |\n";
 
 void print_point(const Point& pt) {
   const auto& c = pt.cluster;
+  const auto& f = pt.floor;
   std::string errors;
   for (const auto& [kind, n] : c.errors_by_kind) errors += " " + kind + "=" + std::to_string(n);
-  std::printf("| %5u | %3u | %6llu | %8.3f | %8.3f | %8.4f | %8.4f | %8.3f | %8.3f | %9.0f |%s\n",
+  for (const auto& [kind, n] : f.errors_by_kind) {
+    errors += " floor:" + kind + "=" + std::to_string(n);
+  }
+  std::printf("| %5u | %3u | %6llu | %8.3f | %8.3f | %8.4f | %8.4f | %8.3f | %8.3f | %9.0f "
+              "| %8.3f | %8.3f | %9.0f | %8.3f | %8.3f | %6.1f | %6.1f |%s\n",
               pt.concurrency, pt.output_tokens, static_cast<unsigned long long>(c.requests_count),
               c.e2e_ms.p50, c.e2e_ms.p99, pt.direct.p50, pt.direct.p99,
               c.e2e_ms.p50 - pt.direct.p50, c.e2e_ms.p99 - pt.direct.p99,
-              c.request_throughput_per_s, errors.empty() ? "" : (" errors:" + errors).c_str());
+              c.request_throughput_per_s, f.e2e_ms.p50, f.e2e_ms.p99, f.request_throughput_per_s,
+              c.e2e_ms.p50 - pt.direct.p50 - f.e2e_ms.p50,
+              c.e2e_ms.p99 - pt.direct.p99 - f.e2e_ms.p99, pt.node_cpu_us, pt.client_cpu_us,
+              errors.empty() ? "" : (" errors:" + errors).c_str());
   std::fflush(stdout);
 }
 
@@ -375,6 +486,7 @@ int run_overhead_bench(cli::Args args) {
       .flag("concurrency", "LIST", "comma-separated stream counts", "1,64,1000")
       .flag("rate", "LIST", "also open loop: Poisson arrivals at these req/s, at most the "
                             "largest --concurrency in flight (e.g. 2000,5000)", "")
+      .flag("no-floor", "", "skip the transport floor (a canned answer from the HTTP layer)")
       .flag("keep", "", "keep the temp dir (manifest, node log)");
   int code = 0;
   if (!f.parse(args, &code)) return code;
@@ -412,6 +524,18 @@ int run_overhead_bench(cli::Args args) {
   }
   const std::string& dir = cluster->dir;
   const HttpEndpoint& gateway = cluster->gateway;
+  FloorHandler floor_handler;
+  std::optional<gateway::HttpServer> floor_server;
+  std::optional<HttpEndpoint> floor;
+  if (!f.has("no-floor")) {
+    gateway::HttpLimits limits;
+    floor_server.emplace("127.0.0.1", 0, limits, floor_handler);
+    if (Status st = floor_server->start(); !st.ok()) {
+      std::fprintf(stderr, "tandem bench overhead: floor: %s\n", st.error().describe().c_str());
+      return 1;
+    }
+    floor = HttpEndpoint{"127.0.0.1", floor_server->port()};
+  }
   int rc = 0;
   {
     ServeBenchOptions warm;  // warm-up: connections, allocator, caches
@@ -424,13 +548,11 @@ int run_overhead_bench(cli::Args args) {
                    dir.c_str());
       return 1;
     }
-    std::printf("| streams | out | requests | cluster p50 ms | cluster p99 ms | direct p50 ms | "
-                "direct p99 ms | added p50 ms | added p99 ms | req/s |\n"
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::printf("%s", kTableHead);
     for (uint32_t out : {1u, 16u}) {
       for (uint32_t c : levels) {
         uint32_t n = std::max<uint32_t>(static_cast<uint32_t>(*requests), 4 * c);
-        auto pt = measure(gateway, c, out, n);
+        auto pt = measure(gateway, cluster->node->pid(), floor, c, out, n);
         if (!pt.ok()) {
           std::fprintf(stderr, "tandem bench overhead: %u streams: %s\n", c,
                        pt.error().describe().c_str());
@@ -438,18 +560,19 @@ int run_overhead_bench(cli::Args args) {
           continue;
         }
         print_point(*pt);
-        if (pt->cluster.failed_count > 0) rc = 3;
+        if (pt->cluster.failed_count > 0 || pt->floor.failed_count > 0) rc = 3;
       }
     }
     if (!rates.empty()) {
       uint32_t cap = *std::max_element(levels.begin(), levels.end());
       std::printf("\nopen loop (Poisson arrivals, at most %u in flight):\n"
                   "| offered req/s | out | requests | added p50 ms | added p99 ms | "
-                  "achieved req/s |\n| --- | --- | --- | --- | --- | --- |\n", cap);
+                  "achieved req/s | floor p50 ms | floor p99 ms | node CPU us/req |\n"
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n", cap);
       for (uint32_t out : {1u, 16u}) {
         for (double rate : rates) {
           auto n = static_cast<uint32_t>(std::max<double>(*requests, rate * 2));  // >= ~2 s
-          auto pt = measure(gateway, cap, out, n, rate);
+          auto pt = measure(gateway, cluster->node->pid(), floor, cap, out, n, rate);
           if (!pt.ok()) {
             std::fprintf(stderr, "tandem bench overhead: rate %.0f: %s\n", rate,
                          pt.error().describe().c_str());
@@ -457,12 +580,13 @@ int run_overhead_bench(cli::Args args) {
             continue;
           }
           const auto& c = pt->cluster;
-          std::printf("| %.0f | %u | %llu | %.3f | %.3f | %.0f |\n", rate, out,
-                      static_cast<unsigned long long>(c.requests_count),
+          std::printf("| %.0f | %u | %llu | %.3f | %.3f | %.0f | %.3f | %.3f | %.1f |\n", rate,
+                      out, static_cast<unsigned long long>(c.requests_count),
                       c.e2e_ms.p50 - pt->direct.p50, c.e2e_ms.p99 - pt->direct.p99,
-                      c.request_throughput_per_s);
+                      c.request_throughput_per_s, pt->floor.e2e_ms.p50, pt->floor.e2e_ms.p99,
+                      pt->node_cpu_us);
           std::fflush(stdout);
-          if (c.failed_count > 0) rc = 3;
+          if (c.failed_count > 0 || pt->floor.failed_count > 0) rc = 3;
         }
       }
     }

@@ -3,6 +3,7 @@
 #include <doctest.h>
 
 #include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -139,4 +140,41 @@ TEST_CASE("bench serve: an unreachable gateway is a clear error, not a crash") {
                                30s);
   CHECK(run.exit_code == 1);
   CHECK(run.output.find("cannot connect") != std::string::npos);
+}
+
+// `tandem bench overhead` end to end, small: every point has the cluster, the direct
+// device baseline and the transport floor, with no failed request on either server, and
+// the CPU columns measured (a floor that answered wrongly, e.g. without the usage the client
+// counts tokens from, or a table that lost a column, fails here).
+TEST_CASE("bench overhead: cluster, device and transport floor side by side, no errors") {
+  RunResult run = testing::run({tandem_bin(), "bench", "overhead", "--concurrency", "1,4",
+                                "--requests", "40", "--model-dir",
+                                source_root() + "/models/stories15M"},
+                               120s);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("errors:") == std::string::npos);
+  std::vector<std::vector<double>> rows;
+  std::istringstream lines(run.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) != 0 || line.find("---") != std::string::npos ||
+        line.find("streams") != std::string::npos) {
+      continue;
+    }
+    std::vector<double> cells;
+    std::istringstream cols(line.substr(1));
+    for (std::string cell; std::getline(cols, cell, '|');) cells.push_back(std::stod(cell));
+    rows.push_back(cells);
+  }
+  REQUIRE(rows.size() == 4);  // (1, 4 streams) x (1, 16 tokens)
+  for (const auto& r : rows) {
+    REQUIRE(r.size() == 17);
+    CHECK(r[3] > 0);   // cluster p50
+    CHECK(r[9] > 0);   // cluster req/s
+    CHECK(r[10] > 0);  // floor p50
+    CHECK(r[12] > 0);  // floor req/s
+    CHECK(r[10] < r[3]);  // a canned answer costs less than the whole serving path
+    CHECK(r[15] > 0);  // node CPU per request
+    CHECK(r[16] > 0);  // client CPU per request
+  }
 }
