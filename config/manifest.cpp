@@ -662,7 +662,8 @@ std::vector<std::pair<std::string, double>> Loader::read_sim_numbers(const toml:
 void Loader::read_node(const toml::table& table, size_t index) {
   std::string path = "node[" + std::to_string(index) + "]";
   TableReader reader(sink_, table, path,
-                     {"name", "host", "fabric_port", "admin_port", "http_port", "instance"});
+                     {"name", "host", "fabric_port", "admin_port", "http_port", "workers",
+                      "instance"});
   Node node;
   node.line = reader.pos().line;
   NodeDecl decl{path, reader.pos(), reader.pos("name"),
@@ -680,6 +681,10 @@ void Loader::read_node(const toml::table& table, size_t index) {
   }
   if (reader.find("http_port") && reader.read_int("http_port", 1, 65535, port)) {
     node.http_port = port;
+  }
+  uint32_t workers = 0;
+  if (reader.find("workers") && reader.read_int("workers", 1, kWorkersMax, workers)) {
+    node.workers = workers;
   }
   size_t node_index = manifest_.nodes.size();
   manifest_.nodes.push_back(std::move(node));

@@ -17,6 +17,7 @@
 namespace tandem::config {
 
 inline constexpr uint32_t protocol_version_current = 1;
+inline constexpr uint32_t kWorkersMax = 256;  // [[node]] workers
 
 enum class Role { gateway, router, prefill, decode, kv_offload, executor };
 inline constexpr Role roles_all[] = {Role::gateway, Role::router,     Role::prefill,
@@ -152,9 +153,17 @@ struct Node {
   uint16_t fabric_port = 0;
   std::optional<uint16_t> admin_port;  // /metrics and health, HTTP
   std::optional<uint16_t> http_port;   // the OpenAI-compatible API (gateway nodes)
+  // The node's actor worker threads (CAF scheduler); absent: default_workers().
+  std::optional<uint32_t> workers;
+  uint32_t workers_count() const;  // workers, else default_workers()
   std::vector<Instance> instances;      // count already expanded
   uint32_t line = 0;
 };
+
+// Actor worker threads of a node without `workers`: half the machine's hardware threads,
+// at least 2 (the node's other threads -- HTTP, fabric progress, blocking executors -- and
+// its neighbours keep the rest).
+uint32_t default_workers();
 
 struct Manifest {
   std::string file;  // path it was loaded from

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <map>
+#include <thread>
 
 namespace tandem::config {
 
@@ -94,6 +95,12 @@ std::string ManifestErrors::describe() const {
   for (const auto& issue : issues) out += issue.describe() + "\n";
   return out;
 }
+
+uint32_t default_workers() {
+  return std::clamp(std::thread::hardware_concurrency() / 2, 2u, kWorkersMax);
+}
+
+uint32_t Node::workers_count() const { return workers.value_or(default_workers()); }
 
 const Node* Manifest::find_node(std::string_view name) const {
   for (const auto& node : nodes) {
@@ -191,11 +198,12 @@ std::string summarize(const Manifest& m) {
   out += "\n" + std::to_string(m.nodes.size()) + " node(s), " + std::to_string(instance_count) +
          " instance(s)\n";
   out += pad("NAME", name_width) + pad("FABRIC", fabric_width) + pad("ADMIN", 5) +
-         pad("HTTP", 5) + "INSTANCES\n";
+         pad("HTTP", 5) + pad("WORKERS", 7) + "INSTANCES\n";
   for (const auto& node : m.nodes) {
     out += pad(node.name, name_width) +
            pad(node.host + ":" + std::to_string(node.fabric_port), fabric_width) +
            pad(port_text(node.admin_port), 5) + pad(port_text(node.http_port), 5) +
+           pad(node.workers ? std::to_string(*node.workers) : std::string("auto"), 7) +
            roles_text(node) + "\n";
   }
   return out;

@@ -56,7 +56,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   auto log = *made_log;
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::tandem>();
-  cfg.set("scheduler.max-threads", 2);
+  cfg.set("scheduler.max-threads", static_cast<size_t>(node->workers_count()));
   // Latency: CAF's idle workers first poll with sleep_for(50 us) for 500 rounds, and a job
   // enqueued from outside the scheduler (the HTTP thread, a detached executor actor) waits
   // for that sleep to end (~60-110 us with timer slack) because only a worker parked on its
@@ -71,6 +71,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   caf::actor_system system{cfg};
   obs::Registry registry;
   NodeMetrics metrics(registry, node_name);
+  metrics.set_workers(node->workers_count());
   Bridge bridge(manifest, node_name, new_incarnation(), log);
   // The fabric opens first (executors register their KV pools with it); frames are
   // delivered only once every actor is registered (set_ready below).
@@ -118,8 +119,9 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   }
   if (code == 0) {
     bridge.set_ready();
-    log->info("node {} serving {} actor(s); cluster '{}', {} node(s)", node_name, actors.size(),
-              manifest.cluster.name, manifest.nodes.size());
+    log->info("node {} serving {} actor(s) on {} worker thread(s); cluster '{}', {} node(s)",
+              node_name, actors.size(), node->workers_count(), manifest.cluster.name,
+              manifest.nodes.size());
     int sig = wait_for_stop_signal();
     log->info("stopping on signal {}", sig);
   }

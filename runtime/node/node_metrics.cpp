@@ -53,6 +53,7 @@ NodeMetrics::NodeMetrics(obs::Registry& registry, const std::string& node) {
   rma_errors_.metric = counter(registry, "tandem_rma_errors_total", "RMA read chunks failed", n);
   peers_up_ = gauge(registry, "tandem_peers_up", "peer nodes currently up", n);
   peers_total_ = gauge(registry, "tandem_peers", "peer nodes in the manifest", n);
+  workers_ = gauge(registry, "tandem_node_workers", "actor worker threads of the node", n);
 }
 
 void NodeMetrics::advance(Pair& pair, uint64_t now_value) {
@@ -82,6 +83,10 @@ void NodeMetrics::sync(const FabricCounters& f, const BridgeCounters& b) {
 void NodeMetrics::set_peers(int64_t up, int64_t total) {
   peers_up_->set(static_cast<double>(up));
   peers_total_->set(static_cast<double>(total));
+}
+
+void NodeMetrics::set_workers(int64_t workers) {
+  workers_->set(static_cast<double>(workers));
 }
 
 }  // namespace tandem::runtime

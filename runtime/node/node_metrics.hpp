@@ -19,6 +19,7 @@ class NodeMetrics {
 
   void sync(const FabricCounters& fabric, const BridgeCounters& bridge);
   void set_peers(int64_t up, int64_t total);
+  void set_workers(int64_t workers);
 
  private:
   struct Pair {
@@ -33,6 +34,7 @@ class NodeMetrics {
   Pair send_errors_, sends_refused_, rma_reads_, rma_bytes_, rma_errors_, frames_local_;
   obs::Gauge* peers_up_;
   obs::Gauge* peers_total_;
+  obs::Gauge* workers_;
 };
 
 }  // namespace tandem::runtime

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -92,6 +93,7 @@ path = ")" + source_root() + R"(/models/stories15M"
                      "\n[[node.instance]]\nrole = \"gateway\"\nname = \"gateway\"\n"
                      "[[node.instance]]\nrole = \"router\"\nname = \"router\"\n");
     text += node("beta",
+                 "workers = 3\n"
                  "[[node.instance]]\nrole = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n"
                  "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"sim\"\n");
     text += node("gamma",
@@ -171,6 +173,28 @@ TEST_CASE("three nodes on loopback: membership, pings, RMA, bad input, kill and 
     auto missing = cluster.client().admin("alpha", "ping", {"alpha/decode/nobody"}, 4000ms);
     REQUIRE(missing.ok());
     CHECK_FALSE(missing->ok);
+  }
+
+  SUBCASE("a node runs the actor worker threads its manifest asks for (else the default)") {
+    auto workers_of = [&](const char* node) {
+      auto stats = cluster.client().admin(node, "stats", {}, 2000ms);
+      REQUIRE(stats.ok());
+      return metric_value(stats->text, "tandem_node_workers{node=\"" + std::string(node) + "\"}");
+    };
+    CHECK(workers_of("beta") == 3);
+    CHECK(workers_of("alpha") == config::default_workers());
+    // CAF 0.17 names its worker threads "caf.multiplexer".
+    auto threads_named = [](pid_t pid, const std::string& name) {
+      int count = 0;
+      for (const auto& task : std::filesystem::directory_iterator(
+               "/proc/" + std::to_string(pid) + "/task")) {
+        count += read_file(task.path().string() + "/comm") == name + "\n" ? 1 : 0;
+      }
+      return count;
+    };
+    CHECK(threads_named(cluster.node("beta").pid(), "caf.multiplexer") == 3);
+    CHECK(threads_named(cluster.node("alpha").pid(), "caf.multiplexer") ==
+          static_cast<int>(config::default_workers()));
   }
 
   SUBCASE("a 64 MiB region on one node is read by another via RMA and checksums agree") {

@@ -1,6 +1,7 @@
 // The cluster manifest: parsing, every validation class, count expansion, path resolution,
 // the example manifests, and the `tandem check` program.
 #include <doctest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -983,6 +985,29 @@ TEST_CASE("executor sim = { ... }: its own values of [sim] keys, for sim executo
   CHECK(decode.message.find("only executor instances take 'sim'") != std::string::npos);
 }
 
+TEST_CASE("[[node]] workers: 1..256, default half the hardware threads and at least 2") {
+  std::string text = replace(base_manifest, "http_port = 8000", "http_port = 8000\nworkers = 6");
+  Manifest m = parse_ok(text);
+  CHECK(m.nodes.at(0).workers == std::optional<uint32_t>(6));
+  CHECK(m.nodes.at(0).workers_count() == 6);
+  Manifest d = parse_ok(base_manifest);
+  CHECK(!d.nodes.at(0).workers.has_value());
+  CHECK(d.nodes.at(0).workers_count() == default_workers());
+  CHECK(default_workers() >= 2);
+  CHECK(default_workers() >= std::thread::hardware_concurrency() / 2);
+  std::string zero = replace(base_manifest, "http_port = 8000", "http_port = 8000\nworkers = 0");
+  auto issue = only_issue(zero);
+  CHECK(issue.key == "node[0].workers");
+  CHECK(issue.line == line_of(zero, "workers = 0"));
+  CHECK(issue.message == "value 0 is out of range 1..256");
+  auto many = only_issue(replace(base_manifest, "http_port = 8000", "http_port = 8000\nworkers = 257"));
+  CHECK(many.message == "value 257 is out of range 1..256");
+  auto text_value =
+      only_issue(replace(base_manifest, "http_port = 8000", "http_port = 8000\nworkers = \"4\""));
+  CHECK(text_value.key == "node[0].workers");
+  CHECK(text_value.message.find("expected an integer") != std::string::npos);
+}
+
 TEST_CASE("kv_blocks and threads: ranges, executors only, a pool holds one full context") {
   std::string text =
       replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 0\n  threads = 1025");
@@ -1218,8 +1243,12 @@ TEST_CASE("summarize shows the cluster, model and a row per node") {
   CHECK(text.find("tcp;ofi_rxm") != std::string::npos);
   CHECK(text.find("stories15M") != std::string::npos);
   CHECK(text.find("3 node(s), 6 instance(s)") != std::string::npos);
-  CHECK(text.find("front    127.0.0.1:17110  17210  8000   gateway, router") != std::string::npos);
-  CHECK(text.find("decode   127.0.0.1:17112  17212  -      decode, executor") !=
+  CHECK(text.find("front    127.0.0.1:17110  17210  8000   auto     gateway, router") !=
+        std::string::npos);
+  CHECK(text.find("decode   127.0.0.1:17112  17212  -      auto     decode, executor") !=
+        std::string::npos);
+  m.nodes[1].workers = 8;
+  CHECK(summarize(m).find("prefill  127.0.0.1:17111  17211  -      8        prefill, executor") !=
         std::string::npos);
   CHECK(text.find("gateway   api keys no;") != std::string::npos);
   CHECK(std::count(text.begin(), text.end(), '\n') < 25);
