@@ -61,6 +61,30 @@ std::unique_ptr<Renderer> make_renderer(ApiKind kind, RenderOptions options, IdG
   return nullptr;
 }
 
+void append_json_string(std::string& out, std::string_view text) {
+  bool plain = true;
+  for (char c : text) {
+    auto b = static_cast<unsigned char>(c);
+    plain = plain && b >= 0x20 && b < 0x7f && c != '"' && c != '\\';
+  }
+  if (!plain) {
+    out += json(std::string(text)).dump(-1, ' ', false, utf8_replace);
+    return;
+  }
+  out += '"';
+  out += text;
+  out += '"';
+}
+
+std::string chat_usage_text(const Usage& u) {
+  return "{\"completion_tokens\":" + std::to_string(u.completion_tokens) +
+         ",\"completion_tokens_details\":{\"reasoning_tokens\":" +
+         std::to_string(u.reasoning_tokens) + "},\"prompt_tokens\":" +
+         std::to_string(u.prompt_tokens) + ",\"prompt_tokens_details\":{\"cached_tokens\":" +
+         std::to_string(u.cached_tokens) + "},\"total_tokens\":" +
+         std::to_string(u.prompt_tokens + u.completion_tokens) + "}";
+}
+
 json chat_usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},

@@ -52,17 +52,45 @@ std::string ChatRenderer::chunk(json delta, json finish_reason) {
   return sse_data(c.dump(-1, ' ', false, utf8_replace));
 }
 
+const std::string& ChatRenderer::meta_tail() {
+  if (meta_tail_.empty()) {
+    meta_tail_ = R"(],"created":)" + std::to_string(options_.created_s) + R"(,"id":)";
+    append_json_string(meta_tail_, id_);
+    meta_tail_ += R"(,"model":)";
+    append_json_string(meta_tail_, options_.model);
+    meta_tail_ += R"(,"object":"chat.completion.chunk")";
+  }
+  return meta_tail_;
+}
+
 std::string ChatRenderer::text_chunk(const char* key, const std::string& text) {
   if (options_.logprobs) return chunk(json{{key, text}}, nullptr);
-  if (text_chunk_tail_.empty()) {
-    text_chunk_tail_ = R"(},"finish_reason":null,"index":0,"logprobs":null}],"created":)" +
-                       std::to_string(options_.created_s) + R"(,"id":)" +
-                       json(id_).dump(-1, ' ', false, utf8_replace) + R"(,"model":)" +
-                       json(options_.model).dump(-1, ' ', false, utf8_replace) +
-                       R"(,"object":"chat.completion.chunk"})";
-  }
-  return sse_data(std::string(R"({"choices":[{"delta":{")") + key + "\":" +
-                  json(text).dump(-1, ' ', false, utf8_replace) + text_chunk_tail_);
+  const std::string& tail = meta_tail();
+  std::string out;
+  out.reserve(text.size() + tail.size() + 112);
+  out += R"(data: {"choices":[{"delta":{")";
+  out += key;
+  out += "\":";
+  append_json_string(out, text);
+  out += R"(},"finish_reason":null,"index":0,"logprobs":null})";
+  out += tail;
+  out += "}\n\n";
+  return out;
+}
+
+std::string ChatRenderer::finish_chunk(std::string_view finish_reason) {
+  if (options_.logprobs) return chunk(json::object(), std::string(finish_reason));
+  std::string out = R"(data: {"choices":[{"delta":{},"finish_reason":)";
+  append_json_string(out, finish_reason);
+  out += R"(,"index":0,"logprobs":null})";
+  out += meta_tail();
+  out += "}\n\n";
+  return out;
+}
+
+std::string ChatRenderer::usage_chunk() {
+  return R"(data: {"choices":[)" + meta_tail() + R"(,"usage":)" + chat_usage_text(usage_) +
+         "}\n\n";
 }
 
 std::string ChatRenderer::begin() {
@@ -99,20 +127,10 @@ std::string ChatRenderer::feed(const GenEvent& event) {
     return chunk(json{{"tool_calls", json::array({call})}}, nullptr);
   }
   if (std::holds_alternative<Finish>(event)) {
-    return chunk(json::object(), openai_finish_reason(finish_, had_tool_calls()));
+    return finish_chunk(openai_finish_reason(finish_, had_tool_calls()));
   }
   RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
-  std::string out;
-  if (options_.include_usage) {
-    json c = {{"id", id_},
-              {"object", "chat.completion.chunk"},
-              {"created", options_.created_s},
-              {"model", options_.model},
-              {"choices", json::array()},
-              {"usage", chat_usage_json(usage_)}};
-    out += sse_data(c.dump(-1, ' ', false, utf8_replace));
-  }
-  return out + sse_data("[DONE]");
+  return (options_.include_usage ? usage_chunk() : std::string()) + "data: [DONE]\n\n";
 }
 
 std::string ChatRenderer::body() const {
@@ -150,29 +168,38 @@ CompletionRenderer::CompletionRenderer(RenderOptions options, IdGenerator& ids)
 
 // Completions bodies and chunks are ordered_json: their logprobs' top dicts keep the
 // probability order (see completion_logprobs_json).
-std::string CompletionRenderer::chunk(const std::string& text, json finish_reason) {
+std::string CompletionRenderer::chunk(const std::string& text, std::string_view finish_reason) {
   using ojson = nlohmann::ordered_json;
-  if (!options_.logprobs && finish_reason.is_null()) {  // a token's text: the hot path
+  if (!options_.logprobs) {  // the hot path: every token's text, and the finish
     if (text_chunk_head_.empty()) {
-      text_chunk_head_ = R"({"id":)" + json(id_).dump(-1, ' ', false, utf8_replace) +
-                         R"(,"object":"text_completion","created":)" +
-                         std::to_string(options_.created_s) + R"(,"model":)" +
-                         json(options_.model).dump(-1, ' ', false, utf8_replace) +
-                         R"(,"choices":[{"index":0,"text":)";
+      text_chunk_head_ = R"(data: {"id":)";
+      append_json_string(text_chunk_head_, id_);
+      text_chunk_head_ += R"(,"object":"text_completion","created":)" +
+                          std::to_string(options_.created_s) + R"(,"model":)";
+      append_json_string(text_chunk_head_, options_.model);
+      text_chunk_head_ += R"(,"choices":[{"index":0,"text":)";
     }
-    return sse_data(text_chunk_head_ + json(text).dump(-1, ' ', false, utf8_replace) +
-                    R"(,"logprobs":null,"finish_reason":null}]})");
+    std::string out;
+    out.reserve(text_chunk_head_.size() + text.size() + finish_reason.size() + 48);
+    out += text_chunk_head_;
+    append_json_string(out, text);
+    out += R"(,"logprobs":null,"finish_reason":)";
+    if (finish_reason.empty()) {
+      out += "null";
+    } else {
+      append_json_string(out, finish_reason);
+    }
+    out += "}]}\n\n";
+    return out;
   }
-  ojson logprobs = nullptr;
-  if (options_.logprobs) {
-    size_t begin = take_unsent_logprobs();
-    logprobs = completion_logprobs_json(std::span(logprobs_).subspan(begin),
-                                        std::span(text_offsets_).subspan(begin));
-  }
+  size_t begin = take_unsent_logprobs();
+  ojson logprobs = completion_logprobs_json(std::span(logprobs_).subspan(begin),
+                                            std::span(text_offsets_).subspan(begin));
   ojson choice = {{"index", 0},
                   {"text", text},
                   {"logprobs", std::move(logprobs)},
-                  {"finish_reason", ojson(finish_reason)}};
+                  {"finish_reason",
+                   finish_reason.empty() ? ojson(nullptr) : ojson(std::string(finish_reason))}};
   ojson c = {{"id", id_},
              {"object", "text_completion"},
              {"created", options_.created_s},
@@ -181,11 +208,21 @@ std::string CompletionRenderer::chunk(const std::string& text, json finish_reaso
   return sse_data(c.dump(-1, ' ', false, utf8_replace));
 }
 
+std::string CompletionRenderer::usage_chunk() {
+  std::string out = R"(data: {"choices":[],"created":)" + std::to_string(options_.created_s) +
+                    R"(,"id":)";
+  append_json_string(out, id_);
+  out += R"(,"model":)";
+  append_json_string(out, options_.model);
+  out += R"(,"object":"text_completion","usage":)" + chat_usage_text(usage_) + "}\n\n";
+  return out;
+}
+
 std::string CompletionRenderer::begin() {
   RT_ASSERT(!begun_, "begin() twice");
   begun_ = true;
   if (!options_.stream || options_.echo_text.empty()) return {};
-  return chunk(options_.echo_text, nullptr);
+  return chunk(options_.echo_text, "");
 }
 
 std::string CompletionRenderer::feed(const GenEvent& event) {
@@ -198,26 +235,16 @@ std::string CompletionRenderer::feed(const GenEvent& event) {
   if (!options_.stream || std::holds_alternative<LogprobsDelta>(event)) return {};
   // Raw completions have no reasoning channel: reasoning text is text here.
   if (const auto* t = std::get_if<TextDelta>(&event)) {
-    return t->text.empty() ? std::string() : chunk(t->text, nullptr);
+    return t->text.empty() ? std::string() : chunk(t->text, "");
   }
   if (const auto* r = std::get_if<ReasoningDelta>(&event)) {
-    return r->text.empty() ? std::string() : chunk(r->text, nullptr);
+    return r->text.empty() ? std::string() : chunk(r->text, "");
   }
   if (std::holds_alternative<Finish>(event)) {
     return chunk("", openai_finish_reason(finish_, false));
   }
   RT_ASSERT(std::holds_alternative<UsageReport>(event), "unhandled event", event.index());
-  std::string out;
-  if (options_.include_usage) {
-    json c = {{"id", id_},
-              {"object", "text_completion"},
-              {"created", options_.created_s},
-              {"model", options_.model},
-              {"choices", json::array()},
-              {"usage", chat_usage_json(usage_)}};
-    out += sse_data(c.dump(-1, ' ', false, utf8_replace));
-  }
-  return out + sse_data("[DONE]");
+  return (options_.include_usage ? usage_chunk() : std::string()) + "data: [DONE]\n\n";
 }
 
 std::string CompletionRenderer::body() const {

@@ -16,6 +16,14 @@ using json = nlohmann::json;
 // Model text may end mid-character: invalid UTF-8 is replaced (U+FFFD), never thrown.
 inline constexpr auto utf8_replace = json::error_handler_t::replace;
 
+// Appends `text` as a JSON string: the bytes of json(text).dump(-1, ' ', false, utf8_replace).
+// Printable ASCII without '"' or '\\' (most tokens) is written as it is; anything else goes
+// through nlohmann (escapes, UTF-8 checks, replacement of invalid bytes).
+void append_json_string(std::string& out, std::string_view text);
+
+// The bytes of chat_usage_json(u).dump(): OpenAI usage with its details, keys sorted.
+std::string chat_usage_text(const Usage& u);
+
 struct ToolCallAccum {
   int64_t index = 0;
   std::string id;
@@ -69,11 +77,15 @@ class ChatRenderer final : public RendererBase {
 
  private:
   std::string chunk(json delta, json finish_reason);
-  // The per-token chunk {"<key>": text} without logprobs, written around the escaped text
-  // from a tail built once: the same bytes as chunk(), without building a JSON tree per token.
+  // The chunks every stream sends -- a token's text ({"<key>": text}), the finish, the usage
+  // -- without logprobs, written around their variable parts with the chunk's fixed tail
+  // built once: the same bytes as chunk() (and the usage object), without a JSON tree each.
   std::string text_chunk(const char* key, const std::string& text);
+  std::string finish_chunk(std::string_view finish_reason);
+  std::string usage_chunk();
+  const std::string& meta_tail();  // ],"created":N,"id":...,"model":...,"object":...
   std::string id_;
-  std::string text_chunk_tail_;  // built on first use
+  std::string meta_tail_;  // built on first use
 };
 
 class CompletionRenderer final : public RendererBase {
@@ -84,7 +96,10 @@ class CompletionRenderer final : public RendererBase {
   std::string body() const override;
 
  private:
-  std::string chunk(const std::string& text, json finish_reason);
+  // finish_reason "" = null. Without logprobs the chunk is written around the text and the
+  // reason from a head built once (the same bytes as the ordered_json object).
+  std::string chunk(const std::string& text, std::string_view finish_reason);
+  std::string usage_chunk();
   std::string id_;
   std::string text_chunk_head_;  // chunk()'s bytes before the text (no logprobs); first use
 };

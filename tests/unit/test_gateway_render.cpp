@@ -602,6 +602,63 @@ TEST_CASE("completions logprobs: each top_logprobs dict lists the most probable 
   CHECK(body.find(R"("tokens":)") < body.find(R"("token_logprobs":)"));
 }
 
+TEST_CASE("finish and usage chunks: the same bytes as the JSON objects they stand for") {
+  // The chat and completions renderers write these around their variable parts; each must
+  // equal the dump of the object it stands for: every finish reason, usage fields that differ
+  // (a swapped field fails), a model name that needs escaping.
+  using ojson = nlohmann::ordered_json;
+  for (const std::string model : {"minimax-m2", "we\"ird\\model \xff"}) {
+    RenderOptions o = options(true);
+    o.model = model;
+    for (FinishReason reason : {FinishReason::stop, FinishReason::length,
+                                FinishReason::stop_string}) {
+      CAPTURE(model);
+      CAPTURE(static_cast<int>(reason));
+      std::vector<GenEvent> events = {TextDelta{"hi"}, Finish{reason, ""},
+                                      UsageReport{{97, 31, 13, 4}}};
+      const char* want_reason = reason == FinishReason::length ? "length" : "stop";
+      json usage = {{"prompt_tokens", 97},
+                    {"completion_tokens", 13},
+                    {"total_tokens", 110},
+                    {"prompt_tokens_details", {{"cached_tokens", 31}}},
+                    {"completion_tokens_details", {{"reasoning_tokens", 4}}}};
+      IdGenerator probe(seed);
+      std::string chat_id = probe.next("chatcmpl-");
+      auto chat = split_sse(run(ApiKind::chat_completions, o, events));
+      REQUIRE(chat.size() == 5);  // role, text, finish, usage, [DONE]
+      json finish = {{"id", chat_id}, {"object", "chat.completion.chunk"},
+                     {"created", 1700000000}, {"model", model},
+                     {"choices", json::array({{{"index", 0}, {"delta", json::object()},
+                                               {"logprobs", nullptr},
+                                               {"finish_reason", want_reason}}})}};
+      CHECK(chat[2].data == finish.dump(-1, ' ', false, json::error_handler_t::replace));
+      json chat_usage = {{"id", chat_id}, {"object", "chat.completion.chunk"},
+                         {"created", 1700000000}, {"model", model},
+                         {"choices", json::array()}, {"usage", usage}};
+      CHECK(chat[3].data == chat_usage.dump(-1, ' ', false, json::error_handler_t::replace));
+      CHECK(chat[4].data == "[DONE]");
+      IdGenerator probe2(seed);
+      std::string cmpl_id = probe2.next("cmpl-");
+      auto cmpl = split_sse(run(ApiKind::completions, o, events));
+      REQUIRE(cmpl.size() == 4);  // text, finish, usage, [DONE]
+      ojson cmpl_finish = {{"id", cmpl_id}, {"object", "text_completion"},
+                           {"created", 1700000000}, {"model", model},
+                           {"choices", ojson::array({{{"index", 0}, {"text", ""},
+                                                      {"logprobs", nullptr},
+                                                      {"finish_reason", want_reason}}})}};
+      CHECK(cmpl[1].data == cmpl_finish.dump(-1, ' ', false, ojson::error_handler_t::replace));
+      json cmpl_usage = {{"id", cmpl_id}, {"object", "text_completion"},
+                         {"created", 1700000000}, {"model", model},
+                         {"choices", json::array()}, {"usage", usage}};
+      CHECK(cmpl[2].data == cmpl_usage.dump(-1, ' ', false, json::error_handler_t::replace));
+      CHECK(cmpl[3].data == "[DONE]");
+    }
+  }
+  for (const Usage& u : {Usage{0, 0, 0, 0}, Usage{1, 0, 2, 0}, Usage{123456789, 5, 7, 7}}) {
+    CHECK(chat_usage_text(u) == chat_usage_json(u).dump());
+  }
+}
+
 TEST_CASE("per-token chunks: the same bytes as the JSON object they stand for, any text") {
   // Quotes, backslashes, control characters, a DEL, unicode, an invalid UTF-8 byte (replaced),
   // a lone surrogate's bytes: chat and completions chunks are what serializing the full
