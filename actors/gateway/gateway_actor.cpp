@@ -588,6 +588,9 @@ struct PreparerState {
   text::ChatFormat format = text::ChatFormat::plain;
   kv::HashKey key_base;  // cache_salt set per request
   caf::actor gateway;
+  // The hasher of key_base (no cache_salt), kept across requests: its keyed HMAC contexts
+  // are set up once instead of per request. Requests with a cache_salt get their own.
+  std::unique_ptr<kv::BlockHasher> unsalted;
   static inline const char* name = "tandem.gateway.preparer";
 };
 
@@ -614,12 +617,26 @@ void prepare(PreparerActor* self, const HttpCall& call) {
   if (auto missing = unknown_model(*st.ctx.manifest, spec.value())) {
     return reply_error(api.value(), *call.out, *missing);
   }
-  kv::HashKey key = st.key_base;
-  key.salt = spec.value().cache_salt;
-  auto hashes = kv::hash_blocks(prompt.value(), st.ctx.manifest->model.block_tokens, key);
-  RT_ASSERT(hashes.ok(), "the key and block size are valid");
+  uint32_t block_tokens = st.ctx.manifest->model.block_tokens;
+  std::vector<kv::BlockHash> hashes;
+  if (spec.value().cache_salt.empty()) {
+    if (!st.unsalted) {
+      auto made = kv::BlockHasher::create(st.key_base, block_tokens);
+      RT_ASSERT(made.ok(), "the key and block size are valid");
+      st.unsalted = std::make_unique<kv::BlockHasher>(std::move(made).value());
+    }
+    st.unsalted->reset();
+    hashes.reserve(prompt.value().size() / block_tokens);
+    st.unsalted->append(prompt.value(), hashes);
+  } else {
+    kv::HashKey key = st.key_base;
+    key.salt = spec.value().cache_salt;
+    auto salted = kv::hash_blocks(prompt.value(), block_tokens, key);
+    RT_ASSERT(salted.ok(), "the key and block size are valid");
+    hashes = std::move(salted).value();
+  }
   self->send(st.gateway, PreparedCall{call, api.value(), std::move(spec.value()),
-                                      std::move(prompt.value()), std::move(hashes).value(),
+                                      std::move(prompt.value()), std::move(hashes),
                                       max_tokens.value()});
 }
 

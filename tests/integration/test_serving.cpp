@@ -170,9 +170,11 @@ struct Completion {
   double ttft_ms = 0;       // streaming only: request sent -> first non-empty text
 };
 
-Completion complete(uint16_t port, const std::string& prompt, int max_tokens) {
-  auto r = http::post(port, "/v1/completions", completion_body(prompt, max_tokens, false).dump(),
-                      60000ms);
+Completion complete(uint16_t port, const std::string& prompt, int max_tokens,
+                    const std::string& cache_salt = "") {
+  json body = completion_body(prompt, max_tokens, false);
+  if (!cache_salt.empty()) body["cache_salt"] = cache_salt;
+  auto r = http::post(port, "/v1/completions", body.dump(), 60000ms);
   Completion c;
   if (!r.ok() || r.status != 200) {
     c.error = "status " + std::to_string(r.status) + " " + r.error + " " + r.body;
@@ -468,6 +470,22 @@ TEST_CASE("serving: the same long prompt twice hits the prefix cache and starts 
   Completion again = complete(c.http_port(), prompt, 4);
   REQUIRE_MESSAGE(again.error.empty(), again.error);
   CHECK(again.usage["prompt_tokens_details"]["cached_tokens"].get<int>() > 0);
+  // A cache_salt isolates: the same prompt under a new salt hits nothing, then hits its own
+  // blocks; the unsalted blocks still hit afterwards (the gateway keeps one hasher for
+  // unsalted prompts across requests and gives each salted prompt its own).
+  auto cached_of = [](const Completion& r) {
+    return r.usage.value("prompt_tokens_details", json::object()).value("cached_tokens", -1);
+  };
+  Completion salted = complete(c.http_port(), prompt, 4, "tenant-b");
+  REQUIRE_MESSAGE(salted.error.empty(), salted.error);
+  CHECK(cached_of(salted) == 0);
+  CHECK(salted.text == again.text);
+  Completion salted_again = complete(c.http_port(), prompt, 4, "tenant-b");
+  CHECK(cached_of(salted_again) > 0);
+  Completion other_salt = complete(c.http_port(), prompt, 4, "tenant-c");
+  CHECK(cached_of(other_salt) == 0);
+  Completion unsalted = complete(c.http_port(), prompt, 4);
+  CHECK(cached_of(unsalted) > 0);
   // Timings are reported, not asserted (shared, noisy cores): the cache metrics above are the
   // assertion; the TTFT comparison is printed for the log.
   MESSAGE("median TTFT cold ", median(cold_ms), " ms, warm ", median(warm_ms), " ms",
