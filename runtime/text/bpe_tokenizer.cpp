@@ -4,6 +4,7 @@
 #include <pcre2.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <unordered_map>
 
@@ -77,21 +78,23 @@ class Regex {
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; interpreter otherwise
     Regex regex;
     regex.code_.reset(code);
-    regex.match_data_.reset(pcre2_match_data_create_from_pattern(code, nullptr));
-    RT_ASSERT(regex.match_data_ != nullptr, "pcre2 match data allocation failed");
     return regex;
   }
 
   // Appends the pieces of `text` (valid UTF-8) to `out`: matches, and gaps when keep_gaps.
+  // Thread-safe: the match data is the call's own.
   void split(std::string_view text, bool keep_matches, std::vector<std::string>& out) const {
+    std::unique_ptr<pcre2_match_data, MatchDataDeleter> match_data(
+        pcre2_match_data_create_from_pattern(code_.get(), nullptr));
+    RT_ASSERT(match_data != nullptr, "pcre2 match data allocation failed");
     std::size_t offset = 0;
     std::size_t gap_start = 0;
     while (offset < text.size()) {
       const int rc =
           pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), offset,
-                      PCRE2_NO_UTF_CHECK, match_data_.get(), nullptr);
+                      PCRE2_NO_UTF_CHECK, match_data.get(), nullptr);
       if (rc < 0) break;  // no match (or a match-limit error): the rest is one gap
-      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data_.get());
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data.get());
       const std::size_t start = ovector[0], end = ovector[1];
       RT_ASSERT(start >= offset && end >= start && end <= text.size(), start, end, offset);
       if (end == start) {  // empty match: step over one code point
@@ -108,7 +111,6 @@ class Regex {
 
  private:
   std::unique_ptr<pcre2_code, CodeDeleter> code_;
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> match_data_;
 };
 
 struct Step {
@@ -155,13 +157,13 @@ class BpeTokenizer final : public Tokenizer {
     return token_bytes_[static_cast<std::size_t>(id)];
   }
 
-  std::vector<int32_t> encode(std::string_view raw_text, bool add_bos) override;
+  std::vector<int32_t> encode(std::string_view raw_text, bool add_bos) const override;
 
   static Result<std::unique_ptr<Tokenizer>> build(BpeSpec spec);
 
  private:
-  void encode_segment(std::string_view text, std::vector<int32_t>& ids);
-  void encode_word(const std::string& word, std::vector<int32_t>& ids);
+  void encode_segment(std::string_view text, std::vector<int32_t>& ids) const;
+  void encode_word(const std::string& word, std::vector<int32_t>& ids) const;
   // Longest added token starting at `offset`, if any.
   const AddedTokenSpec* added_at(std::string_view text, std::size_t offset) const;
   Status load_vocab(const BpeSpec& spec);
@@ -181,8 +183,27 @@ class BpeTokenizer final : public Tokenizer {
   bool nfc_ = false;
   bool ignore_merges_ = false;
   std::optional<int32_t> bos_id_, eos_id_;
-  std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  // The word cache is per thread (encode is called from several threads at once), tagged
+  // with the tokenizer's instance id: a thread that encodes with another tokenizer, or
+  // with one created at the same address later, starts a fresh cache.
+  const uint64_t instance_id_ = next_instance_id();
+  static uint64_t next_instance_id() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+  using WordCache = std::unordered_map<std::string, std::vector<int32_t>>;
+  WordCache& word_cache() const;
 };
+
+BpeTokenizer::WordCache& BpeTokenizer::word_cache() const {
+  thread_local uint64_t owner = 0;
+  thread_local WordCache cache;
+  if (owner != instance_id_) {
+    cache.clear();
+    owner = instance_id_;
+  }
+  return cache;
+}
 
 const AddedTokenSpec* BpeTokenizer::added_at(std::string_view text, std::size_t offset) const {
   const auto first = static_cast<unsigned char>(text[offset]);
@@ -193,7 +214,7 @@ const AddedTokenSpec* BpeTokenizer::added_at(std::string_view text, std::size_t 
   return nullptr;
 }
 
-std::vector<int32_t> BpeTokenizer::encode(std::string_view raw_text, bool add_bos) {
+std::vector<int32_t> BpeTokenizer::encode(std::string_view raw_text, bool add_bos) const {
   const std::string text = utf8::sanitize(raw_text);
   const std::string_view view = text;
   std::vector<int32_t> ids;
@@ -223,7 +244,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view raw_text, bool add_bo
   return ids;
 }
 
-void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& ids) {
+void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& ids) const {
   if (text.empty()) return;
   std::vector<std::string> pieces{nfc_ ? to_nfc(text) : std::string(text)};
   std::vector<std::string> next;
@@ -247,9 +268,10 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& i
   for (const std::string& piece : pieces) encode_word(piece, ids);
 }
 
-void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ids) {
+void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& ids) const {
   if (word.empty()) return;
-  if (const auto cached = cache_.find(word); cached != cache_.end()) {
+  WordCache& cache = word_cache();
+  if (const auto cached = cache.find(word); cached != cache.end()) {
     ids.insert(ids.end(), cached->second.begin(), cached->second.end());
     return;
   }
@@ -272,10 +294,10 @@ void BpeTokenizer::encode_word(const std::string& word, std::vector<int32_t>& id
   RT_ASSERT(!word_ids.empty() && word_ids.size() <= word.size(), word_ids.size(), word.size());
   ids.insert(ids.end(), word_ids.begin(), word_ids.end());
   if (word.size() <= cache_word_bytes_max) {
-    if (cache_.size() >= cache_entries_max) cache_.clear();
-    cache_.emplace(word, std::move(word_ids));
+    if (cache.size() >= cache_entries_max) cache.clear();
+    cache.emplace(word, std::move(word_ids));
   }
-  RT_ASSERT(cache_.size() <= cache_entries_max, "word cache over its bound", cache_.size());
+  RT_ASSERT(cache.size() <= cache_entries_max, "word cache over its bound", cache.size());
 }
 
 Status BpeTokenizer::load_vocab(const BpeSpec& spec) {

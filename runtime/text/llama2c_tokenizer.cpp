@@ -85,7 +85,7 @@ class Llama2cTokenizer final : public Tokenizer {
     return std::nullopt;
   }
 
-  std::vector<int32_t> encode(std::string_view raw_text, bool add_bos) override;
+  std::vector<int32_t> encode(std::string_view raw_text, bool add_bos) const override;
   std::string decode_piece(std::optional<int32_t> prev_id, int32_t id) const override;
 
  private:
@@ -106,7 +106,7 @@ class Llama2cTokenizer final : public Tokenizer {
   bool words_split_ok_ = false;
 };
 
-std::vector<int32_t> Llama2cTokenizer::encode(std::string_view raw_text, bool add_bos) {
+std::vector<int32_t> Llama2cTokenizer::encode(std::string_view raw_text, bool add_bos) const {
   const std::string text = utf8::sanitize(raw_text);
   std::vector<int32_t> ids;
   std::vector<std::size_t> word_starts{0};  // indexes into ids where a word begins

@@ -39,7 +39,8 @@ class Tokenizer {
   // Special/added tokens written in the text are matched first and never split (HF and
   // GPT-2 backends; llama2.c encodes such text literally, as llama2.c does).
   // Cost: linear in the text plus O(n log n) merges per pre-tokenized word.
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) = 0;
+  // Thread-safe: several threads may encode (and decode) with one tokenizer at once.
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
 
   // The bytes token `id` contributes when it follows `prev_id` (nullopt: start of text).
   // SentencePiece backends drop the leading space of a piece at the start of text or

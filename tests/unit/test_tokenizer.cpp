@@ -7,6 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <random>
+#include <atomic>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
@@ -335,6 +338,45 @@ TEST_CASE("byte-level BPE: merges in both formats, specials matched first, never
     CHECK(tokenizer->decode(partial) == "<|im_end");
     CHECK(tokenizer->special_token_id("<|im_end|>") == im_end);
     CHECK(tokenizer->decode(ids) == "<|im_start|>hello wo<|im_end|>");
+  }
+}
+
+TEST_CASE("encode is thread-safe: threads encoding at once get the sequential ids") {
+  // The gateway's preparers share one tokenizer. Before encode was made thread-safe the BPE
+  // tokenizer shared its regex match data and word cache between callers (wrong splits,
+  // corrupted maps, crashes under this test).
+  auto bpe = tiny_hf(false);
+  auto llama = stories_tokenizer();
+  for (const Tokenizer* tokenizer : {bpe.get(), llama.get()}) {
+    CAPTURE(to_string(tokenizer->kind()));
+    // Words mostly unique (more than the word cache holds, so caches fill, clear and refill
+    // while the threads run), with specials, spaces, digits and non-ASCII between them.
+    std::vector<std::string> texts;
+    std::mt19937 rng(7);
+    const std::vector<std::string> seps = {" ", "  ", "\n", ", ", "<|im_start|>", " h\xC3\xA9llo ",
+                                           " 12345 ", "!! "};
+    for (int t = 0; t < 8; ++t) {
+      std::string text;
+      for (int w = 0; w < 12000; ++w) {
+        for (uint32_t c = 0, n = 3 + rng() % 6; c < n; ++c) text += char('a' + rng() % 26);
+        text += seps[rng() % 8 == 0 ? rng() % seps.size() : 0];
+      }
+      texts.push_back(text);
+    }
+    std::vector<std::vector<int32_t>> want;
+    for (const auto& text : texts) want.push_back(tokenizer->encode(text, true));
+    std::atomic<int> mismatches{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < 6; ++round) {
+          size_t i = size_t(t * 2 + round) % texts.size();
+          if (tokenizer->encode(texts[i], true) != want[i]) ++mismatches;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    CHECK(mismatches.load() == 0);
   }
 }
 
