@@ -545,7 +545,7 @@ void Loader::read_speculative(const toml::table& table) {
 void Loader::read_gateway(const toml::table& table) {
   TableReader reader(sink_, table, "gateway",
                      {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
-                      "request_timeout_ms", "queue_timeout_ms", "cache_secret"});
+                      "request_timeout_ms", "queue_timeout_ms", "cache_secret", "preparers"});
   GatewaySection& gateway = manifest_.gateway;
   read_api_keys(reader);
   reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
@@ -555,6 +555,7 @@ void Loader::read_gateway(const toml::table& table) {
   reader.read_int("request_timeout_ms", 1000, 86400000, gateway.request_timeout_ms);
   reader.read_int("queue_timeout_ms", 100, 86400000, gateway.queue_timeout_ms);
   reader.read_string("cache_secret", gateway.cache_secret);
+  reader.read_int("preparers", 1, 64, gateway.preparers);
 }
 
 // api_keys = ["...", ...]: every element a non-empty string; each bad element is reported.

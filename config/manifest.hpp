@@ -105,7 +105,11 @@ struct GatewaySection {
   uint32_t request_timeout_ms = 600000;  // a request that produced nothing for this long fails
   uint32_t queue_timeout_ms = 30000;     // a request waiting for admission this long gets 503
   std::string cache_secret;              // block-hash key; "" = derived from the cluster name
+  // Actors that parse, tokenize and hash requests in parallel; 0 = the node's workers,
+  // clamped to 2..16 (gateway_preparers()).
+  uint32_t preparers = 0;
 };
+
 
 // [prefill]: the prefill scheduler of every prefill instance.
 struct PrefillSection {
@@ -164,6 +168,10 @@ struct Node {
 // at least 2 (the node's other threads -- HTTP, fabric progress, blocking executors -- and
 // its neighbours keep the rest).
 uint32_t default_workers();
+
+// The preparers a gateway on `node` runs: [gateway] preparers, else its node's workers
+// clamped to 2..16.
+uint32_t gateway_preparers(const GatewaySection& gateway, const Node& node);
 
 struct Manifest {
   std::string file;  // path it was loaded from

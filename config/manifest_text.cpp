@@ -102,6 +102,11 @@ uint32_t default_workers() {
 
 uint32_t Node::workers_count() const { return workers.value_or(default_workers()); }
 
+uint32_t gateway_preparers(const GatewaySection& gateway, const Node& node) {
+  if (gateway.preparers > 0) return gateway.preparers;
+  return std::clamp(node.workers_count(), 2u, 16u);
+}
+
 const Node* Manifest::find_node(std::string_view name) const {
   for (const auto& node : nodes) {
     if (node.name == name) return &node;

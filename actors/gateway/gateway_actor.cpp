@@ -14,6 +14,7 @@
 #include "actors/gateway/decode_health.hpp"
 #include "actors/gateway/http_server.hpp"
 #include "actors/gateway/output_parser.hpp"
+#include "actors/gateway/preparer_pool.hpp"
 #include "actors/gateway/stop_matcher.hpp"
 #include "actors/gateway/token_logprobs.hpp"
 #include "kvstore/hashing.hpp"
@@ -31,6 +32,8 @@ namespace tandem::actors {
 struct HttpCall {
   std::shared_ptr<const gateway::HttpRequest> request;
   std::shared_ptr<gateway::ResponseStream> out;
+  uint32_t preparer = 0;  // the gateway::PreparerPool slot it was given to
+  uint64_t cost = 0;      // what it added to that slot's load
 };
 struct ClientGone {
   uint64_t request_id = 0;
@@ -591,12 +594,13 @@ struct PreparerState {
   // The hasher of key_base (no cache_salt), kept across requests: its keyed HMAC contexts
   // are set up once instead of per request. Requests with a cache_salt get their own.
   std::unique_ptr<kv::BlockHasher> unsalted;
+  std::shared_ptr<gateway::PreparerPool> pool;
   static inline const char* name = "tandem.gateway.preparer";
 };
 
 using PreparerActor = caf::stateful_actor<PreparerState>;
 
-void prepare(PreparerActor* self, const HttpCall& call) {
+void prepare_call(PreparerActor* self, const HttpCall& call) {
   auto& st = self->state;
   const auto& request = *call.request;
   auto api = api_of(request);
@@ -638,6 +642,11 @@ void prepare(PreparerActor* self, const HttpCall& call) {
   self->send(st.gateway, PreparedCall{call, api.value(), std::move(spec.value()),
                                       std::move(prompt.value()), std::move(hashes),
                                       max_tokens.value()});
+}
+
+void prepare(PreparerActor* self, const HttpCall& call) {
+  prepare_call(self, call);
+  self->state.pool->done(call.preparer, call.cost);
 }
 
 void on_prepared(GatewayActor* self, PreparedCall& p) {
@@ -784,8 +793,12 @@ void on_tick(GatewayActor* self) {
 // Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to the actor.
 class Front final : public gateway::HttpHandler {
  public:
-  Front(const ShellContext& ctx, std::shared_ptr<Shared> shared, caf::actor actor)
-      : ctx_(ctx), shared_(std::move(shared)), actor_(std::move(actor)) {}
+  Front(const ShellContext& ctx, std::shared_ptr<Shared> shared,
+        std::shared_ptr<gateway::PreparerPool> pool, std::vector<caf::actor> preparers)
+      : ctx_(ctx), shared_(std::move(shared)), pool_(std::move(pool)),
+        preparers_(std::move(preparers)) {
+    RT_ASSERT(preparers_.size() == pool_->size(), preparers_.size(), pool_->size());
+  }
 
   void on_request(const gateway::HttpRequest& request,
                   std::shared_ptr<gateway::ResponseStream> out) override {
@@ -830,7 +843,10 @@ class Front final : public gateway::HttpHandler {
                                                "not_found"));
       return;
     }
-    caf::anon_send(actor_, HttpCall{std::make_shared<const gateway::HttpRequest>(request), out});
+    uint64_t cost = request.body.size() + 1;
+    auto slot = static_cast<uint32_t>(pool_->pick(cost));
+    caf::anon_send(preparers_[slot],
+                   HttpCall{std::make_shared<const gateway::HttpRequest>(request), out, slot, cost});
   }
 
  private:
@@ -860,7 +876,8 @@ class Front final : public gateway::HttpHandler {
 
   ShellContext ctx_;
   std::shared_ptr<Shared> shared_;
-  caf::actor actor_;
+  std::shared_ptr<gateway::PreparerPool> pool_;
+  std::vector<caf::actor> preparers_;  // by pool slot
 };
 
 class Service final : public GatewayService {
@@ -968,18 +985,25 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   kv::HashKey key_base{m.gateway.cache_secret.empty() ? "tandem:" + m.cluster.name
                                                       : m.gateway.cache_secret,
                        m.model.name, ""};
-  auto preparer = system.spawn([=](PreparerActor* self) -> caf::behavior {
-    self->state = PreparerState{ctx, tok, *format, key_base, actor};
-    return {[self](const HttpCall& call) { prepare(self, call); }};
-  });
-  auto service = std::make_unique<Service>(std::make_unique<Front>(ctx, shared, preparer),
-                                           std::vector<caf::actor>{actor, preparer});
+  auto pool = std::make_shared<gateway::PreparerPool>(config::gateway_preparers(m.gateway, *node));
+  std::vector<caf::actor> preparers;
+  for (size_t i = 0; i < pool->size(); ++i) {
+    preparers.push_back(system.spawn([=](PreparerActor* self) -> caf::behavior {
+      self->state = PreparerState{ctx, tok, *format, key_base, actor, nullptr, pool};
+      return {[self](const HttpCall& call) { prepare(self, call); }};
+    }));
+  }
+  std::vector<caf::actor> actors = {actor};  // the gateway actor first (actors() contract)
+  actors.insert(actors.end(), preparers.begin(), preparers.end());
+  auto service = std::make_unique<Service>(
+      std::make_unique<Front>(ctx, shared, pool, std::move(preparers)), std::move(actors));
   gateway::HttpLimits limits;
   limits.body_bytes_max = m.gateway.body_bytes_max;
   limits.connections_max = m.gateway.connections_max;
   if (Status s = service->start(node->host, *node->http_port, limits); !s.ok()) return s.error();
-  ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {})",
-                instance.name, node->host, *node->http_port, m.model.name, text::to_string(*format));
+  ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {}, {} "
+                "preparers)", instance.name, node->host, *node->http_port, m.model.name,
+                text::to_string(*format), pool->size());
   return std::unique_ptr<GatewayService>(std::move(service));
 }
 

@@ -29,8 +29,8 @@ class GatewayService {
  public:
   virtual ~GatewayService() = default;
   virtual void stop() = 0;
-  // The gateway's actors (the gateway and its request preparer); the node stops them at
-  // shutdown.
+  // The gateway's actors: the gateway actor first, then its request preparers; the node
+  // stops them at shutdown.
   virtual std::vector<caf::actor> actors() const = 0;
 };
 

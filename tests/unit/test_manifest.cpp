@@ -1008,6 +1008,29 @@ TEST_CASE("[[node]] workers: 1..256, default half the hardware threads and at le
   CHECK(text_value.message.find("expected an integer") != std::string::npos);
 }
 
+TEST_CASE("[gateway] preparers: 1..64; default the node's workers clamped to 2..16") {
+  Manifest d = parse_ok(base_manifest);
+  CHECK(d.gateway.preparers == 0);
+  Node node = d.nodes.at(0);
+  node.workers = 1;
+  CHECK(gateway_preparers(d.gateway, node) == 2);
+  node.workers = 6;
+  CHECK(gateway_preparers(d.gateway, node) == 6);
+  node.workers = 64;
+  CHECK(gateway_preparers(d.gateway, node) == 16);
+  std::string text = base_manifest + "\n[gateway]\npreparers = 3\n";
+  Manifest m = parse_ok(text);
+  CHECK(m.gateway.preparers == 3);
+  CHECK(gateway_preparers(m.gateway, node) == 3);
+  std::string bad = base_manifest + "\n[gateway]\npreparers = 65\n";
+  auto issue = only_issue(bad);
+  CHECK(issue.key == "gateway.preparers");
+  CHECK(issue.line == line_of(bad, "preparers = 65"));
+  CHECK(issue.message == "value 65 is out of range 1..64");
+  CHECK(only_issue(base_manifest + "\n[gateway]\npreparers = 0\n").message ==
+        "value 0 is out of range 1..64");
+}
+
 TEST_CASE("kv_blocks and threads: ranges, executors only, a pool holds one full context") {
   std::string text =
       replace(base_manifest, "devices = [0]", "devices = [0]\n  kv_blocks = 0\n  threads = 1025");
