@@ -44,10 +44,13 @@ uint16_t free_port() {
   return ntohs(addr.sin_port);
 }
 
-std::string manifest_text(const std::string& model_dir, uint16_t http_port) {
+// preparers 0: the manifest leaves [gateway] preparers to its default.
+std::string manifest_text(const std::string& model_dir, uint16_t http_port,
+                          uint32_t preparers = 0) {
   std::string t = "[cluster]\nname = \"overhead\"\n[model]\nname = \"stories15M\"\npath = \"" +
                   model_dir + "\"\nblock_tokens = 16\nmax_model_tokens = 4096\n"
-                  "[gateway]\nrequests_max = 4096\n"
+                  "[gateway]\nrequests_max = 4096\n" +
+                  (preparers > 0 ? "preparers = " + std::to_string(preparers) + "\n" : "") +
                   "[decode]\nwaiting_max = 4096\nseqs_max = 1024\nstep_tokens_max = 4096\n"
                   "[prefill]\nqueue_max = 4096\nrunning_max = 256\nheld_max = 1024\n[sim]\n";
   for (const auto& [k, v] : kSim) {
@@ -381,7 +384,8 @@ struct StartedCluster {
 };
 
 // Writes the manifest to a temp dir, starts the node and waits for /health.
-Result<StartedCluster> start_cluster(const std::string& model_dir, const char* what) {
+Result<StartedCluster> start_cluster(const std::string& model_dir, const char* what,
+                                     uint32_t preparers = 0) {
   if (!std::filesystem::is_directory(model_dir)) {
     return make_error(ErrorKind::invalid,
                       std::string(what) + ": --model-dir " + model_dir + " is not a directory");
@@ -391,7 +395,7 @@ Result<StartedCluster> start_cluster(const std::string& model_dir, const char* w
   StartedCluster c;
   c.dir = mkdtemp(dir_template);
   c.gateway = {"127.0.0.1", free_port()};
-  std::ofstream(c.dir + "/cluster.toml") << manifest_text(model_dir, c.gateway.port);
+  std::ofstream(c.dir + "/cluster.toml") << manifest_text(model_dir, c.gateway.port, preparers);
   c.node = std::make_unique<NodeProcess>(c.dir + "/cluster.toml", c.dir + "/node.log");
   if (!wait_healthy(c.gateway, *c.node, 60)) {
     return make_error(ErrorKind::failed, std::string(what) +
@@ -401,7 +405,163 @@ Result<StartedCluster> start_cluster(const std::string& model_dir, const char* w
   return c;
 }
 
+// The body of a count_tokens request of about `tokens` tokens (~4 characters per token of
+// this text with the stories15M tokenizer): all preparation, no generation.
+std::string long_prompt_body(int64_t tokens) {
+  std::string words;
+  static const char* kWords[] = {"the ", "little ", "dog ", "ran ", "to ", "a ", "big ", "park "};
+  for (size_t i = 0; words.size() < size_t(tokens) * 4; ++i) words += kWords[i % 8];
+  return "{\"model\":\"stories15M\",\"max_tokens\":1,\"messages\":[{\"role\":"
+         "\"user\",\"content\":\"" + words + "\"}]}";
+}
+
+struct AdmissionRound {
+  std::vector<double> short_ms;  // short requests, one after another, while the bigs ran
+  double big_ms = 0;             // from the bigs' start to the last one's end (0: none)
+};
+
+// Short one-token completions, one after another: `quiet_count` of them when `big` is 0;
+// else `big` count_tokens requests start at once and short requests follow one after
+// another (the first right away) until the last big one ends.
+Result<AdmissionRound> admission_round(const HttpEndpoint& gateway, uint32_t big,
+                                       const std::string& big_body, uint32_t quiet_count) {
+  StreamClient client(gateway, 60000);
+  std::string prompt;
+  for (uint32_t i = 0; i < kPromptTokens; ++i) prompt += (i ? "," : "") + std::to_string(300 + i);
+  StreamCall small;
+  small.body = "{\"model\":\"stories15M\",\"prompt\":[" + prompt +
+               "],\"max_tokens\":1,\"temperature\":0,\"stream\":true}";
+  AdmissionRound round;
+  double big_start = client.now_ms(), big_end = big_start;
+  for (uint32_t b = 1; b <= big; ++b) {
+    StreamCall call;
+    call.path = "/v1/messages/count_tokens";
+    call.body = big_body;
+    client.start(b, call);
+  }
+  uint32_t bigs_done = 0;
+  uint64_t next_tag = 1000;
+  client.start(next_tag++, small);
+  bool small_in_flight = true;
+  while (small_in_flight || bigs_done < big) {
+    for (auto& [tag, outcome] : client.poll(5)) {
+      if (tag < 1000) {
+        ++bigs_done;
+        big_end = std::max(big_end, outcome.end_ms);
+        continue;
+      }
+      if (!outcome.error_kind.empty()) {
+        return make_error(ErrorKind::failed, "short request: " + outcome.error_kind + " " +
+                                                 outcome.error_detail);
+      }
+      round.short_ms.push_back(outcome.end_ms - outcome.send_ms);
+      small_in_flight = false;
+      bool more = big > 0 ? bigs_done < big : round.short_ms.size() < quiet_count;
+      if (more) {
+        client.start(next_tag++, small);
+        small_in_flight = true;
+      }
+    }
+  }
+  if (big > 0) round.big_ms = big_end - big_start;
+  return round;
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace
+
+int run_admission_bench(cli::Args args) {
+  cli::Flags f("tandem bench admission [--model-dir DIR] [--preparers LIST] [--prompt-tokens N] "
+               "[--big N] [--rounds N]",
+               "How long a short request waits while long prompts are being prepared (parsed,\n"
+               "tokenized, hashed) at the gateway: one-token completions sent one after another\n"
+               "while --big count_tokens requests of --prompt-tokens tokens are prepared, beside\n"
+               "the same short requests alone, for each gateway preparer count (a cluster each,\n"
+               "same run; sim device, time factor 0).");
+  f.flag("model-dir", "DIR", "tokenizer source (stories15M)", "models/stories15M")
+      .flag("preparers", "LIST", "comma-separated [gateway] preparers values", "1,2")
+      .flag("prompt-tokens", "N", "tokens per big request", "50000")
+      .flag("big", "N", "big requests per loaded round", "1")
+      .flag("rounds", "N", "rounds (each: short requests alone, then during the big ones)", "7");
+  int code = 0;
+  if (!f.parse(args, &code)) return code;
+  auto prompt_tokens = f.get_int("prompt-tokens");
+  auto big = f.get_int("big");
+  auto rounds = f.get_int("rounds");
+  std::vector<uint32_t> preparer_counts;
+  std::stringstream list(f.get("preparers"));
+  for (std::string item; std::getline(list, item, ',');) {
+    long v = std::strtol(item.c_str(), nullptr, 10);
+    if (v < 1 || v > 64) {
+      std::fprintf(stderr, "tandem bench admission: --preparers: '%s' not in 1..64\n",
+                   item.c_str());
+      return 2;
+    }
+    preparer_counts.push_back(static_cast<uint32_t>(v));
+  }
+  if (!prompt_tokens || *prompt_tokens < 1 || *prompt_tokens > 1000000 || !big || *big < 1 ||
+      *big > 64 || !rounds || *rounds < 1 || *rounds > 1000 || preparer_counts.empty()) {
+    std::fprintf(stderr, "tandem bench admission: --prompt-tokens 1..1000000, --big 1..64, "
+                         "--rounds 1..1000, --preparers a list\n");
+    return 2;
+  }
+  std::error_code ec;
+  std::string model_dir = std::filesystem::absolute(f.get("model-dir"), ec).string();
+  std::string big_body = long_prompt_body(*prompt_tokens);
+  std::printf("| preparers | round | short alone: median ms | during %lld x %lld-token prompts: "
+              "first ms | median ms | max ms | count | big requests took ms |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+              static_cast<long long>(*big), static_cast<long long>(*prompt_tokens));
+  struct Summary {
+    uint32_t preparers;
+    double alone, first, median, big;
+  };
+  std::vector<Summary> summaries;
+  for (uint32_t preparers : preparer_counts) {
+    auto cluster = start_cluster(model_dir, "tandem bench admission", preparers);
+    if (!cluster.ok()) {
+      std::fprintf(stderr, "%s\n", cluster.error().describe().c_str());
+      return cluster.error().kind == ErrorKind::invalid ? 2 : 1;
+    }
+    (void)admission_round(cluster->gateway, 0, big_body, 20);  // warm-up
+    std::vector<double> alone, first, median, bigs;
+    for (int64_t r = 0; r < *rounds; ++r) {
+      auto q = admission_round(cluster->gateway, 0, big_body, 9);
+      auto l = admission_round(cluster->gateway, static_cast<uint32_t>(*big), big_body, 0);
+      if (!q.ok() || !l.ok()) {
+        std::fprintf(stderr, "tandem bench admission: %s; log: %s/node.log\n",
+                     (!q.ok() ? q.error() : l.error()).describe().c_str(), cluster->dir.c_str());
+        return 1;
+      }
+      alone.push_back(median_of(q->short_ms));
+      first.push_back(l->short_ms.front());
+      median.push_back(median_of(l->short_ms));
+      bigs.push_back(l->big_ms);
+      std::printf("| %u | %lld | %.3f | %.3f | %.3f | %.3f | %zu | %.1f |\n", preparers,
+                  static_cast<long long>(r + 1), alone.back(), first.back(), median.back(),
+                  *std::max_element(l->short_ms.begin(), l->short_ms.end()), l->short_ms.size(),
+                  bigs.back());
+      std::fflush(stdout);
+    }
+    summaries.push_back({preparers, median_of(alone), median_of(first), median_of(median),
+                         median_of(bigs)});
+    cluster->node.reset();
+    std::filesystem::remove_all(cluster->dir, ec);
+  }
+  std::printf("\nmedians over rounds:\n| preparers | short alone ms | first short during the "
+              "long prompts ms | its ratio to alone | big requests took ms |\n"
+              "| --- | --- | --- | --- | --- |\n");
+  for (const Summary& s : summaries) {
+    std::printf("| %u | %.3f | %.3f | %.1f | %.1f |\n", s.preparers, s.alone, s.first,
+                s.first / std::max(s.alone, 1e-3), s.big);
+  }
+  return 0;
+}
 
 int run_isolation_bench(cli::Args args) {
   cli::Flags f("tandem bench isolation [--model-dir DIR] [--prompt-tokens N] [--big N] "
@@ -435,12 +595,7 @@ int run_isolation_bench(cli::Args args) {
     std::fprintf(stderr, "%s\n", cluster.error().describe().c_str());
     return 1;
   }
-  // ~4 characters per token of this text with the stories15M tokenizer.
-  std::string words;
-  static const char* kWords[] = {"the ", "little ", "dog ", "ran ", "to ", "a ", "big ", "park "};
-  for (size_t i = 0; words.size() < size_t(*prompt_tokens) * 4; ++i) words += kWords[i % 8];
-  std::string big_body = "{\"model\":\"stories15M\",\"max_tokens\":1,\"messages\":[{\"role\":"
-                         "\"user\",\"content\":\"" + words + "\"}]}";
+  std::string big_body = long_prompt_body(*prompt_tokens);
   std::printf("| round | stream alone: max gap ms | with %lld x %lld-token prompts: max gap ms "
               "| big requests took ms | ratio |\n| --- | --- | --- | --- | --- |\n",
               static_cast<long long>(*big), static_cast<long long>(*prompt_tokens));

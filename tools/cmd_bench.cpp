@@ -50,6 +50,7 @@ int cmd_bench(cli::Args args) {
       {"serve", bench::run_serve_bench_cli},
       {"overhead", bench::run_overhead_bench},
       {"isolation", bench::run_isolation_bench},
+      {"admission", bench::run_admission_bench},
       {"sweep", bench::run_sweep_cli},
   };
   if (!args.empty()) {

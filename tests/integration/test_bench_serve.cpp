@@ -178,3 +178,49 @@ TEST_CASE("bench overhead: cluster, device and transport floor side by side, no 
     CHECK(r[16] > 0);  // client CPU per request
   }
 }
+
+// `tandem bench admission` end to end, small: a row per (preparers, round) with the short
+// requests answered (alone and during the long prompts), then one summary row per preparer
+// count. Timings are the benchmark's to report, not this test's to judge.
+TEST_CASE("bench admission: short requests alone and during long prompts, per preparer count") {
+  RunResult run = testing::run({tandem_bin(), "bench", "admission", "--preparers", "1,3",
+                                "--rounds", "2", "--prompt-tokens", "3000", "--model-dir",
+                                source_root() + "/models/stories15M"},
+                               120s);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  std::map<std::string, int> rounds_by_preparers;
+  int summaries = 0;
+  bool in_summary = false;
+  std::istringstream lines(run.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("medians over rounds") != std::string::npos) in_summary = true;
+    if (line.rfind("| ", 0) != 0 || line.find("---") != std::string::npos ||
+        line.find("preparers") != std::string::npos) {
+      continue;
+    }
+    std::vector<double> cells;
+    std::istringstream cols(line.substr(1));
+    for (std::string cell; std::getline(cols, cell, '|');) cells.push_back(std::stod(cell));
+    if (in_summary) {
+      REQUIRE(cells.size() == 5);
+      CHECK(cells[1] > 0);  // short alone
+      CHECK(cells[2] > 0);  // first short during the long prompts
+      ++summaries;
+      continue;
+    }
+    REQUIRE(cells.size() == 8);
+    ++rounds_by_preparers[std::to_string(int(cells[0]))];
+    CHECK(cells[2] > 0);   // alone median
+    CHECK(cells[3] > 0);   // first during
+    CHECK(cells[5] >= cells[3]);  // max >= first
+    CHECK(cells[6] >= 1);  // short requests answered during the long prompt
+    CHECK(cells[7] > 0);   // the long prompt took time
+  }
+  CHECK(rounds_by_preparers["1"] == 2);
+  CHECK(rounds_by_preparers["3"] == 2);
+  CHECK(summaries == 2);
+  RunResult bad = testing::run({tandem_bin(), "bench", "admission", "--preparers", "0"}, 30s);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--preparers: '0' not in 1..64") != std::string::npos);
+}
