@@ -44,13 +44,12 @@ uint16_t free_port() {
   return ntohs(addr.sin_port);
 }
 
-// preparers 0: the manifest leaves [gateway] preparers to its default.
+// gateway_extra: more [gateway] lines ("key = value\n"...).
 std::string manifest_text(const std::string& model_dir, uint16_t http_port,
-                          uint32_t preparers = 0) {
+                          const std::string& gateway_extra = "") {
   std::string t = "[cluster]\nname = \"overhead\"\n[model]\nname = \"stories15M\"\npath = \"" +
                   model_dir + "\"\nblock_tokens = 16\nmax_model_tokens = 4096\n"
-                  "[gateway]\nrequests_max = 4096\n" +
-                  (preparers > 0 ? "preparers = " + std::to_string(preparers) + "\n" : "") +
+                  "[gateway]\nrequests_max = 4096\n" + gateway_extra +
                   "[decode]\nwaiting_max = 4096\nseqs_max = 1024\nstep_tokens_max = 4096\n"
                   "[prefill]\nqueue_max = 4096\nrunning_max = 256\nheld_max = 1024\n[sim]\n";
   for (const auto& [k, v] : kSim) {
@@ -385,7 +384,7 @@ struct StartedCluster {
 
 // Writes the manifest to a temp dir, starts the node and waits for /health.
 Result<StartedCluster> start_cluster(const std::string& model_dir, const char* what,
-                                     uint32_t preparers = 0) {
+                                     const std::string& gateway_extra = "") {
   if (!std::filesystem::is_directory(model_dir)) {
     return make_error(ErrorKind::invalid,
                       std::string(what) + ": --model-dir " + model_dir + " is not a directory");
@@ -395,7 +394,8 @@ Result<StartedCluster> start_cluster(const std::string& model_dir, const char* w
   StartedCluster c;
   c.dir = mkdtemp(dir_template);
   c.gateway = {"127.0.0.1", free_port()};
-  std::ofstream(c.dir + "/cluster.toml") << manifest_text(model_dir, c.gateway.port, preparers);
+  std::ofstream(c.dir + "/cluster.toml") << manifest_text(model_dir, c.gateway.port,
+                                                          gateway_extra);
   c.node = std::make_unique<NodeProcess>(c.dir + "/cluster.toml", c.dir + "/node.log");
   if (!wait_healthy(c.gateway, *c.node, 60)) {
     return make_error(ErrorKind::failed, std::string(what) +
@@ -476,54 +476,51 @@ double median_of(std::vector<double> v) {
 }  // namespace
 
 int run_admission_bench(cli::Args args) {
-  cli::Flags f("tandem bench admission [--model-dir DIR] [--preparers LIST] [--prompt-tokens N] "
-               "[--big N] [--rounds N]",
+  cli::Flags f("tandem bench admission [--model-dir DIR] [--prompt-tokens N] [--big N] "
+               "[--rounds N]",
                "How long a short request waits while long prompts are being prepared (parsed,\n"
                "tokenized, hashed) at the gateway: one-token completions sent one after another\n"
                "while --big count_tokens requests of --prompt-tokens tokens are prepared, beside\n"
-               "the same short requests alone, for each gateway preparer count (a cluster each,\n"
-               "same run; sim device, time factor 0).");
+               "the same short requests alone. Two gateways, same run (a cluster each; sim\n"
+               "device, time factor 0): one preparer for every request (the baseline), and the\n"
+               "default preparers (short requests on the workers, long prompts on threads).");
   f.flag("model-dir", "DIR", "tokenizer source (stories15M)", "models/stories15M")
-      .flag("preparers", "LIST", "comma-separated [gateway] preparers values", "1,2")
       .flag("prompt-tokens", "N", "tokens per big request", "50000")
-      .flag("big", "N", "big requests per loaded round", "1")
+      .flag("big", "N", "big requests per loaded round", "2")
       .flag("rounds", "N", "rounds (each: short requests alone, then during the big ones)", "7");
   int code = 0;
   if (!f.parse(args, &code)) return code;
   auto prompt_tokens = f.get_int("prompt-tokens");
   auto big = f.get_int("big");
   auto rounds = f.get_int("rounds");
-  std::vector<uint32_t> preparer_counts;
-  std::stringstream list(f.get("preparers"));
-  for (std::string item; std::getline(list, item, ',');) {
-    long v = std::strtol(item.c_str(), nullptr, 10);
-    if (v < 1 || v > 64) {
-      std::fprintf(stderr, "tandem bench admission: --preparers: '%s' not in 1..64\n",
-                   item.c_str());
-      return 2;
-    }
-    preparer_counts.push_back(static_cast<uint32_t>(v));
-  }
   if (!prompt_tokens || *prompt_tokens < 1 || *prompt_tokens > 1000000 || !big || *big < 1 ||
-      *big > 64 || !rounds || *rounds < 1 || *rounds > 1000 || preparer_counts.empty()) {
+      *big > 64 || !rounds || *rounds < 1 || *rounds > 1000) {
     std::fprintf(stderr, "tandem bench admission: --prompt-tokens 1..1000000, --big 1..64, "
-                         "--rounds 1..1000, --preparers a list\n");
+                         "--rounds 1..1000\n");
     return 2;
   }
+  struct Variant {
+    const char* name;
+    const char* gateway_extra;
+  };
+  const Variant variants[] = {
+      {"one preparer", "preparers = 1\nlong_prompt_bytes = 1073741824\n"},
+      {"default", ""},
+  };
   std::error_code ec;
   std::string model_dir = std::filesystem::absolute(f.get("model-dir"), ec).string();
   std::string big_body = long_prompt_body(*prompt_tokens);
-  std::printf("| preparers | round | short alone: median ms | during %lld x %lld-token prompts: "
+  std::printf("| gateway | round | short alone: median ms | during %lld x %lld-token prompts: "
               "first ms | median ms | max ms | count | big requests took ms |\n"
               "| --- | --- | --- | --- | --- | --- | --- | --- |\n",
               static_cast<long long>(*big), static_cast<long long>(*prompt_tokens));
   struct Summary {
-    uint32_t preparers;
+    const char* name;
     double alone, first, median, big;
   };
   std::vector<Summary> summaries;
-  for (uint32_t preparers : preparer_counts) {
-    auto cluster = start_cluster(model_dir, "tandem bench admission", preparers);
+  for (const Variant& v : variants) {
+    auto cluster = start_cluster(model_dir, "tandem bench admission", v.gateway_extra);
     if (!cluster.ok()) {
       std::fprintf(stderr, "%s\n", cluster.error().describe().c_str());
       return cluster.error().kind == ErrorKind::invalid ? 2 : 1;
@@ -542,23 +539,23 @@ int run_admission_bench(cli::Args args) {
       first.push_back(l->short_ms.front());
       median.push_back(median_of(l->short_ms));
       bigs.push_back(l->big_ms);
-      std::printf("| %u | %lld | %.3f | %.3f | %.3f | %.3f | %zu | %.1f |\n", preparers,
+      std::printf("| %s | %lld | %.3f | %.3f | %.3f | %.3f | %zu | %.1f |\n", v.name,
                   static_cast<long long>(r + 1), alone.back(), first.back(), median.back(),
                   *std::max_element(l->short_ms.begin(), l->short_ms.end()), l->short_ms.size(),
                   bigs.back());
       std::fflush(stdout);
     }
-    summaries.push_back({preparers, median_of(alone), median_of(first), median_of(median),
+    summaries.push_back({v.name, median_of(alone), median_of(first), median_of(median),
                          median_of(bigs)});
     cluster->node.reset();
     std::filesystem::remove_all(cluster->dir, ec);
   }
-  std::printf("\nmedians over rounds:\n| preparers | short alone ms | first short during the "
-              "long prompts ms | its ratio to alone | big requests took ms |\n"
-              "| --- | --- | --- | --- | --- |\n");
+  std::printf("\nmedians over rounds:\n| gateway | short alone ms | first short during the long "
+              "prompts ms | its ratio to alone | median short during ms | big requests took "
+              "ms |\n| --- | --- | --- | --- | --- | --- |\n");
   for (const Summary& s : summaries) {
-    std::printf("| %u | %.3f | %.3f | %.1f | %.1f |\n", s.preparers, s.alone, s.first,
-                s.first / std::max(s.alone, 1e-3), s.big);
+    std::printf("| %s | %.3f | %.3f | %.1f | %.3f | %.1f |\n", s.name, s.alone, s.first,
+                s.first / std::max(s.alone, 1e-3), s.median, s.big);
   }
   return 0;
 }

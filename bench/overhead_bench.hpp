@@ -22,7 +22,8 @@ int run_overhead_bench(cli::Args args);
 int run_isolation_bench(cli::Args args);
 
 // `tandem bench admission`: short requests' latency while long prompts are being prepared at
-// the gateway, alone and during, for each [gateway] preparers count (a cluster each, same run).
+// the gateway, alone and during; one preparer for all requests beside the default preparers
+// (a cluster each, same run).
 int run_admission_bench(cli::Args args);
 
 }  // namespace tandem::bench

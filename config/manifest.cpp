@@ -545,7 +545,8 @@ void Loader::read_speculative(const toml::table& table) {
 void Loader::read_gateway(const toml::table& table) {
   TableReader reader(sink_, table, "gateway",
                      {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
-                      "request_timeout_ms", "queue_timeout_ms", "cache_secret", "preparers"});
+                      "request_timeout_ms", "queue_timeout_ms", "cache_secret", "preparers",
+                      "long_prompt_preparers", "long_prompt_bytes"});
   GatewaySection& gateway = manifest_.gateway;
   read_api_keys(reader);
   reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
@@ -556,6 +557,8 @@ void Loader::read_gateway(const toml::table& table) {
   reader.read_int("queue_timeout_ms", 100, 86400000, gateway.queue_timeout_ms);
   reader.read_string("cache_secret", gateway.cache_secret);
   reader.read_int("preparers", 1, 64, gateway.preparers);
+  reader.read_int("long_prompt_preparers", 1, 64, gateway.long_prompt_preparers);
+  reader.read_int("long_prompt_bytes", 1 << 10, 1 << 30, gateway.long_prompt_bytes);
 }
 
 // api_keys = ["...", ...]: every element a non-empty string; each bad element is reported.

@@ -105,9 +105,14 @@ struct GatewaySection {
   uint32_t request_timeout_ms = 600000;  // a request that produced nothing for this long fails
   uint32_t queue_timeout_ms = 30000;     // a request waiting for admission this long gets 503
   std::string cache_secret;              // block-hash key; "" = derived from the cluster name
-  // Actors that parse, tokenize and hash requests in parallel; 0 = the node's workers,
-  // clamped to 2..16 (gateway_preparers()).
+  // Actors that parse, tokenize and hash requests in parallel on the node's workers; 0 =
+  // the node's workers, clamped to 2..16 (gateway_preparers()).
   uint32_t preparers = 0;
+  // Requests with bodies over long_prompt_bytes are prepared by long_prompt_preparers
+  // actors with threads of their own instead: tokenizing a long prompt takes tens of ms, and
+  // on the workers it would hold one (actors are not preempted) from streaming meanwhile.
+  uint32_t long_prompt_preparers = 2;
+  uint64_t long_prompt_bytes = 65536;
 };
 
 

@@ -32,7 +32,7 @@ namespace tandem::actors {
 struct HttpCall {
   std::shared_ptr<const gateway::HttpRequest> request;
   std::shared_ptr<gateway::ResponseStream> out;
-  uint32_t preparer = 0;  // the gateway::PreparerPool slot it was given to
+  uint32_t preparer = 0;  // the slot of its preparer's gateway::PreparerPool
   uint64_t cost = 0;      // what it added to that slot's load
 };
 struct ClientGone {
@@ -594,7 +594,8 @@ struct PreparerState {
   // The hasher of key_base (no cache_salt), kept across requests: its keyed HMAC contexts
   // are set up once instead of per request. Requests with a cache_salt get their own.
   std::unique_ptr<kv::BlockHasher> unsalted;
-  std::shared_ptr<gateway::PreparerPool> pool;
+  std::shared_ptr<gateway::PreparerPool> pool;  // the pool this preparer is a slot of
+  obs::Counter* prepared = nullptr;              // its pool's requests prepared
   static inline const char* name = "tandem.gateway.preparer";
 };
 
@@ -645,6 +646,7 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
 }
 
 void prepare(PreparerActor* self, const HttpCall& call) {
+  self->state.prepared->inc();  // before any answer: a client that has one sees it counted
   prepare_call(self, call);
   self->state.pool->done(call.preparer, call.cost);
 }
@@ -791,14 +793,18 @@ void on_tick(GatewayActor* self) {
 }
 
 // Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to the actor.
+// A pool of preparers: their load and their actors, by slot.
+struct Preparers {
+  std::shared_ptr<gateway::PreparerPool> pool;
+  std::vector<caf::actor> actors;
+};
+
 class Front final : public gateway::HttpHandler {
  public:
   Front(const ShellContext& ctx, std::shared_ptr<Shared> shared,
-        std::shared_ptr<gateway::PreparerPool> pool, std::vector<caf::actor> preparers)
-      : ctx_(ctx), shared_(std::move(shared)), pool_(std::move(pool)),
-        preparers_(std::move(preparers)) {
-    RT_ASSERT(preparers_.size() == pool_->size(), preparers_.size(), pool_->size());
-  }
+        Preparers short_prompts, Preparers long_prompts)
+      : ctx_(ctx), shared_(std::move(shared)), short_(std::move(short_prompts)),
+        long_(std::move(long_prompts)) {}
 
   void on_request(const gateway::HttpRequest& request,
                   std::shared_ptr<gateway::ResponseStream> out) override {
@@ -844,8 +850,9 @@ class Front final : public gateway::HttpHandler {
       return;
     }
     uint64_t cost = request.body.size() + 1;
-    auto slot = static_cast<uint32_t>(pool_->pick(cost));
-    caf::anon_send(preparers_[slot],
+    Preparers& to = request.body.size() > ctx_.manifest->gateway.long_prompt_bytes ? long_ : short_;
+    auto slot = static_cast<uint32_t>(to.pool->pick(cost));
+    caf::anon_send(to.actors[slot],
                    HttpCall{std::make_shared<const gateway::HttpRequest>(request), out, slot, cost});
   }
 
@@ -876,8 +883,7 @@ class Front final : public gateway::HttpHandler {
 
   ShellContext ctx_;
   std::shared_ptr<Shared> shared_;
-  std::shared_ptr<gateway::PreparerPool> pool_;
-  std::vector<caf::actor> preparers_;  // by pool slot
+  Preparers short_, long_;
 };
 
 class Service final : public GatewayService {
@@ -985,25 +991,45 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   kv::HashKey key_base{m.gateway.cache_secret.empty() ? "tandem:" + m.cluster.name
                                                       : m.gateway.cache_secret,
                        m.model.name, ""};
-  auto pool = std::make_shared<gateway::PreparerPool>(config::gateway_preparers(m.gateway, *node));
-  std::vector<caf::actor> preparers;
-  for (size_t i = 0; i < pool->size(); ++i) {
-    preparers.push_back(system.spawn([=](PreparerActor* self) -> caf::behavior {
-      self->state = PreparerState{ctx, tok, *format, key_base, actor, nullptr, pool};
+  // Short requests are prepared on the node's workers (no thread hop); long prompts by
+  // actors with threads of their own, which the OS preempts, so that tokenizing them never
+  // holds the workers that stream tokens meanwhile.
+  auto make_preparers = [&](uint32_t count, bool own_threads) {
+    Preparers p{std::make_shared<gateway::PreparerPool>(count), {}};
+    obs::Counter* prepared = make_counter(
+        *ctx.metrics, "tandem:gateway_requests_prepared_total",
+        "requests parsed, tokenized and hashed, by preparer pool (workers: on the node's "
+        "workers; threads: long prompts, on threads of their own)",
+        {{"instance", instance.name}, {"pool", own_threads ? "threads" : "workers"}});
+    auto behavior = [=, pool = p.pool](PreparerActor* self) -> caf::behavior {
+      self->state = PreparerState{ctx, tok, *format, key_base, actor, nullptr, pool, prepared};
       return {[self](const HttpCall& call) { prepare(self, call); }};
-    }));
-  }
+    };
+    for (uint32_t i = 0; i < count; ++i) {
+      p.actors.push_back(own_threads ? system.spawn<caf::detached>(behavior)
+                                     : system.spawn(behavior));
+    }
+    return p;
+  };
+  Preparers short_prompts = make_preparers(config::gateway_preparers(m.gateway, *node), false);
+  Preparers long_prompts = make_preparers(m.gateway.long_prompt_preparers, true);
+  size_t short_count = short_prompts.actors.size(), long_count = long_prompts.actors.size();
   std::vector<caf::actor> actors = {actor};  // the gateway actor first (actors() contract)
-  actors.insert(actors.end(), preparers.begin(), preparers.end());
+  for (const Preparers* p : {&short_prompts, &long_prompts}) {
+    actors.insert(actors.end(), p->actors.begin(), p->actors.end());
+  }
   auto service = std::make_unique<Service>(
-      std::make_unique<Front>(ctx, shared, pool, std::move(preparers)), std::move(actors));
+      std::make_unique<Front>(ctx, shared, std::move(short_prompts), std::move(long_prompts)),
+      std::move(actors));
   gateway::HttpLimits limits;
   limits.body_bytes_max = m.gateway.body_bytes_max;
   limits.connections_max = m.gateway.connections_max;
   if (Status s = service->start(node->host, *node->http_port, limits); !s.ok()) return s.error();
-  ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {}, {} "
-                "preparers)", instance.name, node->host, *node->http_port, m.model.name,
-                text::to_string(*format), pool->size());
+  ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {}; "
+                "preparers: {} on the workers, {} with threads for bodies over {} bytes)",
+                instance.name, node->host, *node->http_port, m.model.name,
+                text::to_string(*format), short_count, long_count,
+                m.gateway.long_prompt_bytes);
   return std::unique_ptr<GatewayService>(std::move(service));
 }
 

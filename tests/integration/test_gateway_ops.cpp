@@ -265,3 +265,55 @@ TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has n
   CHECK(node.log().find("router: local/prefill/prefill is not ready: executor failed") !=
         std::string::npos);
 }
+
+TEST_CASE("gateway_ops: long prompts are prepared by their own preparers, with the same result") {
+  // Bodies over 1 KiB go to the long-prompt preparers (threads of their own); shorter ones to
+  // the preparer on the workers. Either way: the same token counts, generation, streaming and
+  // errors.
+  SimNode node("gwops-long", "time_factor = 0\nkv_scale = 0.0078125",
+               "preparers = 1\nlong_prompt_preparers = 1\nlong_prompt_bytes = 1024");
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  auto prepared = [&](const char* pool) {
+    std::string metrics = http::get(node.port(), "/metrics").body;
+    std::string key = "tandem:gateway_requests_prepared_total{instance=\"gateway\",pool=\"" +
+                      std::string(pool) + "\"} ";
+    size_t at = metrics.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + key.size()));
+  };
+  double workers0 = prepared("workers"), threads0 = prepared("threads");
+  CHECK(workers0 >= 0);
+  CHECK(threads0 == 0);
+  std::string words;
+  for (int i = 0; i < 400; ++i) words += "the little dog ran ";
+  auto messages = [](const std::string& text) {
+    return json{{"model", "stories15M"},
+                {"max_tokens", 3},
+                {"messages", json::array({{{"role", "user"}, {"content", text}}})}};
+  };
+  for (const std::string& text : {std::string("Once upon a time"), words}) {
+    json body = messages(text);
+    CAPTURE(body.dump().size());
+    auto counted = http::post(node.port(), "/v1/messages/count_tokens", body.dump(), 20s);
+    REQUIRE(counted.status == 200);
+    int64_t count = json::parse(counted.body)["input_tokens"].get<int64_t>();
+    auto answer = http::post(node.port(), "/v1/messages", body.dump(), 20s);
+    REQUIRE_MESSAGE(answer.status == 200, answer.body);
+    json a = json::parse(answer.body);
+    CHECK(a["usage"]["input_tokens"].get<int64_t>() == count);
+    CHECK(a["usage"]["output_tokens"].get<int64_t>() == 3);
+    body["stream"] = true;
+    auto streamed = http::post(node.port(), "/v1/messages", body.dump(), 20s);
+    CHECK(streamed.status == 200);
+    CHECK(streamed.body.find("event: message_stop") != std::string::npos);
+  }
+  CHECK(words.size() > 1024);
+  CHECK(prepared("workers") == workers0 + 3);  // the short text's count, answer, stream
+  CHECK(prepared("threads") == threads0 + 3);  // the long one's
+  // A malformed long body is answered by its preparer with the API's error.
+  auto bad = http::post(node.port(), "/v1/messages", "{\"model\":\"stories15M\",\"x\":\"" + words,
+                        20s);
+  CHECK(bad.status == 400);
+  CHECK(bad.body.find("invalid_request_error") != std::string::npos);
+  CHECK(prepared("threads") == threads0 + 4);
+  CHECK(node.running());
+}

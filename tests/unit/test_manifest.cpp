@@ -1008,7 +1008,7 @@ TEST_CASE("[[node]] workers: 1..256, default half the hardware threads and at le
   CHECK(text_value.message.find("expected an integer") != std::string::npos);
 }
 
-TEST_CASE("[gateway] preparers: 1..64; default the node's workers clamped to 2..16") {
+TEST_CASE("[gateway] preparers, long_prompt_preparers, long_prompt_bytes: ranges, defaults") {
   Manifest d = parse_ok(base_manifest);
   CHECK(d.gateway.preparers == 0);
   Node node = d.nodes.at(0);
@@ -1029,6 +1029,19 @@ TEST_CASE("[gateway] preparers: 1..64; default the node's workers clamped to 2..
   CHECK(issue.message == "value 65 is out of range 1..64");
   CHECK(only_issue(base_manifest + "\n[gateway]\npreparers = 0\n").message ==
         "value 0 is out of range 1..64");
+  CHECK(d.gateway.long_prompt_preparers == 2);
+  CHECK(d.gateway.long_prompt_bytes == 65536);
+  Manifest l = parse_ok(base_manifest +
+                        "\n[gateway]\nlong_prompt_preparers = 5\nlong_prompt_bytes = 4096\n");
+  CHECK(l.gateway.long_prompt_preparers == 5);
+  CHECK(l.gateway.long_prompt_bytes == 4096);
+  std::string small = base_manifest + "\n[gateway]\nlong_prompt_bytes = 1000\n";
+  auto too_small = only_issue(small);
+  CHECK(too_small.key == "gateway.long_prompt_bytes");
+  CHECK(too_small.line == line_of(small, "long_prompt_bytes = 1000"));
+  CHECK(too_small.message == "value 1000 is out of range 1024..1073741824");
+  CHECK(only_issue(base_manifest + "\n[gateway]\nlong_prompt_preparers = 0\n").key ==
+        "gateway.long_prompt_preparers");
 }
 
 TEST_CASE("kv_blocks and threads: ranges, executors only, a pool holds one full context") {
