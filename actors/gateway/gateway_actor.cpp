@@ -792,13 +792,14 @@ void on_tick(GatewayActor* self) {
   }
 }
 
-// Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to the actor.
 // A pool of preparers: their load and their actors, by slot.
 struct Preparers {
   std::shared_ptr<gateway::PreparerPool> pool;
   std::vector<caf::actor> actors;
 };
 
+// Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to a preparer (the
+// least loaded of the long-prompt pool for bodies over long_prompt_bytes, else of the other).
 class Front final : public gateway::HttpHandler {
  public:
   Front(const ShellContext& ctx, std::shared_ptr<Shared> shared,
