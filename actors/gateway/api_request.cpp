@@ -11,7 +11,16 @@ namespace tandem::gateway {
 std::optional<json> parse_body(FieldReader& reader, std::string_view body) {
   json root = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
-    reader.fail_invalid("", "request body is not valid JSON");
+    // Malformed bodies only: parse again with exceptions for where it went wrong.
+    std::string where;
+    try {
+      json again = json::parse(body);  // throws: the first parse failed
+    } catch (const json::parse_error& e) {
+      std::string what = e.what();  // "[json.exception.parse_error.101] parse error at ..."
+      size_t at = what.find("] ");
+      where = ": " + (at == std::string::npos ? what : what.substr(at + 2));
+    }
+    reader.fail_invalid("", "request body is not valid JSON" + where);
     return std::nullopt;
   }
   if (!root.is_object()) {

@@ -35,6 +35,9 @@ std::vector<BadCase> bad_cases() {
   return {
       // ---- chat completions ----
       {chat, "{not json", "", "not valid JSON"},
+      // Malformed JSON says where: line, column and what was expected.
+      {chat, "{\"model\":\"m\",\n \"messages\": [", "",
+       "request body is not valid JSON: parse error at line 2, column 15"},
       {chat, "[1,2]", "", "must be a JSON object"},
       {chat, "{" + U + "}", "model", "model is required"},
       {chat, "{" + M + R"("messages":[]})", "messages", "at least one"},
