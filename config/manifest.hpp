@@ -170,8 +170,9 @@ struct Node {
 };
 
 // Actor worker threads of a node without `workers`: half the machine's hardware threads,
-// at least 2 (the node's other threads -- HTTP, fabric progress, blocking executors -- and
-// its neighbours keep the rest).
+// clamped to 2..16 (the node's other threads -- HTTP, fabric progress, blocking executors --
+// and its neighbours keep the rest; idle workers wake every 1 ms to look for work to steal,
+// so a large default would cost idle CPU). `workers` goes up to kWorkersMax.
 uint32_t default_workers();
 
 // The preparers a gateway on `node` runs: [gateway] preparers, else its node's workers

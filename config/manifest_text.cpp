@@ -97,7 +97,7 @@ std::string ManifestErrors::describe() const {
 }
 
 uint32_t default_workers() {
-  return std::clamp(std::thread::hardware_concurrency() / 2, 2u, kWorkersMax);
+  return std::clamp(std::thread::hardware_concurrency() / 2, 2u, 16u);
 }
 
 uint32_t Node::workers_count() const { return workers.value_or(default_workers()); }
