@@ -173,7 +173,10 @@ std::string gateway_text(const GatewaySection& g) {
          " bytes, " + std::to_string(g.connections_max) + " connections, " +
          std::to_string(g.requests_max) + " requests, queue " + std::to_string(g.queue_max) +
          " (wait max " + std::to_string(g.queue_timeout_ms) + " ms), timeout " +
-         std::to_string(g.request_timeout_ms) + " ms\n";
+         std::to_string(g.request_timeout_ms) + " ms\n" + "          preparers " +
+         (g.preparers > 0 ? std::to_string(g.preparers) : std::string("auto")) +
+         " on the workers; bodies over " + std::to_string(g.long_prompt_bytes) + " bytes on " +
+         std::to_string(g.long_prompt_preparers) + " threads\n";
 }
 
 }  // namespace

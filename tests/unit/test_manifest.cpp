@@ -1288,6 +1288,8 @@ TEST_CASE("summarize shows the cluster, model and a row per node") {
   CHECK(summarize(m).find("prefill  127.0.0.1:17111  17211  -      8        prefill, executor") !=
         std::string::npos);
   CHECK(text.find("gateway   api keys no;") != std::string::npos);
+  CHECK(text.find("          preparers auto on the workers; bodies over 65536 bytes on 2 threads\n") !=
+        std::string::npos);
   CHECK(std::count(text.begin(), text.end(), '\n') < 25);
 }
 
