@@ -81,12 +81,18 @@ class Regex {
     return regex;
   }
 
+  using MatchData = std::unique_ptr<pcre2_match_data, MatchDataDeleter>;
+  // Scratch for split(): one per caller (the regex itself is shared by threads; this is not).
+  MatchData match_data() const {
+    MatchData data(pcre2_match_data_create_from_pattern(code_.get(), nullptr));
+    RT_ASSERT(data != nullptr, "pcre2 match data allocation failed");
+    return data;
+  }
+
   // Appends the pieces of `text` (valid UTF-8) to `out`: matches, and gaps when keep_gaps.
-  // Thread-safe: the match data is the call's own.
-  void split(std::string_view text, bool keep_matches, std::vector<std::string>& out) const {
-    std::unique_ptr<pcre2_match_data, MatchDataDeleter> match_data(
-        pcre2_match_data_create_from_pattern(code_.get(), nullptr));
-    RT_ASSERT(match_data != nullptr, "pcre2 match data allocation failed");
+  // `match_data` from match_data(), used by one thread at a time.
+  void split(std::string_view text, bool keep_matches, const MatchData& match_data,
+             std::vector<std::string>& out) const {
     std::size_t offset = 0;
     std::size_t gap_start = 0;
     while (offset < text.size()) {
@@ -250,6 +256,7 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& i
   std::vector<std::string> next;
   for (const Step& step : steps_) {
     next.clear();
+    Regex::MatchData match_data = step.regex ? step.regex->match_data() : nullptr;
     for (std::string& piece : pieces) {
       if (step.spec.type == PreTokenizerStep::Type::byte_level) {
         if (step.spec.add_prefix_space && (piece.empty() || piece.front() != ' ')) {
@@ -261,7 +268,8 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& i
         }
       }
       RT_ASSERT(step.regex.has_value(), "split step without a regex");
-      step.regex->split(piece, step.spec.type != PreTokenizerStep::Type::split_removed, next);
+      step.regex->split(piece, step.spec.type != PreTokenizerStep::Type::split_removed,
+                        match_data, next);
     }
     pieces.swap(next);
   }
