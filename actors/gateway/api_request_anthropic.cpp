@@ -3,6 +3,8 @@
 // A user message's tool_result blocks become tool messages (in order, before the rest of its
 // text); an assistant message's thinking blocks become `reasoning`, tool_use blocks
 // tool_calls (input dumped as JSON), text blocks `content`. redacted_thinking is dropped.
+// A `system` entry inside messages is a system message in place (besides top-level system).
+// `thinking` of any type is accepted: "disabled" turns reasoning off, every other type on.
 #include "actors/gateway/api_request.hpp"
 #include "actors/gateway/request_common.hpp"
 
@@ -76,10 +78,17 @@ void read_message(FieldReader& r, const json& msg, const std::string& p, Convers
   std::string role = r.string(msg, "role", p).value_or("");
   r.required(msg, "content", p);
   if (r.failed()) return;
+  if (role == "system") {
+    // A system entry inside messages (clients send them after the first user turn): its
+    // text (a string or text blocks) is a system message in place; see chat.hpp.
+    std::string text = read_text_content(r, msg["content"], path_key(p, "content"), {"text"});
+    if (!r.failed()) c.messages.push_back(ChatMessage{ChatRole::system, std::move(text)});
+    return;
+  }
   if (role != "user" && role != "assistant") {
-    return r.fail_invalid(
-        path_key(p, "role"),
-        path_key(p, "role") + " must be 'user' or 'assistant', got '" + role + "'");
+    return r.fail_invalid(path_key(p, "role"), path_key(p, "role") +
+                                                   " must be 'user', 'assistant' or 'system', "
+                                                   "got '" + role + "'");
   }
   bool assistant = role == "assistant";
   ChatMessage m;
@@ -161,12 +170,8 @@ void read_thinking(FieldReader& r, const json& root, GenerateSpec& spec) {
     spec.reasoning.thinking_enabled = false;
     return;
   }
-  if (type != "enabled" && type != "adaptive") {
-    return r.fail_invalid("thinking.type",
-                          "thinking.type must be 'enabled', 'adaptive' or "
-                          "'disabled', got '" +
-                              type + "'");
-  }
+  // "enabled", "adaptive" and whatever types clients send next: reasoning on (the model's
+  // template opens <think> either way; refusing an unknown type would fail the agent).
   spec.reasoning.thinking_enabled = true;
   if (type == "enabled") r.required(*thinking, "budget_tokens", "thinking");
   std::optional<int64_t> budget = r.integer(*thinking, "budget_tokens", "thinking");

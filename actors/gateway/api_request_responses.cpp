@@ -3,6 +3,10 @@
 // Input items become conversation messages in order. An assistant turn collects what
 // belongs together: a reasoning item, then an assistant message and/or function_call items
 // merge into one assistant message until a user/system/tool message intervenes.
+// `developer` and `system` message items anywhere are system messages in place (chat.hpp);
+// `custom_tool_call` / `custom_tool_call_output` are tool calls and results like function
+// calls (arguments {"input": text}); `web_search_call` items are skipped; a reasoning item's
+// `encrypted_content` is another provider's and is not rendered.
 #include "actors/gateway/api_request.hpp"
 
 #include <algorithm>
@@ -85,6 +89,20 @@ void read_function_output_item(FieldReader& r, const json& item, const std::stri
   c.messages.push_back(std::move(m));
 }
 
+// A custom (freeform) tool call: its `input` text becomes the arguments {"input": text}.
+void read_custom_call_item(FieldReader& r, const json& item, const std::string& p,
+                           Conversation& c) {
+  ToolCall call;
+  r.required(item, "call_id", p);
+  call.id = r.string(item, "call_id", p).value_or("");
+  r.required(item, "name", p);
+  call.name = r.string(item, "name", p).value_or("");
+  std::string input = r.string(item, "input", p).value_or("");
+  if (r.failed()) return;
+  call.arguments_json = json{{"input", input}}.dump();
+  assistant_turn(c, false, false).tool_calls.push_back(std::move(call));
+}
+
 void read_reasoning_item(FieldReader& r, const json& item, const std::string& p, Conversation& c) {
   std::string text;
   for (const char* key : {"content", "summary"}) {
@@ -110,8 +128,13 @@ void read_input_item(FieldReader& r, const json& item, const std::string& p, Con
   if (r.failed()) return;
   if (type == "message") return read_message_item(r, item, p, c);
   if (type == "function_call") return read_function_call_item(r, item, p, c);
-  if (type == "function_call_output") return read_function_output_item(r, item, p, c);
+  if (type == "function_call_output" || type == "custom_tool_call_output") {
+    return read_function_output_item(r, item, p, c);
+  }
+  if (type == "custom_tool_call") return read_custom_call_item(r, item, p, c);
   if (type == "reasoning") return read_reasoning_item(r, item, p, c);
+  // A built-in tool's call echoed back (its results were the provider's, not in the item).
+  if (type == "web_search_call") return;
   if (type.empty())
     return r.fail_invalid(path_key(p, "type"), path_key(p, "type") + " is required");
   r.fail(unsupported(path_key(p, "type"),

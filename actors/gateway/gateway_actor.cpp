@@ -93,6 +93,7 @@ struct Req {
   std::optional<ActorName> decode;
   std::string prefill;
   uint32_t tokens_received = 0;
+  uint32_t reasoning_tokens = 0;  // of tokens_received, those inside <think>...</think>
   uint32_t retries_left = retries_max;
   bool tool_calls_seen = false;
   bool finished = false;
@@ -238,7 +239,9 @@ void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
     reason = gateway::FinishReason::tool_calls;
   }
   gateway::Usage usage{static_cast<int64_t>(r.prompt.size()), cached_tokens,
-                       static_cast<int64_t>(r.tokens_received), 0};
+                       static_cast<int64_t>(r.tokens_received),
+                       static_cast<int64_t>(r.reasoning_tokens)};
+  RT_ASSERT(r.reasoning_tokens <= r.tokens_received, r.reasoning_tokens, r.tokens_received);
   write_events(r, {gateway::Finish{reason, stop_string}, gateway::UsageReport{usage}});
   if (r.spec.stream) {
     r.out->end();
@@ -299,7 +302,9 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
     ++r.tokens_received;
     st.metrics->generation_tokens->inc();
     auto out = r.stops->feed(r.decoder->push(token));
+    const bool reasoning_before = r.parser && r.parser->in_reasoning();
     emit_text(r, out.text);
+    if (reasoning_before || (r.parser && r.parser->in_reasoning())) ++r.reasoning_tokens;
     if (out.matched) {
       (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
         b.getBody().initCancel().setRequestId(id);

@@ -189,8 +189,9 @@ Result<std::string> render_minimax(const Conversation& conversation) {
     const bool next_tool = i + 1 < messages.size() && messages[i + 1].role == ChatRole::tool;
     switch (message.role) {
       case ChatRole::system:
-        return make_error(ErrorKind::invalid, "message " + std::to_string(i) +
-                                                  ": minimax-m2 takes a system message only first");
+        // A later system (or developer) message: a system turn in place (the format has one).
+        out += "]~b]system\n" + message.content + "[e~[\n";
+        break;
       case ChatRole::user:
         out += "]~b]user\n" + message.content + "[e~[\n";
         break;

@@ -9,6 +9,14 @@
 //   chatml      Qwen3's template: <|im_start|>role\n...<|im_end|>\n, tools in the system
 //               turn, <tool_call>{json}</tool_call>, results in <tool_response> user turns.
 //   plain       the messages' text joined with "\n" (tiny story models); no tools.
+// System messages after the first (several developer items, an Anthropic system entry inside
+// messages, ...) are never an error; each format renders them once, the same way:
+//   minimax-m2  a system turn in place: `]~b]system\n<content>[e~[\n` (the public template
+//               drops them silently; dropping would change the answer);
+//   chatml      a system turn in place: `<|im_start|>system\n<content><|im_end|>\n` (as Qwen3's
+//               template does);
+//   plain       its text in order with the others (plain has no turns).
+// The first message, when it is a system message, is the system prompt (tools follow it).
 // Pure functions; rendering errors are values (a tool message with no preceding tool call,
 // arguments that are not a JSON object, tools in plain format, ...).
 #pragma once

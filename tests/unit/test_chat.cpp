@@ -168,12 +168,49 @@ TEST_CASE("rendering errors are values") {
   Conversation bad_tool = tool_conversation();
   bad_tool.tools_json[0] = "{oops";
   CHECK_FALSE(render_chat(ChatFormat::chatml, bad_tool).ok());
+}
 
-  Conversation late_system;
-  late_system.messages.push_back(msg(ChatRole::user, "Hi"));
-  late_system.messages.push_back(msg(ChatRole::system, "late"));
-  CHECK_FALSE(render_chat(ChatFormat::minimax_m2, late_system).ok());
-  CHECK(render_chat(ChatFormat::chatml, late_system)->find("<|im_start|>system\nlate") !=
+// Issue 11: system/developer messages anywhere, several of them, are rendered (never an
+// error), token for token as docs/clients.md states per format.
+TEST_CASE("system messages after the first: a system turn in place (minimax-m2, chatml), "
+          "in order (plain)") {
+  Conversation c;
+  c.messages.push_back(msg(ChatRole::system, "S1"));
+  c.messages.push_back(msg(ChatRole::system, "S2"));
+  c.messages.push_back(msg(ChatRole::user, "Hi"));
+  c.messages.push_back(msg(ChatRole::system, "S3"));
+  c.messages.push_back(msg(ChatRole::assistant, "Yo"));
+  c.messages.push_back(msg(ChatRole::user, "Bye"));
+  Result<std::string> minimax = render_chat(ChatFormat::minimax_m2, c);
+  REQUIRE_MESSAGE(minimax.ok(), minimax.error().message);
+  CHECK(*minimax ==
+        "]~!b[]~b]system\nS1[e~[\n]~b]system\nS2[e~[\n]~b]user\nHi[e~[\n]~b]system\nS3[e~[\n"
+        "]~b]ai\nYo[e~[\n]~b]user\nBye[e~[\n]~b]ai\n<think>\n");
+  Result<std::string> chatml = render_chat(ChatFormat::chatml, c);
+  REQUIRE(chatml.ok());
+  CHECK(*chatml ==
+        "<|im_start|>system\nS1<|im_end|>\n<|im_start|>system\nS2<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>system\nS3<|im_end|>\n"
+        "<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+        "<|im_start|>assistant\n");
+  CHECK(*render_chat(ChatFormat::plain, c) == "S1\nS2\nHi\nS3\nYo\nBye");
+
+  // Only a late one (no leading system): minimax keeps its default system prompt first.
+  Conversation late;
+  late.messages.push_back(msg(ChatRole::user, "Hi"));
+  late.messages.push_back(msg(ChatRole::system, "late"));
+  late.add_generation_prompt = false;
+  Result<std::string> text = render_chat(ChatFormat::minimax_m2, late);
+  REQUIRE(text.ok());
+  CHECK(text->starts_with("]~!b[]~b]system\nYou are a helpful assistant."));
+  CHECK(text->ends_with("]~b]user\nHi[e~[\n]~b]system\nlate[e~[\n"));
+
+  // Between a tool call and its results: the results still render as a tool turn.
+  Conversation tools = tool_conversation();
+  tools.messages.insert(tools.messages.begin() + 3, msg(ChatRole::system, "mid"));
+  Result<std::string> with_tools = render_chat(ChatFormat::minimax_m2, tools);
+  REQUIRE_MESSAGE(with_tools.ok(), with_tools.error().message);
+  CHECK(with_tools->find("</minimax:tool_call>[e~[\n]~b]system\nmid[e~[\n]~b]tool\n<response>") !=
         std::string::npos);
 }
 

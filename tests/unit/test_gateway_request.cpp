@@ -124,8 +124,8 @@ std::vector<BadCase> bad_cases() {
        "must be an object"},
       // ---- anthropic messages ----
       {messages, "{" + M + U + "}", "max_tokens", "max_tokens is required"},
-      {messages, "{" + AU + R"("messages":[{"role":"system","content":"x"}]})", "messages[0].role",
-       "'user' or 'assistant'"},
+      {messages, "{" + AU + R"("messages":[{"role":"tool","content":"x"}]})", "messages[0].role",
+       "'user', 'assistant' or 'system'"},
       {messages, "{" + AU + R"("messages":[{"role":"user","content":[{"type":"image"}]}]})",
        "messages[0].content[0].type", "not supported", "unsupported_parameter"},
       {messages,
@@ -322,6 +322,112 @@ TEST_CASE("anthropic: system blocks, tool_use/tool_result, thinking, stop_sequen
   CHECK(m[3].content == "a.c");
   CHECK(m[4].role == ChatRole::user);
   CHECK(m[4].content == "and now?");
+}
+
+// Issue 11: what coding agents send, never a 400.
+TEST_CASE("agents: system/developer anywhere, items sent back, unimplemented top-level fields") {
+  SUBCASE("anthropic: system entries inside messages, thinking of any type, extra fields") {
+    std::string body = R"({
+      "model": "m", "max_tokens": 32000, "stream": true,
+      "system": [{"type": "text", "text": "A", "cache_control": {"type": "ephemeral"}},
+                 {"type": "text", "text": "B"}],
+      "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
+      "output_config": {"effort": "high"}, "metadata": {"user_id": "u"},
+      "service_tier": "auto",
+      "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi",
+                                      "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "late rule"},
+        {"role": "assistant", "content": [
+          {"type": "redacted_thinking", "data": "enc"},
+          {"type": "tool_use", "id": "t1", "name": "Read", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "file text", "cache_control": {"type": "x"}}]},
+        {"role": "system", "content": [{"type": "text", "text": "later"}]}
+      ]})";
+    ApiResult<GenerateSpec> r = parse_messages_request(body, ApiKind::messages);
+    REQUIRE_MESSAGE(r.ok(), r.error().message);
+    const auto& m = r.value().conversation.messages;
+    REQUIRE(m.size() == 6);
+    CHECK(m[0].role == ChatRole::system);
+    CHECK(m[0].content == "AB");
+    CHECK(m[2].role == ChatRole::system);
+    CHECK(m[2].content == "late rule");
+    CHECK(m[3].tool_calls == std::vector<ToolCall>{{"t1", "Read", "{}"}});
+    CHECK(m[4].role == ChatRole::tool);
+    CHECK(m[4].content == "file text");
+    CHECK(m[5].role == ChatRole::system);
+    CHECK(m[5].content == "later");
+    CHECK(r.value().reasoning.thinking_enabled == true);
+    auto unknown = parse_messages_request(
+        R"({"model":"m","max_tokens":9,"thinking":{"type":"someday"},)"
+        R"("messages":[{"role":"user","content":"x"}]})", ApiKind::messages);
+    REQUIRE(unknown.ok());
+    CHECK(unknown.value().reasoning.thinking_enabled == true);
+  }
+  SUBCASE("responses: two developer items first, reasoning/custom tool items sent back") {
+    std::string body = R"({
+      "model": "m", "instructions": "I", "stream": true, "store": false,
+      "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+      "client_metadata": {"a": "b"}, "service_tier": "auto", "text": {"verbosity": "low"},
+      "parallel_tool_calls": true, "reasoning": {"effort": "high", "summary": "auto"},
+      "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                {"type": "custom", "name": "apply_patch"}],
+      "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "D1"}]},
+        {"type": "message", "role": "developer", "content": "D2"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA"},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"},
+        {"type": "web_search_call", "id": "ws", "status": "completed"},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Done.", "annotations": []}]},
+        {"type": "message", "role": "system", "content": "S"}
+      ]})";
+    ApiResult<GenerateSpec> r = parse_responses_request(body);
+    REQUIRE_MESSAGE(r.ok(), r.error().message);
+    const auto& m = r.value().conversation.messages;
+    REQUIRE(m.size() == 10);
+    CHECK(m[0].content == "I");
+    CHECK((m[1].role == ChatRole::system && m[1].content == "D1"));
+    CHECK((m[2].role == ChatRole::system && m[2].content == "D2"));
+    CHECK(m[3].role == ChatRole::user);
+    CHECK(m[4].tool_calls == std::vector<ToolCall>{{"c1", "shell", "{}"}});
+    CHECK((m[5].role == ChatRole::tool && m[5].name == "shell" && m[5].content == "ok"));
+    CHECK(m[6].tool_calls == std::vector<ToolCall>{{"c2", "apply_patch",
+                                                    R"({"input":"*** Begin"})"}});
+    CHECK((m[7].role == ChatRole::tool && m[7].content == "done"));
+    CHECK((m[8].role == ChatRole::assistant && m[8].content == "Done."));
+    CHECK((m[9].role == ChatRole::system && m[9].content == "S"));
+  }
+  SUBCASE("chat: developer after the first message, tool messages, content null") {
+    std::string body = R"({
+      "model": "m", "stream": true, "stream_options": {"include_usage": true},
+      "prompt_cache_key": "k", "metadata": {"x": "y"}, "store": false, "service_tier": "auto",
+      "parallel_tool_calls": false, "reasoning_effort": "low", "user": "u",
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "messages": [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "u1"},
+        {"role": "developer", "content": [{"type": "text", "text": "D"}]},
+        {"role": "assistant", "content": null,
+         "tool_calls": [{"id": "a", "type": "function",
+                         "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "r"}]},
+        {"role": "system", "content": "S2"}
+      ]})";
+    ApiResult<GenerateSpec> r = parse_chat_request(body);
+    REQUIRE_MESSAGE(r.ok(), r.error().message);
+    const auto& m = r.value().conversation.messages;
+    REQUIRE(m.size() == 6);
+    CHECK((m[2].role == ChatRole::system && m[2].content == "D"));
+    CHECK((m[3].content.empty() && m[3].tool_calls.size() == 1));
+    CHECK((m[4].role == ChatRole::tool && m[4].name == "f" && m[4].content == "r"));
+    CHECK(m[5].role == ChatRole::system);
+  }
 }
 
 TEST_CASE("error bodies: OpenAI shape and Anthropic shape") {
