@@ -94,6 +94,7 @@ struct Req {
   std::string prefill;
   uint32_t tokens_received = 0;
   uint32_t reasoning_tokens = 0;  // of tokens_received, those inside <think>...</think>
+  uint32_t tokens_held = 0;       // tokens whose text the output parser still holds back
   uint32_t retries_left = retries_max;
   bool tool_calls_seen = false;
   bool finished = false;
@@ -219,6 +220,21 @@ void write_events(Req& r, const std::vector<gateway::GenEvent>& events) {
   if (r.spec.stream && !bytes.empty()) r.out->write(std::move(bytes));
 }
 
+// A token counts as reasoning when the parser was inside <think> before or after its text;
+// tokens whose text the parser held back (a marker not yet complete, e.g. "<thi") go with
+// the state the parser enters once it has decided.
+void count_reasoning(Req& r, bool reasoning_before) {
+  if (!r.parser) return;
+  if (reasoning_before || r.parser->in_reasoning()) {
+    r.reasoning_tokens += 1 + r.tokens_held;
+    r.tokens_held = 0;
+  } else if (r.parser->holding()) {
+    ++r.tokens_held;
+  } else {
+    r.tokens_held = 0;
+  }
+}
+
 void emit_text(Req& r, const std::string& text) {
   if (text.empty()) return;
   if (r.parser) return write_events(r, r.parser->feed(text));
@@ -304,7 +320,7 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
     auto out = r.stops->feed(r.decoder->push(token));
     const bool reasoning_before = r.parser && r.parser->in_reasoning();
     emit_text(r, out.text);
-    if (reasoning_before || (r.parser && r.parser->in_reasoning())) ++r.reasoning_tokens;
+    count_reasoning(r, reasoning_before);
     if (out.matched) {
       (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
         b.getBody().initCancel().setRequestId(id);
@@ -454,14 +470,35 @@ text::Conversation to_text(const gateway::Conversation& c) {
   return out;
 }
 
+// tool_choice "required" / named: the prompt ends with the start of a tool call (chat.hpp:
+// tool_call_prefix), which the output parser is fed first; "" for auto and none.
+gateway::ApiResult<std::string> forced_tool_prefix(text::ChatFormat format,
+                                                   const gateway::GenerateSpec& spec) {
+  const auto mode = spec.tool_choice.mode;
+  if (spec.prompt_kind != gateway::PromptKind::conversation ||
+      (mode != gateway::ToolChoiceMode::required && mode != gateway::ToolChoiceMode::named)) {
+    return std::string();
+  }
+  auto prefix = text::tool_call_prefix(format, spec.tool_choice.name);
+  if (!prefix.ok()) {
+    return gateway::invalid_request("tool_choice", prefix.error().message);
+  }
+  return std::move(prefix).value();
+}
+
 gateway::ApiResult<std::vector<int32_t>> tokenize(text::Tokenizer& tokenizer, text::ChatFormat format,
                                                   const gateway::GenerateSpec& spec) {
   int32_t vocab = tokenizer.vocab_size();
   switch (spec.prompt_kind) {
     case gateway::PromptKind::conversation: {
-      auto text = text::render_chat(format, to_text(spec.conversation));
+      text::Conversation conversation = to_text(spec.conversation);
+      // tool_choice "none": the model is not shown the tools (and no calls are parsed).
+      if (spec.tool_choice.mode == gateway::ToolChoiceMode::none) conversation.tools_json.clear();
+      auto text = text::render_chat(format, conversation);
       if (!text.ok()) return gateway::invalid_request("messages", text.error().message);
-      return tokenizer.encode(*text, format == text::ChatFormat::plain);
+      auto forced = forced_tool_prefix(format, spec);
+      if (!forced.ok()) return forced.error();
+      return tokenizer.encode(*text + forced.value(), format == text::ChatFormat::plain);
     }
     case gateway::PromptKind::text:
       return tokenizer.encode(spec.prompt_text, format == text::ChatFormat::plain);
@@ -486,13 +523,14 @@ gateway::ApiResult<std::vector<int32_t>> tokenize(text::Tokenizer& tokenizer, te
 gateway::OutputParserConfig parser_config(text::ChatFormat format, const gateway::GenerateSpec& s) {
   gateway::OutputParserConfig c;
   c.tools_json = s.conversation.tools_json;
+  const bool no_tools = s.tool_choice.mode == gateway::ToolChoiceMode::none;
   if (format == text::ChatFormat::minimax_m2) {
     c.reasoning = true;
     c.starts_in_reasoning = true;
-    c.tool_format = gateway::ToolCallFormat::minimax_m2;
+    c.tool_format = no_tools ? gateway::ToolCallFormat::none : gateway::ToolCallFormat::minimax_m2;
   } else if (format == text::ChatFormat::chatml) {
     c.reasoning = true;
-    c.tool_format = gateway::ToolCallFormat::qwen;
+    c.tool_format = no_tools ? gateway::ToolCallFormat::none : gateway::ToolCallFormat::qwen;
   }
   return c;
 }
@@ -577,6 +615,10 @@ void start_request(GatewayActor* self, uint64_t id, PreparedCall p) {
     r.out->write(r.renderer->begin());
   } else {
     (void)r.renderer->begin();
+  }
+  // A forced tool call: the prompt ended with its opening; parse it as the answer's start.
+  if (auto forced = forced_tool_prefix(st.format, r.spec); forced.ok() && r.parser) {
+    emit_text(r, forced.value());
   }
   caf::actor me = caf::actor_cast<caf::actor>(self);
   r.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });

@@ -16,7 +16,7 @@
 
 namespace tandem::gateway {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // "messages" + 2 -> "messages[2]"; "messages[2]" + "content" -> "messages[2].content".
 std::string path_index(std::string_view base, size_t index);

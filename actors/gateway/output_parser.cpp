@@ -8,7 +8,7 @@
 namespace tandem::gateway {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 // Model text may be any bytes: invalid UTF-8 is replaced (U+FFFD), never thrown.
 constexpr auto utf8_replace = json::error_handler_t::replace;
 

@@ -54,6 +54,8 @@ class OutputParser {
   // Inside <think>...</think> now (what was fed so far opened reasoning and did not close it).
   // The gateway counts a token as reasoning when this holds before or after its text is fed.
   bool in_reasoning() const { return state_ == State::reasoning; }
+  // Text fed but not yet turned into events (a possible marker prefix held back).
+  bool holding() const { return !buffer_.empty(); }
 
  private:
   enum class State { text, reasoning, minimax_block, minimax_invoke, qwen_call };

@@ -11,6 +11,8 @@
 
 namespace tandem::gateway {
 
+// Sorted keys: the per-token writers (render_*.cpp) write these objects' dump bytes by hand.
+// (Request parsing, json_reader.hpp, keeps the client's key order: nlohmann::ordered_json.)
 using json = nlohmann::json;
 
 // Model text may end mid-character: invalid UTF-8 is replaced (U+FFFD), never thrown.

@@ -386,6 +386,28 @@ Result<std::string> render_chat(ChatFormat format, const Conversation& conversat
   return make_error(ErrorKind::invalid, "unknown chat format");
 }
 
+Result<std::string> tool_call_prefix(ChatFormat format, std::string_view name) {
+  switch (format) {
+    case ChatFormat::minimax_m2: {
+      std::string out = "</think>\n\n<minimax:tool_call>\n";
+      if (!name.empty()) out += "<invoke name=\"" + std::string(name) + "\">\n";
+      return out;
+    }
+    case ChatFormat::chatml: {
+      std::string out = "<tool_call>\n";
+      if (!name.empty()) {
+        out += "{\"name\": ";
+        append_python_string(out, std::string(name));
+        out += ", \"arguments\": ";
+      }
+      return out;
+    }
+    case ChatFormat::plain:
+      break;
+  }
+  return make_error(ErrorKind::unimplemented, "the plain chat format has no tool calls");
+}
+
 ChatFormat detect_chat_format(std::string_view chat_template) {
   if (chat_template.find("]~b]") != std::string_view::npos) return ChatFormat::minimax_m2;
   if (chat_template.find("<|im_start|>") != std::string_view::npos) return ChatFormat::chatml;

@@ -66,6 +66,15 @@ struct Conversation {
 // Renders the prompt text (the generation prompt last when requested).
 Result<std::string> render_chat(ChatFormat format, const Conversation& conversation);
 
+// The text that opens a tool call in `format`, appended after the generation prompt to make
+// the model call a tool (tool_choice "required": `name` empty, any tool; a named tool_choice:
+// that function). It closes the reasoning the minimax-m2 generation prompt opened, so a
+// forced call has no reasoning. The output parser is fed the same text first (it is the start
+// of the model's answer). Errors: unimplemented for plain (no tool calls).
+//   minimax-m2  `</think>\n\n<minimax:tool_call>\n` [+ `<invoke name="NAME">\n`]
+//   chatml      `<tool_call>\n` [+ `{"name": "NAME", "arguments": `]
+Result<std::string> tool_call_prefix(ChatFormat format, std::string_view name);
+
 // From a chat_template string: contains "]~b]" -> minimax-m2, "<|im_start|>" -> chatml,
 // anything else -> plain.
 ChatFormat detect_chat_format(std::string_view chat_template);

@@ -10,6 +10,7 @@
 #include "actors/gateway/output_parser.hpp"
 #include "actors/gateway/renderers.hpp"
 #include "actors/gateway/token_logprobs.hpp"
+#include "tests/support/sse.hpp"
 
 using namespace tandem::gateway;
 using nlohmann::json;
@@ -52,33 +53,8 @@ std::string run(ApiKind kind, const RenderOptions& o, const std::vector<GenEvent
   return out;
 }
 
-struct SseEvent {
-  std::string name;  // "" for data-only
-  std::string data;
-};
-
-// Splits SSE text into events; every event must end with a blank line.
-std::vector<SseEvent> split_sse(const std::string& text) {
-  std::vector<SseEvent> events;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find("\n\n", pos);
-    REQUIRE(end != std::string::npos);
-    std::string block = text.substr(pos, end - pos);
-    SseEvent e;
-    if (block.rfind("event: ", 0) == 0) {
-      size_t nl = block.find('\n');
-      REQUIRE(nl != std::string::npos);
-      e.name = block.substr(7, nl - 7);
-      block = block.substr(nl + 1);
-    }
-    REQUIRE(block.rfind("data: ", 0) == 0);
-    e.data = block.substr(6);
-    events.push_back(e);
-    pos = end + 2;
-  }
-  return events;
-}
+using tandem::testing::split_sse;
+using tandem::testing::SseEvent;
 
 }  // namespace
 

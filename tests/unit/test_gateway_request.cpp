@@ -8,7 +8,7 @@
 #include "actors/gateway/api_request.hpp"
 
 using namespace tandem::gateway;
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // as tandem::gateway::json: key order as sent
 
 namespace {
 
