@@ -1,6 +1,12 @@
 // `tandem bench KIND`: dispatches to the benchmarks in bench/.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "bench/device_bench.hpp"
 #include "bench/hash_bench.hpp"
@@ -34,6 +40,31 @@ int run_hash(cli::Args args) {
   return bench::run_hash_bench(options);
 }
 
+// `tandem bench agent-turns`: the prefix-reuse replay is a Node script (bench/agent_turns.mjs,
+// beside the official SDK checks: fetch and SSE with no C++ client to keep); this finds it
+// ($TANDEM_SOURCE_ROOT, else the tree this binary was built in) and runs it with the flags.
+int run_agent_turns(cli::Args args) {
+  namespace fs = std::filesystem;
+  const char* root_env = std::getenv("TANDEM_SOURCE_ROOT");
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path root = root_env != nullptr ? fs::path(root_env) : exe.parent_path() / ".." / "..";
+  fs::path script = root / "bench" / "agent_turns.mjs";
+  if (!fs::exists(script)) {
+    std::fprintf(stderr, "tandem bench agent-turns: %s not found (set TANDEM_SOURCE_ROOT)\n",
+                 script.c_str());
+    return 2;
+  }
+  std::vector<std::string> argv_text = {"node", script.string()};
+  for (const char* a : args) argv_text.emplace_back(a);
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execvp("node", argv.data());
+  std::perror("tandem bench agent-turns: cannot run node (run tools/setup.sh)");
+  return 2;
+}
+
 }  // namespace
 
 int cmd_bench(cli::Args args) {
@@ -52,6 +83,7 @@ int cmd_bench(cli::Args args) {
       {"isolation", bench::run_isolation_bench},
       {"admission", bench::run_admission_bench},
       {"sweep", bench::run_sweep_cli},
+      {"agent-turns", run_agent_turns},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {
