@@ -1414,3 +1414,43 @@ TEST_CASE("example target-4p4d-local.toml keeps target-4p4d's topology and timin
     CHECK(l_sim.at(key) == (it == local_only.end() ? value : it->second));
   }
 }
+
+TEST_CASE("[model] served_names: aliases of the model, validated with file:line:key") {
+  Manifest plain = parse_ok(base_manifest);
+  CHECK(plain.model.served_names.empty());
+  CHECK(plain.model.names() == std::vector<std::string>{"tiny"});
+  CHECK(plain.model.serves("tiny"));
+  CHECK_FALSE(plain.model.serves("small"));
+
+  std::string text = replace(base_manifest, "path = \"models/tiny\"",
+                             "path = \"models/tiny\"\nserved_names = [\"big\", \"small\"]");
+  Manifest m = parse_ok(text);
+  CHECK(m.model.served_names == std::vector<std::string>{"big", "small"});
+  CHECK(m.model.names() == std::vector<std::string>{"tiny", "big", "small"});
+  CHECK(m.model.serves("small"));
+  CHECK_FALSE(m.model.serves("Small"));
+  CHECK(summarize(m).find("also served as big, small") != std::string::npos);
+
+  auto with = [](const std::string& value) {
+    return replace(base_manifest, "path = \"models/tiny\"",
+                   "path = \"models/tiny\"\nserved_names = " + value);
+  };
+  auto not_array = only_issue(with("\"big\""));
+  CHECK(not_array.key == "model.served_names");
+  CHECK(not_array.line == line_of(with("\"big\""), "served_names"));
+  CHECK(not_array.message.find("array of strings") != std::string::npos);
+  auto number = only_issue(with("[\"big\", 7]"));
+  CHECK(number.key == "model.served_names[1]");
+  CHECK(number.line == line_of(with("[\"big\", 7]"), "served_names"));
+  CHECK(number.message.find("expected a string") != std::string::npos);
+  auto empty = only_issue(with("[\"\"]"));
+  CHECK(empty.key == "model.served_names[0]");
+  CHECK(empty.message.find("must not be empty") != std::string::npos);
+  auto twice = only_issue(with("[\"big\", \"small\", \"big\"]"));
+  CHECK(twice.key == "model.served_names[2]");
+  CHECK(twice.message.find("'big' is listed twice") != std::string::npos);
+  auto primary = only_issue(with("[\"tiny\"]"));
+  CHECK(primary.key == "model.served_names[0]");
+  CHECK(primary.message.find("already the model's name") != std::string::npos);
+  CHECK(only_issue(with("[\"big\"]\nserved_name = 1")).key == "model.served_name");
+}
