@@ -695,6 +695,14 @@ std::vector<std::pair<std::string, double>> Loader::read_sim_numbers(const toml:
       sink_.add(pos_of(node.source()), key, "must be a finite number (not inf or nan)");
       value.reset();
     }
+    if (value && name.str() == "reasoning_share" &&
+        manifest_.model.chat_format == ChatFormat::plain) {
+      // A key that would do nothing: the plain format has no reasoning to end.
+      sink_.add(pos_of(node.source()), key,
+                "reasoning_share applies to a chat format with reasoning (chatml, minimax-m2); "
+                "model.chat_format is plain");
+      value.reset();
+    }
     if (value) {
       params.emplace_back(std::string(name.str()), *value);
     } else {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <deque>
 
+#include "actors/executor/sim_markup.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
 
@@ -46,7 +47,16 @@ using ExecutorActor = caf::stateful_actor<ExecutorState>;
 
 ExecInfo open_device(ExecutorState& st, const ShellContext& ctx, const config::Instance& inst) {
   ExecInfo info;
-  auto device = devices::make_device(device_spec(*ctx.manifest, inst));
+  devices::DeviceSpec spec = device_spec(*ctx.manifest, inst);
+  if (spec.kind == config::DeviceKind::sim) {
+    auto markup = load_sim_markup(ctx.manifest->model, spec.sim);
+    if (!markup.ok()) {
+      info.error = "executor " + inst.name + ": " + markup.error().describe();
+      return info;
+    }
+    spec.sim_markup = std::move(markup).value();
+  }
+  auto device = devices::make_device(spec);
   if (!device.ok()) {
     info.error = "executor " + inst.name + ": " + device.error().describe();
     return info;

@@ -1454,3 +1454,55 @@ TEST_CASE("[model] served_names: aliases of the model, validated with file:line:
   CHECK(primary.message.find("already the model's name") != std::string::npos);
   CHECK(only_issue(with("[\"big\"]\nserved_name = 1")).key == "model.served_name");
 }
+
+TEST_CASE("[sim] reasoning_share is refused with the plain chat format (it would do nothing)") {
+  std::string sim = base_manifest + "[sim]\nreasoning_share = 0.3\n";
+  // chat_format auto: the executor decides once it knows the format (actors/executor).
+  CHECK(parse_ok(sim).sim.params.size() == 1);
+  std::string plain = replace(sim, "path = \"models/tiny\"",
+                              "path = \"models/tiny\"\nchat_format = \"plain\"");
+  auto issue = only_issue(plain);
+  CHECK(issue.key == "sim.reasoning_share");
+  CHECK(issue.line == line_of(plain, "reasoning_share"));
+  CHECK(issue.message.find("model.chat_format is plain") != std::string::npos);
+  std::string chatml = replace(sim, "path = \"models/tiny\"",
+                               "path = \"models/tiny\"\nchat_format = \"chatml\"");
+  CHECK(parse_ok(chatml).sim.params.at(0).second == 0.3);
+}
+
+TEST_CASE("example agents.toml: one machine, every role, MiniMax-M2 on the sim device") {
+  Manifest m = load_example("agents.toml");
+  REQUIRE(m.nodes.size() == 1);
+  CHECK(m.nodes[0].host == "127.0.0.1");
+  CHECK(m.nodes[0].http_port == std::optional<uint16_t>(8000));
+  for (Role role : roles_all) CHECK_MESSAGE(!m.instances_of(role).empty(), to_string(role));
+  CHECK(m.model.chat_format == ChatFormat::minimax_m2);
+  CHECK(m.model.max_model_tokens == 204800);
+  CHECK(m.model.serves("MiniMax-M2.7"));
+  CHECK(m.model.served_names.size() >= 2);  // the agent's model and a side-task model
+  CHECK(m.model.path ==
+        fs::weakly_canonical(source_root()).string() + "/models/minimax-m2-synth");
+  std::map<std::string, double> sim(m.sim.params.begin(), m.sim.params.end());
+  CHECK(sim.at("time_factor") == 0);
+  CHECK(sim.at("reasoning_share") > 0);
+  CHECK(sim.at("reasoning_share") < 1);
+  CHECK(sim.at("max_position") == 204800);
+  // The synthesized tokenizer's ids (tools/setup.d/40-agents-model.sh: --vocab 512): bos is
+  // its first added token ]~!b[, eos its third, [e~[.
+  CHECK(sim.at("vocab") == 512);
+  CHECK(sim.at("bos_id") == 505);
+  CHECK(sim.at("eos_id") == 507);
+  // 16 sessions of 100K tokens fit every pool, in a few GiB: rows of 62 layers x 8 KV heads x
+  // max(1, 128 x kv_scale) x 2 (K, V) bytes.
+  auto executors = m.instances_of(Role::executor);
+  REQUIRE(executors.size() == 2);
+  double row_bytes = 62.0 * 8 * std::max(1.0, 128 * sim.at("kv_scale")) * 2;
+  double pools_bytes = 0;
+  for (const auto& [node, executor] : executors) {
+    CHECK(executor->device == DeviceKind::sim);
+    uint64_t tokens = uint64_t{executor->kv_blocks} * m.model.block_tokens;
+    CHECK(tokens >= 16u * 100000u);
+    pools_bytes += static_cast<double>(tokens) * row_bytes;
+  }
+  CHECK(pools_bytes < 4.0 * (1u << 30));
+}
