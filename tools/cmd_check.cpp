@@ -2,10 +2,43 @@
 #include <cstdio>
 #include <variant>
 
+#include "actors/executor/executor_actor.hpp"
 #include "config/manifest.hpp"
+#include "devices/kv_memory.hpp"
 #include "tools/commands.hpp"
+#include "tools/local_host.hpp"
 
 namespace tandem::tools {
+
+namespace {
+
+// Prints each node's KV pool bytes; a node on this host whose pools do not fit its memory is
+// an error (`tandem node` would refuse to start it). Returns the exit code.
+int check_kv_memory(const config::Manifest& manifest) {
+  const HostIdentity self = this_host();
+  const uint64_t memory_bytes = devices::host_memory_bytes();
+  int exit_code = 0;
+  for (const config::Node& node : manifest.nodes) {
+    uint64_t total = 0;
+    for (const config::Instance& instance : node.instances) {
+      if (instance.role != config::Role::executor) continue;
+      auto bytes = devices::kv_pool_host_bytes(actors::device_spec(manifest, instance));
+      if (bytes.ok()) total += *bytes;
+    }
+    if (total == 0) continue;
+    bool local = is_local_host(node.host, self);
+    std::printf("kv pools  node %s: %s%s\n", node.name.c_str(),
+                devices::describe_bytes(total).c_str(), local ? " (this host)" : "");
+    if (!local) continue;
+    if (auto too_big = actors::check_node_kv_memory(manifest, node, memory_bytes)) {
+      std::fprintf(stderr, "%s: %s\n", manifest.file.c_str(), too_big->c_str());
+      exit_code = 1;
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace
 
 int cmd_check(cli::Args args) {
   cli::Flags flags(
@@ -14,7 +47,9 @@ int cmd_check(cli::Args args) {
       "docs/manifest.md). On success prints a one-screen summary (cluster, fabric, model,\n"
       "and a table of nodes with their addresses and instances by role) to stdout and exits\n"
       "0. Otherwise prints every problem found, one per line as\n"
-      "`file:line:column: key: message`, to stderr and exits 1. A bad command line exits 2.");
+      "`file:line:column: key: message`, to stderr and exits 1. Then prints each node's KV\n"
+      "pool bytes; a node on this host whose pools do not fit its memory (with a margin) is\n"
+      "an error too (`tandem node` refuses to start it), exit 1. A bad command line exits 2.");
   flags.positional("MANIFEST", "path of the cluster manifest, e.g. config/examples/local.toml");
   int exit_code = 0;
   if (!flags.parse(args, &exit_code)) return exit_code;
@@ -25,8 +60,9 @@ int cmd_check(cli::Args args) {
     }
     return 1;
   }
-  std::fputs(config::summarize(std::get<config::Manifest>(loaded)).c_str(), stdout);
-  return 0;
+  const auto& manifest = std::get<config::Manifest>(loaded);
+  std::fputs(config::summarize(manifest).c_str(), stdout);
+  return check_kv_memory(manifest);
 }
 
 }  // namespace tandem::tools

@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "actors/executor/sim_markup.hpp"
+#include "devices/kv_memory.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
 
@@ -21,6 +22,19 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.seed = std::hash<std::string>{}(instance.name);
   spec.sim = manifest.sim_params(instance);
   return spec;
+}
+
+std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest,
+                                                const config::Node& node, uint64_t memory_bytes) {
+  std::vector<devices::KvPoolUse> pools;
+  for (const config::Instance& instance : node.instances) {
+    if (instance.role != config::Role::executor) continue;
+    auto bytes = devices::kv_pool_host_bytes(device_spec(manifest, instance));
+    if (!bytes.ok()) continue;  // the executor reports its bad parameters when it starts
+    pools.push_back({instance.name, *bytes, instance.kv_blocks, manifest.model.block_tokens});
+  }
+  RT_ASSERT(pools.size() <= node.instances.size(), node.name);
+  return devices::check_kv_pools_fit(node.name, pools, memory_bytes);
 }
 
 namespace {

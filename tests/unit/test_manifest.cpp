@@ -1470,39 +1470,37 @@ TEST_CASE("[sim] reasoning_share is refused with the plain chat format (it would
   CHECK(parse_ok(chatml).sim.params.at(0).second == 0.3);
 }
 
-TEST_CASE("example agents.toml: one machine, every role, MiniMax-M2 on the sim device") {
-  Manifest m = load_example("agents.toml");
-  REQUIRE(m.nodes.size() == 1);
-  CHECK(m.nodes[0].host == "127.0.0.1");
-  CHECK(m.nodes[0].http_port == std::optional<uint16_t>(8000));
-  for (Role role : roles_all) CHECK_MESSAGE(!m.instances_of(role).empty(), to_string(role));
-  CHECK(m.model.chat_format == ChatFormat::minimax_m2);
-  CHECK(m.model.max_model_tokens == 204800);
-  CHECK(m.model.serves("MiniMax-M2.7"));
-  CHECK(m.model.served_names.size() >= 2);  // the agent's model and a side-task model
-  CHECK(m.model.path ==
-        fs::weakly_canonical(source_root()).string() + "/models/minimax-m2-synth");
-  std::map<std::string, double> sim(m.sim.params.begin(), m.sim.params.end());
-  CHECK(sim.at("time_factor") == 0);
-  CHECK(sim.at("reasoning_share") > 0);
-  CHECK(sim.at("reasoning_share") < 1);
-  CHECK(sim.at("max_position") == 204800);
-  // The synthesized tokenizer's ids (tools/setup.d/40-agents-model.sh: --vocab 512): bos is
-  // its first added token ]~!b[, eos its third, [e~[.
-  CHECK(sim.at("vocab") == 512);
-  CHECK(sim.at("bos_id") == 505);
-  CHECK(sim.at("eos_id") == 507);
-  // 16 sessions of 100K tokens fit every pool, in a few GiB: rows of 62 layers x 8 KV heads x
-  // max(1, 128 x kv_scale) x 2 (K, V) bytes.
-  auto executors = m.instances_of(Role::executor);
-  REQUIRE(executors.size() == 2);
-  double row_bytes = 62.0 * 8 * std::max(1.0, 128 * sim.at("kv_scale")) * 2;
-  double pools_bytes = 0;
-  for (const auto& [node, executor] : executors) {
-    CHECK(executor->device == DeviceKind::sim);
-    uint64_t tokens = uint64_t{executor->kv_blocks} * m.model.block_tokens;
-    CHECK(tokens >= 16u * 100000u);
-    pools_bytes += static_cast<double>(tokens) * row_bytes;
+TEST_CASE("KV pools that do not fit this host's memory: tandem check and tandem node refuse") {
+  fs::path dir = fs::temp_directory_path() / ("tandem-kvmem-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  // Two full-size sim pools (kv_scale 1: 126976 bytes a token) of 2M tokens: ~240 GiB each.
+  std::string text = replace(base_manifest, "path = \"models/tiny\"",
+                             "path = \"models/tiny\"\nblock_tokens = 4096\n"
+                             "max_model_tokens = 8192");
+  text = replace(text, "  device = \"cpu\"\n  devices = [0]\n",
+                 "  device = \"sim\"\n  devices = [0]\n  kv_blocks = 500\n");
+  text += "  [[node.instance]]\n  role = \"prefill\"\n  name = \"pre\"\n  executor = \"ex2\"\n"
+          "  [[node.instance]]\n  role = \"executor\"\n  name = \"ex2\"\n  device = \"sim\"\n"
+          "  devices = [1]\n  kv_blocks = 500\n[prefill]\nstep_tokens_max = 4096\n";
+  fs::path big = dir / "big.toml";
+  std::ofstream(big) << text;
+  RunResult check = run_tandem("check " + big.string());
+  INFO(check.output);
+  CHECK(check.exit_code == 1);
+  for (const char* fragment : {"kv pools  node a:", "node 'a': its KV pools need",
+                               "executor 'ex': kv_blocks 500 x model.block_tokens 4096 = ",
+                               "executor 'ex2'", "physical", "kv_scale", "kv_blocks"}) {
+    CHECK_MESSAGE(check.output.find(fragment) != std::string::npos, fragment);
   }
-  CHECK(pools_bytes < 4.0 * (1u << 30));
+  RunResult node = run_tandem("node --manifest " + big.string() + " --node a");
+  INFO(node.output);
+  CHECK(node.exit_code == 1);
+  CHECK(node.output.find("its KV pools need") != std::string::npos);
+  // Scaled down (1/128) the same pools fit: check passes and prints their size.
+  fs::path small = dir / "small.toml";
+  std::ofstream(small) << text + "[sim]\nkv_scale = 0.0078125\n";
+  RunResult fits = run_tandem("check " + small.string());
+  CHECK_MESSAGE(fits.exit_code == 0, fits.output);
+  CHECK(fits.output.find("kv pools  node a: 3.8 GiB") != std::string::npos);
+  fs::remove_all(dir);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "devices/kv_memory.hpp"
 #include "devices/sim/sim_device.hpp"
 
 using namespace tandem::devices;
@@ -440,4 +441,36 @@ TEST_CASE("reasoning formats: an opening marker first (chatml); share 0 and 1; b
   auto e3 = SimDevice::create(markup_spec(1.5, minimax_markup()));
   REQUIRE_FALSE(e3.ok());
   CHECK(has(e3.error().message, "reasoning_share"));
+}
+
+TEST_CASE("KV pools vs host memory: sizes, the budget and the startup error") {
+  DeviceSpec spec = small_spec();
+  spec.block_tokens = 4096;
+  spec.blocks_total = 600;
+  auto bytes = kv_pool_host_bytes(spec);
+  REQUIRE(bytes.ok());
+  CHECK(*bytes == uint64_t{600} * 4096 * 62 * 8 * 1 * 2);  // kv_scale 1/128: 8-byte rows
+  DeviceSpec cpu;
+  CHECK(kv_pool_host_bytes(cpu).value() == 0);  // not counted
+  DeviceSpec bad = small_spec(1, {{"kv_scale", 2.0}});
+  CHECK_FALSE(kv_pool_host_bytes(bad).ok());
+
+  const uint64_t gib = uint64_t{1} << 30;
+  CHECK(kv_pool_budget_bytes(24 * gib) == 24 * gib - 24 * gib / 10);
+  CHECK(kv_pool_budget_bytes(4 * gib) == 3 * gib);  // the margin is at least 1 GiB
+  CHECK(kv_pool_budget_bytes(gib / 2) == 0);
+  CHECK(host_memory_bytes() > 0);
+
+  std::vector<KvPoolUse> pools = {{"exec-prefill", 31 * gib, 7936, 4096},
+                                  {"exec-decode", 31 * gib, 7936, 4096}};
+  auto error = check_kv_pools_fit("node1", pools, 24 * gib);
+  REQUIRE(error.has_value());
+  for (const char* fragment :
+       {"node 'node1'", "62.0 GiB", "24.0 GiB", "21.6 GiB", "executor 'exec-prefill': kv_blocks "
+        "7936 x model.block_tokens 4096 = 31.0 GiB", "executor 'exec-decode'", "kv_blocks",
+        "[sim] kv_scale", "model.block_tokens"}) {
+    CHECK_MESSAGE(has(*error, fragment), fragment, "\n", *error);
+  }
+  CHECK_FALSE(check_kv_pools_fit("node1", pools, 80 * gib).has_value());
+  CHECK_FALSE(check_kv_pools_fit("node1", pools, 0).has_value());  // memory unknown
 }

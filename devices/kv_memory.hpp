@@ -1,0 +1,49 @@
+// tandem/devices: do a node's KV pools fit in its host's memory?
+//
+// A sim pool is mmap'd lazily (MAP_NORESERVE): an oversized one starts fine and the kernel
+// kills the node later, under load, when the pool is written -- silently for the clients.
+// So the node checks at startup (tools/cmd_node.cpp, and `tandem check` for the nodes on this
+// host) that the pools it will create fit, and refuses to start otherwise.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "devices/device.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::devices {
+
+// Host bytes the KV pool of a device built from `spec` takes once written: sim:
+// blocks_total x its block bytes (rows of kv_bytes_per_token x kv_scale); other kinds: 0
+// (cpu pools are not counted here; rbln pools live in device memory).
+// Errors (invalid): bad sim parameters (params_from_map's message).
+Result<uint64_t> kv_pool_host_bytes(const DeviceSpec& spec);
+
+// This machine's physical memory (sysconf), bytes; 0 when unknown.
+uint64_t host_memory_bytes();
+
+// The memory the KV pools of one node may take: memory minus a margin of max(10%, 1 GiB)
+// for the rest of the process (weights, buffers, the tokenizer) and the system.
+uint64_t kv_pool_budget_bytes(uint64_t memory_bytes);
+
+struct KvPoolUse {
+  std::string executor;  // instance name
+  uint64_t bytes = 0;
+  uint32_t kv_blocks = 0;
+  uint32_t block_tokens = 0;
+};
+
+// nullopt when the pools fit kv_pool_budget_bytes(memory_bytes) (or memory is unknown, 0).
+// Else the startup error: each pool's bytes, the total, the memory and budget, and the
+// manifest keys that shrink a pool. Pure.
+std::optional<std::string> check_kv_pools_fit(const std::string& node,
+                                              std::span<const KvPoolUse> pools,
+                                              uint64_t memory_bytes);
+
+// "1.6 GB (1600000000 bytes)"-style text for messages.
+std::string describe_bytes(uint64_t bytes);
+
+}  // namespace tandem::devices
