@@ -298,6 +298,9 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
     r.last_token = now;
     ++r.tokens_received;
     st.metrics->generation_tokens->inc();
+    // The end-of-sequence token ends the output; its text (an HF added token such as
+    // MiniMax-M2's "[e~[") is not part of it.
+    if (st.tokenizer->eos_id() == token) continue;
     auto out = r.stops->feed(r.decoder->push(token));
     emit_text(r, out.text);
     if (out.matched) {

@@ -1470,6 +1470,43 @@ TEST_CASE("[sim] reasoning_share is refused with the plain chat format (it would
   CHECK(parse_ok(chatml).sim.params.at(0).second == 0.3);
 }
 
+TEST_CASE("example agents.toml: one machine, every role, MiniMax-M2 on the sim device") {
+  Manifest m = load_example("agents.toml");
+  REQUIRE(m.nodes.size() == 1);
+  CHECK(m.nodes[0].host == "127.0.0.1");
+  CHECK(m.nodes[0].http_port == std::optional<uint16_t>(8000));
+  for (Role role : roles_all) CHECK_MESSAGE(!m.instances_of(role).empty(), to_string(role));
+  CHECK(m.model.chat_format == ChatFormat::minimax_m2);
+  CHECK(m.model.max_model_tokens == 204800);
+  CHECK(m.model.serves("MiniMax-M2.7"));
+  CHECK(m.model.served_names.size() >= 2);  // the agent's model and a side-task model
+  CHECK(m.model.path ==
+        fs::weakly_canonical(source_root()).string() + "/models/minimax-m2-synth");
+  std::map<std::string, double> sim(m.sim.params.begin(), m.sim.params.end());
+  CHECK(sim.at("time_factor") == 0);
+  CHECK(sim.at("reasoning_share") > 0);
+  CHECK(sim.at("reasoning_share") < 1);
+  CHECK(sim.at("max_position") == 204800);
+  // The synthesized tokenizer's ids (tools/setup.d/40-agents-model.sh: --vocab 512): bos is
+  // its first added token ]~!b[, eos its third, [e~[.
+  CHECK(sim.at("vocab") == 512);
+  CHECK(sim.at("bos_id") == 505);
+  CHECK(sim.at("eos_id") == 507);
+  // 16 sessions of 100K tokens fit every pool, in a few GiB: rows of 62 layers x 8 KV heads x
+  // max(1, 128 x kv_scale) x 2 (K, V) bytes.
+  auto executors = m.instances_of(Role::executor);
+  REQUIRE(executors.size() == 2);
+  double row_bytes = 62.0 * 8 * std::max(1.0, 128 * sim.at("kv_scale")) * 2;
+  double pools_bytes = 0;
+  for (const auto& [node, executor] : executors) {
+    CHECK(executor->device == DeviceKind::sim);
+    uint64_t tokens = uint64_t{executor->kv_blocks} * m.model.block_tokens;
+    CHECK(tokens >= 16u * 100000u);
+    pools_bytes += static_cast<double>(tokens) * row_bytes;
+  }
+  CHECK(pools_bytes < 4.0 * (1u << 30));
+}
+
 TEST_CASE("KV pools that do not fit this host's memory: tandem check and tandem node refuse") {
   fs::path dir = fs::temp_directory_path() / ("tandem-kvmem-" + std::to_string(getpid()));
   fs::create_directories(dir);
