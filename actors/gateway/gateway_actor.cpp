@@ -93,6 +93,9 @@ struct Req {
   std::optional<ActorName> decode;
   std::string prefill;
   uint32_t tokens_received = 0;
+  // Of tokens_received, those that began or ended inside the output's reasoning (the parser's
+  // state before and after the token's text): usage's reasoning_tokens.
+  uint32_t reasoning_tokens = 0;
   uint32_t retries_left = retries_max;
   bool tool_calls_seen = false;
   bool finished = false;
@@ -238,7 +241,8 @@ void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
     reason = gateway::FinishReason::tool_calls;
   }
   gateway::Usage usage{static_cast<int64_t>(r.prompt.size()), cached_tokens,
-                       static_cast<int64_t>(r.tokens_received), 0};
+                       static_cast<int64_t>(r.tokens_received),
+                       static_cast<int64_t>(r.reasoning_tokens)};
   write_events(r, {gateway::Finish{reason, stop_string}, gateway::UsageReport{usage}});
   if (r.spec.stream) {
     r.out->end();
@@ -301,8 +305,11 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
     // The end-of-sequence token ends the output; its text (an HF added token such as
     // MiniMax-M2's "[e~[") is not part of it.
     if (st.tokenizer->eos_id() == token) continue;
+    bool reasoning = r.parser && r.parser->in_reasoning();
     auto out = r.stops->feed(r.decoder->push(token));
     emit_text(r, out.text);
+    if (reasoning || (r.parser && r.parser->in_reasoning())) ++r.reasoning_tokens;
+    RT_ASSERT(r.reasoning_tokens <= r.tokens_received, id);
     if (out.matched) {
       (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
         b.getBody().initCancel().setRequestId(id);

@@ -51,6 +51,9 @@ class OutputParser {
   // End of output: flushes held-back text and closes an open tool call. Call once.
   std::vector<GenEvent> finish();
   int64_t tool_calls_count() const { return tool_index_; }
+  // Inside <think>...</think> as far as the input fed so far shows (a possible marker prefix
+  // held back does not count yet).
+  bool in_reasoning() const { return state_ == State::reasoning; }
 
  private:
   enum class State { text, reasoning, minimax_block, minimax_invoke, qwen_call };

@@ -155,7 +155,13 @@ TEST_CASE("agents.toml: a dry run has reasoning and content, never a tool call")
                   marker);
   }
   CHECK(reply["choices"][0].value("finish_reason", "") == "stop");
-  CHECK(reply["usage"].value("completion_tokens", 0) > 3);
+  int64_t completion = reply["usage"].value("completion_tokens", int64_t{0});
+  CHECK(completion > 3);
+  // reasoning_share 0.3 of the output is reasoning: usage says so.
+  int64_t reasoning = reply["usage"]["completion_tokens_details"].value("reasoning_tokens",
+                                                                        int64_t{0});
+  CHECK(reasoning >= completion / 5);
+  CHECK(reasoning <= completion * 2 / 5);
 
   json messages = post_json("/v1/messages",
                             {{"model", "MiniMax-M2.7"},
