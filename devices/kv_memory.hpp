@@ -3,13 +3,15 @@
 // A sim pool is mmap'd lazily (MAP_NORESERVE): an oversized one starts fine and the kernel
 // kills the node later, under load, when the pool is written -- silently for the clients.
 // So the node checks at startup (tools/cmd_node.cpp, and `tandem check` for the nodes on this
-// host) that the pools it will create fit, and refuses to start otherwise.
+// host) that the pools it will create fit, and refuses to start otherwise; `tandem up` checks
+// the pools of all the nodes it starts on this host together.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "devices/device.hpp"
 #include "runtime/base/result.hpp"
@@ -17,9 +19,11 @@
 namespace tandem::devices {
 
 // Host bytes the KV pool of a device built from `spec` takes once written: sim:
-// blocks_total x its block bytes (rows of kv_bytes_per_token x kv_scale); other kinds: 0
-// (cpu pools are not counted here; rbln pools live in device memory).
-// Errors (invalid): bad sim parameters (params_from_map's message).
+// blocks_total x its block bytes (rows of kv_bytes_per_token x kv_scale); cpu: blocks_total x
+// block_tokens x layers x 2 x kv_heads x head_dim x 4 (fp32), the shape read from the model's
+// config.json or llama2.c header (no tensor is read); rbln: 0 (device memory).
+// Errors: invalid (bad sim parameters, a bad model header), not_found (no model file).
+// Reads at most one small file: call at startup.
 Result<uint64_t> kv_pool_host_bytes(const DeviceSpec& spec);
 
 // This machine's physical memory (sysconf), bytes; 0 when unknown.
@@ -39,7 +43,8 @@ struct KvPoolUse {
 // nullopt when the pools fit kv_pool_budget_bytes(memory_bytes) (or memory is unknown, 0).
 // Else the startup error: each pool's bytes, the total, the memory and budget, and the
 // manifest keys that shrink a pool. Pure.
-std::optional<std::string> check_kv_pools_fit(const std::string& node,
+// `who` names the pools' owner in the message ("node 'a'", "this host's nodes a, b").
+std::optional<std::string> check_kv_pools_fit(const std::string& who,
                                               std::span<const KvPoolUse> pools,
                                               uint64_t memory_bytes);
 

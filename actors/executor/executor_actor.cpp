@@ -24,17 +24,24 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   return spec;
 }
 
-std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest,
-                                                const config::Node& node, uint64_t memory_bytes) {
+std::vector<devices::KvPoolUse> node_kv_pools(const config::Manifest& manifest,
+                                              const config::Node& node, bool with_node) {
   std::vector<devices::KvPoolUse> pools;
   for (const config::Instance& instance : node.instances) {
     if (instance.role != config::Role::executor) continue;
     auto bytes = devices::kv_pool_host_bytes(device_spec(manifest, instance));
     if (!bytes.ok()) continue;  // the executor reports its bad parameters when it starts
-    pools.push_back({instance.name, *bytes, instance.kv_blocks, manifest.model.block_tokens});
+    std::string name = with_node ? node.name + "/" + instance.name : instance.name;
+    pools.push_back({name, *bytes, instance.kv_blocks, manifest.model.block_tokens});
   }
   RT_ASSERT(pools.size() <= node.instances.size(), node.name);
-  return devices::check_kv_pools_fit(node.name, pools, memory_bytes);
+  return pools;
+}
+
+std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest,
+                                                const config::Node& node, uint64_t memory_bytes) {
+  std::vector<devices::KvPoolUse> pools = node_kv_pools(manifest, node, false);
+  return devices::check_kv_pools_fit("node '" + node.name + "'", pools, memory_bytes);
 }
 
 namespace {

@@ -14,6 +14,7 @@
 
 #include "actors/common/shell.hpp"
 #include "devices/device.hpp"
+#include "devices/kv_memory.hpp"
 #include "runtime/fabric/endpoint.hpp"
 
 namespace tandem::actors {
@@ -54,6 +55,10 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest, const config::
 // nullopt when they fit. Pure (no device is created).
 std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest,
                                                 const config::Node& node, uint64_t memory_bytes);
+// The KV pools of `node`'s executors, named "EXECUTOR" (or "NODE/EXECUTOR" when
+// `with_node`), for checks over several nodes of one host (`tandem up`).
+std::vector<devices::KvPoolUse> node_kv_pools(const config::Manifest& manifest,
+                                              const config::Node& node, bool with_node);
 
 // Spawns the executor for `instance` (detached when devices::holds_thread), creates its device and registers the KV
 // pool with the fabric (the bridge's endpoint must be open). Registers NODE/executor/NAME.

@@ -1507,7 +1507,7 @@ TEST_CASE("example agents.toml: one machine, every role, MiniMax-M2 on the sim d
   CHECK(pools_bytes < 4.0 * (1u << 30));
 }
 
-TEST_CASE("KV pools that do not fit this host's memory: tandem check and tandem node refuse") {
+TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and up refuse") {
   fs::path dir = fs::temp_directory_path() / ("tandem-kvmem-" + std::to_string(getpid()));
   fs::create_directories(dir);
   // Two full-size sim pools (kv_scale 1: 126976 bytes a token) of 2M tokens: ~240 GiB each.
@@ -1533,6 +1533,12 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check and tandem 
   INFO(node.output);
   CHECK(node.exit_code == 1);
   CHECK(node.output.find("its KV pools need") != std::string::npos);
+  // tandem up checks the nodes it starts on this host together, before starting any.
+  RunResult up = run_tandem("up " + big.string());
+  INFO(up.output);
+  CHECK(up.exit_code == 1);
+  CHECK(up.output.find("this host's nodes a: its KV pools need") != std::string::npos);
+  CHECK(up.output.find("executor 'a/ex2'") != std::string::npos);
   // Scaled down (1/128) the same pools fit: check passes and prints their size.
   fs::path small = dir / "small.toml";
   std::ofstream(small) << text + "[sim]\nkv_scale = 0.0078125\n";

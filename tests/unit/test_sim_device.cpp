@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -450,8 +451,18 @@ TEST_CASE("KV pools vs host memory: sizes, the budget and the startup error") {
   auto bytes = kv_pool_host_bytes(spec);
   REQUIRE(bytes.ok());
   CHECK(*bytes == uint64_t{600} * 4096 * 62 * 8 * 1 * 2);  // kv_scale 1/128: 8-byte rows
+  // cpu: fp32 rows from the model's shape; stories15M: 6 layers, 6 KV heads of 48 dims.
   DeviceSpec cpu;
-  CHECK(kv_pool_host_bytes(cpu).value() == 0);  // not counted
+  cpu.block_tokens = 16;
+  cpu.blocks_total = 512;
+  const char* root = std::getenv("TANDEM_SOURCE_ROOT");
+  REQUIRE(root != nullptr);
+  cpu.model_path = std::string(root) + "/models/stories15M";
+  auto cpu_bytes = kv_pool_host_bytes(cpu);
+  REQUIRE_MESSAGE(cpu_bytes.ok(), cpu_bytes.error().describe());
+  CHECK(*cpu_bytes == uint64_t{512} * 16 * 6 * 2 * 6 * 48 * 4);
+  cpu.model_path = std::string(root) + "/models/no-such-model";
+  CHECK_FALSE(kv_pool_host_bytes(cpu).ok());
   DeviceSpec bad = small_spec(1, {{"kv_scale", 2.0}});
   CHECK_FALSE(kv_pool_host_bytes(bad).ok());
 
@@ -463,7 +474,7 @@ TEST_CASE("KV pools vs host memory: sizes, the budget and the startup error") {
 
   std::vector<KvPoolUse> pools = {{"exec-prefill", 31 * gib, 7936, 4096},
                                   {"exec-decode", 31 * gib, 7936, 4096}};
-  auto error = check_kv_pools_fit("node1", pools, 24 * gib);
+  auto error = check_kv_pools_fit("node 'node1'", pools, 24 * gib);
   REQUIRE(error.has_value());
   for (const char* fragment :
        {"node 'node1'", "62.0 GiB", "24.0 GiB", "21.6 GiB", "executor 'exec-prefill': kv_blocks "
