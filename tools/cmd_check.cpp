@@ -1,6 +1,8 @@
 // `tandem check MANIFEST`: validate a cluster manifest and print its summary.
 #include <cstdio>
+#include <string>
 #include <variant>
+#include <vector>
 
 #include "actors/executor/executor_actor.hpp"
 #include "config/manifest.hpp"
@@ -18,6 +20,8 @@ int check_kv_memory(const config::Manifest& manifest) {
   const HostIdentity self = this_host();
   const uint64_t memory_bytes = devices::host_memory_bytes();
   int exit_code = 0;
+  std::vector<devices::KvPoolUse> local_pools;  // of every node on this host: `tandem up`'s
+  std::string local_names;
   for (const config::Node& node : manifest.nodes) {
     uint64_t total = 0;
     for (const config::Instance& instance : node.instances) {
@@ -34,6 +38,16 @@ int check_kv_memory(const config::Manifest& manifest) {
       std::fprintf(stderr, "%s: %s\n", manifest.file.c_str(), too_big->c_str());
       exit_code = 1;
     }
+    auto pools = actors::node_kv_pools(manifest, node, true);
+    local_pools.insert(local_pools.end(), pools.begin(), pools.end());
+    local_names += (local_names.empty() ? "" : ", ") + node.name;
+  }
+  if (exit_code != 0) return exit_code;  // a node alone is too big: said above
+  if (auto too_big = devices::check_kv_pools_fit("this host's nodes " + local_names, local_pools,
+                                                 memory_bytes)) {
+    std::fprintf(stderr, "%s: %s (`tandem up` starts them together)\n", manifest.file.c_str(),
+                 too_big->c_str());
+    exit_code = 1;
   }
   return exit_code;
 }
@@ -48,8 +62,9 @@ int cmd_check(cli::Args args) {
       "and a table of nodes with their addresses and instances by role) to stdout and exits\n"
       "0. Otherwise prints every problem found, one per line as\n"
       "`file:line:column: key: message`, to stderr and exits 1. Then prints each node's KV\n"
-      "pool bytes; a node on this host whose pools do not fit its memory (with a margin) is\n"
-      "an error too (`tandem node` refuses to start it), exit 1. A bad command line exits 2.");
+      "pool bytes; a node on this host whose pools do not fit its memory (with a margin), or\n"
+      "all of this host's nodes together (as `tandem up` starts them), is an error too\n"
+      "(`tandem node` / `tandem up` refuse to start), exit 1. A bad command line exits 2.");
   flags.positional("MANIFEST", "path of the cluster manifest, e.g. config/examples/local.toml");
   int exit_code = 0;
   if (!flags.parse(args, &exit_code)) return exit_code;

@@ -1539,6 +1539,30 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and u
   CHECK(up.exit_code == 1);
   CHECK(up.output.find("this host's nodes a: its KV pools need") != std::string::npos);
   CHECK(up.output.find("executor 'a/ex2'") != std::string::npos);
+  // Two nodes of this host that fit alone (60% of the budget each) but not together:
+  // tandem check says so (tandem up would refuse them).
+  uint64_t memory = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+  uint64_t budget = memory - std::max<uint64_t>(memory / 10, uint64_t{1} << 30);
+  uint64_t blocks = budget * 6 / 10 / (uint64_t{4096} * 126976);
+  std::string two = replace(base_manifest, "path = \"models/tiny\"",
+                            "path = \"models/tiny\"\nblock_tokens = 4096\n"
+                            "max_model_tokens = 8192");
+  two = replace(two, "  device = \"cpu\"\n  devices = [0]\n",
+                "  device = \"sim\"\n  devices = [0]\n  kv_blocks = " + std::to_string(blocks) +
+                    "\n");
+  two += "[[node]]\nname = \"b\"\nhost = \"127.0.0.1\"\nfabric_port = 17101\n"
+         "  [[node.instance]]\n  role = \"decode\"\n  name = \"dec2\"\n  executor = \"ex2\"\n"
+         "  [[node.instance]]\n  role = \"executor\"\n  name = \"ex2\"\n  device = \"sim\"\n"
+         "  devices = [0]\n  kv_blocks = " + std::to_string(blocks) +
+         "\n[prefill]\nstep_tokens_max = 4096\n";
+  fs::path together = dir / "together.toml";
+  std::ofstream(together) << two;
+  RunResult both = run_tandem("check " + together.string());
+  INFO(both.output);
+  CHECK(both.exit_code == 1);
+  CHECK(both.output.find("node 'a': its KV pools") == std::string::npos);
+  CHECK(both.output.find("this host's nodes a, b: its KV pools need") != std::string::npos);
+  CHECK(both.output.find("executor 'b/ex2'") != std::string::npos);
   // Scaled down (1/128) the same pools fit: check passes and prints their size.
   fs::path small = dir / "small.toml";
   std::ofstream(small) << text + "[sim]\nkv_scale = 0.0078125\n";
