@@ -298,6 +298,7 @@ class Loader {
   void read_membership(const toml::table& table);
   void read_logging(const toml::table& table);
   void read_model(const toml::table& table);
+  void read_served_names(TableReader& reader);
   void read_router(const toml::table& table);
   void read_kv_offload(const toml::table& table);
   void read_speculative(const toml::table& table);
@@ -465,9 +466,11 @@ void Loader::read_logging(const toml::table& table) {
 
 void Loader::read_model(const toml::table& table) {
   TableReader reader(sink_, table, "model",
-                     {"name", "path", "block_tokens", "max_model_tokens", "chat_format"});
+                     {"name", "served_names", "path", "block_tokens", "max_model_tokens",
+                      "chat_format"});
   ModelSection& model = manifest_.model;
   reader.read_string("name", model.name, true);
+  read_served_names(reader);
   if (reader.read_string("path", model.path, true)) {
     fs::path path(model.path);
     if (path.is_relative()) path = fs::path(manifest_.dir) / path;
@@ -489,6 +492,45 @@ void Loader::read_model(const toml::table& table) {
                      ")");
   }
   reader.read_enum("chat_format", chat_formats_all, model.chat_format);
+}
+
+// served_names = ["...", ...]: non-empty strings, distinct, none equal to [model] name.
+// Each bad element is reported at its own place.
+void Loader::read_served_names(TableReader& reader) {
+  const toml::node* node = reader.find("served_names");
+  if (!node) return;
+  const toml::array* array = node->as_array();
+  if (!array) {
+    reader.issue("served_names", "expected an array of strings (model ids), got " +
+                                     type_name(node->type()));
+    return;
+  }
+  const std::string& primary = manifest_.model.name;
+  std::vector<std::string> names;
+  std::string key = reader.key("served_names");
+  size_t bad_count = 0;
+  for (size_t i = 0; i < array->size(); ++i) {
+    const toml::node& element = *array->get(i);
+    std::string element_key = key + "[" + std::to_string(i) + "]";
+    std::string problem;
+    if (!element.is_string()) {
+      problem = "expected a string (a model id), got " + type_name(element.type());
+    } else if (element.as_string()->get().empty()) {
+      problem = "a served model name must not be empty";
+    } else if (element.as_string()->get() == primary) {
+      problem = "'" + primary + "' is already the model's name (model.name)";
+    } else if (std::find(names.begin(), names.end(), element.as_string()->get()) != names.end()) {
+      problem = "'" + element.as_string()->get() + "' is listed twice";
+    }
+    if (!problem.empty()) {
+      sink_.add(pos_of(element.source()), element_key, problem);
+      ++bad_count;
+      continue;
+    }
+    names.push_back(element.as_string()->get());
+  }
+  RT_ASSERT(names.size() + bad_count == array->size(), key);
+  if (bad_count == 0) manifest_.model.served_names = std::move(names);
 }
 
 void Loader::read_router(const toml::table& table) {
@@ -651,6 +693,14 @@ std::vector<std::pair<std::string, double>> Loader::read_sim_numbers(const toml:
                 "expected a number (integer or float), got " + type_name(node.type()));
     } else if (!std::isfinite(*value)) {
       sink_.add(pos_of(node.source()), key, "must be a finite number (not inf or nan)");
+      value.reset();
+    }
+    if (value && name.str() == "reasoning_share" &&
+        manifest_.model.chat_format == ChatFormat::plain) {
+      // A key that would do nothing: the plain format has no reasoning to end.
+      sink_.add(pos_of(node.source()), key,
+                "reasoning_share applies to a chat format with reasoning (chatml, minimax-m2); "
+                "model.chat_format is plain");
       value.reset();
     }
     if (value) {

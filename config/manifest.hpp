@@ -59,11 +59,19 @@ enum class ChatFormat { auto_detect, plain, chatml, minimax_m2 };
 std::string_view to_string(ChatFormat format);  // "auto", "plain", "chatml", "minimax-m2"
 
 struct ModelSection {
-  std::string name;                   // served model id (what /v1/models lists)
+  std::string name;                   // served model id (what /v1/models lists first)
+  // More ids the same model is served under (aliases, like vLLM's --served-model-name):
+  // listed by /v1/models after `name`; a request for any of them is served and answered
+  // under the id it asked for. Non-empty, distinct, none equal to `name`.
+  std::vector<std::string> served_names;
   std::string path;                   // model file or directory; absolute once loaded
   uint32_t block_tokens = 16;         // KV block size, tokens
   uint32_t max_model_tokens = 256;    // context length, tokens
   ChatFormat chat_format = ChatFormat::auto_detect;
+
+  // `name`, then `served_names`: every id a request may ask for.
+  std::vector<std::string> names() const;
+  bool serves(std::string_view id) const;  // id is one of names()
 };
 
 // Sections that later work fills in. They exist now so that unknown sections stay errors.

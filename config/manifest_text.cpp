@@ -124,6 +124,18 @@ std::vector<std::pair<const Node*, const Instance*>> Manifest::instances_of(Role
   return out;
 }
 
+std::vector<std::string> ModelSection::names() const {
+  std::vector<std::string> out{name};
+  out.insert(out.end(), served_names.begin(), served_names.end());
+  RT_ASSERT(out.size() == served_names.size() + 1, "names");
+  return out;
+}
+
+bool ModelSection::serves(std::string_view id) const {
+  return id == name ||
+         std::find(served_names.begin(), served_names.end(), id) != served_names.end();
+}
+
 const Instance* Manifest::find_executor(std::string_view name) const {
   for (const Node& node : nodes) {
     for (const Instance& instance : node.instances) {
@@ -189,6 +201,13 @@ std::string summarize(const Manifest& m) {
          std::to_string(m.cluster.protocol_version) + ")\n";
   out += "fabric    " + m.fabric.provider + "\n";
   out += "model     " + m.model.name + " at " + m.model.path + "\n";
+  if (!m.model.served_names.empty()) {
+    std::string aliases;
+    for (const auto& alias : m.model.served_names) {
+      aliases += (aliases.empty() ? "" : ", ") + alias;
+    }
+    out += "          also served as " + aliases + "\n";
+  }
   out += "          block " + std::to_string(m.model.block_tokens) + " tokens, context " +
          std::to_string(m.model.max_model_tokens) + " tokens, chat format " +
          std::string(to_string(m.model.chat_format)) + "\n";

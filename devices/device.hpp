@@ -147,6 +147,19 @@ void wait_ready(const StepOutput& out);
 // in devices/sim/). Ignored by other kinds.
 using SimParams = std::map<std::string, double>;
 
+// sim only: the chat format's markup, as ids of the served model's tokenizer (the executor
+// fills it from the tokenizer and [model] chat_format; all empty for the plain format).
+// The sim device writes reasoning_open, then reasoning, then reasoning_close once
+// reasoning_share of its output is written, then text; it never completes a `banned`
+// sequence (tool-call markers: a client must not run a call the simulator made up), nor
+// the reasoning markers outside those places.
+struct SimMarkup {
+  std::vector<int32_t> reasoning_open;   // empty when the prompt opens reasoning (minimax-m2)
+  std::vector<int32_t> reasoning_close;  // empty: the format has no reasoning
+  std::vector<std::vector<int32_t>> banned;
+  friend bool operator==(const SimMarkup&, const SimMarkup&) = default;
+};
+
 struct DeviceSpec {
   config::DeviceKind kind = config::DeviceKind::cpu;
   std::string model_path;     // cpu: llama2.c .bin file or HF directory
@@ -156,6 +169,7 @@ struct DeviceSpec {
   uint32_t threads = 0;       // compute threads; 0 = all cores
   uint64_t seed = 0;
   SimParams sim;
+  SimMarkup sim_markup;
 };
 
 class Device {

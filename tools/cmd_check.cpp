@@ -1,11 +1,58 @@
 // `tandem check MANIFEST`: validate a cluster manifest and print its summary.
 #include <cstdio>
+#include <string>
 #include <variant>
+#include <vector>
 
+#include "actors/executor/executor_actor.hpp"
 #include "config/manifest.hpp"
+#include "devices/kv_memory.hpp"
 #include "tools/commands.hpp"
+#include "tools/local_host.hpp"
 
 namespace tandem::tools {
+
+namespace {
+
+// Prints each node's KV pool bytes; a node on this host whose pools do not fit its memory is
+// an error (`tandem node` would refuse to start it). Returns the exit code.
+int check_kv_memory(const config::Manifest& manifest) {
+  const HostIdentity self = this_host();
+  const uint64_t memory_bytes = devices::host_memory_bytes();
+  int exit_code = 0;
+  std::vector<devices::KvPoolUse> local_pools;  // of every node on this host: `tandem up`'s
+  std::string local_names;
+  for (const config::Node& node : manifest.nodes) {
+    uint64_t total = 0;
+    for (const config::Instance& instance : node.instances) {
+      if (instance.role != config::Role::executor) continue;
+      auto bytes = devices::kv_pool_host_bytes(actors::device_spec(manifest, instance));
+      if (bytes.ok()) total += *bytes;
+    }
+    if (total == 0) continue;
+    bool local = is_local_host(node.host, self);
+    std::printf("kv pools  node %s: %s%s\n", node.name.c_str(),
+                devices::describe_bytes(total).c_str(), local ? " (this host)" : "");
+    if (!local) continue;
+    if (auto too_big = actors::check_node_kv_memory(manifest, node, memory_bytes)) {
+      std::fprintf(stderr, "%s: %s\n", manifest.file.c_str(), too_big->c_str());
+      exit_code = 1;
+    }
+    auto pools = actors::node_kv_pools(manifest, node, true);
+    local_pools.insert(local_pools.end(), pools.begin(), pools.end());
+    local_names += (local_names.empty() ? "" : ", ") + node.name;
+  }
+  if (exit_code != 0) return exit_code;  // a node alone is too big: said above
+  if (auto too_big = devices::check_kv_pools_fit("this host's nodes " + local_names, local_pools,
+                                                 memory_bytes)) {
+    std::fprintf(stderr, "%s: %s (`tandem up` starts them together)\n", manifest.file.c_str(),
+                 too_big->c_str());
+    exit_code = 1;
+  }
+  return exit_code;
+}
+
+}  // namespace
 
 int cmd_check(cli::Args args) {
   cli::Flags flags(
@@ -14,7 +61,10 @@ int cmd_check(cli::Args args) {
       "docs/manifest.md). On success prints a one-screen summary (cluster, fabric, model,\n"
       "and a table of nodes with their addresses and instances by role) to stdout and exits\n"
       "0. Otherwise prints every problem found, one per line as\n"
-      "`file:line:column: key: message`, to stderr and exits 1. A bad command line exits 2.");
+      "`file:line:column: key: message`, to stderr and exits 1. Then prints each node's KV\n"
+      "pool bytes; a node on this host whose pools do not fit its memory (with a margin), or\n"
+      "all of this host's nodes together (as `tandem up` starts them), is an error too\n"
+      "(`tandem node` / `tandem up` refuse to start), exit 1. A bad command line exits 2.");
   flags.positional("MANIFEST", "path of the cluster manifest, e.g. config/examples/local.toml");
   int exit_code = 0;
   if (!flags.parse(args, &exit_code)) return exit_code;
@@ -25,8 +75,9 @@ int cmd_check(cli::Args args) {
     }
     return 1;
   }
-  std::fputs(config::summarize(std::get<config::Manifest>(loaded)).c_str(), stdout);
-  return 0;
+  const auto& manifest = std::get<config::Manifest>(loaded);
+  std::fputs(config::summarize(manifest).c_str(), stdout);
+  return check_kv_memory(manifest);
 }
 
 }  // namespace tandem::tools

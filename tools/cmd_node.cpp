@@ -1,7 +1,9 @@
 // `tandem node --manifest M --node N`: run one node of a cluster in the foreground.
 #include <cstdio>
 
+#include "actors/executor/executor_actor.hpp"
 #include "actors/node_services.hpp"
+#include "devices/kv_memory.hpp"
 #include "runtime/node/node.hpp"
 #include "tools/commands.hpp"
 
@@ -31,6 +33,12 @@ int cmd_node(cli::Args args) {
   if (manifest.find_node(flags.get("node")) == nullptr) {
     std::fprintf(stderr, "tandem node: %s has no node named '%s'\n", flags.get("manifest").c_str(),
                  flags.get("node").c_str());
+    return 1;
+  }
+  // A pool that cannot fit would start and be killed under load: refuse it now.
+  const config::Node& node = *manifest.find_node(flags.get("node"));
+  if (auto too_big = actors::check_node_kv_memory(manifest, node, devices::host_memory_bytes())) {
+    std::fprintf(stderr, "tandem node: %s\n", too_big->c_str());
     return 1;
   }
   return runtime::run_node(manifest, flags.get("node"), actors::make_node_services);

@@ -10,7 +10,9 @@
 #include <variant>
 #include <vector>
 
+#include "actors/executor/executor_actor.hpp"
 #include "config/manifest.hpp"
+#include "devices/kv_memory.hpp"
 #include "tools/commands.hpp"
 #include "tools/launcher.hpp"
 #include "tools/up_plan.hpp"
@@ -85,6 +87,18 @@ int cmd_up(cli::Args args) {
   if (!children) return fail(children.error().message);
   std::string names;
   for (const auto& child : *children) names += (names.empty() ? "" : ", ") + child.name;
+  // Each node checks its own KV pools at start; the nodes started here share this host.
+  std::vector<devices::KvPoolUse> pools;
+  for (const auto& child : *children) {
+    const config::Node* node = manifest->find_node(child.name);
+    RT_ASSERT(node != nullptr, child.name);
+    auto own = actors::node_kv_pools(*manifest, *node, true);
+    pools.insert(pools.end(), own.begin(), own.end());
+  }
+  if (auto too_big = devices::check_kv_pools_fit("this host's nodes " + names, pools,
+                                                 devices::host_memory_bytes())) {
+    return fail(*too_big);
+  }
   std::fprintf(stderr, "tandem up: starting %zu node(s): %s\n", children->size(), names.c_str());
   LauncherOptions options;
   options.grace = std::chrono::milliseconds(*grace_ms);

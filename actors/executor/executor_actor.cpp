@@ -3,6 +3,8 @@
 #include <chrono>
 #include <deque>
 
+#include "actors/executor/sim_markup.hpp"
+#include "devices/kv_memory.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
 
@@ -20,6 +22,26 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.seed = std::hash<std::string>{}(instance.name);
   spec.sim = manifest.sim_params(instance);
   return spec;
+}
+
+std::vector<devices::KvPoolUse> node_kv_pools(const config::Manifest& manifest,
+                                              const config::Node& node, bool with_node) {
+  std::vector<devices::KvPoolUse> pools;
+  for (const config::Instance& instance : node.instances) {
+    if (instance.role != config::Role::executor) continue;
+    auto bytes = devices::kv_pool_host_bytes(device_spec(manifest, instance));
+    if (!bytes.ok()) continue;  // the executor reports its bad parameters when it starts
+    std::string name = with_node ? node.name + "/" + instance.name : instance.name;
+    pools.push_back({name, *bytes, instance.kv_blocks, manifest.model.block_tokens});
+  }
+  RT_ASSERT(pools.size() <= node.instances.size(), node.name);
+  return pools;
+}
+
+std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest,
+                                                const config::Node& node, uint64_t memory_bytes) {
+  std::vector<devices::KvPoolUse> pools = node_kv_pools(manifest, node, false);
+  return devices::check_kv_pools_fit("node '" + node.name + "'", pools, memory_bytes);
 }
 
 namespace {
@@ -46,7 +68,16 @@ using ExecutorActor = caf::stateful_actor<ExecutorState>;
 
 ExecInfo open_device(ExecutorState& st, const ShellContext& ctx, const config::Instance& inst) {
   ExecInfo info;
-  auto device = devices::make_device(device_spec(*ctx.manifest, inst));
+  devices::DeviceSpec spec = device_spec(*ctx.manifest, inst);
+  if (spec.kind == config::DeviceKind::sim) {
+    auto markup = load_sim_markup(ctx.manifest->model, spec.sim);
+    if (!markup.ok()) {
+      info.error = "executor " + inst.name + ": " + markup.error().describe();
+      return info;
+    }
+    spec.sim_markup = std::move(markup).value();
+  }
+  auto device = devices::make_device(spec);
   if (!device.ok()) {
     info.error = "executor " + inst.name + ": " + device.error().describe();
     return info;

@@ -9,10 +9,12 @@
 #include <caf/all.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "actors/common/shell.hpp"
 #include "devices/device.hpp"
+#include "devices/kv_memory.hpp"
 #include "runtime/fabric/endpoint.hpp"
 
 namespace tandem::actors {
@@ -47,6 +49,16 @@ struct ExecResult {
 
 // Builds the device spec for `instance` (an executor) from the manifest.
 devices::DeviceSpec device_spec(const config::Manifest& manifest, const config::Instance& instance);
+
+// The startup error when the KV pools of `node`'s executors do not fit `memory_bytes`
+// (devices::check_kv_pools_fit; bad sim parameters are left to the executor to report);
+// nullopt when they fit. Pure (no device is created).
+std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest,
+                                                const config::Node& node, uint64_t memory_bytes);
+// The KV pools of `node`'s executors, named "EXECUTOR" (or "NODE/EXECUTOR" when
+// `with_node`), for checks over several nodes of one host (`tandem up`).
+std::vector<devices::KvPoolUse> node_kv_pools(const config::Manifest& manifest,
+                                              const config::Node& node, bool with_node);
 
 // Spawns the executor for `instance` (detached when devices::holds_thread), creates its device and registers the KV
 // pool with the fabric (the bridge's endpoint must be open). Registers NODE/executor/NAME.

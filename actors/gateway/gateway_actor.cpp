@@ -317,6 +317,9 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
     r.last_token = now;
     ++r.tokens_received;
     st.metrics->generation_tokens->inc();
+    // The end-of-sequence token ends the output; its text (an HF added token such as
+    // MiniMax-M2's "[e~[") is not part of it.
+    if (st.tokenizer->eos_id() == token) continue;
     auto out = r.stops->feed(r.decoder->push(token));
     const bool reasoning_before = r.parser && r.parser->in_reasoning();
     emit_text(r, out.text);
@@ -549,15 +552,14 @@ void reply_busy(ApiKind api, gateway::ResponseStream& out, const ApiError& error
            gateway::render_error_body(api, error));
 }
 
+// A request names [model] name, one of its served_names, or nothing (the model's name).
 std::optional<ApiError> unknown_model(const config::Manifest& m, const gateway::GenerateSpec& spec) {
-  const auto& model = m.model.name;
-  if (!spec.model.empty() && spec.model != model) {
-    return api_error(404, "not_found_error",
-                     "model '" + spec.model + "' does not exist; this cluster serves '" + model +
-                         "'",
-                     "model_not_found");
-  }
-  return std::nullopt;
+  if (spec.model.empty() || m.model.serves(spec.model)) return std::nullopt;
+  std::string served;
+  for (const auto& name : m.model.names()) served += (served.empty() ? "'" : ", '") + name + "'";
+  return api_error(404, "not_found_error",
+                   "model '" + spec.model + "' does not exist; this cluster serves " + served,
+                   "model_not_found");
 }
 
 std::optional<ApiError> admit(GatewayState& st) {
@@ -583,7 +585,10 @@ void start_request(GatewayActor* self, uint64_t id, PreparedCall p) {
   r.start = r.last_activity = Clock::now();
   r.ids = std::make_unique<gateway::IdGenerator>(id ^ st.ctx.bridge->incarnation());
   gateway::RenderOptions options;
-  options.model = st.ctx.manifest->model.name;
+  // Answer under the id the client asked for (a served alias stays that alias).
+  const config::ModelSection& model = st.ctx.manifest->model;
+  RT_ASSERT(spec.model.empty() || model.serves(spec.model), spec.model);
+  options.model = spec.model.empty() ? model.name : spec.model;
   options.created_s = std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
   options.stream = spec.stream;
@@ -922,11 +927,16 @@ class Front final : public gateway::HttpHandler {
     return false;
   }
 
+  // Every served id: [model] name, then served_names.
   std::string models_body() const {
-    const auto& name = ctx_.manifest->model.name;
-    return R"({"object":"list","data":[{"id":")" + name +
-           R"(","object":"model","created":0,"owned_by":"tandem","max_model_len":)" +
-           std::to_string(ctx_.manifest->model.max_model_tokens) + "}]}";
+    const config::ModelSection& model = ctx_.manifest->model;
+    nlohmann::ordered_json data = nlohmann::ordered_json::array();
+    for (const auto& name : model.names()) {
+      data.push_back({{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"},
+                      {"max_model_len", model.max_model_tokens}});
+    }
+    RT_ASSERT(data.size() == model.served_names.size() + 1, "models listing");
+    return nlohmann::ordered_json{{"object", "list"}, {"data", data}}.dump();
   }
 
   ShellContext ctx_;

@@ -78,17 +78,20 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const DeviceSpec& spec) {
                    std::to_string(spec.block_tokens) + " tokens exceeds the modelled HBM (" +
                    std::to_string(static_cast<uint64_t>(capacity)) + " KV tokens)");
   }
+  if (Status st = validate_markup(*params, spec.sim_markup); !st) return st.error();
   layout.blocks_total = static_cast<uint32_t>(blocks);
   auto pool = PageBuffer::create(layout.pool_bytes());
   if (!pool) return pool.error();
-  return std::make_unique<SimDevice>(Key{}, *params, spec.seed, layout, std::move(pool).value());
+  return std::make_unique<SimDevice>(Key{}, *params, spec.seed, spec.sim_markup, layout,
+                                     std::move(pool).value());
 }
 
-SimDevice::SimDevice(Key, SimParams params, uint64_t seed, KvLayout layout,
+SimDevice::SimDevice(Key, SimParams params, uint64_t seed, SimMarkup markup, KvLayout layout,
                      std::unique_ptr<PageBuffer> pool)
-    : params_(std::move(params)), seed_(seed), model_(minimax_shape(params_)), layout_(layout),
-      pool_(std::move(pool)) {
+    : params_(std::move(params)), seed_(seed), markup_(std::move(markup)),
+      model_(minimax_shape(params_)), layout_(layout), pool_(std::move(pool)) {
   RT_ASSERT(params_.validate().ok(), "SimDevice: params must be valid");
+  RT_ASSERT(validate_markup(params_, markup_).ok(), "SimDevice: markup must be valid");
   RT_ASSERT(pool_ && pool_->size() == layout_.pool_bytes(), "SimDevice: pool size");
   RT_ASSERT(model_.validate().ok(), "SimDevice: model shape",
             model_.validate().ok() ? "" : model_.validate().error().message);
@@ -245,12 +248,14 @@ Result<StepOutput> SimDevice::run(std::span<const Pass> batch, bool is_prefill) 
       write_token(pass, state, i);
       if (is_prefill) continue;
       uint32_t prompt = std::min<uint32_t>(state.prompt_tokens, state.tokens.size());
-      seq.tokens.push_back(next_token(params_, seed_, state.tokens, state.hashes, prompt).token);
+      seq.tokens.push_back(
+          next_output_token(params_, seed_, markup_, state.tokens, state.hashes, prompt).token);
     }
     if (is_prefill) {
       state.prompt_tokens = static_cast<uint32_t>(state.tokens.size());
-      seq.tokens.push_back(
-          next_token(params_, seed_, state.tokens, state.hashes, state.prompt_tokens).token);
+      seq.tokens.push_back(next_output_token(params_, seed_, markup_, state.tokens, state.hashes,
+                                             state.prompt_tokens)
+                               .token);
     }
     seq.rows_count = static_cast<uint32_t>(seq.tokens.size());
     RT_ASSERT(seq.rows_count == (is_prefill ? 1u : pass.tokens.size()), "rows_count");

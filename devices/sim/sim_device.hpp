@@ -7,7 +7,8 @@
 //   2. reads each sequence's context [0, start_pos) back: from its own per-sequence cache
 //      when the pool still agrees with it, else from the KV rows in its blocks (so blocks
 //      copied in from another device work). KV that was never written there -> failed;
-//   3. writes the new positions' KV rows, picks tokens with sim::next_token;
+//   3. writes the new positions' KV rows, picks tokens with sim::next_output_token (inside
+//      the chat format's markup, spec.sim_markup);
 //   4. models the pass time (prefill_time_s / decode_step_time_s) and, when
 //      time_factor > 0, sets StepOutput::ready_at to when modelled time * time_factor has
 //      passed since the pass began (the host work of steps 1-3 counts toward it), or since
@@ -59,7 +60,8 @@ class SimDevice final : public Device {
   static constexpr size_t seqs_max = 65536;
 
   // spec.kind must be sim. Pool: spec.blocks_total, or spec.kv_bytes_max / block bytes.
-  // Errors (invalid): bad spec.sim keys or values, no pool size, block_tokens 0, a pool
+  // Errors (invalid): bad spec.sim keys or values, bad spec.sim_markup (validate_markup), no
+  // pool size, block_tokens 0, a pool
   // holding more tokens than the modelled HBM (kv_capacity_tokens); failed: mmap refused.
   static Result<std::unique_ptr<SimDevice>> create(const DeviceSpec& spec);
 
@@ -80,7 +82,7 @@ class SimDevice final : public Device {
     friend class SimDevice;
     Key() = default;
   };
-  SimDevice(Key, SimParams params, uint64_t seed, KvLayout layout,
+  SimDevice(Key, SimParams params, uint64_t seed, SimMarkup markup, KvLayout layout,
             std::unique_ptr<PageBuffer> pool);
 
  private:
@@ -109,6 +111,7 @@ class SimDevice final : public Device {
 
   SimParams params_;
   uint64_t seed_;
+  SimMarkup markup_;  // the chat format's markup (spec.sim_markup)
   ModelConfig model_;
   KvLayout layout_;
   std::unique_ptr<PageBuffer> pool_;

@@ -68,6 +68,7 @@ std::vector<Field> fields() {
       {"output_tokens_mean", false, f64(&SimParams::output_tokens_mean)},
       {"output_tokens_sigma", false, f64(&SimParams::output_tokens_sigma)},
       {"output_tokens_max", true, u32(&SimParams::output_tokens_max)},
+      {"reasoning_share", false, f64(&SimParams::reasoning_share)},
       {"vocab", true, u32(&SimParams::vocab)},
       {"bos_id", true, i32(&SimParams::bos_id)},
       {"eos_id", true, i32(&SimParams::eos_id)},
@@ -127,6 +128,9 @@ Status SimParams::validate() const {
     return bad("output_tokens_sigma", output_tokens_sigma, "[0, 4]");
   }
   if (output_tokens_max < 1) return bad("output_tokens_max", output_tokens_max, "[1, inf)");
+  if (!std::isfinite(reasoning_share) || reasoning_share < 0 || reasoning_share > 1) {
+    return bad("reasoning_share", reasoning_share, "[0, 1]");
+  }
   if (vocab < 2) return bad("vocab", vocab, "[2, inf)");
   if (bos_id < 0 || static_cast<uint32_t>(bos_id) >= vocab) {
     return bad("bos_id", bos_id, "[0, vocab)");
@@ -294,6 +298,93 @@ NextToken next_token(const SimParams& p, uint64_t seed, std::span<const int32_t>
   }
   RT_ASSERT(out.token >= 0 && static_cast<uint32_t>(out.token) < p.vocab, "token range");
   return out;
+}
+
+namespace {
+
+// `candidate` after `context` would end `sequence`.
+bool completes(std::span<const int32_t> sequence, std::span<const int32_t> context,
+               int32_t candidate) {
+  RT_ASSERT(!sequence.empty(), "empty marker sequence");
+  if (sequence.back() != candidate || sequence.size() - 1 > context.size()) return false;
+  return std::equal(sequence.begin(), sequence.end() - 1,
+                    context.end() - static_cast<ptrdiff_t>(sequence.size() - 1));
+}
+
+bool forbidden(const SimParams& p, const SimMarkup& markup, std::span<const int32_t> context,
+               int32_t candidate) {
+  if (candidate == p.eos_id || candidate == p.bos_id) return true;
+  for (const auto& sequence : markup.banned) {
+    if (completes(sequence, context, candidate)) return true;
+  }
+  for (const auto* marker : {&markup.reasoning_open, &markup.reasoning_close}) {
+    if (!marker->empty() && completes(*marker, context, candidate)) return true;
+  }
+  return false;
+}
+
+NextToken marker_token(int32_t token) {
+  NextToken out;
+  out.token = token;
+  return out;
+}
+
+}  // namespace
+
+NextToken next_output_token(const SimParams& p, uint64_t seed, const SimMarkup& markup,
+                            std::span<const int32_t> context,
+                            std::span<const uint64_t> context_hashes, uint32_t prompt_tokens) {
+  NextToken out = next_token(p, seed, context, context_hashes, prompt_tokens);
+  if (out.end) return out;
+  const auto generated = static_cast<uint32_t>(context.size() - prompt_tokens);
+  const auto& open = markup.reasoning_open;
+  const auto& close = markup.reasoning_close;
+  if (!close.empty()) {
+    uint32_t length = output_length_tokens(p, seed, context_hashes[prompt_tokens - 1]);
+    RT_ASSERT(length >= 1 && generated + 1 < length, "eos is handled by next_token");
+    auto reasoning = static_cast<uint32_t>(std::round(p.reasoning_share * (length - 1)));
+    auto close_at = static_cast<uint32_t>(open.size()) + reasoning;
+    if (generated < open.size()) return marker_token(open[generated]);
+    if (generated >= close_at && generated - close_at < close.size()) {
+      return marker_token(close[generated - close_at]);
+    }
+  }
+  for (uint32_t tries = 0; tries < p.vocab && forbidden(p, markup, context, out.token); ++tries) {
+    out.token = static_cast<int32_t>((static_cast<uint32_t>(out.token) + 1) % p.vocab);
+    out.copied = false;
+  }
+  RT_ASSERT(!forbidden(p, markup, context, out.token), "no allowed token", out.token);
+  return out;
+}
+
+Status validate_markup(const SimParams& p, const SimMarkup& markup) {
+  auto check_ids = [&p](const std::vector<int32_t>& ids, const std::string& what) -> Status {
+    for (int32_t id : ids) {
+      if (id < 0 || static_cast<uint32_t>(id) >= p.vocab) {
+        return make_error(ErrorKind::invalid, "sim: " + what + " token " + std::to_string(id) +
+                                                  " is outside [0, vocab " +
+                                                  std::to_string(p.vocab) + ")");
+      }
+    }
+    return {};
+  };
+  if (!markup.reasoning_open.empty() && markup.reasoning_close.empty()) {
+    return make_error(ErrorKind::invalid, "sim: a reasoning opening marker without a closing one");
+  }
+  if (Status s = check_ids(markup.reasoning_open, "reasoning opening marker"); !s) return s;
+  if (Status s = check_ids(markup.reasoning_close, "reasoning closing marker"); !s) return s;
+  size_t single_count = 2;  // eos and bos are never drawn
+  for (const auto& sequence : markup.banned) {
+    if (sequence.empty()) return make_error(ErrorKind::invalid, "sim: an empty banned sequence");
+    if (Status s = check_ids(sequence, "banned"); !s) return s;
+    single_count += sequence.size() == 1 ? 1 : 0;
+  }
+  single_count += markup.reasoning_open.size() == 1 ? 1 : 0;
+  single_count += markup.reasoning_close.size() == 1 ? 1 : 0;
+  if (single_count >= p.vocab) {
+    return make_error(ErrorKind::invalid, "sim: the banned tokens leave no token to draw");
+  }
+  return {};
 }
 
 // ---- KV contents --------------------------------------------------------------------

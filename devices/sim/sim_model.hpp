@@ -47,6 +47,9 @@ struct SimParams {
   double output_tokens_mean = 1000;    // output length (incl. eos), tokens
   double output_tokens_sigma = 0.5;    // lognormal sigma; 0 = every output is the mean
   uint32_t output_tokens_max = 16384;
+  // [0, 1]: with a reasoning format (SimMarkup), the share of an output's tokens (before eos)
+  // written as reasoning before the closing marker; 1 = the output never leaves reasoning.
+  double reasoning_share = 0.3;
   uint32_t vocab = 200064;
   int32_t bos_id = 200019;
   int32_t eos_id = 200020;
@@ -95,6 +98,20 @@ uint32_t output_length_tokens(const SimParams& params, uint64_t seed, uint64_t p
 // Pure: same arguments -> same token. Cost: O(context) (a backward scan for the copy).
 NextToken next_token(const SimParams& params, uint64_t seed, std::span<const int32_t> context,
                      std::span<const uint64_t> context_hashes, uint32_t prompt_tokens);
+
+// next_token() inside a chat format's markup: the output starts with markup.reasoning_open,
+// ends its reasoning with markup.reasoning_close after round(reasoning_share * (L - 1))
+// further tokens (L = output_length_tokens, eos included), and is text after that. A drawn or
+// copied token that would complete a banned sequence or a reasoning marker is replaced (the
+// next id that does not, nor is eos or bos). Precondition (asserted): ids in markup are in
+// [0, vocab) and single-token bans leave at least one other id. Same purity and cost as
+// next_token, plus O(banned tokens).
+NextToken next_output_token(const SimParams& params, uint64_t seed, const SimMarkup& markup,
+                            std::span<const int32_t> context,
+                            std::span<const uint64_t> context_hashes, uint32_t prompt_tokens);
+// invalid naming the problem: an id outside [0, vocab), an empty banned sequence, an opening
+// marker without a closing one, bans that leave no id to draw.
+Status validate_markup(const SimParams& params, const SimMarkup& markup);
 
 // ---- KV contents --------------------------------------------------------------------
 // The pool's layout for these params: layers, kv_heads as modelled, element_bytes 1,

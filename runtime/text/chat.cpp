@@ -318,7 +318,7 @@ Result<std::string> render_chatml(const Conversation& conversation) {
 
 Result<std::string> render_plain(const Conversation& conversation) {
   if (!conversation.tools_json.empty()) {
-    return make_error(ErrorKind::unimplemented, "the plain chat format has no tool support");
+    return make_error(ErrorKind::unimplemented, "tools were given, but the model's chat format is plain, which has no tool support; select chatml or minimax-m2 with [model] chat_format in the manifest");
   }
   std::string out;
   for (std::size_t i = 0; i < conversation.messages.size(); ++i) {

@@ -93,6 +93,12 @@ std::string chat(const std::string& fields) {
   return R"({"model":"stories15M","messages":[{"role":"user","content":"hi"}])" +
          (fields.empty() ? "" : "," + fields) + "}";
 }
+// A prompt of ~400 tokens: more than the node's 256-token context.
+std::string long_chat() {
+  std::string words;
+  for (int i = 0; i < 100; ++i) words += "Once upon a time ";
+  return R"({"model":"stories15M","messages":[{"role":"user","content":")" + words + R"("}]})";
+}
 std::string anthropic(const std::string& fields) {
   return R"({"model":"stories15M","messages":[{"role":"user","content":"hi"}])" +
          (fields.empty() ? "" : "," + fields) + "}";
@@ -121,6 +127,14 @@ std::vector<Case> openai_cases() {
       {"max_tokens beyond context", "POST", c, chat(R"("max_tokens":100000)"), 400,
        {"256", "100000"}},
       {"max_tokens 0", "POST", c, chat(R"("max_tokens":0)"), 400, {"max_tokens"}},
+      {"prompt beyond context", "POST", c, long_chat(), 400,
+       {"maximum context length is 256 tokens", "the prompt has "}},
+      {"tools with the plain chat format", "POST", c,
+       chat(R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}}])"), 400,
+       {"chat format is plain", "[model] chat_format"}},
+      {"responses tools with the plain chat format", "POST", "/v1/responses",
+       R"({"model":"stories15M","input":"hi","tools":[{"type":"function","name":"f",)"
+       R"("parameters":{}}]})", 400, {"chat format is plain", "[model] chat_format"}},
       {"max_tokens is a string", "POST", c, chat(R"("max_tokens":"ten")"), 400, {"max_tokens"}},
       {"stream is a number", "POST", c, chat(R"("stream":1)"), 400, {"stream"}},
       {"token id beyond the vocabulary", "POST", "/v1/completions",

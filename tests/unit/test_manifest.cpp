@@ -1414,3 +1414,160 @@ TEST_CASE("example target-4p4d-local.toml keeps target-4p4d's topology and timin
     CHECK(l_sim.at(key) == (it == local_only.end() ? value : it->second));
   }
 }
+
+TEST_CASE("[model] served_names: aliases of the model, validated with file:line:key") {
+  Manifest plain = parse_ok(base_manifest);
+  CHECK(plain.model.served_names.empty());
+  CHECK(plain.model.names() == std::vector<std::string>{"tiny"});
+  CHECK(plain.model.serves("tiny"));
+  CHECK_FALSE(plain.model.serves("small"));
+
+  std::string text = replace(base_manifest, "path = \"models/tiny\"",
+                             "path = \"models/tiny\"\nserved_names = [\"big\", \"small\"]");
+  Manifest m = parse_ok(text);
+  CHECK(m.model.served_names == std::vector<std::string>{"big", "small"});
+  CHECK(m.model.names() == std::vector<std::string>{"tiny", "big", "small"});
+  CHECK(m.model.serves("small"));
+  CHECK_FALSE(m.model.serves("Small"));
+  CHECK(summarize(m).find("also served as big, small") != std::string::npos);
+
+  auto with = [](const std::string& value) {
+    return replace(base_manifest, "path = \"models/tiny\"",
+                   "path = \"models/tiny\"\nserved_names = " + value);
+  };
+  auto not_array = only_issue(with("\"big\""));
+  CHECK(not_array.key == "model.served_names");
+  CHECK(not_array.line == line_of(with("\"big\""), "served_names"));
+  CHECK(not_array.message.find("array of strings") != std::string::npos);
+  auto number = only_issue(with("[\"big\", 7]"));
+  CHECK(number.key == "model.served_names[1]");
+  CHECK(number.line == line_of(with("[\"big\", 7]"), "served_names"));
+  CHECK(number.message.find("expected a string") != std::string::npos);
+  auto empty = only_issue(with("[\"\"]"));
+  CHECK(empty.key == "model.served_names[0]");
+  CHECK(empty.message.find("must not be empty") != std::string::npos);
+  auto twice = only_issue(with("[\"big\", \"small\", \"big\"]"));
+  CHECK(twice.key == "model.served_names[2]");
+  CHECK(twice.message.find("'big' is listed twice") != std::string::npos);
+  auto primary = only_issue(with("[\"tiny\"]"));
+  CHECK(primary.key == "model.served_names[0]");
+  CHECK(primary.message.find("already the model's name") != std::string::npos);
+  CHECK(only_issue(with("[\"big\"]\nserved_name = 1")).key == "model.served_name");
+}
+
+TEST_CASE("[sim] reasoning_share is refused with the plain chat format (it would do nothing)") {
+  std::string sim = base_manifest + "[sim]\nreasoning_share = 0.3\n";
+  // chat_format auto: the executor decides once it knows the format (actors/executor).
+  CHECK(parse_ok(sim).sim.params.size() == 1);
+  std::string plain = replace(sim, "path = \"models/tiny\"",
+                              "path = \"models/tiny\"\nchat_format = \"plain\"");
+  auto issue = only_issue(plain);
+  CHECK(issue.key == "sim.reasoning_share");
+  CHECK(issue.line == line_of(plain, "reasoning_share"));
+  CHECK(issue.message.find("model.chat_format is plain") != std::string::npos);
+  std::string chatml = replace(sim, "path = \"models/tiny\"",
+                               "path = \"models/tiny\"\nchat_format = \"chatml\"");
+  CHECK(parse_ok(chatml).sim.params.at(0).second == 0.3);
+}
+
+TEST_CASE("example agents.toml: one machine, every role, MiniMax-M2 on the sim device") {
+  Manifest m = load_example("agents.toml");
+  REQUIRE(m.nodes.size() == 1);
+  CHECK(m.nodes[0].host == "127.0.0.1");
+  CHECK(m.nodes[0].http_port == std::optional<uint16_t>(8000));
+  for (Role role : roles_all) CHECK_MESSAGE(!m.instances_of(role).empty(), to_string(role));
+  CHECK(m.model.chat_format == ChatFormat::minimax_m2);
+  CHECK(m.model.max_model_tokens == 204800);
+  CHECK(m.model.serves("MiniMax-M2.7"));
+  CHECK(m.model.served_names.size() >= 2);  // the agent's model and a side-task model
+  CHECK(m.model.path ==
+        fs::weakly_canonical(source_root()).string() + "/models/minimax-m2-synth");
+  std::map<std::string, double> sim(m.sim.params.begin(), m.sim.params.end());
+  CHECK(sim.at("time_factor") == 0);
+  CHECK(sim.at("reasoning_share") > 0);
+  CHECK(sim.at("reasoning_share") < 1);
+  CHECK(sim.at("max_position") == 204800);
+  // The synthesized tokenizer's ids (tools/setup.d/40-agents-model.sh: --vocab 512): bos is
+  // its first added token ]~!b[, eos its third, [e~[.
+  CHECK(sim.at("vocab") == 512);
+  CHECK(sim.at("bos_id") == 505);
+  CHECK(sim.at("eos_id") == 507);
+  // 16 sessions of 100K tokens fit every pool, in a few GiB: rows of 62 layers x 8 KV heads x
+  // max(1, 128 x kv_scale) x 2 (K, V) bytes.
+  auto executors = m.instances_of(Role::executor);
+  REQUIRE(executors.size() == 2);
+  double row_bytes = 62.0 * 8 * std::max(1.0, 128 * sim.at("kv_scale")) * 2;
+  double pools_bytes = 0;
+  for (const auto& [node, executor] : executors) {
+    CHECK(executor->device == DeviceKind::sim);
+    uint64_t tokens = uint64_t{executor->kv_blocks} * m.model.block_tokens;
+    CHECK(tokens >= 16u * 100000u);
+    pools_bytes += static_cast<double>(tokens) * row_bytes;
+  }
+  CHECK(pools_bytes < 4.0 * (1u << 30));
+}
+
+TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and up refuse") {
+  fs::path dir = fs::temp_directory_path() / ("tandem-kvmem-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  // Two full-size sim pools (kv_scale 1: 126976 bytes a token) of 2M tokens: ~240 GiB each.
+  std::string text = replace(base_manifest, "path = \"models/tiny\"",
+                             "path = \"models/tiny\"\nblock_tokens = 4096\n"
+                             "max_model_tokens = 8192");
+  text = replace(text, "  device = \"cpu\"\n  devices = [0]\n",
+                 "  device = \"sim\"\n  devices = [0]\n  kv_blocks = 500\n");
+  text += "  [[node.instance]]\n  role = \"prefill\"\n  name = \"pre\"\n  executor = \"ex2\"\n"
+          "  [[node.instance]]\n  role = \"executor\"\n  name = \"ex2\"\n  device = \"sim\"\n"
+          "  devices = [1]\n  kv_blocks = 500\n[prefill]\nstep_tokens_max = 4096\n";
+  fs::path big = dir / "big.toml";
+  std::ofstream(big) << text;
+  RunResult check = run_tandem("check " + big.string());
+  INFO(check.output);
+  CHECK(check.exit_code == 1);
+  for (const char* fragment : {"kv pools  node a:", "node 'a': its KV pools need",
+                               "executor 'ex': kv_blocks 500 x model.block_tokens 4096 = ",
+                               "executor 'ex2'", "physical", "kv_scale", "kv_blocks"}) {
+    CHECK_MESSAGE(check.output.find(fragment) != std::string::npos, fragment);
+  }
+  RunResult node = run_tandem("node --manifest " + big.string() + " --node a");
+  INFO(node.output);
+  CHECK(node.exit_code == 1);
+  CHECK(node.output.find("its KV pools need") != std::string::npos);
+  // tandem up checks the nodes it starts on this host together, before starting any.
+  RunResult up = run_tandem("up " + big.string());
+  INFO(up.output);
+  CHECK(up.exit_code == 1);
+  CHECK(up.output.find("this host's nodes a: its KV pools need") != std::string::npos);
+  CHECK(up.output.find("executor 'a/ex2'") != std::string::npos);
+  // Two nodes of this host that fit alone (60% of the budget each) but not together:
+  // tandem check says so (tandem up would refuse them).
+  uint64_t memory = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+  uint64_t budget = memory - std::max<uint64_t>(memory / 10, uint64_t{1} << 30);
+  uint64_t blocks = budget * 6 / 10 / (uint64_t{4096} * 126976);
+  std::string two = replace(base_manifest, "path = \"models/tiny\"",
+                            "path = \"models/tiny\"\nblock_tokens = 4096\n"
+                            "max_model_tokens = 8192");
+  two = replace(two, "  device = \"cpu\"\n  devices = [0]\n",
+                "  device = \"sim\"\n  devices = [0]\n  kv_blocks = " + std::to_string(blocks) +
+                    "\n");
+  two += "[[node]]\nname = \"b\"\nhost = \"127.0.0.1\"\nfabric_port = 17101\n"
+         "  [[node.instance]]\n  role = \"decode\"\n  name = \"dec2\"\n  executor = \"ex2\"\n"
+         "  [[node.instance]]\n  role = \"executor\"\n  name = \"ex2\"\n  device = \"sim\"\n"
+         "  devices = [0]\n  kv_blocks = " + std::to_string(blocks) +
+         "\n[prefill]\nstep_tokens_max = 4096\n";
+  fs::path together = dir / "together.toml";
+  std::ofstream(together) << two;
+  RunResult both = run_tandem("check " + together.string());
+  INFO(both.output);
+  CHECK(both.exit_code == 1);
+  CHECK(both.output.find("node 'a': its KV pools") == std::string::npos);
+  CHECK(both.output.find("this host's nodes a, b: its KV pools need") != std::string::npos);
+  CHECK(both.output.find("executor 'b/ex2'") != std::string::npos);
+  // Scaled down (1/128) the same pools fit: check passes and prints their size.
+  fs::path small = dir / "small.toml";
+  std::ofstream(small) << text + "[sim]\nkv_scale = 0.0078125\n";
+  RunResult fits = run_tandem("check " + small.string());
+  CHECK_MESSAGE(fits.exit_code == 0, fits.output);
+  CHECK(fits.output.find("kv pools  node a: 3.8 GiB") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "devices/kv_memory.hpp"
 #include "devices/sim/sim_device.hpp"
 
 using namespace tandem::devices;
@@ -342,4 +344,144 @@ TEST_CASE("time_factor: ready_at is the modelled end, passes queue one after ano
   SeqShape shape{0, 3};
   CHECK(fast->last_pass_modelled_s() == doctest::Approx(prefill_time_s(fast->params(),
                                                                        std::span(&shape, 1))));
+}
+
+namespace {
+
+// A small vocabulary with MiniMax-M2-like markers at its end: "</think>" is one token (500),
+// "<minimax:tool_call>" one (501), and a two-token marker (10, 11) stands for a marker a
+// tokenizer splits.
+constexpr int32_t kClose = 500, kToolOpen = 501;
+SimMarkup minimax_markup() {
+  SimMarkup markup;
+  markup.reasoning_close = {kClose};
+  markup.banned = {{kToolOpen}, {10, 11}};
+  return markup;
+}
+
+DeviceSpec markup_spec(double share, SimMarkup markup, double mean = 200) {
+  DeviceSpec spec = small_spec(3, {{"vocab", 512}, {"bos_id", 505}, {"eos_id", 507},
+                                   {"output_tokens_mean", mean}, {"output_tokens_max", 4096},
+                                   {"reasoning_share", share}, {"copy_probability", 0.5}});
+  spec.sim_markup = std::move(markup);
+  return spec;
+}
+
+std::vector<int32_t> small_prompt(size_t n, uint32_t salt) {
+  std::vector<int32_t> t = prompt(n, salt);
+  for (auto& id : t) id %= 500;  // ids below the markers
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("reasoning formats: the output closes its reasoning after reasoning_share, then text") {
+  const double share = 0.3;
+  auto d = make(markup_spec(share, minimax_markup()));
+  std::vector<int32_t> p = small_prompt(40, 1);
+  p.push_back(kClose);  // the prompt's history holds markers the copy model could repeat
+  p.push_back(kToolOpen);
+  p.push_back(10);
+  p.push_back(11);
+  std::vector<int32_t> out = generate(*d, p, 199, table(0, 20));
+  REQUIRE(out.back() == 507);  // the whole output (mean 200, sigma 0): eos last
+  REQUIRE(out.size() == 200);
+  size_t close_count = std::count(out.begin(), out.end(), kClose);
+  CHECK(close_count == 1);
+  size_t at = std::find(out.begin(), out.end(), kClose) - out.begin();
+  CHECK(at == static_cast<size_t>(std::round(share * 199)));  // reasoning tokens before it
+  CHECK(at + 1 < out.size() - 1);                             // text follows
+  // Never a tool-call marker, whole or completed from its parts, even by copying the prompt.
+  CHECK(std::count(out.begin(), out.end(), kToolOpen) == 0);
+  for (size_t i = 0; i + 1 < out.size(); ++i) CHECK_FALSE((out[i] == 10 && out[i + 1] == 11));
+  // Deterministic: another device with the same seed writes the same.
+  auto again = make(markup_spec(share, minimax_markup()));
+  CHECK(generate(*again, p, 199, table(0, 20)) == out);
+}
+
+TEST_CASE("reasoning formats: an opening marker first (chatml); share 0 and 1; bad markup") {
+  SimMarkup chatml;
+  chatml.reasoning_open = {498, 499};  // a two-token "<think>"
+  chatml.reasoning_close = {kClose};
+  chatml.banned = {{kToolOpen}};
+  auto d = make(markup_spec(0.5, chatml, 101));
+  std::vector<int32_t> out = generate(*d, small_prompt(30, 2), 100, table(0, 20));
+  REQUIRE(out.size() == 101);
+  CHECK(out[0] == 498);
+  CHECK(out[1] == 499);
+  CHECK(out[2 + 50] == kClose);
+  CHECK(std::count(out.begin(), out.end(), kClose) == 1);
+  for (size_t i = 2; i + 1 < out.size(); ++i) CHECK_FALSE((out[i] == 498 && out[i + 1] == 499));
+
+  auto zero = make(markup_spec(0, minimax_markup(), 50));
+  std::vector<int32_t> at_once = generate(*zero, small_prompt(30, 3), 49, table(0, 20));
+  CHECK(at_once.front() == kClose);  // no reasoning: closed at once, then text
+  auto one = make(markup_spec(1, minimax_markup(), 50));
+  std::vector<int32_t> never = generate(*one, small_prompt(30, 3), 49, table(0, 20));
+  CHECK(std::count(never.begin(), never.end(), kClose) == 0);  // reasoning to the end
+
+  // Plain (no markup): reasoning_share changes nothing.
+  auto plain = make(markup_spec(0.3, SimMarkup{}));
+  auto plain_other = make(markup_spec(0.9, SimMarkup{}));
+  CHECK(generate(*plain, small_prompt(30, 4), 60, table(0, 20)) ==
+        generate(*plain_other, small_prompt(30, 4), 60, table(0, 20)));
+
+  SimMarkup bad_id = minimax_markup();
+  bad_id.banned.push_back({512});
+  auto e1 = SimDevice::create(markup_spec(0.3, bad_id));
+  REQUIRE_FALSE(e1.ok());
+  CHECK(has(e1.error().message, "outside [0, vocab 512)"));
+  SimMarkup open_only;
+  open_only.reasoning_open = {498};
+  auto e2 = SimDevice::create(markup_spec(0.3, open_only));
+  REQUIRE_FALSE(e2.ok());
+  CHECK(has(e2.error().message, "without a closing one"));
+  SimMarkup empty_ban = minimax_markup();
+  empty_ban.banned.push_back({});
+  CHECK_FALSE(SimDevice::create(markup_spec(0.3, empty_ban)).ok());
+  auto e3 = SimDevice::create(markup_spec(1.5, minimax_markup()));
+  REQUIRE_FALSE(e3.ok());
+  CHECK(has(e3.error().message, "reasoning_share"));
+}
+
+TEST_CASE("KV pools vs host memory: sizes, the budget and the startup error") {
+  DeviceSpec spec = small_spec();
+  spec.block_tokens = 4096;
+  spec.blocks_total = 600;
+  auto bytes = kv_pool_host_bytes(spec);
+  REQUIRE(bytes.ok());
+  CHECK(*bytes == uint64_t{600} * 4096 * 62 * 8 * 1 * 2);  // kv_scale 1/128: 8-byte rows
+  // cpu: fp32 rows from the model's shape; stories15M: 6 layers, 6 KV heads of 48 dims.
+  DeviceSpec cpu;
+  cpu.block_tokens = 16;
+  cpu.blocks_total = 512;
+  const char* root = std::getenv("TANDEM_SOURCE_ROOT");
+  REQUIRE(root != nullptr);
+  cpu.model_path = std::string(root) + "/models/stories15M";
+  auto cpu_bytes = kv_pool_host_bytes(cpu);
+  REQUIRE_MESSAGE(cpu_bytes.ok(), cpu_bytes.error().describe());
+  CHECK(*cpu_bytes == uint64_t{512} * 16 * 6 * 2 * 6 * 48 * 4);
+  cpu.model_path = std::string(root) + "/models/no-such-model";
+  CHECK_FALSE(kv_pool_host_bytes(cpu).ok());
+  DeviceSpec bad = small_spec(1, {{"kv_scale", 2.0}});
+  CHECK_FALSE(kv_pool_host_bytes(bad).ok());
+
+  const uint64_t gib = uint64_t{1} << 30;
+  CHECK(kv_pool_budget_bytes(24 * gib) == 24 * gib - 24 * gib / 10);
+  CHECK(kv_pool_budget_bytes(4 * gib) == 3 * gib);  // the margin is at least 1 GiB
+  CHECK(kv_pool_budget_bytes(gib / 2) == 0);
+  CHECK(host_memory_bytes() > 0);
+
+  std::vector<KvPoolUse> pools = {{"exec-prefill", 31 * gib, 7936, 4096},
+                                  {"exec-decode", 31 * gib, 7936, 4096}};
+  auto error = check_kv_pools_fit("node 'node1'", pools, 24 * gib);
+  REQUIRE(error.has_value());
+  for (const char* fragment :
+       {"node 'node1'", "62.0 GiB", "24.0 GiB", "21.6 GiB", "executor 'exec-prefill': kv_blocks "
+        "7936 x model.block_tokens 4096 = 31.0 GiB", "executor 'exec-decode'", "kv_blocks",
+        "[sim] kv_scale", "model.block_tokens"}) {
+    CHECK_MESSAGE(has(*error, fragment), fragment, "\n", *error);
+  }
+  CHECK_FALSE(check_kv_pools_fit("node1", pools, 80 * gib).has_value());
+  CHECK_FALSE(check_kv_pools_fit("node1", pools, 0).has_value());  // memory unknown
 }

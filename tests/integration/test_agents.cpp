@@ -1,0 +1,197 @@
+// config/examples/agents.toml end to end (issue 11): one `tandem node` on the example
+// manifest (ports rewritten to free ones, the model synthesized into a temp dir as
+// tools/setup.d/40-agents-model.sh does), then what a coding agent sees:
+// - GET /v1/models lists [model] name and every served_names alias;
+// - a request for an alias is served and answered under that alias; an unknown model is a
+//   404 whose message lists the served names;
+// - a chat completion with tools has non-empty reasoning_content AND content (the sim device
+//   closes </think> after reasoning_share of its output) and no tool call (the sim never
+//   writes tool-call markup), and no chat markers in the text (eos is not detokenized);
+//   Anthropic Messages gets a thinking and a text block;
+// - a 30K-token prompt is accepted.
+#include <doctest.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/http_client.hpp"
+#include "tests/support/process.hpp"
+
+using namespace tandem::testing;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+std::string replace_once(std::string text, const std::string& from, const std::string& to) {
+  size_t at = text.find(from);
+  REQUIRE_MESSAGE(at != std::string::npos, "agents.toml lacks: ", from);
+  return text.replace(at, from.size(), to);
+}
+
+class AgentsNode {
+ public:
+  AgentsNode() : dir_(make_temp_dir("agents")), http_port_(free_port()) {
+    // The options of tools/setup.d/40-agents-model.sh.
+    RunResult synth = run({tandem_bin(), "model", "synth", "--arch", "minimax-m2", "--vocab",
+                           "512", "--max-position", "204800", "--seed", "0", "--out",
+                           dir_ + "/model"},
+                          60s);
+    REQUIRE_MESSAGE(synth.exit_code == 0, synth.output);
+    std::string text = read_file(source_root() + "/config/examples/agents.toml");
+    text = replace_once(text, "path = \"../../models/minimax-m2-synth\"",
+                        "path = \"" + dir_ + "/model\"");
+    text = replace_once(text, "fabric_port = 17120", "fabric_port = " +
+                                                         std::to_string(free_port()));
+    text = replace_once(text, "admin_port = 17220", "admin_port = " +
+                                                        std::to_string(free_port()));
+    text = replace_once(text, "http_port = 8000", "http_port = " + std::to_string(http_port_));
+    text = replace_once(text, "level = \"info\"", "level = \"warn\"");
+    write_file(dir_ + "/agents.toml", text);
+    child_ = std::make_unique<Child>(std::vector<std::string>{tandem_bin(), "node", "--manifest",
+                                                              dir_ + "/agents.toml", "--node",
+                                                              "agents"},
+                                     dir_ + "/node.log");
+  }
+  ~AgentsNode() {
+    child_->signal(SIGTERM);
+    child_->wait(5000ms);
+    child_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  uint16_t port() const { return http_port_; }
+  std::string log() const { return child_->log(); }
+  bool running() { return child_->running(); }
+
+ private:
+  std::string dir_;
+  uint16_t http_port_;
+  std::unique_ptr<Child> child_;
+};
+
+AgentsNode& node() {
+  static AgentsNode shared;
+  static bool healthy = eventually(90s, [] {
+    return shared.running() && http::get(shared.port(), "/health", 1000ms).status == 200;
+  });
+  REQUIRE_MESSAGE(healthy, ("GET /health never answered 200; node log:\n" + shared.log()));
+  return shared;
+}
+
+const char* kTools = R"([{"type":"function","function":{"name":"shell","description":
+  "Runs a shell command","parameters":{"type":"object","properties":{"command":
+  {"type":"string"}},"required":["command"]}}}])";
+
+json post_json(const std::string& path, const json& body, std::chrono::milliseconds timeout) {
+  http::Response r = http::post(node().port(), path, body.dump(), timeout);
+  INFO("POST ", path, " -> ", r.status, " ", r.error, ": ", r.body.substr(0, 2000));
+  REQUIRE(r.ok());
+  json parsed = json::parse(r.body, nullptr, false);
+  REQUIRE(!parsed.is_discarded());
+  parsed["__status"] = r.status;
+  return parsed;
+}
+
+}  // namespace
+
+TEST_CASE("agents.toml: /v1/models lists every served name; aliases served; unknown is 404") {
+  http::Response models = http::get(node().port(), "/v1/models");
+  REQUIRE(models.status == 200);
+  json list = json::parse(models.body);
+  std::vector<std::string> ids;
+  for (const auto& entry : list["data"]) ids.push_back(entry.value("id", ""));
+  CHECK(ids == std::vector<std::string>{"MiniMax-M2", "MiniMax-M2.7", "MiniMax-M2.7-small"});
+  CHECK(list["data"][1].value("max_model_len", 0) == 204800);
+
+  for (const std::string name : {"MiniMax-M2.7", "MiniMax-M2.7-small", "MiniMax-M2"}) {
+    json reply = post_json("/v1/chat/completions",
+                           {{"model", name},
+                            {"messages", {{{"role", "user"}, {"content", "Title this chat"}}}},
+                            {"max_tokens", 16}},
+                           30s);
+    CHECK(reply["__status"] == 200);
+    CHECK(reply.value("model", "") == name);  // the id the client asked for
+  }
+  json anthropic = post_json("/v1/messages",
+                             {{"model", "MiniMax-M2.7-small"},
+                              {"max_tokens", 16},
+                              {"messages", {{{"role", "user"}, {"content", "hi"}}}}},
+                             30s);
+  CHECK(anthropic["__status"] == 200);
+  CHECK(anthropic.value("model", "") == "MiniMax-M2.7-small");
+
+  json unknown = post_json("/v1/chat/completions",
+                           {{"model", "gpt-9"},
+                            {"messages", {{{"role", "user"}, {"content", "hi"}}}}},
+                           30s);
+  CHECK(unknown["__status"] == 404);
+  std::string message = unknown["error"].value("message", "");
+  for (const char* fragment : {"gpt-9", "'MiniMax-M2'", "'MiniMax-M2.7'", "'MiniMax-M2.7-small'"}) {
+    CHECK_MESSAGE(message.find(fragment) != std::string::npos, fragment, ": ", message);
+  }
+}
+
+TEST_CASE("agents.toml: a dry run has reasoning and content, never a tool call") {
+  json tools = json::parse(kTools);
+  json reply = post_json("/v1/chat/completions",
+                         {{"model", "MiniMax-M2.7"},
+                          {"messages", {{{"role", "system"}, {"content", "You are a coder."}},
+                                        {{"role", "user"}, {"content", "Fix the failing test"}}}},
+                          {"tools", tools},
+                          {"tool_choice", "auto"},
+                          {"max_tokens", 4096}},
+                         60s);
+  REQUIRE(reply["__status"] == 200);
+  const json& message = reply["choices"][0]["message"];
+  INFO(message.dump().substr(0, 2000));
+  CHECK(message.value("reasoning_content", "").size() > 0);
+  CHECK(message.value("content", "").size() > 0);
+  CHECK_FALSE(message.contains("tool_calls"));
+  for (const char* marker : {"[e~[", "]~b]", "<think>", "</think>", "<minimax:tool_call>"}) {
+    CHECK_MESSAGE(message.value("content", "").find(marker) == std::string::npos, marker);
+    CHECK_MESSAGE(message.value("reasoning_content", "").find(marker) == std::string::npos,
+                  marker);
+  }
+  CHECK(reply["choices"][0].value("finish_reason", "") == "stop");
+  int64_t completion = reply["usage"].value("completion_tokens", int64_t{0});
+  CHECK(completion > 3);
+  // reasoning_share 0.3 of the output is reasoning: usage says so.
+  int64_t reasoning = reply["usage"]["completion_tokens_details"].value("reasoning_tokens",
+                                                                        int64_t{0});
+  CHECK(reasoning >= completion / 5);
+  CHECK(reasoning <= completion * 2 / 5);
+
+  json messages = post_json("/v1/messages",
+                            {{"model", "MiniMax-M2.7"},
+                             {"max_tokens", 4096},
+                             {"tools", {{{"name", "shell"},
+                                         {"input_schema", tools[0]["function"]["parameters"]}}}},
+                             {"messages", {{{"role", "user"}, {"content", "Fix the test"}}}}},
+                            60s);
+  REQUIRE(messages["__status"] == 200);
+  std::vector<std::string> kinds;
+  for (const auto& block : messages["content"]) kinds.push_back(block.value("type", ""));
+  INFO(messages.dump().substr(0, 2000));
+  CHECK(kinds == std::vector<std::string>{"thinking", "text"});
+  CHECK(messages.value("stop_reason", "") == "end_turn");
+}
+
+TEST_CASE("agents.toml: a 30K-token prompt is accepted") {
+  std::string repository;
+  for (int i = 0; repository.size() < 200000; ++i) {
+    repository += "// file src/module_" + std::to_string(i) + ".cpp\nint function_" +
+                  std::to_string(i) + "(int x) { return x * " + std::to_string(i * 7 % 97) +
+                  " + helper(" + std::to_string(i) + "); }\n";
+  }
+  json reply = post_json("/v1/chat/completions",
+                         {{"model", "MiniMax-M2.7"},
+                          {"messages", {{{"role", "user"}, {"content", repository}}}},
+                          {"max_tokens", 64}},
+                         120s);
+  CHECK(reply["__status"] == 200);
+  int64_t prompt_tokens = reply["usage"].value("prompt_tokens", int64_t{0});
+  CHECK(prompt_tokens >= 30000);
+  CHECK(prompt_tokens < 204800);
+}
