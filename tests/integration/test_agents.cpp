@@ -17,6 +17,7 @@
 
 #include "tests/support/http_client.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/tandem_node.hpp"
 
 using namespace tandem::testing;
 using namespace std::chrono_literals;
@@ -194,4 +195,59 @@ TEST_CASE("agents.toml: a 30K-token prompt is accepted") {
   int64_t prompt_tokens = reply["usage"].value("prompt_tokens", int64_t{0});
   CHECK(prompt_tokens >= 30000);
   CHECK(prompt_tokens < 204800);
+}
+
+namespace {
+
+// Runs a Node script of tests/js or bench against the node; PASS/FAIL lines as sdk checks.
+RunResult run_node_script(const std::string& script, const std::vector<std::string>& extra) {
+  REQUIRE_MESSAGE(!find_on_path("node").empty(), "`node` is not on PATH (run tools/setup.sh)");
+  std::vector<std::string> argv{find_on_path("node"), source_root() + "/" + script,
+                                "--base-url", "http://127.0.0.1:" + std::to_string(node().port())};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return run(std::move(argv), 300s);
+}
+
+void check_script_passes(const std::string& script) {
+  RunResult r = run_node_script(script, {"--model", "MiniMax-M2.7"});
+  INFO(script, " output:\n", r.output);
+  CHECK(r.output.find("PASS ") != std::string::npos);
+  CHECK(r.output.find("FAIL ") == std::string::npos);
+  CHECK(r.exit_code == 0);
+}
+
+}  // namespace
+
+TEST_CASE("agents.toml: request bodies in the shape agents send, through each API (30K+ tokens)") {
+  check_script_passes("tests/js/agent_replay.mjs");
+  CHECK_MESSAGE(node().running(), node().log());
+}
+
+TEST_CASE("agents.toml: the official SDKs as agents use them (tools, function calls, tool_use)") {
+  REQUIRE_MESSAGE(access((source_root() + "/node_modules/openai").c_str(), R_OK) == 0,
+                  "node_modules is missing (run tools/setup.sh)");
+  check_script_passes("tests/js/sdk_agents.mjs");
+}
+
+TEST_CASE("agents.toml: tandem bench agent-turns runs (3 turns) and reports cached shares") {
+  RunResult r = run({tandem_bin(), "bench", "agent-turns", "--base-url",
+                     "http://127.0.0.1:" + std::to_string(node().port()), "--model",
+                     "MiniMax-M2.7", "--block-tokens", "256", "--turns", "3", "--seed", "11",
+                     "--json"},
+                    300s);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  size_t begin = r.output.find('[');
+  size_t end = r.output.rfind(']');
+  REQUIRE((begin != std::string::npos && end != std::string::npos));
+  json rows = json::parse(r.output.substr(begin, end - begin + 1));
+  REQUIRE(rows.size() == 6);  // messages and responses, 3 turns each
+  for (const auto& row : rows) {
+    CHECK(row["prompt"].get<int64_t>() > 0);
+    if (row["turn"] == 1) continue;
+    // Each turn's prompt extends the last: the cached tokens can only come from it.
+    CHECK(row["cached"].get<int64_t>() <= row["previous"].get<int64_t>());
+    CHECK(row["prompt"].get<int64_t>() > row["previous"].get<int64_t>());
+  }
+  CHECK(r.output.find("summary: messages+responses") != std::string::npos);
 }
