@@ -332,10 +332,15 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
   self->delayed_send(self, interval, atoms::tick::value);
   return {
       [self](const InboundFrame& in) {
+        // The backstop (STYLE section 8): a failure costs this message, never the node actor.
         try {
           on_frame(self, in);
         } catch (const kj::Exception& e) {  // a field we could not convert: drop the message
           self->state.deps.log->warn("dropped a message: {}", e.getDescription().cStr());
+        } catch (const std::exception& e) {
+          self->state.deps.log->error("node actor: handling a message failed: {}", e.what());
+        } catch (...) {
+          self->state.deps.log->error("node actor: handling a message failed (unknown error)");
         }
       },
       [self, interval](atoms::tick) {
