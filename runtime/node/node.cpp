@@ -84,8 +84,10 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
     return registry.render_prometheus();
   };
   auto health = std::make_shared<NodeHealth>();
-  caf::actor supervisor =
-      spawn_supervisor(system, SupervisorDeps{log, &registry, health, RestartPolicy{}});
+  const config::SupervisorSection& sup = manifest.supervisor;
+  RestartPolicy policy{sup.restarts_max, std::chrono::milliseconds(sup.restart_window_ms),
+                       std::chrono::milliseconds(sup.restart_delay_ms)};
+  caf::actor supervisor = spawn_supervisor(system, SupervisorDeps{log, &registry, health, policy});
   std::unique_ptr<obs::AdminHttpServer> admin;
   if (node->admin_port) {
     std::vector<obs::AdminRoute> routes = {

@@ -12,10 +12,11 @@
 
 namespace tandem::runtime {
 
+// From the manifest's [supervisor] section (config/manifest.hpp: SupervisorSection).
 struct RestartPolicy {
-  uint32_t restarts_max = 5;                        // per actor, within window_ms
-  std::chrono::milliseconds window_ms{60'000};      // sliding window for restarts_max
-  std::chrono::milliseconds delay_ms{500};          // from the crash to the replacement
+  uint32_t restarts_max = 5;                    // per actor, within window_ms
+  std::chrono::milliseconds window_ms{60'000};  // sliding window for restarts_max
+  std::chrono::milliseconds delay_ms{500};      // from the crash to the replacement
 };
 
 // The restarts of one actor. Holds at most policy.restarts_max timestamps.

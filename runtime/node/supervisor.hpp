@@ -6,7 +6,7 @@
 // current actor. When a supervised actor exits with any reason but user_shutdown, the
 // supervisor logs it, counts it (tandem:actor_crashes_total{role}), clears the slot and
 // marks the actor down in NodeHealth (so /health answers 503 naming it); after
-// RestartPolicy::delay_ms it spawns the replacement, counts tandem:actor_restarts_total{role}
+// RestartPolicy::delay_ms (manifest [supervisor]) it spawns the replacement, counts tandem:actor_restarts_total{role}
 // and marks it up again. Beyond restarts_max restarts within window_ms the actor stays down
 // (logged as an error; /health says so) until the node is restarted.
 // Threads: NodeHealth and ActorSlot are thread-safe (read by the HTTP thread); the
