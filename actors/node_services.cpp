@@ -21,7 +21,7 @@ class Services final : public runtime::NodeServices {
                    std::vector<caf::actor>& actors) override {
     const config::Node* node = manifest_.find_node(node_);
     RT_ASSERT(node != nullptr, node_);
-    ShellContext ctx{&manifest_, env_.bridge, env_.log, env_.metrics, node_actor};
+    ShellContext ctx{&manifest_, env_.bridge, env_.log, env_.metrics, node_actor, env_.health};
     std::map<std::string, caf::actor> executors;
     for (const auto& inst : node->instances) {
       if (inst.role != config::Role::executor) continue;
@@ -29,22 +29,30 @@ class Services final : public runtime::NodeServices {
       actors.push_back(executors[inst.name]);
     }
     for (const auto& inst : node->instances) {
+      // The serving shells are supervised: a replacement is spawned under the same name.
+      std::function<caf::actor()> spawn;
+      const config::Instance* one = &inst;  // the manifest outlives the node
       switch (inst.role) {
         case config::Role::executor:
           break;
         case config::Role::prefill:
-          actors.push_back(spawn_prefill(system, ctx, inst, executors.at(inst.executor)));
+          spawn = [&system, ctx, one, exec = executors.at(inst.executor)] {
+            return spawn_prefill(system, ctx, *one, exec);
+          };
           break;
         case config::Role::decode:
-          actors.push_back(spawn_decode(system, ctx, inst, executors.at(inst.executor)));
+          spawn = [&system, ctx, one, exec = executors.at(inst.executor)] {
+            return spawn_decode(system, ctx, *one, exec);
+          };
           break;
         case config::Role::router:
-          actors.push_back(spawn_router(system, ctx, inst));
+          spawn = [&system, ctx, one] { return spawn_router(system, ctx, *one); };
           break;
         case config::Role::gateway: {
           auto gateway = start_gateway(system, ctx, inst);
           if (!gateway.ok()) return gateway.error();
           for (const auto& a : (*gateway)->actors()) actors.push_back(a);
+          for (auto& s : (*gateway)->supervised()) runtime::supervise(env_.supervisor, s);
           gateways_.push_back(std::move(gateway).value());
           break;
         }
@@ -52,6 +60,7 @@ class Services final : public runtime::NodeServices {
           actors.push_back(runtime::spawn_role_actor(system, env_.bridge, inst));
           break;
       }
+      if (spawn) supervise_shell(inst, spawn, actors);
     }
     return {};
   }
@@ -61,6 +70,22 @@ class Services final : public runtime::NodeServices {
   }
 
  private:
+  // Spawns a prefill, decode or router shell and hands it to the supervisor.
+  void supervise_shell(const config::Instance& inst, const std::function<caf::actor()>& spawn,
+                       std::vector<caf::actor>& actors) {
+    caf::actor first = spawn();
+    actors.push_back(first);
+    messages::ActorName name{node_, std::string(config::to_string(inst.role)), inst.name};
+    runtime::Bridge* bridge = env_.bridge;
+    runtime::supervise(env_.supervisor,
+                       {name.to_string(), std::string(config::to_string(inst.role)),
+                        [bridge, name, spawn] {
+                          bridge->unregister_actor(name);
+                          return spawn();
+                        },
+                        std::make_shared<runtime::ActorSlot>(first)});
+  }
+
   const config::Manifest& manifest_;
   std::string node_;
   runtime::NodeEnv& env_;

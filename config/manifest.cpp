@@ -296,6 +296,7 @@ class Loader {
   void read_cluster(const toml::table& table);
   void read_fabric(const toml::table& table);
   void read_membership(const toml::table& table);
+  void read_supervisor(const toml::table& table);
   void read_logging(const toml::table& table);
   void read_model(const toml::table& table);
   void read_served_names(TableReader& reader);
@@ -388,11 +389,13 @@ const toml::array* Loader::table_array(const toml::node* node, Pos pos, const st
 
 void Loader::read_sections(const toml::table& root) {
   TableReader reader(sink_, root, "",
-                     {"cluster", "fabric", "membership", "logging", "model", "router", "kv_offload",
-                      "speculative", "gateway", "prefill", "decode", "sim", "node", "instance"});
+                     {"cluster", "fabric", "membership", "supervisor", "logging", "model", "router",
+                      "kv_offload", "speculative", "gateway", "prefill", "decode", "sim", "node",
+                      "instance"});
   if (auto* t = section(root, "cluster", true)) read_cluster(*t);
   if (auto* t = section(root, "fabric", false)) read_fabric(*t);
   if (auto* t = section(root, "membership", false)) read_membership(*t);
+  if (auto* t = section(root, "supervisor", false)) read_supervisor(*t);
   if (auto* t = section(root, "logging", false)) read_logging(*t);
   if (auto* t = section(root, "model", true)) read_model(*t);
   if (auto* t = section(root, "router", false)) read_router(*t);
@@ -448,6 +451,14 @@ void Loader::read_fabric(const toml::table& table) {
   reader.read_int("rma_inflight_max", 1, 1024, fabric.rma_inflight_max);
   reader.read_int("connect_timeout_ms", 10, 600000, fabric.connect_timeout_ms);
   reader.read_int("spin_us", 0, 1000000, fabric.spin_us);
+}
+
+void Loader::read_supervisor(const toml::table& table) {
+  TableReader reader(sink_, table, "supervisor",
+                     {"restarts_max", "restart_window_ms", "restart_delay_ms"});
+  reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
+  reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
+  reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
 }
 
 void Loader::read_membership(const toml::table& table) {

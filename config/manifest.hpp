@@ -51,6 +51,15 @@ struct MembershipSection {
   uint32_t heartbeat_miss_max = 5;  // peer declared down after this many missed heartbeats
 };
 
+// The node's supervisor (runtime/node/supervisor.hpp): a serving actor that dies is
+// restarted restart_delay_ms later, at most restarts_max times within restart_window_ms;
+// beyond that it stays down (and /health says so) until the node restarts.
+struct SupervisorSection {
+  uint32_t restarts_max = 5;
+  uint32_t restart_window_ms = 60'000;
+  uint32_t restart_delay_ms = 500;
+};
+
 struct LoggingSection {
   std::string level = "info";  // trace, debug, info, warn, error
 };
@@ -193,6 +202,7 @@ struct Manifest {
   ClusterSection cluster;
   FabricSection fabric;
   MembershipSection membership;
+  SupervisorSection supervisor;
   LoggingSection logging;
   ModelSection model;
   RouterSection router;

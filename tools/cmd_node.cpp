@@ -16,7 +16,8 @@ int cmd_node(cli::Args args) {
                    "its admin endpoint. Stops cleanly on SIGINT or SIGTERM. `tandem up` starts\n"
                    "this for every local node.");
   flags.flag("manifest", "FILE", "the cluster manifest (TOML)")
-      .flag("node", "NAME", "which [[node]] of the manifest this process is");
+      .flag("node", "NAME", "which [[node]] of the manifest this process is")
+      .flag("test-hooks", "", "TESTS ONLY: answer the admin command debug-crash");
   int code = 0;
   if (!flags.parse(args, &code)) return code;
   if (!flags.has("manifest") || !flags.has("node")) {
@@ -41,7 +42,9 @@ int cmd_node(cli::Args args) {
     std::fprintf(stderr, "tandem node: %s\n", too_big->c_str());
     return 1;
   }
-  return runtime::run_node(manifest, flags.get("node"), actors::make_node_services);
+  runtime::NodeOptions options;
+  options.test_hooks = flags.has("test-hooks");
+  return runtime::run_node(manifest, flags.get("node"), actors::make_node_services, options);
 }
 
 }  // namespace tandem::tools

@@ -136,6 +136,15 @@ int cmd_stats(ShellContext& ctx, const std::vector<std::string>& args) {
   return print_answer(ctx.client->admin(args[0], "stats", {}, ctx.timeout), false);
 }
 
+// TEST HOOK: answered only by nodes started with `tandem node --test-hooks`.
+int cmd_debug_crash(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.size() != 2) {
+    std::printf("usage: debug-crash NODE ACTOR\n");
+    return 1;
+  }
+  return print_answer(ctx.client->admin(args[0], "debug-crash", {args[1]}, ctx.timeout), false);
+}
+
 int cmd_help(ShellContext&, const std::vector<std::string>&) {
   for (const auto& c : shell_commands()) {
     std::printf("  %-28s %s\n", c.usage.c_str(), c.summary.c_str());
@@ -160,6 +169,8 @@ const std::vector<ShellCommand>& shell_commands() {
       {"rma-test", "rma-test FROM TO [MIB]", "RMA read FROM's region on TO, verify checksum",
        cmd_rma_test},
       {"stats", "stats NODE", "a node's metrics (Prometheus text)", cmd_stats},
+      {"debug-crash", "debug-crash NODE ACTOR",
+       "TEST HOOK (nodes run with --test-hooks): crash a supervised actor", cmd_debug_crash},
       {"help", "help", "this list", cmd_help},
       {"quit", "quit", "leave the shell (also: exit, Ctrl-D)", cmd_quit},
       {"exit", "exit", "leave the shell", cmd_quit},

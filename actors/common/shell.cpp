@@ -7,6 +7,51 @@
 
 namespace tandem::actors {
 
+HandlerGuard::HandlerGuard(const ShellContext& ctx, std::string role)
+    : ctx_(ctx), role_(std::move(role)) {
+  RT_ASSERT(ctx_.metrics != nullptr && ctx_.log != nullptr, role_);
+  failures_ = make_counter(*ctx_.metrics, "tandem:handler_failures_total",
+                           "messages whose handler failed unexpectedly (answered with an "
+                           "internal error; the actor lives on)",
+                           {{"role", role_}});
+}
+
+Status HandlerGuard::run(std::string_view what, const std::function<void()>& body) const {
+  std::string why;
+  try {
+    body();
+    return {};
+  } catch (const kj::Exception& e) {
+    why = e.getDescription().cStr();
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+    why = "an exception of unknown type";
+  }
+  RT_ASSERT(!why.empty(), role_);
+  failures_->inc();
+  ctx_.log->error("{}: {} failed: {}", role_, what, why);
+  return make_error(ErrorKind::failed, "internal error while " + std::string(what) + ": " + why);
+}
+
+void HandlerGuard::run_frame(const messages::ActorName& self_name,
+                             const runtime::InboundFrame& in,
+                             const std::function<void()>& body) const {
+  Status done = run("handling a message", body);
+  if (done.ok()) return;
+  try {  // the envelope was validated by the bridge; reading it again is expected to work
+    auto envelope = in.frame->envelope();
+    uint64_t correlation = envelope.getCorrelationId();
+    messages::ActorName source = messages::get_name(envelope.getSource());
+    if (correlation == 0 || source.role == "node" || source.role.empty()) return;
+    if (envelope.getBody().which() == wire::Envelope::Body::ERROR) return;  // no error loops
+    send_error(ctx_, self_name, source, correlation, done.error());
+  } catch (const kj::Exception& e) {
+    ctx_.log->warn("{}: could not answer a failed message: {}", role_,
+                   e.getDescription().cStr());
+  }
+}
+
 void send_error(const ShellContext& ctx, const messages::ActorName& from,
                 const messages::ActorName& to, uint64_t request_id, const Error& error,
                 uint32_t tokens_sent) {

@@ -5,12 +5,17 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "config/manifest.hpp"
 #include "messages/envelope.hpp"
 #include "runtime/node/bridge.hpp"
 #include "runtime/node/caf_types.hpp"
+#include "runtime/node/supervisor.hpp"
 #include "runtime/obs/metrics.hpp"
 
 namespace tandem::actors {
@@ -21,6 +26,31 @@ struct ShellContext {
   std::shared_ptr<spdlog::logger> log;
   obs::Registry* metrics = nullptr;
   caf::actor node_actor;  // subscribe here for membership events and peer loads
+  // What is down on this node (the supervisor writes it; the gateway's /health reads it).
+  std::shared_ptr<const runtime::NodeHealth> node_health;
+};
+
+// The backstop at a handler's boundary (STYLE section 8: one bad message costs one answer,
+// never an actor). Handlers return expected errors as values; anything `body` still throws
+// (std::exception, kj::Exception, anything else) is a bug that must cost only this message:
+// it is logged at error level as "<role>: <what> failed: <why>", counted in
+// tandem:handler_failures_total{role} and returned as Error{failed, "internal error while
+// <what>: <why>"} for the caller to answer the message with. The actor lives on.
+class HandlerGuard {
+ public:
+  HandlerGuard(const ShellContext& ctx, std::string role);
+  Status run(std::string_view what, const std::function<void()>& body) const;
+  // run() for an InboundFrame handler: on failure, a frame that carries a correlation id
+  // from an actor (not a node) is answered with an Error for that id, so its sender ends the
+  // request instead of waiting for a timeout.
+  void run_frame(const messages::ActorName& self_name, const runtime::InboundFrame& in,
+                 const std::function<void()>& body) const;
+  uint64_t failures_count() const { return failures_->value(); }
+
+ private:
+  ShellContext ctx_;
+  std::string role_;
+  obs::Counter* failures_;
 };
 
 // Sends an Error for `request_id` to `to`. Failures to send are logged, not returned.

@@ -76,6 +76,7 @@ struct DecodeMetrics {
 struct DecodeState {
   ShellContext ctx;
   ActorName self_name;
+  std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   caf::actor executor;
   ExecInfo info;
   std::unique_ptr<kv::PrefixCache> cache;
@@ -658,11 +659,8 @@ caf::behavior running(DecodeActor* self) {
   self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
   return {
       [self](const runtime::InboundFrame& in) {
-        try {
-          on_frame(self, in);
-        } catch (const kj::Exception& e) {
-          self->state.ctx.log->warn("decode: dropped a message: {}", e.getDescription().cStr());
-        }
+        auto& st = self->state;
+        st.guard->run_frame(st.self_name, in, [self, &in] { on_frame(self, in); });
       },
       [self](const PullChunkDone& done) { on_chunk_done(self, done); },
       [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
@@ -694,6 +692,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;
+    st.guard.emplace(ctx, "decode");
     st.executor = executor;
     if (ctx.node_actor) {
       self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));

@@ -4,11 +4,18 @@
 #include <limits>
 #include <map>
 
+#include "actors/gateway/json_text.hpp"
 #include "actors/gateway/request_common.hpp"
 
 namespace tandem::gateway {
 
 std::optional<json> parse_body(FieldReader& reader, std::string_view body) {
+  // Invalid UTF-8 and numbers beyond a double are 400s named here, before the parser (which
+  // would quote the raw bytes, or read an infinity).
+  if (std::optional<std::string> bad = check_json_text(body)) {
+    reader.fail_invalid("", "request body is not valid JSON: " + *bad);
+    return std::nullopt;
+  }
   json root = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     // Malformed bodies only: parse again with exceptions for where it went wrong.
@@ -18,7 +25,7 @@ std::optional<json> parse_body(FieldReader& reader, std::string_view body) {
     } catch (const json::parse_error& e) {
       std::string what = e.what();  // "[json.exception.parse_error.101] parse error at ..."
       size_t at = what.find("] ");
-      where = ": " + (at == std::string::npos ? what : what.substr(at + 2));
+      where = ": " + printable(at == std::string::npos ? what : what.substr(at + 2));
     }
     reader.fail_invalid("", "request body is not valid JSON" + where);
     return std::nullopt;
@@ -275,12 +282,12 @@ std::string render_error_body(ApiKind kind, const ApiError& error) {
     json body = {
         {"type", "error"},
         {"error", {{"type", anthropic_error_type(error.http_status)}, {"message", error.message}}}};
-    return body.dump();
+    return body.dump(-1, ' ', false, json::error_handler_t::replace);  // never throws
   }
   json e = {{"message", error.message}, {"type", error.type}};
   e["param"] = error.param.empty() ? json(nullptr) : json(error.param);
   e["code"] = error.code.empty() ? json(nullptr) : json(error.code);
-  return json{{"error", e}}.dump();
+  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #include "actors/gateway/gateway_actor.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -128,6 +129,7 @@ struct Shared {
 struct GatewayState {
   ShellContext ctx;
   ActorName self_name;
+  std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   std::shared_ptr<text::Tokenizer> tokenizer;
   text::ChatFormat format = text::ChatFormat::plain;
   std::vector<ActorName> routers;
@@ -562,10 +564,11 @@ std::optional<ApiError> unknown_model(const config::Manifest& m, const gateway::
                    "model_not_found");
 }
 
+std::string unhealthy_reason(const ShellContext& ctx, Shared& shared);
+
 std::optional<ApiError> admit(GatewayState& st) {
-  if (!st.shared->healthy.load()) {
-    return api_error(503, "overloaded_error", st.shared->reason());
-  }
+  std::string reason = unhealthy_reason(st.ctx, *st.shared);
+  if (!reason.empty()) return api_error(503, "overloaded_error", reason);
   return std::nullopt;
 }
 
@@ -642,12 +645,13 @@ struct PreparerState {
   std::shared_ptr<text::Tokenizer> tokenizer;  // encode only here; the gateway only decodes
   text::ChatFormat format = text::ChatFormat::plain;
   kv::HashKey key_base;  // cache_salt set per request
-  caf::actor gateway;
+  std::shared_ptr<runtime::ActorSlot> gateway;  // the gateway actor now; empty while down
   // The hasher of key_base (no cache_salt), kept across requests: its keyed HMAC contexts
   // are set up once instead of per request. Requests with a cache_salt get their own.
   std::unique_ptr<kv::BlockHasher> unsalted;
   std::shared_ptr<gateway::PreparerPool> pool;  // the pool this preparer is a slot of
   obs::Counter* prepared = nullptr;              // its pool's requests prepared
+  std::optional<HandlerGuard> guard;             // the backstop of prepare()
   static inline const char* name = "tandem.gateway.preparer";
 };
 
@@ -692,15 +696,43 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
     RT_ASSERT(salted.ok(), "the key and block size are valid");
     hashes = std::move(salted).value();
   }
-  self->send(st.gateway, PreparedCall{call, api.value(), std::move(spec.value()),
-                                      std::move(prompt.value()), std::move(hashes),
-                                      max_tokens.value()});
+  caf::actor gateway = st.gateway->get();
+  if (!gateway) {
+    return reply_busy(api.value(), *call.out,
+                      api_error(503, "overloaded_error",
+                                "the gateway actor is restarting (see /health); retry"));
+  }
+  self->send(gateway, PreparedCall{call, api.value(), std::move(spec.value()),
+                                   std::move(prompt.value()), std::move(hashes),
+                                   max_tokens.value()});
+}
+
+// The last word on a message whose handler failed (HandlerGuard): a 500 api_error if nothing
+// was sent yet, the end of the stream if it had begun.
+void answer_internal_error(ApiKind api, gateway::ResponseStream& out, const Error& error) {
+  using Progress = gateway::ResponseStream::Progress;
+  switch (out.progress()) {
+    case Progress::idle:
+      return reply_error(api, out, api_error(500, "api_error", error.message));
+    case Progress::streaming:
+      (void)out.end();
+      return;
+    case Progress::done:
+      return;
+  }
 }
 
 void prepare(PreparerActor* self, const HttpCall& call) {
-  self->state.prepared->inc();  // before any answer: a client that has one sees it counted
-  prepare_call(self, call);
-  self->state.pool->done(call.preparer, call.cost);
+  auto& st = self->state;
+  st.prepared->inc();  // before any answer: a client that has one sees it counted
+  Status done = st.guard->run("preparing a request",
+                              [self, &call] { prepare_call(self, call); });
+  if (!done.ok()) {
+    auto api = api_of(*call.request);
+    answer_internal_error(api.ok() ? api.value() : ApiKind::chat_completions, *call.out,
+                          done.error());
+  }
+  st.pool->done(call.preparer, call.cost);
 }
 
 void on_prepared(GatewayActor* self, PreparedCall& p) {
@@ -844,11 +876,21 @@ void on_tick(GatewayActor* self) {
   }
 }
 
-// A pool of preparers: their load and their actors, by slot.
+// A pool of preparers: their load and their actors, by slot (a slot is empty while its
+// preparer is down and being restarted).
 struct Preparers {
   std::shared_ptr<gateway::PreparerPool> pool;
-  std::vector<caf::actor> actors;
+  std::vector<std::shared_ptr<runtime::ActorSlot>> actors;
 };
+
+// Why the gateway cannot serve now, "" when it can: an actor of this node is down (the
+// supervisor restarts it), or no decode instance is ready. Any thread.
+std::string unhealthy_reason(const ShellContext& ctx, Shared& shared) {
+  std::string down = ctx.node_health ? ctx.node_health->reason() : "";
+  if (shared.healthy.load()) return down;
+  std::string decode = shared.reason();
+  return down.empty() ? decode : down + "; " + decode;
+}
 
 // Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to a preparer (the
 // least loaded of the long-prompt pool for bodies over long_prompt_bytes, else of the other).
@@ -867,10 +909,11 @@ class Front final : public gateway::HttpHandler {
       return;
     }
     if (path == "/health" && request.method == "GET") {
-      if (shared_->healthy.load()) {
+      std::string reason = unhealthy_reason(ctx_, *shared_);
+      if (reason.empty()) {
         out->send(200, json_headers, R"({"status":"ok"})");
       } else {
-        nlohmann::json body = {{"status", "unavailable"}, {"reason", shared_->reason()}};
+        nlohmann::json body = {{"status", "unavailable"}, {"reason", reason}};
         out->send(503, json_headers, body.dump(-1, ' ', false,
                                                nlohmann::json::error_handler_t::replace));
       }
@@ -905,7 +948,22 @@ class Front final : public gateway::HttpHandler {
     uint64_t cost = request.body.size() + 1;
     Preparers& to = request.body.size() > ctx_.manifest->gateway.long_prompt_bytes ? long_ : short_;
     auto slot = static_cast<uint32_t>(to.pool->pick(cost));
-    caf::anon_send(to.actors[slot],
+    caf::actor preparer = to.actors[slot]->get();
+    if (!preparer) {  // down and being restarted: the first live one instead
+      to.pool->done(slot, cost);
+      auto live = std::find_if(to.actors.begin(), to.actors.end(),
+                               [](const auto& one) { return static_cast<bool>(one->get()); });
+      if (live == to.actors.end()) {
+        reply_busy(api, *out, api_error(503, "overloaded_error",
+                                        "the gateway's preparers are restarting (see /health); "
+                                        "retry"));
+        return;
+      }
+      slot = static_cast<uint32_t>(live - to.actors.begin());
+      preparer = (*live)->get();  // may be empty again (a race with a crash): then lost, 500
+      to.pool->add(slot, cost);
+    }
+    caf::anon_send(preparer,
                    HttpCall{std::make_shared<const gateway::HttpRequest>(request), out, slot, cost});
   }
 
@@ -946,8 +1004,9 @@ class Front final : public gateway::HttpHandler {
 
 class Service final : public GatewayService {
  public:
-  Service(std::unique_ptr<Front> front, std::vector<caf::actor> actors)
-      : front_(std::move(front)), actors_(std::move(actors)) {}
+  Service(std::unique_ptr<Front> front, std::vector<caf::actor> actors,
+          std::vector<runtime::Supervised> supervised)
+      : front_(std::move(front)), actors_(std::move(actors)), supervised_(std::move(supervised)) {}
   ~Service() override { stop(); }
   Status start(const std::string& host, uint16_t port, gateway::HttpLimits limits) {
     server_ = std::make_unique<gateway::HttpServer>(host, port, limits, *front_);
@@ -957,50 +1016,167 @@ class Service final : public GatewayService {
     if (server_) server_->stop();
   }
   std::vector<caf::actor> actors() const override { return actors_; }
+  std::vector<runtime::Supervised> supervised() const override { return supervised_; }
 
  private:
   std::unique_ptr<Front> front_;
   std::unique_ptr<gateway::HttpServer> server_;
   std::vector<caf::actor> actors_;
+  std::vector<runtime::Supervised> supervised_;
 };
+
+void on_client_gone(GatewayActor* self, const ClientGone& gone) {
+  auto& st = self->state;
+  if (drop_queued(st, gone.request_id)) return;
+  auto it = st.requests.find(gone.request_id);
+  if (it == st.requests.end()) return;
+  if (it->second.decode) {
+    (void)st.ctx.bridge->send(st.self_name, *it->second.decode, gone.request_id,
+                              [&](wire::Envelope::Builder b) {
+                                b.getBody().initCancel().setRequestId(gone.request_id);
+                              });
+  }
+  st.requests.erase(it);
+  st.metrics->running->set(static_cast<double>(st.requests.size()));
+  admit_queued(self);
+}
+
+// A frame's handler failed (HandlerGuard): the request it was about (its correlation id)
+// ends with a 500; if even that fails, the request is dropped (the HTTP server answers 500).
+void on_frame_failed(GatewayActor* self, const runtime::InboundFrame& in, const Error& error) {
+  auto& st = self->state;
+  uint64_t id = 0;
+  Status read = st.guard->run("reading a failed message", [&in, &id] {
+    id = in.frame->envelope().getCorrelationId();
+  });
+  if (!read.ok() || st.requests.count(id) == 0) return;
+  Status failed = st.guard->run("failing a request", [self, id, &error] {
+    fail(self, id, api_error(500, "api_error", error.message));
+  });
+  if (!failed.ok() && st.requests.erase(id) > 0) {
+    st.metrics->running->set(static_cast<double>(st.requests.size()));
+  }
+}
 
 caf::behavior gateway_behavior(GatewayActor* self) {
   self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
+  const HandlerGuard& guard = *self->state.guard;  // lives as long as the state
   return {
-      [self](PreparedCall& p) { on_prepared(self, p); },
-      [self](const ClientGone& gone) {
-        auto& st = self->state;
-        if (drop_queued(st, gone.request_id)) return;
-        auto it = st.requests.find(gone.request_id);
-        if (it == st.requests.end()) return;
-        if (it->second.decode) {
-          (void)st.ctx.bridge->send(st.self_name, *it->second.decode, gone.request_id,
-                                    [&](wire::Envelope::Builder b) {
-                                      b.getBody().initCancel().setRequestId(gone.request_id);
-                                    });
-        }
-        st.requests.erase(it);
-        st.metrics->running->set(static_cast<double>(st.requests.size()));
-        admit_queued(self);
+      [self, &guard](PreparedCall& p) {
+        Status done = guard.run("admitting a request", [self, &p] { on_prepared(self, p); });
+        if (!done.ok()) answer_internal_error(p.api, *p.call.out, done.error());
       },
-      [self](const runtime::InboundFrame& in) {
-        try {
-          on_frame(self, in);
-        } catch (const kj::Exception& e) {
-          self->state.ctx.log->warn("gateway: dropped a message: {}", e.getDescription().cStr());
-        }
+      [self, &guard](const ClientGone& gone) {
+        (void)guard.run("ending a request", [self, &gone] { on_client_gone(self, gone); });
       },
-      [self](const runtime::MembershipEvent& event) { on_membership(self, event); },
-      [self](const runtime::InstanceLoadReport& report) {
-        auto& st = self->state;
-        st.health->report(report.instance, report.ready, report.not_ready_reason);
-        update_health(st);
+      [self, &guard](const runtime::InboundFrame& in) {
+        Status done = guard.run("handling a message", [self, &in] { on_frame(self, in); });
+        if (!done.ok()) on_frame_failed(self, in, done.error());
       },
-      [self](runtime::atoms::tick) {
-        on_tick(self);
+      [self, &guard](const runtime::MembershipEvent& event) {
+        (void)guard.run("a membership event", [self, &event] { on_membership(self, event); });
+      },
+      [self, &guard](const runtime::InstanceLoadReport& report) {
+        (void)guard.run("a load report", [self, &report] {
+          auto& st = self->state;
+          st.health->report(report.instance, report.ready, report.not_ready_reason);
+          update_health(st);
+        });
+      },
+      [self, &guard](runtime::atoms::tick) {
+        (void)guard.run("a tick", [self] { on_tick(self); });
         self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
       },
   };
+}
+
+// What spawning the gateway actor takes (again, when the supervisor restarts it).
+struct GatewayParts {
+  caf::actor_system* system;  // outlives the gateway
+  ShellContext ctx;
+  ActorName name;
+  std::shared_ptr<text::Tokenizer> tokenizer;
+  text::ChatFormat format = text::ChatFormat::plain;
+  std::vector<ActorName> routers;
+  std::vector<gateway::DecodeHealth::Instance> decodes;
+  std::shared_ptr<Shared> shared;
+  std::shared_ptr<std::atomic<uint64_t>> spawned_count;  // incarnations of the gateway actor
+};
+
+// Spawns the gateway actor and registers it under parts.name.
+caf::actor spawn_gateway_actor(const GatewayParts& parts) {
+  uint64_t generation = parts.spawned_count->fetch_add(1);
+  auto actor = parts.system->spawn([parts, generation](GatewayActor* self) -> caf::behavior {
+    auto& st = self->state;
+    const ShellContext& ctx = parts.ctx;
+    st.ctx = ctx;
+    st.self_name = parts.name;
+    st.guard.emplace(ctx, "gateway");
+    st.tokenizer = parts.tokenizer;
+    st.format = parts.format;
+    st.routers = parts.routers;
+    st.health = std::make_unique<gateway::DecodeHealth>(ctx.bridge->node(), parts.decodes);
+    st.shared = parts.shared;
+    // Request ids are unique across gateways, restarts of the node and of this actor: name
+    // hash, incarnation and generation on top.
+    uint64_t mixed = std::hash<std::string>{}(parts.name.to_string()) ^
+                     ctx.bridge->incarnation() ^ (generation * 0x9E3779B97F4A7C15ull);
+    st.id_seed = (mixed & 0xfffffff) << 32;
+    st.metrics = std::make_unique<Metrics>(make_metrics(*ctx.metrics, parts.name.instance));
+    update_health(st);
+    if (ctx.node_actor) {
+      self->send(ctx.node_actor, runtime::atoms::subscribe::value,
+                 caf::actor_cast<caf::actor>(self));
+    }
+    return gateway_behavior(self);
+  });
+  parts.ctx.bridge->register_actor(parts.name, actor);
+  return actor;
+}
+
+// What spawning a preparer takes.
+struct PreparerParts {
+  caf::actor_system* system;  // outlives the preparers
+  ShellContext ctx;
+  std::shared_ptr<text::Tokenizer> tokenizer;
+  text::ChatFormat format = text::ChatFormat::plain;
+  kv::HashKey key_base;
+  std::shared_ptr<runtime::ActorSlot> gateway;
+  std::string instance;
+};
+
+// Spawns `count` preparers (with threads of their own when `own_threads`) and appends them
+// to `supervised` (a restart resets the slot's load: its mailbox was lost).
+Preparers make_preparers(const PreparerParts& parts, uint32_t count, bool own_threads,
+                         std::vector<runtime::Supervised>& supervised) {
+  Preparers p{std::make_shared<gateway::PreparerPool>(count), {}};
+  std::string pool_name = own_threads ? "threads" : "workers";
+  obs::Counter* prepared = make_counter(
+      *parts.ctx.metrics, "tandem:gateway_requests_prepared_total",
+      "requests parsed, tokenized and hashed, by preparer pool (workers: on the node's "
+      "workers; threads: long prompts, on threads of their own)",
+      {{"instance", parts.instance}, {"pool", pool_name}});
+  auto behavior = [parts, pool = p.pool, prepared](PreparerActor* self) -> caf::behavior {
+    self->state = PreparerState{parts.ctx, parts.tokenizer, parts.format, parts.key_base,
+                                parts.gateway, nullptr, pool, prepared, std::nullopt};
+    self->state.guard.emplace(parts.ctx, "gateway-preparer");
+    return {[self](const HttpCall& call) { prepare(self, call); }};
+  };
+  auto spawn = [system = parts.system, behavior, own_threads] {
+    return own_threads ? system->spawn<caf::detached>(behavior) : system->spawn(behavior);
+  };
+  for (uint32_t i = 0; i < count; ++i) {
+    p.actors.push_back(std::make_shared<runtime::ActorSlot>(spawn()));
+    std::string name = parts.ctx.bridge->node() + "/gateway/" + parts.instance + "/" +
+                       pool_name + "-preparer-" + std::to_string(i);
+    supervised.push_back({name, "gateway-preparer",
+                          [spawn, pool = p.pool, i] {
+                            pool->reset(i);
+                            return spawn();
+                          },
+                          p.actors.back()});
+  }
+  return p;
 }
 
 }  // namespace
@@ -1015,70 +1191,42 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   if (!tokenizer.ok()) return tokenizer.error();
   auto format = text::chat_format_for(m.model);
   if (!format.ok()) return format.error();
-  auto shared = std::make_shared<Shared>();
-  std::shared_ptr<text::Tokenizer> tok = std::move(tokenizer).value();
-  ActorName name{ctx.bridge->node(), "gateway", instance.name};
-  std::vector<ActorName> routers;
+  GatewayParts parts{&system, ctx, {ctx.bridge->node(), "gateway", instance.name},
+                     std::move(tokenizer).value(), *format, {}, {}, std::make_shared<Shared>(),
+                     std::make_shared<std::atomic<uint64_t>>(0)};
   for (const auto& [n, inst] : m.instances_of(config::Role::router)) {
-    routers.push_back({n->name, "router", inst->name});
+    parts.routers.push_back({n->name, "router", inst->name});
   }
-  std::vector<gateway::DecodeHealth::Instance> decodes;
   for (const auto& [n, inst] : m.instances_of(config::Role::decode)) {
-    decodes.push_back({n->name, inst->name});
+    parts.decodes.push_back({n->name, inst->name});
   }
-  auto actor = system.spawn([=](GatewayActor* self) -> caf::behavior {
-    auto& st = self->state;
-    st.ctx = ctx;
-    st.self_name = name;
-    st.tokenizer = tok;
-    st.format = *format;
-    st.routers = routers;
-    st.health = std::make_unique<gateway::DecodeHealth>(ctx.bridge->node(), decodes);
-    st.shared = shared;
-    // Request ids are unique across gateways and restarts: name hash and incarnation on top.
-    st.id_seed = ((std::hash<std::string>{}(name.to_string()) ^ ctx.bridge->incarnation()) &
-                  0xfffffff) << 32;
-    st.metrics = std::make_unique<Metrics>(make_metrics(*ctx.metrics, name.instance));
-    update_health(st);
-    if (ctx.node_actor) {
-      self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
-    }
-    return gateway_behavior(self);
-  });
-  ctx.bridge->register_actor(name, actor);
+  auto gateway_slot = std::make_shared<runtime::ActorSlot>(spawn_gateway_actor(parts));
+  std::vector<runtime::Supervised> supervised = {
+      {parts.name.to_string(), "gateway",
+       [parts] {
+         parts.ctx.bridge->unregister_actor(parts.name);
+         return spawn_gateway_actor(parts);
+       },
+       gateway_slot}};
   kv::HashKey key_base{m.gateway.cache_secret.empty() ? "tandem:" + m.cluster.name
                                                       : m.gateway.cache_secret,
                        m.model.name, ""};
+  PreparerParts preparer{&system, ctx, parts.tokenizer, *format, key_base, gateway_slot,
+                         instance.name};
   // Short requests are prepared on the node's workers (no thread hop); long prompts by
   // actors with threads of their own, which the OS preempts, so that tokenizing them never
   // holds the workers that stream tokens meanwhile.
-  auto make_preparers = [&](uint32_t count, bool own_threads) {
-    Preparers p{std::make_shared<gateway::PreparerPool>(count), {}};
-    obs::Counter* prepared = make_counter(
-        *ctx.metrics, "tandem:gateway_requests_prepared_total",
-        "requests parsed, tokenized and hashed, by preparer pool (workers: on the node's "
-        "workers; threads: long prompts, on threads of their own)",
-        {{"instance", instance.name}, {"pool", own_threads ? "threads" : "workers"}});
-    auto behavior = [=, pool = p.pool](PreparerActor* self) -> caf::behavior {
-      self->state = PreparerState{ctx, tok, *format, key_base, actor, nullptr, pool, prepared};
-      return {[self](const HttpCall& call) { prepare(self, call); }};
-    };
-    for (uint32_t i = 0; i < count; ++i) {
-      p.actors.push_back(own_threads ? system.spawn<caf::detached>(behavior)
-                                     : system.spawn(behavior));
-    }
-    return p;
-  };
-  Preparers short_prompts = make_preparers(config::gateway_preparers(m.gateway, *node), false);
-  Preparers long_prompts = make_preparers(m.gateway.long_prompt_preparers, true);
+  Preparers short_prompts =
+      make_preparers(preparer, config::gateway_preparers(m.gateway, *node), false, supervised);
+  Preparers long_prompts =
+      make_preparers(preparer, m.gateway.long_prompt_preparers, true, supervised);
   size_t short_count = short_prompts.actors.size(), long_count = long_prompts.actors.size();
-  std::vector<caf::actor> actors = {actor};  // the gateway actor first (actors() contract)
-  for (const Preparers* p : {&short_prompts, &long_prompts}) {
-    actors.insert(actors.end(), p->actors.begin(), p->actors.end());
-  }
+  std::vector<caf::actor> actors;  // the gateway actor first (actors() contract)
+  for (const runtime::Supervised& one : supervised) actors.push_back(one.slot->get());
   auto service = std::make_unique<Service>(
-      std::make_unique<Front>(ctx, shared, std::move(short_prompts), std::move(long_prompts)),
-      std::move(actors));
+      std::make_unique<Front>(ctx, parts.shared, std::move(short_prompts),
+                              std::move(long_prompts)),
+      std::move(actors), std::move(supervised));
   gateway::HttpLimits limits;
   limits.body_bytes_max = m.gateway.body_bytes_max;
   limits.connections_max = m.gateway.connections_max;

@@ -32,6 +32,9 @@ class GatewayService {
   // The gateway's actors: the gateway actor first, then its request preparers; the node
   // stops them at shutdown.
   virtual std::vector<caf::actor> actors() const = 0;
+  // The same actors for the node's supervisor (runtime/node/supervisor.hpp), with how to
+  // respawn each: "NODE/gateway/INSTANCE" and "NODE/gateway/INSTANCE/workers-preparer-0", ...
+  virtual std::vector<runtime::Supervised> supervised() const = 0;
 };
 
 // Spawns the gateway actor for `instance`, loads the tokenizer and starts the HTTP server on

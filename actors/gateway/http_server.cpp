@@ -396,6 +396,17 @@ bool ResponseStream::end() {
   return ok;
 }
 
+ResponseStream::Progress ResponseStream::progress() const {
+  std::lock_guard lock(core_->mutex);
+  switch (core_->phase) {
+    case Core::Phase::idle: return Progress::idle;
+    case Core::Phase::streaming: return Progress::streaming;
+    case Core::Phase::done: return Progress::done;
+  }
+  RT_ASSERT(false, "unknown phase");
+  return Progress::done;
+}
+
 bool ResponseStream::is_cancelled() const {
   std::lock_guard lock(core_->mutex);
   return core_->cancelled;  // a finished stream is detached but not cancelled

@@ -103,6 +103,10 @@ class ResponseStream {
   bool end();
 
   bool is_cancelled() const;
+  // Where the caller is in its call sequence: nothing sent yet (send() or start() allowed),
+  // streaming (start() called: write() and end() allowed), or done (send() or end() called).
+  enum class Progress { idle, streaming, done };
+  Progress progress() const;
   // Registers the callback that fires exactly once if the stream is cancelled before end()
   // or send() was called. Replaces an earlier callback. Not called after a normal finish.
   void on_cancel(std::function<void()> callback);

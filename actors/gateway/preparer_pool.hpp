@@ -33,11 +33,24 @@ class PreparerPool {
     loads_[best].fetch_add(cost, std::memory_order_relaxed);
     return best;
   }
-  // Takes a picked request's cost off its slot. Any thread.
-  void done(size_t slot, uint64_t cost) {
-    uint64_t before = loads_.at(slot).fetch_sub(cost, std::memory_order_relaxed);
-    RT_ASSERT(before >= cost, "preparer load below zero", slot, before, cost);
+  // Adds `cost` to a slot chosen by the caller (the picked one's preparer was down). HTTP
+  // thread.
+  void add(size_t slot, uint64_t cost) {
+    loads_.at(slot).fetch_add(cost, std::memory_order_relaxed);
   }
+  // Takes a picked request's cost off its slot. Any thread. Never below zero: after reset()
+  // (a restarted preparer) costs added before the reset may still be taken off.
+  void done(size_t slot, uint64_t cost) {
+    RT_ASSERT(cost > 0, slot);
+    std::atomic<uint64_t>& load = loads_.at(slot);
+    uint64_t before = load.load(std::memory_order_relaxed);
+    while (!load.compare_exchange_weak(before, before >= cost ? before - cost : 0,
+                                       std::memory_order_relaxed)) {
+    }
+  }
+  // Forgets a slot's load: its preparer died with requests in its mailbox, which no one will
+  // take off. The supervisor's thread, before the replacement starts.
+  void reset(size_t slot) { loads_.at(slot).store(0, std::memory_order_relaxed); }
   uint64_t load(size_t slot) const { return loads_.at(slot).load(std::memory_order_relaxed); }
 
  private:

@@ -23,6 +23,7 @@ struct Pending {
 struct PrefillState {
   ShellContext ctx;
   ActorName self_name;
+  std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   caf::actor executor;
   ExecInfo info;
   std::unique_ptr<kv::PrefixCache> cache;
@@ -219,11 +220,8 @@ caf::behavior running(PrefillActor* self) {
   self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
   return {
       [self](const runtime::InboundFrame& in) {
-        try {
-          on_frame(self, in);
-        } catch (const kj::Exception& e) {
-          self->state.ctx.log->warn("prefill: dropped a message: {}", e.getDescription().cStr());
-        }
+        auto& st = self->state;
+        st.guard->run_frame(st.self_name, in, [self, &in] { on_frame(self, in); });
       },
       [self](runtime::atoms::tick) {
         auto& st = self->state;
@@ -250,6 +248,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;
+    st.guard.emplace(ctx, "prefill");
     st.executor = executor;
     // Messages wait in the mailbox until the executor has answered with its device.
     self->request(executor, caf::infinite, atoms::exec_info::value)

@@ -26,6 +26,7 @@ struct Known {
 struct RouterState {
   ShellContext ctx;
   ActorName self_name;
+  std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   std::unique_ptr<router::RouterCore> core;
   std::vector<Known> instances;                 // index = InstanceId.value
   std::map<std::string, uint32_t> by_name;      // "node/role/instance" -> index
@@ -178,6 +179,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;
+    st.guard.emplace(ctx, "router");
     st.core = std::make_unique<router::RouterCore>(router_config(*ctx.manifest));
     add_instances(st);
     obs::Labels l = {{"instance", name.instance}};
@@ -195,9 +197,9 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     }
     return {
         [self](const runtime::InboundFrame& in) {
-          auto envelope = in.frame->envelope();
-          auto which = envelope.getBody().which();
-          try {
+          self->state.guard->run_frame(self->state.self_name, in, [self, &in] {
+            auto envelope = in.frame->envelope();
+            auto which = envelope.getBody().which();
             if (which == wire::Envelope::Body::ROUTE_REQUEST) return on_route(self, envelope);
             if (which == wire::Envelope::Body::KV_EVENTS) {
               return on_kv_events(self->state, envelope.getBody().getKvEvents());
@@ -205,9 +207,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
             if (which == wire::Envelope::Body::PING) {
               return runtime::answer_ping(self->state.ctx.bridge, self->state.self_name, envelope);
             }
-          } catch (const kj::Exception& e) {
-            self->state.ctx.log->warn("router: dropped a message: {}", e.getDescription().cStr());
-          }
+          });
         },
         [self](const runtime::MembershipEvent& event) { on_membership(self->state, event); },
         [self](const runtime::InstanceLoadReport& r) { on_load(self->state, r); },

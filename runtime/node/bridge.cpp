@@ -66,6 +66,12 @@ void Bridge::register_actor(const ActorName& name, caf::actor actor) {
   actors_.emplace(name, std::move(actor));
 }
 
+void Bridge::unregister_actor(const ActorName& name) {
+  RT_ASSERT(name.node == node_, name.to_string());
+  std::unique_lock lock(mu_);
+  actors_.erase(name);
+}
+
 std::vector<ActorName> Bridge::local_actors() const {
   std::shared_lock lock(mu_);
   std::vector<ActorName> out;

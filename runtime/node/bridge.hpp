@@ -56,6 +56,8 @@ class Bridge {
   void set_ready();
 
   void register_actor(const messages::ActorName& name, caf::actor actor);
+  // Forgets a registered actor (it died): a supervisor then registers its replacement.
+  void unregister_actor(const messages::ActorName& name);
   std::vector<messages::ActorName> local_actors() const;
 
   // Sends one envelope. `fill` sets the body (and may read nothing else). Errors:

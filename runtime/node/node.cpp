@@ -48,7 +48,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name) {
 }
 
 int run_node(const config::Manifest& manifest, const std::string& node_name,
-             const ServicesFactory& make_services) {
+             const ServicesFactory& make_services, NodeOptions options) {
   const config::Node* node = manifest.find_node(node_name);
   RT_ASSERT(node != nullptr, node_name);
   auto made_log = obs::make_node_logger(node_name, manifest.logging.level);
@@ -83,13 +83,21 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
     if (auto* fabric = bridge.fabric()) metrics.sync(fabric->counters(), bridge.counters());
     return registry.render_prometheus();
   };
+  auto health = std::make_shared<NodeHealth>();
+  const config::SupervisorSection& sup = manifest.supervisor;
+  RestartPolicy policy{sup.restarts_max, std::chrono::milliseconds(sup.restart_window_ms),
+                       std::chrono::milliseconds(sup.restart_delay_ms)};
+  caf::actor supervisor = spawn_supervisor(system, SupervisorDeps{log, &registry, health, policy});
   std::unique_ptr<obs::AdminHttpServer> admin;
   if (node->admin_port) {
     std::vector<obs::AdminRoute> routes = {
         {"/metrics", [render] {
            return obs::AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
          }},
-        obs::health_route([] { return obs::HealthStatus{true, "node running"}; })};
+        obs::health_route([health] {
+          return health->whole() ? obs::HealthStatus{true, "node running"}
+                                 : obs::HealthStatus{false, health->reason()};
+        })};
     admin = std::make_unique<obs::AdminHttpServer>(node->host, *node->admin_port, routes);
     if (Status s = admin->start(); !s.ok()) {
       log->error("cannot start the admin endpoint: {}", s.error().describe());
@@ -99,11 +107,14 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   }
   std::vector<caf::actor> actors;
   NodeActorDeps deps{&manifest, &bridge, log, render,
-                     [&metrics](int64_t up, int64_t total) { metrics.set_peers(up, total); }};
+                     [&metrics](int64_t up, int64_t total) { metrics.set_peers(up, total); },
+                     options.test_hooks ? supervisor : caf::actor{}};
   metrics.set_peers(0, static_cast<int64_t>(manifest.nodes.size()) - 1);
   caf::actor node_actor = spawn_node_actor(system, std::move(deps));
   actors.push_back(node_actor);
-  NodeEnv env{&bridge, &registry, log};
+  actors.push_back(supervisor);  // stops the replacements it spawned when it exits
+  if (options.test_hooks) log->warn("TEST HOOKS are on (debug-crash); not for production");
+  NodeEnv env{&bridge, &registry, log, supervisor, health};
   std::unique_ptr<NodeServices> services = make_services ? make_services(manifest, node_name, env)
                                                          : nullptr;
   int code = 0;

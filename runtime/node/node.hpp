@@ -11,6 +11,7 @@
 
 #include "config/manifest.hpp"
 #include "runtime/node/bridge.hpp"
+#include "runtime/node/supervisor.hpp"
 #include "runtime/obs/metrics.hpp"
 
 namespace tandem::runtime {
@@ -31,16 +32,25 @@ struct NodeServices {
   virtual void stop() = 0;  // before actors exit: stop accepting outside work (HTTP)
 };
 // What run_node built, handed to the services factory. All outlive the services.
+// The services hand every serving actor to `supervisor` (supervise()); `health` says what
+// is down (the gateway's /health shows it).
 struct NodeEnv {
   Bridge* bridge;
   obs::Registry* metrics;
   std::shared_ptr<spdlog::logger> log;
+  caf::actor supervisor;
+  std::shared_ptr<NodeHealth> health;
+};
+struct NodeOptions {
+  // TEST HOOKS: the admin command `debug-crash ACTOR` (supervisor.hpp). Off in production;
+  // `tandem node --test-hooks` turns it on. Never reachable from the HTTP API.
+  bool test_hooks = false;
 };
 using ServicesFactory =
     std::function<std::unique_ptr<NodeServices>(const config::Manifest& manifest,
                                                 const std::string& node, NodeEnv& env)>;
 int run_node(const config::Manifest& manifest, const std::string& node_name,
-             const ServicesFactory& services);
+             const ServicesFactory& services, NodeOptions options = {});
 
 void block_stop_signals();
 

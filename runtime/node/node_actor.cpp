@@ -7,6 +7,7 @@
 
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/membership.hpp"
+#include "runtime/node/supervisor.hpp"
 
 namespace tandem::runtime {
 
@@ -186,6 +187,22 @@ void reply_admin(NodeState& st, const AdminCaller& caller, const AdminResult& re
                              });
 }
 
+// TEST HOOK `debug-crash ACTOR`: only when the node runs with test hooks (NodeOptions).
+void debug_crash(NodeActor* self, const AdminCaller& caller, const std::vector<std::string>& args) {
+  auto& st = self->state;
+  if (!st.deps.test_hooks_supervisor || args.size() != 1) {
+    std::string why = !st.deps.test_hooks_supervisor
+                          ? "debug-crash is a test hook; this node runs without --test-hooks\n"
+                          : "usage: debug-crash ACTOR (e.g. node/router/router)\n";
+    return reply_admin(st, caller, AdminResult{false, why, {}});
+  }
+  self->request(st.deps.test_hooks_supervisor, std::chrono::seconds(2), DebugCrash{args[0]})
+      .then([self, caller](const std::string& text) {
+        bool ok = text.rfind("crashed ", 0) == 0;
+        reply_admin(self->state, caller, AdminResult{ok, text, {}});
+      });
+}
+
 void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto request = envelope.getBody().getAdminRequest();
@@ -211,6 +228,8 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
     return st.diagnostics->rma_read(caller, args);
   } else if (command == "rma-release") {
     return st.diagnostics->rma_release(caller, args);
+  } else if (command == "debug-crash") {
+    return debug_crash(self, caller, args);
   } else {
     result = AdminResult{false, "unknown admin command '" + command + "'\n", {}};
   }
@@ -313,10 +332,15 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
   self->delayed_send(self, interval, atoms::tick::value);
   return {
       [self](const InboundFrame& in) {
+        // The backstop (STYLE section 8): a failure costs this message, never the node actor.
         try {
           on_frame(self, in);
         } catch (const kj::Exception& e) {  // a field we could not convert: drop the message
           self->state.deps.log->warn("dropped a message: {}", e.getDescription().cStr());
+        } catch (const std::exception& e) {
+          self->state.deps.log->error("node actor: handling a message failed: {}", e.what());
+        } catch (...) {
+          self->state.deps.log->error("node actor: handling a message failed (unknown error)");
         }
       },
       [self, interval](atoms::tick) {
@@ -344,6 +368,9 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
         }
         if (!st.subscribers.insert(subscriber).second) return;
         for (const auto& event : st.membership->current()) self->send(subscriber, event);
+        // And the last load of every local instance: a router restarted by the supervisor
+        // can route at once instead of after the next reports (it skips unreported ones).
+        for (const auto& [instance, report] : st.local_loads) self->send(subscriber, report);
       },
   };
 }

@@ -19,11 +19,15 @@ struct NodeActorDeps {
   std::shared_ptr<spdlog::logger> log;
   std::function<std::string()> render_metrics;  // Prometheus text of this node; thread-safe
   std::function<void(int64_t up, int64_t total)> on_peers_changed;  // for the peers_up gauge
+  // TEST HOOK: set only with NodeOptions::test_hooks; then the admin command
+  // `debug-crash ACTOR` asks this supervisor to crash ACTOR (supervisor.hpp: DebugCrash).
+  caf::actor test_hooks_supervisor;
 };
 
 // Spawns the node actor and registers it as NODE/node/. Subscribers (send
-// `atoms::subscribe` with an actor) first get an `up` for every peer already up, then every
-// MembershipEvent and every InstanceLoadReport.
+// `atoms::subscribe` with an actor) first get an `up` for every peer already up and the last
+// InstanceLoadReport of every local instance, then every MembershipEvent and every
+// InstanceLoadReport.
 caf::actor spawn_node_actor(caf::actor_system& system, NodeActorDeps deps);
 
 // Spawns the actor shell for one role instance and registers it as NODE/role/instance.

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tests/support/process.hpp"
 
@@ -62,17 +63,19 @@ inline std::string find_on_path(const std::string& name) {
 class TandemNode {
  public:
   // `gateway_toml`: extra lines for the [gateway] section (e.g. "api_keys = [\"sk-test\"]").
-  explicit TandemNode(const std::string& gateway_toml, const std::string& tag = "node")
+  // `node_args`: extra arguments for `tandem node` (e.g. "--test-hooks").
+  explicit TandemNode(const std::string& gateway_toml, const std::string& tag = "node",
+                      const std::vector<std::string>& node_args = {})
       : dir_(make_temp_dir(tag)), http_port_(free_port()) {
     if (access(tandem_bin().c_str(), X_OK) != 0) {
       throw std::runtime_error(tandem_bin() + " is not executable (is TANDEM_BUILD_ROOT set?)");
     }
     manifest_path_ = dir_ + "/local.toml";
     write_file(manifest_path_, manifest_text(gateway_toml));
-    child_ = std::make_unique<Child>(
-        std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest_path_, "--node",
-                                 "local"},
-        dir_ + "/node.log");
+    std::vector<std::string> argv = {tandem_bin(), "node", "--manifest", manifest_path_,
+                                     "--node", "local"};
+    argv.insert(argv.end(), node_args.begin(), node_args.end());
+    child_ = std::make_unique<Child>(std::move(argv), dir_ + "/node.log");
   }
   TandemNode(const TandemNode&) = delete;
   TandemNode& operator=(const TandemNode&) = delete;
@@ -94,6 +97,7 @@ class TandemNode {
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(http_port_); }
   std::string log() const { return child_->log(); }
   bool running() { return child_->running(); }
+  const std::string& manifest_path() const { return manifest_path_; }
 
  private:
   std::string manifest_text(const std::string& gateway_toml) {

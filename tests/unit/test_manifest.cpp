@@ -167,6 +167,11 @@ spin_us = 0
 heartbeat_interval_ms = 50
 heartbeat_miss_max = 3
 
+[supervisor]
+restarts_max = 2
+restart_window_ms = 1000
+restart_delay_ms = 0
+
 [logging]
 level = "debug"
 
@@ -203,6 +208,9 @@ draft_tokens_max = 16
   CHECK(m.fabric.spin_us == 0);
   CHECK(m.membership.heartbeat_interval_ms == 50);
   CHECK(m.membership.heartbeat_miss_max == 3);
+  CHECK(m.supervisor.restarts_max == 2);
+  CHECK(m.supervisor.restart_window_ms == 1000);
+  CHECK(m.supervisor.restart_delay_ms == 0);
   CHECK(m.logging.level == "debug");
   CHECK(m.router.policy == RouterPolicy::round_robin);
   CHECK(m.router.weight_prefix == 2.0);
@@ -282,6 +290,8 @@ spin_us = -1
 [membership]
 heartbeat_interval_ms = 5
 heartbeat_miss_max = 101
+[supervisor]
+restarts_max = 0
 [speculative]
 draft_tokens_max = 17
 [router]
@@ -289,12 +299,13 @@ weight_prefix = -0.5
 )";
   text = replace(text, "fabric_port = 17100", "fabric_port = 70000");
   auto issues = parse_bad(text);
-  CHECK(issues.size() == 7);
+  CHECK(issues.size() == 8);
   auto frame = find_issue(issues, "fabric.frame_bytes_max", "out of range 4096..67108864");
   CHECK(frame.line == line_of(text, "frame_bytes_max"));
   find_issue(issues, "fabric.spin_us", "value -1 is out of range");
   find_issue(issues, "membership.heartbeat_interval_ms", "out of range 10..60000");
   find_issue(issues, "membership.heartbeat_miss_max", "out of range 1..100");
+  find_issue(issues, "supervisor.restarts_max", "out of range 1..1000");
   find_issue(issues, "speculative.draft_tokens_max", "out of range 1..16");
   find_issue(issues, "router.weight_prefix", "out of range");
   auto port = find_issue(issues, "node[0].fabric_port", "out of range 1..65535");

@@ -1,0 +1,142 @@
+// The node's supervisor: its restart budget (pure), NodeHealth, and the actor itself on a
+// real actor system — a child that exits with an error is replaced after the delay, under
+// the same slot, the node is marked down meanwhile and whole after; a crash loop beyond the
+// budget leaves the child down and says so; a user_shutdown exit is not a crash.
+#include <doctest.h>
+
+#include <caf/all.hpp>
+
+#include <atomic>
+#include <chrono>
+
+#include "runtime/node/caf_types.hpp"
+#include "runtime/node/supervisor.hpp"
+#include "runtime/obs/log.hpp"
+#include "tests/support/process.hpp"
+
+using namespace tandem;
+using namespace tandem::runtime;
+using namespace std::chrono_literals;
+
+TEST_CASE("supervisor: the restart budget allows restarts_max per window, then refuses") {
+  RestartBudget budget(RestartPolicy{3, 1000ms, 10ms});
+  RestartBudget::Clock::time_point t0{};
+  CHECK(budget.allow(t0));
+  CHECK(budget.allow(t0 + 100ms));
+  CHECK(budget.allow(t0 + 200ms));
+  CHECK(budget.recent_count() == 3);
+  CHECK_FALSE(budget.allow(t0 + 300ms));  // the fourth within a second: refused
+  CHECK_FALSE(budget.allow(t0 + 999ms));
+  CHECK(budget.allow(t0 + 1000ms));  // the first left the window
+  CHECK(budget.recent_count() == 3);
+  CHECK(budget.allow(t0 + 5000ms));  // all left: a fresh window
+  CHECK(budget.recent_count() == 1);
+}
+
+TEST_CASE("supervisor: NodeHealth names every actor that is down") {
+  NodeHealth health;
+  CHECK(health.whole());
+  CHECK(health.reason().empty());
+  health.set_down("n/router/r", "exited: boom; restarting");
+  health.set_down("n/decode/d", "exited: x; restarting");
+  CHECK_FALSE(health.whole());
+  CHECK(health.reason() == "n/decode/d is down (exited: x; restarting); n/router/r is down "
+                           "(exited: boom; restarting)");
+  health.set_up("n/decode/d");
+  health.set_up("n/router/r");
+  CHECK(health.whole());
+}
+
+namespace {
+
+struct Fixture {
+  caf::actor_system_config cfg;
+  caf::actor_system system{cfg};
+  obs::Registry registry;
+  std::shared_ptr<NodeHealth> health = std::make_shared<NodeHealth>();
+  std::atomic<int> spawned{0};
+
+  caf::actor spawn_child() {
+    ++spawned;
+    return system.spawn([](caf::event_based_actor*) -> caf::behavior {
+      return {[](int x) { return x + 1; }};
+    });
+  }
+  uint64_t counter(const std::string& name, const std::string& role) {
+    auto c = registry.counter(name, "", {{"role", role}});
+    REQUIRE(c.ok());
+    return (*c)->value();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("supervisor: a crashed child is replaced after the delay; the node is whole again") {
+  Fixture f;
+  auto log = obs::make_node_logger("t", "error");
+  REQUIRE(log.ok());
+  caf::actor sup = spawn_supervisor(
+      f.system, SupervisorDeps{*log, &f.registry, f.health, RestartPolicy{2, 60'000ms, 300ms}});
+  auto slot = std::make_shared<ActorSlot>(f.spawn_child());
+  caf::actor first = slot->get();
+  supervise(sup, {"t/router/r", "router", [&f] { return f.spawn_child(); }, slot});
+  caf::scoped_actor self{f.system};
+  auto crash = [&] {
+    std::string text;
+    self->request(sup, 2s, DebugCrash{"t/router/r"})
+        .receive([&](const std::string& t) { text = t; }, [](caf::error&) {});
+    return text;
+  };
+  CHECK(crash() == "crashed t/router/r\n");
+  // Down and named in the health until the replacement is up (300 ms later).
+  CHECK(testing::eventually(1000ms, [&] { return !f.health->whole(); }));
+  CHECK(f.health->reason().find("t/router/r is down (exited: ") != std::string::npos);
+  CHECK(testing::eventually(3000ms, [&] { return f.health->whole() && slot->get(); }));
+  CHECK(slot->get() != first);
+  CHECK(f.spawned == 2);
+  CHECK(f.counter("tandem:actor_crashes_total", "router") == 1);
+  CHECK(f.counter("tandem:actor_restarts_total", "router") == 1);
+  // The replacement serves.
+  int answer = 0;
+  self->request(slot->get(), 2s, 41).receive([&](int x) { answer = x; }, [](caf::error&) {});
+  CHECK(answer == 42);
+  // A second crash is restarted too; the third within the window is beyond the budget.
+  CHECK(crash() == "crashed t/router/r\n");
+  CHECK(testing::eventually(3000ms, [&] { return f.spawned == 3 && f.health->whole(); }));
+  CHECK(testing::eventually(1000ms, [&] { return static_cast<bool>(slot->get()); }));
+  CHECK(crash() == "crashed t/router/r\n");
+  CHECK(testing::eventually(1000ms, [&] {
+    return f.health->reason().find("stays down until the node restarts") != std::string::npos;
+  }));
+  std::this_thread::sleep_for(500ms);
+  CHECK(f.spawned == 3);
+  CHECK_FALSE(static_cast<bool>(slot->get()));
+  CHECK(crash() == "t/router/r is down already\n");
+  CHECK(f.counter("tandem:actor_crashes_total", "router") == 3);
+  CHECK(f.counter("tandem:actor_restarts_total", "router") == 2);
+  self->send_exit(sup, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("supervisor: a user_shutdown exit is not a crash; the supervisor's exit stops all") {
+  Fixture f;
+  auto log = obs::make_node_logger("t", "error");
+  REQUIRE(log.ok());
+  caf::actor sup = spawn_supervisor(
+      f.system, SupervisorDeps{*log, &f.registry, f.health, RestartPolicy{2, 60'000ms, 50ms}});
+  auto a = std::make_shared<ActorSlot>(f.spawn_child());
+  auto b = std::make_shared<ActorSlot>(f.spawn_child());
+  supervise(sup, {"t/decode/a", "decode", [&f] { return f.spawn_child(); }, a});
+  supervise(sup, {"t/decode/b", "decode", [&f] { return f.spawn_child(); }, b});
+  caf::scoped_actor self{f.system};
+  caf::actor b_actor = b->get();
+  self->monitor(b_actor);
+  self->send_exit(a->get(), caf::exit_reason::user_shutdown);
+  std::this_thread::sleep_for(300ms);
+  CHECK(f.spawned == 2);
+  CHECK(f.health->whole());
+  self->send_exit(sup, caf::exit_reason::user_shutdown);
+  bool b_down = false;
+  self->receive([&](const caf::down_msg& d) { b_down = d.source == b_actor.address(); },
+                caf::after(2s) >> [] {});
+  CHECK(b_down);
+}
