@@ -57,13 +57,19 @@ void read_message_item(FieldReader& r, const json& item, const std::string& p, C
   c.messages.push_back(std::move(m));
 }
 
-void read_function_call_item(FieldReader& r, const json& item, const std::string& p,
-                             Conversation& c) {
+// A call item's required call_id and name (function_call, custom_tool_call).
+ToolCall read_call_head(FieldReader& r, const json& item, const std::string& p) {
   ToolCall call;
   r.required(item, "call_id", p);
   call.id = r.string(item, "call_id", p).value_or("");
   r.required(item, "name", p);
   call.name = r.string(item, "name", p).value_or("");
+  return call;
+}
+
+void read_function_call_item(FieldReader& r, const json& item, const std::string& p,
+                             Conversation& c) {
+  ToolCall call = read_call_head(r, item, p);
   r.required(item, "arguments", p);
   std::string args = r.string(item, "arguments", p).value_or("");
   if (r.failed()) return;
@@ -92,11 +98,7 @@ void read_function_output_item(FieldReader& r, const json& item, const std::stri
 // A custom (freeform) tool call: its `input` text becomes the arguments {"input": text}.
 void read_custom_call_item(FieldReader& r, const json& item, const std::string& p,
                            Conversation& c) {
-  ToolCall call;
-  r.required(item, "call_id", p);
-  call.id = r.string(item, "call_id", p).value_or("");
-  r.required(item, "name", p);
-  call.name = r.string(item, "name", p).value_or("");
+  ToolCall call = read_call_head(r, item, p);
   std::string input = r.string(item, "input", p).value_or("");
   if (r.failed()) return;
   call.arguments_json = json{{"input", input}}.dump();

@@ -1,5 +1,7 @@
 #include "actors/gateway/json_reader.hpp"
 
+#include <cstdint>
+
 #include <cmath>
 #include <cstdio>
 
@@ -93,6 +95,13 @@ std::optional<double> FieldReader::number(const json& obj, std::string_view key,
 std::optional<int64_t> FieldReader::integer(const json& obj, std::string_view key,
                                             std::string_view base) {
   TANDEM_READ_PRELUDE("an integer", v->is_number())
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) {
+    // Read as int64 it would wrap negative ("must be >= 1, got -1" for 2^64-1).
+    std::string p = path_key(base, key);
+    fail_invalid(p, p + " must be an integer in [-2^63, 2^63), got " +
+                        std::to_string(v->get<uint64_t>()));
+    return {};
+  }
   if (v->is_number_integer()) return v->get<int64_t>();
   double d = v->get<double>();
   if (d != std::floor(d) || std::fabs(d) > 9.0e18) {

@@ -126,6 +126,8 @@ std::vector<BadCase> bad_cases() {
       {messages, "{" + M + U + "}", "max_tokens", "max_tokens is required"},
       {messages, "{" + AU + R"("messages":[{"role":"tool","content":"x"}]})", "messages[0].role",
        "'user', 'assistant' or 'system'"},
+      {chat, "{" + M + U + R"(,"max_tokens":18446744073709551615})", "max_tokens",
+       "in [-2^63, 2^63), got 18446744073709551615"},
       {messages, "{" + AU + R"("messages":[{"role":"user","content":[{"type":"image"}]}]})",
        "messages[0].content[0].type", "not supported", "unsupported_parameter"},
       {messages,
