@@ -200,7 +200,16 @@ export async function postStream(baseUrl, api, body, headers = {}) {
       const u = e.message.usage;
       usage = { prompt: u.input_tokens + u.cache_read_input_tokens, cached: u.cache_read_input_tokens };
     }
-    if (api === 'messages' && e.type === 'message_delta') usage.completion = e.usage.output_tokens;
+    if (api === 'messages' && e.type === 'message_delta') {
+      // The final usage: Tandem learns the cached count from decode after message_start (whose
+      // cache_read_input_tokens is therefore 0); message_delta carries the real split.
+      const u = e.usage;
+      if (u.cache_read_input_tokens !== undefined && u.input_tokens !== undefined) {
+        usage = { prompt: u.input_tokens + u.cache_read_input_tokens,
+                  cached: u.cache_read_input_tokens };
+      }
+      usage.completion = u.output_tokens;
+    }
     if (api === 'responses' && e.type === 'response.completed') {
       const u = e.response.usage;
       usage = { prompt: u.input_tokens, cached: u.input_tokens_details.cached_tokens,

@@ -22,7 +22,7 @@ const chatTools = [
 
 await check('chat: tools, a tool round trip in history, streaming with usage', async () => {
   const stream = await openai.chat.completions.create({
-    model: opts.model, stream: true, stream_options: { include_usage: true }, max_tokens: 64,
+    model: opts.model, stream: true, stream_options: { include_usage: true }, max_tokens: 4096,
     tools: chatTools, tool_choice: 'auto', parallel_tool_calls: true,
     messages: [
       { role: 'system', content: 'You code.' },
@@ -52,7 +52,7 @@ await check('chat: tools, a tool round trip in history, streaming with usage', a
 
 await check('responses: function_call and function_call_output items, streamed', async () => {
   const stream = await openai.responses.create({
-    model: opts.model, stream: true, store: false, max_output_tokens: 64,
+    model: opts.model, stream: true, store: false, max_output_tokens: 4096,
     instructions: 'You code.', include: ['reasoning.encrypted_content'],
     reasoning: { effort: 'medium', summary: 'auto' },
     tools: chatTools.map((t) => ({ type: 'function', ...t.function })),
@@ -75,7 +75,8 @@ await check('responses: function_call and function_call_output items, streamed',
 
 await check('messages: tool_use / tool_result round trip, thinking, streaming', async () => {
   const stream = await anthropic.messages.create({
-    model: opts.model, max_tokens: 64, stream: true, thinking: { type: 'enabled', budget_tokens: 1024 },
+    model: opts.model, max_tokens: 4096, stream: true,
+    thinking: { type: 'enabled', budget_tokens: 1024 },
     system: [{ type: 'text', text: 'You code.', cache_control: { type: 'ephemeral' } }],
     tools: [{ name: 'read_file', description: 'Read a file', input_schema: params }],
     messages: [
