@@ -69,7 +69,9 @@ await check('responses: function_call and function_call_output items, streamed',
   for await (const event of stream) if (event.type === 'response.completed') completed = event.response;
   expectEqual(completed?.status, 'completed', 'status');
   expect(completed.output.some((o) => o.type === 'message'), 'a message item');
-  expect(completed.output_text.length > 0, 'output_text');
+  const text = completed.output.filter((o) => o.type === 'message')
+    .flatMap((o) => o.content).map((c) => c.text ?? '').join('');
+  expect(text.length > 0, 'output text');
   expect(completed.usage.output_tokens_details.reasoning_tokens > 0, 'reasoning_tokens');
 });
 
