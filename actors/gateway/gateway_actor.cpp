@@ -664,6 +664,10 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
   if (!api.ok()) return reply_error(ApiKind::chat_completions, *call.out, api.error());
   auto spec = gateway::parse_request(api.value(), request.body);
   if (!spec.ok()) return reply_error(api.value(), *call.out, spec.error());
+  // Before tokenizing (a long prompt for a model not served costs nothing); count_tokens too.
+  if (auto missing = unknown_model(*st.ctx.manifest, spec.value())) {
+    return reply_error(api.value(), *call.out, *missing);
+  }
   auto prompt = tokenize(*st.tokenizer, st.format, spec.value());
   if (!prompt.ok()) return reply_error(api.value(), *call.out, prompt.error());
   if (api.value() == ApiKind::count_tokens) {
@@ -675,9 +679,6 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
       spec.value(), static_cast<int64_t>(prompt.value().size()),
       st.ctx.manifest->model.max_model_tokens);
   if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
-  if (auto missing = unknown_model(*st.ctx.manifest, spec.value())) {
-    return reply_error(api.value(), *call.out, *missing);
-  }
   uint32_t block_tokens = st.ctx.manifest->model.block_tokens;
   std::vector<kv::BlockHash> hashes;
   if (spec.value().cache_salt.empty()) {
