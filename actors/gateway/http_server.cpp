@@ -239,6 +239,7 @@ struct ResponseStream::Core : std::enable_shared_from_this<ResponseStream::Core>
 
   const std::shared_ptr<WakeHub> hub;
   const uint64_t buffer_bytes_max;
+  bool anthropic_errors = false;  // the request's path is /v1/messages*: Anthropic error shape
   std::atomic<uint64_t>& cancelled_count;  // the server's counter; outlives attached cores
 
   mutable std::mutex mutex;
@@ -336,8 +337,9 @@ ResponseStream::~ResponseStream() {
   core_->cancel_callback = nullptr;  // the owner is gone: nobody to tell
   if (core_->phase == Core::Phase::idle) {
     core_->phase = Core::Phase::done;
-    std::string body = error_body("the request handler dropped the response without answering",
-                                  "server_error", "no_response");
+    const char* dropped = "the request handler dropped the response without answering";
+    std::string body = core_->anthropic_errors ? anthropic_error_body(dropped, "api_error")
+                                               : error_body(dropped, "server_error", "no_response");
     uint64_t bytes = body.size();
     (void)core_->push_locked(lock, whole_response(500, json_headers(), std::move(body)), bytes,
                              false);
@@ -772,6 +774,7 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
   loop_.shared.requests_total.fetch_add(1, std::memory_order_relaxed);
   auto core = std::make_shared<ResponseStream::Core>(
       loop_.shared.hub, loop_.limits.stream_buffer_bytes_max, loop_.shared.streams_cancelled);
+  core->anthropic_errors = request->path.rfind("/v1/messages", 0) == 0;
   auto exchange = kj::heap<Exchange>(response, *loop_.table, connection_, core);
   auto stream = std::make_shared<ResponseStream>(core);
   try {
@@ -783,7 +786,11 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
       idle = core->phase == ResponseStream::Core::Phase::idle;
     }
     std::string message = "request handler failed: " + std::string(e.what());
-    if (idle) stream->send(500, json_headers(), error_body(message, "server_error", "internal"));
+    if (idle) {
+      stream->send(500, json_headers(), core->anthropic_errors
+                                            ? anthropic_error_body(message, "api_error")
+                                            : error_body(message, "server_error", "internal"));
+    }
   }
   stream.reset();  // the handler holds the only reference now (or none: then a 500 is queued)
   auto disconnected = connection_.whenWriteDisconnected()

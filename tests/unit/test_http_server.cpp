@@ -44,9 +44,9 @@ class TestHandler final : public HttpHandler {
       std::lock_guard lock(mutex);
       streams.push_back(out);
       cv.notify_all();
-    } else if (request.path == "/throw") {
+    } else if (request.path == "/throw" || request.path == "/v1/messages/throw") {
       throw std::runtime_error("boom");
-    } else if (request.path == "/drop") {
+    } else if (request.path == "/drop" || request.path == "/v1/messages/drop") {
       // dropping `out` without answering: the server answers 500
     } else {
       out->send(404, {{"Content-Type", "application/json"}},
@@ -179,6 +179,13 @@ TEST_CASE("a throwing handler or one that drops the stream yields 500") {
   auto dropped = other.request("GET", "/drop");
   CHECK(dropped.status == 500);
   CHECK(dropped.body.find("no_response") != std::string::npos);
+  // Under /v1/messages the server's own 500s are Anthropic-shaped (issue 12).
+  for (const char* path : {"/v1/messages/throw", "/v1/messages/drop"}) {
+    Client anthropic(f.server.port());
+    auto r = anthropic.request("GET", path);
+    CHECK(r.status == 500);
+    CHECK(r.body.rfind(R"({"type":"error","error":{"type":"api_error","message":")", 0) == 0);
+  }
 }
 
 TEST_CASE("streamed chunks arrive in order and incrementally (first before end)") {
