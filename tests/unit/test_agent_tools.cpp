@@ -430,7 +430,7 @@ TEST_CASE("tool calls round trip, Qwen/ChatML <tool_call>: every API, streamed a
                    tokens_through(h, qwen_output, "</think>"));
 }
 
-TEST_CASE("tool_choice named, tool_choice none, a tool call cut by max_tokens (minimax-m2)") {
+TEST_CASE("tool_choice named, required and none; a tool call cut by max_tokens (minimax-m2)") {
   GatewayHarness h(synth_dir(devices::Arch::minimax_m2), "minimax-m2", 4096);
   SUBCASE("named: the prompt opens that call; the answer is that call, no reasoning") {
     json extra = {{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_time"}}}}}};
@@ -455,6 +455,22 @@ TEST_CASE("tool_choice named, tool_choice none, a tool call cut by max_tokens (m
     REQUIRE(ma.calls.size() == 1);
     CHECK(ma.calls[0].name == "get_time");
     CHECK(ma.finish == "tool_use");
+  }
+  SUBCASE("required: the prompt opens a call block; the model picks the tool") {
+    json extra = {{"tool_choice", "required"}};
+    auto x = h.post("/v1/chat/completions", first_request(Api::chat, false, extra).dump(),
+                    script_of(tokens_of(h, "<invoke name=\"list_files\">\n<parameter name="
+                                           "\"path\">.</parameter>\n</invoke>\n"
+                                           "</minimax:tool_call>"),
+                              wire::FinishReason::STOP));
+    CHECK(h.tokenizer().decode(x.prompt).ends_with(
+        "]~b]ai\n<think>\n</think>\n\n<minimax:tool_call>\n"));
+    Answer a = answer_of(Api::chat, false, x.response);
+    REQUIRE(a.calls.size() == 1);
+    CHECK(a.calls[0].name == "list_files");
+    CHECK(nlohmann::json::parse(a.calls[0].arguments) == nlohmann::json{{"path", "."}});
+    CHECK(a.reasoning.empty());
+    CHECK(a.finish == "tool_calls");
   }
   SUBCASE("none: the tools are not in the prompt and call markup stays text") {
     json extra = {{"tool_choice", "none"}};
