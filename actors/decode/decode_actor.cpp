@@ -67,10 +67,20 @@ struct DecodeMetrics {
                                "locally",
                                common.labels())),
         pulled_bytes(make_counter(r, "tandem:kv_pulled_bytes_total",
-                                  "KV bytes pulled from prefill by RMA", common.labels())) {}
+                                  "KV bytes pulled from prefill by RMA", common.labels())),
+        pulled_blocks(make_counter(r, "tandem:kv_pulled_blocks_total",
+                                   "KV blocks pulled from prefill by RMA", common.labels())),
+        pull_failures(make_counter(r, "tandem:kv_pull_failures_total",
+                                   "KV block reads from prefill that failed", common.labels())),
+        cancelled(make_counter(r, "tandem:requests_cancelled_total",
+                               "requests cancelled while decode held them (client gone)",
+                               common.labels())) {}
   InstanceMetrics common;
   obs::Counter* fallbacks;
   obs::Counter* pulled_bytes;
+  obs::Counter* pulled_blocks;
+  obs::Counter* pull_failures;
+  obs::Counter* cancelled;
 };
 
 struct DecodeState {
@@ -358,7 +368,12 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
     st.ctx.log->warn("decode {}: KV pull of request {} failed: {}", st.self_name.instance,
                      done.seq, done.error);
   }
-  if (done.ok) st.metrics->pulled_bytes->inc(st.info.layout.block_bytes());
+  if (done.ok) {
+    st.metrics->pulled_bytes->inc(st.info.layout.block_bytes());
+    st.metrics->pulled_blocks->inc();
+  } else {
+    st.metrics->pull_failures->inc();
+  }
   if (--s.reads_left == 0) finish_pull(self, done.seq, !s.pull_failed);
 }
 
@@ -599,6 +614,7 @@ void on_cancel(DecodeActor* self, uint64_t id) {
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
   s.cancelled = true;
+  st.metrics->cancelled->inc();
   (void)st.scheduler->cancel(id);
   if (s.prefill && !s.pull_started) {
     (void)st.ctx.bridge->send(st.self_name, *s.prefill, id, [&](wire::Envelope::Builder b) {

@@ -291,6 +291,9 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     ServeCluster pd(Layout::loopback3, 1);
     REQUIRE_MESSAGE(pd.wait_ready(30000ms), pd.logs());
     double pulled0 = pd.metric("decode", "tandem:kv_pulled_bytes_total");
+    double blocks0 = pd.metric("decode", "tandem:kv_pulled_blocks_total");
+    double failures0 = pd.metric("decode", "tandem:kv_pull_failures_total");
+    double fallbacks0 = pd.metric("decode", "tandem:prefill_fallbacks_total");
     double picks0 = pd.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"");
     for (size_t i = 0; i < prompts().size(); ++i) {
       Completion c = complete(pd.http_port(), prompts()[i], kTokens);
@@ -303,9 +306,18 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     double pulled = pd.metric("decode", "tandem:kv_pulled_bytes_total") - pulled0;
     double picks = pd.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"") -
                    picks0;
-    MESSAGE("P/D: pulled ", pulled, " KV bytes over ", picks, " disaggregated picks");
-    CHECK(pulled > 0);
+    double blocks = pd.metric("decode", "tandem:kv_pulled_blocks_total") - blocks0;
+    MESSAGE("P/D: pulled ", pulled, " KV bytes in ", blocks, " blocks over ", picks,
+            " disaggregated picks");
     CHECK(picks >= double(prompts().size()));
+    // Every prompt's KV came by RMA: no read failed, no request fell back to local prefill,
+    // and the bytes are exactly whole blocks. stories15M: 6 layers x (K + V) x 288 floats
+    // per token, 16 tokens per block.
+    constexpr double kBlockBytes = 6.0 * 2 * 288 * 4 * 16;
+    CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") - failures0 == 0);
+    CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") - fallbacks0 == 0);
+    CHECK(blocks >= 1);
+    CHECK(pulled == blocks * kBlockBytes);
   }
   SUBCASE("loopback-3, decode-only forced: same text; no disaggregated picks") {
     ServeCluster d(Layout::loopback3, 100000);
@@ -350,6 +362,7 @@ TEST_CASE("serving: a client that disconnects mid-stream frees its KV on prefill
   REQUIRE(eventually(5000ms, [&] { return c.metric(c.decode(), running) == 0; }));
   double prefill0 = c.metric(c.prefill(), kv), decode0 = c.metric(c.decode(), kv);
   double generated0 = c.metric(c.front(), "tandem:generation_tokens_total");
+  double cancelled0 = c.metric(c.decode(), "tandem:requests_cancelled_total");
   MESSAGE("baseline kv usage: prefill ", prefill0, ", decode ", decode0);
 
   const int max_tokens = 200;
@@ -378,9 +391,14 @@ TEST_CASE("serving: a client that disconnects mid-stream frees its KV on prefill
   CHECK_MESSAGE(freed, "kv prefill ", c.metric(c.prefill(), kv), " decode ",
                 c.metric(c.decode(), kv), "; running decode ", c.metric(c.decode(), running),
                 " gateway ", c.metric(c.front(), running));
-  // The generation stopped early: fewer tokens than the request asked for were produced.
+  // The request was still running when the client left, and decode cancelled it (the
+  // counter moves only for a sequence decode still held), so fewer tokens than asked for
+  // were produced.
+  CHECK(in_use);
+  CHECK(c.metric(c.decode(), "tandem:requests_cancelled_total") - cancelled0 == 1);
   double generated = c.metric(c.front(), "tandem:generation_tokens_total") - generated0;
   MESSAGE("tokens generated for the abandoned request: ", generated);
+  CHECK(generated < max_tokens);
   // The cluster still serves.
   Completion after = complete(c.http_port(), "Once upon a time", 8);
   CHECK_MESSAGE(after.error.empty(), after.error);
@@ -392,6 +410,8 @@ TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of d
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
   std::string expected = complete(c.http_port(), "Once upon a time", 16).text;
   REQUIRE(!expected.empty());
+  Completion whole = complete(c.http_port(), "Once upon a time", 200);  // the streamed one's
+  REQUIRE_MESSAGE(whole.error.empty(), whole.error);
 
   c.node("prefill").signal(SIGKILL);
   REQUIRE(c.node("prefill").wait(5000ms) >= 0);
@@ -417,9 +437,16 @@ TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of d
   REQUIRE_MESSAGE(first.has_value(), s.error());
   c.node("decode").signal(SIGKILL);
   auto killed = http::Clock::now();
-  // Every event until the end: an error event, or (a retry) the whole answer, then the end.
+  // Every event until the end: the text so far, then an error event and [DONE] (a token was
+  // sent, so the request cannot be retried elsewhere), or, if decode finished before the
+  // signal landed, the whole answer and [DONE].
   bool error_event = false, done = false;
+  json first_event = json::parse(*first, nullptr, false);
+  REQUIRE_MESSAGE(!first_event.is_discarded(), *first);
   std::string text;
+  if (first_event.contains("choices") && !first_event["choices"].empty()) {
+    text = first_event["choices"][0].value("text", "");
+  }
   while (auto event = s.next(6000ms)) {
     if (*event == "[DONE]") {
       done = true;
@@ -427,14 +454,26 @@ TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of d
     }
     json j = json::parse(*event, nullptr, false);
     REQUIRE_MESSAGE(!j.is_discarded(), *event);
-    if (j.contains("error")) error_event = true;
+    if (j.contains("error")) {
+      error_event = true;
+      CHECK_MESSAGE(j["error"].value("message", "") != "", *event);
+    } else if (j.contains("choices") && !j["choices"].empty()) {
+      CHECK_MESSAGE(!error_event, "text after the error event: ", *event);
+      text += j["choices"][0].value("text", "");
+    }
   }
   double took_ms = std::chrono::duration<double, std::milli>(http::Clock::now() - killed).count();
   MESSAGE("decode killed: stream ended after ", took_ms, " ms; error event: ", error_event,
-          "; [DONE]: ", done, "; transport: ", s.error());
+          "; [DONE]: ", done, "; ", text.size(), " of ", whole.text.size(),
+          " characters; transport: ", s.error());
   CHECK(took_ms < 5000);
-  // Ending is either an error event, or the socket closing (not a timeout).
-  CHECK_MESSAGE((error_event || s.error().find("timed out") == std::string::npos), s.error());
+  CHECK_MESSAGE(done, "the stream ended without its terminator: ", s.error());
+  if (error_event) {
+    CHECK_MESSAGE(whole.text.rfind(text, 0) == 0, "streamed [", text, "] is not a prefix of [",
+                  whole.text, "]");
+  } else {
+    CHECK(text == whole.text);
+  }
 }
 
 TEST_CASE("serving: the same long prompt twice hits the prefix cache and starts sooner" *
