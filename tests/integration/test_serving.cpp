@@ -6,11 +6,14 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/support/http_client.hpp"
 #include "tests/support/process.hpp"
@@ -22,8 +25,9 @@ namespace http = tandem::testing::http;
 
 namespace {
 
-// Which processes a cluster runs: every role in one node, or the loopback-3 split.
-enum class Layout { one_node, loopback3 };
+// Which processes a cluster runs: every role in one node, the loopback-3 split, or loopback-3
+// with a second decode node ("decode2").
+enum class Layout { one_node, loopback3, two_decode };
 
 struct NodePorts {
   uint16_t fabric = 0, admin = 0;
@@ -47,7 +51,7 @@ std::string executor(const std::string& name, int device_index = 0, uint32_t kv_
 class ServeCluster {
  public:
   // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default);
-  // fabric_toml: extra lines for the [fabric] section.
+  // fabric_toml: extra lines for the [fabric] section (they may open further sections).
   ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
                std::string fabric_toml = "")
       : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
@@ -65,6 +69,7 @@ class ServeCluster {
 
   std::vector<std::string> node_names() const {
     if (layout_ == Layout::one_node) return {"solo"};
+    if (layout_ == Layout::two_decode) return {"front", "prefill", "decode", "decode2"};
     return {"front", "prefill", "decode"};
   }
   std::string front() const { return layout_ == Layout::one_node ? "solo" : "front"; }
@@ -72,6 +77,11 @@ class ServeCluster {
   std::string decode() const { return layout_ == Layout::one_node ? "solo" : "decode"; }
   uint16_t http_port() const { return http_port_; }
   Child& node(const std::string& name) { return *nodes_.at(name); }
+  // Starts a node again (after it was killed), with the same manifest and log file.
+  void restart(const std::string& name) {
+    nodes_.erase(name);
+    start(name);
+  }
 
   // The node's admin /metrics text ("" when it does not answer).
   std::string metrics(const std::string& name) {
@@ -137,10 +147,15 @@ class ServeCluster {
                                           executor("exec-p") +
                                           executor("exec-d", 1, decode_kv_blocks_));
     }
-    return text + node_text("front", front_roles) +
-           node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
-           node_text("decode", instance("decode", "decode", "exec-d") +
-                                   executor("exec-d", 0, decode_kv_blocks_));
+    text += node_text("front", front_roles) +
+            node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
+            node_text("decode", instance("decode", "decode", "exec-d") +
+                                    executor("exec-d", 0, decode_kv_blocks_));
+    if (layout_ == Layout::two_decode) {
+      text += node_text("decode2", instance("decode", "decode2", "exec-d2") +
+                                       executor("exec-d2", 0, decode_kv_blocks_));
+    }
+    return text;
   }
 
   Layout layout_;
@@ -622,4 +637,173 @@ TEST_CASE("serving: tokens decode cannot send end the stream with an error, neve
     return after.error.empty();
   }));
   CHECK_MESSAGE(after.text == expected[0], after.error);
+}
+
+namespace {
+
+// One streamed request of the kill-under-load test, as its client saw it.
+struct LoadOutcome {
+  enum class Kind { completed, error_status, error_event, transport } kind = Kind::transport;
+  http::Clock::time_point start, first_token, end;
+  bool got_token = false;
+  std::string detail;
+};
+
+// Closed-loop streaming clients: each sends a completion, reads it to its end, and sends the
+// next, until stop(). Every outcome is kept (bounded by the run's length: a few hundred).
+class LoadClients {
+ public:
+  LoadClients(uint16_t port, int clients) {
+    for (int c = 0; c < clients; ++c) {
+      threads_.emplace_back([this, port, c] {
+        for (int i = 0; !stop_.load(); ++i) {
+          LoadOutcome o = one(port, prompts()[static_cast<size_t>(c * 7 + i) % prompts().size()]);
+          // Nothing listens (the front node is down): try again a little later.
+          if (o.kind == LoadOutcome::Kind::transport) std::this_thread::sleep_for(50ms);
+          std::lock_guard lock(mutex_);
+          outcomes_.push_back(std::move(o));
+          if (outcomes_.size() >= 4096) return;  // the test's own bound
+        }
+      });
+    }
+  }
+  ~LoadClients() { stop(); }
+  std::vector<LoadOutcome> stop() {
+    stop_ = true;
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    std::lock_guard lock(mutex_);
+    return outcomes_;
+  }
+
+ private:
+  static LoadOutcome one(uint16_t port, const std::string& prompt) {
+    LoadOutcome o;
+    o.start = http::Clock::now();
+    http::SseStream s(port, "/v1/completions", completion_body(prompt, 48, true).dump(), 30000ms);
+    auto finish = [&](LoadOutcome::Kind kind, std::string detail) {
+      o.kind = kind;
+      o.detail = std::move(detail);
+      o.end = http::Clock::now();
+      return o;
+    };
+    if (!s.ok()) return finish(LoadOutcome::Kind::transport, s.error());
+    if (s.status() != 200) {
+      return finish(LoadOutcome::Kind::error_status,
+                    std::to_string(s.status()) + " " + s.pending_text());
+    }
+    bool error_event = false;
+    std::string error_text;
+    while (auto event = s.next(30000ms)) {
+      if (*event == "[DONE]") {
+        return error_event ? finish(LoadOutcome::Kind::error_event, error_text)
+                           : finish(LoadOutcome::Kind::completed, "");
+      }
+      json j = json::parse(*event, nullptr, false);
+      if (j.is_discarded()) return finish(LoadOutcome::Kind::transport, "bad event " + *event);
+      if (j.contains("error")) {
+        error_event = true;
+        error_text = *event;
+      } else if (j.contains("choices") && !j["choices"].empty() && !o.got_token &&
+                 !j["choices"][0].value("text", "").empty()) {
+        o.got_token = true;
+        o.first_token = http::Clock::now();
+      }
+    }
+    if (error_event) return finish(LoadOutcome::Kind::error_event, error_text + " (no [DONE])");
+    return finish(LoadOutcome::Kind::transport, "stream cut: " + s.error());
+  }
+
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::vector<LoadOutcome> outcomes_;
+  std::vector<std::thread> threads_;
+};
+
+double ms_between(http::Clock::time_point a, http::Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each ends in tokens "
+          "or an explicit error, and one not started yet is served elsewhere" *
+          doctest::timeout(600)) {
+  // Membership: heartbeats every 100 ms, down after 5 missed (detection ~0.5 s). A request
+  // "hangs" when it has not ended 20 s after the kill (its client's read deadline is 30 s).
+  const double hang_ms = 20000;
+  std::string kill;
+  SUBCASE("prefill") { kill = "prefill"; }
+  SUBCASE("one of two decode nodes") { kill = "decode"; }
+  SUBCASE("the front node (gateway and router)") { kill = "front"; }
+  REQUIRE(!kill.empty());
+  // Two sequences per decode instance and six clients: at any time some requests wait at
+  // decode or at the gateway with no token yet, the ones a kill must not fail.
+  ServeCluster c(Layout::two_decode, 1, 0, "[decode]\nseqs_max = 2\n");
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+
+  LoadClients load(c.http_port(), 6);
+  std::this_thread::sleep_for(2500ms);
+  auto killed = http::Clock::now();
+  c.node(kill).signal(SIGKILL);
+  REQUIRE(c.node(kill).wait(5000ms) >= 0);
+  std::this_thread::sleep_for(4000ms);
+  std::vector<LoadOutcome> outcomes = load.stop();
+  INFO(c.logs());
+
+  int completed = 0, errors = 0, hangs = 0, in_flight = 0, retried_ok = 0;
+  double last_end_ms = 0;  // the latest end of a request in flight at the kill, after the kill
+  for (const LoadOutcome& o : outcomes) {
+    bool at_kill = o.start <= killed && o.end >= killed;
+    if (at_kill) {
+      ++in_flight;
+      last_end_ms = std::max(last_end_ms, ms_between(killed, o.end));
+    }
+    if (ms_between(std::max(o.start, killed), o.end) > hang_ms ||
+        o.detail.find("timed out") != std::string::npos) {
+      ++hangs;
+      MESSAGE("hang: ", o.detail);
+    }
+    if (o.kind == LoadOutcome::Kind::completed) {
+      ++completed;
+      // In flight at the kill with no token yet: it was served (retried elsewhere, or its
+      // prefill fell back) rather than failed.
+      if (at_kill && (!o.got_token || o.first_token > killed)) ++retried_ok;
+      continue;
+    }
+    ++errors;
+    bool token_before_kill = o.got_token && o.first_token <= killed;
+    if (kill == "front") {
+      // The gateway itself died: its clients see the connection cut or refused.
+      CHECK_MESSAGE(o.kind == LoadOutcome::Kind::transport, o.detail);
+      CHECK_MESSAGE(o.end >= killed, "failed before the kill: ", o.detail);
+    } else if (kill == "decode") {
+      // Only a stream that already had tokens from the dead decode may fail, and it says so.
+      CHECK_MESSAGE(o.kind == LoadOutcome::Kind::error_event, o.detail);
+      CHECK_MESSAGE(token_before_kill, "failed without having streamed: ", o.detail);
+    } else {
+      FAIL_CHECK("prefill down must cost no request: ", o.detail);
+    }
+  }
+  MESSAGE("kill ", kill, ": ", outcomes.size(), " requests, ", completed, " completed, ", errors,
+          " explicit errors, ", in_flight, " in flight at the kill (", retried_ok,
+          " of them served without a token before it); the last of those ended ", last_end_ms,
+          " ms after the kill");
+  CHECK(hangs == 0);
+  CHECK(in_flight >= 1);
+  if (kill != "front") {
+    // The cluster kept serving: requests sent after the kill completed.
+    int after = 0;
+    for (const LoadOutcome& o : outcomes) {
+      if (o.start > killed + 1500ms && o.kind == LoadOutcome::Kind::completed) ++after;
+    }
+    CHECK(after >= 1);
+    Completion again = complete(c.http_port(), "Once upon a time", 8);
+    CHECK_MESSAGE(again.error.empty(), again.error);
+  } else {
+    // The front node starts again and serves (the other nodes rejoin it).
+    c.restart("front");
+    CHECK_MESSAGE(c.wait_ready(30000ms), c.logs());
+  }
 }
