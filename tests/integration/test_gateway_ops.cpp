@@ -36,7 +36,8 @@ class SimNode {
  public:
   // `extra`: more sections (e.g. "[router]\n..."); `prefill_device`: the prefill executor's.
   SimNode(const std::string& tag, const std::string& sim, const std::string& gateway,
-          const std::string& extra = "", const std::string& prefill_device = "sim")
+          const std::string& extra = "", const std::string& prefill_device = "sim",
+          bool test_hooks = false)
       : dir_(make_temp_dir(tag)), http_port_(free_port()) {
     std::string t = "[cluster]\nname = \"" + tag + "\"\n[logging]\nlevel = \"warn\"\n"
                     "[model]\nname = \"stories15M\"\npath = \"" + source_root() +
@@ -59,10 +60,10 @@ class SimNode {
     t += "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"" + prefill_device +
          "\"\ndevices = [0]\nkv_blocks = 1024\n";
     write_file(dir_ + "/cluster.toml", t);
-    child_ = std::make_unique<Child>(std::vector<std::string>{tandem_bin(), "node", "--manifest",
-                                                              dir_ + "/cluster.toml", "--node",
-                                                              "local"},
-                                     dir_ + "/node.log");
+    std::vector<std::string> argv = {tandem_bin(), "node", "--manifest", dir_ + "/cluster.toml",
+                                     "--node", "local"};
+    if (test_hooks) argv.push_back("--test-hooks");
+    child_ = std::make_unique<Child>(argv, dir_ + "/node.log");
   }
   // SIGTERM, as a supervisor stops a node; the destructor waits for the exit.
   void terminate() { child_->signal(SIGTERM); }
@@ -74,6 +75,7 @@ class SimNode {
     std::filesystem::remove_all(dir_, ignored);
   }
   uint16_t port() const { return http_port_; }
+  std::string manifest_path() const { return dir_ + "/cluster.toml"; }
   std::string log() const { return child_->log(); }
   bool running() { return child_->running(); }
 
@@ -466,4 +468,32 @@ TEST_CASE("gateway_ops: SIGTERM ends every open stream with its API's error even
   CHECK(m.find("event: error\n") != std::string::npos);
   CHECK(m.find("\"type\":\"overloaded_error\"") != std::string::npos);
   CHECK(m.find("message_stop") == std::string::npos);
+}
+
+TEST_CASE("gateway_ops: a crashed gateway actor ends its open streams with an error event") {
+  SimNode node("gwops-crash", "time_factor = 10\nkv_scale = 0.0078125", "", "", "sim", true);
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  Pending stream(node.port(),
+                 R"({"model":"stories15M","messages":[{"role":"user","content":"Once"}],)"
+                 R"("max_tokens":1500,"stream":true})",
+                 "/v1/chat/completions");
+  http::Response r;
+  auto deadline = http::Clock::now() + 30s;
+  REQUIRE(stream.sent);
+  REQUIRE(stream.conn.read_head(&r, deadline));
+  REQUIRE(r.status == 200);
+  REQUIRE(stream.conn.read_body_some(&r.body, deadline));
+  RunResult shell = run({tandem_bin(), "shell", "--manifest", node.manifest_path(), "-c",
+                         "debug-crash local local/gateway/gateway"},
+                        20000ms);
+  REQUIRE_MESSAGE(shell.exit_code == 0, shell.output);
+  while (stream.conn.read_body_some(&r.body, deadline)) {
+  }
+  INFO(r.body.substr(r.body.size() > 800 ? r.body.size() - 800 : 0) << " " << stream.conn.error());
+  CHECK(stream.conn.body_done());
+  CHECK(r.body.find("data: {\"error\":") != std::string::npos);
+  CHECK(r.body.find("the gateway actor stopped") != std::string::npos);
+  CHECK(r.body.size() >= 14);
+  CHECK(r.body.substr(r.body.size() - 14) == "data: [DONE]\n\n");
+  CHECK(node.running());
 }
