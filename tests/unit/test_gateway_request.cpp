@@ -547,7 +547,8 @@ TEST_CASE("context length: the capped-encode budget and the 400 for a prompt cut
   CHECK(prompt_tokens_max(open, 204800) == 204799);
   CHECK(check_context_length(open, prompt_tokens_max(open, 204800), 204800).ok());
   CHECK_FALSE(check_context_length(open, prompt_tokens_max(open, 204800) + 1, 204800).ok());
-  GenerateSpec huge = parse_chat_request(R"({"model":"m",)" + U + R"(,"max_tokens":999999})").value();
+  GenerateSpec huge =
+      parse_chat_request(R"({"model":"m",)" + U + R"(,"max_tokens":999999})").value();
   CHECK(prompt_tokens_max(huge, 204800) == 0);
 
   ApiError e = prompt_too_long(spec, 203900, 204800);
