@@ -58,12 +58,17 @@ namespace tandem::gateway {
 // Header list as sent or received: (name, value) pairs in order; names may repeat.
 using HttpHeaderList = std::vector<std::pair<std::string, std::string>>;
 
+// kj reads a request head into a buffer of at most 128 KiB; header_bytes_max stays below it.
+constexpr uint64_t http_header_bytes_limit = 96u << 10;
+
 struct HttpLimits {
   uint64_t body_bytes_max = 8u << 20;           // request body; larger -> 413
-  uint32_t connections_max = 4096;              // open connections; more -> 503 + close
-  uint64_t header_bytes_max = 64u << 10;        // sum of request header names+values -> 431
+  uint32_t connections_max = 4096;              // open connections; more -> the refusal lane
+  uint32_t connections_per_client_max = 256;    // open connections per peer IP; more -> lane
+  uint64_t header_bytes_max = 64u << 10;        // request head (line + headers); larger -> 431
   uint64_t stream_buffer_bytes_max = 1u << 20;  // unsent response bytes per stream
-  uint32_t header_timeout_ms = 15'000;          // a started request must arrive within this
+  uint32_t header_timeout_ms = 15'000;          // a request's head must arrive within this
+  uint32_t body_timeout_ms = 60'000;            // its body within this, from the head's end
   uint32_t idle_timeout_ms = 60'000;            // keep-alive: idle time before closing
 };
 
