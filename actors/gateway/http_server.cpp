@@ -1135,17 +1135,29 @@ kj::Promise<size_t> GuardedStream::read_some(kj::byte* out, size_t max_bytes) {
     case RequestFraming::Phase::head: deadline = phase_started_ + settings_.header_timeout; break;
     case RequestFraming::Phase::body: deadline = phase_started_ + settings_.body_timeout; break;
   }
-  auto read = inner_->tryRead(out, 1, max_bytes).then([this, out](size_t n) -> kj::Promise<size_t> {
+  // Race the read against the deadline to a plain outcome first: the loser is cancelled only
+  // when the winner's whole chain is ready, so the answers are written after the race.
+  kj::Promise<kj::Maybe<size_t>> raced =
+      inner_->tryRead(out, 1, max_bytes).then([](size_t n) -> kj::Maybe<size_t> { return n; });
+  KJ_IF_MAYBE (at, deadline) {
+    raced = raced.exclusiveJoin(
+        timer_.atTime(*at).then([]() -> kj::Maybe<size_t> { return nullptr; }));
+  }
+  return raced.then([this, out](kj::Maybe<size_t> got) -> kj::Promise<size_t> {
+    size_t n = 0;
+    KJ_IF_MAYBE (read_bytes, got) {
+      n = *read_bytes;
+    } else {
+      return expired();
+    }
     if (n == 0) return size_t(0);
     size_t given = take(out, n);
-    if (framing_.failed()) return refuse(framing_.verdict().status, framing_.verdict().message,
-                                         framing_.verdict().code.c_str());
+    if (framing_.failed()) {
+      return refuse(framing_.verdict().status, framing_.verdict().message,
+                    framing_.verdict().code.c_str());
+    }
     return given;
   });
-  KJ_IF_MAYBE (at, deadline) {
-    return read.exclusiveJoin(timer_.atTime(*at).then([this]() { return expired(); }));
-  }
-  return read;
 }
 
 // Runs the checks over out[0, size): returns how much kj gets now; the rest waits in pending_.
