@@ -239,6 +239,9 @@ class RequestFraming {
   bool close_wanted() const { return close_wanted_; }
   // The current request's path as far as known ("" before its request line is complete).
   const std::string& path() const { return path_; }
+  // Only the CRLF after a chunked body's last chunk is still to come: kj has the whole body
+  // (it reads that CRLF before the next request, under its keep-alive timeout).
+  bool awaiting_final_crlf() const { return state_ == State::last_end; }
 
  private:
   enum class State { idle, head, fixed_body, chunk_line, chunk_data, chunk_data_end, last_end };
@@ -1116,8 +1119,7 @@ class GuardedStream final : public kj::AsyncIoStream {
 };
 
 kj::Promise<size_t> GuardedStream::read_some(kj::byte* out, size_t max_bytes) {
-  RT_ASSERT(max_bytes > 0, "tryRead of nothing");
-  if (ended_) return size_t(0);
+  if (ended_ || max_bytes == 0) return size_t(0);
   if (!pending_.empty()) {
     size_t n = std::min(max_bytes, pending_.size());
     std::memcpy(out, pending_.data(), n);
@@ -1133,7 +1135,9 @@ kj::Promise<size_t> GuardedStream::read_some(kj::byte* out, size_t max_bytes) {
       if (first_request_) deadline = phase_started_ + settings_.header_timeout;
       break;
     case RequestFraming::Phase::head: deadline = phase_started_ + settings_.header_timeout; break;
-    case RequestFraming::Phase::body: deadline = phase_started_ + settings_.body_timeout; break;
+    case RequestFraming::Phase::body:
+      if (!framing_.awaiting_final_crlf()) deadline = phase_started_ + settings_.body_timeout;
+      break;
   }
   // Race the read against the deadline to a plain outcome first: the loser is cancelled only
   // when the winner's whole chain is ready, so the answers are written after the race.
@@ -1371,7 +1375,10 @@ kj::Promise<void> ConnectionService::refuse(Response& response, uint32_t status,
   kj::HttpHeaders headers(*loop_.table);
   headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
   if (status == 503) headers.add("Retry-After", "1");
-  state_->guard->stop_reading();  // a refusal ends the connection
+  // A refusal ends the connection: a lane connection closes after its one request anyway
+  // (kj may still read the rest of a short body, so the close does not reset the answer); a
+  // malformed body is not read further.
+  if (status != 503) state_->guard->stop_reading();
   loop_.close_hint = true;
   auto stream = response.send(status, status_text(status), headers, uint64_t{body->size()});
   loop_.close_hint = false;
