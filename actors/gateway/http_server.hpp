@@ -11,7 +11,7 @@
 // chunk size that overflows, heads over its 128 KiB buffer and unknown transfer encodings
 // become 500s with kj's text or a reset), has no body deadline, answers no 408, and ignores
 // `Connection: close` and HTTP/1.0. So every connection's bytes pass, on their way to kj, a
-// small checker (RequestFraming in the .cpp) that splits them into requests by the same rules
+// small checker (RequestFraming, http_framing.hpp: pure, fuzzed) that splits them into requests by the same rules
 // as kj (RFC 9112 6.3; kj is handed one request at a time, never bytes past its end) and
 // answers mistakes itself, on the socket, with `Connection: close`, before kj or the Handler
 // see the request; then the connection closes (after at most 1 s of reading and dropping the
