@@ -169,6 +169,11 @@ void RequestFraming::parse_head() {
     std::string_view line = head.substr(0, end);
     head.remove_prefix(end + 1);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    // kj ends a line at a bare CR too: such a head would frame differently here and there.
+    if (line.find('\r') != std::string_view::npos) {
+      fail(400, "a bare CR (not followed by LF) in the request head", "bad_header");
+      return;
+    }
     if (line_index++ == 0) {
       http10 = line.size() >= 8 && line.substr(line.size() - 8) == "HTTP/1.0";
       continue;

@@ -13,7 +13,8 @@
 //   400 bad_chunk_size: a chunk size line empty, over 32 bytes, with extensions, not hex, or
 //       over 64 bits;
 //   400 bad_chunked_body: chunk data not followed by CRLF, or trailers after the last chunk;
-//   400 bad_header: obsolete line folding (a header line starting with SP or HT);
+//   400 bad_header: obsolete line folding (a header line starting with SP or HT), or a bare
+//       CR in the head (kj would end a line there);
 //   413 body_too_large: Content-Length over body_bytes_max, or a chunk size line that would
 //       bring the chunked body over it (decided at the size line, before its data);
 //   431 headers_too_large: the head (request line + headers + line ends) over head_bytes_max.

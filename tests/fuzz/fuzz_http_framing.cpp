@@ -2,15 +2,22 @@
 // connection bytes. The first two input bytes pick the limits; the rest is what a client sends.
 // Fed at once and fed one byte at a time, the bytes must give the same requests (where each
 // ends, whether it wants a close, its path) and the same verdict at the same offset; a verdict
-// is 400/413/431 with a printable message and a code; nothing throws or crashes.
+// is 400/413/431 with a printable message and a code; nothing throws or crashes. And kj agrees
+// (no request smuggling past the checks): each request the checks pass, given to kj's own
+// parser alone, is either refused as an unparseable head (kj answers 400/501 and closes) or
+// parsed as exactly one request whose body kj reads to its end with nothing left over.
 //   libFuzzer: see tests/fuzz/README.md
 //   here: build/tests/fuzz_http_framing_replay tests/fuzz/corpus/http_framing (a test)
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <kj/async.h>
+#include <kj/compat/http.h>
 
 #include "actors/gateway/http_framing.hpp"
 
@@ -59,6 +66,42 @@ Trace run(std::string_view bytes, uint64_t head_max, uint64_t body_max, size_t p
   return trace;
 }
 
+// The bytes of one request, as kj would read them from the GuardedStream.
+class MemoryInput final : public kj::AsyncInputStream {
+ public:
+  explicit MemoryInput(std::string_view bytes) : bytes_(bytes) {}
+  kj::Promise<size_t> tryRead(void* buffer, size_t, size_t max_bytes) override {
+    size_t n = std::min(max_bytes, bytes_.size() - at_);  // short only at the end (EOF)
+    std::memcpy(buffer, bytes_.data() + at_, n);
+    at_ += n;
+    return n;
+  }
+
+ private:
+  std::string_view bytes_;
+  size_t at_ = 0;
+};
+
+void check_with_kj(std::string_view request) {
+  static kj::EventLoop loop;
+  static kj::WaitScope wait_scope(loop);
+  static kj::Own<kj::HttpHeaderTable> table = kj::HttpHeaderTable::Builder().build();
+  MemoryInput input(request);
+  auto http = kj::newHttpInputStream(input, *table);
+  bool parsed = false;
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
+                 auto got = http->readRequest().wait(wait_scope);
+                 parsed = true;
+                 (void)got.body->readAllBytes().wait(wait_scope);
+                 require(!http->awaitNextMessage().wait(wait_scope));  // nothing left over
+               })) {
+    // Only an unparseable head may be refused: never a body's framing, never after parsing.
+    require(!parsed);
+    require(std::string_view(e->getDescription().cStr()).find("bad request") !=
+            std::string_view::npos);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -77,6 +120,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     require(other->verdict.status == whole.verdict.status);
     require(other->verdict.message == whole.verdict.message);
     require(other->verdict.code == whole.verdict.code);
+  }
+  size_t start = 0;
+  for (size_t end : whole.ends) {
+    check_with_kj(bytes.substr(start, end - start));
+    start = end;
   }
   if (whole.failed_at > 0) {
     const auto& v = whole.verdict;
