@@ -17,7 +17,6 @@ bool ascii_iequal(std::string_view a, std::string_view b) {
   return true;
 }
 
-
 std::string_view trim_ows(std::string_view text) {
   while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
   while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
@@ -36,7 +35,6 @@ std::string quoted(std::string_view value) {
   return out + (value.size() > shown_max ? "...\"" : "\"");
 }
 
-
 constexpr size_t chunk_line_bytes_max = 32;  // kj's MAX_CHUNK_HEADER_SIZE
 
 }  // namespace
@@ -49,9 +47,12 @@ RequestFraming::RequestFraming(uint64_t head_bytes_max, uint64_t body_bytes_max)
 
 RequestFraming::Phase RequestFraming::phase() const {
   switch (state_) {
-    case State::idle: return Phase::idle;
-    case State::head: return Phase::head;
-    default: return Phase::body;
+    case State::idle:
+      return Phase::idle;
+    case State::head:
+      return Phase::head;
+    default:
+      return Phase::body;
   }
 }
 
@@ -73,7 +74,9 @@ size_t RequestFraming::feed(const char* data, size_t size) {
         path_.clear();
         close_wanted_ = false;
         break;
-      case State::head: on_head_byte(data[at++]); break;
+      case State::head:
+        on_head_byte(data[at++]);
+        break;
       case State::fixed_body:
       case State::chunk_data: {
         uint64_t take = std::min<uint64_t>(remaining_bytes_, size - at);
@@ -93,9 +96,10 @@ size_t RequestFraming::feed(const char* data, size_t size) {
         if (c == '\n') {
           on_chunk_line();
         } else if (head_.size() >= chunk_line_bytes_max) {
-          fail(400, "a chunk size line is longer than " + std::to_string(chunk_line_bytes_max) +
-                        " bytes",
-               "bad_chunk_size");
+          fail(
+              400,
+              "a chunk size line is longer than " + std::to_string(chunk_line_bytes_max) + " bytes",
+              "bad_chunk_size");
         } else {
           head_ += c;
         }
@@ -187,11 +191,13 @@ void RequestFraming::parse_head() {
     if (colon == std::string_view::npos) continue;  // kj rejects the head itself (400)
     std::string_view name = trim_ows(line.substr(0, colon));
     std::string_view value = line.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
     if (ascii_iequal(name, "content-length")) {
       for (size_t from = 0;;) {  // "5, 6" is two values, as two headers are
         size_t comma = value.find(',', from);
-        lengths.push_back(value.substr(from, comma == std::string_view::npos ? comma : comma - from));
+        lengths.push_back(
+            value.substr(from, comma == std::string_view::npos ? comma : comma - from));
         if (comma == std::string_view::npos) break;
         from = comma + 1;
       }
@@ -230,27 +236,33 @@ void RequestFraming::start_body(const std::vector<std::string_view>& lengths, si
     return;
   }
   if (lengths.size() > 1) {
-    bool same = std::all_of(lengths.begin(), lengths.end(),
-                            [&lengths](std::string_view v) { return trim_ows(v) == trim_ows(lengths[0]); });
-    return fail(400, "Content-Length is given " + std::to_string(lengths.size()) + " times" +
-                         (same ? std::string() : " with differing values (" + quoted(lengths[0]) +
-                                                     ", " + quoted(lengths[1]) + ")"),
+    bool same = std::all_of(lengths.begin(), lengths.end(), [&lengths](std::string_view v) {
+      return trim_ows(v) == trim_ows(lengths[0]);
+    });
+    return fail(400,
+                "Content-Length is given " + std::to_string(lengths.size()) + " times" +
+                    (same ? std::string()
+                          : " with differing values (" + quoted(lengths[0]) + ", " +
+                                quoted(lengths[1]) + ")"),
                 code);
   }
   if (lengths.empty()) return end_request();  // no body (RFC 9112 6.3, rule 6)
   std::string_view value = lengths[0];
-  bool digits = !value.empty() && std::all_of(value.begin(), value.end(), [](char c) {
-    return c >= '0' && c <= '9';
-  });
+  bool digits = !value.empty() && std::all_of(value.begin(), value.end(),
+                                              [](char c) { return c >= '0' && c <= '9'; });
   if (!digits) {
     return fail(400, "Content-Length " + quoted(value) + " is not a decimal number of bytes", code);
   }
   size_t first = std::min(value.find_first_not_of('0'), value.size());
   std::string_view significant = value.substr(first);
-  uint64_t length = significant.size() > 19 ? UINT64_MAX : std::stoull(std::string(significant.empty() ? "0" : significant));
+  uint64_t length = significant.size() > 19
+                        ? UINT64_MAX
+                        : std::stoull(std::string(significant.empty() ? "0" : significant));
   if (length > body_bytes_max_) {
-    return fail(413, "request body is " + (significant.size() > 19 ? quoted(value) : std::to_string(length)) +
-                         " bytes; the limit is " + std::to_string(body_bytes_max_) + " bytes",
+    return fail(413,
+                "request body is " +
+                    (significant.size() > 19 ? quoted(value) : std::to_string(length)) +
+                    " bytes; the limit is " + std::to_string(body_bytes_max_) + " bytes",
                 "body_too_large");
   }
   if (length == 0) return end_request();
@@ -274,11 +286,13 @@ void RequestFraming::on_chunk_line() {
   if (line.size() - first > 16) {
     return fail(400, "chunk size " + quoted(line) + " does not fit in 64 bits", code);
   }
-  uint64_t size = line.size() == first ? 0 : std::stoull(std::string(line.substr(first)), nullptr, 16);
+  uint64_t size =
+      line.size() == first ? 0 : std::stoull(std::string(line.substr(first)), nullptr, 16);
   if (size > body_bytes_max_ - body_bytes_) {
-    return fail(413, "chunked request body exceeds the limit of " + std::to_string(body_bytes_max_) +
-                         " bytes (a chunk of " + std::to_string(size) + " bytes after " +
-                         std::to_string(body_bytes_) + ")",
+    return fail(413,
+                "chunked request body exceeds the limit of " + std::to_string(body_bytes_max_) +
+                    " bytes (a chunk of " + std::to_string(size) + " bytes after " +
+                    std::to_string(body_bytes_) + ")",
                 "body_too_large");
   }
   body_bytes_ += size;
@@ -291,6 +305,5 @@ void RequestFraming::on_chunk_line() {
     remaining_bytes_ = size;
   }
 }
-
 
 }  // namespace tandem::gateway

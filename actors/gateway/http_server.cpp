@@ -1306,8 +1306,8 @@ HttpServer::HttpServer(std::string host, uint16_t port, HttpLimits limits, HttpH
   RT_ASSERT(limits_.connections_max > 0, "connections_max must be > 0");
   RT_ASSERT(limits_.header_bytes_max > 0, "header_bytes_max must be > 0");
   RT_ASSERT(limits_.stream_buffer_bytes_max > 0, "stream_buffer_bytes_max must be > 0");
-  RT_ASSERT(limits_.header_bytes_max <= http_header_bytes_limit, "header_bytes_max over kj's buffer",
-            limits_.header_bytes_max);
+  RT_ASSERT(limits_.header_bytes_max <= http_header_bytes_limit,
+            "header_bytes_max over kj's buffer", limits_.header_bytes_max);
   RT_ASSERT(limits_.header_timeout_ms > 0, "header_timeout_ms must be > 0");
   RT_ASSERT(limits_.body_timeout_ms > 0, "body_timeout_ms must be > 0");
   RT_ASSERT(limits_.idle_timeout_ms > 0, "idle_timeout_ms must be > 0");

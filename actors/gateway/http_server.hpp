@@ -11,8 +11,9 @@
 // chunk size that overflows, heads over its 128 KiB buffer and unknown transfer encodings
 // become 500s with kj's text or a reset), has no body deadline, answers no 408, and ignores
 // `Connection: close` and HTTP/1.0. So every connection's bytes pass, on their way to kj, a
-// small checker (RequestFraming, http_framing.hpp: pure, fuzzed) that splits them into requests by the same rules
-// as kj (RFC 9112 6.3; kj is handed one request at a time, never bytes past its end) and
+// small checker (RequestFraming, http_framing.hpp: pure, fuzzed against kj's parser) that
+// splits them into requests by the same rules as kj (RFC 9112 6.3; kj is handed one request
+// at a time, never bytes past its end) and
 // answers mistakes itself, on the socket, with `Connection: close`, before kj or the Handler
 // see the request; then the connection closes (after at most 1 s of reading and dropping the
 // client's further bytes, so that the close does not reset the answer):
@@ -20,7 +21,7 @@
 //       Transfer-Encoding other than exactly `chunked`, both Transfer-Encoding and
 //       Content-Length, a chunk size line that is empty, not hex, over 32 bytes, has
 //       extensions, or does not fit in 64 bits, chunk data without its CRLF, trailers,
-//       obsolete header line folding;
+//       obsolete header line folding, a bare CR in the head;
 //   413 Content-Length over body_bytes_max, or a chunk size line that would bring the chunked
 //       body over it: at once, before the body's bytes are read;
 //   431 a request head (request line + headers + line ends) over header_bytes_max;
@@ -55,7 +56,7 @@
 // for the body and 1 s of lingering after a refusal (or kj's 1 s upload grace), plus, for
 // /health, the Handler's time. Only while all 64 slots are busy (more than about 64 refused
 // connections within 3 s) are further connections closed unanswered.
-// Counted in stats().connections_rejected; each lane answer also in requests_rejected.
+// Counted in stats().connections_rejected; each lane 503 also in requests_rejected.
 //
 // THREADS AND OWNERSHIP
 // - HttpServer: constructed, started and stopped by its owner on any thread but its own HTTP

@@ -8,6 +8,9 @@
 // parsed as exactly one request whose body kj reads to its end with nothing left over.
 //   libFuzzer: see tests/fuzz/README.md
 //   here: build/tests/fuzz_http_framing_replay tests/fuzz/corpus/http_framing (a test)
+#include <kj/async.h>
+#include <kj/compat/http.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -15,9 +18,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <kj/async.h>
-#include <kj/compat/http.h>
 
 #include "actors/gateway/http_framing.hpp"
 
@@ -106,8 +106,8 @@ void check_with_kj(std::string_view request) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  uint64_t head_max = 16 + (uint64_t{data[0]} << 4);      // 16..4096
-  uint64_t body_max = 1 + (uint64_t{data[1]} << 8);       // 1..65281
+  uint64_t head_max = 16 + (uint64_t{data[0]} << 4);  // 16..4096
+  uint64_t body_max = 1 + (uint64_t{data[1]} << 8);   // 1..65281
   std::string_view bytes(reinterpret_cast<const char*>(data) + 2, size - 2);
   Trace whole = run(bytes, head_max, body_max, bytes.size() + 1);
   Trace single = run(bytes, head_max, body_max, 1);

@@ -26,8 +26,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Routes: "/" (GET/HEAD), "/health", "/echo", "/stream" (kept for the test to drive), "/throw", "/drop";
-// anything else: the handler's own 404.
+// Routes: "/" (GET/HEAD), "/health", "/echo", "/stream" (kept for the test to drive), "/throw",
+// "/drop"; anything else: the handler's own 404.
 class TestHandler final : public HttpHandler {
  public:
   void on_request(const HttpRequest& request, std::shared_ptr<ResponseStream> out) override {
@@ -527,8 +527,8 @@ TEST_CASE("request heads over header_bytes_max get 431 (64 KiB, 200 KiB, 1 MiB o
     Client client(f.server.port());
     std::string request = "GET / HTTP/1.1\r\nHost: x\r\n";
     while (request.size() < header_bytes + 64) {  // the head is over header_bytes
-      request += "X-Filler-" + std::to_string(request.size()) + ": " + std::string(1000, 'h') +
-                 "\r\n";
+      request +=
+          "X-Filler-" + std::to_string(request.size()) + ": " + std::string(1000, 'h') + "\r\n";
     }
     request += "\r\n";
     // The server stops reading at the limit (then drains for a moment): send from a thread.
@@ -561,8 +561,9 @@ TEST_CASE("Connection: close and HTTP/1.0 get their answer, then the server clos
   }
   {  // a pipelined request after the close is not served
     Client client(f.server.port());
-    client.send("GET /echo HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n"
-                "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    client.send(
+        "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n"
+        "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     CHECK(client.read_response().status == 200);
     CHECK(client.closed_by_peer());
     CHECK(client.pending().empty());
@@ -683,8 +684,9 @@ TEST_CASE("a client that stalls in its headers or body gets 408 and is closed") 
   {  // a chunked body is complete at its last chunk: the final CRLF may come after the answer,
      // later than body_timeout_ms, without a 408
     Client client(f.server.port());
-    client.send("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                "3\r\nabc\r\n0\r\n");
+    client.send(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "3\r\nabc\r\n0\r\n");
     auto reply = client.read_response();
     CHECK(reply.status == 200);
     CHECK(reply.body.rfind("POST|/echo||<none>|3|", 0) == 0);
