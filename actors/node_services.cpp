@@ -57,7 +57,9 @@ class Services final : public runtime::NodeServices {
           break;
         }
         case config::Role::kv_offload:  // tier 2 is later work: a shell that answers pings
-          actors.push_back(runtime::spawn_role_actor(system, env_.bridge, inst));
+          spawn = [&system, bridge = env_.bridge, one] {
+            return runtime::spawn_role_actor(system, bridge, *one);
+          };
           break;
       }
       if (spawn) supervise_shell(inst, spawn, actors);
@@ -70,7 +72,7 @@ class Services final : public runtime::NodeServices {
   }
 
  private:
-  // Spawns a prefill, decode or router shell and hands it to the supervisor.
+  // Spawns a prefill, decode, router or kv-offload shell and hands it to the supervisor.
   void supervise_shell(const config::Instance& inst, const std::function<caf::actor()>& spawn,
                        std::vector<caf::actor>& actors) {
     caf::actor first = spawn();

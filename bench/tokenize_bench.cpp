@@ -48,18 +48,24 @@ double seconds_per_run(double seconds_min, F&& run) {
 }  // namespace
 
 int run_tokenize_bench(cli::Args args) {
-  cli::Flags f("tandem bench tokenize [--tokenizer PATH] [--tokens N] [--seconds S]",
+  cli::Flags f("tandem bench tokenize [--tokenizer PATH] [--tokens N] [--seconds S] [--cap N]",
                "Tokenizing a long agent-like prompt beside hashing its blocks (the baseline in\n"
-               "the same run): time per run, tokens/s, and the ratio tokenize / hash.");
+               "the same run): time per run, tokens/s, and the ratio tokenize / hash. With\n"
+               "--cap, also the capped encode the gateway uses to reject a prompt over the\n"
+               "context (Tokenizer::encode_capped with that many tokens): full / capped.");
   f.flag("tokenizer", "PATH", "tokenizer file or model dir", "models/stories15M")
       .flag("tokens", "N", "approximate prompt tokens", "100000")
-      .flag("seconds", "S", "wall time per measurement", "1");
+      .flag("seconds", "S", "wall time per measurement", "1")
+      .flag("cap", "N", "token budget of a capped encode (0: not measured)", "0");
   int code = 0;
   if (!f.parse(args, &code)) return code;
   auto tokens = f.get_int("tokens");
   auto seconds = f.get_double("seconds");
-  if (!tokens || *tokens < 1 || *tokens > 10000000 || !seconds || *seconds <= 0) {
-    std::fprintf(stderr, "tandem bench tokenize: --tokens must be 1..10000000, --seconds > 0\n");
+  auto cap = f.get_int("cap");
+  if (!tokens || *tokens < 1 || *tokens > 10000000 || !seconds || *seconds <= 0 || !cap ||
+      *cap < 0) {
+    std::fprintf(stderr, "tandem bench tokenize: --tokens must be 1..10000000, --seconds > 0, "
+                         "--cap >= 0\n");
     return 2;
   }
   auto tokenizer = text::load_tokenizer(f.get("tokenizer"));
@@ -85,6 +91,18 @@ int run_tokenize_bench(cli::Args args) {
   std::printf("  %-9s %12.3f %14.0f\n", "tokenize", tokenize_s * 1e3, ids.size() / tokenize_s);
   std::printf("  %-9s %12.3f %14.0f\n", "hash", hash_s * 1e3, ids.size() / hash_s);
   std::printf("  ratio tokenize / hash: %.2f\n", tokenize_s / hash_s);
+  if (*cap > 0) {
+    text::Tokenizer::Capped capped;
+    double capped_s = seconds_per_run(*seconds, [&] {
+      capped = (*tokenizer)->encode_capped(text, true, static_cast<size_t>(*cap));
+    });
+    std::printf("  capped encode, budget %lld tokens: %.3f ms, %s after %zu tokens of %zu "
+                "bytes (whole text %zu bytes)\n",
+                static_cast<long long>(*cap), capped_s * 1e3,
+                capped.exceeded ? "exceeded" : "within the budget", capped.ids.size(),
+                capped.text_bytes_encoded, text.size());
+    std::printf("  ratio full / capped: %.1f\n", tokenize_s / capped_s);
+  }
   return 0;
 }
 

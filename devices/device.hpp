@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -170,6 +171,9 @@ struct DeviceSpec {
   uint64_t seed = 0;
   SimParams sim;
   SimMarkup sim_markup;
+  // sim: the clock a modelled pass's ready_at is measured on (the executor passes its actor
+  // clock, virtual under CAF's test coordinator); empty = std::chrono::steady_clock::now.
+  std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
 class Device {

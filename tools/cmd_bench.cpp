@@ -1,6 +1,7 @@
 // `tandem bench KIND`: dispatches to the benchmarks in bench/.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,18 +41,18 @@ int run_hash(cli::Args args) {
   return bench::run_hash_bench(options);
 }
 
-// `tandem bench agent-turns`: the prefix-reuse replay is a Node script (bench/agent_turns.mjs,
-// beside the official SDK checks: fetch and SSE with no C++ client to keep); this finds it
-// ($TANDEM_SOURCE_ROOT, else the tree this binary was built in) and runs it with the flags.
-int run_agent_turns(cli::Args args) {
+// Benches that are Node scripts (bench/*.mjs: fetch, SSE and thousands of sockets with no C++
+// client to keep, beside the official SDK checks): this finds the script ($TANDEM_SOURCE_ROOT,
+// else the tree this binary was built in) and runs it with the flags.
+int run_node_script(const char* kind, const char* file, cli::Args args) {
   namespace fs = std::filesystem;
   const char* root_env = std::getenv("TANDEM_SOURCE_ROOT");
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   fs::path root = root_env != nullptr ? fs::path(root_env) : exe.parent_path() / ".." / "..";
-  fs::path script = root / "bench" / "agent_turns.mjs";
+  fs::path script = root / "bench" / file;
   if (!fs::exists(script)) {
-    std::fprintf(stderr, "tandem bench agent-turns: %s not found (set TANDEM_SOURCE_ROOT)\n",
+    std::fprintf(stderr, "tandem bench %s: %s not found (set TANDEM_SOURCE_ROOT)\n", kind,
                  script.c_str());
     return 2;
   }
@@ -61,9 +62,18 @@ int run_agent_turns(cli::Args args) {
   for (std::string& a : argv_text) argv.push_back(a.data());
   argv.push_back(nullptr);
   execvp("node", argv.data());
-  std::perror("tandem bench agent-turns: cannot run node (run tools/setup.sh)");
+  std::fprintf(stderr, "tandem bench %s: cannot run node (run tools/setup.sh): %s\n", kind,
+               std::strerror(errno));
   return 2;
 }
+
+// Prefix reuse across an agent's turns (bench/agent_turns.mjs).
+int run_agent_turns(cli::Args args) {
+  return run_node_script("agent-turns", "agent_turns.mjs", args);
+}
+
+// Memory and answers at 10x capacity (bench/overload.mjs).
+int run_overload(cli::Args args) { return run_node_script("overload", "overload.mjs", args); }
 
 }  // namespace
 
@@ -84,6 +94,7 @@ int cmd_bench(cli::Args args) {
       {"admission", bench::run_admission_bench},
       {"sweep", bench::run_sweep_cli},
       {"agent-turns", run_agent_turns},
+      {"overload", run_overload},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {

@@ -1,6 +1,7 @@
 #include "actors/decode/decode_actor.hpp"
 
 #include <deque>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -67,10 +68,20 @@ struct DecodeMetrics {
                                "locally",
                                common.labels())),
         pulled_bytes(make_counter(r, "tandem:kv_pulled_bytes_total",
-                                  "KV bytes pulled from prefill by RMA", common.labels())) {}
+                                  "KV bytes pulled from prefill by RMA", common.labels())),
+        pulled_blocks(make_counter(r, "tandem:kv_pulled_blocks_total",
+                                   "KV blocks pulled from prefill by RMA", common.labels())),
+        pull_failures(make_counter(r, "tandem:kv_pull_failures_total",
+                                   "KV block reads from prefill that failed", common.labels())),
+        cancelled(make_counter(r, "tandem:requests_cancelled_total",
+                               "requests cancelled while decode held them (client gone)",
+                               common.labels())) {}
   InstanceMetrics common;
   obs::Counter* fallbacks;
   obs::Counter* pulled_bytes;
+  obs::Counter* pulled_blocks;
+  obs::Counter* pull_failures;
+  obs::Counter* cancelled;
 };
 
 struct DecodeState {
@@ -82,6 +93,10 @@ struct DecodeState {
   std::unique_ptr<kv::PrefixCache> cache;
   std::unique_ptr<decode::DecodeScheduler> scheduler;
   std::unordered_map<uint64_t, Seq> seqs;
+  // Nodes membership last reported down (at most the cluster's nodes): a request whose prefill
+  // instance is on one of them prefills locally at once. The router may still pick such an
+  // instance until it detects the loss itself, and decode hears of it only once.
+  std::set<std::string> down_nodes;
   bool stepping = false;
   std::unique_ptr<DecodeMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
@@ -358,7 +373,12 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
     st.ctx.log->warn("decode {}: KV pull of request {} failed: {}", st.self_name.instance,
                      done.seq, done.error);
   }
-  if (done.ok) st.metrics->pulled_bytes->inc(st.info.layout.block_bytes());
+  if (done.ok) {
+    st.metrics->pulled_bytes->inc(st.info.layout.block_bytes());
+    st.metrics->pulled_blocks->inc();
+  } else {
+    st.metrics->pull_failures->inc();
+  }
   if (--s.reads_left == 0) finish_pull(self, done.seq, !s.pull_failed);
 }
 
@@ -543,13 +563,18 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   if (!prefill_name.empty()) {
     auto prefill = messages::ActorName::parse(prefill_name);
     seq.prefill = prefill.ok() ? std::optional<ActorName>(*prefill) : std::nullopt;
-    seq.prefill_failed = !prefill.ok();
+    seq.prefill_failed = !prefill.ok() || st.down_nodes.count(prefill->node) > 0;
     seq.prefill_deadline =
         now_ns() + std::chrono::milliseconds(st.ctx.manifest->decode.prefill_timeout_ms);
   }
   auto [it, inserted] = st.seqs.emplace(id, std::move(seq));
   RT_ASSERT(inserted, id);
-  if (it->second.prefill) send_prefill_request(self, id, it->second, *hashes, req.getSampling());
+  if (it->second.prefill_failed) {
+    st.ctx.log->warn("decode {}: request {}: prefill instance {} is down; prefilling locally",
+                     st.self_name.instance, id, prefill_name);
+  } else if (it->second.prefill) {
+    send_prefill_request(self, id, it->second, *hashes, req.getSampling());
+  }
   update_metrics(st);
   pump(self);
 }
@@ -599,6 +624,7 @@ void on_cancel(DecodeActor* self, uint64_t id) {
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
   s.cancelled = true;
+  st.metrics->cancelled->inc();
   (void)st.scheduler->cancel(id);
   if (s.prefill && !s.pull_started) {
     (void)st.ctx.bridge->send(st.self_name, *s.prefill, id, [&](wire::Envelope::Builder b) {
@@ -634,14 +660,34 @@ void on_frame(DecodeActor* self, const runtime::InboundFrame& in) {
 }
 
 void on_membership(DecodeActor* self, const runtime::MembershipEvent& event) {
-  if (event.kind == runtime::MembershipEvent::Kind::up) return;
   auto& st = self->state;
+  if (event.kind == runtime::MembershipEvent::Kind::down) {
+    st.down_nodes.insert(event.node);
+  } else {
+    st.down_nodes.erase(event.node);
+  }
+  if (event.kind == runtime::MembershipEvent::Kind::up) return;
   std::vector<uint64_t> failed, orphaned;
   for (const auto& [id, s] : st.seqs) {
     if (s.prefill && s.prefill->node == event.node) failed.push_back(id);
     if (s.reply_to.node == event.node) orphaned.push_back(id);
   }
-  for (uint64_t id : failed) prefill_failed(self, id, "node " + event.node + " is down");
+  for (uint64_t id : failed) {
+    auto it = st.seqs.find(id);
+    if (it == st.seqs.end()) continue;
+    Seq& s = it->second;
+    if (s.remote_first && !s.pull_started && !s.prefill_failed) {
+      // Prefill answered, but the KV it holds went with its node before decode could pull it
+      // (the sequence was still waiting for decode blocks): prefill locally instead.
+      st.ctx.log->warn("decode {}: request {}: node {} went down before its KV was pulled; "
+                       "prefilling locally",
+                       st.self_name.instance, id, event.node);
+      s.prefill_failed = true;
+      try_pull(self, id);
+      continue;
+    }
+    prefill_failed(self, id, "node " + event.node + " is down");
+  }
   for (uint64_t id : orphaned) on_cancel(self, id);  // nobody left to stream to
 }
 

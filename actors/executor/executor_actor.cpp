@@ -66,9 +66,13 @@ struct ExecutorState {
 
 using ExecutorActor = caf::stateful_actor<ExecutorState>;
 
-ExecInfo open_device(ExecutorState& st, const ShellContext& ctx, const config::Instance& inst) {
+ExecInfo open_device(ExecutorState& st, const ShellContext& ctx, const config::Instance& inst,
+                     caf::actor_clock& clock) {
   ExecInfo info;
   devices::DeviceSpec spec = device_spec(*ctx.manifest, inst);
+  // Modelled passes end on the actor clock the timers below use (virtual under CAF's test
+  // coordinator); the actor system, hence the clock, outlives the device.
+  spec.clock = [&clock] { return clock.now(); };
   if (spec.kind == config::DeviceKind::sim) {
     auto markup = load_sim_markup(ctx.manifest->model, spec.sim);
     if (!markup.ok()) {
@@ -127,7 +131,7 @@ ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
 // leaves the front waiting: another tick is armed for it, so no pass is ever left behind.
 void deliver_ready(ExecutorActor* self) {
   auto& st = self->state;
-  auto now = std::chrono::steady_clock::now();
+  auto now = self->clock().now();
   while (!st.pending.empty() && st.pending.front().result.output->ready_at <= now) {
     st.pending.front().promise.deliver(std::move(st.pending.front().result));
     st.pending.pop_front();
@@ -140,7 +144,7 @@ void deliver_ready(ExecutorActor* self) {
 
 caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context,
                                 const config::Instance& inst) {
-  self->state.info = open_device(self->state, context, inst);
+  self->state.info = open_device(self->state, context, inst, self->clock());
   if (self->state.info.ok) {
     const auto& l = self->state.info.layout;
     context.log->info("executor {}: {} device, KV pool {} blocks x {} bytes ({} MiB)", inst.name,
@@ -160,7 +164,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
         ExecResult result = run_batch(*st.device, batch);
         if (!result.ok) return result;
         auto ready_at = result.output->ready_at;
-        auto now = std::chrono::steady_clock::now();
+        auto now = self->clock().now();
         if (ready_at <= now && st.pending.empty()) return result;
         // A modelled pass (sim, time_factor > 0): answer at its end, from a timer.
         auto promise = self->make_response_promise();

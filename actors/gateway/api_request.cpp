@@ -1,5 +1,6 @@
 #include "actors/gateway/api_request.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -332,6 +333,53 @@ ApiResult<int64_t> check_context_length(const GenerateSpec& spec, int64_t prompt
                         "). Reduce the prompt or " + spec.max_tokens_param + ".");
   }
   return max_tokens;
+}
+
+void check_ignored_fields(FieldReader& reader, const json& root,
+                          std::initializer_list<TypedField> fields) {
+  RT_ASSERT(root.is_object(), "parse_body returned an object");
+  for (const TypedField& f : fields) {
+    if (reader.failed()) return;
+    RT_ASSERT(!f.key.empty(), "a field name");
+    switch (f.kind) {
+      case JsonKind::string: (void)reader.string(root, f.key, ""); break;
+      case JsonKind::boolean: (void)reader.boolean(root, f.key, ""); break;
+      case JsonKind::integer: (void)reader.integer(root, f.key, ""); break;
+      case JsonKind::number: (void)reader.number(root, f.key, ""); break;
+      case JsonKind::object: (void)reader.object(root, f.key, ""); break;
+      case JsonKind::array: (void)reader.array(root, f.key, ""); break;
+    }
+  }
+}
+
+int64_t prompt_tokens_max(const GenerateSpec& spec, int64_t model_len_tokens_max) {
+  RT_ASSERT(model_len_tokens_max >= 1, model_len_tokens_max);
+  int64_t output = spec.max_tokens ? std::max<int64_t>(1, *spec.max_tokens) : 1;
+  int64_t left = output >= model_len_tokens_max ? 0 : model_len_tokens_max - output;
+  RT_ASSERT(left >= 0 && left < model_len_tokens_max, left);
+  return left;
+}
+
+ApiError prompt_too_long(const GenerateSpec& spec, int64_t prompt_tokens_min,
+                         int64_t model_len_tokens_max) {
+  RT_ASSERT(prompt_tokens_min > prompt_tokens_max(spec, model_len_tokens_max),
+            prompt_tokens_min);
+  std::string limit = "This model's maximum context length is " +
+                      std::to_string(model_len_tokens_max) + " tokens. However, the prompt has " +
+                      "more than " + std::to_string(prompt_tokens_min) +
+                      " tokens (tokenizing stopped there)";
+  ApiError e;
+  if (spec.max_tokens) {
+    e = invalid_request(spec.max_tokens_param,
+                        limit + " and " + std::to_string(*spec.max_tokens) + " are requested in " +
+                            spec.max_tokens_param + ". Reduce the prompt or " +
+                            spec.max_tokens_param + ".");
+  } else {
+    e = invalid_request(prompt_param(spec.api), limit + ", which leaves no room to generate. "
+                                                        "Shorten the prompt.");
+  }
+  e.code = "context_length_exceeded";
+  return e;
 }
 
 }  // namespace tandem::gateway

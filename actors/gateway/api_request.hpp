@@ -52,4 +52,13 @@ std::string anthropic_error_type(int http_status);
 ApiResult<int64_t> check_context_length(const GenerateSpec& spec, int64_t prompt_tokens,
                                         int64_t model_len_tokens_max);
 
+// The prompt tokens budget for a capped encode (Tokenizer::encode_capped): the most prompt
+// tokens check_context_length can accept, model_len_tokens_max - max(1, max_tokens), >= 0.
+int64_t prompt_tokens_max(const GenerateSpec& spec, int64_t model_len_tokens_max);
+
+// The context-length 400 for a prompt whose tokenizing stopped early: it has at least
+// `prompt_tokens_min` tokens, more than prompt_tokens_max(spec, ...) (asserted).
+ApiError prompt_too_long(const GenerateSpec& spec, int64_t prompt_tokens_min,
+                         int64_t model_len_tokens_max);
+
 }  // namespace tandem::gateway

@@ -111,15 +111,41 @@ void read_message(FieldReader& r, const json& msg, const std::string& p, Convers
   if (!only_tool_results) c.messages.push_back(std::move(m));
 }
 
+// A server tool's type: a name and an 8-digit version date, "web_search_20250305".
+bool server_tool_type(const std::string& type) {
+  constexpr size_t date_digits = 8;
+  if (type.size() < date_digits + 2 || type[type.size() - date_digits - 1] != '_') return false;
+  for (size_t i = type.size() - date_digits; i < type.size(); ++i) {
+    if (type[i] < '0' || type[i] > '9') return false;
+  }
+  for (size_t i = 0; i + date_digits + 1 < type.size(); ++i) {
+    const char c = type[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
 void read_anthropic_tools(FieldReader& r, const json& root, GenerateSpec& spec) {
   const json* tools = r.array(root, "tools", "");
   for (size_t i = 0; tools != nullptr && i < tools->size() && !r.failed(); ++i) {
     std::string p = path_index("tools", i);
     const json& tool = (*tools)[i];
     if (!tool.is_object()) return r.fail_invalid(p, p + " must be an object");
-    std::string type = r.string(tool, "type", p).value_or("custom");
-    if (type != "custom") continue;  // server tools (web_search_..., bash_...) are ignored
     r.required(tool, "name", p);
+    (void)r.string(tool, "name", p);
+    std::string type = r.string(tool, "type", p).value_or("custom");
+    if (r.failed()) return;
+    if (type != "custom") {
+      // Server tools (web_search_20250305, bash_20250124, ...) are ignored; anything else
+      // (an OpenAI-shaped {"type":"function"} tool) is a mistake, not a tool to drop.
+      if (!server_tool_type(type)) {
+        return r.fail_invalid(path_key(p, "type"),
+                              path_key(p, "type") + " must be 'custom' or a server tool type "
+                                                    "such as 'web_search_20250305', got '" +
+                                  type + "'");
+      }
+      continue;
+    }
     r.required(tool, "input_schema", p);
     const json* schema = r.object(tool, "input_schema", p);
     if (r.failed()) return;
@@ -225,6 +251,13 @@ ApiResult<GenerateSpec> parse_messages_request(std::string_view body, ApiKind ki
   read_stop(r, root, "stop_sequences", spec.sampling);
   if (kind == ApiKind::messages) {
     if (auto v = r.boolean(root, "stream", "")) spec.stream = *v;
+  }
+  check_ignored_fields(r, root,
+                       {{"metadata", JsonKind::object},
+                        {"service_tier", JsonKind::string},
+                        {"mcp_servers", JsonKind::array}});
+  if (const json* metadata = r.object(root, "metadata", "")) {
+    (void)r.string(*metadata, "user_id", "metadata");
   }
   if (r.failed()) return r.error();
   spec.include_usage = true;  // Anthropic always reports usage

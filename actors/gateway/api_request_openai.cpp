@@ -184,6 +184,21 @@ ApiResult<GenerateSpec> parse_chat_request(std::string_view body) {
   read_max_tokens(r, root, "max_tokens", spec);
   read_stream_and_salt(r, root, spec);
   if (auto v = r.string(root, "reasoning_effort", "")) spec.reasoning.effort = *v;
+  check_ignored_fields(r, root,
+                       {{"user", JsonKind::string},
+                        {"metadata", JsonKind::object},
+                        {"parallel_tool_calls", JsonKind::boolean},
+                        {"store", JsonKind::boolean},
+                        {"service_tier", JsonKind::string},
+                        {"prompt_cache_key", JsonKind::string},
+                        {"safety_identifier", JsonKind::string},
+                        {"response_format", JsonKind::object},
+                        {"logit_bias", JsonKind::object},
+                        {"modalities", JsonKind::array},
+                        {"prediction", JsonKind::object},
+                        {"audio", JsonKind::object},
+                        {"verbosity", JsonKind::string},
+                        {"web_search_options", JsonKind::object}});
   if (r.failed()) return r.error();
   fill_tool_names(spec.conversation);
   RT_ASSERT(!spec.conversation.messages.empty(), "validated above");
@@ -269,6 +284,7 @@ ApiResult<GenerateSpec> parse_completion_request(std::string_view body) {
   read_stop(r, root, "stop", spec.sampling);
   read_max_tokens(r, root, "max_tokens", spec);
   read_stream_and_salt(r, root, spec);
+  check_ignored_fields(r, root, {{"user", JsonKind::string}, {"logit_bias", JsonKind::object}});
   if (r.failed()) return r.error();
   if (!spec.max_tokens) {
     spec.max_tokens = 16;  // the OpenAI Completions default

@@ -243,6 +243,18 @@ ApiResult<GenerateSpec> parse_responses_request(std::string_view body) {
   read_max_tokens(r, root, "max_output_tokens", spec);
   if (auto v = r.boolean(root, "stream", "")) spec.stream = *v;
   if (auto v = r.string(root, "cache_salt", "")) spec.cache_salt = *v;
+  check_ignored_fields(r, root,
+                       {{"user", JsonKind::string},
+                        {"metadata", JsonKind::object},
+                        {"parallel_tool_calls", JsonKind::boolean},
+                        {"service_tier", JsonKind::string},
+                        {"prompt_cache_key", JsonKind::string},
+                        {"safety_identifier", JsonKind::string},
+                        {"truncation", JsonKind::string},
+                        {"background", JsonKind::boolean},
+                        {"max_tool_calls", JsonKind::integer},
+                        {"text", JsonKind::object},
+                        {"stream_options", JsonKind::object}});
   if (r.failed()) return r.error();
   fill_tool_names(spec.conversation);
   RT_ASSERT(!spec.conversation.messages.empty(), "input validated above");

@@ -56,6 +56,13 @@ bool DecodeHealth::healthy() const {
   return false;
 }
 
+uint32_t DecodeHealth::ready_count() const {
+  uint32_t count = 0;
+  for (const auto& [key, v] : instances_) count += can_serve(v) ? 1 : 0;
+  RT_ASSERT(count <= instances_.size(), count);
+  return count;
+}
+
 bool DecodeHealth::instance_ready(const std::string& actor_name) const {
   auto it = instances_.find(actor_name);
   return it != instances_.end() && can_serve(it->second);

@@ -37,6 +37,8 @@ class DecodeHealth {
   std::string reason() const;
   // Whether the instance "node/decode/name" may be routed to (false if unknown).
   bool instance_ready(const std::string& actor_name) const;
+  // How many decode instances can serve now (0 when !healthy()).
+  uint32_t ready_count() const;
 
   static constexpr size_t reason_bytes_max = 512;
 

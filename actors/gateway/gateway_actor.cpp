@@ -7,9 +7,11 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "actors/gateway/admission.hpp"
 #include "actors/gateway/api_request.hpp"
 #include "actors/gateway/api_response.hpp"
 #include "actors/gateway/decode_health.hpp"
@@ -49,8 +51,19 @@ struct PreparedCall {
   int64_t max_tokens = 0;
 };
 
+// The node is stopping (GatewayService::stop, before the HTTP server closes): end every open
+// request with a 503 "shutting down" (an error event and the terminator in a stream), refuse
+// new ones, and answer with the streams that were ended, for the caller to wait until their
+// last bytes reached their sockets.
+struct DrainRequest {};
+struct Drained {
+  std::vector<std::shared_ptr<gateway::ResponseStream>> streams;
+};
+
 }  // namespace tandem::actors
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::DrainRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::Drained)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::HttpCall)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ClientGone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::PreparedCall)
@@ -99,6 +112,10 @@ struct Req {
   uint32_t retries_left = retries_max;
   bool tool_calls_seen = false;
   bool finished = false;
+  // A stream's 200 and first bytes wait for its first token (or its end): until then a
+  // failure (decode full, no instance) is a whole error answer, not an in-stream error.
+  bool head_sent = false;
+  std::string pending;  // stream bytes rendered before head_sent
   Clock::time_point start, last_token, last_activity;
   bool got_first = false;
 };
@@ -117,6 +134,7 @@ struct Metrics {
 // Written by the gateway actor, read by the HTTP thread (/health, the admission check).
 struct Shared {
   std::atomic<bool> healthy{false};
+  std::atomic<bool> draining{false};  // the node is stopping: new requests get 503
   std::mutex mutex;
   std::string unhealthy_reason;  // guarded by mutex; "" when healthy
 
@@ -135,17 +153,15 @@ struct GatewayState {
   std::vector<ActorName> routers;
   std::unique_ptr<gateway::DecodeHealth> health;  // which decode instances can serve
   std::shared_ptr<Shared> shared;
-  std::map<uint64_t, Req> requests;  // admitted, <= gateway.requests_max
-  struct Queued {
-    uint64_t id;  // the request id it keeps once admitted
-    Clock::time_point enqueued;
-    PreparedCall prepared;
-  };
-  std::deque<Queued> queued;  // waiting for admission, <= gateway.queue_max
+  std::map<uint64_t, Req> requests;  // admitted, <= admission->running_max() when admitted
+  std::optional<gateway::Admission> admission;  // who runs, waits or is refused
+  std::map<uint64_t, PreparedCall> queued;     // waiting for admission, <= gateway.queue_max
   uint64_t next_id = 0;
   uint64_t id_seed = 0;
   std::unique_ptr<Metrics> metrics;
   static inline const char* name = "tandem.gateway";
+  // The actor stops (a crash, the node's exit): no request is cut silently (end_all).
+  ~GatewayState();
 };
 
 using GatewayActor = caf::stateful_actor<GatewayState>;
@@ -178,6 +194,7 @@ void update_health(GatewayState& st) {
     }
   }
   st.shared->healthy.store(healthy);
+  st.admission->set_decode_ready(st.health->ready_count());
 }
 
 void admit_queued(GatewayActor* self);
@@ -187,7 +204,33 @@ void admit_queued(GatewayActor* self);
 ApiError lost_tokens_error() {
   return api_error(500, "api_error",
                    "part of the generated text was lost between decode and the gateway "
-                   "(decode's send queue was full); retry the request");
+                   "(decode's send queue was full); retry the request",
+                   "tokens_lost");
+}
+
+// Whether an error answer tells the client to retry: it then carries Retry-After.
+bool says_retry(const ApiError& e) {
+  return e.http_status == 429 || e.http_status == 503 || e.code == "tokens_lost" ||
+         e.code == "gateway_stopped";
+}
+
+void reply_error(ApiKind api, gateway::ResponseStream& out, const ApiError& error);
+
+// A stream's head: the 200, the renderer's opening bytes and what was rendered meanwhile.
+void open_stream(Req& r) {
+  if (!r.spec.stream || r.head_sent) return;
+  r.head_sent = true;
+  r.out->start(200, sse_headers);
+  r.out->write(std::move(r.pending));
+  r.pending.clear();
+}
+
+// A request left the running set: its admission slot goes to the oldest waiting one.
+void release(GatewayActor* self, uint64_t id) {
+  auto& st = self->state;
+  st.metrics->running->set(static_cast<double>(st.requests.size()));
+  (void)st.admission->finished(id);
+  admit_queued(self);
 }
 
 void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
@@ -201,16 +244,14 @@ void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
       b.getBody().initCancel().setRequestId(id);
     });
   }
-  if (r.spec.stream && r.renderer) {
+  if (r.spec.stream && r.renderer && r.head_sent) {
     r.out->write(r.renderer->feed(gateway::StreamError{error}));
     r.out->end();
   } else {
-    r.out->send(static_cast<uint32_t>(error.http_status), json_headers,
-                gateway::render_error_body(r.api, error));
+    reply_error(r.api, *r.out, error);
   }
   st.requests.erase(it);
-  st.metrics->running->set(static_cast<double>(st.requests.size()));
-  admit_queued(self);
+  release(self, id);
 }
 
 void write_events(Req& r, const std::vector<gateway::GenEvent>& events) {
@@ -219,7 +260,12 @@ void write_events(Req& r, const std::vector<gateway::GenEvent>& events) {
     if (std::holds_alternative<gateway::ToolCallStart>(e)) r.tool_calls_seen = true;
     bytes += r.renderer->feed(e);
   }
-  if (r.spec.stream && !bytes.empty()) r.out->write(std::move(bytes));
+  if (!r.spec.stream || bytes.empty()) return;
+  if (r.head_sent) {
+    r.out->write(std::move(bytes));
+  } else {
+    r.pending += bytes;
+  }
 }
 
 // A token counts as reasoning when the parser was inside <think> before or after its text;
@@ -250,6 +296,7 @@ void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
   if (it == st.requests.end()) return;
   Req& r = it->second;
   r.finished = true;
+  open_stream(r);
   if (reason != gateway::FinishReason::stop_string) emit_text(r, r.decoder->finish());
   if (reason != gateway::FinishReason::stop_string) emit_text(r, r.stops->flush());
   if (r.parser) write_events(r, r.parser->finish());
@@ -268,8 +315,7 @@ void complete(GatewayActor* self, uint64_t id, gateway::FinishReason reason,
   }
   st.metrics->e2e->observe(std::chrono::duration<double>(Clock::now() - r.start).count());
   st.requests.erase(it);
-  st.metrics->running->set(static_cast<double>(st.requests.size()));
-  admit_queued(self);
+  release(self, id);
 }
 
 // Decode messages count only from the decode instance the request is on now: after a retry
@@ -293,6 +339,7 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
                      "decode was lost", id, chunk.getFirstIndex(), r.tokens_received);
     return fail(self, id, lost_tokens_error());
   }
+  open_stream(r);  // the first token: decode took the request, the answer is 200
   auto now = Clock::now();
   std::vector<gateway::TokenLogprobs> logprobs;
   if (r.spec.sampling.logprobs) {
@@ -374,6 +421,13 @@ void on_failure(GatewayActor* self, uint64_t id, ErrorKind kind, const std::stri
                      id, message);
     r.decode.reset();
     return route(self, id);
+  }
+  if (kind == ErrorKind::overloaded && !r.head_sent) {
+    // Decode refused it (full: another gateway's load, or a cancel it had not seen yet).
+    // Nothing was sent: the client gets a 429 with Retry-After, never an in-stream error.
+    return fail(self, id, api_error(429, "rate_limit_error",
+                                    "the decode instance is full (" + message + "); retry later",
+                                    "rate_limit_exceeded"));
   }
   int status = kind == ErrorKind::invalid ? 400 : kind == ErrorKind::overloaded ? 503 : 500;
   std::string type = kind == ErrorKind::invalid ? "invalid_request_error"
@@ -491,8 +545,12 @@ gateway::ApiResult<std::string> forced_tool_prefix(text::ChatFormat format,
   return std::move(prefix).value();
 }
 
-gateway::ApiResult<std::vector<int32_t>> tokenize(text::Tokenizer& tokenizer, text::ChatFormat format,
-                                                  const gateway::GenerateSpec& spec) {
+// The prompt's tokens. Text prompts are encoded with a budget of `tokens_max` tokens
+// (encode_capped): one far longer stops early with `exceeded` (count_tokens: SIZE_MAX).
+gateway::ApiResult<text::Tokenizer::Capped> tokenize(text::Tokenizer& tokenizer,
+                                                     text::ChatFormat format,
+                                                     const gateway::GenerateSpec& spec,
+                                                     size_t tokens_max) {
   int32_t vocab = tokenizer.vocab_size();
   switch (spec.prompt_kind) {
     case gateway::PromptKind::conversation: {
@@ -503,10 +561,12 @@ gateway::ApiResult<std::vector<int32_t>> tokenize(text::Tokenizer& tokenizer, te
       if (!text.ok()) return gateway::invalid_request("messages", text.error().message);
       auto forced = forced_tool_prefix(format, spec);
       if (!forced.ok()) return forced.error();
-      return tokenizer.encode(*text + forced.value(), format == text::ChatFormat::plain);
+      return tokenizer.encode_capped(*text + forced.value(), format == text::ChatFormat::plain,
+                                     tokens_max);
     }
     case gateway::PromptKind::text:
-      return tokenizer.encode(spec.prompt_text, format == text::ChatFormat::plain);
+      return tokenizer.encode_capped(spec.prompt_text, format == text::ChatFormat::plain,
+                                     tokens_max);
     case gateway::PromptKind::token_ids: {
       std::vector<int32_t> ids;
       for (size_t i = 0; i < spec.prompt_token_ids.size(); ++i) {
@@ -519,7 +579,10 @@ gateway::ApiResult<std::vector<int32_t>> tokenize(text::Tokenizer& tokenizer, te
         }
         ids.push_back(static_cast<int32_t>(t));
       }
-      return ids;
+      text::Tokenizer::Capped out;
+      out.exceeded = ids.size() > tokens_max;
+      out.ids = std::move(ids);
+      return out;
     }
   }
   return gateway::invalid_request("prompt", "unsupported prompt");
@@ -540,18 +603,26 @@ gateway::OutputParserConfig parser_config(text::ChatFormat format, const gateway
   return c;
 }
 
+// A whole error answer; one that says retry (says_retry) carries Retry-After.
 void reply_error(ApiKind api, gateway::ResponseStream& out, const ApiError& error) {
-  out.send(static_cast<uint32_t>(error.http_status), json_headers,
+  gateway::HttpHeaderList headers = json_headers;
+  if (says_retry(error)) {
+    headers.push_back({"Retry-After", std::to_string(gateway::Admission::retry_after_s)});
+  }
+  out.send(static_cast<uint32_t>(error.http_status), std::move(headers),
            gateway::render_error_body(api, error));
 }
 
-// An overload answer (429 full queue, 503 queue wait timed out): the client may retry soon.
+// An overload answer (429 full, 503 nothing can serve or waited too long): retry soon.
 void reply_busy(ApiKind api, gateway::ResponseStream& out, const ApiError& error) {
   RT_ASSERT(error.http_status == 429 || error.http_status == 503, error.http_status);
-  gateway::HttpHeaderList headers = json_headers;
-  headers.push_back({"Retry-After", "1"});
-  out.send(static_cast<uint32_t>(error.http_status), headers,
-           gateway::render_error_body(api, error));
+  RT_ASSERT(says_retry(error), error.http_status);
+  reply_error(api, out, error);
+}
+
+ApiError refusal_error(const gateway::AdmissionRefusal& refusal) {
+  RT_ASSERT(refusal.retry_after_s >= 1, refusal.retry_after_s);
+  return api_error(refusal.http_status, refusal.type, refusal.message, refusal.code);
 }
 
 // A request names [model] name, one of its served_names, or nothing (the model's name).
@@ -576,6 +647,7 @@ void start_request(GatewayActor* self, uint64_t id, PreparedCall p) {
   auto& st = self->state;
   RT_ASSERT(st.requests.count(id) == 0, id);
   RT_ASSERT(st.requests.size() < st.ctx.manifest->gateway.requests_max, st.requests.size());
+  RT_ASSERT(st.requests.size() < st.admission->running_count(), st.requests.size());
   ApiKind api = p.api;
   gateway::GenerateSpec spec = std::move(p.spec);
   int64_t max_tokens = p.max_tokens;
@@ -619,8 +691,7 @@ void start_request(GatewayActor* self, uint64_t id, PreparedCall p) {
   r.stops = std::make_unique<gateway::StopMatcher>(spec.sampling.stop);
   r.spec = std::move(spec);
   if (r.spec.stream) {
-    r.out->start(200, sse_headers);
-    r.out->write(r.renderer->begin());
+    r.pending = r.renderer->begin();  // sent with the head, at the first token (open_stream)
   } else {
     (void)r.renderer->begin();
   }
@@ -633,7 +704,47 @@ void start_request(GatewayActor* self, uint64_t id, PreparedCall p) {
   st.metrics->prompt_tokens->inc(r.prompt.size());
   st.requests.emplace(id, std::move(r));
   st.metrics->running->set(static_cast<double>(st.requests.size()));
+  RT_ASSERT(st.requests.size() <= st.admission->running_count(), st.requests.size());
   route(self, id);
+}
+
+ApiError shutdown_error() {
+  return api_error(503, "overloaded_error",
+                   "the gateway is shutting down; retry the request", "shutting_down");
+}
+
+// Ends every open request with `error`: in a started stream its API's error event and the
+// terminator; otherwise a whole error answer (with Retry-After when it says retry). Waiting
+// requests get it too. Returns the streams ended. Sends nothing to decode (see drain()).
+std::vector<std::shared_ptr<gateway::ResponseStream>> end_all(GatewayState& st,
+                                                              const ApiError& error) {
+  std::vector<std::shared_ptr<gateway::ResponseStream>> ended;
+  for (auto& [id, r] : st.requests) {
+    if (r.out->is_cancelled()) continue;
+    if (r.spec.stream && r.renderer && r.head_sent) {
+      r.out->write(r.renderer->feed(gateway::StreamError{error}));
+      r.out->end();
+    } else {
+      reply_error(r.api, *r.out, error);
+    }
+    ended.push_back(r.out);
+  }
+  for (auto& [id, q] : st.queued) {
+    if (q.call.out->is_cancelled()) continue;
+    reply_error(q.api, *q.call.out, error);
+    ended.push_back(q.call.out);
+  }
+  st.requests.clear();
+  st.queued.clear();
+  RT_ASSERT(st.requests.empty() && st.queued.empty(), "all ended");
+  return ended;
+}
+
+GatewayState::~GatewayState() {
+  if (requests.empty() && queued.empty()) return;
+  (void)end_all(*this, api_error(500, "api_error",
+                                 "the gateway actor stopped; retry the request",
+                                 "gateway_stopped"));
 }
 
 // The preparer: parses, tokenizes and hashes each generation request off the gateway actor,
@@ -668,16 +779,27 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
   if (auto missing = unknown_model(*st.ctx.manifest, spec.value())) {
     return reply_error(api.value(), *call.out, *missing);
   }
-  auto prompt = tokenize(*st.tokenizer, st.format, spec.value());
-  if (!prompt.ok()) return reply_error(api.value(), *call.out, prompt.error());
-  if (api.value() == ApiKind::count_tokens) {
+  const int64_t model_tokens_max = st.ctx.manifest->model.max_model_tokens;
+  const bool counting = api.value() == ApiKind::count_tokens;
+  // A prompt far over the context is rejected after tokenizing about the budget's worth.
+  const size_t budget = counting ? SIZE_MAX
+                                 : static_cast<size_t>(
+                                       gateway::prompt_tokens_max(spec.value(), model_tokens_max));
+  auto capped = tokenize(*st.tokenizer, st.format, spec.value(), budget);
+  if (!capped.ok()) return reply_error(api.value(), *call.out, capped.error());
+  std::vector<int32_t>& prompt = capped.value().ids;
+  if (counting) {
     call.out->send(200, json_headers,
-                   gateway::render_count_tokens(static_cast<int64_t>(prompt.value().size())));
+                   gateway::render_count_tokens(static_cast<int64_t>(prompt.size())));
     return;
   }
+  if (capped.value().partial) {
+    return reply_error(api.value(), *call.out,
+                       gateway::prompt_too_long(spec.value(), static_cast<int64_t>(prompt.size()),
+                                                model_tokens_max));
+  }
   auto max_tokens = gateway::check_context_length(
-      spec.value(), static_cast<int64_t>(prompt.value().size()),
-      st.ctx.manifest->model.max_model_tokens);
+      spec.value(), static_cast<int64_t>(prompt.size()), model_tokens_max);
   if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
   uint32_t block_tokens = st.ctx.manifest->model.block_tokens;
   std::vector<kv::BlockHash> hashes;
@@ -688,12 +810,12 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
       st.unsalted = std::make_unique<kv::BlockHasher>(std::move(made).value());
     }
     st.unsalted->reset();
-    hashes.reserve(prompt.value().size() / block_tokens);
-    st.unsalted->append(prompt.value(), hashes);
+    hashes.reserve(prompt.size() / block_tokens);
+    st.unsalted->append(prompt, hashes);
   } else {
     kv::HashKey key = st.key_base;
     key.salt = spec.value().cache_salt;
-    auto salted = kv::hash_blocks(prompt.value(), block_tokens, key);
+    auto salted = kv::hash_blocks(prompt, block_tokens, key);
     RT_ASSERT(salted.ok(), "the key and block size are valid");
     hashes = std::move(salted).value();
   }
@@ -704,7 +826,7 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
                                 "the gateway actor is restarting (see /health); retry"));
   }
   self->send(gateway, PreparedCall{call, api.value(), std::move(spec.value()),
-                                   std::move(prompt.value()), std::move(hashes),
+                                   std::move(prompt), std::move(hashes),
                                    max_tokens.value()});
 }
 
@@ -739,64 +861,62 @@ void prepare(PreparerActor* self, const HttpCall& call) {
 void on_prepared(GatewayActor* self, PreparedCall& p) {
   auto& st = self->state;
   if (p.call.out->is_cancelled()) return;  // the client left while its prompt was prepared
-  if (auto refused = admit(st)) return reply_error(p.api, *p.call.out, *refused);
-  const auto& limits = st.ctx.manifest->gateway;
+  if (st.shared->draining.load()) return reply_busy(p.api, *p.call.out, shutdown_error());
+  if (auto refused = admit(st)) return reply_busy(p.api, *p.call.out, *refused);
   uint64_t id = st.id_seed + ++st.next_id;
-  if (st.requests.size() >= limits.requests_max) {
-    if (st.queued.size() >= limits.queue_max) {
-      return reply_busy(p.api, *p.call.out,
-                        api_error(429, "rate_limit_error",
-                                  "too many requests: " + std::to_string(limits.requests_max) +
-                                      " in flight and " + std::to_string(limits.queue_max) +
-                                      " waiting; retry later",
-                                  "rate_limit_exceeded"));
+  auto offer = st.admission->offer(id, Clock::now());
+  switch (offer.verdict) {
+    case gateway::Admission::Verdict::refused:
+      return reply_busy(p.api, *p.call.out, refusal_error(offer.refusal));
+    case gateway::Admission::Verdict::waiting: {
+      // A waiting client that disconnects leaves the queue at once (ClientGone).
+      caf::actor me = caf::actor_cast<caf::actor>(self);
+      p.call.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });
+      st.queued.emplace(id, std::move(p));
+      RT_ASSERT(st.queued.size() == st.admission->waiting_count(), st.queued.size());
+      st.metrics->waiting->set(static_cast<double>(st.queued.size()));
+      return;
     }
-    // A waiting client that disconnects leaves the queue at once (ClientGone).
-    caf::actor me = caf::actor_cast<caf::actor>(self);
-    p.call.out->on_cancel([me, id] { caf::anon_send(me, ClientGone{id}); });
-    st.queued.push_back({id, Clock::now(), std::move(p)});
-    RT_ASSERT(st.queued.size() <= limits.queue_max, st.queued.size());
-    st.metrics->waiting->set(static_cast<double>(st.queued.size()));
-    return;
+    case gateway::Admission::Verdict::admitted:
+      return start_request(self, id, std::move(p));
   }
-  start_request(self, id, std::move(p));
 }
 
-// A slot freed up: admit the oldest waiting request whose client is still there.
+// A slot freed up (or decode capacity grew): start the oldest waiting requests that fit.
 void admit_queued(GatewayActor* self) {
   auto& st = self->state;
-  while (!st.queued.empty() && st.requests.size() < st.ctx.manifest->gateway.requests_max) {
-    auto next = std::move(st.queued.front());
-    st.queued.pop_front();
+  for (uint64_t id : st.admission->admit_waiting()) {
+    auto it = st.queued.find(id);
+    RT_ASSERT(it != st.queued.end(), id);
+    PreparedCall next = std::move(it->second);
+    st.queued.erase(it);
     st.metrics->waiting->set(static_cast<double>(st.queued.size()));
-    if (next.prepared.call.out->is_cancelled()) continue;
-    start_request(self, next.id, std::move(next.prepared));
+    if (next.call.out->is_cancelled()) {
+      (void)st.admission->finished(id);
+      continue;
+    }
+    start_request(self, id, std::move(next));
   }
+  RT_ASSERT(st.queued.size() == st.admission->waiting_count(), st.queued.size());
 }
 
 // A waiting request's client went away: drop it from the queue. False if it was not queued.
 bool drop_queued(GatewayState& st, uint64_t id) {
-  for (auto it = st.queued.begin(); it != st.queued.end(); ++it) {
-    if (it->id != id) continue;
-    st.queued.erase(it);
-    st.metrics->waiting->set(static_cast<double>(st.queued.size()));
-    return true;
-  }
-  return false;
+  if (!st.admission->cancel_waiting(id)) return false;
+  size_t erased = st.queued.erase(id);
+  RT_ASSERT(erased == 1, id);
+  st.metrics->waiting->set(static_cast<double>(st.queued.size()));
+  return true;
 }
 
 // Requests that waited longer than gateway.queue_timeout_ms get 503 (oldest first: FIFO).
 void expire_queued(GatewayState& st, Clock::time_point now) {
-  auto limit = std::chrono::milliseconds(st.ctx.manifest->gateway.queue_timeout_ms);
-  while (!st.queued.empty() && now - st.queued.front().enqueued > limit) {
-    auto late = std::move(st.queued.front());
-    st.queued.pop_front();
+  for (const auto& late : st.admission->expire(now)) {
+    auto it = st.queued.find(late.id);
+    RT_ASSERT(it != st.queued.end(), late.id);
     st.metrics->errors->inc();
-    reply_busy(late.prepared.api, *late.prepared.call.out,
-               api_error(503, "overloaded_error",
-                         "waited " + std::to_string(limit.count()) +
-                             " ms for admission (gateway.queue_timeout_ms); retry later",
-                         "queue_timeout"));
+    reply_busy(it->second.api, *it->second.call.out, refusal_error(late.refusal));
+    st.queued.erase(it);
   }
   st.metrics->waiting->set(static_cast<double>(st.queued.size()));
 }
@@ -844,6 +964,7 @@ void on_membership(GatewayActor* self, const runtime::MembershipEvent& event) {
   }
   st.health->node_up(event.node, event.kind != runtime::MembershipEvent::Kind::down);
   update_health(st);
+  admit_queued(self);
   if (event.kind == runtime::MembershipEvent::Kind::up) return;
   std::vector<uint64_t> affected;
   for (const auto& [id, r] : st.requests) {
@@ -946,6 +1067,7 @@ class Front final : public gateway::HttpHandler {
                                                "not_found"));
       return;
     }
+    if (shared_->draining.load()) return reply_busy(api, *out, shutdown_error());
     uint64_t cost = request.body.size() + 1;
     Preparers& to = request.body.size() > ctx_.manifest->gateway.long_prompt_bytes ? long_ : short_;
     auto slot = static_cast<uint32_t>(to.pool->pick(cost));
@@ -1005,25 +1127,59 @@ class Front final : public gateway::HttpHandler {
 
 class Service final : public GatewayService {
  public:
-  Service(std::unique_ptr<Front> front, std::vector<caf::actor> actors,
-          std::vector<runtime::Supervised> supervised)
-      : front_(std::move(front)), actors_(std::move(actors)), supervised_(std::move(supervised)) {}
+  Service(caf::actor_system& system, std::unique_ptr<Front> front,
+          std::vector<caf::actor> actors, std::vector<runtime::Supervised> supervised)
+      : system_(system), front_(std::move(front)), actors_(std::move(actors)),
+        supervised_(std::move(supervised)) {
+    RT_ASSERT(!supervised_.empty() && supervised_[0].role == "gateway", supervised_.size());
+  }
   ~Service() override { stop(); }
   Status start(const std::string& host, uint16_t port, gateway::HttpLimits limits) {
     server_ = std::make_unique<gateway::HttpServer>(host, port, limits, *front_);
     return server_->start();
   }
+  // Drains first (every open stream ends with its API's error event and terminator, and
+  // those bytes reach their sockets), then closes the HTTP server. Called from main, which
+  // may block: at most drain_wait twice.
   void stop() override {
-    if (server_) server_->stop();
+    if (!server_ || stopped_) return;
+    stopped_ = true;
+    drain();
+    server_->stop();
   }
   std::vector<caf::actor> actors() const override { return actors_; }
   std::vector<runtime::Supervised> supervised() const override { return supervised_; }
 
  private:
+  void drain() {
+    constexpr auto drain_wait = std::chrono::seconds(2);
+    caf::actor gateway = supervised_[0].slot->get();
+    if (!gateway) return;  // down: its state ended its requests (~GatewayState)
+    Drained drained;
+    {
+      caf::scoped_actor self{system_};
+      self->request(gateway, drain_wait, DrainRequest{})
+          .receive([&drained](Drained& d) { drained = std::move(d); },
+                   [](const caf::error&) {});
+    }
+    // The HTTP thread writes what was queued; closing the connections before would cut it.
+    auto deadline = Clock::now() + drain_wait;
+    auto flushed = [&drained] {
+      return std::all_of(drained.streams.begin(), drained.streams.end(), [](const auto& out) {
+        return out->is_cancelled() || out->buffered_bytes() == 0;
+      });
+    };
+    while (!flushed() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  caf::actor_system& system_;
   std::unique_ptr<Front> front_;
   std::unique_ptr<gateway::HttpServer> server_;
   std::vector<caf::actor> actors_;
   std::vector<runtime::Supervised> supervised_;
+  bool stopped_ = false;
 };
 
 void on_client_gone(GatewayActor* self, const ClientGone& gone) {
@@ -1038,8 +1194,7 @@ void on_client_gone(GatewayActor* self, const ClientGone& gone) {
                               });
   }
   st.requests.erase(it);
-  st.metrics->running->set(static_cast<double>(st.requests.size()));
-  admit_queued(self);
+  release(self, gone.request_id);
 }
 
 // A frame's handler failed (HandlerGuard): the request it was about (its correlation id)
@@ -1054,9 +1209,30 @@ void on_frame_failed(GatewayActor* self, const runtime::InboundFrame& in, const 
   Status failed = st.guard->run("failing a request", [self, id, &error] {
     fail(self, id, api_error(500, "api_error", error.message));
   });
-  if (!failed.ok() && st.requests.erase(id) > 0) {
-    st.metrics->running->set(static_cast<double>(st.requests.size()));
+  if (!failed.ok() && st.requests.erase(id) > 0) release(self, id);
+}
+
+// The node stops: cancel every request on decode, end each with its API's error, refuse more.
+Drained drain(GatewayActor* self) {
+  auto& st = self->state;
+  st.shared->draining.store(true);
+  for (const auto& [id, r] : st.requests) {
+    if (!r.decode || r.finished) continue;
+    (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [id = id](wire::Envelope::Builder b) {
+      b.getBody().initCancel().setRequestId(id);
+    });
   }
+  size_t open_count = st.requests.size() + st.queued.size();
+  Drained out{end_all(st, shutdown_error())};
+  RT_ASSERT(out.streams.size() <= open_count, out.streams.size(), open_count);
+  st.metrics->running->set(0);
+  st.metrics->waiting->set(0);
+  gateway::AdmissionLimits limits = st.admission->limits();
+  st.admission.emplace(limits);  // every slot free again (none is used)
+  st.admission->set_decode_ready(st.health->ready_count());
+  st.ctx.log->info("gateway: shutting down, {} open request(s) ended with an error event",
+                   out.streams.size());
+  return out;
 }
 
 caf::behavior gateway_behavior(GatewayActor* self) {
@@ -1082,13 +1258,28 @@ caf::behavior gateway_behavior(GatewayActor* self) {
           auto& st = self->state;
           st.health->report(report.instance, report.ready, report.not_ready_reason);
           update_health(st);
+          admit_queued(self);  // an instance that became ready adds capacity
         });
+      },
+      [self, &guard](const DrainRequest&) -> Drained {
+        Drained out;
+        (void)guard.run("draining", [self, &out] { out = drain(self); });
+        return out;
       },
       [self, &guard](runtime::atoms::tick) {
         (void)guard.run("a tick", [self] { on_tick(self); });
         self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
       },
   };
+}
+
+gateway::AdmissionLimits admission_limits(const config::Manifest& m) {
+  gateway::AdmissionLimits l;
+  l.requests_max = m.gateway.requests_max;
+  l.queue_max = m.gateway.queue_max;
+  l.queue_timeout = std::chrono::milliseconds(m.gateway.queue_timeout_ms);
+  l.decode_seqs_per_instance = m.decode.seqs_max + m.decode.waiting_max;
+  return l;
 }
 
 // What spawning the gateway actor takes (again, when the supervisor restarts it).
@@ -1117,6 +1308,7 @@ caf::actor spawn_gateway_actor(const GatewayParts& parts) {
     st.format = parts.format;
     st.routers = parts.routers;
     st.health = std::make_unique<gateway::DecodeHealth>(ctx.bridge->node(), parts.decodes);
+    st.admission.emplace(admission_limits(*ctx.manifest));
     st.shared = parts.shared;
     // Request ids are unique across gateways, restarts of the node and of this actor: name
     // hash, incarnation and generation on top.
@@ -1225,7 +1417,7 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   std::vector<caf::actor> actors;  // the gateway actor first (actors() contract)
   for (const runtime::Supervised& one : supervised) actors.push_back(one.slot->get());
   auto service = std::make_unique<Service>(
-      std::make_unique<Front>(ctx, parts.shared, std::move(short_prompts),
+      system, std::make_unique<Front>(ctx, parts.shared, std::move(short_prompts),
                               std::move(long_prompts)),
       std::move(actors), std::move(supervised));
   gateway::HttpLimits limits;

@@ -46,6 +46,17 @@ void read_tool_choice_openai(FieldReader& reader, const json& root, GenerateSpec
 std::string read_text_content(FieldReader& reader, const json& content, const std::string& path,
                               std::initializer_list<std::string_view> text_types);
 
+// A field the API defines that Tandem accepts and ignores, with the type the API gives it.
+enum class JsonKind { string, boolean, integer, number, object, array };
+struct TypedField {
+  std::string_view key;
+  JsonKind kind;
+};
+// Each of `fields` present (not null) in root must have its type: a wrong one is a 400
+// naming the field ("user must be a string, got number").
+void check_ignored_fields(FieldReader& reader, const json& root,
+                          std::initializer_list<TypedField> fields);
+
 // Fills tool messages' `name` from the assistant tool call with the same id (when found).
 void fill_tool_names(Conversation& conversation);
 

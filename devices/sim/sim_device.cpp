@@ -82,8 +82,10 @@ Result<std::unique_ptr<SimDevice>> SimDevice::create(const DeviceSpec& spec) {
   layout.blocks_total = static_cast<uint32_t>(blocks);
   auto pool = PageBuffer::create(layout.pool_bytes());
   if (!pool) return pool.error();
-  return std::make_unique<SimDevice>(Key{}, *params, spec.seed, spec.sim_markup, layout,
-                                     std::move(pool).value());
+  auto device = std::make_unique<SimDevice>(Key{}, *params, spec.seed, spec.sim_markup, layout,
+                                            std::move(pool).value());
+  device->clock_ = spec.clock;
+  return device;
 }
 
 SimDevice::SimDevice(Key, SimParams params, uint64_t seed, SimMarkup markup, KvLayout layout,
@@ -227,7 +229,7 @@ void SimDevice::write_token(const Pass& pass, SeqState& state, uint32_t index_in
 }
 
 Result<StepOutput> SimDevice::run(std::span<const Pass> batch, bool is_prefill) {
-  auto started = std::chrono::steady_clock::now();
+  auto started = clock_ ? clock_() : std::chrono::steady_clock::now();
   if (Status st = validate_batch(batch); !st) return st.error();
   ++pass_count_;
   std::vector<SeqState*> states;

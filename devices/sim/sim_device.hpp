@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -121,6 +122,7 @@ class SimDevice final : public Device {
   double last_pass_s_ = 0;
   double total_s_ = 0;
   std::chrono::steady_clock::time_point busy_until_{};  // the latest pass's ready_at
+  std::function<std::chrono::steady_clock::time_point()> clock_;  // spec.clock; may be empty
 };
 
 // For make_device(): the sim backend behind the Device interface.

@@ -1,5 +1,10 @@
 #include "runtime/node/node_metrics.hpp"
 
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
 namespace tandem::runtime {
 
 namespace {
@@ -54,6 +59,29 @@ NodeMetrics::NodeMetrics(obs::Registry& registry, const std::string& node) {
   peers_up_ = gauge(registry, "tandem_peers_up", "peer nodes currently up", n);
   peers_total_ = gauge(registry, "tandem_peers", "peer nodes in the manifest", n);
   workers_ = gauge(registry, "tandem_node_workers", "actor worker threads of the node", n);
+  rss_ = gauge(registry, "process_resident_memory_bytes", "resident memory of the node process",
+               n);
+  rss_peak_ = gauge(registry, "tandem_process_peak_resident_memory_bytes",
+                    "peak resident memory of the node process since it started (VmHWM)", n);
+}
+
+std::optional<ProcessMemory> read_process_memory() {
+  std::ifstream in("/proc/self/status");
+  if (!in) return std::nullopt;
+  ProcessMemory m;
+  bool rss = false, hwm = false;
+  for (std::string line; std::getline(in, line);) {
+    // "VmRSS:\t  123456 kB"
+    auto field = [&](const char* name, uint64_t& out) {
+      if (line.rfind(name, 0) != 0) return false;
+      out = std::strtoull(line.c_str() + std::strlen(name), nullptr, 10) * 1024;
+      return true;
+    };
+    rss = field("VmRSS:", m.rss_bytes) || rss;
+    hwm = field("VmHWM:", m.peak_rss_bytes) || hwm;
+  }
+  if (!rss || !hwm) return std::nullopt;
+  return m;
 }
 
 void NodeMetrics::advance(Pair& pair, uint64_t now_value) {
@@ -78,6 +106,10 @@ void NodeMetrics::sync(const FabricCounters& f, const BridgeCounters& b) {
   advance(rma_reads_, f.rma_reads.load());
   advance(rma_bytes_, f.rma_bytes.load());
   advance(rma_errors_, f.rma_errors.load());
+  if (auto memory = read_process_memory()) {
+    rss_->set(static_cast<double>(memory->rss_bytes));
+    rss_peak_->set(static_cast<double>(memory->peak_rss_bytes));
+  }
 }
 
 void NodeMetrics::set_peers(int64_t up, int64_t total) {

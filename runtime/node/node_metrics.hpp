@@ -1,10 +1,13 @@
-// The node's own metrics: fabric traffic, RMA, frames dropped by reason, peers up.
+// The node's own metrics: fabric traffic, RMA, frames dropped by reason, peers up, and the
+// process's resident memory now and at its peak (VmRSS, VmHWM of /proc/self/status).
 // Fabric and bridge counters are plain atomics on the hot path; sync() copies them into
 // the registry right before it is rendered (admin HTTP thread or the node actor), under
 // this object's mutex.
 #pragma once
 
+#include <cstdint>
 #include <mutex>
+#include <optional>
 
 #include "runtime/fabric/endpoint.hpp"
 #include "runtime/node/bridge.hpp"
@@ -35,6 +38,14 @@ class NodeMetrics {
   obs::Gauge* peers_up_;
   obs::Gauge* peers_total_;
   obs::Gauge* workers_;
+  obs::Gauge* rss_;
+  obs::Gauge* rss_peak_;
 };
+
+// VmRSS and VmHWM of /proc/self/status, bytes; nullopt where it cannot be read.
+struct ProcessMemory {
+  uint64_t rss_bytes = 0, peak_rss_bytes = 0;
+};
+std::optional<ProcessMemory> read_process_memory();
 
 }  // namespace tandem::runtime

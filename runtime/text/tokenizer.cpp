@@ -1,5 +1,7 @@
 #include "runtime/text/tokenizer.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <system_error>
@@ -32,6 +34,54 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
     prev_id = id;
   }
   RT_ASSERT(ids.empty() || prev_id == ids.back(), "decode walked every id");
+  return out;
+}
+
+namespace {
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+// Where to cut `text` at or after `from` for a prefix: right after a newline that a
+// non-whitespace byte follows (a pre-tokenizer boundary of the byte-level BPE patterns),
+// looked for within window_bytes; else the next UTF-8 character start. text.size() if none.
+size_t prefix_cut(std::string_view text, size_t from) {
+  constexpr size_t window_bytes = 4096;
+  if (from >= text.size()) return text.size();
+  const size_t end = std::min(text.size(), from + window_bytes);
+  for (size_t i = std::max<size_t>(from, 1); i < end; ++i) {
+    if (text[i - 1] == '\n' && !is_space(text[i])) return i;
+  }
+  size_t cut = from;
+  while (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) ++cut;
+  return cut;
+}
+
+}  // namespace
+
+Tokenizer::Capped Tokenizer::encode_capped(std::string_view text, bool add_bos,
+                                           size_t tokens_max) const {
+  constexpr size_t bytes_per_token_guess = 4;
+  // Saturating: count_tokens passes SIZE_MAX (no budget).
+  const size_t over = tokens_max > SIZE_MAX - cut_margin_tokens - 1
+                          ? SIZE_MAX - 1 : tokens_max + cut_margin_tokens;
+  const size_t budget = over + 1;
+  size_t prefix_bytes = budget > SIZE_MAX / bytes_per_token_guess
+                            ? SIZE_MAX : budget * bytes_per_token_guess;
+  while (prefix_bytes < text.size()) {
+    const size_t cut = prefix_cut(text, prefix_bytes);
+    if (cut >= text.size()) break;
+    RT_ASSERT(cut > 0 && cut >= prefix_bytes, cut, prefix_bytes);
+    std::vector<int32_t> ids = encode(text.substr(0, cut), add_bos);
+    if (ids.size() > over) {
+      Capped out{std::move(ids), true, true, cut};
+      RT_ASSERT(out.ids.size() > tokens_max, out.ids.size(), tokens_max);
+      return out;
+    }
+    prefix_bytes = cut > SIZE_MAX / 2 ? SIZE_MAX : cut * 2;
+  }
+  Capped out{encode(text, add_bos), false, false, text.size()};
+  out.exceeded = out.ids.size() > tokens_max;
+  RT_ASSERT(out.text_bytes_encoded == text.size(), out.text_bytes_encoded);
   return out;
 }
 

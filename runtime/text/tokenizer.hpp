@@ -42,6 +42,25 @@ class Tokenizer {
   // Thread-safe: several threads may encode (and decode) with one tokenizer at once.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
 
+  // encode() for a caller with a token budget: a prompt checked against the context length.
+  // Text that is far longer than tokens_max tokens is not tokenized in full: prefixes of
+  // growing length (from about 4 bytes per token of the budget, doubling, each cut at a line
+  // start) are encoded until one has more than tokens_max + cut_margin_tokens tokens; then
+  // `exceeded` is true and `ids` holds that prefix's tokens (ids.size() > tokens_max, a
+  // lower bound of the whole text's count). Otherwise the whole text is encoded: `ids` is
+  // exactly encode(text, add_bos) and exceeded = ids.size() > tokens_max.
+  // Cost: at most about twice the encoding of min(text, the prefix that exceeds).
+  struct Capped {
+    std::vector<int32_t> ids;
+    bool exceeded = false;
+    bool partial = false;           // ids are a prefix's (then exceeded)
+    size_t text_bytes_encoded = 0;  // the longest prefix (or whole text) that was encoded
+  };
+  Capped encode_capped(std::string_view text, bool add_bos, size_t tokens_max) const;
+  // A prefix cut may change the tokens around the cut; its count must exceed the budget by
+  // more than this before the whole text is said to.
+  static constexpr size_t cut_margin_tokens = 64;
+
   // The bytes token `id` contributes when it follows `prev_id` (nullopt: start of text).
   // SentencePiece backends drop the leading space of a piece at the start of text or
   // right after BOS. Control tokens (BOS/EOS) contribute nothing in llama2.c; added

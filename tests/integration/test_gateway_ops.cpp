@@ -2,6 +2,12 @@
 // - /health is 503 (with the reason) while no decode instance can serve because its
 //   executor failed to create its device, and a chat request then gets a 503 error body;
 //   a healthy cluster answers 200;
+// - admission that tells the truth (issue 12): with decode limits smaller than the
+//   gateway's, more concurrent streaming and non-streaming requests than the cluster holds
+//   each get 200 with a whole answer or 429/503 with Retry-After before any body byte, and
+//   no stream carries decode's "waiting queue full";
+// - a prompt of megabytes gets the context-length 400 (capped tokenizing);
+// - SIGTERM of the node ends every open stream with its API's error event and terminator;
 // - admission: with requests_max = C and queue_max = Q, C + Q concurrent streams all
 //   complete, request C + Q + 1 gets 429 (OpenAI and Anthropic shapes, Retry-After), the
 //   waiting gauge follows the queue, a waiting client that disconnects leaves the queue, and
@@ -30,7 +36,8 @@ class SimNode {
  public:
   // `extra`: more sections (e.g. "[router]\n..."); `prefill_device`: the prefill executor's.
   SimNode(const std::string& tag, const std::string& sim, const std::string& gateway,
-          const std::string& extra = "", const std::string& prefill_device = "sim")
+          const std::string& extra = "", const std::string& prefill_device = "sim",
+          bool test_hooks = false)
       : dir_(make_temp_dir(tag)), http_port_(free_port()) {
     std::string t = "[cluster]\nname = \"" + tag + "\"\n[logging]\nlevel = \"warn\"\n"
                     "[model]\nname = \"stories15M\"\npath = \"" + source_root() +
@@ -53,19 +60,22 @@ class SimNode {
     t += "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"" + prefill_device +
          "\"\ndevices = [0]\nkv_blocks = 1024\n";
     write_file(dir_ + "/cluster.toml", t);
-    child_ = std::make_unique<Child>(std::vector<std::string>{tandem_bin(), "node", "--manifest",
-                                                              dir_ + "/cluster.toml", "--node",
-                                                              "local"},
-                                     dir_ + "/node.log");
+    std::vector<std::string> argv = {tandem_bin(), "node", "--manifest", dir_ + "/cluster.toml",
+                                     "--node", "local"};
+    if (test_hooks) argv.push_back("--test-hooks");
+    child_ = std::make_unique<Child>(argv, dir_ + "/node.log");
   }
+  // SIGTERM, as a supervisor stops a node; the destructor waits for the exit.
+  void terminate() { child_->signal(SIGTERM); }
   ~SimNode() {
-    child_->signal(SIGTERM);
+    if (child_->running()) child_->signal(SIGTERM);
     child_->wait(5000ms);
     child_.reset();
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);
   }
   uint16_t port() const { return http_port_; }
+  std::string manifest_path() const { return dir_ + "/cluster.toml"; }
   std::string log() const { return child_->log(); }
   bool running() { return child_->running(); }
 
@@ -109,9 +119,8 @@ bool gauge_becomes(uint16_t port, const std::string& name, double value,
 struct Pending {
   http::Connection conn;
   bool sent = false;
-  Pending(uint16_t port, const std::string& body) {
-    sent = conn.connect_to(port) &&
-           conn.send_all(http::request_text("POST", "/v1/completions", body));
+  Pending(uint16_t port, const std::string& body, const std::string& path = "/v1/completions") {
+    sent = conn.connect_to(port) && conn.send_all(http::request_text("POST", path, body));
   }
   // Reads the whole response; returns status and body.
   http::Response finish(std::chrono::milliseconds timeout) {
@@ -315,5 +324,176 @@ TEST_CASE("gateway_ops: long prompts are prepared by their own preparers, with t
   CHECK(bad.status == 400);
   CHECK(bad.body.find("invalid_request_error") != std::string::npos);
   CHECK(prepared("threads") == threads0 + 4);
+  CHECK(node.running());
+}
+
+TEST_CASE("gateway_ops: overload is refused before the stream starts, with Retry-After") {
+  // Decode holds 1 sequence + 1 waiting; the gateway's requests_max stays 1024, so its
+  // running limit must come from decode (2), with 2 more waiting at the gateway.
+  SimNode node("gwops-over", "time_factor = 10\nkv_scale = 0.0078125",
+               "queue_max = 2\nqueue_timeout_ms = 60000",
+               "[decode]\nseqs_max = 1\nwaiting_max = 1\n");
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  constexpr int kEach = 6;  // streaming and non-streaming: 12 requests for 4 places
+  std::vector<std::unique_ptr<Pending>> streams, wholes;
+  for (int i = 0; i < kEach; ++i) {
+    streams.push_back(std::make_unique<Pending>(node.port(), completion(40)));
+    wholes.push_back(
+        std::make_unique<Pending>(node.port(), chat(40, false), "/v1/chat/completions"));
+    REQUIRE(streams.back()->sent);
+    REQUIRE(wholes.back()->sent);
+  }
+  int served = 0, refused = 0;
+  auto check = [&](Pending& p, bool stream) {
+    http::Response r = p.finish(60s);
+    INFO("stream " << stream << ": " << r.status << " " << r.error << "\n" << r.headers << "\n"
+                   << r.body.substr(0, 600));
+    CHECK(r.error.empty());
+    CHECK(r.body.find("waiting queue full") == std::string::npos);
+    if (r.status == 200) {
+      ++served;
+      if (stream) {
+        CHECK(r.body.find("\"error\"") == std::string::npos);
+        CHECK(r.body.find("\"finish_reason\":\"length\"") != std::string::npos);
+        CHECK(r.body.rfind("data: [DONE]") != std::string::npos);
+      } else {
+        json body = json::parse(r.body, nullptr, false);
+        REQUIRE(body.is_object());
+        CHECK(body["choices"][0].value("finish_reason", "") == "length");
+        CHECK(body["usage"].value("completion_tokens", 0) == 40);
+      }
+    } else {
+      ++refused;
+      CHECK((r.status == 429 || r.status == 503));
+      CHECK(r.headers.find("Retry-After: 1") != std::string::npos);
+      CHECK(r.headers.find("text/event-stream") == std::string::npos);  // no stream began
+      json body = json::parse(r.body, nullptr, false);
+      REQUIRE(body.is_object());
+      CHECK(body["error"].value("type", "") != "");
+    }
+  };
+  for (int i = 0; i < kEach; ++i) {
+    check(*streams[i], true);
+    check(*wholes[i], false);
+  }
+  CHECK(served >= 4);   // 2 running + 2 waiting fit
+  CHECK(refused >= 1);  // and the rest did not
+  CHECK(served + refused == 2 * kEach);
+  CHECK(node.running());
+}
+
+TEST_CASE("gateway_ops: a prompt of megabytes gets the context-length 400") {
+  SimNode node("gwops-huge", "time_factor = 0\nkv_scale = 0.0078125", "");
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  std::string text;
+  for (int i = 0; text.size() < (6u << 20); ++i) {
+    text += "Once upon a time there was a little cat number " + std::to_string(i) + ".\n";
+  }
+  json chat_body = {{"model", "stories15M"},
+                    {"max_tokens", 16},
+                    {"messages", json::array({{{"role", "user"}, {"content", text}}})}};
+  json completion_body = {{"model", "stories15M"}, {"prompt", text}};
+  for (const auto& [path, body] :
+       {std::pair{std::string("/v1/chat/completions"), chat_body},
+        std::pair{std::string("/v1/completions"), completion_body},
+        std::pair{std::string("/v1/messages"), chat_body}}) {
+    CAPTURE(path);
+    auto reply = http::post(node.port(), path, body.dump(), 120s);
+    INFO(reply.error << " " << reply.body);
+    CHECK(reply.status == 400);
+    json e = json::parse(reply.body, nullptr, false);
+    REQUIRE(e.is_object());
+    std::string message = e["error"].value("message", "");
+    CHECK(message.find("maximum context length is 2048 tokens") != std::string::npos);
+    CHECK(message.find("more than") != std::string::npos);  // tokenizing stopped early
+    if (path != "/v1/messages") {
+      CHECK(e["error"].value("code", "") == "context_length_exceeded");
+      CHECK(e["error"].value("param", "") == "max_tokens");
+    } else {
+      CHECK(e.value("type", "") == "error");
+      CHECK(e["error"].value("type", "") == "invalid_request_error");
+    }
+  }
+  // The same text within the budget is still counted in full.
+  auto counted = http::post(node.port(), "/v1/messages/count_tokens",
+                            json{{"model", "stories15M"},
+                                 {"messages", json::array({{{"role", "user"},
+                                                            {"content", text.substr(0, 4000)}}})}}
+                                .dump(),
+                            20s);
+  CHECK(counted.status == 200);
+  CHECK(node.running());
+}
+
+TEST_CASE("gateway_ops: SIGTERM ends every open stream with its API's error event") {
+  SimNode node("gwops-term", "time_factor = 10\nkv_scale = 0.0078125", "");
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  const std::string chat_body =
+      R"({"model":"stories15M","messages":[{"role":"user","content":"Once upon a time"}],)"
+      R"("max_tokens":1500,"stream":true})";
+  const std::string responses_body =
+      R"({"model":"stories15M","input":"Once upon a time","max_output_tokens":1500,)"
+      R"("stream":true})";
+  const std::string messages_body =
+      R"({"model":"stories15M","max_tokens":1500,"stream":true,)"
+      R"("messages":[{"role":"user","content":"Once upon a time"}]})";
+  Pending chat_stream(node.port(), chat_body, "/v1/chat/completions");
+  Pending responses_stream(node.port(), responses_body, "/v1/responses");
+  Pending messages_stream(node.port(), messages_body, "/v1/messages");
+  std::vector<std::pair<Pending*, http::Response>> open = {
+      {&chat_stream, {}}, {&responses_stream, {}}, {&messages_stream, {}}};
+  auto deadline = http::Clock::now() + 30s;
+  for (auto& [p, r] : open) {
+    REQUIRE(p->sent);
+    REQUIRE(p->conn.read_head(&r, deadline));
+    REQUIRE(r.status == 200);
+    REQUIRE(p->conn.read_body_some(&r.body, deadline));  // the stream is under way
+  }
+  node.terminate();
+  for (auto& [p, r] : open) {
+    while (p->conn.read_body_some(&r.body, deadline)) {
+    }
+    INFO(r.body.substr(r.body.size() > 800 ? r.body.size() - 800 : 0) << " " << p->conn.error());
+    CHECK(p->conn.body_done());  // the chunked terminator arrived: not cut
+    CHECK(r.body.find("shutting down") != std::string::npos);
+  }
+  const std::string& c = open[0].second.body;
+  CHECK(c.find("data: {\"error\":") != std::string::npos);
+  CHECK(c.size() >= 16);
+  CHECK(c.substr(c.size() - 14) == "data: [DONE]\n\n");
+  const std::string& resp = open[1].second.body;
+  CHECK(resp.find("event: error\n") != std::string::npos);
+  CHECK(resp.find("response.completed") == std::string::npos);
+  const std::string& m = open[2].second.body;
+  CHECK(m.find("event: error\n") != std::string::npos);
+  CHECK(m.find("\"type\":\"overloaded_error\"") != std::string::npos);
+  CHECK(m.find("message_stop") == std::string::npos);
+}
+
+TEST_CASE("gateway_ops: a crashed gateway actor ends its open streams with an error event") {
+  SimNode node("gwops-crash", "time_factor = 10\nkv_scale = 0.0078125", "", "", "sim", true);
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  Pending stream(node.port(),
+                 R"({"model":"stories15M","messages":[{"role":"user","content":"Once"}],)"
+                 R"("max_tokens":1500,"stream":true})",
+                 "/v1/chat/completions");
+  http::Response r;
+  auto deadline = http::Clock::now() + 30s;
+  REQUIRE(stream.sent);
+  REQUIRE(stream.conn.read_head(&r, deadline));
+  REQUIRE(r.status == 200);
+  REQUIRE(stream.conn.read_body_some(&r.body, deadline));
+  RunResult shell = run({tandem_bin(), "shell", "--manifest", node.manifest_path(), "-c",
+                         "debug-crash local local/gateway/gateway"},
+                        20000ms);
+  REQUIRE_MESSAGE(shell.exit_code == 0, shell.output);
+  while (stream.conn.read_body_some(&r.body, deadline)) {
+  }
+  INFO(r.body.substr(r.body.size() > 800 ? r.body.size() - 800 : 0) << " " << stream.conn.error());
+  CHECK(stream.conn.body_done());
+  CHECK(r.body.find("data: {\"error\":") != std::string::npos);
+  CHECK(r.body.find("the gateway actor stopped") != std::string::npos);
+  CHECK(r.body.size() >= 14);
+  CHECK(r.body.substr(r.body.size() - 14) == "data: [DONE]\n\n");
   CHECK(node.running());
 }

@@ -184,6 +184,7 @@ TEST_CASE("reliability: a crashed actor is restarted, /health says so meanwhile,
       {"local/router/router", "router"},
       {"local/prefill/prefill", "prefill"},
       {"local/decode/decode", "decode"},
+      {"local/kv-offload/kv-offload", "kv-offload"},
   };
   for (const auto& [name, role] : victims) {
     INFO("crashing " << name);

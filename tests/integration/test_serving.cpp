@@ -6,11 +6,14 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/support/http_client.hpp"
 #include "tests/support/process.hpp"
@@ -22,8 +25,9 @@ namespace http = tandem::testing::http;
 
 namespace {
 
-// Which processes a cluster runs: every role in one node, or the loopback-3 split.
-enum class Layout { one_node, loopback3 };
+// Which processes a cluster runs: every role in one node, the loopback-3 split, or loopback-3
+// with a second decode node ("decode2").
+enum class Layout { one_node, loopback3, two_decode };
 
 struct NodePorts {
   uint16_t fabric = 0, admin = 0;
@@ -47,7 +51,7 @@ std::string executor(const std::string& name, int device_index = 0, uint32_t kv_
 class ServeCluster {
  public:
   // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default);
-  // fabric_toml: extra lines for the [fabric] section.
+  // fabric_toml: extra lines for the [fabric] section (they may open further sections).
   ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
                std::string fabric_toml = "")
       : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
@@ -65,6 +69,7 @@ class ServeCluster {
 
   std::vector<std::string> node_names() const {
     if (layout_ == Layout::one_node) return {"solo"};
+    if (layout_ == Layout::two_decode) return {"front", "prefill", "decode", "decode2"};
     return {"front", "prefill", "decode"};
   }
   std::string front() const { return layout_ == Layout::one_node ? "solo" : "front"; }
@@ -72,6 +77,11 @@ class ServeCluster {
   std::string decode() const { return layout_ == Layout::one_node ? "solo" : "decode"; }
   uint16_t http_port() const { return http_port_; }
   Child& node(const std::string& name) { return *nodes_.at(name); }
+  // Starts a node again (after it was killed), with the same manifest and log file.
+  void restart(const std::string& name) {
+    nodes_.erase(name);
+    start(name);
+  }
 
   // The node's admin /metrics text ("" when it does not answer).
   std::string metrics(const std::string& name) {
@@ -137,10 +147,15 @@ class ServeCluster {
                                           executor("exec-p") +
                                           executor("exec-d", 1, decode_kv_blocks_));
     }
-    return text + node_text("front", front_roles) +
-           node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
-           node_text("decode", instance("decode", "decode", "exec-d") +
-                                   executor("exec-d", 0, decode_kv_blocks_));
+    text += node_text("front", front_roles) +
+            node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
+            node_text("decode", instance("decode", "decode", "exec-d") +
+                                    executor("exec-d", 0, decode_kv_blocks_));
+    if (layout_ == Layout::two_decode) {
+      text += node_text("decode2", instance("decode", "decode2", "exec-d2") +
+                                       executor("exec-d2", 0, decode_kv_blocks_));
+    }
+    return text;
   }
 
   Layout layout_;
@@ -291,6 +306,9 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     ServeCluster pd(Layout::loopback3, 1);
     REQUIRE_MESSAGE(pd.wait_ready(30000ms), pd.logs());
     double pulled0 = pd.metric("decode", "tandem:kv_pulled_bytes_total");
+    double blocks0 = pd.metric("decode", "tandem:kv_pulled_blocks_total");
+    double failures0 = pd.metric("decode", "tandem:kv_pull_failures_total");
+    double fallbacks0 = pd.metric("decode", "tandem:prefill_fallbacks_total");
     double picks0 = pd.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"");
     for (size_t i = 0; i < prompts().size(); ++i) {
       Completion c = complete(pd.http_port(), prompts()[i], kTokens);
@@ -303,9 +321,18 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     double pulled = pd.metric("decode", "tandem:kv_pulled_bytes_total") - pulled0;
     double picks = pd.metric("front", "tandem_router_picks_total", "kind=\"disaggregated\"") -
                    picks0;
-    MESSAGE("P/D: pulled ", pulled, " KV bytes over ", picks, " disaggregated picks");
-    CHECK(pulled > 0);
+    double blocks = pd.metric("decode", "tandem:kv_pulled_blocks_total") - blocks0;
+    MESSAGE("P/D: pulled ", pulled, " KV bytes in ", blocks, " blocks over ", picks,
+            " disaggregated picks");
     CHECK(picks >= double(prompts().size()));
+    // Every prompt's KV came by RMA: no read failed, no request fell back to local prefill,
+    // and the bytes are exactly whole blocks. stories15M: 6 layers x (K + V) x 288 floats
+    // per token, 16 tokens per block.
+    constexpr double kBlockBytes = 6.0 * 2 * 288 * 4 * 16;
+    CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") - failures0 == 0);
+    CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") - fallbacks0 == 0);
+    CHECK(blocks >= 1);
+    CHECK(pulled == blocks * kBlockBytes);
   }
   SUBCASE("loopback-3, decode-only forced: same text; no disaggregated picks") {
     ServeCluster d(Layout::loopback3, 100000);
@@ -350,6 +377,7 @@ TEST_CASE("serving: a client that disconnects mid-stream frees its KV on prefill
   REQUIRE(eventually(5000ms, [&] { return c.metric(c.decode(), running) == 0; }));
   double prefill0 = c.metric(c.prefill(), kv), decode0 = c.metric(c.decode(), kv);
   double generated0 = c.metric(c.front(), "tandem:generation_tokens_total");
+  double cancelled0 = c.metric(c.decode(), "tandem:requests_cancelled_total");
   MESSAGE("baseline kv usage: prefill ", prefill0, ", decode ", decode0);
 
   const int max_tokens = 200;
@@ -378,9 +406,14 @@ TEST_CASE("serving: a client that disconnects mid-stream frees its KV on prefill
   CHECK_MESSAGE(freed, "kv prefill ", c.metric(c.prefill(), kv), " decode ",
                 c.metric(c.decode(), kv), "; running decode ", c.metric(c.decode(), running),
                 " gateway ", c.metric(c.front(), running));
-  // The generation stopped early: fewer tokens than the request asked for were produced.
+  // The request was still running when the client left, and decode cancelled it (the
+  // counter moves only for a sequence decode still held), so fewer tokens than asked for
+  // were produced.
+  CHECK(in_use);
+  CHECK(c.metric(c.decode(), "tandem:requests_cancelled_total") - cancelled0 == 1);
   double generated = c.metric(c.front(), "tandem:generation_tokens_total") - generated0;
   MESSAGE("tokens generated for the abandoned request: ", generated);
+  CHECK(generated < max_tokens);
   // The cluster still serves.
   Completion after = complete(c.http_port(), "Once upon a time", 8);
   CHECK_MESSAGE(after.error.empty(), after.error);
@@ -392,6 +425,8 @@ TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of d
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
   std::string expected = complete(c.http_port(), "Once upon a time", 16).text;
   REQUIRE(!expected.empty());
+  Completion whole = complete(c.http_port(), "Once upon a time", 200);  // the streamed one's
+  REQUIRE_MESSAGE(whole.error.empty(), whole.error);
 
   c.node("prefill").signal(SIGKILL);
   REQUIRE(c.node("prefill").wait(5000ms) >= 0);
@@ -417,9 +452,16 @@ TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of d
   REQUIRE_MESSAGE(first.has_value(), s.error());
   c.node("decode").signal(SIGKILL);
   auto killed = http::Clock::now();
-  // Every event until the end: an error event, or (a retry) the whole answer, then the end.
+  // Every event until the end: the text so far, then an error event and [DONE] (a token was
+  // sent, so the request cannot be retried elsewhere), or, if decode finished before the
+  // signal landed, the whole answer and [DONE].
   bool error_event = false, done = false;
+  json first_event = json::parse(*first, nullptr, false);
+  REQUIRE_MESSAGE(!first_event.is_discarded(), *first);
   std::string text;
+  if (first_event.contains("choices") && !first_event["choices"].empty()) {
+    text = first_event["choices"][0].value("text", "");
+  }
   while (auto event = s.next(6000ms)) {
     if (*event == "[DONE]") {
       done = true;
@@ -427,14 +469,26 @@ TEST_CASE("serving: SIGKILL of prefill falls back to local prefill; SIGKILL of d
     }
     json j = json::parse(*event, nullptr, false);
     REQUIRE_MESSAGE(!j.is_discarded(), *event);
-    if (j.contains("error")) error_event = true;
+    if (j.contains("error")) {
+      error_event = true;
+      CHECK_MESSAGE(j["error"].value("message", "") != "", *event);
+    } else if (j.contains("choices") && !j["choices"].empty()) {
+      CHECK_MESSAGE(!error_event, "text after the error event: ", *event);
+      text += j["choices"][0].value("text", "");
+    }
   }
   double took_ms = std::chrono::duration<double, std::milli>(http::Clock::now() - killed).count();
   MESSAGE("decode killed: stream ended after ", took_ms, " ms; error event: ", error_event,
-          "; [DONE]: ", done, "; transport: ", s.error());
+          "; [DONE]: ", done, "; ", text.size(), " of ", whole.text.size(),
+          " characters; transport: ", s.error());
   CHECK(took_ms < 5000);
-  // Ending is either an error event, or the socket closing (not a timeout).
-  CHECK_MESSAGE((error_event || s.error().find("timed out") == std::string::npos), s.error());
+  CHECK_MESSAGE(done, "the stream ended without its terminator: ", s.error());
+  if (error_event) {
+    CHECK_MESSAGE(whole.text.rfind(text, 0) == 0, "streamed [", text, "] is not a prefix of [",
+                  whole.text, "]");
+  } else {
+    CHECK(text == whole.text);
+  }
 }
 
 TEST_CASE("serving: the same long prompt twice hits the prefix cache and starts sooner" *
@@ -583,4 +637,173 @@ TEST_CASE("serving: tokens decode cannot send end the stream with an error, neve
     return after.error.empty();
   }));
   CHECK_MESSAGE(after.text == expected[0], after.error);
+}
+
+namespace {
+
+// One streamed request of the kill-under-load test, as its client saw it.
+struct LoadOutcome {
+  enum class Kind { completed, error_status, error_event, transport } kind = Kind::transport;
+  http::Clock::time_point start, first_token, end;
+  bool got_token = false;
+  std::string detail;
+};
+
+// Closed-loop streaming clients: each sends a completion, reads it to its end, and sends the
+// next, until stop(). Every outcome is kept (bounded by the run's length: a few hundred).
+class LoadClients {
+ public:
+  LoadClients(uint16_t port, int clients) {
+    for (int c = 0; c < clients; ++c) {
+      threads_.emplace_back([this, port, c] {
+        for (int i = 0; !stop_.load(); ++i) {
+          LoadOutcome o = one(port, prompts()[static_cast<size_t>(c * 7 + i) % prompts().size()]);
+          // Nothing listens (the front node is down): try again a little later.
+          if (o.kind == LoadOutcome::Kind::transport) std::this_thread::sleep_for(50ms);
+          std::lock_guard lock(mutex_);
+          outcomes_.push_back(std::move(o));
+          if (outcomes_.size() >= 4096) return;  // the test's own bound
+        }
+      });
+    }
+  }
+  ~LoadClients() { stop(); }
+  std::vector<LoadOutcome> stop() {
+    stop_ = true;
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+    std::lock_guard lock(mutex_);
+    return outcomes_;
+  }
+
+ private:
+  static LoadOutcome one(uint16_t port, const std::string& prompt) {
+    LoadOutcome o;
+    o.start = http::Clock::now();
+    http::SseStream s(port, "/v1/completions", completion_body(prompt, 48, true).dump(), 30000ms);
+    auto finish = [&](LoadOutcome::Kind kind, std::string detail) {
+      o.kind = kind;
+      o.detail = std::move(detail);
+      o.end = http::Clock::now();
+      return o;
+    };
+    if (!s.ok()) return finish(LoadOutcome::Kind::transport, s.error());
+    if (s.status() != 200) {
+      return finish(LoadOutcome::Kind::error_status,
+                    std::to_string(s.status()) + " " + s.pending_text());
+    }
+    bool error_event = false;
+    std::string error_text;
+    while (auto event = s.next(30000ms)) {
+      if (*event == "[DONE]") {
+        return error_event ? finish(LoadOutcome::Kind::error_event, error_text)
+                           : finish(LoadOutcome::Kind::completed, "");
+      }
+      json j = json::parse(*event, nullptr, false);
+      if (j.is_discarded()) return finish(LoadOutcome::Kind::transport, "bad event " + *event);
+      if (j.contains("error")) {
+        error_event = true;
+        error_text = *event;
+      } else if (j.contains("choices") && !j["choices"].empty() && !o.got_token &&
+                 !j["choices"][0].value("text", "").empty()) {
+        o.got_token = true;
+        o.first_token = http::Clock::now();
+      }
+    }
+    if (error_event) return finish(LoadOutcome::Kind::error_event, error_text + " (no [DONE])");
+    return finish(LoadOutcome::Kind::transport, "stream cut: " + s.error());
+  }
+
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::vector<LoadOutcome> outcomes_;
+  std::vector<std::thread> threads_;
+};
+
+double ms_between(http::Clock::time_point a, http::Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each ends in tokens "
+          "or an explicit error, and one not started yet is served elsewhere" *
+          doctest::timeout(600)) {
+  // Membership: heartbeats every 100 ms, down after 5 missed (detection ~0.5 s). A request
+  // "hangs" when it has not ended 20 s after the kill (its client's read deadline is 30 s).
+  const double hang_ms = 20000;
+  std::string kill;
+  SUBCASE("prefill") { kill = "prefill"; }
+  SUBCASE("one of two decode nodes") { kill = "decode"; }
+  SUBCASE("the front node (gateway and router)") { kill = "front"; }
+  REQUIRE(!kill.empty());
+  // Two sequences per decode instance and six clients: at any time some requests wait at
+  // decode or at the gateway with no token yet, the ones a kill must not fail.
+  ServeCluster c(Layout::two_decode, 1, 0, "[decode]\nseqs_max = 2\n");
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+
+  LoadClients load(c.http_port(), 6);
+  std::this_thread::sleep_for(2500ms);
+  auto killed = http::Clock::now();
+  c.node(kill).signal(SIGKILL);
+  REQUIRE(c.node(kill).wait(5000ms) >= 0);
+  std::this_thread::sleep_for(4000ms);
+  std::vector<LoadOutcome> outcomes = load.stop();
+  INFO(c.logs());
+
+  int completed = 0, errors = 0, hangs = 0, in_flight = 0, retried_ok = 0;
+  double last_end_ms = 0;  // the latest end of a request in flight at the kill, after the kill
+  for (const LoadOutcome& o : outcomes) {
+    bool at_kill = o.start <= killed && o.end >= killed;
+    if (at_kill) {
+      ++in_flight;
+      last_end_ms = std::max(last_end_ms, ms_between(killed, o.end));
+    }
+    if (ms_between(std::max(o.start, killed), o.end) > hang_ms ||
+        o.detail.find("timed out") != std::string::npos) {
+      ++hangs;
+      MESSAGE("hang: ", o.detail);
+    }
+    if (o.kind == LoadOutcome::Kind::completed) {
+      ++completed;
+      // In flight at the kill with no token yet: it was served (retried elsewhere, or its
+      // prefill fell back) rather than failed.
+      if (at_kill && (!o.got_token || o.first_token > killed)) ++retried_ok;
+      continue;
+    }
+    ++errors;
+    bool token_before_kill = o.got_token && o.first_token <= killed;
+    if (kill == "front") {
+      // The gateway itself died: its clients see the connection cut or refused.
+      CHECK_MESSAGE(o.kind == LoadOutcome::Kind::transport, o.detail);
+      CHECK_MESSAGE(o.end >= killed, "failed before the kill: ", o.detail);
+    } else if (kill == "decode") {
+      // Only a stream that already had tokens from the dead decode may fail, and it says so.
+      CHECK_MESSAGE(o.kind == LoadOutcome::Kind::error_event, o.detail);
+      CHECK_MESSAGE(token_before_kill, "failed without having streamed: ", o.detail);
+    } else {
+      FAIL_CHECK("prefill down must cost no request: ", o.detail);
+    }
+  }
+  MESSAGE("kill ", kill, ": ", outcomes.size(), " requests, ", completed, " completed, ", errors,
+          " explicit errors, ", in_flight, " in flight at the kill (", retried_ok,
+          " of them served without a token before it); the last of those ended ", last_end_ms,
+          " ms after the kill");
+  CHECK(hangs == 0);
+  CHECK(in_flight >= 1);
+  if (kill != "front") {
+    // The cluster kept serving: requests sent after the kill completed.
+    int after = 0;
+    for (const LoadOutcome& o : outcomes) {
+      if (o.start > killed + 1500ms && o.kind == LoadOutcome::Kind::completed) ++after;
+    }
+    CHECK(after >= 1);
+    Completion again = complete(c.http_port(), "Once upon a time", 8);
+    CHECK_MESSAGE(again.error.empty(), again.error);
+  } else {
+    // The front node starts again and serves (the other nodes rejoin it).
+    c.restart("front");
+    CHECK_MESSAGE(c.wait_ready(30000ms), c.logs());
+  }
 }

@@ -66,3 +66,15 @@ TEST_CASE("decode_health: reports of unknown or non-decode instances are ignored
   h.node_up("n9", true);  // unknown node: ignored
   CHECK_FALSE(h.healthy());
 }
+
+TEST_CASE("decode_health: ready_count counts the instances that can serve") {
+  DecodeHealth h("n0", {{"n0", "decode"}, {"n1", "decode"}});
+  CHECK(h.ready_count() == 0);
+  h.report("n0/decode/decode", true, "");
+  CHECK(h.ready_count() == 1);
+  h.report("n1/decode/decode", true, "");
+  h.node_up("n1", true);
+  CHECK(h.ready_count() == 2);
+  h.node_up("n1", false);
+  CHECK(h.ready_count() == 1);
+}

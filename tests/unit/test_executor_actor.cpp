@@ -1,12 +1,16 @@
 // The executor actor over a sim device: a modelled pass (time_factor > 0) is answered at its
 // modelled end, passes asked for back to back end one after another, and the actor holds no
-// thread meanwhile (it answers other messages while a pass is pending).
+// thread meanwhile (it answers other messages while a pass is pending). Timing runs on CAF's
+// test coordinator: virtual time, advanced by the test, so nothing depends on the machine's
+// speed or load.
 #include <doctest.h>
 
 #include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "actors/executor/executor_actor.hpp"
@@ -32,28 +36,45 @@ std::string manifest_text(double time_factor, int step_us) {
   return text;
 }
 
+// The executor in an actor system on CAF's test coordinator (scheduler.policy = testing):
+// no worker threads, messages run when the test calls run(), and time moves only when the
+// test advances it.
 struct Harness {
   explicit Harness(double time_factor, int step_us)
       : manifest(testing::parse_manifest_or_fail(manifest_text(time_factor, step_us))),
-        system(testing::tandem_actor_config(cfg)),
+        system(testing_config(cfg)),
+        sched(dynamic_cast<caf::scheduler::test_coordinator&>(system.scheduler())),
         local(manifest, "local") {
     actors::ShellContext ctx{&manifest, local.bridge.get(), local.log, &registry, {}};
     executor = actors::spawn_executor(system, ctx, *manifest.find_executor("ed"));
+    sched.run();
     local.bridge->set_ready();
   }
   // The executor's KV registration must end before the bridge's fabric does (as in a node).
   ~Harness() {
-    caf::scoped_actor self{system};
-    self->send_exit(executor, caf::exit_reason::user_shutdown);
-    self->wait_for(executor);
+    caf::anon_send_exit(executor, caf::exit_reason::user_shutdown);
+    sched.run();
   }
+  static caf::actor_system_config& testing_config(caf::actor_system_config& c) {
+    testing::tandem_actor_config(c);
+    c.set("scheduler.policy", caf::atom("testing"));
+    return c;
+  }
+  Clock::time_point now() const { return sched.clock().now(); }
 
   config::Manifest manifest;
   caf::actor_system_config cfg;
   caf::actor_system system;
+  caf::scheduler::test_coordinator& sched;
   testing::LocalBridge local;
   obs::Registry registry;
   caf::actor executor;
+};
+
+// What a client of the executor saw: each answer and the virtual time it arrived.
+struct Answers {
+  std::optional<Clock::time_point> info_at, first_at, second_at;
+  std::optional<actors::ExecResult> first, second;
 };
 
 actors::ExecBatch prefill_batch(uint64_t seq) {
@@ -62,68 +83,88 @@ actors::ExecBatch prefill_batch(uint64_t seq) {
   return {actors::ExecKind::prefill, batch, nullptr};
 }
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 }  // namespace
 
 TEST_CASE("executor over sim, time_factor 1: answers at the modelled end, one pass at a time, "
           "without holding a thread") {
-  constexpr double step_s = 0.060;  // far above the host work of a 3-token pass
+  constexpr double step_s = 0.060;  // the modelled pass: dominated by the fixed overhead
   Harness h(1.0, static_cast<int>(step_s * 1e6));
-  caf::scoped_actor self{h.system};
-  self->request(h.executor, caf::infinite, actors::atoms::exec_info::value)
-      .receive([&](const actors::ExecInfo& info) { REQUIRE_MESSAGE(info.ok, info.error); },
-               [&](caf::error& e) { FAIL(to_string(e)); });
+  auto seen = std::make_shared<Answers>();
+  auto t0 = h.now();
+  auto exec = h.executor;
+  h.system.spawn([seen, exec](caf::event_based_actor* self) {
+    self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(1))
+        .then([=](const actors::ExecResult& r) {
+          seen->first_at = self->clock().now();
+          seen->first = r;
+        });
+    self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(2))
+        .then([=](const actors::ExecResult& r) {
+          seen->second_at = self->clock().now();
+          seen->second = r;
+        });
+    self->request(exec, caf::infinite, actors::atoms::exec_info::value)
+        .then([=](const actors::ExecInfo& info) {
+          CHECK_MESSAGE(info.ok, info.error);
+          seen->info_at = self->clock().now();
+        });
+  });
+  h.sched.run();
+  // Both passes are pending and the executor answered exec_info at once: no thread is held,
+  // and no virtual time has passed.
+  REQUIRE(seen->info_at.has_value());
+  CHECK(*seen->info_at == t0);
+  CHECK_FALSE(seen->first.has_value());
+  CHECK_FALSE(seen->second.has_value());
 
-  auto t0 = Clock::now();
-  auto first = self->request(h.executor, caf::infinite, actors::atoms::exec_run::value,
-                             prefill_batch(1));
-  auto second = self->request(h.executor, caf::infinite, actors::atoms::exec_run::value,
-                              prefill_batch(2));
-  auto info = self->request(h.executor, caf::infinite, actors::atoms::exec_info::value);
-  // While both passes are pending the executor answers at once: no thread is held.
-  Clock::time_point t_info, t_first, t_second;
-  info.receive([&](const actors::ExecInfo&) { t_info = Clock::now(); },
-               [&](caf::error& e) { FAIL(to_string(e)); });
-  Clock::time_point ready_first, ready_second;
-  first.receive(
-      [&](const actors::ExecResult& r) {
-        t_first = Clock::now();
-        REQUIRE_MESSAGE(r.ok, r.error);
-        REQUIRE(r.output->seqs.size() == 1);
-        CHECK(r.output->seqs[0].seq_id == 1);
-        ready_first = r.output->ready_at;
-      },
-      [&](caf::error& e) { FAIL(to_string(e)); });
-  second.receive(
-      [&](const actors::ExecResult& r) {
-        t_second = Clock::now();
-        REQUIRE_MESSAGE(r.ok, r.error);
-        CHECK(r.output->seqs[0].seq_id == 2);
-        ready_second = r.output->ready_at;
-      },
-      [&](caf::error& e) { FAIL(to_string(e)); });
-  CHECK(seconds(t_info - t0) < step_s / 2);
-  // Answered no earlier than the modelled end; the second pass starts when the first ends.
-  CHECK(t_first >= ready_first);
-  CHECK(t_second >= ready_second);
-  CHECK(seconds(ready_first - t0) >= step_s);
-  CHECK(seconds(ready_second - ready_first) >= step_s);
-  CHECK(seconds(t_second - t0) >= 2 * step_s);
+  // Just before the first pass's modelled end nothing is answered; at its end, the first.
+  h.sched.advance_time(std::chrono::microseconds(static_cast<int>(step_s * 1e6) - 1));
+  h.sched.run();
+  CHECK_FALSE(seen->first.has_value());
+  while (!seen->first.has_value() && h.sched.clock().has_pending_timeout()) {
+    h.sched.trigger_timeout();
+    h.sched.run();
+  }
+  REQUIRE(seen->first.has_value());
+  REQUIRE_MESSAGE(seen->first->ok, seen->first->error);
+  REQUIRE(seen->first->output->seqs.size() == 1);
+  CHECK(seen->first->output->seqs[0].seq_id == 1);
+  Clock::time_point ready_first = seen->first->output->ready_at;
+  CHECK(*seen->first_at == ready_first);  // answered at its modelled end, not before
+  CHECK(ready_first - t0 >= std::chrono::microseconds(static_cast<int>(step_s * 1e6)));
+  CHECK_FALSE(seen->second.has_value());  // the device runs one pass at a time
+
+  while (!seen->second.has_value() && h.sched.clock().has_pending_timeout()) {
+    h.sched.trigger_timeout();
+    h.sched.run();
+  }
+  REQUIRE(seen->second.has_value());
+  REQUIRE_MESSAGE(seen->second->ok, seen->second->error);
+  CHECK(seen->second->output->seqs[0].seq_id == 2);
+  Clock::time_point ready_second = seen->second->output->ready_at;
+  CHECK(*seen->second_at == ready_second);
+  // The second pass started when the first ended.
+  CHECK(ready_second - ready_first >= std::chrono::microseconds(static_cast<int>(step_s * 1e6)));
 }
 
 TEST_CASE("executor over sim, time_factor 0: a pass is answered at once") {
   Harness h(0.0, 60000);
-  caf::scoped_actor self{h.system};
-  auto t0 = Clock::now();
-  self->request(h.executor, caf::infinite, actors::atoms::exec_run::value, prefill_batch(1))
-      .receive(
-          [&](const actors::ExecResult& r) {
-            REQUIRE_MESSAGE(r.ok, r.error);
-            CHECK(r.output->ready_at == Clock::time_point{});
-          },
-          [&](caf::error& e) { FAIL(to_string(e)); });
-  CHECK(seconds(Clock::now() - t0) < 0.060);
+  auto seen = std::make_shared<Answers>();
+  auto t0 = h.now();
+  auto exec = h.executor;
+  h.system.spawn([seen, exec](caf::event_based_actor* self) {
+    self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(1))
+        .then([=](const actors::ExecResult& r) {
+          seen->first_at = self->clock().now();
+          seen->first = r;
+        });
+  });
+  h.sched.run();  // no time advanced, no timer triggered
+  REQUIRE(seen->first.has_value());
+  REQUIRE_MESSAGE(seen->first->ok, seen->first->error);
+  CHECK(seen->first->output->ready_at == Clock::time_point{});
+  CHECK(*seen->first_at == t0);
+  CHECK_FALSE(h.sched.clock().has_pending_timeout());
 }
 
 TEST_CASE("device_spec: an executor's own sim values override [sim]") {

@@ -154,6 +154,55 @@ std::vector<BadCase> bad_cases() {
        "requires tools"},
       {messages, "{" + AU + U + R"(,"tool_choice":{"type":"sometimes"}})", "tool_choice.type",
        "'sometimes'"},
+      // ---- fields accepted and ignored are still type-checked (issue 12) ----
+      {chat, "{" + M + U + R"(,"user":5})", "user", "user must be a string, got number"},
+      {chat, "{" + M + U + R"(,"metadata":"x"})", "metadata", "metadata must be an object"},
+      {chat, "{" + M + U + R"(,"parallel_tool_calls":"yes"})", "parallel_tool_calls",
+       "must be a boolean, got string"},
+      {chat, "{" + M + U + R"(,"store":1})", "store", "must be a boolean"},
+      {chat, "{" + M + U + R"(,"seed":1.5})", "seed", "must be an integer, got 1.5"},
+      {chat, "{" + M + U + R"(,"seed":"7"})", "seed", "must be an integer, got string"},
+      {chat, "{" + M + U + R"(,"service_tier":1})", "service_tier", "must be a string"},
+      {chat, "{" + M + U + R"(,"prompt_cache_key":[]})", "prompt_cache_key", "must be a string"},
+      {chat, "{" + M + U + R"(,"response_format":"json"})", "response_format",
+       "must be an object"},
+      {chat, "{" + M + U + R"(,"logit_bias":[1]})", "logit_bias", "must be an object"},
+      {completions, R"({"model":"m","prompt":"x","user":{}})", "user", "must be a string"},
+      {responses, R"({"model":"m","input":"x","user":1})", "user", "must be a string"},
+      {responses, R"({"model":"m","input":"x","metadata":[]})", "metadata", "must be an object"},
+      {responses, R"({"model":"m","input":"x","parallel_tool_calls":0})", "parallel_tool_calls",
+       "must be a boolean"},
+      {responses, R"({"model":"m","input":"x","store":"false"})", "store", "must be a boolean"},
+      {responses, R"({"model":"m","input":"x","truncation":true})", "truncation",
+       "must be a string"},
+      {responses, R"({"model":"m","input":"x","max_tool_calls":2.5})", "max_tool_calls",
+       "must be an integer"},
+      {responses, R"({"model":"m","input":"x","service_tier":5})", "service_tier",
+       "must be a string"},
+      {messages, "{" + AU + U + R"(,"metadata":"x"})", "metadata", "must be an object"},
+      {messages, "{" + AU + U + R"(,"metadata":{"user_id":5}})", "metadata.user_id",
+       "must be a string"},
+      {messages, "{" + AU + U + R"(,"top_k":1.5})", "top_k", "must be an integer"},
+      {messages, "{" + AU + U + R"(,"top_k":"5"})", "top_k", "must be an integer"},
+      {messages, "{" + AU + U + R"(,"service_tier":1})", "service_tier", "must be a string"},
+      // ---- malformed Anthropic tools are 400s, never dropped ----
+      {messages, "{" + AU + U + R"(,"tools":{"name":"f"}})", "tools", "must be an array"},
+      {messages, "{" + AU + U + R"(,"tools":[{"input_schema":{"type":"object"}}]})",
+       "tools[0].name", "required"},
+      {messages, "{" + AU + U + R"(,"tools":[{"name":"f","input_schema":"object"}]})",
+       "tools[0].input_schema", "must be an object"},
+      {messages, "{" + AU + U + R"(,"tools":[{"name":5,"input_schema":{}}]})", "tools[0].name",
+       "must be a string"},
+      {messages, "{" + AU + U + R"(,"tools":["f"]})", "tools[0]", "must be an object"},
+      // An OpenAI-shaped tool sent to /v1/messages is a mistake, not a server tool.
+      {messages,
+       "{" + AU + U +
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]})",
+       "tools[0].name", "required"},
+      {messages, "{" + AU + U + R"(,"tools":[{"type":"function","name":"f"}]})",
+       "tools[0].type", "must be 'custom' or a server tool type"},
+      {messages, "{" + AU + U + R"(,"tools":[{"type":"web_search_20250305"}]})",
+       "tools[0].name", "required"},
   };
 }
 
@@ -172,6 +221,25 @@ TEST_CASE("invalid requests: 400 invalid_request_error naming the field, for eve
     CHECK(r.error().code == c.code);
     CHECK(r.error().message.find(c.message_part) != std::string::npos);
   }
+}
+
+TEST_CASE("ignored fields with the right type are accepted; server tools are skipped") {
+  CHECK(parse_request(chat, "{" + M + U +
+                                R"(,"user":"u","metadata":{"k":"v"},"parallel_tool_calls":false,)"
+                                R"("store":false,"seed":3,"service_tier":"auto",)"
+                                R"("response_format":{"type":"text"},"logit_bias":null})")
+            .ok());
+  CHECK(parse_request(responses, R"({"model":"m","input":"x","user":"u","metadata":{},)"
+                                 R"("parallel_tool_calls":true,"store":false,"truncation":"auto",)"
+                                 R"("max_tool_calls":3,"text":{"format":{"type":"text"}}})")
+            .ok());
+  auto spec = parse_request(
+      messages, "{" + AU + U +
+                    R"(,"metadata":{"user_id":"u"},"top_k":5,"service_tier":"auto","tools":[)"
+                    R"({"type":"web_search_20250305","name":"web_search","max_uses":5},)"
+                    R"({"name":"f","input_schema":{"type":"object"}}]})");
+  REQUIRE(spec.ok());
+  CHECK(spec.value().conversation.tools_json.size() == 1);  // the server tool is ignored
 }
 
 TEST_CASE("count_tokens does not require max_tokens; messages does") {
@@ -467,4 +535,29 @@ TEST_CASE("context length: reject with both numbers; unset max tokens fill the c
   ApiResult<int64_t> full = check_context_length(open, 204800, 204800);
   REQUIRE_FALSE(full.ok());
   CHECK(full.error().param == "messages");
+}
+
+TEST_CASE("context length: the capped-encode budget and the 400 for a prompt cut short") {
+  GenerateSpec spec = parse_chat_request(R"({"model":"m",)" + U + R"(,"max_tokens":1000})").value();
+  CHECK(prompt_tokens_max(spec, 204800) == 203800);
+  // The budget is the largest prompt check_context_length accepts.
+  CHECK(check_context_length(spec, prompt_tokens_max(spec, 204800), 204800).ok());
+  CHECK_FALSE(check_context_length(spec, prompt_tokens_max(spec, 204800) + 1, 204800).ok());
+  GenerateSpec open = parse_chat_request(R"({"model":"m",)" + U + "}").value();
+  CHECK(prompt_tokens_max(open, 204800) == 204799);
+  CHECK(check_context_length(open, prompt_tokens_max(open, 204800), 204800).ok());
+  CHECK_FALSE(check_context_length(open, prompt_tokens_max(open, 204800) + 1, 204800).ok());
+  GenerateSpec huge =
+      parse_chat_request(R"({"model":"m",)" + U + R"(,"max_tokens":999999})").value();
+  CHECK(prompt_tokens_max(huge, 204800) == 0);
+
+  ApiError e = prompt_too_long(spec, 203900, 204800);
+  CHECK(e.http_status == 400);
+  CHECK(e.code == "context_length_exceeded");
+  CHECK(e.param == "max_tokens");
+  CHECK(e.message.find("maximum context length is 204800") != std::string::npos);
+  CHECK(e.message.find("more than 203900 tokens") != std::string::npos);
+  ApiError m = prompt_too_long(open, 300000, 204800);
+  CHECK(m.param == "messages");
+  CHECK(m.message.find("Shorten the prompt") != std::string::npos);
 }

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/node_metrics.hpp"
 #include "tests/support/local_bridge.hpp"
 #include "tests/support/process.hpp"
 
@@ -112,4 +114,18 @@ TEST_CASE("node actor: a late subscriber learns the peers that are already up") 
   late->receive([&](const runtime::MembershipEvent&) { extra = true; },
                 caf::after(300ms) >> [] {});
   CHECK_FALSE(extra);
+}
+
+TEST_CASE("read_process_memory: VmRSS and VmHWM in bytes; the peak follows touched memory") {
+  auto before = runtime::read_process_memory();
+  REQUIRE(before.has_value());
+  CHECK(before->rss_bytes > 0);
+  CHECK(before->rss_bytes <= before->peak_rss_bytes);
+  // Touch 64 MiB more than the peak so far: the peak must grow by most of it.
+  size_t bytes = (64u << 20) + before->peak_rss_bytes;
+  std::vector<char> block(bytes, 1);
+  auto after = runtime::read_process_memory();
+  REQUIRE(after.has_value());
+  CHECK(after->peak_rss_bytes >= before->peak_rss_bytes + (56u << 20));
+  CHECK(block[bytes / 2] == 1);
 }

@@ -526,3 +526,19 @@ TEST_CASE("load_tokenizer: paths, directories and missing files") {
   fs::remove_all(gpt2);
   fs::remove_all(bin);
 }
+
+TEST_CASE("encode_capped (llama2.c): exact under the cap, early stop over it") {
+  auto tokenizer = stories_tokenizer();
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "Once upon a time there was a cat number " +
+                                          std::to_string(i) + ".\nIt liked fish.\n";
+  const std::vector<int32_t> full = tokenizer->encode(text, true);
+  auto under = tokenizer->encode_capped(text, true, full.size());
+  CHECK_FALSE(under.exceeded);
+  CHECK(under.ids == full);
+  auto over = tokenizer->encode_capped(text, true, 300);
+  CHECK(over.exceeded);
+  CHECK(over.ids.size() > 300 + Tokenizer::cut_margin_tokens);
+  CHECK(over.text_bytes_encoded < text.size() / 10);
+  CHECK(tokenizer->encode_capped(text, true, full.size() - 1).exceeded);
+}

