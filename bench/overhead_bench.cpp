@@ -50,7 +50,8 @@ std::string manifest_text(const std::string& model_dir, uint16_t http_port,
                           const std::string& gateway_extra = "") {
   std::string t = "[cluster]\nname = \"overhead\"\n[model]\nname = \"stories15M\"\npath = \"" +
                   model_dir + "\"\nblock_tokens = 16\nmax_model_tokens = 4096\n"
-                  "[gateway]\nrequests_max = 4096\n" + gateway_extra +
+                  "[gateway]\nrequests_max = 4096\nconnections_per_client_max = 4096\n" +
+                  gateway_extra +
                   "[decode]\nwaiting_max = 4096\nseqs_max = 1024\nstep_tokens_max = 4096\n"
                   "[prefill]\nqueue_max = 4096\nrunning_max = 256\nheld_max = 1024\n[sim]\n";
   for (const auto& [k, v] : kSim) {
@@ -684,6 +685,7 @@ int run_overhead_bench(cli::Args args) {
   std::optional<HttpEndpoint> floor;
   if (!f.has("no-floor")) {
     gateway::HttpLimits limits;
+    limits.connections_per_client_max = limits.connections_max;  // every stream is from loopback
     floor_server.emplace("127.0.0.1", 0, limits, floor_handler);
     if (Status st = floor_server->start(); !st.ok()) {
       std::fprintf(stderr, "tandem bench overhead: floor: %s\n", st.error().describe().c_str());

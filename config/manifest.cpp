@@ -598,8 +598,9 @@ void Loader::read_speculative(const toml::table& table) {
 void Loader::read_gateway(const toml::table& table) {
   TableReader reader(sink_, table, "gateway",
                      {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
-                      "request_timeout_ms", "queue_timeout_ms", "cache_secret", "preparers",
-                      "long_prompt_preparers", "long_prompt_bytes"});
+                      "request_timeout_ms", "queue_timeout_ms", "header_timeout_ms",
+                      "body_timeout_ms", "connections_per_client_max", "cache_secret",
+                      "preparers", "long_prompt_preparers", "long_prompt_bytes"});
   GatewaySection& gateway = manifest_.gateway;
   read_api_keys(reader);
   reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
@@ -608,6 +609,9 @@ void Loader::read_gateway(const toml::table& table) {
   reader.read_int("queue_max", 0, 1000000, gateway.queue_max);
   reader.read_int("request_timeout_ms", 1000, 86400000, gateway.request_timeout_ms);
   reader.read_int("queue_timeout_ms", 100, 86400000, gateway.queue_timeout_ms);
+  reader.read_int("header_timeout_ms", 100, 3600000, gateway.header_timeout_ms);
+  reader.read_int("body_timeout_ms", 100, 86400000, gateway.body_timeout_ms);
+  reader.read_int("connections_per_client_max", 1, 100000, gateway.connections_per_client_max);
   reader.read_string("cache_secret", gateway.cache_secret);
   reader.read_int("preparers", 1, 64, gateway.preparers);
   reader.read_int("long_prompt_preparers", 1, 64, gateway.long_prompt_preparers);

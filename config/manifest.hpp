@@ -121,6 +121,12 @@ struct GatewaySection {
   uint32_t queue_max = 4096;             // requests waiting for admission; beyond: 429
   uint32_t request_timeout_ms = 600000;  // a request that produced nothing for this long fails
   uint32_t queue_timeout_ms = 30000;     // a request waiting for admission this long gets 503
+  // Slow clients: a request's head must arrive within header_timeout_ms (from its first byte;
+  // the first request of a connection from the accept), its body within body_timeout_ms of
+  // the head's end; else 408 and close.
+  uint32_t header_timeout_ms = 15000;
+  uint32_t body_timeout_ms = 60000;
+  uint32_t connections_per_client_max = 256;  // open HTTP connections per peer IP
   std::string cache_secret;              // block-hash key; "" = derived from the cluster name
   // Actors that parse, tokenize and hash requests in parallel on the node's workers; 0 =
   // the node's workers, clamped to 2..16 (gateway_preparers()).

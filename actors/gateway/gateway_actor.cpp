@@ -1423,6 +1423,9 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   gateway::HttpLimits limits;
   limits.body_bytes_max = m.gateway.body_bytes_max;
   limits.connections_max = m.gateway.connections_max;
+  limits.connections_per_client_max = m.gateway.connections_per_client_max;
+  limits.header_timeout_ms = m.gateway.header_timeout_ms;
+  limits.body_timeout_ms = m.gateway.body_timeout_ms;
   if (Status s = service->start(node->host, *node->http_port, limits); !s.ok()) return s.error();
   ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {}; "
                 "preparers: {} on the workers, {} with threads for bodies over {} bytes)",

@@ -1,5 +1,7 @@
 #include "actors/gateway/http_server.hpp"
 
+#include "actors/gateway/http_framing.hpp"
+
 #include <arpa/inet.h>
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
@@ -12,30 +14,20 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <algorithm>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 
 namespace tandem::gateway {
 
 namespace {
 
-// Pending rejections (503 + close) in flight at once; beyond this, excess connections are
-// closed without an answer.
-constexpr uint32_t rejections_in_flight_max = 64;
 // Accept failures (e.g. out of file descriptors) retry after this delay.
 constexpr auto accept_retry_delay = 100 * kj::MILLISECONDS;
 constexpr auto idle_peek_interval = 100 * kj::MILLISECONDS;  // closed_while_idle()
-
-bool ascii_iequal(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i] >= 'A' && a[i] <= 'Z' ? static_cast<char>(a[i] + 32) : a[i];
-    char y = b[i] >= 'A' && b[i] <= 'Z' ? static_cast<char>(b[i] + 32) : b[i];
-    if (x != y) return false;
-  }
-  return true;
-}
 
 kj::StringPtr status_text(uint32_t status) {
   switch (status) {
@@ -150,6 +142,40 @@ std::string peer_address(kj::AsyncIoStream& connection) {
     return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
   }
   return "unknown";
+}
+
+// The shape of the server's own error answers: OpenAI-style, or Anthropic-style under
+// /v1/messages* (the path as far as it is known; "" = unknown, OpenAI shape).
+bool anthropic_path(std::string_view path) {
+  return path.rfind("/v1/messages", 0) == 0;
+}
+
+std::string server_error_body(uint32_t status, std::string_view message, std::string_view code,
+                              std::string_view path) {
+  RT_ASSERT(status >= 400 && status <= 599, "server errors are errors", status);
+  RT_ASSERT(!message.empty(), "an error without a message");
+  if (anthropic_path(path)) {
+    std::string_view type = status == 413   ? "request_too_large"
+                            : status == 503 ? "overloaded_error"
+                            : status >= 500 ? "api_error"
+                                            : "invalid_request_error";
+    return anthropic_error_body(message, type);
+  }
+  std::string_view type = status == 503   ? "server_overloaded"
+                          : status >= 500 ? "server_error"
+                                          : "invalid_request_error";
+  return error_body(message, type, code);
+}
+
+// A complete HTTP/1.1 error answer with Connection: close, for answers the server writes to
+// the socket itself (outside kj's response machinery).
+std::string raw_error_answer(uint32_t status, std::string_view body, bool retry_after) {
+  RT_ASSERT(status >= 400 && status <= 599, "raw answers are errors", status);
+  std::string text = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status).cStr() +
+                     "\r\nContent-Type: application/json\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\nConnection: close\r\n";
+  if (retry_after) text += "Retry-After: 1\r\n";
+  return text + "\r\n" + std::string(body);
 }
 
 }  // namespace
@@ -453,9 +479,17 @@ struct HttpServer::Shared {
 // request promise; destroyed when the response finished or the connection went away.
 class Exchange {
  public:
+  // `close_after`: the connection closes after this response; `close_hint`: the loop's flag
+  // that tells kj so while the headers are sent.
   Exchange(kj::HttpService::Response& response, const kj::HttpHeaderTable& table,
-           kj::AsyncIoStream& connection, std::shared_ptr<ResponseStream::Core> core)
-      : response_(response), table_(table), connection_(connection), core_(std::move(core)) {
+           kj::AsyncIoStream& connection, std::shared_ptr<ResponseStream::Core> core,
+           bool close_after, bool& close_hint)
+      : response_(response),
+        table_(table),
+        connection_(connection),
+        core_(std::move(core)),
+        close_after_(close_after),
+        close_hint_(close_hint) {
     RT_ASSERT(core_->exchange == nullptr, "stream already has an exchange");
     core_->exchange = this;
   }
@@ -483,6 +517,8 @@ class Exchange {
   const kj::HttpHeaderTable& table_;
   kj::AsyncIoStream& connection_;
   std::shared_ptr<ResponseStream::Core> core_;
+  const bool close_after_;
+  bool& close_hint_;
   kj::Own<kj::AsyncOutputStream> body_;
   kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> waiting_;
   bool finished_ = false;
@@ -516,7 +552,10 @@ kj::Own<kj::AsyncOutputStream> Exchange::begin(const StreamOp& op) {
   }
   kj::Maybe<uint64_t> length = nullptr;
   if (op.kind == StreamOp::Kind::start_whole) length = op.content_length;
-  return response_.send(op.status, status_text(op.status), headers, length);
+  close_hint_ = close_after_;
+  auto body = response_.send(op.status, status_text(op.status), headers, length);
+  close_hint_ = false;
+  return body;
 }
 
 kj::Promise<void> Exchange::apply(std::shared_ptr<std::vector<StreamOp>> ops, size_t index) {
@@ -569,15 +608,21 @@ class ErrorAnswers final : public kj::HttpServerErrorHandler {
   kj::Promise<void> handleClientProtocolError(kj::HttpHeaders::ProtocolError error,
                                               kj::HttpService::Response& response) override {
     std::string message = "malformed HTTP request: " + std::string(error.description.cStr());
-    return answer(response, error.statusCode,
-                  error_body(message, "invalid_request_error", "bad_http"));
+    uint32_t status = error.statusCode >= 400 && error.statusCode <= 599 ? error.statusCode : 400;
+    return answer(response, status,
+                  server_error_body(status, message, "bad_http", raw_path(error.rawContent)));
   }
+  // Reached only for failures outside the service (the framing checks run before kj reads a
+  // body, and the service answers its own failures), so the path is unknown: OpenAI shape.
+  // kj's description goes to the log, not to the client.
   kj::Promise<void> handleApplicationError(
       kj::Exception exception, kj::Maybe<kj::HttpService::Response&> response) override {
     if (exception.getType() == kj::Exception::Type::DISCONNECTED) return kj::READY_NOW;
+    std::fprintf(stderr, "gateway http: request failed: %s\n", exception.getDescription().cStr());
     KJ_IF_MAYBE (r, response) {
-      std::string message = "gateway http: " + std::string(exception.getDescription().cStr());
-      return answer(*r, 500, error_body(message, "server_error", "internal"));
+      return answer(*r, 500,
+                    error_body("the HTTP server failed to process the request", "server_error",
+                               "internal"));
     }
     return kj::READY_NOW;
   }
@@ -597,15 +642,265 @@ class ErrorAnswers final : public kj::HttpServerErrorHandler {
     return written.attach(kj::mv(stream), kj::mv(body));
   }
 
+  // The request target's path from kj's raw head ("" if there is none): "METHOD SP target".
+  static std::string raw_path(kj::ArrayPtr<char> raw) {
+    std::string_view head(raw.begin(), raw.size());
+    head = head.substr(0, head.find_first_of("\r\n"));
+    size_t method_end = head.find_first_of(" \t");
+    if (method_end == std::string_view::npos) return "";
+    std::string_view target = trim_ows(head.substr(method_end));
+    return std::string(target.substr(0, target.find_first_of(std::string_view(" \t?\0", 4))));
+  }
+
   const kj::HttpHeaderTable& table_;
 };
+
+namespace {
+
+// ---- the connection as kj sees it: every byte kj reads passes the framing checks ----
+
+// Answers written by GuardedStream are followed by a close; before it, the client's further
+// bytes are read and dropped for at most this long (and this many), so that our close does not
+// reset the connection before the client read the answer.
+constexpr auto refusal_linger = 1 * kj::SECONDS;
+constexpr uint64_t refusal_drain_bytes_max = 8u << 20;
+
+kj::Promise<void> drain_input(kj::AsyncIoStream& stream, kj::byte* scratch, size_t scratch_bytes,
+                              uint64_t bytes_left) {
+  return stream.tryRead(scratch, 1, scratch_bytes)
+      .then([&stream, scratch, scratch_bytes, bytes_left](size_t n) -> kj::Promise<void> {
+        if (n == 0 || n >= bytes_left) return kj::READY_NOW;
+        return drain_input(stream, scratch, scratch_bytes, bytes_left - n);
+      });
+}
+
+// Writes `answer`, half-closes, lingers (reading and dropping input), then resolves.
+kj::Promise<void> answer_and_linger(kj::Timer& timer, kj::AsyncIoStream& stream,
+                                    std::string answer) {
+  auto text = kj::heap<std::string>(std::move(answer));
+  auto scratch = kj::heapArray<kj::byte>(16384);
+  kj::byte* buffer = scratch.begin();
+  size_t buffer_bytes = scratch.size();
+  auto written = stream.write(text->data(), text->size());
+  auto lingered = written.then([&stream, buffer, buffer_bytes]() {
+    stream.shutdownWrite();
+    return drain_input(stream, buffer, buffer_bytes, refusal_drain_bytes_max);
+  });
+  return lingered.exclusiveJoin(timer.afterDelay(refusal_linger))
+      .attach(kj::mv(text), kj::mv(scratch));
+}
+
+// The socket as kj::HttpServer reads it. Hands kj the client's bytes one request at a time
+// (never past the end of a request, so the checks and kj agree on where each request
+// begins) and enforces what kj does not: the framing checks of RequestFraming, the header and
+// body deadlines, and the close after a request that asked for it. A refused request is
+// answered here, on the socket (kj is only reading then: it reads a request only after the
+// previous response finished), and kj's read then fails as DISCONNECTED, which closes the
+// connection quietly.
+class GuardedStream final : public kj::AsyncIoStream {
+ public:
+  struct Settings {
+    uint64_t head_bytes_max = 0;
+    uint64_t body_bytes_max = 0;
+    kj::Duration header_timeout = 0 * kj::MILLISECONDS;
+    kj::Duration body_timeout = 0 * kj::MILLISECONDS;
+    uint32_t header_timeout_ms = 0;  // for messages
+    uint32_t body_timeout_ms = 0;
+    bool one_request = false;  // close after the first request (the refusal lane)
+  };
+
+  GuardedStream(kj::Own<kj::AsyncIoStream> inner, kj::Timer& timer, const Settings& settings,
+                std::atomic<uint64_t>& refused_count)
+      : inner_(kj::mv(inner)),
+        timer_(timer),
+        settings_(settings),
+        refused_count_(refused_count),
+        framing_(settings.head_bytes_max, settings.body_bytes_max),
+        phase_started_(timer.now()) {
+    RT_ASSERT(settings_.header_timeout > 0 * kj::MILLISECONDS, "header timeout must be > 0");
+    RT_ASSERT(settings_.body_timeout > 0 * kj::MILLISECONDS, "body timeout must be > 0");
+  }
+
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
+    auto* out = static_cast<kj::byte*>(buffer);
+    return read_some(out, max_bytes)
+        .then([this, out, min_bytes, max_bytes](size_t n) -> kj::Promise<size_t> {
+          if (n == 0 || n >= min_bytes) return n;
+          return tryRead(out + n, min_bytes - n, max_bytes - n).then([n](size_t more) {
+            return n + more;
+          });
+        });
+  }
+  kj::Promise<void> write(const void* buffer, size_t size) override {
+    return inner_->write(buffer, size);
+  }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
+    return inner_->write(pieces);
+  }
+  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
+  void shutdownWrite() override { inner_->shutdownWrite(); }
+  void abortRead() override { inner_->abortRead(); }
+  void getsockopt(int level, int option, void* value, kj::uint* length) override {
+    inner_->getsockopt(level, option, value, length);
+  }
+  void setsockopt(int level, int option, const void* value, kj::uint length) override {
+    inner_->setsockopt(level, option, value, length);
+  }
+  void getsockname(struct sockaddr* addr, kj::uint* length) override {
+    inner_->getsockname(addr, length);
+  }
+  void getpeername(struct sockaddr* addr, kj::uint* length) override {
+    inner_->getpeername(addr, length);
+  }
+  kj::Maybe<int> getFd() const override { return inner_->getFd(); }
+
+  // The request kj is reading (or just read) wants the connection closed after its answer.
+  bool closing() const { return settings_.one_request || framing_.close_wanted(); }
+  // kj reads EOF from now on (after a refusal: the connection closes after the answer).
+  void stop_reading() {
+    ended_ = true;
+    pending_.clear();
+  }
+
+ private:
+  kj::Promise<size_t> read_some(kj::byte* out, size_t max_bytes);
+  size_t take(kj::byte* out, size_t size);
+  kj::Promise<size_t> refuse(uint32_t status, const std::string& message, const char* code);
+  kj::Promise<size_t> expired();
+
+  kj::Own<kj::AsyncIoStream> inner_;
+  kj::Timer& timer_;
+  const Settings settings_;
+  std::atomic<uint64_t>& refused_count_;
+  RequestFraming framing_;
+  std::string pending_;  // read from the socket, not yet handed to kj (the next request)
+  bool ended_ = false;   // no more input for kj: it reads EOF
+  bool first_request_ = true;
+  kj::TimePoint phase_started_;  // when the head (body) of the current request began
+};
+
+kj::Promise<size_t> GuardedStream::read_some(kj::byte* out, size_t max_bytes) {
+  if (ended_ || max_bytes == 0) return size_t(0);
+  if (!pending_.empty()) {
+    size_t n = std::min(max_bytes, pending_.size());
+    std::memcpy(out, pending_.data(), n);
+    pending_.erase(0, n);
+    size_t given = take(out, n);
+    if (framing_.failed()) return refuse(framing_.verdict().status, framing_.verdict().message,
+                                         framing_.verdict().code.c_str());
+    return given;
+  }
+  kj::Maybe<kj::TimePoint> deadline = nullptr;
+  switch (framing_.phase()) {
+    case RequestFraming::Phase::idle:  // between requests kj's pipelineTimeout applies
+      if (first_request_) deadline = phase_started_ + settings_.header_timeout;
+      break;
+    case RequestFraming::Phase::head: deadline = phase_started_ + settings_.header_timeout; break;
+    case RequestFraming::Phase::body:
+      if (!framing_.awaiting_final_crlf()) deadline = phase_started_ + settings_.body_timeout;
+      break;
+  }
+  // Race the read against the deadline to a plain outcome first: the loser is cancelled only
+  // when the winner's whole chain is ready, so the answers are written after the race.
+  kj::Promise<kj::Maybe<size_t>> raced =
+      inner_->tryRead(out, 1, max_bytes).then([](size_t n) -> kj::Maybe<size_t> { return n; });
+  KJ_IF_MAYBE (at, deadline) {
+    raced = raced.exclusiveJoin(
+        timer_.atTime(*at).then([]() -> kj::Maybe<size_t> { return nullptr; }));
+  }
+  return raced.then([this, out](kj::Maybe<size_t> got) -> kj::Promise<size_t> {
+    size_t n = 0;
+    KJ_IF_MAYBE (read_bytes, got) {
+      n = *read_bytes;
+    } else {
+      return expired();
+    }
+    if (n == 0) return size_t(0);
+    size_t given = take(out, n);
+    if (framing_.failed()) {
+      return refuse(framing_.verdict().status, framing_.verdict().message,
+                    framing_.verdict().code.c_str());
+    }
+    return given;
+  });
+}
+
+// Runs the checks over out[0, size): returns how much kj gets now; the rest waits in pending_.
+size_t GuardedStream::take(kj::byte* out, size_t size) {
+  auto before = framing_.phase();
+  size_t consumed = framing_.feed(reinterpret_cast<const char*>(out), size);
+  if (framing_.failed()) return 0;
+  RT_ASSERT(consumed > 0 && consumed <= size, "framing consumed", consumed, size);
+  auto after = framing_.phase();
+  // The first request's header deadline runs from the accept (as kj's own does), later ones
+  // from their first byte; a body's from the end of its head.
+  bool first_head = first_request_ && before == RequestFraming::Phase::idle &&
+                    after == RequestFraming::Phase::head;
+  if ((after != before || framing_.request_ended()) && !first_head) phase_started_ = timer_.now();
+  if (framing_.request_ended()) {
+    first_request_ = false;
+    if (closing()) {
+      ended_ = true;  // kj reads EOF after this request: it answers it, then closes
+      pending_.clear();
+    }
+  }
+  if (consumed < size && !ended_) {
+    pending_.insert(0, reinterpret_cast<const char*>(out) + consumed, size - consumed);
+  }
+  return consumed;
+}
+
+kj::Promise<size_t> GuardedStream::refuse(uint32_t status, const std::string& message,
+                                          const char* code) {
+  ended_ = true;
+  pending_.clear();
+  refused_count_.fetch_add(1, std::memory_order_relaxed);
+  std::string body = server_error_body(status, message, code, framing_.path());
+  return answer_and_linger(timer_, *inner_, raw_error_answer(status, body, false))
+      .then([]() -> kj::Promise<size_t> {
+        return KJ_EXCEPTION(DISCONNECTED, "gateway http: request refused by the server");
+      });
+}
+
+kj::Promise<size_t> GuardedStream::expired() {
+  switch (framing_.phase()) {
+    case RequestFraming::Phase::idle:
+      ended_ = true;  // nothing of a request arrived: close without an answer
+      return size_t(0);
+    case RequestFraming::Phase::head:
+      return refuse(408,
+                    "the request headers did not arrive within " +
+                        std::to_string(settings_.header_timeout_ms) + " ms (header_timeout_ms)",
+                    "header_timeout");
+    case RequestFraming::Phase::body:
+      break;
+  }
+  return refuse(408,
+                "the request body did not arrive within " +
+                    std::to_string(settings_.body_timeout_ms) + " ms (body_timeout_ms)",
+                "body_timeout");
+}
+
+}  // namespace
 
 // Per connection, shared by its service and the task that serves it (loop thread only).
 struct ConnectionState {
   bool client_gone = false;  // a response failed because the client disconnected
+  GuardedStream* guard = nullptr;  // the connection kj reads; outlives the service
+  bool lane = false;  // the refusal lane: only GET/HEAD /health is served, the rest gets 503
+  std::string refusal;  // lane: why (the 503's message)
+  std::string refusal_code;
 };
 
-class LoopContext final : private kj::TaskSet::ErrorHandler {
+// Connections refused (over connections_max or connections_per_client_max) are served by the
+// refusal lane, at most this many at once (more are closed unanswered): each gets one request,
+// read within lane_timeout_ms (or the header/body timeouts if shorter); GET/HEAD /health goes
+// to the handler, anything else gets 503 + Retry-After. Then the connection closes.
+constexpr uint32_t lane_connections_max = 64;
+constexpr uint32_t lane_timeout_ms = 1000;
+const char* const lane_paths[] = {"/health"};  // served on the lane
+
+class LoopContext final : private kj::TaskSet::ErrorHandler, private kj::HttpServerCallbacks {
  public:
   LoopContext(kj::AsyncIoContext& io, kj::ConnectionReceiver& listener, const HttpLimits& limits,
               HttpHandler& handler, HttpServer::Shared& shared);
@@ -619,17 +914,27 @@ class LoopContext final : private kj::TaskSet::ErrorHandler {
   HttpServer::Shared& shared;
   kj::Timer& timer;
   kj::Own<kj::HttpHeaderTable> table;
+  // True while a response's headers are sent for a request after which the connection
+  // closes: kj then adds `Connection: close` (shouldClose()).
+  bool close_hint = false;
 
  private:
   void admit(kj::Own<kj::AsyncIoStream> connection);
-  void reject(kj::Own<kj::AsyncIoStream> connection);
+  // Serves the connection on the refusal lane; `message`/`code`: its 503.
+  void refuse_connection(kj::Own<kj::AsyncIoStream> connection, std::string message,
+                         std::string code);
+  GuardedStream::Settings guard_settings(bool lane) const;
+  kj::HttpServerSettings server_settings(bool lane);
   void taskFailed(kj::Exception&& exception) override;
+  bool shouldClose() override { return close_hint; }
 
   kj::ConnectionReceiver& listener_;
   ErrorAnswers error_answers_;
-  kj::HttpServer server_;
-  uint32_t rejections_in_flight_ = 0;
+  std::map<std::string, uint32_t> per_client_;  // open connections by peer IP (<= connections_max)
+  uint32_t lane_open_ = 0;
   std::shared_ptr<ConnectionState> next_state_;  // handed to the service factory
+  kj::HttpServer server_;
+  kj::HttpServer lane_server_;
   kj::TaskSet tasks_;  // last: its connections go first, while the rest still exists
 };
 
@@ -689,52 +994,55 @@ kj::Promise<void> ConnectionService::request(kj::HttpMethod method, kj::StringPt
   request->path = std::string(target.substr(0, query_at));
   if (query_at != std::string_view::npos) request->query = std::string(target.substr(query_at + 1));
   request->client_address = client_address_;
-  uint64_t header_bytes = 0;
-  headers.forEach([&request, &header_bytes](kj::StringPtr name, kj::StringPtr value) {
-    header_bytes += name.size() + value.size();
+  headers.forEach([&request](kj::StringPtr name, kj::StringPtr value) {
     request->headers.emplace_back(name.cStr(), value.cStr());
   });
-  const HttpLimits& limits = loop_.limits;
-  if (header_bytes > limits.header_bytes_max) {
-    return refuse(response, 431,
-                  "request headers are " + std::to_string(header_bytes) + " bytes; the limit is " +
-                      std::to_string(limits.header_bytes_max),
-                  "headers_too_large", request->path);
-  }
-  std::string too_large =
-      "request body exceeds the limit of " + std::to_string(limits.body_bytes_max) + " bytes";
-  KJ_IF_MAYBE (length, body.tryGetLength()) {
-    if (*length > limits.body_bytes_max) {
-      return refuse(response, 413,
-                    "request body is " + std::to_string(*length) + " bytes; the limit is " +
-                        std::to_string(limits.body_bytes_max) + " bytes",
-                    "body_too_large", request->path);
+  // The head's size and the body's framing and size were checked by the GuardedStream.
+  if (state_->lane) {
+    bool served = (method == kj::HttpMethod::GET || method == kj::HttpMethod::HEAD) &&
+                  std::find(std::begin(lane_paths), std::end(lane_paths), request->path) !=
+                      std::end(lane_paths);
+    if (!served) {
+      return refuse(response, 503, state_->refusal, state_->refusal_code, request->path);
     }
+  }
+  const HttpLimits& limits = loop_.limits;
+  KJ_IF_MAYBE (length, body.tryGetLength()) {
+    RT_ASSERT(*length <= limits.body_bytes_max, "the framing checks passed a long body", *length);
     request->body.reserve(*length);
   }
   return read_body(body, request->body, limits.body_bytes_max)
-      .then([this, request, &response, too_large](bool fits) mutable -> kj::Promise<void> {
-        if (!fits) {
-          return refuse(response, 413, std::move(too_large), "body_too_large", request->path);
-        }
-        return dispatch(std::move(request), response);
-      });
+      .then(
+          [this, request, &response](bool fits) mutable -> kj::Promise<void> {
+            RT_ASSERT(fits, "the framing checks passed a body over the limit");
+            return dispatch(std::move(request), response);
+          },
+          [this, request, &response](kj::Exception&& e) -> kj::Promise<void> {
+            if (e.getType() == kj::Exception::Type::DISCONNECTED) return kj::mv(e);
+            std::fprintf(stderr, "gateway http: reading a request body failed: %s\n",
+                         e.getDescription().cStr());
+            return refuse(response, 400, "the request body is malformed", "bad_body",
+                          request->path);
+          });
 }
 
 kj::Promise<void> ConnectionService::refuse(Response& response, uint32_t status,
                                             std::string message, std::string_view code,
                                             const std::string& path) {
-  RT_ASSERT(status == 413 || status == 431, "server-side refusal status", status);
+  RT_ASSERT(status == 400 || status == 503, "server-side refusal status", status);
   RT_ASSERT(!message.empty(), "refusal without a message");
   loop_.shared.requests_rejected.fetch_add(1, std::memory_order_relaxed);
-  bool anthropic = path.rfind("/v1/messages", 0) == 0;
-  auto body = kj::heap<std::string>(
-      anthropic ? anthropic_error_body(message, status == 413 ? "request_too_large"
-                                                              : "invalid_request_error")
-                : error_body(message, "invalid_request_error", code));
+  auto body = kj::heap<std::string>(server_error_body(status, message, code, path));
   kj::HttpHeaders headers(*loop_.table);
   headers.set(kj::HttpHeaderId::CONTENT_TYPE, "application/json");
+  if (status == 503) headers.add("Retry-After", "1");
+  // A refusal ends the connection: a lane connection closes after its one request anyway
+  // (kj may still read the rest of a short body, so the close does not reset the answer); a
+  // malformed body is not read further.
+  if (status != 503) state_->guard->stop_reading();
+  loop_.close_hint = true;
   auto stream = response.send(status, status_text(status), headers, uint64_t{body->size()});
+  loop_.close_hint = false;
   auto written = stream->write(body->data(), body->size());
   return written.attach(kj::mv(stream), kj::mv(body));
 }
@@ -775,7 +1083,8 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
   auto core = std::make_shared<ResponseStream::Core>(
       loop_.shared.hub, loop_.limits.stream_buffer_bytes_max, loop_.shared.streams_cancelled);
   core->anthropic_errors = request->path.rfind("/v1/messages", 0) == 0;
-  auto exchange = kj::heap<Exchange>(response, *loop_.table, connection_, core);
+  auto exchange = kj::heap<Exchange>(response, *loop_.table, connection_, core,
+                                     state_->guard->closing(), loop_.close_hint);
   auto stream = std::make_shared<ResponseStream>(core);
   try {
     loop_.handler.on_request(*request, stream);
@@ -822,14 +1131,40 @@ LoopContext::LoopContext(kj::AsyncIoContext& io, kj::ConnectionReceiver& listene
           [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
             return kj::heap<ConnectionService>(*this, connection, take_connection_state());
           },
-          [&limits_in, this]() {
-            kj::HttpServerSettings settings;
-            settings.errorHandler = error_answers_;
-            settings.headerTimeout = limits_in.header_timeout_ms * kj::MILLISECONDS;
-            settings.pipelineTimeout = limits_in.idle_timeout_ms * kj::MILLISECONDS;
-            return settings;
-          }()),
+          server_settings(false)),
+      lane_server_(
+          timer, *table,
+          [this](kj::AsyncIoStream& connection) -> kj::Own<kj::HttpService> {
+            return kj::heap<ConnectionService>(*this, connection, take_connection_state());
+          },
+          server_settings(true)),
       tasks_(*this) {}
+
+// kj's own header timeout is a backstop only: the GuardedStream's deadlines fire first (and
+// answer 408). kj's pipelineTimeout is the keep-alive idle time.
+kj::HttpServerSettings LoopContext::server_settings(bool lane) {
+  GuardedStream::Settings guard = guard_settings(lane);
+  kj::HttpServerSettings settings;
+  settings.errorHandler = error_answers_;
+  settings.callbacks = *this;
+  settings.headerTimeout = 2 * guard.header_timeout + 2 * refusal_linger;
+  settings.pipelineTimeout = limits.idle_timeout_ms * kj::MILLISECONDS;
+  return settings;
+}
+
+GuardedStream::Settings LoopContext::guard_settings(bool lane) const {
+  GuardedStream::Settings settings;
+  settings.head_bytes_max = limits.header_bytes_max;
+  settings.body_bytes_max = limits.body_bytes_max;
+  settings.header_timeout_ms =
+      lane ? std::min(limits.header_timeout_ms, lane_timeout_ms) : limits.header_timeout_ms;
+  settings.body_timeout_ms =
+      lane ? std::min(limits.body_timeout_ms, lane_timeout_ms) : limits.body_timeout_ms;
+  settings.header_timeout = settings.header_timeout_ms * kj::MILLISECONDS;
+  settings.body_timeout = settings.body_timeout_ms * kj::MILLISECONDS;
+  settings.one_request = lane;
+  return settings;
+}
 
 kj::Promise<void> LoopContext::accept_loop() {
   return listener_.accept().then(
@@ -848,9 +1183,22 @@ void LoopContext::admit(kj::Own<kj::AsyncIoStream> connection) {
   uint64_t open = shared.connections_open.load(std::memory_order_relaxed);
   RT_ASSERT(open <= limits.connections_max, "open connections over the limit", open);
   if (open == limits.connections_max) {
-    reject(kj::mv(connection));
+    refuse_connection(kj::mv(connection), "too many open connections; retry later",
+                      "connections_max");
     return;
   }
+  std::string address = peer_address(*connection);
+  std::string ip = address.substr(0, address.rfind(':'));  // "unknown" stays "unknown"
+  uint32_t& from_client = per_client_[ip];
+  if (from_client >= limits.connections_per_client_max) {
+    refuse_connection(kj::mv(connection),
+                      "too many open connections from " + ip + " (connections_per_client_max " +
+                          std::to_string(limits.connections_per_client_max) + "); retry later",
+                      "connections_per_client_max");
+    return;
+  }
+  ++from_client;
+  RT_ASSERT(per_client_.size() <= limits.connections_max, "per-client map over its bound");
   try {
     int one = 1;  // streamed tokens go out at once
     connection->setsockopt(IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -860,41 +1208,45 @@ void LoopContext::admit(kj::Own<kj::AsyncIoStream> connection) {
   shared.connections_open.fetch_add(1, std::memory_order_relaxed);
   shared.connections_total.fetch_add(1, std::memory_order_relaxed);
   auto state = std::make_shared<ConnectionState>();
+  auto guarded = kj::heap<GuardedStream>(kj::mv(connection), timer, guard_settings(false),
+                                         shared.requests_rejected);
+  state->guard = guarded.get();
   next_state_ = state;
-  auto served = server_.listenHttp(kj::mv(connection));
+  auto served = server_.listenHttp(kj::mv(guarded));
   RT_ASSERT(next_state_ == nullptr, "kj did not create the connection's service at once");
   auto reported = served.catch_([state](kj::Exception&& e) {
     // After a client disconnect kj may fail the connection with follow-up errors: expected.
     if (state->client_gone || e.getType() == kj::Exception::Type::DISCONNECTED) return;
     std::fprintf(stderr, "gateway http: connection failed: %s\n", e.getDescription().cStr());
   });
-  tasks_.add(reported.attach(
-      kj::defer([this]() { shared.connections_open.fetch_sub(1, std::memory_order_relaxed); })));
+  tasks_.add(reported.attach(kj::defer([this, ip = std::move(ip)]() {
+    shared.connections_open.fetch_sub(1, std::memory_order_relaxed);
+    auto it = per_client_.find(ip);
+    RT_ASSERT(it != per_client_.end() && it->second > 0, "per-client count lost", ip);
+    if (--it->second == 0) per_client_.erase(it);
+  })));
 }
 
-void LoopContext::reject(kj::Own<kj::AsyncIoStream> connection) {
+void LoopContext::refuse_connection(kj::Own<kj::AsyncIoStream> connection, std::string message,
+                                    std::string code) {
   shared.connections_rejected.fetch_add(1, std::memory_order_relaxed);
-  if (rejections_in_flight_ >= rejections_in_flight_max) return;  // closed unanswered
-  ++rejections_in_flight_;
-  // A fixed answer written before reading the request; then wait briefly for the client to
-  // close so that our close does not reset the connection before it read the answer.
-  static const std::string answer = [] {
-    std::string body = error_body("too many open connections; retry later", "server_overloaded",
-                                  "connections_max");
-    return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-           "Content-Length: " +
-           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-  }();
-  kj::AsyncIoStream& stream = *connection;
-  auto scratch = kj::heapArray<kj::byte>(4096);
-  kj::byte* buffer = scratch.begin();
-  auto answered = stream.write(answer.data(), answer.size()).then([&stream, buffer]() {
-    stream.shutdownWrite();
-    return stream.tryRead(buffer, 1, 4096).ignoreResult();
-  });
-  auto bounded = answered.exclusiveJoin(timer.afterDelay(1 * kj::SECONDS));
-  tasks_.add(bounded.attach(kj::mv(scratch), kj::mv(connection),
-                            kj::defer([this]() { --rejections_in_flight_; })));
+  if (lane_open_ >= lane_connections_max) return;  // closed unanswered
+  ++lane_open_;
+  auto state = std::make_shared<ConnectionState>();
+  state->lane = true;
+  state->refusal = std::move(message);
+  state->refusal_code = std::move(code);
+  auto guarded = kj::heap<GuardedStream>(kj::mv(connection), timer, guard_settings(true),
+                                         shared.requests_rejected);
+  state->guard = guarded.get();
+  next_state_ = state;
+  auto served = lane_server_.listenHttp(kj::mv(guarded));
+  RT_ASSERT(next_state_ == nullptr, "kj did not create the lane service at once");
+  auto quiet = served.catch_([](kj::Exception&&) {});  // refused clients come and go
+  tasks_.add(quiet.attach(kj::defer([this]() {
+    RT_ASSERT(lane_open_ > 0, "lane count lost");
+    --lane_open_;
+  })));
 }
 
 std::shared_ptr<ConnectionState> LoopContext::take_connection_state() {
@@ -954,8 +1306,15 @@ HttpServer::HttpServer(std::string host, uint16_t port, HttpLimits limits, HttpH
   RT_ASSERT(limits_.connections_max > 0, "connections_max must be > 0");
   RT_ASSERT(limits_.header_bytes_max > 0, "header_bytes_max must be > 0");
   RT_ASSERT(limits_.stream_buffer_bytes_max > 0, "stream_buffer_bytes_max must be > 0");
-  RT_ASSERT(limits_.header_timeout_ms > 0 && limits_.idle_timeout_ms > 0, "timeouts must be > 0");
-  shared_->hub->dirty_max = 2 * static_cast<size_t>(limits_.connections_max);
+  RT_ASSERT(limits_.header_bytes_max <= http_header_bytes_limit,
+            "header_bytes_max over kj's buffer", limits_.header_bytes_max);
+  RT_ASSERT(limits_.header_timeout_ms > 0, "header_timeout_ms must be > 0");
+  RT_ASSERT(limits_.body_timeout_ms > 0, "body_timeout_ms must be > 0");
+  RT_ASSERT(limits_.idle_timeout_ms > 0, "idle_timeout_ms must be > 0");
+  RT_ASSERT(limits_.connections_per_client_max > 0, "connections_per_client_max must be > 0");
+  // Each stream is in the wake list at most once, plus finished ones (see WakeHub).
+  shared_->hub->dirty_max =
+      2 * (static_cast<size_t>(limits_.connections_max) + lane_connections_max);
 }
 
 HttpServer::~HttpServer() {

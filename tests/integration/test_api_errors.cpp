@@ -255,3 +255,49 @@ TEST_CASE("api_errors: requests_max = 1 and queue_max = 0 answer 429 while a str
     return r.status == 200;
   }));
 }
+
+TEST_CASE("api_errors: [gateway] header_timeout_ms, body_timeout_ms, connections_per_client_max") {
+  // A node of its own: the keys reach the HTTP server (408s name them; the third connection
+  // from 127.0.0.1 is refused, /health on it still answered).
+  TandemNode slow("header_timeout_ms = 300\nbody_timeout_ms = 400\nconnections_per_client_max = 2",
+                  "api-slow-clients");
+  REQUIRE_MESSAGE(slow.wait_healthy(60s), ("GET /health never answered 200; log:\n" + slow.log()));
+  {
+    http_test::Client client(slow.http_port());
+    client.send("POST /v1/messages HTTP/1.1\r\nHost: x\r\n");
+    auto reply = client.read_response();
+    CHECK(reply.status == 408);
+    CHECK(check_error_body(Shape::anthropic, reply).find("300 ms (header_timeout_ms)") !=
+          std::string::npos);
+    CHECK(client.closed_by_peer());
+  }
+  {
+    http_test::Client client(slow.http_port());
+    client.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{");
+    auto reply = client.read_response();
+    CHECK(reply.status == 408);
+    CHECK(check_error_body(Shape::openai, reply).find("400 ms (body_timeout_ms)") !=
+          std::string::npos);
+    CHECK(client.closed_by_peer());
+  }
+  http_test::Client a(slow.http_port());
+  http_test::Client b(slow.http_port());
+  a.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  b.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(a.read_response().status == 200);
+  CHECK(b.read_response().status == 200);
+  {
+    http_test::Client third(slow.http_port());
+    auto refused = third.request("POST", "/v1/chat/completions", chat(R"("max_tokens":2)"),
+                                 "Content-Type: application/json\r\n");
+    CHECK(refused.status == 503);
+    CHECK(refused.has_header("Retry-After: 1"));
+    CHECK(check_error_body(Shape::openai, refused).find("connections_per_client_max 2") !=
+          std::string::npos);
+    CHECK(third.closed_by_peer());
+  }
+  http_test::Client health(slow.http_port());
+  CHECK(health.request("GET", "/health").status == 200);
+  CHECK(health.closed_by_peer());
+  CHECK_MESSAGE(slow.running(), ("the node died; log:\n" + slow.log()));
+}

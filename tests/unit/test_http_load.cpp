@@ -173,6 +173,7 @@ void run_load(int writers_count, int rounds, std::chrono::milliseconds interval)
   StreamRegistry registry;
   HttpLimits limits;
   limits.connections_max = 2 * streams_count;
+  limits.connections_per_client_max = 2 * streams_count;  // every client is on 127.0.0.1
   limits.stream_buffer_bytes_max = 64 << 10;
   HttpServer server("127.0.0.1", 0, limits, registry);
   REQUIRE(server.start().ok());

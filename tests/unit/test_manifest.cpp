@@ -1582,3 +1582,36 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and u
   CHECK(fits.output.find("kv pools  node a: 3.8 GiB") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("[gateway] slow-client keys: defaults, values and ranges") {
+  Manifest defaults = parse_ok(base_manifest);
+  CHECK(defaults.gateway.header_timeout_ms == 15000);
+  CHECK(defaults.gateway.body_timeout_ms == 60000);
+  CHECK(defaults.gateway.connections_per_client_max == 256);
+  Manifest set = parse_ok(base_manifest +
+                          "[gateway]\nheader_timeout_ms = 100\nbody_timeout_ms = 86400000\n"
+                          "connections_per_client_max = 1\n");
+  CHECK(set.gateway.header_timeout_ms == 100);
+  CHECK(set.gateway.body_timeout_ms == 86400000);
+  CHECK(set.gateway.connections_per_client_max == 1);
+  std::string text = base_manifest + R"(
+[gateway]
+header_timeout_ms = 99
+body_timeout_ms = 86400001
+connections_per_client_max = 0
+)";
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 3);
+  auto header = find_issue(issues, "gateway.header_timeout_ms",
+                           "value 99 is out of range 100..3600000");
+  CHECK(header.line == line_of(text, "header_timeout_ms"));
+  auto body = find_issue(issues, "gateway.body_timeout_ms",
+                         "value 86400001 is out of range 100..86400000");
+  CHECK(body.line == line_of(text, "body_timeout_ms"));
+  auto per_client = find_issue(issues, "gateway.connections_per_client_max",
+                               "value 0 is out of range 1..100000");
+  CHECK(per_client.line == line_of(text, "connections_per_client_max"));
+  auto typed = only_issue(base_manifest + "[gateway]\nbody_timeout_ms = \"60s\"\n");
+  CHECK(typed.key == "gateway.body_timeout_ms");
+  CHECK(typed.message.find("expected an integer") != std::string::npos);
+}
