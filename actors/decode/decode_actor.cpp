@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "actors/decode/decode_scheduler.hpp"
+#include "actors/decode/pd_policy.hpp"
 #include "actors/executor/executor_actor.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
@@ -54,8 +55,7 @@ struct Seq {
   std::vector<devices::SampledToken> unsent_logprobs;
   bool prefill_failed = false;
   bool pull_started = false;
-  bool pull_failed = false;
-  uint32_t reads_left = 0;
+  decode::PullReads reads;  // the pull's block reads (pd_policy)
   bool cancelled = false;
   std::chrono::nanoseconds prefill_deadline{0};
 };
@@ -108,9 +108,9 @@ struct DecodeState {
     uint32_t tokens_sent = 0;
     uint32_t attempts = 0;
   };
-  std::deque<LostStream> lost;
   static constexpr size_t lost_max = 4096;
   static constexpr uint32_t lost_attempts_max = 50;  // ticks (5 s)
+  decode::LostStreams<LostStream> lost{lost_max, lost_attempts_max};
   // What the current step (or finished pull) produced for the gateways, sent as one
   // StepEvents frame per gateway when it is complete (flush_events). Bounded by the step:
   // at most a chunk and a finish per sequence in it.
@@ -188,18 +188,17 @@ Status send_lost(DecodeState& st, const DecodeState::LostStream& l) {
 
 // Each tick: sends the errors not sent yet; keeps those that still cannot go.
 void retry_lost(DecodeState& st) {
-  std::deque<DecodeState::LostStream> keep;
-  for (auto& l : st.lost) {
-    Status sent = send_lost(st, l);
-    if (sent.ok()) continue;
-    if (++l.attempts < DecodeState::lost_attempts_max) {
-      keep.push_back(l);
-    } else {
-      st.ctx.log->warn("decode {}: request {}: could not tell {} that it failed: {}",
-                       st.self_name.instance, l.id, l.to.to_string(), sent.error().describe());
-    }
-  }
-  st.lost = std::move(keep);
+  std::string why;
+  st.lost.retry(
+      [&](const DecodeState::LostStream& l) {
+        Status sent = send_lost(st, l);
+        why = sent.ok() ? "" : sent.error().describe();
+        return sent.ok();
+      },
+      [&](const DecodeState::LostStream& l) {
+        st.ctx.log->warn("decode {}: request {}: could not tell {} that it failed: {}",
+                         st.self_name.instance, l.id, l.to.to_string(), why);
+      });
 }
 
 // Queues what `update` means for the gateway (a chunk, a finish) in the outbox; the caller
@@ -251,10 +250,7 @@ void on_events_lost(DecodeState& st, std::span<const DecodeState::OutEvent> even
       st.seqs.erase(it);
     }
     DecodeState::LostStream lost{e.to, e.id, e.finish ? e.output_tokens : e.first_index, 0};
-    if (!send_lost(st, lost).ok()) {  // the tick retries it
-      if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
-      st.lost.push_back(lost);
-    }
+    if (!send_lost(st, lost).ok()) st.lost.push(lost);  // the tick retries it
   }
 }
 
@@ -326,24 +322,25 @@ void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
 void try_pull(DecodeActor* self, uint64_t id) {
   auto& st = self->state;
   Seq& s = st.seqs.at(id);
-  if (!s.order || s.pull_started) return;
-  if (s.prefill_failed || s.cancelled) {
-    s.pull_started = true;
-    return finish_pull(self, id, false);
-  }
-  if (!s.remote_first) return;  // prefill has not answered yet
+  auto* fabric = st.ctx.bridge->fabric();
+  bool match = fabric != nullptr && s.order && s.remote.size() == s.order->block_table.size();
+  decode::PullStart start = decode::pull_start(s.order.has_value(), s.pull_started,
+                                               s.prefill_failed, s.cancelled,
+                                               s.remote_first.has_value(), match);
+  if (start == decode::PullStart::wait) return;  // no order yet, or prefill has not answered
   s.pull_started = true;
+  if (!s.remote_first || s.prefill_failed || s.cancelled) return finish_pull(self, id, false);
   const auto& order = *s.order;
   uint64_t block_bytes = st.info.layout.block_bytes();
-  auto* fabric = st.ctx.bridge->fabric();
-  if (fabric == nullptr || s.remote.size() != order.block_table.size()) {
+  if (start == decode::PullStart::fail) {
     st.ctx.log->warn("decode {}: request {}: prefill described {} blocks, expected {}",
                      st.self_name.instance, id, s.remote.size(), order.block_table.size());
     return finish_pull(self, id, false);
   }
   caf::actor me = caf::actor_cast<caf::actor>(self);
-  s.reads_left = static_cast<uint32_t>(order.pull_block_indexes.size());
-  if (s.reads_left == 0) return finish_pull(self, id, true);
+  if (auto done = s.reads.start(static_cast<uint32_t>(order.pull_block_indexes.size()))) {
+    return finish_pull(self, id, *done);
+  }
   for (uint32_t index : order.pull_block_indexes) {
     const RemoteBlock& rb = s.remote[index];
     auto peer = fabric->peer(rb.address);
@@ -367,9 +364,8 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
   auto it = st.seqs.find(done.seq);
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
-  RT_ASSERT(s.reads_left > 0, done.seq);
-  if (!done.ok && !s.pull_failed) {
-    s.pull_failed = true;
+  RT_ASSERT(s.reads.left() > 0, done.seq);
+  if (!done.ok && !s.reads.failed()) {
     st.ctx.log->warn("decode {}: KV pull of request {} failed: {}", st.self_name.instance,
                      done.seq, done.error);
   }
@@ -379,7 +375,7 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
   } else {
     st.metrics->pull_failures->inc();
   }
-  if (--s.reads_left == 0) finish_pull(self, done.seq, !s.pull_failed);
+  if (auto pulled = s.reads.read_done(done.ok)) finish_pull(self, done.seq, *pulled);
 }
 
 // Runs one planned step: prefill chunks first, then decode tokens, then samples.
@@ -632,7 +628,7 @@ void on_cancel(DecodeActor* self, uint64_t id) {
     });
   }
   // A pull in flight keeps the sequence until its reads end (finish_pull forgets it).
-  bool pulling = s.pull_started && s.reads_left > 0;
+  bool pulling = s.pull_started && s.reads.left() > 0;
   if (!pulling && st.scheduler->stage(id) != decode::SeqStage::pulling) st.seqs.erase(it);
   update_metrics(st);
   pump(self);
@@ -716,8 +712,8 @@ caf::behavior running(DecodeActor* self) {
         auto now = now_ns();
         std::vector<uint64_t> late;
         for (const auto& [id, s] : st.seqs) {
-          if (s.prefill && !s.remote_first && !s.prefill_failed && now > s.prefill_deadline)
-            late.push_back(id);
+          bool waiting = s.prefill && !s.remote_first && !s.prefill_failed;
+          if (decode::prefill_timed_out(waiting, now, s.prefill_deadline)) late.push_back(id);
         }
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
         if (!st.lost.empty()) retry_lost(st);
