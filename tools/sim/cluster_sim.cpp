@@ -652,6 +652,12 @@ void Sim::finish(uint32_t request_index, const std::string& error_kind,
             " before any token, with " + std::to_string(st.retries_left) +
             " retries left (it should have been retried)");
   }
+  // Invariant: the workload sends only valid requests, so none may end with a client error
+  // (400): an `invalid` here is the cluster's own doing (e.g. a retry refused as duplicate).
+  if (cause && *cause == ErrorKind::invalid) {
+    violate("request " + std::to_string(request_index) + " ended with a client error (" +
+            error_kind + ") after " + std::to_string(st.attempt) + " retries");
+  }
   st.done = true;
   st.at_prefill = false;
   if (!config_.bugs.unbounded) in_flight_.erase(request_index);

@@ -203,7 +203,7 @@ std::vector<Fault> expand_faults(const FaultPlan& plan, const std::vector<std::s
       f.at_ms = std::floor(t);
       f.for_ms = std::floor(uniform(200, 8000));
       if (is_link(kind)) {
-        f.a = pick(nodes);
+        f.a = pick(instances);  // links that matter: an instance and any other node
         do f.b = pick(nodes); while (f.b == f.a);
         if (kind == FaultKind::loss) f.value = std::floor(uniform(1, 100)) / 100;
         if (kind == FaultKind::delay) f.value = std::floor(uniform(1, 500));

@@ -11,7 +11,8 @@
 //   hang:NODE@T+D             NODE's executor makes no progress for D (steps resume after)
 //   random:KIND=RATE[/s]      KIND (crash, partition, loss, delay, slow, hang) faults at
 //                             RATE per simulated second over the whole cluster, at seeded
-//                             times, on seeded nodes, with seeded durations and values
+//                             times, on seeded nodes (a link: an instance and any other
+//                             node), with seeded durations (0.2-8 s) and values
 // NODE: gateway, router, prefill-N, decode-N (instance-N in aggregated mode; decode-N is
 // accepted there too). Only instances crash, slow down or hang; links join any two nodes.
 // Errors name the bad term. Pure: no I/O, no clock; expansion is a function of the seed.

@@ -34,21 +34,21 @@ Result<SwarmCase> make_swarm_case(uint64_t seed) {
   c.load_report_interval_ms = chance(0.2) ? 0 : static_cast<double>(pick(50, 300));
   c.link_bytes_per_s = static_cast<double>(pick(1, 50)) * 1e9;
   c.sessions_in_flight = static_cast<uint32_t>(pick(1, 8));
-  c.duration_ms = static_cast<double>(pick(10, 40)) * 1e3;
+  c.duration_ms = static_cast<double>(pick(10, 90)) * 1e3;
   c.heartbeat_interval_ms = static_cast<double>(pick(50, 300));
   c.heartbeat_miss_max = static_cast<uint32_t>(pick(2, 6));
   c.prefill_timeout_ms = static_cast<double>(pick(500, 10000));
   c.request_timeout_ms = static_cast<double>(pick(2000, 20000));
-  // Fault mix: each kind present with probability 1/2, at 0.01 .. 0.2 per simulated second.
+  // Fault mix: each kind present with probability 1/2, at 0.01 .. 0.3 per simulated second.
   for (double& rate : c.faults.random_per_s) {
-    rate = chance(0.5) ? static_cast<double>(pick(1, 20)) / 100 : 0;
+    rate = chance(0.5) ? static_cast<double>(pick(1, 30)) / 100 : 0;
   }
   if (!c.faults.has_random()) c.faults.random_per_s[static_cast<int>(FaultKind::crash)] = 0.05;
   // A small agentic workload (short prompts and outputs: many requests per simulated second).
   workload::AgenticParams w;
   w.seed = seed;
   w.sessions_in_flight = c.sessions_in_flight;
-  w.sessions_count = c.sessions_in_flight * static_cast<uint32_t>(pick(1, 3));
+  w.sessions_count = c.sessions_in_flight * static_cast<uint32_t>(pick(2, 6));
   w.system_prompt_tokens = static_cast<uint32_t>(pick(64, 2048));
   w.repos_count = static_cast<uint32_t>(pick(1, 4));
   w.repo_context_tokens_min = 100;
@@ -59,7 +59,7 @@ Result<SwarmCase> make_swarm_case(uint64_t seed) {
   w.output_tokens_min = static_cast<uint32_t>(pick(1, 20));
   w.output_tokens_max = w.output_tokens_min + static_cast<uint32_t>(pick(0, 60));
   w.turns_min = 1;
-  w.turns_max = static_cast<uint32_t>(pick(1, 8));
+  w.turns_max = static_cast<uint32_t>(pick(1, 10));
   w.think_time_ms_median = static_cast<double>(pick(10, 1000));
   w.session_start_stagger_ms = static_cast<double>(pick(0, 500));
   w.context_tokens_max = c.max_model_tokens;
