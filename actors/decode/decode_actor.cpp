@@ -519,6 +519,8 @@ void send_prefill_request(DecodeActor* self, uint64_t id, const Seq& s,
   }
 }
 
+void on_cancel(DecodeActor* self, uint64_t id);
+
 void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto req = envelope.getBody().getGenerateRequest();
@@ -534,9 +536,20 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
                           sampling.ok() ? Status() : Status(sampling.error()), prompt_ok}) {
     if (!s.ok()) return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
   }
-  if (st.seqs.count(id)) {
-    return send_error(st.ctx, st.self_name, *reply_to, id,
-                      make_error(ErrorKind::invalid, "duplicate request id"));
+  if (auto held = st.seqs.find(id); held != st.seqs.end()) {
+    if (decode::on_duplicate(held->second.reply_to == *reply_to) == decode::Duplicate::refuse) {
+      return send_error(st.ctx, st.self_name, *reply_to, id,
+                        make_error(ErrorKind::invalid, "duplicate request id"));
+    }
+    // The gateway retries a request it gave up on here: the new attempt replaces the old.
+    st.ctx.log->info("decode {}: request {} sent again by its gateway; replacing it",
+                     st.self_name.instance, id);
+    on_cancel(self, id);
+    if (st.seqs.count(id)) {  // its KV pull is still in flight: it goes when the reads end
+      return send_error(st.ctx, st.self_name, *reply_to, id,
+                        make_error(ErrorKind::failed, "the request's previous attempt is still "
+                                                      "pulling its KV here; retry"));
+    }
   }
   auto limits = req.getLimits();
   uint32_t room = st.ctx.manifest->model.max_model_tokens - std::min<uint32_t>(

@@ -8,6 +8,10 @@
 //                       cancelled, descriptors that do not match) -> local prefill, or waits;
 //   PullReads           a pull's block reads: it fails if any read failed, and ends when the
 //                       last read ends (a failed pull -> local prefill, the hold released);
+//   on_duplicate        a generate request whose id this instance still holds: from the same
+//                       gateway it is that gateway's retry of a request it gave up on here
+//                       (no progress, a membership blip; the gateway reuses its id), so the
+//                       new attempt replaces the old one; from anyone else it is refused;
 //   LostStreams         streams cancelled because their tokens could not reach the gateway:
 //                       the error is re-sent every tick until it goes out or attempts_max
 //                       ticks passed; at most capacity are kept (the oldest is dropped).
@@ -40,6 +44,15 @@ inline PullStart pull_start(bool order_known, bool started, bool prefill_failed,
   if (prefill_failed || cancelled) return PullStart::fail;
   if (!answered) return PullStart::wait;
   return descriptors_match ? PullStart::start : PullStart::fail;
+}
+
+enum class Duplicate : uint8_t { refuse, replace };
+
+// `same_sender`: the request's reply_to is the held sequence's. replace: cancel the held
+// sequence and take the new one (if the held one cannot go yet, its KV pull still in flight,
+// answer a retryable error); refuse: invalid ("duplicate request id").
+inline Duplicate on_duplicate(bool same_sender) {
+  return same_sender ? Duplicate::replace : Duplicate::refuse;
 }
 
 // The reads of one pull. start(n) (n = 0: the pull is done and ok at once); read_done(ok)

@@ -376,3 +376,18 @@ TEST_CASE("swarm cases: same seed, same case and bytes") {
     CHECK(sim::swarm_line(seed, *a, ra) == sim::swarm_line(seed, *b, rb));
   }
 }
+
+// Seeds the swarm failed on, kept as regression cases. 1, 28, 57, 111, 114: a gateway retry
+// after a timeout re-sent the request id to the decode instance still holding the abandoned
+// attempt, which refused it as a duplicate (400 for a server-side fault); decode now replaces
+// the held attempt when its own gateway re-sends it (pd_policy on_duplicate).
+TEST_CASE("swarm regression seeds") {
+  for (uint64_t seed : {1u, 28u, 57u, 111u, 114u}) {
+    CAPTURE(seed);
+    auto c = sim::make_swarm_case(seed);
+    REQUIRE(c.ok());
+    auto r = run_ok(c->config, c->requests);
+    CHECK_MESSAGE(r.violation.empty(), r.violation);
+    CHECK(r.sent_count == r.completed_count + r.failed_count);
+  }
+}

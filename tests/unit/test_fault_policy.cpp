@@ -81,3 +81,8 @@ TEST_CASE("lost streams: bounded, retried each tick, given up after attempts_max
   CHECK(given_up == std::vector<int>{2});  // third failed tick
   CHECK(lost.empty());
 }
+
+TEST_CASE("a held request id sent again: replaced when its gateway retries, else refused") {
+  CHECK(decode::on_duplicate(true) == decode::Duplicate::replace);
+  CHECK(decode::on_duplicate(false) == decode::Duplicate::refuse);
+}

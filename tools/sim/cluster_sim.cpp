@@ -758,11 +758,18 @@ void Sim::on_deliver(uint64_t seq) {
   if (!nodes_[dn].alive || nodes_[dn].incarnation != st.decode_incarnation) return;  // lost
   DecodeInst& dec = decode_[st.decode];
   // The real gateway re-sends the same request id: an earlier attempt still on this decode
-  // instance makes it refuse the duplicate (invalid).
+  // instance is replaced (pd_policy on_duplicate, same gateway): cancelled first; one whose
+  // pull is in flight cannot go yet, and decode answers a retryable error.
   for (uint32_t a = 0; a < st.attempt; ++a) {
-    if (dec.sched->stage(seq_id(i, a))) {
+    const uint64_t old = seq_id(i, a);
+    if (!dec.sched->stage(old)) continue;
+    if (decode::on_duplicate(true) == decode::Duplicate::refuse) {
       return gateway_failure(i, ErrorKind::invalid, "decode_duplicate");
     }
+    (void)dec.sched->cancel(old);
+    if (!dec.sched->stage(old)) dec.pull_sources.erase(old);
+    sync_decode(st.decode);
+    if (dec.sched->stage(old)) return gateway_failure(i, ErrorKind::failed, "decode_duplicate");
   }
   const Session& s = sessions_[st.session_index];
   if (st.prefill < 0) {
