@@ -15,7 +15,9 @@ for r in runs:
     if r.returncode != 0:
         sys.exit(f'exit {r.returncode}: {r.stdout}\n{r.stderr}')
 a, b = runs[0].stdout, runs[1].stdout
-if not a.startswith('seed 42\nfaults: crash:decode-0@3000ms+5000ms,'):
+lines = a.splitlines()
+if lines[0] != 'seed 42' or not lines[1].startswith('faults: ') or \
+        'crash:decode-0@3000ms+5000ms' not in lines[1]:
     sys.exit('the seed and the fault plan must come first:\n' + a)
 if a != b:
     sys.exit('two runs of the same seed differ:\n' + a + '\n----\n' + b)
