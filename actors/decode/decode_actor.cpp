@@ -58,6 +58,9 @@ struct Seq {
   decode::PullReads reads;  // the pull's block reads (pd_policy)
   bool cancelled = false;
   std::chrono::nanoseconds prefill_deadline{0};
+  // Tells this sequence from an earlier one with the same id (a gateway's retry replaces a
+  // held attempt): a step planned for the old one must not sample into the new one.
+  uint64_t serial = 0;
 };
 
 struct DecodeMetrics {
@@ -97,6 +100,7 @@ struct DecodeState {
   // instance is on one of them prefills locally at once. The router may still pick such an
   // instance until it detects the loss itself, and decode hears of it only once.
   std::set<std::string> down_nodes;
+  uint64_t seqs_created = 0;  // Seq::serial
   bool stepping = false;
   std::unique_ptr<DecodeMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
@@ -381,6 +385,7 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
 // Runs one planned step: prefill chunks first, then decode tokens, then samples.
 struct StepRun {
   decode::DecodePlan plan;
+  std::vector<uint64_t> serials;  // per entry: the Seq::serial it was planned for
   std::vector<size_t> prefill_entries, decode_entries;  // indexes into plan.entries
   std::shared_ptr<const devices::StepOutput> prefill_out, decode_out;
 };
@@ -393,6 +398,7 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
     const auto& entry = run->plan.entries[entry_index];
     auto it = st.seqs.find(entry.seq);
     if (!entry.sample || it == st.seqs.end()) return;
+    if (it->second.serial != run->serials[entry_index]) return;  // replaced meanwhile
     auto token = sample_at(it->second.sampling, it->second.output_count, out, row,
                            it->second.history, st.info.model.vocab_size);
     if (!token.ok()) return;
@@ -445,6 +451,8 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
   auto batch = std::make_shared<std::vector<devices::PrefillSeq>>();
   for (size_t i = 0; i < run->plan.entries.size(); ++i) {
     const auto& e = run->plan.entries[i];
+    auto planned = st.seqs.find(e.seq);
+    run->serials.push_back(planned == st.seqs.end() ? 0 : planned->second.serial);
     bool is_decode = e.sample && e.tokens.size() == 1;
     (is_decode ? run->decode_entries : run->prefill_entries).push_back(i);
     if (!is_decode) {
@@ -569,6 +577,7 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
     return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
   }
   Seq seq{*reply_to, *sampling, prompt, static_cast<uint32_t>(prompt.size()), 0, cached};
+  seq.serial = ++st.seqs_created;
   if (!prefill_name.empty()) {
     auto prefill = messages::ActorName::parse(prefill_name);
     seq.prefill = prefill.ok() ? std::optional<ActorName>(*prefill) : std::nullopt;

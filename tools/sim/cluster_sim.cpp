@@ -962,10 +962,19 @@ void Sim::start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls) {
     auto bytes =
         static_cast<uint64_t>(static_cast<double>(tokens) *
                               config_.prefill_device.kv_bytes_per_token);
-    result_.kv_transfer_bytes += bytes;
     auto source = inst.pull_sources.find(order.seq);
     RT_ASSERT(source != inst.pull_sources.end(), order.seq);
     source->second.blocks = static_cast<uint32_t>(order.pull_block_indexes.size());
+    // The sim asks decode to pull only once prefill answered; a prefill instance restarted
+    // since then counts as a failed prefill: the pull fails at once (pd_policy pull_start).
+    bool prefill_failed =
+        nodes_[prefill_node(source->second.prefill)].incarnation != source->second.incarnation;
+    if (decode::pull_start(true, false, prefill_failed, false, true, true) ==
+        decode::PullStart::fail) {
+      push(now_ns_, EventKind::pull_done, d, order.seq, nodes_[decode_node(d)].incarnation);
+      continue;
+    }
+    result_.kv_transfer_bytes += bytes;
     double delay_s =
         fault_mode_ ? delay_ms(prefill_node(source->second.prefill), decode_node(d)) / 1e3 : 0;
     int64_t start_ns = std::max(now_ns_, inst.link_free_ns);
