@@ -781,6 +781,10 @@ void Sim::on_deliver(uint64_t seq) {
   st.at_prefill = true;
   st.prefill_incarnation = nodes_[pn].incarnation;
   st.prefill_deadline_ns = now_ns_ + to_ns(config_.prefill_timeout_ms / 1e3);
+  // A prefill instance this decode instance already declared down: local prefill at once.
+  for (const Detector& det : detectors_) {
+    if (det.observer == dn && det.peer == pn && det.down) return fallback_local(i);
+  }
   if (fault_mode_ && (!linked(dn, pn) || lose(dn, pn))) return;  // waits: timeout or detection
   PrefillInst& inst = prefill_[p];
   for (uint32_t a = 0; a < st.attempt; ++a) {
