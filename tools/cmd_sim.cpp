@@ -1,6 +1,8 @@
 // `tandem sim`: the cluster under virtual time (issue 5). Flags or a manifest give the
 // cluster; a generated workload or a JSONL trace gives the requests; tools/sim/cluster_sim
-// runs them. Prints the seed first; --seed N replays a run byte for byte.
+// runs them. Prints the seed first; --seed N replays a run byte for byte (the wall time goes
+// to stderr). --faults injects faults; an invariant violation is printed with its seed and
+// virtual time and exits 1. --swarm K runs K random cases (tools/sim/swarm.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include "runtime/base/assert.hpp"
 #include "tools/sim/cluster_sim.hpp"
 #include "tools/sim/hit_bound.hpp"
+#include "tools/sim/swarm.hpp"
 #include "tools/sim_setup.hpp"
 #include "tools/workload/workload.hpp"
 
@@ -24,7 +27,7 @@ void print_stats(const char* name, const workload::LatencyStats& s) {
               s.p99, s.mean);
 }
 
-void print_result(const sim::ClusterSimResult& r, double wall_s) {
+void print_result(const sim::ClusterSimResult& r) {
   const workload::BenchSummary& s = r.summary;
   std::printf("mode %s, policy %s: sent %llu, completed %llu, failed %llu\n", r.mode.c_str(),
               r.policy.c_str(), static_cast<unsigned long long>(r.sent_count),
@@ -40,11 +43,78 @@ void print_result(const sim::ClusterSimResult& r, double wall_s) {
   std::printf("  throughput %.2f req/s, %.0f output tok/s; prefix hit rate %.4f (token-weighted)\n",
               s.request_throughput_per_s, s.output_token_throughput_per_s, r.hit_rate);
   std::printf(
-      "  simulated %.1f s in %.2f s wall (%llu events); P/D requests %llu, KV moved "
+      "  simulated %.1f s (%llu events); P/D requests %llu, KV moved "
       "%.3f GB\n",
-      r.simulated_ms / 1e3, wall_s, static_cast<unsigned long long>(r.events_count),
+      r.simulated_ms / 1e3, static_cast<unsigned long long>(r.events_count),
       static_cast<unsigned long long>(r.pd_requests_count),
       static_cast<double>(r.kv_transfer_bytes) / 1e9);
+  if (!r.faults.empty()) {
+    const auto& k = r.fault_counters;
+    std::printf(
+        "  faults: crashes %llu, restarts %llu, detections %llu, retries %llu, fallbacks %llu, "
+        "pull failures %llu, prefill timeouts %llu, request timeouts %llu, lost streams %llu\n",
+        static_cast<unsigned long long>(k.crashes), static_cast<unsigned long long>(k.restarts),
+        static_cast<unsigned long long>(k.detections), static_cast<unsigned long long>(k.retries),
+        static_cast<unsigned long long>(k.fallbacks),
+        static_cast<unsigned long long>(k.pull_failures),
+        static_cast<unsigned long long>(k.prefill_timeouts),
+        static_cast<unsigned long long>(k.request_timeouts),
+        static_cast<unsigned long long>(k.lost_streams));
+  }
+}
+
+// The first invariant violation, with what replays it; true when there was one.
+bool print_violation(const sim::ClusterSimResult& r, const std::string& replay) {
+  if (r.violation.empty()) return false;
+  std::printf("INVARIANT VIOLATED (seed %llu, t = %.3f ms): %s\n  replay: %s\n",
+              static_cast<unsigned long long>(r.seed), r.violation_ms, r.violation.c_str(),
+              replay.c_str());
+  return true;
+}
+
+std::string seed_text(uint64_t seed) { return std::to_string(seed); }
+
+// --swarm K: seeds seed .. seed + K - 1, one line each, then a summary.
+int run_swarm(uint64_t seed, uint64_t count) {
+  std::vector<uint64_t> failed;
+  uint64_t sent = 0, crashes = 0, retries = 0;
+  for (uint64_t k = 0; k < count; ++k) {
+    uint64_t s = seed + k;
+    auto c = sim::make_swarm_case(s);
+    if (!c) {
+      std::printf("seed %llu: cannot build the case: %s\n", static_cast<unsigned long long>(s),
+                  c.error().describe().c_str());
+      failed.push_back(s);
+      continue;
+    }
+    auto r = sim::run_cluster_sim(c->config, c->requests);
+    if (!r) {
+      std::printf("seed %llu: %s | error: %s\n", static_cast<unsigned long long>(s),
+                  c->shape.c_str(), r.error().describe().c_str());
+      failed.push_back(s);
+      continue;
+    }
+    std::printf("%s\n", sim::swarm_line(s, *c, *r).c_str());
+    std::fflush(stdout);
+    sent += r->sent_count;
+    crashes += r->fault_counters.crashes;
+    retries += r->fault_counters.retries;
+    if (!r->violation.empty()) {
+      std::printf("  replay: tandem sim --swarm-case --seed %llu\n",
+                  static_cast<unsigned long long>(s));
+      failed.push_back(s);
+    }
+  }
+  std::printf("swarm: %llu seeds from %llu, %zu failed; %llu requests, %llu crashes, %llu "
+              "retries\n",
+              static_cast<unsigned long long>(count), static_cast<unsigned long long>(seed),
+              failed.size(), static_cast<unsigned long long>(sent),
+              static_cast<unsigned long long>(crashes), static_cast<unsigned long long>(retries));
+  for (uint64_t s : failed) {
+    std::printf("  failed: tandem sim --swarm-case --seed %llu\n",
+                static_cast<unsigned long long>(s));
+  }
+  return failed.empty() ? 0 : 1;
 }
 
 // The trace's hit-rate ceiling over the requests this run sent, in send order.
@@ -88,16 +158,43 @@ int cmd_sim(cli::Args args) {
   }
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::fflush(stdout);
-  std::optional<SimRun> run = prepare_sim(f, seed);
-  if (!run) return 2;
+  if (f.has("swarm")) {
+    auto count = f.get_int("swarm");
+    if (!count || *count < 1) {
+      std::fprintf(stderr, "tandem sim: --swarm: expected a count >= 1\n");
+      return 2;
+    }
+    return run_swarm(seed, static_cast<uint64_t>(*count));
+  }
+  std::optional<SimRun> run;
+  std::string replay;
+  if (f.has("swarm-case")) {
+    auto c = sim::make_swarm_case(seed);
+    if (!c) {
+      std::fprintf(stderr, "tandem sim: %s\n", c.error().describe().c_str());
+      return 2;
+    }
+    std::printf("case: %s\n", c->shape.c_str());
+    run = SimRun{std::move(c->config), std::move(c->requests)};
+    replay = "tandem sim --swarm-case --seed " + seed_text(seed);
+  } else {
+    run = prepare_sim(f, seed);
+    if (!run) return 2;
+    replay = "tandem sim";
+    for (char* const arg : args) replay += " '" + std::string(arg) + "'";
+    if (!f.has("seed")) replay += " --seed " + seed_text(seed);
+  }
   auto started = std::chrono::steady_clock::now();
   auto result = sim::run_cluster_sim(run->config, run->requests);
   double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (!result) {
     std::fprintf(stderr, "tandem sim: %s\n", result.error().describe().c_str());
-    return 1;
+    return result.error().kind == ErrorKind::invalid ? 2 : 1;
   }
-  print_result(*result, wall_s);
+  std::fprintf(stderr, "tandem sim: %.2f s wall\n", wall_s);
+  if (!result->faults.empty()) std::printf("faults: %s\n", result->faults.c_str());
+  print_result(*result);
+  bool violated = print_violation(*result, replay);
   print_hit_bound(*result, run->requests, run->config.block_tokens);
   if (f.has("json")) {
     std::ofstream out(f.get("json"), std::ios::binary);
@@ -116,7 +213,7 @@ int cmd_sim(cli::Args args) {
       return 1;
     }
   }
-  return 0;
+  return violated ? 1 : 0;
 }
 
 }  // namespace tandem::tools

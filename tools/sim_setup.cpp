@@ -46,7 +46,16 @@ cli::Flags sim_flags() {
       .flag("kv-blocks", "N", "KV pool blocks per instance (0: from the timing model)", "0")
       .flag("json", "FILE", "write the result as JSON (deterministic) to FILE")
       .flag("timelines", "", "include every request's timeline in the JSON")
-      .flag("svg-dir", "DIR", "write the TTFT plots (CDF, over time, vs context) as SVG to DIR");
+      .flag("svg-dir", "DIR", "write the TTFT plots (CDF, over time, vs context) as SVG to DIR")
+      .flag("faults", "SPEC",
+            "inject faults, e.g. crash:decode-1@30s+10s,partition:prefill-0/decode-2@5s+2s,"
+            "slow:decode-0x4@0s+60s,random:crash=0.01 (tools/sim/README.md)")
+      .flag("heartbeat-ms", "MS", "membership heartbeat interval (default: manifest's, else 200)")
+      .flag("heartbeat-misses", "N", "missed heartbeats before a peer is down (default 5)")
+      .flag("prefill-timeout-ms", "MS", "decode's remote prefill timeout (default 30000)")
+      .flag("request-timeout-ms", "MS", "the gateway's no-progress timeout (default 600000)")
+      .flag("swarm", "K", "run K seeds (from --seed), each a random cluster, workload and faults")
+      .flag("swarm-case", "", "run the swarm's case of --seed (the replay of a swarm seed)");
   return f;
 }
 
@@ -126,6 +135,10 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   c.decode_waiting_max = m.decode.waiting_max;
   c.decode_seqs_max = m.decode.seqs_max;
   c.decode_step_tokens_max = m.decode.step_tokens_max;
+  c.heartbeat_interval_ms = m.membership.heartbeat_interval_ms;
+  c.heartbeat_miss_max = m.membership.heartbeat_miss_max;
+  c.prefill_timeout_ms = m.decode.prefill_timeout_ms;
+  c.request_timeout_ms = m.gateway.request_timeout_ms;
   auto decode = role_sim_params(m, config::Role::decode, path);
   auto prefill = decode ? role_sim_params(m, config::Role::prefill, path) : std::nullopt;
   if (!decode || !prefill) return false;
@@ -200,6 +213,26 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
   auto report_ms = f.get_double("load-report-ms");
   if (!duration_s || !link || !report_ms) return false;
   c.load_report_interval_ms = *report_ms;
+  if (f.has("faults")) {
+    auto plan = sim::parse_faults(f.get("faults"));
+    if (!plan) {
+      std::fprintf(stderr, "tandem sim: %s\n", plan.error().message.c_str());
+      return false;
+    }
+    c.faults = std::move(plan).value();
+  }
+  for (auto [flag, out] : {std::pair<const char*, double*>{"heartbeat-ms", &c.heartbeat_interval_ms},
+                           {"prefill-timeout-ms", &c.prefill_timeout_ms},
+                           {"request-timeout-ms", &c.request_timeout_ms}}) {
+    if (!f.has(flag)) continue;
+    auto v = f.get_double(flag);
+    if (!v) return false;
+    *out = *v;
+  }
+  if (f.has("heartbeat-misses") &&
+      !get_u32(f, "heartbeat-misses", 1, 1000, &c.heartbeat_miss_max)) {
+    return false;
+  }
   c.duration_ms = *duration_s * 1e3;
   c.link_bytes_per_s = *link * 1e9;
   if (Status s = c.validate(); !s) {

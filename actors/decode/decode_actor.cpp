@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "actors/decode/decode_scheduler.hpp"
+#include "actors/decode/pd_policy.hpp"
 #include "actors/executor/executor_actor.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
@@ -54,10 +55,12 @@ struct Seq {
   std::vector<devices::SampledToken> unsent_logprobs;
   bool prefill_failed = false;
   bool pull_started = false;
-  bool pull_failed = false;
-  uint32_t reads_left = 0;
+  decode::PullReads reads;  // the pull's block reads (pd_policy)
   bool cancelled = false;
   std::chrono::nanoseconds prefill_deadline{0};
+  // Tells this sequence from an earlier one with the same id (a gateway's retry replaces a
+  // held attempt): a step planned for the old one must not sample into the new one.
+  uint64_t serial = 0;
 };
 
 struct DecodeMetrics {
@@ -97,6 +100,7 @@ struct DecodeState {
   // instance is on one of them prefills locally at once. The router may still pick such an
   // instance until it detects the loss itself, and decode hears of it only once.
   std::set<std::string> down_nodes;
+  uint64_t seqs_created = 0;  // Seq::serial
   bool stepping = false;
   std::unique_ptr<DecodeMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
@@ -108,9 +112,9 @@ struct DecodeState {
     uint32_t tokens_sent = 0;
     uint32_t attempts = 0;
   };
-  std::deque<LostStream> lost;
   static constexpr size_t lost_max = 4096;
   static constexpr uint32_t lost_attempts_max = 50;  // ticks (5 s)
+  decode::LostStreams<LostStream> lost{lost_max, lost_attempts_max};
   // What the current step (or finished pull) produced for the gateways, sent as one
   // StepEvents frame per gateway when it is complete (flush_events). Bounded by the step:
   // at most a chunk and a finish per sequence in it.
@@ -188,18 +192,17 @@ Status send_lost(DecodeState& st, const DecodeState::LostStream& l) {
 
 // Each tick: sends the errors not sent yet; keeps those that still cannot go.
 void retry_lost(DecodeState& st) {
-  std::deque<DecodeState::LostStream> keep;
-  for (auto& l : st.lost) {
-    Status sent = send_lost(st, l);
-    if (sent.ok()) continue;
-    if (++l.attempts < DecodeState::lost_attempts_max) {
-      keep.push_back(l);
-    } else {
-      st.ctx.log->warn("decode {}: request {}: could not tell {} that it failed: {}",
-                       st.self_name.instance, l.id, l.to.to_string(), sent.error().describe());
-    }
-  }
-  st.lost = std::move(keep);
+  std::string why;
+  st.lost.retry(
+      [&](const DecodeState::LostStream& l) {
+        Status sent = send_lost(st, l);
+        why = sent.ok() ? "" : sent.error().describe();
+        return sent.ok();
+      },
+      [&](const DecodeState::LostStream& l) {
+        st.ctx.log->warn("decode {}: request {}: could not tell {} that it failed: {}",
+                         st.self_name.instance, l.id, l.to.to_string(), why);
+      });
 }
 
 // Queues what `update` means for the gateway (a chunk, a finish) in the outbox; the caller
@@ -251,10 +254,7 @@ void on_events_lost(DecodeState& st, std::span<const DecodeState::OutEvent> even
       st.seqs.erase(it);
     }
     DecodeState::LostStream lost{e.to, e.id, e.finish ? e.output_tokens : e.first_index, 0};
-    if (!send_lost(st, lost).ok()) {  // the tick retries it
-      if (st.lost.size() == DecodeState::lost_max) st.lost.pop_front();
-      st.lost.push_back(lost);
-    }
+    if (!send_lost(st, lost).ok()) st.lost.push(lost);  // the tick retries it
   }
 }
 
@@ -326,24 +326,25 @@ void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
 void try_pull(DecodeActor* self, uint64_t id) {
   auto& st = self->state;
   Seq& s = st.seqs.at(id);
-  if (!s.order || s.pull_started) return;
-  if (s.prefill_failed || s.cancelled) {
-    s.pull_started = true;
-    return finish_pull(self, id, false);
-  }
-  if (!s.remote_first) return;  // prefill has not answered yet
+  auto* fabric = st.ctx.bridge->fabric();
+  bool match = fabric != nullptr && s.order && s.remote.size() == s.order->block_table.size();
+  decode::PullStart start = decode::pull_start(s.order.has_value(), s.pull_started,
+                                               s.prefill_failed, s.cancelled,
+                                               s.remote_first.has_value(), match);
+  if (start == decode::PullStart::wait) return;  // no order yet, or prefill has not answered
   s.pull_started = true;
+  if (!s.remote_first || s.prefill_failed || s.cancelled) return finish_pull(self, id, false);
   const auto& order = *s.order;
   uint64_t block_bytes = st.info.layout.block_bytes();
-  auto* fabric = st.ctx.bridge->fabric();
-  if (fabric == nullptr || s.remote.size() != order.block_table.size()) {
+  if (start == decode::PullStart::fail) {
     st.ctx.log->warn("decode {}: request {}: prefill described {} blocks, expected {}",
                      st.self_name.instance, id, s.remote.size(), order.block_table.size());
     return finish_pull(self, id, false);
   }
   caf::actor me = caf::actor_cast<caf::actor>(self);
-  s.reads_left = static_cast<uint32_t>(order.pull_block_indexes.size());
-  if (s.reads_left == 0) return finish_pull(self, id, true);
+  if (auto done = s.reads.start(static_cast<uint32_t>(order.pull_block_indexes.size()))) {
+    return finish_pull(self, id, *done);
+  }
   for (uint32_t index : order.pull_block_indexes) {
     const RemoteBlock& rb = s.remote[index];
     auto peer = fabric->peer(rb.address);
@@ -367,9 +368,8 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
   auto it = st.seqs.find(done.seq);
   if (it == st.seqs.end()) return;
   Seq& s = it->second;
-  RT_ASSERT(s.reads_left > 0, done.seq);
-  if (!done.ok && !s.pull_failed) {
-    s.pull_failed = true;
+  RT_ASSERT(s.reads.left() > 0, done.seq);
+  if (!done.ok && !s.reads.failed()) {
     st.ctx.log->warn("decode {}: KV pull of request {} failed: {}", st.self_name.instance,
                      done.seq, done.error);
   }
@@ -379,12 +379,13 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
   } else {
     st.metrics->pull_failures->inc();
   }
-  if (--s.reads_left == 0) finish_pull(self, done.seq, !s.pull_failed);
+  if (auto pulled = s.reads.read_done(done.ok)) finish_pull(self, done.seq, *pulled);
 }
 
 // Runs one planned step: prefill chunks first, then decode tokens, then samples.
 struct StepRun {
   decode::DecodePlan plan;
+  std::vector<uint64_t> serials;  // per entry: the Seq::serial it was planned for
   std::vector<size_t> prefill_entries, decode_entries;  // indexes into plan.entries
   std::shared_ptr<const devices::StepOutput> prefill_out, decode_out;
 };
@@ -397,6 +398,7 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
     const auto& entry = run->plan.entries[entry_index];
     auto it = st.seqs.find(entry.seq);
     if (!entry.sample || it == st.seqs.end()) return;
+    if (it->second.serial != run->serials[entry_index]) return;  // replaced meanwhile
     auto token = sample_at(it->second.sampling, it->second.output_count, out, row,
                            it->second.history, st.info.model.vocab_size);
     if (!token.ok()) return;
@@ -449,6 +451,8 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
   auto batch = std::make_shared<std::vector<devices::PrefillSeq>>();
   for (size_t i = 0; i < run->plan.entries.size(); ++i) {
     const auto& e = run->plan.entries[i];
+    auto planned = st.seqs.find(e.seq);
+    run->serials.push_back(planned == st.seqs.end() ? 0 : planned->second.serial);
     bool is_decode = e.sample && e.tokens.size() == 1;
     (is_decode ? run->decode_entries : run->prefill_entries).push_back(i);
     if (!is_decode) {
@@ -523,6 +527,8 @@ void send_prefill_request(DecodeActor* self, uint64_t id, const Seq& s,
   }
 }
 
+void on_cancel(DecodeActor* self, uint64_t id);
+
 void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto req = envelope.getBody().getGenerateRequest();
@@ -538,9 +544,20 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
                           sampling.ok() ? Status() : Status(sampling.error()), prompt_ok}) {
     if (!s.ok()) return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
   }
-  if (st.seqs.count(id)) {
-    return send_error(st.ctx, st.self_name, *reply_to, id,
-                      make_error(ErrorKind::invalid, "duplicate request id"));
+  if (auto held = st.seqs.find(id); held != st.seqs.end()) {
+    if (decode::on_duplicate(held->second.reply_to == *reply_to) == decode::Duplicate::refuse) {
+      return send_error(st.ctx, st.self_name, *reply_to, id,
+                        make_error(ErrorKind::invalid, "duplicate request id"));
+    }
+    // The gateway retries a request it gave up on here: the new attempt replaces the old.
+    st.ctx.log->info("decode {}: request {} sent again by its gateway; replacing it",
+                     st.self_name.instance, id);
+    on_cancel(self, id);
+    if (st.seqs.count(id)) {  // its KV pull is still in flight: it goes when the reads end
+      return send_error(st.ctx, st.self_name, *reply_to, id,
+                        make_error(ErrorKind::failed, "the request's previous attempt is still "
+                                                      "pulling its KV here; retry"));
+    }
   }
   auto limits = req.getLimits();
   uint32_t room = st.ctx.manifest->model.max_model_tokens - std::min<uint32_t>(
@@ -560,6 +577,7 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
     return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
   }
   Seq seq{*reply_to, *sampling, prompt, static_cast<uint32_t>(prompt.size()), 0, cached};
+  seq.serial = ++st.seqs_created;
   if (!prefill_name.empty()) {
     auto prefill = messages::ActorName::parse(prefill_name);
     seq.prefill = prefill.ok() ? std::optional<ActorName>(*prefill) : std::nullopt;
@@ -632,7 +650,7 @@ void on_cancel(DecodeActor* self, uint64_t id) {
     });
   }
   // A pull in flight keeps the sequence until its reads end (finish_pull forgets it).
-  bool pulling = s.pull_started && s.reads_left > 0;
+  bool pulling = s.pull_started && s.reads.left() > 0;
   if (!pulling && st.scheduler->stage(id) != decode::SeqStage::pulling) st.seqs.erase(it);
   update_metrics(st);
   pump(self);
@@ -716,8 +734,8 @@ caf::behavior running(DecodeActor* self) {
         auto now = now_ns();
         std::vector<uint64_t> late;
         for (const auto& [id, s] : st.seqs) {
-          if (s.prefill && !s.remote_first && !s.prefill_failed && now > s.prefill_deadline)
-            late.push_back(id);
+          bool waiting = s.prefill && !s.remote_first && !s.prefill_failed;
+          if (decode::prefill_timed_out(waiting, now, s.prefill_deadline)) late.push_back(id);
         }
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
         if (!st.lost.empty()) retry_lost(st);

@@ -18,6 +18,7 @@
 #include "actors/gateway/http_server.hpp"
 #include "actors/gateway/output_parser.hpp"
 #include "actors/gateway/preparer_pool.hpp"
+#include "actors/gateway/retry_policy.hpp"
 #include "actors/gateway/stop_matcher.hpp"
 #include "actors/gateway/token_logprobs.hpp"
 #include "kvstore/hashing.hpp"
@@ -76,7 +77,7 @@ using gateway::ApiKind;
 using messages::ActorName;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t retries_max = 2;
+using gateway::retries_max;
 const gateway::HttpHeaderList json_headers = {{"Content-Type", "application/json"}};
 const gateway::HttpHeaderList sse_headers = {{"Content-Type", "text/event-stream"},
                                              {"Cache-Control", "no-cache"}};
@@ -413,9 +414,8 @@ void on_failure(GatewayActor* self, uint64_t id, ErrorKind kind, const std::stri
   auto it = st.requests.find(id);
   if (it == st.requests.end()) return;
   Req& r = it->second;
-  bool retryable = kind == ErrorKind::disconnected || kind == ErrorKind::failed ||
-                   kind == ErrorKind::timed_out || kind == ErrorKind::unimplemented;
-  if (r.tokens_received == 0 && r.retries_left > 0 && retryable) {
+  gateway::RetryDecision decision = gateway::decide_retry(kind, r.tokens_received, r.retries_left);
+  if (decision.retry) {
     --r.retries_left;
     st.ctx.log->warn("gateway: request {} failed before its first token ({}); routing again",
                      id, message);
@@ -429,10 +429,7 @@ void on_failure(GatewayActor* self, uint64_t id, ErrorKind kind, const std::stri
                                     "the decode instance is full (" + message + "); retry later",
                                     "rate_limit_exceeded"));
   }
-  int status = kind == ErrorKind::invalid ? 400 : kind == ErrorKind::overloaded ? 503 : 500;
-  std::string type = kind == ErrorKind::invalid ? "invalid_request_error"
-                     : kind == ErrorKind::overloaded ? "overloaded_error" : "api_error";
-  fail(self, id, api_error(status, type, message));
+  fail(self, id, api_error(decision.http_status, std::string(decision.type), message));
 }
 
 void send_generate(GatewayActor* self, uint64_t id) {

@@ -184,3 +184,210 @@ TEST_CASE("prefill and decode instances each take their own device model") {
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message.find("prefill device") != std::string::npos);
 }
+
+// ---- faults (issue 12) ----
+
+#include <cstdio>
+
+#include "tools/sim/faults.hpp"
+#include "tools/sim/swarm.hpp"
+
+namespace {
+
+sim::ClusterSimConfig faulty_cluster(const std::string& spec, uint32_t prefill, uint32_t decode) {
+  auto c = small_cluster(router::Policy::prefix_aware, prefill, decode);
+  c.duration_ms = 60e3;
+  c.request_timeout_ms = 10e3;
+  c.prefill_timeout_ms = 3e3;
+  c.prefill_hold_timeout_ms = 5000;
+  auto plan = sim::parse_faults(spec);
+  if (!plan.ok()) std::fprintf(stderr, "%s\n", plan.error().describe().c_str());
+  REQUIRE(plan.ok());
+  c.faults = std::move(plan).value();
+  return c;
+}
+
+std::vector<workload::Request> short_agentic(uint64_t seed) {
+  workload::AgenticParams p;
+  p.seed = seed;
+  p.sessions_in_flight = 6;
+  p.sessions_count = 24;
+  p.system_prompt_tokens = 1024;
+  p.repo_context_tokens_min = 500;
+  p.repo_context_tokens_max = 2000;
+  p.tool_output_tokens_median = 200;
+  p.tool_output_tokens_max = 2000;
+  p.output_tokens_min = 20;
+  p.output_tokens_max = 200;
+  p.turns_min = 2;
+  p.turns_max = 5;
+  p.think_time_ms_median = 100;
+  auto requests = workload::generate_agentic(p);
+  REQUIRE(requests.ok());
+  return std::move(requests).value();
+}
+
+sim::ClusterSimResult run_ok(const sim::ClusterSimConfig& c,
+                             const std::vector<workload::Request>& requests) {
+  auto r = sim::run_cluster_sim(c, requests);
+  if (!r.ok()) std::fprintf(stderr, "%s\n", r.error().describe().c_str());
+  REQUIRE(r.ok());
+  return std::move(r).value();
+}
+
+}  // namespace
+
+TEST_CASE("fault spec: every kind parses, and a bad term is named") {
+  auto plan = sim::parse_faults(
+      "crash:decode-1@30s+10s,partition:prefill-0/decode-2@5s+2s,slow:decode-0x4@0s+60s,"
+      "loss:gateway/decode-0=0.25@1s+500ms,delay:prefill-1/decode-1=20@2s+1s,hang:prefill-0@3s+1s,"
+      "crash:decode-3@1s,random:crash=0.01/s,random:partition=0.5");
+  REQUIRE_MESSAGE(plan.ok(), (plan.ok() ? std::string() : plan.error().describe()));
+  REQUIRE(plan->faults.size() == 7);
+  CHECK(plan->faults[0].kind == sim::FaultKind::crash);
+  CHECK(plan->faults[0].a == "decode-1");
+  CHECK(plan->faults[0].at_ms == 30000);
+  CHECK(plan->faults[0].for_ms == 10000);
+  CHECK(plan->faults[2].value == 4);
+  CHECK(plan->faults[3].value == 0.25);
+  CHECK(plan->faults[3].for_ms == 500);
+  CHECK(plan->faults[6].for_ms < 0);  // never restarts
+  CHECK(plan->random_per_s[static_cast<int>(sim::FaultKind::crash)] == 0.01);
+  // The canonical form parses back to the same faults.
+  auto again = sim::parse_faults(sim::describe(plan->faults));
+  REQUIRE(again.ok());
+  CHECK(sim::describe(again->faults) == sim::describe(plan->faults));
+  for (const char* bad : {"crash:decode-1", "crash:decode-1@30", "partition:decode-1@1s+1s",
+                          "loss:gateway/decode-0=2@1s+1s", "slow:decode-0@1s+1s",
+                          "crash:router@1s+1s", "boom:decode-0@1s", "random:crash",
+                          "hang:decode-0@1s", "partition:decode-0/decode-0@1s+1s",
+                          "crash:nobody-1@1s"}) {
+    CAPTURE(bad);
+    std::string spec = std::string("crash:decode-0@1s,") + bad;
+    auto r = sim::parse_faults(spec);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().kind == ErrorKind::invalid);
+    CHECK(r.error().message.find("term 2 '" + std::string(bad) + "'") != std::string::npos);
+  }
+  // A node the cluster does not have: the run names the term.
+  auto requests = short_agentic(1);
+  auto c = faulty_cluster("crash:decode-9@1s+1s", 1, 2);
+  auto r = sim::run_cluster_sim(c, requests);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("crash:decode-9@1000ms+1000ms") != std::string::npos);
+}
+
+TEST_CASE("random faults are drawn from the seed: same seed, same plan") {
+  auto plan = sim::parse_faults("random:crash=0.1,random:loss=0.2,random:slow=0.1");
+  REQUIRE(plan.ok());
+  std::vector<std::string> instances{"prefill-0", "decode-0", "decode-1"};
+  std::vector<std::string> nodes{"gateway", "router", "prefill-0", "decode-0", "decode-1"};
+  auto a = sim::expand_faults(*plan, instances, nodes, 100e3, 7);
+  auto b = sim::expand_faults(*plan, instances, nodes, 100e3, 7);
+  auto other = sim::expand_faults(*plan, instances, nodes, 100e3, 8);
+  CHECK(!a.empty());
+  CHECK(sim::describe(a) == sim::describe(b));
+  CHECK(sim::describe(a) != sim::describe(other));
+  for (size_t i = 1; i < a.size(); ++i) CHECK(a[i - 1].at_ms <= a[i].at_ms);
+}
+
+TEST_CASE("a crashed decode: its requests are retried elsewhere, the run replays exactly") {
+  auto requests = short_agentic(3);
+  auto c = faulty_cluster("crash:decode-0@4s+6s,crash:decode-1@15s+3s", 1, 3);
+  auto r = run_ok(c, requests);
+  CHECK_MESSAGE(r.violation.empty(), r.violation);
+  CHECK(r.fault_counters.crashes == 2);
+  CHECK(r.fault_counters.restarts == 2);
+  CHECK(r.fault_counters.detections >= 2);
+  CHECK(r.fault_counters.retries > 0);
+  CHECK(r.sent_count == r.completed_count + r.failed_count);
+  CHECK(r.completed_count > 0);
+  // Same config, same bytes (faults, retries and all).
+  auto again = run_ok(c, requests);
+  CHECK(sim::to_json(r, true) == sim::to_json(again, true));
+  // A different seed draws differently only where randomness is used: the random policy.
+  c.router.policy = router::Policy::random;
+  auto x = run_ok(c, requests);
+  c.seed = 99;
+  c.router.seed = 99;
+  auto y = run_ok(c, requests);
+  CHECK(sim::to_json(x, true) != sim::to_json(y, true));
+}
+
+TEST_CASE("a request that already streamed tokens ends with an explicit error when its decode dies") {
+  auto requests = short_agentic(5);
+  for (auto& q : requests) q.expected_output_tokens = 400;  // long streams: crashes hit mid-way
+  auto c = faulty_cluster("crash:decode-0@3s+2s,crash:decode-1@9s+2s", 0, 2);
+  auto r = run_ok(c, requests);
+  CHECK_MESSAGE(r.violation.empty(), r.violation);
+  CHECK(r.failed_by_kind["gateway_decode_down"] > 0);
+  for (const auto& t : r.timelines) {
+    if (t.error_kind == "gateway_decode_down") CHECK(t.output_tokens > 0);
+  }
+}
+
+TEST_CASE("partitions, loss, delay, slow and hung executors: every invariant holds") {
+  auto requests = short_agentic(7);
+  auto c = faulty_cluster(
+      "partition:prefill-0/decode-1@2s+3s,partition:router/decode-0@6s+4s,"
+      "loss:gateway/decode-0=0.3@1s+8s,loss:prefill-1/decode-0=0.5@1s+10s,"
+      "delay:gateway/decode-1=50@0s+20s,slow:decode-1x8@5s+5s,hang:prefill-1@8s+3s,"
+      "hang:decode-0@12s+4s,partition:gateway/router@20s+1s",
+      2, 2);
+  auto r = run_ok(c, requests);
+  CHECK_MESSAGE(r.violation.empty(), r.violation);
+  CHECK(r.fault_counters.detections > 0);
+  CHECK(r.fault_counters.fallbacks + r.fault_counters.pull_failures > 0);
+  CHECK(r.fault_counters.lost_streams > 0);
+  CHECK(r.sent_count == r.completed_count + r.failed_count);
+}
+
+TEST_CASE("each invariant checker catches its planted bug") {
+  auto requests = short_agentic(3);
+  auto base = faulty_cluster("crash:decode-0@4s+6s,crash:decode-1@15s+3s", 1, 3);
+  auto caught = [&](auto plant, const std::string& expected) {
+    auto c = base;
+    plant(c.bugs);
+    auto r = run_ok(c, requests);
+    CAPTURE(expected);
+    CHECK_MESSAGE(r.violation.find(expected) != std::string::npos, r.violation);
+    CHECK(r.violation_ms >= 0);
+  };
+  caught([](auto& b) { b.drop_end = true; }, "never ended");
+  caught([](auto& b) { b.double_end = true; }, "ended twice");
+  caught([](auto& b) { b.no_retry = true; }, "should have been retried");
+  caught([](auto& b) { b.leak_block = true; }, "KV leak");
+  caught([](auto& b) { b.router_not_told = true; }, "which it had declared down");
+  caught([](auto& b) { b.unbounded = true; }, "in-flight map");
+  // Without a planted bug: no violation.
+  CHECK(run_ok(base, requests).violation.empty());
+}
+
+TEST_CASE("swarm cases: same seed, same case and bytes") {
+  for (uint64_t seed : {1u, 2u}) {
+    auto a = sim::make_swarm_case(seed);
+    auto b = sim::make_swarm_case(seed);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->shape == b->shape);
+    auto ra = run_ok(a->config, a->requests);
+    auto rb = run_ok(b->config, b->requests);
+    CHECK(sim::to_json(ra, true) == sim::to_json(rb, true));
+    CHECK(sim::swarm_line(seed, *a, ra) == sim::swarm_line(seed, *b, rb));
+  }
+}
+
+// Seeds the swarm failed on, kept as regression cases. 1, 28, 57, 111, 114: a gateway retry
+// after a timeout re-sent the request id to the decode instance still holding the abandoned
+// attempt, which refused it as a duplicate (400 for a server-side fault); decode now replaces
+// the held attempt when its own gateway re-sends it (pd_policy on_duplicate).
+TEST_CASE("swarm regression seeds") {
+  for (uint64_t seed : {1u, 28u, 57u, 111u, 114u}) {
+    CAPTURE(seed);
+    auto c = sim::make_swarm_case(seed);
+    REQUIRE(c.ok());
+    auto r = run_ok(c->config, c->requests);
+    CHECK_MESSAGE(r.violation.empty(), r.violation);
+    CHECK(r.sent_count == r.completed_count + r.failed_count);
+  }
+}

@@ -4,13 +4,18 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <queue>
+#include <random>
+#include <set>
 #include <unordered_map>
 
 #include "actors/decode/decode_scheduler.hpp"
+#include "actors/decode/pd_policy.hpp"
+#include "actors/gateway/retry_policy.hpp"
 #include "actors/prefill/prefill_scheduler.hpp"
 #include "kvstore/hashing.hpp"
 #include "kvstore/prefix_cache.hpp"
@@ -30,6 +35,16 @@ Status ClusterSimConfig::validate() const {
   if (!(load_report_interval_ms >= 0) || !std::isfinite(load_report_interval_ms)) {
     return bad("load_report_interval_ms must be finite and >= 0");
   }
+  if (!(heartbeat_interval_ms > 0) || !std::isfinite(heartbeat_interval_ms)) {
+    return bad("heartbeat_interval_ms must be finite and > 0");
+  }
+  if (heartbeat_miss_max < 1) return bad("heartbeat_miss_max must be >= 1");
+  if (!(prefill_timeout_ms > 0) || !std::isfinite(prefill_timeout_ms)) {
+    return bad("prefill_timeout_ms must be finite and > 0");
+  }
+  if (!(request_timeout_ms > 0) || !std::isfinite(request_timeout_ms)) {
+    return bad("request_timeout_ms must be finite and > 0");
+  }
   if (Status s = prefill_device.validate(); !s) {
     return bad("prefill device: " + s.error().message);
   }
@@ -37,18 +52,36 @@ Status ClusterSimConfig::validate() const {
   return {};
 }
 
+std::vector<std::string> node_names(const ClusterSimConfig& c) {
+  std::vector<std::string> names{"gateway", "router"};
+  for (uint32_t p = 0; p < c.prefill_count; ++p) names.push_back("prefill-" + std::to_string(p));
+  for (uint32_t d = 0; d < c.decode_count; ++d) {
+    names.push_back((c.prefill_count > 0 ? "decode-" : "instance-") + std::to_string(d));
+  }
+  return names;
+}
+
 namespace {
 
 using Nanos = std::chrono::nanoseconds;
 
-enum class EventKind : uint8_t { send, prefill_done, decode_done, pull_done, load_report };
+enum class EventKind : uint8_t {
+  send, prefill_done, decode_done, pull_done, load_report,
+  // faults (issue 12)
+  fault_begin, fault_end, detect_down, detect_up, detect_restart, tick, deliver,
+  router_timeout, gateway_error
+};
+
+// Events that are not periodic: the run goes on while one of these is pending.
+bool is_work(EventKind k) { return k != EventKind::load_report && k != EventKind::tick; }
 
 struct Event {
   int64_t t_ns = 0;
   uint64_t seq = 0;  // insertion order: breaks ties deterministically
   EventKind kind = EventKind::send;
   uint32_t target = 0;  // instance index (prefill or decode), unused for send
-  uint64_t arg = 0;     // request index (send, pull_done)
+  uint64_t arg = 0;     // request index (send), seq id (pull_done, deliver, ...)
+  uint32_t epoch = 0;   // the target instance's incarnation when pushed (steps, pulls)
 };
 
 struct Later {
@@ -72,6 +105,18 @@ struct PrefillInst {
   InstanceStats stats;
 };
 
+// An error a decode instance owes the gateway (pd_policy LostStreams).
+struct LostItem {
+  uint64_t seq = 0;
+};
+
+// Where a pull reads from: the prefill instance (and its incarnation) of the attempt.
+struct PullSource {
+  uint32_t prefill = 0;
+  uint32_t incarnation = 0;
+  uint32_t blocks = 0;  // blocks to read (set when the pull starts)
+};
+
 struct DecodeInst {
   std::unique_ptr<kv::PrefixCache> cache;
   std::unique_ptr<decode::DecodeScheduler> sched;
@@ -82,8 +127,14 @@ struct DecodeInst {
   decode::DecodePlan plan;                     // the last plan, handed back for reuse
   std::vector<decode::SeqUpdate> updates;      // the last step's updates, reused
   InstanceStats stats;
+  // Faults: errors owed to the gateway, and the pull source of every P/D sequence.
+  decode::LostStreams<LostItem> lost{4096, 50};
+  std::map<uint64_t, PullSource> pull_sources;  // <= waiting_max + seqs_max
+  bool leaked = false;                          // bugs.leak_block planted here
 };
 
+// One request as the gateway sees it; seq ids are request_index * 4 + attempt (the real
+// gateway reuses its id; the duplicate it would meet is emulated, see route()).
 struct ReqState {
   uint32_t session_index = 0;  // into Sim::sessions_
   int32_t prefill = -1;        // prefill instance index, -1 = local prefill on decode
@@ -92,7 +143,23 @@ struct ReqState {
   bool sent = false;
   bool done = false;
   uint64_t cached_tokens = 0;
+  // Faults.
+  uint32_t attempt = 0;
+  uint32_t retries_left = gateway::retries_max;
+  uint32_t tokens_sent = 0;      // tokens the gateway received (and streamed)
+  uint32_t decode_incarnation = 0, prefill_incarnation = 0;
+  bool at_prefill = false;       // decode waits for the remote prefill's answer
+  int64_t prefill_deadline_ns = 0;
+  int64_t last_activity_ns = 0;
+  bool routed = false;           // the current attempt has a decode instance
 };
+static_assert(gateway::retries_max < 4, "seq ids keep 2 bits for the attempt");
+
+uint64_t seq_id(uint32_t request_index, uint32_t attempt) {
+  return uint64_t{request_index} * 4 + attempt;
+}
+uint32_t request_of(uint64_t seq) { return static_cast<uint32_t>(seq / 4); }
+uint32_t attempt_of(uint64_t seq) { return static_cast<uint32_t>(seq % 4); }
 
 struct Session {
   std::vector<uint32_t> requests;  // request indexes in turn order
@@ -100,44 +167,91 @@ struct Session {
   Chain chain;
 };
 
+// A node: the gateway (0), the router (1), prefill instances (2..), decode instances.
+struct Node {
+  std::string name;
+  bool alive = true;
+  uint32_t incarnation = 0;
+};
+
+// One observer's view of one peer (membership by heartbeats).
+struct Detector {
+  uint32_t observer = 0, peer = 0;  // node indexes
+  bool down = false;
+  uint32_t seen_incarnation = 0;
+  int64_t unreachable_since = -1;  // -1: reachable
+  bool restart_pending = false;
+};
+
 class Sim {
  public:
-  Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& requests);
+  Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& requests,
+      std::vector<Fault> faults, std::vector<std::pair<uint32_t, uint32_t>> fault_nodes);
   Status run();
   ClusterSimResult take_result();
 
  private:
-  void push(int64_t t_ns, EventKind kind, uint32_t target, uint64_t arg);
+  void push(int64_t t_ns, EventKind kind, uint32_t target, uint64_t arg, uint32_t epoch = 0);
   Status build_sessions();
   void start_session(uint32_t session_index, int64_t t_ns);
   void schedule_next_turn(uint32_t session_index);
   Status hash_prompt(uint32_t request_index, Chain& chain);
   void extend(Chain& chain, std::span<const uint32_t> tokens);
   void on_send(uint32_t request_index);
+  void route(uint32_t request_index);
+  void on_deliver(uint64_t seq);
   bool submit_decode(uint32_t request_index, decode::KvSource source,
                      std::vector<kv::BlockHash> hashes);
+  void fallback_local(uint32_t request_index);
   void kick_prefill(uint32_t p);
   void kick_decode(uint32_t d);
   void on_prefill_done(uint32_t p);
   void on_decode_done(uint32_t d);
-  void on_pull_done(uint32_t d, uint32_t request_index);
-  void apply_update(const decode::SeqUpdate& update);
-  void finish(uint32_t request_index, const std::string& error_kind);
+  void on_pull_done(uint32_t d, uint64_t seq);
+  void apply_update(uint32_t d, const decode::SeqUpdate& update);
+  void gateway_failure(uint32_t request_index, ErrorKind kind, const std::string& label);
+  void cancel_attempt(uint32_t request_index);
+  void finish(uint32_t request_index, const std::string& error_kind,
+              std::optional<ErrorKind> cause = std::nullopt);
   void sync_prefill(uint32_t p);
   void sync_decode(uint32_t d);
   void on_load_report();
   void start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls);
   double now_ms() const { return static_cast<double>(now_ns_) / 1e6; }
   router::InstanceId decode_id(uint32_t d) const { return {config_.prefill_count + d}; }
+  // Faults.
+  uint32_t prefill_node(uint32_t p) const { return 2 + p; }
+  uint32_t decode_node(uint32_t d) const { return 2 + config_.prefill_count + d; }
+  void reset_prefill(uint32_t p);
+  void reset_decode(uint32_t d);
+  void on_fault(uint32_t index, bool begin);
+  bool partitioned(uint32_t a, uint32_t b) const;
+  bool linked(uint32_t a, uint32_t b) const;  // both alive, not partitioned
+  bool lose(uint32_t a, uint32_t b);          // a message from a to b is lost (draws)
+  double delay_ms(uint32_t a, uint32_t b) const;
+  double slow_factor(uint32_t node) const;
+  int64_t hang_end_ns(uint32_t node) const;  // > now: hung until then
+  void evaluate_detectors();
+  void on_detect(uint32_t index, EventKind kind, int64_t since);
+  void peer_down(const Detector& det);
+  void peer_up(const Detector& det);
+  void on_tick();
+  void violate(const std::string& what);
+  void check_after_event();
+  void check_at_end();
+  bool stale(const Event& e) const;
 
   const ClusterSimConfig& config_;
   const std::vector<workload::Request>& requests_;
   router::RouterCore router_;
   kv::BlockHasher hasher_;
+  prefill::PrefillConfig prefill_config_;
+  decode::DecodeConfig decode_config_;
   std::vector<PrefillInst> prefill_;
   std::vector<DecodeInst> decode_;
   std::priority_queue<Event, std::vector<Event>, Later> events_;
   uint64_t event_seq_ = 0;
+  uint64_t work_pending_ = 0;  // events with is_work(kind) in events_
   int64_t now_ns_ = 0;
   int64_t duration_ns_ = 0;
   std::vector<Session> sessions_;
@@ -147,6 +261,21 @@ class Sim {
   std::vector<uint32_t> scratch_tokens_;
   std::vector<devices::sim::SeqShape> shapes_, prefill_shapes_;
   ClusterSimResult result_;
+  // Faults.
+  std::vector<Fault> faults_;
+  std::vector<std::pair<uint32_t, uint32_t>> fault_nodes_;  // (a, b) node indexes per fault
+  std::vector<int64_t> fault_end_ns_;                       // per fault (crash forever: max)
+  std::vector<uint32_t> active_;                            // fault indexes in effect
+  bool fault_mode_ = false;
+  std::vector<Node> nodes_;
+  std::vector<Detector> detectors_;
+  std::vector<bool> router_down_;  // by node: the router has declared it down
+  std::set<uint32_t> in_flight_;   // sent, not ended (request indexes; <= sessions_in_flight)
+  std::mt19937_64 rng_;
+  int64_t detect_ns_ = 0, heartbeat_ns_ = 0, tick_ns_ = 0;
+  size_t events_max_ = 0;
+  bool stopped_ = false;
+  bool dropped_once_ = false;  // bugs.drop_end planted
 };
 
 kv::BlockHasher make_hasher(uint32_t block_tokens) {
@@ -168,52 +297,113 @@ uint32_t pool_blocks(const ClusterSimConfig& c, const devices::sim::SimParams& d
   return static_cast<uint32_t>(std::clamp(blocks, 1.0, 16.0e6));
 }
 
-Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& requests)
+int64_t to_ns(double seconds) {
+  RT_ASSERT(seconds >= 0, seconds);
+  RT_ASSERT(std::isfinite(seconds), seconds);
+  return static_cast<int64_t>(std::llround(seconds * 1e9));
+}
+
+prefill::PrefillConfig prefill_config(const ClusterSimConfig& config) {
+  return {config.block_tokens,
+          config.prefill_queue_max,
+          config.prefill_running_max,
+          config.prefill_held_max,
+          config.prefill_step_tokens_max,
+          std::chrono::milliseconds(config.prefill_hold_timeout_ms)};
+}
+
+decode::DecodeConfig decode_config(const ClusterSimConfig& config) {
+  return {config.block_tokens, config.decode_waiting_max, config.decode_seqs_max,
+          config.decode_step_tokens_max, config.max_model_tokens};
+}
+
+Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& requests,
+         std::vector<Fault> faults, std::vector<std::pair<uint32_t, uint32_t>> fault_nodes)
     : config_(config),
       requests_(requests),
       router_(router_config(config)),
-      hasher_(make_hasher(config.block_tokens)) {
+      hasher_(make_hasher(config.block_tokens)),
+      prefill_config_(prefill_config(config)),
+      decode_config_(decode_config(config)),
+      faults_(std::move(faults)),
+      fault_nodes_(std::move(fault_nodes)),
+      rng_(config.seed ^ 0x5bd1e9955bd1e995ull) {
   RT_ASSERT(config.validate().ok());
   RT_ASSERT(config.decode_count >= 1);
   duration_ns_ = static_cast<int64_t>(config.duration_ms * 1e6);
-  prefill::PrefillConfig pc{config.block_tokens,
-                            config.prefill_queue_max,
-                            config.prefill_running_max,
-                            config.prefill_held_max,
-                            config.prefill_step_tokens_max,
-                            std::chrono::milliseconds(config.prefill_hold_timeout_ms)};
-  decode::DecodeConfig dc{config.block_tokens, config.decode_waiting_max, config.decode_seqs_max,
-                          config.decode_step_tokens_max, config.max_model_tokens};
+  fault_mode_ = !faults_.empty();
+  RT_ASSERT(fault_nodes_.size() == faults_.size(), fault_nodes_.size());
+  for (const Fault& f : faults_) {
+    fault_end_ns_.push_back(f.for_ms > 0 ? to_ns((f.at_ms + f.for_ms) / 1e3)
+                                         : std::numeric_limits<int64_t>::max());
+  }
+  detect_ns_ = to_ns(config.heartbeat_interval_ms * config.heartbeat_miss_max / 1e3);
+  heartbeat_ns_ = to_ns(config.heartbeat_interval_ms / 1e3);
+  tick_ns_ = to_ns(0.1);  // the shells' tick (actors/common shell_tick_interval)
+  for (const std::string& name : node_names(config)) nodes_.push_back({name, true, 0});
+  router_down_.assign(nodes_.size(), false);
   prefill_.resize(config.prefill_count);
   for (uint32_t p = 0; p < config.prefill_count; ++p) {
-    prefill_[p].cache = std::make_unique<kv::PrefixCache>(
-        pool_blocks(config, config.prefill_device), config.block_tokens);
-    prefill_[p].sched = std::make_unique<prefill::PrefillScheduler>(pc, *prefill_[p].cache);
+    reset_prefill(p);
     prefill_[p].stats.name = "prefill-" + std::to_string(p);
     RT_ASSERT(router_.add_instance({p}, router::InstanceRole::prefill).ok(), p);
   }
   decode_.resize(config.decode_count);
   for (uint32_t d = 0; d < config.decode_count; ++d) {
-    decode_[d].cache = std::make_unique<kv::PrefixCache>(
-        pool_blocks(config, config.decode_device), config.block_tokens);
-    decode_[d].sched = std::make_unique<decode::DecodeScheduler>(dc, *decode_[d].cache);
-    decode_[d].stats.name =
-        (config.prefill_count > 0 ? "decode-" : "instance-") + std::to_string(d);
+    reset_decode(d);
+    decode_[d].stats.name = nodes_[decode_node(d)].name;
     RT_ASSERT(router_.add_instance(decode_id(d), router::InstanceRole::decode).ok(), d);
   }
   for (uint32_t p = 0; p < config.prefill_count; ++p) sync_prefill(p);
   for (uint32_t d = 0; d < config.decode_count; ++d) sync_decode(d);
+  // Observers: the router watches every instance, the gateway every decode instance, each
+  // decode instance every prefill instance (router first: it learns before the gateway
+  // re-routes).
+  const auto instances = static_cast<uint32_t>(nodes_.size());
+  for (uint32_t n = 2; n < instances; ++n) detectors_.push_back({1, n});
+  for (uint32_t d = 0; d < config.decode_count; ++d) detectors_.push_back({0, decode_node(d)});
+  for (uint32_t d = 0; d < config.decode_count; ++d) {
+    for (uint32_t p = 0; p < config.prefill_count; ++p) {
+      detectors_.push_back({decode_node(d), prefill_node(p)});
+    }
+  }
+  uint64_t crashes = 0;
+  for (const Fault& f : faults_) crashes += f.kind == FaultKind::crash;
+  // Pending events: a few per request in flight (send, deliver, error, timeout), a step and
+  // the pulls of each instance per incarnation, two per fault, three per detector.
+  events_max_ = 8 * size_t{config.sessions_in_flight} +
+                (size_t{config.decode_seqs_max} + config.decode_waiting_max + 4) *
+                    (instances - 2) * (1 + crashes) +
+                2 * faults_.size() + (3 + 2 * faults_.size()) * detectors_.size() + 64;
 }
 
-void Sim::push(int64_t t_ns, EventKind kind, uint32_t target, uint64_t arg) {
+void Sim::reset_prefill(uint32_t p) {
+  PrefillInst& inst = prefill_[p];
+  inst.sched.reset();
+  inst.cache = std::make_unique<kv::PrefixCache>(pool_blocks(config_, config_.prefill_device),
+                                                 config_.block_tokens);
+  inst.sched = std::make_unique<prefill::PrefillScheduler>(prefill_config_, *inst.cache);
+  inst.step_id = 0;
+}
+
+void Sim::reset_decode(uint32_t d) {
+  DecodeInst& inst = decode_[d];
+  inst.sched.reset();
+  inst.cache = std::make_unique<kv::PrefixCache>(pool_blocks(config_, config_.decode_device),
+                                                 config_.block_tokens);
+  inst.sched = std::make_unique<decode::DecodeScheduler>(decode_config_, *inst.cache);
+  inst.step_id = 0;
+  inst.link_free_ns = now_ns_;
+  inst.sampled_count = 0;
+  inst.lost = decode::LostStreams<LostItem>(4096, 50);
+  inst.pull_sources.clear();
+  inst.leaked = false;
+}
+
+void Sim::push(int64_t t_ns, EventKind kind, uint32_t target, uint64_t arg, uint32_t epoch) {
   RT_ASSERT(t_ns >= now_ns_, t_ns, now_ns_);
-  events_.push(Event{t_ns, event_seq_++, kind, target, arg});
-}
-
-int64_t to_ns(double seconds) {
-  RT_ASSERT(seconds >= 0, seconds);
-  RT_ASSERT(std::isfinite(seconds), seconds);
-  return static_cast<int64_t>(std::llround(seconds * 1e9));
+  events_.push(Event{t_ns, event_seq_++, kind, target, arg, epoch});
+  if (is_work(kind)) ++work_pending_;
 }
 
 // Groups requests into sessions (turn order) and queues the sessions by first arrival.
@@ -221,6 +411,9 @@ Status Sim::build_sessions() {
   std::unordered_map<uint32_t, uint32_t> index_of;  // session id -> index
   states_.resize(requests_.size());
   result_.timelines.resize(requests_.size());
+  if (requests_.size() >= (uint64_t{1} << 61)) {
+    return make_error(ErrorKind::invalid, "sim: too many requests");
+  }
   for (uint32_t i = 0; i < requests_.size(); ++i) {
     const workload::Request& r = requests_[i];
     if (r.segments.empty() && r.prompt_token_ids.empty()) {
@@ -277,6 +470,16 @@ void Sim::schedule_next_turn(uint32_t session_index) {
   }
 }
 
+// Events of an instance that crashed after they were scheduled are dropped.
+bool Sim::stale(const Event& e) const {
+  switch (e.kind) {
+    case EventKind::prefill_done: return nodes_[prefill_node(e.target)].incarnation != e.epoch;
+    case EventKind::decode_done:
+    case EventKind::pull_done: return nodes_[decode_node(e.target)].incarnation != e.epoch;
+    default: return false;
+  }
+}
+
 Status Sim::run() {
   if (Status s = build_sessions(); !s) return s;
   // The first sessions_in_flight sessions start at their generated (staggered) offsets.
@@ -287,33 +490,87 @@ Status Sim::run() {
     start_session(index, to_ns(offset_ms / 1e3));
   }
   if (config_.load_report_interval_ms > 0) push(0, EventKind::load_report, 0, 0);
-  while (!events_.empty()) {
+  for (uint32_t i = 0; i < faults_.size(); ++i) {
+    const Fault& f = faults_[i];
+    int64_t at = to_ns(f.at_ms / 1e3);
+    push(at, EventKind::fault_begin, i, 0);
+    if (f.for_ms > 0) push(fault_end_ns_[i], EventKind::fault_end, i, 0);
+  }
+  if (fault_mode_) push(0, EventKind::tick, 0, 0);
+  while (!events_.empty() && !stopped_) {
     Event e = events_.top();
     events_.pop();
+    if (is_work(e.kind)) --work_pending_;
     RT_ASSERT(e.t_ns >= now_ns_, e.t_ns, now_ns_);
     now_ns_ = e.t_ns;
     ++result_.events_count;
+    if (stale(e)) {
+      ++result_.fault_counters.stale_events;
+      continue;
+    }
     switch (e.kind) {
       case EventKind::send:
         on_send(static_cast<uint32_t>(e.arg));
         break;
       case EventKind::prefill_done:
+        if (int64_t until = hang_end_ns(prefill_node(e.target)); until > now_ns_) {
+          push(until, e.kind, e.target, e.arg, e.epoch);  // hung: completes when it resumes
+          break;
+        }
         on_prefill_done(e.target);
         break;
       case EventKind::decode_done:
+        if (int64_t until = hang_end_ns(decode_node(e.target)); until > now_ns_) {
+          push(until, e.kind, e.target, e.arg, e.epoch);
+          break;
+        }
         on_decode_done(e.target);
         break;
       case EventKind::pull_done:
-        on_pull_done(e.target, static_cast<uint32_t>(e.arg));
+        on_pull_done(e.target, e.arg);
         break;
       case EventKind::load_report:
         on_load_report();
         break;
+      case EventKind::fault_begin:
+      case EventKind::fault_end:
+        on_fault(e.target, e.kind == EventKind::fault_begin);
+        break;
+      case EventKind::detect_down:
+      case EventKind::detect_up:
+      case EventKind::detect_restart:
+        on_detect(e.target, e.kind, static_cast<int64_t>(e.arg));
+        break;
+      case EventKind::tick:
+        on_tick();
+        break;
+      case EventKind::deliver:
+        on_deliver(e.arg);
+        break;
+      case EventKind::router_timeout: {
+        uint32_t i = request_of(e.arg);
+        if (!states_[i].done && states_[i].attempt == attempt_of(e.arg)) {
+          finish(i, "gateway_no_router");  // "the router did not answer within 5 s" (503)
+        }
+        break;
+      }
+      case EventKind::gateway_error: {
+        uint32_t i = request_of(e.arg);
+        const ReqState& st = states_[i];
+        if (!st.done && st.routed && st.attempt == attempt_of(e.arg) && st.decode == e.target) {
+          gateway_failure(i, ErrorKind::failed, "decode_lost_tokens");
+        }
+        break;
+      }
     }
+    check_after_event();
   }
   result_.simulated_ms = now_ms();
-  RT_ASSERT(result_.sent_count == result_.completed_count + result_.failed_count,
-            result_.sent_count, result_.completed_count, result_.failed_count);
+  if (!stopped_) check_at_end();
+  if (!stopped_) {
+    RT_ASSERT(result_.sent_count == result_.completed_count + result_.failed_count,
+              result_.sent_count, result_.completed_count, result_.failed_count);
+  }
   return {};
 }
 
@@ -383,10 +640,27 @@ Status Sim::hash_prompt(uint32_t request_index, Chain& chain) {
   return {};
 }
 
-void Sim::finish(uint32_t request_index, const std::string& error_kind) {
+
+void Sim::finish(uint32_t request_index, const std::string& error_kind,
+                 std::optional<ErrorKind> cause) {
   ReqState& st = states_[request_index];
-  RT_ASSERT(!st.done, request_index);
+  if (st.done) return violate("request " + std::to_string(request_index) + " ended twice");
+  // Invariant: a request whose instance failed before any token reached the client is
+  // routed again while it has retries left; it may end with that failure only after.
+  if (cause && gateway::retryable(*cause) && st.tokens_sent == 0 && st.retries_left > 0) {
+    violate("request " + std::to_string(request_index) + " ended with " + error_kind +
+            " before any token, with " + std::to_string(st.retries_left) +
+            " retries left (it should have been retried)");
+  }
+  // Invariant: the workload sends only valid requests, so none may end with a client error
+  // (400): an `invalid` here is the cluster's own doing (e.g. a retry refused as duplicate).
+  if (cause && *cause == ErrorKind::invalid) {
+    violate("request " + std::to_string(request_index) + " ended with a client error (" +
+            error_kind + ") after " + std::to_string(st.attempt) + " retries");
+  }
   st.done = true;
+  st.at_prefill = false;
+  if (!config_.bugs.unbounded) in_flight_.erase(request_index);
   workload::RequestTimeline& t = result_.timelines[request_index];
   t.end_ms = std::max(now_ms(), t.chunk_ms.empty() ? t.send_ms : t.chunk_ms.back());
   t.error_kind = error_kind;
@@ -418,39 +692,143 @@ void Sim::on_send(uint32_t request_index) {
     finish(request_index, "context_length");
     return;
   }
+  in_flight_.insert(request_index);
+  route(request_index);
+}
+
+// The gateway asks the router, then sends the request to the decode instance picked (which
+// asks the prefill instance, if any). Messages on a broken link are lost; the gateway's
+// membership view or its no-progress timeout then fails the attempt.
+void Sim::route(uint32_t request_index) {
+  ReqState& st = states_[request_index];
+  const Session& s = sessions_[st.session_index];
+  workload::RequestTimeline& t = result_.timelines[request_index];
+  st.at_prefill = false;
+  st.prefill = -1;
+  st.routed = false;
+  st.last_activity_ns = now_ns_;
+  const uint64_t seq = seq_id(request_index, st.attempt);
+  if (fault_mode_ && (!linked(0, 1) || lose(0, 1))) {  // the pick request is lost
+    push(now_ns_ + to_ns(5), EventKind::router_timeout, 0, seq);
+    return;
+  }
   auto pick = router_.pick({s.chain.hashes, t.prompt_tokens});
   if (!pick) {
     finish(request_index, "router_" + std::string(to_string(pick.error().kind)));
     return;
   }
   st.decode = pick->decode.value - config_.prefill_count;
+  st.routed = true;
   RT_ASSERT(st.decode < decode_.size(), st.decode);
-  if (!pick->prefill) {
-    if (submit_decode(request_index, decode::KvSource::local, s.chain.hashes)) {
-      kick_decode(st.decode);
+  // Invariant: the router never picks an instance it has declared down.
+  if (router_down_[decode_node(st.decode)]) {
+    return violate("the router picked " + nodes_[decode_node(st.decode)].name +
+                   ", which it had declared down");
+  }
+  if (pick->prefill) {
+    st.prefill = static_cast<int32_t>(pick->prefill->value);
+    RT_ASSERT(st.prefill >= 0 && static_cast<uint32_t>(st.prefill) < prefill_.size(), st.prefill);
+    if (router_down_[prefill_node(static_cast<uint32_t>(st.prefill))]) {
+      return violate("the router picked " + nodes_[prefill_node(st.prefill)].name +
+                     ", which it had declared down");
     }
+    ++result_.pd_requests_count;
+  }
+  const uint32_t dn = decode_node(st.decode);
+  st.decode_incarnation = nodes_[dn].incarnation;
+  if (!fault_mode_) return on_deliver(seq);
+  // The gateway's membership view says the node is down: the send fails at once.
+  for (const Detector& det : detectors_) {
+    if (det.observer == 0 && det.peer == dn && det.down) {
+      return gateway_failure(request_index, ErrorKind::disconnected, "gateway_decode_down");
+    }
+  }
+  if (!linked(0, dn) || lose(0, dn)) return;  // lost
+  double delay = delay_ms(0, dn);
+  if (delay > 0) return push(now_ns_ + to_ns(delay / 1e3), EventKind::deliver, st.decode, seq);
+  on_deliver(seq);
+}
+
+// The request reaches its decode instance.
+void Sim::on_deliver(uint64_t seq) {
+  const uint32_t i = request_of(seq);
+  ReqState& st = states_[i];
+  if (st.done || st.attempt != attempt_of(seq)) return;
+  const uint32_t dn = decode_node(st.decode);
+  if (!nodes_[dn].alive || nodes_[dn].incarnation != st.decode_incarnation) return;  // lost
+  DecodeInst& dec = decode_[st.decode];
+  // The real gateway re-sends the same request id: an earlier attempt still on this decode
+  // instance is replaced (pd_policy on_duplicate, same gateway): cancelled first; one whose
+  // pull is in flight cannot go yet, and decode answers a retryable error.
+  for (uint32_t a = 0; a < st.attempt; ++a) {
+    const uint64_t old = seq_id(i, a);
+    if (!dec.sched->stage(old)) continue;
+    if (decode::on_duplicate(true) == decode::Duplicate::refuse) {
+      return gateway_failure(i, ErrorKind::invalid, "decode_duplicate");
+    }
+    (void)dec.sched->cancel(old);
+    if (!dec.sched->stage(old)) dec.pull_sources.erase(old);
+    sync_decode(st.decode);
+    if (dec.sched->stage(old)) return gateway_failure(i, ErrorKind::failed, "decode_duplicate");
+  }
+  const Session& s = sessions_[st.session_index];
+  if (st.prefill < 0) {
+    if (submit_decode(i, decode::KvSource::local, s.chain.hashes)) kick_decode(st.decode);
     return;
   }
-  st.prefill = static_cast<int32_t>(pick->prefill->value);
-  RT_ASSERT(st.prefill >= 0 && static_cast<uint32_t>(st.prefill) < prefill_.size(), st.prefill);
-  ++result_.pd_requests_count;
+  const auto p = static_cast<uint32_t>(st.prefill);
+  const uint32_t pn = prefill_node(p);
+  st.at_prefill = true;
+  st.prefill_incarnation = nodes_[pn].incarnation;
+  st.prefill_deadline_ns = now_ns_ + to_ns(config_.prefill_timeout_ms / 1e3);
+  // A prefill instance this decode instance already declared down: local prefill at once.
+  for (const Detector& det : detectors_) {
+    if (det.observer == dn && det.peer == pn && det.down) return fallback_local(i);
+  }
+  if (fault_mode_ && (!linked(dn, pn) || lose(dn, pn))) return;  // waits: timeout or detection
+  PrefillInst& inst = prefill_[p];
+  for (uint32_t a = 0; a < st.attempt; ++a) {
+    if (inst.sched->stage(seq_id(i, a))) return fallback_local(i);  // duplicate id: an error
+  }
   prefill::PrefillRequest pr;
-  pr.id = request_index;
-  pr.tokens.assign(t.prompt_tokens, 0);
+  pr.id = seq;
+  pr.tokens.assign(result_.timelines[i].prompt_tokens, 0);
   pr.block_hashes = s.chain.hashes;
-  PrefillInst& p = prefill_[st.prefill];
-  if (Status submitted = p.sched->submit(std::move(pr)); !submitted) {
-    finish(request_index, "prefill_" + std::string(to_string(submitted.error().kind)));
-    return;
+  if (Status submitted = inst.sched->submit(std::move(pr)); !submitted) {
+    // Prefill answers with an error: decode prefills locally (decode_actor prefill_failed).
+    return fallback_local(i);
   }
-  kick_prefill(st.prefill);
+  kick_prefill(p);
+}
+
+// Decode gives up on the remote prefill (it failed, timed out or its node is down) and
+// prefills locally; the prefill instance is told to drop the request when reachable.
+void Sim::fallback_local(uint32_t request_index) {
+  ReqState& st = states_[request_index];
+  RT_ASSERT(st.at_prefill, request_index);
+  st.at_prefill = false;
+  ++result_.fault_counters.fallbacks;
+  const uint64_t seq = seq_id(request_index, st.attempt);
+  const auto p = static_cast<uint32_t>(st.prefill);
+  if (linked(decode_node(st.decode), prefill_node(p)) &&
+      nodes_[prefill_node(p)].incarnation == st.prefill_incarnation &&
+      prefill_[p].sched->stage(seq)) {
+    RT_ASSERT(prefill_[p].sched->cancel(seq).ok(), seq);
+    sync_prefill(p);
+    kick_prefill(p);
+  }
+  st.prefill = -1;
+  if (submit_decode(request_index, decode::KvSource::local,
+                    sessions_[st.session_index].chain.hashes)) {
+    kick_decode(st.decode);
+  }
 }
 
 bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
                         std::vector<kv::BlockHash> hashes) {
   ReqState& st = states_[request_index];
   decode::DecodeRequest dr;
-  dr.id = request_index;
+  dr.id = seq_id(request_index, st.attempt);
   // Capacity for the whole sequence: the scheduler keeps this vector as its token history.
   dr.prompt.reserve(result_.timelines[request_index].prompt_tokens +
                     requests_[request_index].expected_output_tokens);
@@ -459,8 +837,14 @@ bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
   dr.max_tokens = requests_[request_index].expected_output_tokens;
   dr.source = source;
   if (Status submitted = decode_[st.decode].sched->submit(std::move(dr)); !submitted) {
-    finish(request_index, "decode_" + std::string(to_string(submitted.error().kind)));
+    gateway_failure(request_index, submitted.error().kind,
+                    "decode_" + std::string(to_string(submitted.error().kind)));
     return false;
+  }
+  if (source == decode::KvSource::pull) {
+    RT_ASSERT(st.prefill >= 0, request_index);
+    decode_[st.decode].pull_sources[seq_id(request_index, st.attempt)] =
+        PullSource{static_cast<uint32_t>(st.prefill), st.prefill_incarnation, 0};
   }
   sync_decode(st.decode);
   return true;
@@ -490,28 +874,32 @@ void Sim::sync_decode(uint32_t d) {
   RT_ASSERT(router_.update_load(decode_id(d), load).ok(), d);
 }
 
-// The periodic load report of every instance; repeats while anything else is pending.
+// The periodic load report of every instance (a dead instance, or one the router cannot
+// hear, reports nothing); repeats while anything else is pending.
 void Sim::on_load_report() {
   RT_ASSERT(config_.load_report_interval_ms > 0, config_.load_report_interval_ms);
   for (uint32_t p = 0; p < prefill_.size(); ++p) {
+    if (fault_mode_ && (!linked(prefill_node(p), 1) || lose(prefill_node(p), 1))) continue;
     const PrefillInst& inst = prefill_[p];
     router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
                               inst.cache->blocks_used_count(), inst.cache->blocks_count()};
     RT_ASSERT(router_.update_load({p}, load).ok(), p);
   }
   for (uint32_t d = 0; d < decode_.size(); ++d) {
+    if (fault_mode_ && (!linked(decode_node(d), 1) || lose(decode_node(d), 1))) continue;
     const DecodeInst& inst = decode_[d];
     router::InstanceLoad load{inst.sched->waiting_count(), inst.sched->active_count(),
                               inst.cache->blocks_used_count(), inst.cache->blocks_count()};
     RT_ASSERT(router_.update_load(decode_id(d), load).ok(), d);
   }
-  if (!events_.empty()) {
+  if (work_pending_ > 0 || !in_flight_.empty()) {
     push(now_ns_ + to_ns(config_.load_report_interval_ms / 1e3), EventKind::load_report, 0, 0);
   }
 }
 
 void Sim::kick_prefill(uint32_t p) {
   PrefillInst& inst = prefill_[p];
+  if (!nodes_[prefill_node(p)].alive) return;
   if (inst.sched->step_in_flight()) return;
   inst.sched->expire_holds(Nanos(now_ns_));
   std::optional<prefill::PrefillPlan> plan = inst.sched->plan_step();
@@ -523,27 +911,44 @@ void Sim::kick_prefill(uint32_t p) {
     shapes_.push_back({c.start_position, static_cast<uint32_t>(c.tokens.size())});
   }
   double step_s = devices::sim::prefill_time_s(config_.prefill_device, shapes_);
+  if (fault_mode_) step_s *= slow_factor(prefill_node(p));
   inst.step_id = plan->step_id;
   ++inst.stats.steps_count;
   inst.stats.busy_s += step_s;
-  push(now_ns_ + to_ns(step_s), EventKind::prefill_done, p, 0);
+  push(now_ns_ + to_ns(step_s), EventKind::prefill_done, p, 0,
+       nodes_[prefill_node(p)].incarnation);
 }
 
 void Sim::on_prefill_done(uint32_t p) {
   PrefillInst& inst = prefill_[p];
   std::vector<prefill::PrefillDone> done = inst.sched->on_step_done(inst.step_id, Nanos(now_ns_));
   for (prefill::PrefillDone& d : done) {
-    auto request_index = static_cast<uint32_t>(d.request);
-    ReqState& st = states_[request_index];
-    RT_ASSERT(st.prefill == static_cast<int32_t>(p), st.prefill, p);
+    const uint32_t i = request_of(d.request);
+    ReqState& st = states_[i];
+    bool current = !st.done && st.attempt == attempt_of(d.request) && st.at_prefill &&
+                   st.prefill == static_cast<int32_t>(p);
+    if (!current) {  // an abandoned attempt: drop it (the real decode would pull and discard)
+      RT_ASSERT(inst.sched->cancel(d.request).ok(), d.request);
+      continue;
+    }
+    const uint32_t dn = decode_node(st.decode);
+    // The answer reaches decode only over a working link to the same incarnation; else the
+    // hold waits for its timeout and decode for its prefill timeout or membership.
+    if (fault_mode_ && (!linked(prefill_node(p), dn) ||
+                        nodes_[dn].incarnation != st.decode_incarnation ||
+                        lose(prefill_node(p), dn))) {
+      continue;
+    }
+    st.at_prefill = false;
     st.cached_known = true;
     st.cached_tokens = d.cached_tokens_count;
-    if (submit_decode(request_index, decode::KvSource::pull, std::move(d.block_hashes))) {
+    if (submit_decode(i, decode::KvSource::pull, std::move(d.block_hashes))) {
       kick_decode(st.decode);
     } else {
       RT_ASSERT(inst.sched->cancel(d.request).ok(), d.request);
     }
   }
+  sync_prefill(p);
   kick_prefill(p);
 }
 
@@ -552,7 +957,7 @@ void Sim::start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls) {
   DecodeInst& inst = decode_[d];
   const uint64_t bt = config_.block_tokens;
   for (const decode::PullOrder& order : pulls) {
-    uint64_t prompt_tokens = result_.timelines[order.seq].prompt_tokens;
+    uint64_t prompt_tokens = result_.timelines[request_of(order.seq)].prompt_tokens;
     uint64_t tokens = 0;
     for (uint32_t k : order.pull_block_indexes) {
       RT_ASSERT(uint64_t{k} * bt < prompt_tokens, k, prompt_tokens);
@@ -561,15 +966,31 @@ void Sim::start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls) {
     auto bytes =
         static_cast<uint64_t>(static_cast<double>(tokens) *
                               config_.prefill_device.kv_bytes_per_token);
+    auto source = inst.pull_sources.find(order.seq);
+    RT_ASSERT(source != inst.pull_sources.end(), order.seq);
+    source->second.blocks = static_cast<uint32_t>(order.pull_block_indexes.size());
+    // The sim asks decode to pull only once prefill answered; a prefill instance restarted
+    // since then counts as a failed prefill: the pull fails at once (pd_policy pull_start).
+    bool prefill_failed =
+        nodes_[prefill_node(source->second.prefill)].incarnation != source->second.incarnation;
+    if (decode::pull_start(true, false, prefill_failed, false, true, true) ==
+        decode::PullStart::fail) {
+      push(now_ns_, EventKind::pull_done, d, order.seq, nodes_[decode_node(d)].incarnation);
+      continue;
+    }
     result_.kv_transfer_bytes += bytes;
+    double delay_s =
+        fault_mode_ ? delay_ms(prefill_node(source->second.prefill), decode_node(d)) / 1e3 : 0;
     int64_t start_ns = std::max(now_ns_, inst.link_free_ns);
     inst.link_free_ns = start_ns + to_ns(static_cast<double>(bytes) / config_.link_bytes_per_s);
-    push(inst.link_free_ns, EventKind::pull_done, d, order.seq);
+    push(inst.link_free_ns + to_ns(delay_s), EventKind::pull_done, d, order.seq,
+         nodes_[decode_node(d)].incarnation);
   }
 }
 
 void Sim::kick_decode(uint32_t d) {
   DecodeInst& inst = decode_[d];
+  if (!nodes_[decode_node(d)].alive) return;
   if (inst.sched->step_in_flight()) return;
   inst.sched->plan_step(inst.plan);  // reuses the previous plan's buffers
   const decode::DecodePlan& plan = inst.plan;
@@ -584,7 +1005,7 @@ void Sim::kick_decode(uint32_t d) {
     devices::sim::SeqShape shape{e.start_position, static_cast<uint32_t>(e.tokens.size())};
     bool running = inst.sched->stage(e.seq) == decode::SeqStage::running;
     (running ? shapes_ : prefill_shapes_).push_back(shape);
-    ReqState& st = states_[e.seq];
+    ReqState& st = states_[request_of(e.seq)];
     if (!running && !st.cached_known) {  // a local prefill's first chunk starts after the hit
       st.cached_known = true;
       st.cached_tokens = e.start_position;
@@ -603,26 +1024,59 @@ void Sim::kick_decode(uint32_t d) {
     step_s += devices::sim::prefill_time_s(config_.decode_device, prefill_shapes_);
   }
   RT_ASSERT(step_s > 0, step_s);
+  if (fault_mode_) step_s *= slow_factor(decode_node(d));
   inst.step_id = plan.step_id;
   ++inst.stats.steps_count;
   inst.stats.busy_s += step_s;
-  push(now_ns_ + to_ns(step_s), EventKind::decode_done, d, 0);
+  push(now_ns_ + to_ns(step_s), EventKind::decode_done, d, 0, nodes_[decode_node(d)].incarnation);
 }
 
-void Sim::apply_update(const decode::SeqUpdate& update) {
-  auto request_index = static_cast<uint32_t>(update.seq);
-  RT_ASSERT(request_index < states_.size(), request_index);
-  workload::RequestTimeline& t = result_.timelines[request_index];
+// What decode instance d streams for one sequence: to the gateway, over their link.
+void Sim::apply_update(uint32_t d, const decode::SeqUpdate& update) {
+  const uint32_t i = request_of(update.seq);
+  RT_ASSERT(i < states_.size(), i);
+  DecodeInst& inst = decode_[d];
+  if (update.finished) inst.pull_sources.erase(update.seq);
+  ReqState& st = states_[i];
+  if (st.done || st.attempt != attempt_of(update.seq) || st.decode != d) return;  // ignored
+  if (update.tokens.empty() && !update.finished) return;
+  const uint32_t dn = decode_node(d);
+  if (fault_mode_ && (!linked(dn, 0) || lose(dn, 0))) {
+    // Not sent: decode cancels the stream and owes the gateway an error (on_events_lost).
+    ++result_.fault_counters.lost_streams;
+    if (!update.finished) (void)inst.sched->cancel(update.seq);
+    if (!inst.sched->stage(update.seq)) inst.pull_sources.erase(update.seq);
+    if (linked(dn, 0) && !lose(dn, 0)) {
+      push(now_ns_, EventKind::gateway_error, d, update.seq);
+    } else {
+      inst.lost.push(LostItem{update.seq});
+    }
+    return;
+  }
+  workload::RequestTimeline& t = result_.timelines[i];
   if (!update.tokens.empty()) {
     t.chunk_ms.push_back(now_ms());
     t.output_tokens += static_cast<uint32_t>(update.tokens.size());
+    st.tokens_sent += static_cast<uint32_t>(update.tokens.size());
+    st.last_activity_ns = now_ns_;
   }
   if (!update.finished) return;
   if (*update.finished == decode::FinishReason::max_tokens) {
-    RT_ASSERT(t.output_tokens == requests_[request_index].expected_output_tokens, t.output_tokens);
-    finish(request_index, "");
+    RT_ASSERT(t.output_tokens == requests_[i].expected_output_tokens, t.output_tokens);
+    if (config_.bugs.leak_block && !inst.leaked) {  // test-only: a block never released
+      inst.leaked = inst.cache->acquire({}, 1).ok();
+    }
+    if (config_.bugs.drop_end && !dropped_once_) {  // test-only: the end is lost
+      dropped_once_ = true;
+      in_flight_.erase(i);
+      return;
+    }
+    bool twice = config_.bugs.double_end && result_.completed_count == 0;
+    finish(i, "");
+    if (twice) finish(i, "");
   } else {
-    finish(request_index, "decode_" + std::string(decode::to_string(*update.finished)));
+    // Decode ended the sequence itself (failed, cancelled, context): the gateway fails it.
+    finish(i, "decode_" + std::string(decode::to_string(*update.finished)));
   }
 }
 
@@ -631,23 +1085,391 @@ void Sim::on_decode_done(uint32_t d) {
   inst.sched->on_step_result(
       inst.step_id, std::span<const decode::SampledTokens>(inst.sampled.data(), inst.sampled_count),
       inst.updates);
-  for (const decode::SeqUpdate& u : inst.updates) apply_update(u);
+  for (const decode::SeqUpdate& u : inst.updates) apply_update(d, u);
   kick_decode(d);
 }
 
-void Sim::on_pull_done(uint32_t d, uint32_t request_index) {
-  ReqState& st = states_[request_index];
-  RT_ASSERT(st.decode == d, st.decode, d);
-  RT_ASSERT(st.prefill >= 0, request_index);
-  auto p = static_cast<uint32_t>(st.prefill);
-  // The hold may have expired while the request waited for decode: then the pull fails and
-  // decode prefills locally (what the real decode does when prefill no longer holds it).
-  bool ok = prefill_[p].sched->pull_done(request_index).ok();
-  auto update = decode_[d].sched->on_pull_done(request_index, ok, 1);
+// A pull's reads ended: each block read fails on a broken link or by loss, and all fail if
+// the prefill instance restarted meanwhile (pd_policy PullReads); the hold is released when
+// prefill can be told. A failed pull (or an expired hold) -> local prefill.
+void Sim::on_pull_done(uint32_t d, uint64_t seq) {
+  DecodeInst& inst = decode_[d];
+  auto source_it = inst.pull_sources.find(seq);
+  RT_ASSERT(source_it != inst.pull_sources.end(), seq);
+  PullSource source = source_it->second;
+  const uint32_t pn = prefill_node(source.prefill), dn = decode_node(d);
+  const bool same = nodes_[pn].incarnation == source.incarnation;
+  decode::PullReads reads;
+  std::optional<bool> ok = reads.start(source.blocks);
+  for (uint32_t k = 0; k < source.blocks; ++k) {
+    bool read_ok = !fault_mode_ || (same && linked(pn, dn) && !lose(pn, dn));
+    ok = reads.read_done(read_ok);
+  }
+  RT_ASSERT(ok.has_value(), seq);
+  bool pulled = *ok;
+  if (same && (!fault_mode_ || linked(dn, pn))) {
+    // KvPullDone releases the hold either way; an expired hold means the KV is gone.
+    pulled = prefill_[source.prefill].sched->pull_done(seq).ok() && pulled;
+    sync_prefill(source.prefill);
+  } else {
+    pulled = false;
+  }
+  if (!pulled) ++result_.fault_counters.pull_failures;
+  auto update = inst.sched->on_pull_done(seq, pulled, 1);
   RT_ASSERT(update.ok(), update.ok() ? "" : update.error().describe());
-  apply_update(*update);
-  kick_prefill(p);
+  if (!pulled && !update->finished) ++result_.fault_counters.fallbacks;
+  apply_update(d, *update);
+  if (same) kick_prefill(source.prefill);
   kick_decode(d);
+}
+
+// The gateway hears that the request's attempt failed: the retry policy decides.
+void Sim::gateway_failure(uint32_t request_index, ErrorKind kind, const std::string& label) {
+  ReqState& st = states_[request_index];
+  if (st.done) return;
+  gateway::RetryDecision decision =
+      config_.bugs.no_retry ? gateway::RetryDecision{}
+                            : gateway::decide_retry(kind, st.tokens_sent, st.retries_left);
+  if (decision.retry) {
+    --st.retries_left;
+    ++st.attempt;
+    ++result_.fault_counters.retries;
+    return route(request_index);  // the old attempt is not cancelled (as the real gateway)
+  }
+  cancel_attempt(request_index);
+  finish(request_index, label, kind);
+}
+
+// The gateway's fail(): Cancel to the decode instance, which cancels at prefill.
+void Sim::cancel_attempt(uint32_t request_index) {
+  ReqState& st = states_[request_index];
+  const uint64_t seq = seq_id(request_index, st.attempt);
+  const uint32_t dn = decode_node(st.decode);
+  if (!st.routed || !linked(0, dn) || nodes_[dn].incarnation != st.decode_incarnation) return;
+  if (decode_[st.decode].sched->stage(seq)) {
+    (void)decode_[st.decode].sched->cancel(seq);
+    if (decode_[st.decode].sched->stage(seq) != decode::SeqStage::pulling) {
+      decode_[st.decode].pull_sources.erase(seq);
+    }
+    sync_decode(st.decode);
+    kick_decode(st.decode);
+  }
+  if (st.at_prefill && st.prefill >= 0) {
+    const auto p = static_cast<uint32_t>(st.prefill);
+    if (linked(dn, prefill_node(p)) &&
+        nodes_[prefill_node(p)].incarnation == st.prefill_incarnation &&
+        prefill_[p].sched->stage(seq)) {
+      RT_ASSERT(prefill_[p].sched->cancel(seq).ok(), seq);
+      sync_prefill(p);
+      kick_prefill(p);
+    }
+  }
+}
+
+// ---- faults ----
+
+bool Sim::partitioned(uint32_t a, uint32_t b) const {
+  for (uint32_t f : active_) {
+    const Fault& fault = faults_[f];
+    if (fault.kind != FaultKind::partition) continue;
+    auto [x, y] = fault_nodes_[f];
+    if ((x == a && y == b) || (x == b && y == a)) return true;
+  }
+  return false;
+}
+
+bool Sim::linked(uint32_t a, uint32_t b) const {
+  return nodes_[a].alive && nodes_[b].alive && !partitioned(a, b);
+}
+
+bool Sim::lose(uint32_t a, uint32_t b) {
+  double keep = 1;
+  for (uint32_t f : active_) {
+    const Fault& fault = faults_[f];
+    if (fault.kind != FaultKind::loss) continue;
+    auto [x, y] = fault_nodes_[f];
+    if ((x == a && y == b) || (x == b && y == a)) keep *= 1 - fault.value;
+  }
+  if (keep >= 1) return false;
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53 >= keep;
+}
+
+double Sim::delay_ms(uint32_t a, uint32_t b) const {
+  double ms = 0;
+  for (uint32_t f : active_) {
+    const Fault& fault = faults_[f];
+    if (fault.kind != FaultKind::delay) continue;
+    auto [x, y] = fault_nodes_[f];
+    if ((x == a && y == b) || (x == b && y == a)) ms += fault.value;
+  }
+  return ms;
+}
+
+double Sim::slow_factor(uint32_t node) const {
+  double factor = 1;
+  for (uint32_t f : active_) {
+    if (faults_[f].kind == FaultKind::slow && fault_nodes_[f].first == node) {
+      factor *= faults_[f].value;
+    }
+  }
+  return factor;
+}
+
+int64_t Sim::hang_end_ns(uint32_t node) const {
+  int64_t until = 0;
+  for (uint32_t f : active_) {
+    const Fault& fault = faults_[f];
+    if (fault.kind == FaultKind::hang && fault_nodes_[f].first == node) {
+      until = std::max(until, fault_end_ns_[f]);
+    }
+  }
+  return until;
+}
+
+void Sim::on_fault(uint32_t index, bool begin) {
+  const Fault& f = faults_[index];
+  const uint32_t node = fault_nodes_[index].first;
+  if (begin) {
+    active_.push_back(index);
+  } else {
+    active_.erase(std::find(active_.begin(), active_.end(), index));
+  }
+  if (f.kind == FaultKind::crash) {
+    RT_ASSERT(node >= 2, node);
+    const bool prefill = node < 2 + config_.prefill_count;
+    const uint32_t k = prefill ? node - 2 : node - 2 - config_.prefill_count;
+    if (begin && nodes_[node].alive) {
+      // The process dies with its KV, queues and sequences; it comes back empty.
+      nodes_[node].alive = false;
+      ++nodes_[node].incarnation;
+      ++result_.fault_counters.crashes;
+      if (prefill) {
+        reset_prefill(k);
+      } else {
+        reset_decode(k);
+      }
+      // An observer that dies forgets what it knew of its peers.
+      for (Detector& det : detectors_) {
+        if (det.observer == node) {
+          det.down = false;
+          det.unreachable_since = -1;
+          det.restart_pending = false;
+        }
+      }
+    } else if (!begin && !nodes_[node].alive) {
+      bool still_down = false;  // an overlapping crash keeps it down
+      for (uint32_t a : active_) still_down |= faults_[a].kind == FaultKind::crash &&
+                                               fault_nodes_[a].first == node;
+      if (!still_down) {
+        nodes_[node].alive = true;
+        ++result_.fault_counters.restarts;
+        for (Detector& det : detectors_) {
+          if (det.observer == node) det.seen_incarnation = nodes_[det.peer].incarnation;
+        }
+      }
+    }
+  }
+  if (!begin && f.kind == FaultKind::hang) {  // progress resumes: let idle instances plan
+    for (uint32_t p = 0; p < prefill_.size(); ++p) kick_prefill(p);
+    for (uint32_t d = 0; d < decode_.size(); ++d) kick_decode(d);
+  }
+  evaluate_detectors();
+}
+
+// Membership: an observer declares a peer down after detect_ns_ without contact, up again
+// one heartbeat after contact returns, and restarted (down, then up) when it hears a new
+// incarnation.
+void Sim::evaluate_detectors() {
+  for (uint32_t k = 0; k < detectors_.size(); ++k) {
+    Detector& det = detectors_[k];
+    if (!nodes_[det.observer].alive) continue;
+    bool reachable = linked(det.observer, det.peer);
+    if (!reachable && det.unreachable_since < 0) {
+      det.unreachable_since = now_ns_;
+      push(now_ns_ + detect_ns_, EventKind::detect_down, k,
+           static_cast<uint64_t>(det.unreachable_since));
+    } else if (reachable && det.unreachable_since >= 0) {
+      det.unreachable_since = -1;
+      if (det.down) push(now_ns_ + heartbeat_ns_, EventKind::detect_up, k, 0);
+    }
+    if (reachable && !det.down && !det.restart_pending &&
+        det.seen_incarnation != nodes_[det.peer].incarnation) {
+      det.restart_pending = true;
+      push(now_ns_ + heartbeat_ns_, EventKind::detect_restart, k, 0);
+    }
+  }
+}
+
+void Sim::on_detect(uint32_t index, EventKind kind, int64_t since) {
+  Detector& det = detectors_[index];
+  if (!nodes_[det.observer].alive) return;
+  const bool reachable = linked(det.observer, det.peer);
+  if (kind == EventKind::detect_down) {
+    if (det.unreachable_since != since || det.down) return;
+    det.down = true;
+    ++result_.fault_counters.detections;
+    peer_down(det);
+  } else if (kind == EventKind::detect_up) {
+    if (!det.down || !reachable || det.unreachable_since >= 0) return;
+    det.down = false;
+    det.seen_incarnation = nodes_[det.peer].incarnation;
+    peer_up(det);
+  } else {
+    det.restart_pending = false;
+    if (!reachable || det.down || det.seen_incarnation == nodes_[det.peer].incarnation) return;
+    det.seen_incarnation = nodes_[det.peer].incarnation;
+    ++result_.fault_counters.detections;
+    peer_down(det);
+    peer_up(det);
+  }
+}
+
+void Sim::peer_down(const Detector& det) {
+  const uint32_t peer = det.peer;
+  if (det.observer == 1) {  // the router excludes it (and forgets its prefix index)
+    router_down_[peer] = true;
+    if (!config_.bugs.router_not_told) RT_ASSERT(router_.set_up({peer - 2}, false).ok(), peer);
+    return;
+  }
+  std::vector<uint32_t> affected;
+  if (det.observer == 0) {  // the gateway: every request on that decode node failed
+    for (uint32_t i : in_flight_) {
+      const ReqState& st = states_[i];
+      if (!st.done && st.routed && decode_node(st.decode) == peer) affected.push_back(i);
+    }
+    for (uint32_t i : affected) gateway_failure(i, ErrorKind::disconnected, "gateway_decode_down");
+    return;
+  }
+  // A decode node: its requests waiting for that prefill node prefill locally.
+  for (uint32_t i : in_flight_) {
+    const ReqState& st = states_[i];
+    if (!st.done && st.routed && st.at_prefill && decode_node(st.decode) == det.observer &&
+        st.prefill >= 0 && prefill_node(static_cast<uint32_t>(st.prefill)) == peer) {
+      affected.push_back(i);
+    }
+  }
+  for (uint32_t i : affected) {
+    if (states_[i].at_prefill) fallback_local(i);
+  }
+}
+
+void Sim::peer_up(const Detector& det) {
+  if (det.observer != 1) return;
+  router_down_[det.peer] = false;
+  RT_ASSERT(router_.set_up({det.peer - 2}, true).ok(), det.peer);
+}
+
+// The shells' 100 ms tick: prefill holds expire, decode's prefill timeouts, the gateway's
+// no-progress timeout, and decode's lost-stream errors are re-sent.
+void Sim::on_tick() {
+  for (uint32_t p = 0; p < prefill_.size(); ++p) {
+    if (!nodes_[prefill_node(p)].alive) continue;
+    if (!prefill_[p].sched->expire_holds(Nanos(now_ns_)).empty()) sync_prefill(p);
+    kick_prefill(p);
+  }
+  std::vector<uint32_t> late_prefill, late_request;
+  const int64_t timeout_ns = to_ns(config_.request_timeout_ms / 1e3);
+  for (uint32_t i : in_flight_) {
+    const ReqState& st = states_[i];
+    if (st.done) continue;
+    bool decode_alive = st.routed && nodes_[decode_node(st.decode)].alive &&
+                        nodes_[decode_node(st.decode)].incarnation == st.decode_incarnation;
+    if (st.at_prefill && decode_alive &&
+        decode::prefill_timed_out(true, Nanos(now_ns_), Nanos(st.prefill_deadline_ns))) {
+      late_prefill.push_back(i);
+    }
+    if (now_ns_ - st.last_activity_ns > timeout_ns) late_request.push_back(i);
+  }
+  for (uint32_t i : late_prefill) {
+    if (!states_[i].at_prefill || states_[i].done) continue;
+    ++result_.fault_counters.prefill_timeouts;
+    fallback_local(i);
+  }
+  for (uint32_t i : late_request) {
+    if (states_[i].done || now_ns_ - states_[i].last_activity_ns <= timeout_ns) continue;
+    ++result_.fault_counters.request_timeouts;
+    gateway_failure(i, ErrorKind::timed_out, "gateway_timed_out");
+  }
+  bool lost_left = false;
+  for (uint32_t d = 0; d < decode_.size(); ++d) {
+    const uint32_t dn = decode_node(d);
+    if (!nodes_[dn].alive) continue;
+    decode_[d].lost.retry(
+        [&](const LostItem& item) {
+          if (!linked(dn, 0) || lose(dn, 0)) return false;
+          push(now_ns_, EventKind::gateway_error, d, item.seq);
+          return true;
+        },
+        [](const LostItem&) {});
+    lost_left |= !decode_[d].lost.empty();
+  }
+  bool held = false;
+  for (const PrefillInst& p : prefill_) held |= p.sched->held_count() > 0;
+  if (work_pending_ > 0 || !in_flight_.empty() || held || lost_left) {
+    push(now_ns_ + tick_ns_, EventKind::tick, 0, 0);
+  }
+}
+
+// ---- invariants ----
+
+void Sim::violate(const std::string& what) {
+  if (!result_.violation.empty()) return;
+  result_.violation = what;
+  result_.violation_ms = now_ms();
+  stopped_ = true;
+}
+
+// After every event: bounds of every queue and map.
+void Sim::check_after_event() {
+  if (stopped_) return;
+  auto bound = [&](const std::string& what, size_t n, size_t max) {
+    if (n > max) {
+      violate(what + " holds " + std::to_string(n) + ", over its bound " + std::to_string(max));
+    }
+  };
+  bound("the gateway's in-flight map", in_flight_.size(), config_.sessions_in_flight);
+  bound("the event queue", events_.size(), events_max_);
+  for (uint32_t p = 0; p < prefill_.size(); ++p) {
+    const auto& s = *prefill_[p].sched;
+    const std::string& name = prefill_[p].stats.name;
+    bound(name + " queue", s.queued_count(), config_.prefill_queue_max);
+    bound(name + " running", s.running_count(), config_.prefill_running_max);
+    bound(name + " holds", s.held_count(), config_.prefill_held_max);
+  }
+  for (uint32_t d = 0; d < decode_.size(); ++d) {
+    const DecodeInst& inst = decode_[d];
+    const std::string& name = inst.stats.name;
+    const size_t seqs_bound = size_t{config_.decode_waiting_max} + config_.decode_seqs_max;
+    bound(name + " waiting", inst.sched->waiting_count(), seqs_bound);
+    bound(name + " active", inst.sched->active_count(), config_.decode_seqs_max);
+    bound(name + " lost streams", inst.lost.size(), inst.lost.capacity());
+    bound(name + " pull sources", inst.pull_sources.size(), seqs_bound);
+  }
+}
+
+// At the end: every request ended, and every KV pool is back at its baseline (no block
+// referenced; what stays is cached and evictable).
+void Sim::check_at_end() {
+  for (uint32_t i = 0; i < states_.size(); ++i) {
+    if (states_[i].sent && !states_[i].done) {
+      return violate("request " + std::to_string(i) + " never ended");
+    }
+  }
+  auto leak = [&](const std::string& name, uint32_t used, uint32_t a, uint32_t b) {
+    if (used != 0 || a != 0 || b != 0) {
+      violate("KV leak: " + name + " ends with " + std::to_string(used) +
+              " referenced blocks (" + std::to_string(a) + " + " + std::to_string(b) +
+              " requests still held)");
+    }
+  };
+  for (const PrefillInst& p : prefill_) {
+    leak(p.stats.name, p.cache->blocks_used_count(), p.sched->queued_count() +
+         p.sched->running_count(), p.sched->held_count());
+  }
+  for (const DecodeInst& d : decode_) {
+    leak(d.stats.name, d.cache->blocks_used_count(), d.sched->waiting_count(),
+         d.sched->active_count());
+  }
 }
 
 ClusterSimResult Sim::take_result() {
@@ -702,12 +1524,42 @@ Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
     return make_error(ErrorKind::invalid, "sim: prefill: " + s.error().message);
   }
   if (Status s = router::validate(router_config(config)); !s) return s.error();
-  Sim sim(config, requests);
+  // Faults: draw the random terms, then resolve every node name (an error names the term).
+  std::vector<std::string> nodes = node_names(config);
+  std::vector<std::string> instances(nodes.begin() + 2, nodes.end());
+  std::vector<Fault> faults =
+      expand_faults(config.faults, instances, nodes, config.duration_ms, config.seed);
+  std::vector<std::pair<uint32_t, uint32_t>> fault_nodes;
+  auto resolve = [&](const std::string& name, uint32_t* out) {
+    std::string n = name;
+    if (config.prefill_count == 0 && n.rfind("decode-", 0) == 0) n = "instance-" + n.substr(7);
+    auto it = std::find(nodes.begin(), nodes.end(), n);
+    if (it == nodes.end()) return false;
+    *out = static_cast<uint32_t>(it - nodes.begin());
+    return true;
+  };
+  for (const Fault& f : faults) {
+    uint32_t a = 0, b = 0;
+    bool link = f.kind == FaultKind::partition || f.kind == FaultKind::loss ||
+                f.kind == FaultKind::delay;
+    if (!resolve(f.a, &a) || (link && !resolve(f.b, &b))) {
+      return make_error(ErrorKind::invalid, "--faults: '" + describe(f) +
+                                                "': no such node in this cluster (nodes: gateway, "
+                                                "router, " + nodes[2] + " .. " + nodes.back() + ")");
+    }
+    if (!link && a < 2) {
+      return make_error(ErrorKind::invalid, "--faults: '" + describe(f) +
+                                                "': only instances crash, slow down or hang");
+    }
+    fault_nodes.emplace_back(a, b);
+  }
+  Sim sim(config, requests, faults, std::move(fault_nodes));
   if (Status s = sim.run(); !s) return s.error();
   ClusterSimResult result = sim.take_result();
+  result.faults = describe(faults);
   auto summary = workload::summarize(result.timelines, {});
-  if (!summary) return summary.error();
-  result.summary = std::move(summary).value();
+  if (!summary && result.violation.empty()) return summary.error();
+  if (summary) result.summary = std::move(summary).value();
   return result;
 }
 
@@ -773,6 +1625,22 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
                          {"preemptions", s.preemptions_count}});
   }
   j["instances"] = instances;
+  if (!r.faults.empty() || !r.violation.empty()) {
+    const auto& c = r.fault_counters;
+    j["faults"] = {{"plan", r.faults},
+                   {"crashes", c.crashes},
+                   {"restarts", c.restarts},
+                   {"detections", c.detections},
+                   {"retries", c.retries},
+                   {"fallbacks", c.fallbacks},
+                   {"pull_failures", c.pull_failures},
+                   {"prefill_timeouts", c.prefill_timeouts},
+                   {"request_timeouts", c.request_timeouts},
+                   {"lost_streams", c.lost_streams},
+                   {"stale_events", c.stale_events}};
+    j["violation"] = r.violation;
+    j["violation_ms"] = r.violation_ms;
+  }
   if (with_timelines) {
     nlohmann::ordered_json tl = nlohmann::ordered_json::array();
     for (const workload::RequestTimeline& t : r.timelines) {

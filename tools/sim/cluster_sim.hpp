@@ -26,8 +26,20 @@
 // router decides per request whether to use a prefill instance) or aggregated (prefill_count
 // == 0: every instance is a decode instance that prefills locally).
 //
+// Faults (issue 12; tools/sim/README.md "Faults"): `faults` (crashes and restarts of
+// instances, partitions / loss / delay between two nodes, slow or hung executors) act in the
+// simulated nodes and links, at their seeded times. With faults, the simulator models the
+// failure handling the real nodes run, through the same pure policies: the gateway's retry
+// decision (actors/gateway/retry_policy.hpp), decode's prefill timeout, pull start and pull
+// reads, and lost-stream resends (actors/decode/pd_policy.hpp). Membership is modelled per
+// observer: an observer (the router for every instance, the gateway for every decode
+// instance, a decode instance for every prefill instance) declares a peer down after
+// heartbeat_interval_ms x heartbeat_miss_max without contact, and up again one heartbeat
+// after contact returns. Invariants are checked after every event (see `violation`).
+//
 // Cost: O(events * log events) plus the cores' own costs; block hashes are computed once per
 // new block of a session (a turn's prompt extends the previous one), never per request.
+// With faults, each event also costs O(instances + active faults) for the checks.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +50,7 @@
 #include "actors/router/router_core.hpp"
 #include "devices/sim/sim_model.hpp"
 #include "runtime/base/result.hpp"
+#include "tools/sim/faults.hpp"
 #include "tools/workload/bench_metrics.hpp"
 #include "tools/workload/workload.hpp"
 
@@ -66,6 +79,24 @@ struct ClusterSimConfig {
   uint32_t sessions_in_flight = 8;     // >= 1
   double duration_ms = 3600e3;         // no request is sent at or after this, > 0
   uint64_t seed = 1;                   // recorded in the result (the workload already used it)
+  // Faults: explicit terms, and random ones drawn from `seed` over [0, duration_ms).
+  FaultPlan faults;
+  // Failure handling, as in the manifest: [fabric] heartbeats (detection = interval x misses),
+  // [decode] prefill_timeout_ms, [gateway] request_timeout_ms (no progress -> timed out).
+  double heartbeat_interval_ms = 200;
+  uint32_t heartbeat_miss_max = 5;
+  double prefill_timeout_ms = 30000;
+  double request_timeout_ms = 600000;
+  // Test-only: each flag plants one deliberate bug, so a test can show that the invariant
+  // checker meant to catch it does (a checker that cannot fail is worthless).
+  struct Bugs {
+    bool drop_end = false;         // the first completed request is never ended
+    bool double_end = false;       // the first completed request is ended twice
+    bool no_retry = false;         // a failed request is never retried
+    bool leak_block = false;       // a decode instance keeps one KV block after a completion
+    bool router_not_told = false;  // the router is never told an instance is down
+    bool unbounded = false;        // ended requests stay in the gateway's in-flight map
+  } bugs;
   // Errors: invalid, naming the field.
   Status validate() const;
 };
@@ -100,6 +131,23 @@ struct ClusterSimResult {
   std::vector<uint32_t> sent_request_indexes;        // timelines[i] is of requests[this[i]]
   workload::BenchSummary summary;
   std::vector<InstanceStats> instances;
+  // Faults: the plan as applied (explicit and drawn terms, canonical form) and what the
+  // failure handling did.
+  std::string faults;
+  struct FaultCounters {
+    uint64_t crashes = 0, restarts = 0;
+    uint64_t detections = 0;           // an observer declared a peer down
+    uint64_t retries = 0;              // requests routed again (retry policy)
+    uint64_t fallbacks = 0;            // P/D requests prefilled locally after a failure
+    uint64_t pull_failures = 0;        // KV pulls that failed (-> local prefill)
+    uint64_t prefill_timeouts = 0;     // remote prefills that did not answer in time
+    uint64_t request_timeouts = 0;     // the gateway's no-progress timeout fired
+    uint64_t lost_streams = 0;         // streams cancelled: tokens could not reach the gateway
+    uint64_t stale_events = 0;         // events of an instance that crashed meanwhile
+  } fault_counters;
+  // The first invariant violated ("" = none), at violation_ms; the run stops there.
+  std::string violation;
+  double violation_ms = 0;
 };
 
 // Runs the whole simulation. `requests`: the workload, sorted by arrival offset (as the
@@ -107,6 +155,10 @@ struct ClusterSimResult {
 // invalid). Errors: invalid (bad config, a text prompt, a prompt the context cannot hold).
 Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
                                          const std::vector<workload::Request>& requests);
+
+// The node names of a config's cluster (gateway, router, then instances), as fault terms
+// name them.
+std::vector<std::string> node_names(const ClusterSimConfig& config);
 
 // The result as JSON (deterministic: fixed key order, fixed number formatting). Timelines
 // are left out unless `with_timelines`.
