@@ -3,8 +3,12 @@
 // encode_frame() turns a filled builder into the bytes that go on the wire.
 // decode_frame() checks a received frame completely before anyone reads it: size bounds,
 // word alignment, and a full traversal of the message (every pointer bounds-checked), so
-// later field access on the returned reader does not throw for malformed input. A frame
-// that fails any check comes back as an Error (kind invalid) saying what was wrong.
+// later field access on the returned reader never reads out of bounds. The envelope's own
+// fields (source, destination, sourceAddress, the body's tag) are also read once, so reading
+// them later does not throw. A body field whose pointer is of the wrong kind (a list where a
+// struct belongs) still throws kj::Exception when read: handlers read bodies under their
+// guard (actors/common/shell.hpp). A frame that fails any check comes back as an Error (kind
+// invalid) saying what was wrong.
 #pragma once
 
 #include <capnp/message.h>

@@ -143,6 +143,36 @@ TEST_CASE("malformed frames are refused with a reason, never a crash") {
   CHECK(decode_frame(liar, 1 << 20).error().message.find("truncated") != std::string::npos);
 }
 
+// A pointer of the wrong kind in the envelope's own fields (found by fuzz_frame,
+// tests/fuzz/corpus/frame/source_is_a_list.bin): the traversal accepts it (it is in bounds),
+// but reading the field throws, and the node reads these on its fabric thread outside any
+// handler guard. decode_frame must refuse the frame instead.
+TEST_CASE("an envelope field holding a pointer of the wrong kind is refused") {
+  auto words = envelope_with([](wire::Envelope::Builder e) {
+    e.getBody().initPing().setNonce(1);
+  });
+  REQUIRE(words.size() > 2);
+  // One segment: table word 0, then the root pointer (word 1) to the Envelope struct.
+  uint64_t root = 0;
+  std::memcpy(&root, &words[1], 8);
+  const uint64_t offset_words = (root >> 2) & 0x3fffffff;
+  const uint64_t data_words = (root >> 32) & 0xffff;
+  const size_t pointers_at = 2 + offset_words + data_words;  // source, sourceAddress, dest
+  const uint64_t empty_byte_list = 1 | (uint64_t(2) << 32);  // kind list, bytes, 0 elements
+  const uint64_t empty_struct = 0xfffffffcull;  // kind struct, no words (offset -1: not null)
+  for (auto [index, pointer] : {std::pair{size_t(0), empty_byte_list},
+                                {size_t(1), empty_struct}, {size_t(2), empty_byte_list}}) {
+    INFO("pointer " << index);
+    FrameBytes bad = words;
+    REQUIRE(pointers_at + index < bad.size());
+    std::memcpy(static_cast<void*>(&bad[pointers_at + index]), &pointer, 8);
+    auto decoded = decode_frame(frame_span(bad), 1 << 20);
+    REQUIRE_FALSE(decoded.ok());
+    CHECK(decoded.error().kind == ErrorKind::invalid);
+    CHECK(decoded.error().message.find("malformed frame") != std::string::npos);
+  }
+}
+
 // ---- per-token logprobs (messages/convert.hpp) ----
 
 namespace {
