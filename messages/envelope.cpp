@@ -64,7 +64,8 @@ FrameBytes encode_frame(capnp::MessageBuilder& message) {
 Frame::Frame(FrameBytes words, size_t segment_words) : words_(std::move(words)) {
   RT_ASSERT(segment_words <= words_.size(), segment_words, words_.size());
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = frame_traversal_words_max;
+  options.traversalLimitInWords =
+      frame_traversal_words_min + frame_traversal_factor * uint64_t(words_.size());
   options.nestingLimit = 64;
   reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
       kj::ArrayPtr<const capnp::word>(words_.data(), words_.size()), options);

@@ -64,7 +64,14 @@ class Frame {
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
 };
 
-inline constexpr uint64_t frame_traversal_words_max = 64ull << 20;  // 512 MiB worth of words
+// Cap'n Proto's traversal limit, per frame: every read of a pointer field counts the words it
+// covers, and a list of zero-sized elements counts one word per element. A fixed limit let a
+// 400-byte frame claim a list of 41 million empty structs (found by fuzz_frame), each of which
+// the node turned into a message; the limit is therefore this many times the frame's size
+// (decode_frame's traversal, the bridge and one handler each reading it in full fit easily),
+// plus frame_traversal_words_min for tiny frames.
+inline constexpr uint64_t frame_traversal_factor = 8;
+inline constexpr uint64_t frame_traversal_words_min = 1024;
 
 // Validates and wraps `bytes`. Copies once into aligned storage.
 // Errors (kind invalid): empty, larger than frame_bytes_max, not a multiple of 8 bytes,

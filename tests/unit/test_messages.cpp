@@ -1,8 +1,13 @@
 // Envelope framing: round trips of every plane's messages, and malformed input refused.
 #include <doctest.h>
 
+#include <kj/exception.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "messages/convert.hpp"
 #include "messages/envelope.hpp"
@@ -171,6 +176,24 @@ TEST_CASE("an envelope field holding a pointer of the wrong kind is refused") {
     CHECK(decoded.error().kind == ErrorKind::invalid);
     CHECK(decoded.error().message.find("malformed frame") != std::string::npos);
   }
+}
+
+// A 400-byte heartbeat whose load list claims 41,943,040 zero-sized InstanceLoad structs (found
+// by fuzz_frame: the node actor made one message per element). Its bytes are in bounds, so only
+// the per-frame traversal limit (a multiple of the frame's size) stops it: reading the list
+// throws, and the handler guard drops the frame.
+TEST_CASE("a list of empty structs cannot amplify a small frame") {
+  const char* root = std::getenv("TANDEM_SOURCE_ROOT");
+  REQUIRE_MESSAGE(root != nullptr, "TANDEM_SOURCE_ROOT is not set");
+  std::ifstream in(std::string(root) + "/tests/fuzz/corpus/frame/heartbeat_41m_empty_loads.bin",
+                   std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() == 400);
+  auto decoded = decode_frame(std::as_bytes(std::span(bytes.data(), bytes.size())), 1 << 20);
+  if (!decoded.ok()) return;  // refused outright: as good
+  auto body = decoded->envelope().getBody();
+  REQUIRE(body.which() == wire::Envelope::Body::HEARTBEAT);
+  CHECK_THROWS_AS((void)body.getHeartbeat().getLoad().size(), kj::Exception);
 }
 
 // ---- per-token logprobs (messages/convert.hpp) ----
