@@ -65,13 +65,15 @@ class Frame {
 };
 
 // Cap'n Proto's traversal limit, per frame: every read of a pointer field counts the words it
-// covers, and a list of zero-sized elements counts one word per element. A fixed limit let a
-// 400-byte frame claim a list of 41 million empty structs (found by fuzz_frame), each of which
-// the node turned into a message; the limit is therefore this many times the frame's size
-// (decode_frame's traversal, the bridge and one handler each reading it in full fit easily),
-// plus frame_traversal_words_min for tiny frames.
-inline constexpr uint64_t frame_traversal_factor = 8;
-inline constexpr uint64_t frame_traversal_words_min = 1024;
+// covers (each call of a getter counts again), and a list of zero-sized elements counts one
+// word per element. A fixed 512 MiB limit let a 400-byte frame claim a list of 41 million
+// empty structs (found by fuzz_frame), each of which the node turned into a message. The limit
+// is frame_traversal_factor times the frame's size plus frame_traversal_words_min: room for
+// decode_frame's traversal, the bridge and handlers reading it many times over (a getter called
+// per element of a 100-element list, say), while an empty-struct list claims at most that
+// many elements.
+inline constexpr uint64_t frame_traversal_factor = 16;
+inline constexpr uint64_t frame_traversal_words_min = 16384;  // 128 KiB worth
 
 // Validates and wraps `bytes`. Copies once into aligned storage.
 // Errors (kind invalid): empty, larger than frame_bytes_max, not a multiple of 8 bytes,

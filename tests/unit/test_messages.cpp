@@ -196,6 +196,21 @@ TEST_CASE("a list of empty structs cannot amplify a small frame") {
   CHECK_THROWS_AS((void)body.getHeartbeat().getLoad().size(), kj::Exception);
 }
 
+// The per-frame limit leaves room for what receivers do: a frame read in full many times.
+TEST_CASE("a frame can be read in full many times within its traversal limit") {
+  auto words = envelope_with([](wire::Envelope::Builder e) {
+    auto ids = e.getBody().initTokenChunk().initTokenIds(4096);
+    for (unsigned i = 0; i < ids.size(); ++i) ids.set(i, int32_t(i));
+  });
+  auto frame = decode_frame(frame_span(words), 1 << 20);
+  REQUIRE(frame.ok());
+  int64_t sum = 0;
+  for (int pass = 0; pass < int(frame_traversal_factor) - 2; ++pass) {
+    for (int32_t id : frame->envelope().getBody().getTokenChunk().getTokenIds()) sum += id;
+  }
+  CHECK(sum == int64_t(frame_traversal_factor - 2) * 4095 * 4096 / 2);
+}
+
 // ---- per-token logprobs (messages/convert.hpp) ----
 
 namespace {
