@@ -64,7 +64,8 @@ for name in "${targets[@]}"; do
   else
     found=1
     result=FAIL
-    echo "fuzz: fuzz_$name FAILED (exit $rc); the end of its log ($out):"
+    echo "fuzz: fuzz_$name FAILED (exit $rc); $(grep -m1 'INFO: Seed:' "$out" || true)" \
+      "(-seed=N repeats the run); the end of its log ($out):"
     tail -n 60 "$out"
     for reproducer in "$artifacts"/*; do
       [ -f "$reproducer" ] || continue
