@@ -41,8 +41,11 @@ set -e
 # build-asan/sanitizer/; any report there fails the run (a leak found when a child exits would
 # otherwise vanish with its stderr and exit code). UBSan runs inside ASan's runtime and reports
 # on stderr; halt_on_error + abort_on_error make the process abort, so the test fails.
+# -Dwerror=false here only: GCC 12's sanitizer instrumentation makes false warnings (e.g.
+# -Wmaybe-uninitialized on runtime/node/bridge.cpp's std::optional<MallocMessageBuilder>
+# at -O1); the same code is held to -Werror by the g++ build above.
 if [ ! -f build-asan/build.ninja ]; then
-  meson setup build-asan --buildtype=debug -Doptimization=1 \
+  meson setup build-asan --buildtype=debug -Doptimization=1 -Dwerror=false \
     -Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-fno-sanitize-recover=undefined
 fi
 nice -n 10 ninja -C build-asan
