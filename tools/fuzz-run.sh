@@ -52,9 +52,10 @@ for name in "${targets[@]}"; do
   out="build-fuzz/fuzz-$name.log"
   echo "fuzz: fuzz_$name for ${seconds}s"
   rc=0
-  # -timeout: one input running 25 s is a finding (a hang); -rss_limit_mb: so is 2 GiB.
+  # -timeout: one input running 120 s is a finding (a hang; generous, for loaded CI machines:
+  # the tokenizer once took 25 s of wall time at load 19, 0.2 s CPU); -rss_limit_mb: 2 GiB.
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    "build-fuzz/tests/fuzz_$name" -max_total_time="$seconds" -timeout=25 -rss_limit_mb=2048 \
+    "build-fuzz/tests/fuzz_$name" -max_total_time="$seconds" -timeout=120 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "$work" "tests/fuzz/corpus/$name" \
     > "$out" 2>&1 || rc=$?
   runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out" | grep -o '[0-9]*$' || true)"
