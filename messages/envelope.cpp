@@ -64,7 +64,8 @@ FrameBytes encode_frame(capnp::MessageBuilder& message) {
 Frame::Frame(FrameBytes words, size_t segment_words) : words_(std::move(words)) {
   RT_ASSERT(segment_words <= words_.size(), segment_words, words_.size());
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = frame_traversal_words_max;
+  options.traversalLimitInWords =
+      frame_traversal_words_min + frame_traversal_factor * uint64_t(words_.size());
   options.nestingLimit = 64;
   reader_ = std::make_unique<capnp::FlatArrayMessageReader>(
       kj::ArrayPtr<const capnp::word>(words_.data(), words_.size()), options);
@@ -118,6 +119,13 @@ Result<Frame> decode_frame(std::span<const std::byte> bytes, uint64_t frame_byte
     // Full traversal: every pointer in the message is bounds-checked here, once.
     capnp::AnyStruct::Reader any = envelope;
     (void)any.totalSize();
+    // The traversal checks bounds, not kinds: a pointer of the wrong kind (a list where a
+    // struct or text belongs) throws when its field is read. The node reads these fields on
+    // the fabric thread, outside any handler guard (runtime/node/bridge.cpp), so they are
+    // read once here, where a throw is this frame's error.
+    (void)get_name(envelope.getSource());
+    (void)get_name(envelope.getDestination());
+    (void)envelope.getSourceAddress();
     (void)envelope.getBody().which();  // an unknown union tag from a newer peer is reported by the caller
     return frame;
   } catch (const kj::Exception& e) {

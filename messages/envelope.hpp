@@ -3,8 +3,12 @@
 // encode_frame() turns a filled builder into the bytes that go on the wire.
 // decode_frame() checks a received frame completely before anyone reads it: size bounds,
 // word alignment, and a full traversal of the message (every pointer bounds-checked), so
-// later field access on the returned reader does not throw for malformed input. A frame
-// that fails any check comes back as an Error (kind invalid) saying what was wrong.
+// later field access on the returned reader never reads out of bounds. The envelope's own
+// fields (source, destination, sourceAddress, the body's tag) are also read once, so reading
+// them later does not throw. A body field whose pointer is of the wrong kind (a list where a
+// struct belongs) still throws kj::Exception when read: handlers read bodies under their
+// guard (actors/common/shell.hpp). A frame that fails any check comes back as an Error (kind
+// invalid) saying what was wrong.
 #pragma once
 
 #include <capnp/message.h>
@@ -60,7 +64,16 @@ class Frame {
   std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
 };
 
-inline constexpr uint64_t frame_traversal_words_max = 64ull << 20;  // 512 MiB worth of words
+// Cap'n Proto's traversal limit, per frame: every read of a pointer field counts the words it
+// covers (each call of a getter counts again), and a list of zero-sized elements counts one
+// word per element. A fixed 512 MiB limit let a 400-byte frame claim a list of 41 million
+// empty structs (found by fuzz_frame), each of which the node turned into a message. The limit
+// is frame_traversal_factor times the frame's size plus frame_traversal_words_min: room for
+// decode_frame's traversal, the bridge and handlers reading it many times over (a getter called
+// per element of a 100-element list, say), while an empty-struct list claims at most that
+// many elements.
+inline constexpr uint64_t frame_traversal_factor = 16;
+inline constexpr uint64_t frame_traversal_words_min = 16384;  // 128 KiB worth
 
 // Validates and wraps `bytes`. Copies once into aligned storage.
 // Errors (kind invalid): empty, larger than frame_bytes_max, not a multiple of 8 bytes,

@@ -23,6 +23,11 @@ packages=(
   nodejs npm                      # JS tokenizers + official SDKs used by tests
   curl procps iproute2            # tests talk HTTP, inspect processes and ports
   tmux                            # drives the interactive admin shell in a test
+  # clang + compiler-rt: libFuzzer and clang's ASan/UBSan runtimes for the fuzz targets
+  # (tests/fuzz, fuzzed for a bounded time by `quickstart.sh test`). libFuzzer is in
+  # libclang-rt-14-dev, which clang does not pull in. (g++'s ASan/UBSan runtimes for build-asan
+  # come with g++ itself: libasan8, libubsan1.)
+  clang libclang-rt-14-dev
 )
 
 sudo_cmd=()

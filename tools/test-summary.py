@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Counts test cases across the suite from meson's testlog.json.
+"""Counts test cases across the suite from meson's testlog.json files.
+
+usage: test-summary.py TESTLOG.json [TESTLOG.json ...]: several logs (the g++ build, the
+sanitizer build, the fuzz runs) are summed into one closing line. A log that is missing or
+unreadable counts as one failed case (its tests did not run).
 
 doctest executables report their own case counts (passed, failed, skipped); any other test
 counts as one case. A test executable that failed without a doctest summary (crash, timeout)
@@ -15,33 +19,55 @@ SUMMARY = re.compile(
     r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed(?:\s*\|\s*(\d+) skipped)?")
 
 passed = failed = skipped = expected_failures = 0
-with open(sys.argv[1], encoding="utf-8") as log:
-    for line in log:
-        entry = json.loads(line)
-        out = entry.get("stdout", "") or ""
-        result = entry.get("result")
-        if result == "SKIP":
-            skipped += 1
-            print(f"SKIPPED: {entry.get('name')}")
-            continue
-        if result == "EXPECTEDFAIL":
-            expected_failures += 1
-            print(f"EXPECTED FAILURE: {entry.get('name')}")
-            continue
-        ok = result == "OK"
-        found = SUMMARY.findall(out)
-        if found:
-            _, p, f, s = found[-1]
-            passed += int(p)
-            failed += int(f)
-            skipped += int(s or 0)
-            if not ok and int(f) == 0:
-                failed += 1  # crashed after its summary, or leaked a non-zero exit
-        elif ok:
-            passed += 1
-        else:
-            failed += 1
-            print(f"FAILED: {entry.get('name')} ({result})")
+
+
+def count_entry(entry, where):
+    global passed, failed, skipped, expected_failures
+    out = entry.get("stdout", "") or ""
+    result = entry.get("result")
+    name = f"{entry.get('name')}{where}"
+    if result == "SKIP":
+        skipped += 1
+        print(f"SKIPPED: {name}")
+        return
+    if result == "EXPECTEDFAIL":
+        expected_failures += 1
+        print(f"EXPECTED FAILURE: {name}")
+        return
+    ok = result == "OK"
+    found = SUMMARY.findall(out)
+    if found:
+        _, p, f, s = found[-1]
+        passed += int(p)
+        failed += int(f)
+        skipped += int(s or 0)
+        if not ok and int(f) == 0:
+            failed += 1  # crashed after its summary, or leaked a non-zero exit
+        if not ok:
+            print(f"FAILED: {name} ({result})")
+    elif ok:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAILED: {name} ({result})")
+
+
+paths = sys.argv[1:]
+if not paths:
+    print("usage: test-summary.py TESTLOG.json [TESTLOG.json ...]", file=sys.stderr)
+    sys.exit(2)
+for path in paths:
+    # With several logs, each failure names the log it came from.
+    where = f" [{path}]" if len(paths) > 1 else ""
+    try:
+        with open(path, encoding="utf-8") as log:
+            entries = [json.loads(line) for line in log if line.strip()]
+    except (OSError, ValueError) as error:
+        failed += 1
+        print(f"FAILED: {path} (no readable test log: {error})")
+        continue
+    for entry in entries:
+        count_entry(entry, where)
 if expected_failures:
     print(f"{expected_failures} expected failures")
 print(f"{passed} passed, {failed} failed, {skipped} skipped")

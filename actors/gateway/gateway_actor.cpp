@@ -355,8 +355,10 @@ void on_tokens(GatewayActor* self, wire::TokenChunk::Reader chunk, const ActorNa
                                          return st.tokenizer->decode_piece(prev, token);
                                        });
   }
-  for (unsigned i = 0; i < chunk.getTokenIds().size(); ++i) {
-    int32_t token = chunk.getTokenIds()[i];
+  // One getter call: each counts the whole list against the frame's traversal limit.
+  const auto token_ids = chunk.getTokenIds();
+  for (unsigned i = 0; i < token_ids.size(); ++i) {
+    int32_t token = token_ids[i];
     if (!logprobs.empty()) write_events(r, {gateway::LogprobsDelta{{logprobs[i]}}});
     if (!r.got_first) {
       r.got_first = true;

@@ -1,8 +1,13 @@
 // Envelope framing: round trips of every plane's messages, and malformed input refused.
 #include <doctest.h>
 
+#include <kj/exception.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 
 #include "messages/convert.hpp"
 #include "messages/envelope.hpp"
@@ -141,6 +146,69 @@ TEST_CASE("malformed frames are refused with a reason, never a crash") {
   uint32_t header[2] = {0, 0x7fffffff};
   std::memcpy(liar.data(), header, 8);
   CHECK(decode_frame(liar, 1 << 20).error().message.find("truncated") != std::string::npos);
+}
+
+// A pointer of the wrong kind in the envelope's own fields (found by fuzz_frame,
+// tests/fuzz/corpus/frame/source_is_a_list.bin): the traversal accepts it (it is in bounds),
+// but reading the field throws, and the node reads these on its fabric thread outside any
+// handler guard. decode_frame must refuse the frame instead.
+TEST_CASE("an envelope field holding a pointer of the wrong kind is refused") {
+  auto words = envelope_with([](wire::Envelope::Builder e) {
+    e.getBody().initPing().setNonce(1);
+  });
+  REQUIRE(words.size() > 2);
+  // One segment: table word 0, then the root pointer (word 1) to the Envelope struct.
+  uint64_t root = 0;
+  std::memcpy(&root, &words[1], 8);
+  const uint64_t offset_words = (root >> 2) & 0x3fffffff;
+  const uint64_t data_words = (root >> 32) & 0xffff;
+  const size_t pointers_at = 2 + offset_words + data_words;  // source, sourceAddress, dest
+  const uint64_t empty_byte_list = 1 | (uint64_t(2) << 32);  // kind list, bytes, 0 elements
+  const uint64_t empty_struct = 0xfffffffcull;  // kind struct, no words (offset -1: not null)
+  for (auto [index, pointer] : {std::pair{size_t(0), empty_byte_list},
+                                {size_t(1), empty_struct}, {size_t(2), empty_byte_list}}) {
+    INFO("pointer " << index);
+    FrameBytes bad = words;
+    REQUIRE(pointers_at + index < bad.size());
+    std::memcpy(static_cast<void*>(&bad[pointers_at + index]), &pointer, 8);
+    auto decoded = decode_frame(frame_span(bad), 1 << 20);
+    REQUIRE_FALSE(decoded.ok());
+    CHECK(decoded.error().kind == ErrorKind::invalid);
+    CHECK(decoded.error().message.find("malformed frame") != std::string::npos);
+  }
+}
+
+// A 400-byte heartbeat whose load list claims 41,943,040 zero-sized InstanceLoad structs (found
+// by fuzz_frame: the node actor made one message per element). Its bytes are in bounds, so only
+// the per-frame traversal limit (a multiple of the frame's size) stops it: reading the list
+// throws, and the handler guard drops the frame.
+TEST_CASE("a list of empty structs cannot amplify a small frame") {
+  const char* root = std::getenv("TANDEM_SOURCE_ROOT");
+  REQUIRE_MESSAGE(root != nullptr, "TANDEM_SOURCE_ROOT is not set");
+  std::ifstream in(std::string(root) + "/tests/fuzz/corpus/frame/heartbeat_41m_empty_loads.bin",
+                   std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() == 400);
+  auto decoded = decode_frame(std::as_bytes(std::span(bytes.data(), bytes.size())), 1 << 20);
+  if (!decoded.ok()) return;  // refused outright: as good
+  auto body = decoded->envelope().getBody();
+  REQUIRE(body.which() == wire::Envelope::Body::HEARTBEAT);
+  CHECK_THROWS_AS((void)body.getHeartbeat().getLoad().size(), kj::Exception);
+}
+
+// The per-frame limit leaves room for what receivers do: a frame read in full many times.
+TEST_CASE("a frame can be read in full many times within its traversal limit") {
+  auto words = envelope_with([](wire::Envelope::Builder e) {
+    auto ids = e.getBody().initTokenChunk().initTokenIds(4096);
+    for (unsigned i = 0; i < ids.size(); ++i) ids.set(i, int32_t(i));
+  });
+  auto frame = decode_frame(frame_span(words), 1 << 20);
+  REQUIRE(frame.ok());
+  int64_t sum = 0;
+  for (int pass = 0; pass < int(frame_traversal_factor) - 2; ++pass) {
+    for (int32_t id : frame->envelope().getBody().getTokenChunk().getTokenIds()) sum += id;
+  }
+  CHECK(sum == int64_t(frame_traversal_factor - 2) * 4095 * 4096 / 2);
 }
 
 // ---- per-token logprobs (messages/convert.hpp) ----
