@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The README's two commands:
 #   bash tools/quickstart.sh serve   set up, build, start the local cluster (API on 127.0.0.1:8000)
-#   bash tools/quickstart.sh test    set up, build, run the whole test suite: with g++ (build/),
-#                                    again under ASan + UBSan + LSan (build-asan/), then each
-#                                    fuzz target for FUZZ_SECONDS (default 30) with clang
-#                                    (build-fuzz/, tools/fuzz-run.sh) when clang is installed
+#   bash tools/quickstart.sh test    set up, build, run the whole test suite with g++ (build/),
+#                                    then each fuzz target for FUZZ_SECONDS (default 30) with
+#                                    clang (build-fuzz/, tools/fuzz-run.sh) when clang is
+#                                    installed; with TANDEM_SANITIZE=1 also the suite again
+#                                    under ASan + UBSan + LSan (build-asan/)
+#   bash tools/quickstart.sh sanitize  the same as TANDEM_SANITIZE=1 ... test
 #   bash tools/quickstart.sh agents  set up, build, serve config/examples/agents.toml (sim
 #                                    device, MiniMax-M2 chat format) for coding agents
 set -euo pipefail
@@ -13,7 +15,8 @@ cd "$here"
 mode="${1:-}"
 case "$mode" in
   serve|test|agents) ;;
-  *) echo "usage: bash tools/quickstart.sh serve|test|agents" >&2; exit 2 ;;
+  sanitize) mode=test; TANDEM_SANITIZE=1 ;;
+  *) echo "usage: bash tools/quickstart.sh serve|test|sanitize|agents" >&2; exit 2 ;;
 esac
 
 bash tools/setup.sh
@@ -36,7 +39,10 @@ rc=$?
 set -e
 
 # The same suite under AddressSanitizer (+ LeakSanitizer) and UndefinedBehaviorSanitizer,
-# both fatal. Tests in suite 'nosan' are left out (each says why in tests/meson.build). Every
+# both fatal, when TANDEM_SANITIZE=1 (`quickstart.sh sanitize`). It is a second full build:
+# on a 2-core machine ~30 minutes of compiling plus 2-4x the suite's time, so the per-change
+# CI (`.ci/run`) leaves it to that command (docs/reliability.md "Sanitizers").
+# Tests in suite 'nosan' are left out (each says why in tests/meson.build). Every
 # sanitized process, test or `tandem` child, writes its ASan and LSan reports to
 # build-asan/sanitizer/; any report there fails the run (a leak found when a child exits would
 # otherwise vanish with its stderr and exit code). UBSan runs inside ASan's runtime and reports
@@ -44,23 +50,30 @@ set -e
 # -Dwerror=false here only: GCC 12's sanitizer instrumentation makes false warnings (e.g.
 # -Wmaybe-uninitialized on runtime/node/bridge.cpp's std::optional<MallocMessageBuilder>
 # at -O1); the same code is held to -Werror by the g++ build above.
-if [ ! -f build-asan/build.ninja ]; then
-  meson setup build-asan --buildtype=debug -Doptimization=1 -Dwerror=false \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-fno-sanitize-recover=undefined
+asan_rc=0
+asan_logs=()
+if [ "${TANDEM_SANITIZE:-0}" = 1 ]; then
+  if [ ! -f build-asan/build.ninja ]; then
+    meson setup build-asan --buildtype=debug -Doptimization=1 -Dwerror=false \
+      -Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-fno-sanitize-recover=undefined
+  fi
+  nice -n 10 ninja -C build-asan
+  reports="$here/build-asan/sanitizer"
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  set +e
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$reports/asan" \
+  LSAN_OPTIONS="suppressions=$here/tests/sanitizers/lsan.supp:print_suppressions=0" \
+  UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1" \
+    meson test -C build-asan --num-processes 1 --print-errorlogs --no-rebuild --no-suite nosan \
+    --timeout-multiplier 4
+  asan_rc=$?
+  set -e
+  python3 tools/sanitizer-reports.py "$reports" > build-asan/sanitizer-log.json || asan_rc=1
+  asan_logs=(build-asan/meson-logs/testlog.json build-asan/sanitizer-log.json)
+else
+  echo "quickstart: the sanitizer suite is not run here (TANDEM_SANITIZE=1, or quickstart.sh sanitize)"
 fi
-nice -n 10 ninja -C build-asan
-reports="$here/build-asan/sanitizer"
-rm -rf "$reports"
-mkdir -p "$reports"
-set +e
-ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$reports/asan" \
-LSAN_OPTIONS="suppressions=$here/tests/sanitizers/lsan.supp:print_suppressions=0" \
-UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1" \
-  meson test -C build-asan --num-processes 1 --print-errorlogs --no-rebuild --no-suite nosan \
-  --timeout-multiplier 4
-asan_rc=$?
-set -e
-python3 tools/sanitizer-reports.py "$reports" > build-asan/sanitizer-log.json || asan_rc=1
 
 # Fuzzing: bounded, with clang's libFuzzer; skipped (said so) when clang is not installed.
 fuzz_logs=()
@@ -73,8 +86,8 @@ else
 fi
 
 summary_rc=0
-python3 tools/test-summary.py build/meson-logs/testlog.json build-asan/meson-logs/testlog.json \
-  build-asan/sanitizer-log.json "${fuzz_logs[@]}" || summary_rc=$?
+python3 tools/test-summary.py build/meson-logs/testlog.json "${asan_logs[@]}" \
+  "${fuzz_logs[@]}" || summary_rc=$?
 if [ $rc -ne 0 ] || [ $asan_rc -ne 0 ] || [ $fuzz_rc -ne 0 ] || [ $summary_rc -ne 0 ]; then
   exit 1
 fi
