@@ -72,7 +72,7 @@ class MemoryInput final : public kj::AsyncInputStream {
   explicit MemoryInput(std::string_view bytes) : bytes_(bytes) {}
   kj::Promise<size_t> tryRead(void* buffer, size_t, size_t max_bytes) override {
     size_t n = std::min(max_bytes, bytes_.size() - at_);  // short only at the end (EOF)
-    std::memcpy(buffer, bytes_.data() + at_, n);
+    if (n > 0) std::memcpy(buffer, bytes_.data() + at_, n);  // an empty view's data() may be null
     at_ += n;
     return n;
   }

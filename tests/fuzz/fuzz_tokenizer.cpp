@@ -165,7 +165,8 @@ void fuzz_text(std::string_view text) {
 
 void fuzz_ids(std::string_view bytes) {
   std::vector<int32_t> ids(bytes.size() / 4);
-  std::memcpy(ids.data(), bytes.data(), ids.size() * 4);
+  // Fewer than 4 bytes: no ids, and memcpy must not see the empty vector's null data().
+  if (!ids.empty()) std::memcpy(ids.data(), bytes.data(), ids.size() * 4);
   const Tokenizers& t = tokenizers();
   for (const Tokenizer* tokenizer : {t.hf_plain.get(), t.hf_nfc.get(), t.llama2c.get()}) {
     std::string decoded = tokenizer->decode(ids);
