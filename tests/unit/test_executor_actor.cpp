@@ -83,6 +83,17 @@ actors::ExecBatch prefill_batch(uint64_t seq) {
   return {actors::ExecKind::prefill, batch, nullptr};
 }
 
+// Asks the executor for prefill pass `seq`; records the answer and the virtual time it came,
+// as the first or the second answer.
+void ask_pass(caf::event_based_actor* self, const caf::actor& exec, uint64_t seq,
+              std::shared_ptr<Answers> seen, bool second) {
+  self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(seq))
+      .then([=](const actors::ExecResult& r) {
+        (second ? seen->second_at : seen->first_at) = self->clock().now();
+        (second ? seen->second : seen->first) = r;
+      });
+}
+
 }  // namespace
 
 TEST_CASE("executor over sim, time_factor 1: answers at the modelled end, one pass at a time, "
@@ -93,16 +104,8 @@ TEST_CASE("executor over sim, time_factor 1: answers at the modelled end, one pa
   auto t0 = h.now();
   auto exec = h.executor;
   h.system.spawn([seen, exec](caf::event_based_actor* self) {
-    self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(1))
-        .then([=](const actors::ExecResult& r) {
-          seen->first_at = self->clock().now();
-          seen->first = r;
-        });
-    self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(2))
-        .then([=](const actors::ExecResult& r) {
-          seen->second_at = self->clock().now();
-          seen->second = r;
-        });
+    ask_pass(self, exec, 1, seen, false);
+    ask_pass(self, exec, 2, seen, true);
     self->request(exec, caf::infinite, actors::atoms::exec_info::value)
         .then([=](const actors::ExecInfo& info) {
           CHECK_MESSAGE(info.ok, info.error);
@@ -153,11 +156,7 @@ TEST_CASE("executor over sim, time_factor 0: a pass is answered at once") {
   auto t0 = h.now();
   auto exec = h.executor;
   h.system.spawn([seen, exec](caf::event_based_actor* self) {
-    self->request(exec, caf::infinite, actors::atoms::exec_run::value, prefill_batch(1))
-        .then([=](const actors::ExecResult& r) {
-          seen->first_at = self->clock().now();
-          seen->first = r;
-        });
+    ask_pass(self, exec, 1, seen, false);
   });
   h.sched.run();  // no time advanced, no timer triggered
   REQUIRE(seen->first.has_value());
