@@ -92,6 +92,11 @@ json post_json(const std::string& path, const json& body, std::chrono::milliseco
   json parsed = json::parse(r.body, nullptr, false);
   REQUIRE(!parsed.is_discarded());
   parsed["__status"] = r.status;
+  if (r.status != 200 && r.status != 404) {  // what the node said, for a failure's report
+    std::string log = node().log();
+    MESSAGE("POST ", path, " -> ", r.status, ": ", r.body.substr(0, 2000), "\nnode log (tail):\n",
+            log.substr(log.size() > 6000 ? log.size() - 6000 : 0));
+  }
   return parsed;
 }
 
