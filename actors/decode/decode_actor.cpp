@@ -11,6 +11,7 @@
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/spawn.hpp"
 
 namespace tandem::actors {
 
@@ -752,7 +753,7 @@ caf::behavior running(DecodeActor* self) {
 caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
                         const config::Instance& instance, caf::actor executor) {
   ActorName name{ctx.bridge->node(), "decode", instance.name};
-  auto actor = system.spawn([ctx, name, executor](DecodeActor* self) -> caf::behavior {
+  auto actor = runtime::spawn_fn(system, [ctx, name, executor](DecodeActor* self) -> caf::behavior {
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;

@@ -7,6 +7,7 @@
 #include "devices/kv_memory.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/spawn.hpp"
 
 namespace tandem::actors {
 
@@ -194,8 +195,9 @@ caf::actor spawn_executor(caf::actor_system& system, const ShellContext& ctx,
   };
   // A device that holds the calling thread for a pass (cpu, rbln) gets a thread of its own;
   // the sim costs only host work and runs on the node's CAF workers.
-  auto actor = devices::holds_thread(instance.device) ? system.spawn<caf::detached>(fn)
-                                                      : system.spawn(fn);
+  auto actor = devices::holds_thread(instance.device)
+                   ? runtime::spawn_fn<caf::detached>(system, fn)
+                   : runtime::spawn_fn(system, fn);
   ctx.bridge->register_actor(name, actor);
   return actor;
 }

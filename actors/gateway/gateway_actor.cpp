@@ -25,6 +25,7 @@
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/spawn.hpp"
 #include "runtime/text/chat.hpp"
 #include "runtime/text/model_chat.hpp"
 #include "runtime/text/stream_decoder.hpp"
@@ -1297,7 +1298,7 @@ struct GatewayParts {
 // Spawns the gateway actor and registers it under parts.name.
 caf::actor spawn_gateway_actor(const GatewayParts& parts) {
   uint64_t generation = parts.spawned_count->fetch_add(1);
-  auto actor = parts.system->spawn([parts, generation](GatewayActor* self) -> caf::behavior {
+  auto init = [parts, generation](GatewayActor* self) -> caf::behavior {
     auto& st = self->state;
     const ShellContext& ctx = parts.ctx;
     st.ctx = ctx;
@@ -1321,7 +1322,8 @@ caf::actor spawn_gateway_actor(const GatewayParts& parts) {
                  caf::actor_cast<caf::actor>(self));
     }
     return gateway_behavior(self);
-  });
+  };
+  auto actor = runtime::spawn_fn(*parts.system, init);
   parts.ctx.bridge->register_actor(parts.name, actor);
   return actor;
 }
@@ -1355,7 +1357,8 @@ Preparers make_preparers(const PreparerParts& parts, uint32_t count, bool own_th
     return {[self](const HttpCall& call) { prepare(self, call); }};
   };
   auto spawn = [system = parts.system, behavior, own_threads] {
-    return own_threads ? system->spawn<caf::detached>(behavior) : system->spawn(behavior);
+    return own_threads ? runtime::spawn_fn<caf::detached>(*system, behavior)
+                       : runtime::spawn_fn(*system, behavior);
   };
   for (uint32_t i = 0; i < count; ++i) {
     p.actors.push_back(std::make_shared<runtime::ActorSlot>(spawn()));

@@ -7,6 +7,7 @@
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/spawn.hpp"
 
 namespace tandem::actors {
 namespace {
@@ -244,7 +245,7 @@ caf::behavior running(PrefillActor* self) {
 caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
                          const config::Instance& instance, caf::actor executor) {
   ActorName name{ctx.bridge->node(), "prefill", instance.name};
-  auto actor = system.spawn([ctx, name, executor](PrefillActor* self) -> caf::behavior {
+  auto init = [ctx, name, executor](PrefillActor* self) -> caf::behavior {
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;
@@ -279,7 +280,8 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
         },
         [self](runtime::atoms::tick) { not_ready_tick(self); },  // only if the device failed
     };
-  });
+  };
+  auto actor = runtime::spawn_fn(system, init);
   ctx.bridge->register_actor(name, actor);
   return actor;
 }

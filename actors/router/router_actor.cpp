@@ -7,6 +7,7 @@
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
+#include "runtime/node/spawn.hpp"
 
 namespace tandem::actors {
 namespace {
@@ -21,6 +22,9 @@ struct Known {
   bool node_up = false;
   bool ready = false;
   bool reported = false;  // a load report arrived (for logging the first not-ready one)
+  // tandem_router_instance_eligible{instance=<router>, target=<node/role/instance>}: 1 while
+  // this router may pick it (what an operator or a test waits for), 0 otherwise.
+  obs::Gauge* eligible = nullptr;
 };
 
 struct RouterState {
@@ -79,7 +83,13 @@ void add_instances(RouterState& st) {
       Status up = st.core->set_up({index}, false);
       RT_ASSERT(up.ok());
       st.by_name[name.to_string()] = index;
-      st.instances.push_back({name, core_role, node->name == st.ctx.bridge->node(), false});
+      obs::Gauge* eligible = make_gauge(
+          *st.ctx.metrics, "tandem_router_instance_eligible",
+          "1 while the router may pick the instance (its node is up and it reported ready)",
+          {{"instance", st.self_name.instance}, {"target", name.to_string()}});
+      eligible->set(0.0);
+      st.instances.push_back(
+          {name, core_role, node->name == st.ctx.bridge->node(), false, false, eligible});
     }
   }
 }
@@ -114,6 +124,7 @@ void set_eligibility(RouterState& st, uint32_t i, bool node_up, bool ready) {
   k.node_up = node_up;
   k.ready = ready;
   bool now = k.node_up && k.ready;
+  if (k.eligible) k.eligible->set(now ? 1.0 : 0.0);
   if (was != now) {
     Status s = st.core->set_up({i}, now);
     RT_ASSERT(s.ok(), i);
@@ -175,7 +186,7 @@ void on_kv_events(RouterState& st, wire::KvEvents::Reader ev) {
 caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
                         const config::Instance& instance) {
   ActorName name{ctx.bridge->node(), "router", instance.name};
-  auto actor = system.spawn([ctx, name](RouterActor* self) -> caf::behavior {
+  auto actor = runtime::spawn_fn(system, [ctx, name](RouterActor* self) -> caf::behavior {
     auto& st = self->state;
     st.ctx = ctx;
     st.self_name = name;

@@ -8,6 +8,7 @@
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/membership.hpp"
 #include "runtime/node/supervisor.hpp"
+#include "runtime/node/spawn.hpp"
 
 namespace tandem::runtime {
 
@@ -389,7 +390,7 @@ caf::actor spawn_role_actor(caf::actor_system& system, Bridge* bridge,
                             const config::Instance& instance) {
   RT_ASSERT(bridge != nullptr);
   ActorName name{bridge->node(), std::string(config::to_string(instance.role)), instance.name};
-  caf::actor actor = system.spawn([bridge, name](caf::event_based_actor*) -> caf::behavior {
+  caf::actor actor = spawn_fn(system, [bridge, name](caf::event_based_actor*) -> caf::behavior {
     return {
         [bridge, name](const InboundFrame& in) {
           auto envelope = in.frame->envelope();

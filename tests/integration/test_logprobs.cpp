@@ -42,8 +42,11 @@ class LogprobCluster {
     return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, labels);
   }
 
+  // A warm-up completion succeeds and the router may pick both instances (a prefill that has
+  // not reported ready yet is skipped, and its prompts prefilled by decode).
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
+      if (metric("tandem_router_instance_eligible", "") < 2) return false;
       json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},
                    {"temperature", 0}};
       auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);

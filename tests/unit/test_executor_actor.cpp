@@ -17,6 +17,7 @@
 #include "tests/support/local_bridge.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/sim_cluster.hpp"
+#include "runtime/node/spawn.hpp"
 
 using namespace tandem;
 using namespace std::chrono_literals;
@@ -103,7 +104,7 @@ TEST_CASE("executor over sim, time_factor 1: answers at the modelled end, one pa
   auto seen = std::make_shared<Answers>();
   auto t0 = h.now();
   auto exec = h.executor;
-  h.system.spawn([seen, exec](caf::event_based_actor* self) {
+  runtime::spawn_fn(h.system, [seen, exec](caf::event_based_actor* self) {
     ask_pass(self, exec, 1, seen, false);
     ask_pass(self, exec, 2, seen, true);
     self->request(exec, caf::infinite, actors::atoms::exec_info::value)
@@ -155,7 +156,7 @@ TEST_CASE("executor over sim, time_factor 0: a pass is answered at once") {
   auto seen = std::make_shared<Answers>();
   auto t0 = h.now();
   auto exec = h.executor;
-  h.system.spawn([seen, exec](caf::event_based_actor* self) {
+  runtime::spawn_fn(h.system, [seen, exec](caf::event_based_actor* self) {
     ask_pass(self, exec, 1, seen, false);
   });
   h.sched.run();  // no time advanced, no timer triggered

@@ -13,6 +13,7 @@
 #include "runtime/node/supervisor.hpp"
 #include "runtime/obs/log.hpp"
 #include "tests/support/process.hpp"
+#include "runtime/node/spawn.hpp"
 
 using namespace tandem;
 using namespace tandem::runtime;
@@ -58,7 +59,7 @@ struct Fixture {
 
   caf::actor spawn_child() {
     ++spawned;
-    return system.spawn([](caf::event_based_actor*) -> caf::behavior {
+    return runtime::spawn_fn(system, [](caf::event_based_actor*) -> caf::behavior {
       return {[](int x) { return x + 1; }};
     });
   }
