@@ -580,10 +580,11 @@ void Loader::read_kv_offload(const toml::table& table) {
     if (path.is_relative()) path = fs::path(manifest_.dir) / path;
     kv.path = path.lexically_normal().string();
   }
-  if (kv.enabled && !reader.find("path")) {
-    reader.issue("path", "required when kv_offload.enabled is true");
-  } else if (kv.enabled && reader.find("path") && kv.path.empty()) {
-    reader.issue("path", "must not be empty when kv_offload.enabled is true");
+  // A key that does nothing is refused, never accepted silently: kv-offload instances do
+  // not store blocks yet, so `enabled = true` would promise a tier 2 that is not there.
+  if (kv.enabled) {
+    reader.issue("enabled", "tier 2 (KV blocks on NVMe) is not built yet (issue 13); "
+                            "kv-offload instances store nothing: remove the key or set false");
   }
   reader.read_int("capacity_bytes", 0, bytes_max, kv.capacity_bytes);
   reader.read_int("host_cache_bytes", 0, bytes_max, kv.host_cache_bytes);
@@ -592,6 +593,12 @@ void Loader::read_kv_offload(const toml::table& table) {
 void Loader::read_speculative(const toml::table& table) {
   TableReader reader(sink_, table, "speculative", {"method", "draft_tokens_max"});
   reader.read_enum("method", speculative_methods_all, manifest_.speculative.method);
+  // Refused until decode speculates (a key that does nothing is never accepted silently).
+  if (manifest_.speculative.method != SpeculativeMethod::none) {
+    reader.issue("method", "speculative decoding is not built yet (issue 14): only \"none\" "
+                           "is accepted, got \"" +
+                               std::string(to_string(manifest_.speculative.method)) + "\"");
+  }
   reader.read_int("draft_tokens_max", 1, 16, manifest_.speculative.draft_tokens_max);
 }
 

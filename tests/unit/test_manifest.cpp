@@ -187,13 +187,13 @@ prefill_load_imbalance_max = 2.5
 prefill_by_work = false
 
 [kv_offload]
-enabled = true
+enabled = false
 path = "kv"
 capacity_bytes = 1000000
 host_cache_bytes = 1000
 
 [speculative]
-method = "ngram"
+method = "none"
 draft_tokens_max = 16
 )";
   Manifest m = parse_ok(text);
@@ -221,11 +221,11 @@ draft_tokens_max = 16
   CHECK(m.router.load_imbalance_max == 0.25);
   CHECK(m.router.prefill_load_imbalance_max == 2.5);
   CHECK_FALSE(m.router.prefill_by_work);
-  CHECK(m.kv_offload.enabled);
+  CHECK_FALSE(m.kv_offload.enabled);
   CHECK(m.kv_offload.path == "/etc/tandem/kv");
   CHECK(m.kv_offload.capacity_bytes == 1000000);
   CHECK(m.kv_offload.host_cache_bytes == 1000);
-  CHECK(m.speculative.method == SpeculativeMethod::ngram);
+  CHECK(m.speculative.method == SpeculativeMethod::none);
   CHECK(m.speculative.draft_tokens_max == 16);
 }
 
@@ -661,10 +661,21 @@ TEST_CASE("a gateway needs its node to have an http_port; nodes need instances")
   CHECK(lonely.message == "node 'b' has no instances");
 }
 
-TEST_CASE("kv_offload.enabled needs a path") {
-  auto issue = only_issue(base_manifest + "[kv_offload]\nenabled = true\n");
-  CHECK(issue.key == "kv_offload.path");
-  CHECK(issue.message.find("required when kv_offload.enabled") != std::string::npos);
+TEST_CASE("keys that would do nothing yet are refused: kv_offload.enabled, speculative.method") {
+  std::string text = base_manifest + "[kv_offload]\nenabled = true\npath = \"kv\"\n";
+  auto issue = only_issue(text);
+  CHECK(issue.key == "kv_offload.enabled");
+  CHECK(issue.line == line_of(text, "enabled = true"));
+  CHECK(issue.message.find("not built yet") != std::string::npos);
+  for (const char* method : {"ngram", "suffix", "eagle3"}) {
+    std::string spec = base_manifest + "[speculative]\nmethod = \"" + method + "\"\n";
+    auto refused = only_issue(spec);
+    CHECK(refused.key == "speculative.method");
+    CHECK(refused.line == line_of(spec, "method = "));
+    CHECK(refused.message.find(std::string("got \"") + method + "\"") != std::string::npos);
+  }
+  CHECK(parse_ok(base_manifest + "[speculative]\nmethod = \"none\"\n").speculative.method ==
+        SpeculativeMethod::none);
 }
 
 TEST_CASE("new sections and executor keys default when absent") {
@@ -1146,7 +1157,7 @@ TEST_CASE("all problems are reported at once, in file order") {
 
 TEST_CASE("relative paths resolve against the manifest's directory") {
   std::string text = replace(base_manifest, "path = \"models/tiny\"", "path = \"../models/tiny\"");
-  text += "[kv_offload]\nenabled = true\npath = \"./kv/\"\n";
+  text += "[kv_offload]\npath = \"./kv/\"\n";
   Manifest m = parse_ok(text, "/srv/cluster/conf/m.toml");
   CHECK(m.dir == "/srv/cluster/conf");
   CHECK(m.file == "/srv/cluster/conf/m.toml");
