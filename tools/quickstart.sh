@@ -2,11 +2,12 @@
 # The README's two commands:
 #   bash tools/quickstart.sh serve   set up, build, start the local cluster (API on 127.0.0.1:8000)
 #   bash tools/quickstart.sh test    set up, build, run the whole test suite with g++ (build/),
-#                                    then each fuzz target for FUZZ_SECONDS (default 30) with
-#                                    clang (build-fuzz/, tools/fuzz-run.sh) when clang is
-#                                    installed; with TANDEM_SANITIZE=1 also the suite again
-#                                    under ASan + UBSan + LSan (build-asan/)
-#   bash tools/quickstart.sh sanitize  the same as TANDEM_SANITIZE=1 ... test
+#                                    then again under ASan + UBSan + LSan (build-asan/; skip
+#                                    with TANDEM_SANITIZE=0), then each fuzz target for
+#                                    FUZZ_SECONDS (default 30) with clang (build-fuzz/,
+#                                    tools/fuzz-run.sh) when clang is installed
+#   bash tools/quickstart.sh sanitize  the same as test (the sanitizer suite is on by default;
+#                                    TANDEM_SANITIZE=0 ... test skips it)
 #   bash tools/quickstart.sh agents  set up, build, serve config/examples/agents.toml (sim
 #                                    device, MiniMax-M2 chat format) for coding agents
 set -euo pipefail
@@ -39,20 +40,23 @@ rc=$?
 set -e
 
 # The same suite under AddressSanitizer (+ LeakSanitizer) and UndefinedBehaviorSanitizer,
-# both fatal, when TANDEM_SANITIZE=1 (`quickstart.sh sanitize`). It is a second full build:
-# on a 2-core machine ~30 minutes of compiling plus 2-4x the suite's time, so the per-change
-# CI (`.ci/run`) leaves it to that command (docs/reliability.md "Sanitizers").
+# both fatal, in a second build directory (build-asan/). On by default (`.ci/run` runs it);
+# TANDEM_SANITIZE=0 skips it for a quick local loop. Its suite runs two tests at a time: each
+# test is CPU-bound under ASan (real time = user + sys), so two use both cores, and test ports
+# come from outside the ephemeral range (tests/support/process.hpp free_port), so parallel
+# tests cannot take each other's. The g++ suite above stays one at a time.
 # Tests in suite 'nosan' are left out (each says why in tests/meson.build). Every
 # sanitized process, test or `tandem` child, writes its ASan and LSan reports to
 # build-asan/sanitizer/; any report there fails the run (a leak found when a child exits would
 # otherwise vanish with its stderr and exit code). UBSan runs inside ASan's runtime and reports
-# on stderr; halt_on_error + abort_on_error make the process abort, so the test fails.
+# on stderr; -fno-sanitize-recover + halt_on_error + abort_on_error make the process abort,
+# so the test fails. No UBSan suppressions: findings are fixed.
 # -Dwerror=false here only: GCC 12's sanitizer instrumentation makes false warnings (e.g.
 # -Wmaybe-uninitialized on runtime/node/bridge.cpp's std::optional<MallocMessageBuilder>
 # at -O1); the same code is held to -Werror by the g++ build above.
 asan_rc=0
 asan_logs=()
-if [ "${TANDEM_SANITIZE:-0}" = 1 ]; then
+if [ "${TANDEM_SANITIZE:-1}" = 1 ]; then
   if [ ! -f build-asan/build.ninja ]; then
     meson setup build-asan --buildtype=debug -Doptimization=1 -Dwerror=false \
       -Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-fno-sanitize-recover=undefined
@@ -65,14 +69,14 @@ if [ "${TANDEM_SANITIZE:-0}" = 1 ]; then
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:log_path=$reports/asan" \
   LSAN_OPTIONS="suppressions=$here/tests/sanitizers/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1" \
-    meson test -C build-asan --num-processes 1 --print-errorlogs --no-rebuild --no-suite nosan \
+    meson test -C build-asan --num-processes 2 --print-errorlogs --no-rebuild --no-suite nosan \
     --timeout-multiplier 4
   asan_rc=$?
   set -e
   python3 tools/sanitizer-reports.py "$reports" > build-asan/sanitizer-log.json || asan_rc=1
   asan_logs=(build-asan/meson-logs/testlog.json build-asan/sanitizer-log.json)
 else
-  echo "quickstart: the sanitizer suite is not run here (TANDEM_SANITIZE=1, or quickstart.sh sanitize)"
+  echo "quickstart: TANDEM_SANITIZE=0: the sanitizer suite (build-asan) is not run"
 fi
 
 # Fuzzing: bounded, with clang's libFuzzer; skipped (said so) when clang is not installed.

@@ -33,28 +33,37 @@ inline std::string source_root() { return env_or("TANDEM_SOURCE_ROOT", "."); }
 inline std::string model_dir() { return source_root() + "/models/stories15M"; }
 inline std::string tandem_bin() { return build_root() + "/tools/tandem"; }
 
-// A free TCP port on 127.0.0.1 (bound then released; fine for tests on one machine). The
-// kernel may hand a just-released port out again, so a port this process already got is
-// never returned twice (a manifest's fabric, admin and HTTP ports must differ).
+// A free TCP port on 127.0.0.1 for a node a test starts (bound then released, so a test binds
+// it moments later). Taken from [20000, 32768), below Linux's ephemeral range (32768-60999 by
+// default): the kernel never hands these out as the source port of an outgoing connection,
+// so no client socket of this or another test process (meson runs suites in parallel) can
+// take a port between its release here and the node's bind. Each process starts at its own
+// pseudo-random offset, and a port this process already got is never returned twice (a
+// manifest's fabric, admin and HTTP ports must differ).
 inline uint16_t free_port() {
+  constexpr uint32_t first = 20000, count = 12768;
   static std::set<uint16_t> given;  // ports returned so far, this process
-  for (int attempt = 0; attempt < 256; ++attempt) {
+  static uint32_t next = static_cast<uint32_t>(
+      (static_cast<uint64_t>(getpid()) * 2654435761u +
+       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())) %
+      count);
+  for (uint32_t attempt = 0; attempt < count; ++attempt) {
+    auto port = static_cast<uint16_t>(first + (next++ % count));
+    if (given.count(port)) continue;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) throw std::runtime_error("free_port: socket failed");
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      close(fd);
-      throw std::runtime_error("free_port: bind failed");
-    }
-    socklen_t len = sizeof(addr);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    addr.sin_port = htons(port);
+    bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(fd);
-    uint16_t port = ntohs(addr.sin_port);
-    if (given.insert(port).second) return port;
+    if (bound) {
+      given.insert(port);
+      return port;
+    }
   }
-  throw std::runtime_error("free_port: no port not handed out before in 256 tries");
+  throw std::runtime_error("free_port: no free port in 20000..32767");
 }
 
 inline std::string make_temp_dir(const std::string& tag) {
