@@ -1,0 +1,258 @@
+// The kv-offload staging core (actors/kv_offload/offload_core): slots are owned by exactly one
+// store, write or lookup; a store never waits for a slot (drops); a lookup stages the longest
+// believed prefix and cuts it at the first disk miss; holds expire; bounds refuse.
+#include <doctest.h>
+
+#include <random>
+#include <set>
+
+#include "actors/kv_offload/offload_core.hpp"
+
+using namespace tandem;
+using namespace tandem::kv_offload;
+using namespace std::chrono_literals;
+
+namespace {
+
+kv::BlockHash hash_of(uint32_t n) {
+  kv::BlockHash h;
+  for (size_t i = 0; i < h.bytes.size(); ++i) h.bytes[i] = static_cast<uint8_t>((n * 131 + i) ^ n);
+  h.bytes[0] = static_cast<uint8_t>(n);
+  h.bytes[1] = static_cast<uint8_t>(n >> 8);
+  return h;
+}
+
+std::vector<kv::BlockHash> hashes(uint32_t first, uint32_t count) {
+  std::vector<kv::BlockHash> out;
+  for (uint32_t i = 0; i < count; ++i) out.push_back(hash_of(first + i));
+  return out;
+}
+
+OffloadConfig small(uint32_t slots) {
+  OffloadConfig c;
+  c.staging_blocks = slots;
+  c.stores_max = 4;
+  c.lookups_max = 2;
+  c.lookup_blocks_max = 8;
+  c.known_blocks_max = 1000;
+  c.hold_timeout = 100ms;
+  return c;
+}
+
+// Stores `hs` completely (grant, read ok, write ok) under `key`.
+void store_all(OffloadCore& core, const RequestKey& key, const std::vector<kv::BlockHash>& hs) {
+  auto grants = core.begin_store(key, hs);
+  REQUIRE(grants.ok());
+  std::optional<std::vector<StoreWrite>> writes;
+  for (const auto& g : *grants) {
+    auto done = core.store_read_done(key, g.slot, true);
+    REQUIRE(done.ok());
+    writes = *done;
+  }
+  if (grants->empty()) return;
+  REQUIRE(writes.has_value());
+  for (const auto& w : *writes) REQUIRE(core.store_written(w.slot, true).ok());
+  core.check_invariants();
+}
+
+}  // namespace
+
+TEST_CASE("offload: config bounds are validated, naming the key") {
+  OffloadConfig c = small(4);
+  CHECK(c.validate().ok());
+  c.staging_blocks = 0;
+  REQUIRE_FALSE(c.validate().ok());
+  CHECK(c.validate().error().message.find("kv_offload.staging_blocks") != std::string::npos);
+  c = small(4);
+  c.hold_timeout = 0ms;
+  CHECK(c.validate().error().message.find("kv_offload.hold_timeout_ms") != std::string::npos);
+}
+
+TEST_CASE("offload: a store grants a slot per new block, writes after every read, then held") {
+  OffloadCore core(small(4));
+  RequestKey key{"n/prefill/p", 1};
+  auto hs = hashes(0, 3);
+  auto grants = core.begin_store(key, hs);
+  REQUIRE(grants.ok());
+  REQUIRE(grants->size() == 3);
+  CHECK(core.slots_free_count() == 1);
+  core.check_invariants();
+  // Not held before it is written: a lookup meanwhile finds nothing.
+  CHECK_FALSE(core.believed_held(hs[0]));
+  auto first = core.store_read_done(key, (*grants)[0].slot, true);
+  REQUIRE(first.ok());
+  CHECK_FALSE(first->has_value());  // two reads still in flight
+  CHECK(core.store_read_done(key, (*grants)[1].slot, false).ok());  // one read fails
+  auto last = core.store_read_done(key, (*grants)[2].slot, true);
+  REQUIRE(last.ok());
+  REQUIRE(last->has_value());
+  REQUIRE((*last)->size() == 2);  // the failed one is not written
+  CHECK(core.slots_free_count() == 2);
+  core.check_invariants();
+  for (const auto& w : **last) CHECK(core.store_written(w.slot, w.hash == hs[0]).ok());
+  CHECK(core.believed_held(hs[0]));
+  CHECK_FALSE(core.believed_held(hs[1]));  // its read failed
+  CHECK_FALSE(core.believed_held(hs[2]));  // its write failed
+  CHECK(core.slots_free_count() == 4);
+  CHECK(core.counters().stored_blocks == 1);
+  CHECK(core.counters().store_read_failed_blocks == 1);
+  CHECK(core.counters().store_write_failed_blocks == 1);
+  CHECK_FALSE(core.store_written((*grants)[0].slot, true).ok());  // no write in flight there
+  core.check_invariants();
+}
+
+TEST_CASE("offload: a store never waits: no slot or too many offers drops, held blocks skip") {
+  OffloadCore core(small(2));
+  auto grants = core.begin_store({"p", 1}, hashes(0, 5));
+  REQUIRE(grants.ok());
+  CHECK(grants->size() == 2);
+  CHECK(core.counters().store_dropped_blocks == 3);
+  // The same hashes offered again while in flight: skipped, not granted twice.
+  auto again = core.begin_store({"p", 2}, hashes(0, 2));
+  REQUIRE(again.ok());
+  CHECK(again->empty());
+  CHECK(core.counters().store_known_blocks == 2);
+  CHECK_FALSE(core.begin_store({"p", 1}, hashes(9, 1)).ok());  // key in flight: invalid
+  OffloadConfig one = small(8);
+  one.stores_max = 1;
+  OffloadCore bounded(one);
+  REQUIRE(bounded.begin_store({"p", 1}, hashes(0, 1)).ok());
+  auto refused = bounded.begin_store({"p", 2}, hashes(1, 1));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().kind == ErrorKind::overloaded);
+  bounded.check_invariants();
+}
+
+TEST_CASE("offload: a lookup stages the longest held prefix and cuts it at the first miss") {
+  OffloadCore core(small(8));
+  store_all(core, {"p", 1}, hashes(0, 5));
+  auto asked = hashes(0, 7);  // blocks 5 and 6 were never stored
+  RequestKey key{"n/prefill/q", 7};
+  auto grants = core.begin_lookup(key, asked, 0ns);
+  REQUIRE(grants.ok());
+  REQUIRE(grants->size() == 5);
+  for (uint32_t i = 0; i < 5; ++i) CHECK((*grants)[i].position == i);
+  core.check_invariants();
+  // Disk reads: position 2 is corrupt (a miss); 3 and 4 read fine but come after the cut.
+  for (uint32_t i : {4u, 0u, 3u, 1u}) {
+    auto r = core.lookup_read_done(key, i, true);
+    REQUIRE(r.ok());
+    CHECK_FALSE(r->has_value());
+  }
+  auto staged = core.lookup_read_done(key, 2, false);
+  REQUIRE(staged.ok());
+  REQUIRE(staged->has_value());
+  CHECK((*staged)->size() == 2);
+  CHECK_FALSE(core.believed_held(asked[2]));  // forgotten: the store dropped it
+  CHECK(core.believed_held(asked[3]));
+  CHECK(core.slots_free_count() == 6);
+  core.check_invariants();
+  CHECK(core.lookup_released(key).ok());
+  CHECK(core.slots_free_count() == 8);
+  CHECK_FALSE(core.lookup_released(key).ok());  // released twice: not_found
+  CHECK(core.counters().lookup_hit_blocks == 2);
+  CHECK(core.counters().lookup_miss_blocks == 1);
+  core.check_invariants();
+}
+
+TEST_CASE("offload: a lookup that finds nothing holds nothing; bounds refuse") {
+  OffloadCore core(small(8));
+  auto none = core.begin_lookup({"q", 1}, hashes(0, 3), 0ns);
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+  CHECK(core.lookups_in_flight() == 0);
+  store_all(core, {"p", 1}, hashes(0, 3));
+  REQUIRE(core.begin_lookup({"q", 2}, hashes(0, 3), 0ns).ok());
+  REQUIRE(core.begin_lookup({"q", 3}, hashes(0, 1), 0ns).ok());
+  auto third = core.begin_lookup({"q", 4}, hashes(0, 1), 0ns);
+  REQUIRE_FALSE(third.ok());
+  CHECK(third.error().kind == ErrorKind::overloaded);  // lookups_max = 2
+  CHECK_FALSE(core.begin_lookup({"q", 2}, hashes(0, 1), 0ns).ok());  // key in flight
+  core.check_invariants();
+}
+
+TEST_CASE("offload: a staged lookup never released expires; one still reading does not") {
+  OffloadCore core(small(8));
+  store_all(core, {"p", 1}, hashes(0, 2));
+  auto a = core.begin_lookup({"q", 1}, hashes(0, 2), 0ns);
+  auto b = core.begin_lookup({"q", 2}, hashes(0, 1), 0ns);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  for (const auto& g : *a) REQUIRE(core.lookup_read_done({"q", 1}, g.position, true).ok());
+  CHECK(core.expire(50ms).empty());  // within hold_timeout
+  auto expired = core.expire(200ms);
+  REQUIRE(expired.size() == 1);  // q/2 is still reading from disk: its slot stays owned
+  CHECK(expired[0].request == 1);
+  CHECK(core.counters().holds_expired == 1);
+  CHECK(core.slots_free_count() == 7);
+  CHECK_FALSE(core.lookup_released({"q", 1}).ok());
+  core.check_invariants();
+}
+
+TEST_CASE("offload: random operations keep every slot owned by exactly one holder") {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    std::mt19937 rng(seed);
+    OffloadCore core(small(6));
+    std::map<RequestKey, std::vector<StoreGrant>> stores;
+    std::vector<std::pair<Slot, kv::BlockHash>> writes;
+    std::map<RequestKey, std::vector<LookupGrant>> reading;
+    std::set<RequestKey> staged;
+    uint64_t next = 1;
+    for (int step = 0; step < 400; ++step) {
+      switch (rng() % 6) {
+        case 0: {
+          RequestKey key{"p", next++};
+          auto g = core.begin_store(key, hashes(rng() % 12, 1 + rng() % 4));
+          if (g.ok() && !g->empty()) stores[key] = *g;
+          break;
+        }
+        case 1:
+          if (!stores.empty()) {
+            auto it = stores.begin();
+            std::advance(it, rng() % stores.size());
+            StoreGrant g = it->second.back();
+            it->second.pop_back();
+            auto done = core.store_read_done(it->first, g.slot, rng() % 4 != 0);
+            REQUIRE(done.ok());
+            if (done->has_value()) {
+              for (const auto& w : **done) writes.push_back({w.slot, w.hash});
+            }
+            if (it->second.empty()) stores.erase(it);
+          }
+          break;
+        case 2:
+          if (!writes.empty()) {
+            REQUIRE(core.store_written(writes.back().first, rng() % 5 != 0).ok());
+            writes.pop_back();
+          }
+          break;
+        case 3: {
+          RequestKey key{"q", next++};
+          auto g = core.begin_lookup(key, hashes(rng() % 12, 1 + rng() % 6),
+                                     std::chrono::milliseconds(step));
+          if (g.ok() && !g->empty()) reading[key] = *g;
+          break;
+        }
+        case 4:
+          if (!reading.empty()) {
+            auto it = reading.begin();
+            LookupGrant g = it->second.back();
+            it->second.pop_back();
+            auto done = core.lookup_read_done(it->first, g.position, rng() % 4 != 0);
+            REQUIRE(done.ok());
+            if (done->has_value() && !(*done)->empty()) staged.insert(it->first);
+            if (it->second.empty()) reading.erase(it);
+          }
+          break;
+        default:
+          if (!staged.empty() && rng() % 2) {
+            CHECK(core.lookup_released(*staged.begin()).ok());
+            staged.erase(staged.begin());
+          } else {
+            for (const auto& k : core.expire(std::chrono::milliseconds(step))) staged.erase(k);
+          }
+      }
+      core.check_invariants();
+    }
+  }
+}
