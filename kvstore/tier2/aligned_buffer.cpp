@@ -7,7 +7,9 @@
 
 namespace tandem::kv::tier2 {
 
-void AlignedBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+void AlignedBuffer::Free::operator()(uint8_t* p) const {
+  std::free(p);
+}
 
 AlignedBuffer::AlignedBuffer(size_t size_bytes)
     : size_bytes_(static_cast<size_t>(round_up_bytes(size_bytes, io_alignment_bytes))) {

@@ -13,9 +13,8 @@ namespace tandem::kv::tier2 {
 namespace {
 
 Error errno_error(std::string_view what, const std::string& path, int err) {
-  return make_error(ErrorKind::failed, std::string(what) + " " + path + ": " +
-                                           std::strerror(err) + " (errno " +
-                                           std::to_string(err) + ")");
+  return make_error(ErrorKind::failed, std::string(what) + " " + path + ": " + std::strerror(err) +
+                                           " (errno " + std::to_string(err) + ")");
 }
 
 Status fsync_directory_of(const std::string& path) {

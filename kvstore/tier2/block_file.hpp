@@ -68,8 +68,8 @@ class PosixBlockFile final : public BlockFile {
   // Preconditions (asserted): size_bytes > 0 and a multiple of io_alignment_bytes.
   // Errors: failed, naming the path and errno (ENOSPC from posix_fallocate, EACCES, ...).
   // Cost: one fallocate of the missing extent (fast on ext4/xfs: extents, not zeros).
-  static Result<std::unique_ptr<PosixBlockFile>> open(const std::string& path,
-                                                      uint64_t size_bytes, IoModeRequest mode);
+  static Result<std::unique_ptr<PosixBlockFile>> open(const std::string& path, uint64_t size_bytes,
+                                                      IoModeRequest mode);
   ~PosixBlockFile() override;
   PosixBlockFile(const PosixBlockFile&) = delete;
   PosixBlockFile& operator=(const PosixBlockFile&) = delete;

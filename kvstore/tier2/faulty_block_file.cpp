@@ -23,19 +23,25 @@ void check_rates(const FaultRates& rates) {
 
 std::string_view to_string(FaultKind kind) {
   switch (kind) {
-    case FaultKind::short_read: return "short_read";
-    case FaultKind::read_eio: return "read_eio";
-    case FaultKind::bit_flip: return "bit_flip";
-    case FaultKind::write_eio: return "write_eio";
-    case FaultKind::enospc: return "enospc";
-    case FaultKind::torn_write: return "torn_write";
-    case FaultKind::sync_eio: return "sync_eio";
+    case FaultKind::short_read:
+      return "short_read";
+    case FaultKind::read_eio:
+      return "read_eio";
+    case FaultKind::bit_flip:
+      return "bit_flip";
+    case FaultKind::write_eio:
+      return "write_eio";
+    case FaultKind::enospc:
+      return "enospc";
+    case FaultKind::torn_write:
+      return "torn_write";
+    case FaultKind::sync_eio:
+      return "sync_eio";
   }
   return "unknown";
 }
 
-FaultyBlockFile::FaultyBlockFile(std::unique_ptr<BlockFile> inner, uint64_t seed,
-                                 FaultRates rates)
+FaultyBlockFile::FaultyBlockFile(std::unique_ptr<BlockFile> inner, uint64_t seed, FaultRates rates)
     : inner_(std::move(inner)), state_(seed), rates_(rates) {
   RT_ASSERT(inner_ != nullptr, "FaultyBlockFile needs a file to wrap");
   check_rates(rates_);
@@ -47,7 +53,9 @@ void FaultyBlockFile::arm(FaultKind kind, uint32_t skip_calls) {
   RT_ASSERT(armed_skip_[static_cast<size_t>(kind)] >= 0, "arm: negative countdown");
 }
 
-void FaultyBlockFile::disarm_all() { armed_skip_.fill(disarmed_); }
+void FaultyBlockFile::disarm_all() {
+  armed_skip_.fill(disarmed_);
+}
 
 void FaultyBlockFile::set_rates(FaultRates rates) {
   check_rates(rates);

@@ -77,8 +77,8 @@ class FaultyBlockFile final : public BlockFile {
   static constexpr int64_t disarmed_ = -1;
   std::optional<FaultKind> choose(std::initializer_list<FaultKind> kinds);
   size_t random_prefix_bytes(size_t size_bytes);  // a multiple of alignment, < size_bytes
-  uint64_t next_random();     // splitmix64
-  double next_unit();         // in [0, 1)
+  uint64_t next_random();                         // splitmix64
+  double next_unit();                             // in [0, 1)
 
   std::unique_ptr<BlockFile> inner_;
   uint64_t state_ = 0;

@@ -36,7 +36,9 @@ std::optional<SlotIndex> SlotTable::find_writing(const BlockHash& hash) const {
   return it->second;
 }
 
-SlotState SlotTable::state(SlotIndex slot) const { return at(slot).state; }
+SlotState SlotTable::state(SlotIndex slot) const {
+  return at(slot).state;
+}
 
 const SlotMeta& SlotTable::meta(SlotIndex slot) const {
   const Slot& s = at(slot);
@@ -56,7 +58,9 @@ const BlockHash& SlotTable::hash(SlotIndex slot) const {
   return s.hash;
 }
 
-uint32_t SlotTable::pin_count(SlotIndex slot) const { return at(slot).pin_count; }
+uint32_t SlotTable::pin_count(SlotIndex slot) const {
+  return at(slot).pin_count;
+}
 
 void SlotTable::lru_push_back(SlotIndex slot) {
   Slot& s = at(slot);
@@ -88,10 +92,8 @@ void SlotTable::lru_unlink(SlotIndex slot) {
   Slot& s = at(slot);
   RT_ASSERT(s.in_lru, "not on the LRU list", slot);
   RT_ASSERT(counts_.evictable_count > 0, "evictable count underflow");
-  if (s.lru_prev != none_) slots_[s.lru_prev].lru_next = s.lru_next;
-  else lru_head_ = s.lru_next;
-  if (s.lru_next != none_) slots_[s.lru_next].lru_prev = s.lru_prev;
-  else lru_tail_ = s.lru_prev;
+  (s.lru_prev != none_ ? slots_[s.lru_prev].lru_next : lru_head_) = s.lru_next;
+  (s.lru_next != none_ ? slots_[s.lru_next].lru_prev : lru_tail_) = s.lru_prev;
   s.lru_prev = s.lru_next = none_;
   s.in_lru = false;
   --counts_.evictable_count;
@@ -137,9 +139,9 @@ Result<Reservation> SlotTable::reserve(const BlockHash& hash) {
     forget(r.slot);
     victim = Slot{};
   } else {
-    return make_error(ErrorKind::overloaded, "tier-2 store full: every slot is pinned or being "
-                                             "written (" + std::to_string(slots_.size()) +
-                                             " slots)");
+    return make_error(ErrorKind::overloaded, "tier-2 store full: every one of " +
+                                                 std::to_string(slots_.size()) +
+                                                 " slots is pinned or being written");
   }
   Slot& s = slots_[r.slot];
   RT_ASSERT(s.state == SlotState::free && s.pin_count == 0, "reserved a busy slot", r.slot);
@@ -237,8 +239,10 @@ RestoreOutcome SlotTable::restore(SlotIndex slot, OwnerIndex owner, const BlockH
     if (s.meta.generation >= meta.generation) return RestoreOutcome::rejected;
     RT_ASSERT(displaced != nullptr, "restore needs somewhere to report a displaced entry");
     *displaced = Victim{s.owner, s.hash};
-    if (s.owner == owner_self) visible_.erase(s.hash);
-    else --counts_.foreign_count;
+    if (s.owner == owner_self)
+      visible_.erase(s.hash);
+    else
+      --counts_.foreign_count;
     --counts_.stored_count;
     outcome = RestoreOutcome::replaced;
   }
@@ -321,7 +325,9 @@ void SlotTable::check_invariants() const {
     if (s.pin_count > 0) ++c.pinned_count;
     if (s.in_lru) ++c.evictable_count;
     switch (s.state) {
-      case SlotState::free: ++c.free_count; break;
+      case SlotState::free:
+        ++c.free_count;
+        break;
       case SlotState::writing:
         ++c.writing_count;
         RT_ASSERT(writing_.at(s.hash) == slot, "writing map wrong", slot);

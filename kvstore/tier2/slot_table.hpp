@@ -42,10 +42,10 @@ struct Checksum128 {
 
 // What the index says about a stored block.
 struct SlotMeta {
-  uint32_t length_bytes = 0;  // 1..slot_bytes
-  Checksum128 checksum;       // XXH3-128 over the block's header (key, length, generation) + data
-  uint64_t generation = 0;    // store-wide write counter at the put; a later write is larger
-  uint64_t last_use_tick = 0; // logical time of the last put/get/pin (persisted lazily)
+  uint32_t length_bytes = 0;   // 1..slot_bytes
+  Checksum128 checksum;        // XXH3-128 over the block's header (key, length, generation) + data
+  uint64_t generation = 0;     // store-wide write counter at the put; a later write is larger
+  uint64_t last_use_tick = 0;  // logical time of the last put/get/pin (persisted lazily)
   friend bool operator==(const SlotMeta&, const SlotMeta&) = default;
 };
 
@@ -89,7 +89,7 @@ class SlotTable {
   // The slot a write in flight of `hash` reserved, if any. No side effects.
   std::optional<SlotIndex> find_writing(const BlockHash& hash) const;
   SlotState state(SlotIndex slot) const;
-  const SlotMeta& meta(SlotIndex slot) const;  // stored or doomed only (asserted)
+  const SlotMeta& meta(SlotIndex slot) const;   // stored or doomed only (asserted)
   OwnerIndex owner(SlotIndex slot) const;       // stored or doomed only (asserted)
   const BlockHash& hash(SlotIndex slot) const;  // stored, doomed or writing (asserted)
   uint32_t pin_count(SlotIndex slot) const;
@@ -160,12 +160,12 @@ class SlotTable {
   void forget(SlotIndex slot);  // stored -> not visible (map, counts, LRU), state unchanged
 
   std::vector<Slot> slots_;
-  std::vector<SlotIndex> free_;  // stack; <= slots_count
+  std::vector<SlotIndex> free_;   // stack; <= slots_count
   std::vector<SlotIndex> dirty_;  // <= slots_count (one entry per dirty slot)
   std::unordered_map<BlockHash, SlotIndex, BlockHashHasher> visible_;  // <= slots_count
   std::unordered_map<BlockHash, SlotIndex, BlockHashHasher> writing_;  // <= slots_count
-  SlotIndex lru_head_ = none_;  // oldest evictable
-  SlotIndex lru_tail_ = none_;  // newest evictable
+  SlotIndex lru_head_ = none_;                                         // oldest evictable
+  SlotIndex lru_tail_ = none_;                                         // newest evictable
   SlotCounts counts_;
   bool restored_ = false;
 };

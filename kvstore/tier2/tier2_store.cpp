@@ -20,11 +20,13 @@ constexpr size_t owners_max = 1024;  // distinct fingerprints kept on disk at on
 constexpr const char* data_file_name = "tier2.data";
 constexpr const char* index_dir_name = "index";
 
-Error invalid(std::string message) { return make_error(ErrorKind::invalid, std::move(message)); }
+Error invalid(std::string message) {
+  return make_error(ErrorKind::invalid, std::move(message));
+}
 
 Error index_failure(std::string_view what, const rocksdb::Status& status) {
-  return make_error(ErrorKind::failed, "tier-2 index " + std::string(what) + ": " +
-                                           status.ToString());
+  return make_error(ErrorKind::failed,
+                    "tier-2 index " + std::string(what) + ": " + status.ToString());
 }
 
 struct Layout {
@@ -48,6 +50,10 @@ Result<Layout> validate_config(const Tier2Config& c) {
   if (c.writes_inflight_max == 0 || c.writes_inflight_max > writes_inflight_max_bound) {
     return invalid("writes_inflight_max: " + std::to_string(c.writes_inflight_max) +
                    " is not in [1, " + std::to_string(writes_inflight_max_bound) + "]");
+  }
+  if (c.puts_batch_max == 0 || c.puts_batch_max > puts_batch_max_bound) {
+    return invalid("puts_batch_max: " + std::to_string(c.puts_batch_max) + " is not in [1, " +
+                   std::to_string(puts_batch_max_bound) + "]");
   }
   if (c.use_ticks_dirty_max == 0) return invalid("use_ticks_dirty_max: must be > 0");
   if (c.slots_max == 0 || c.slots_max > slots_max_bound) {
@@ -113,35 +119,50 @@ Status check_directory(const Tier2Config& c, uint64_t data_file_bytes) {
 
 std::string_view to_string(Tier2Miss reason) {
   switch (reason) {
-    case Tier2Miss::absent: return "absent";
-    case Tier2Miss::short_read: return "short_read";
-    case Tier2Miss::io_error: return "io_error";
-    case Tier2Miss::checksum: return "checksum";
+    case Tier2Miss::absent:
+      return "absent";
+    case Tier2Miss::short_read:
+      return "short_read";
+    case Tier2Miss::io_error:
+      return "io_error";
+    case Tier2Miss::checksum:
+      return "checksum";
   }
   return "unknown";
 }
 
 std::string_view to_string(Tier2EventKind kind) {
   switch (kind) {
-    case Tier2EventKind::miss_short_read: return "miss_short_read";
-    case Tier2EventKind::miss_io_error: return "miss_io_error";
-    case Tier2EventKind::miss_checksum: return "miss_checksum";
-    case Tier2EventKind::put_io_error: return "put_io_error";
-    case Tier2EventKind::index_error: return "index_error";
-    case Tier2EventKind::index_entry_invalid: return "index_entry_invalid";
-    case Tier2EventKind::index_slot_out_of_range: return "index_slot_out_of_range";
-    case Tier2EventKind::index_slot_conflict: return "index_slot_conflict";
-    case Tier2EventKind::layout_changed: return "layout_changed";
-    case Tier2EventKind::fingerprint_collision: return "fingerprint_collision";
+    case Tier2EventKind::miss_short_read:
+      return "miss_short_read";
+    case Tier2EventKind::miss_io_error:
+      return "miss_io_error";
+    case Tier2EventKind::miss_checksum:
+      return "miss_checksum";
+    case Tier2EventKind::put_io_error:
+      return "put_io_error";
+    case Tier2EventKind::index_error:
+      return "index_error";
+    case Tier2EventKind::index_entry_invalid:
+      return "index_entry_invalid";
+    case Tier2EventKind::index_slot_out_of_range:
+      return "index_slot_out_of_range";
+    case Tier2EventKind::index_slot_conflict:
+      return "index_slot_conflict";
+    case Tier2EventKind::layout_changed:
+      return "layout_changed";
+    case Tier2EventKind::fingerprint_collision:
+      return "fingerprint_collision";
   }
   return "unknown";
 }
 
 std::string make_fingerprint(const KvLayout& l) {
-  return "model=" + l.model + ";dtype=" + l.dtype + ";block_tokens=" +
-         std::to_string(l.block_tokens) + ";layers=" + std::to_string(l.layers_count) +
-         ";kv_heads=" + std::to_string(l.kv_heads_count) + ";head_dim=" +
-         std::to_string(l.head_dim) + ";extra=" + l.extra;
+  return "model=" + l.model + ";dtype=" + l.dtype +
+         ";block_tokens=" + std::to_string(l.block_tokens) +
+         ";layers=" + std::to_string(l.layers_count) +
+         ";kv_heads=" + std::to_string(l.kv_heads_count) +
+         ";head_dim=" + std::to_string(l.head_dim) + ";extra=" + l.extra;
 }
 
 Tier2Store::Tier2Store(Tier2Config config, uint64_t slot_bytes, uint32_t slots_count)
@@ -186,8 +207,8 @@ Status Tier2Store::open_index() {
   rocksdb::Options options;
   options.create_if_missing = true;
   options.paranoid_checks = true;
-  options.write_buffer_size = 8u << 20;     // entries are ~100 bytes: 8 MiB holds ~80k
-  options.max_total_wal_size = 64u << 20;   // bounds the WAL replayed at open
+  options.write_buffer_size = 8u << 20;    // entries are ~100 bytes: 8 MiB holds ~80k
+  options.max_total_wal_size = 64u << 20;  // bounds the WAL replayed at open
   options.keep_log_file_num = 4;
   options.max_open_files = 256;
   std::string path = config_.directory + "/" + index_dir_name;
@@ -373,7 +394,8 @@ void Tier2Store::load_entry(std::string_view key, std::string_view value, uint64
   Victim displaced;
   RestoreOutcome outcome = slots_.restore(slot, owner, k->hash, e->meta, &displaced);
   std::string conflict = "slot " + std::to_string(slot) + " claimed twice; older dropped";
-  if (outcome == RestoreOutcome::rejected) return drop(Tier2EventKind::index_slot_conflict, conflict);
+  if (outcome == RestoreOutcome::rejected)
+    return drop(Tier2EventKind::index_slot_conflict, conflict);
   if (outcome == RestoreOutcome::replaced) {
     deletes->Delete(key_of(displaced.owner, displaced.hash));
     note_event(Tier2EventKind::index_slot_conflict, conflict);

@@ -60,32 +60,34 @@ namespace tandem::kv::tier2 {
 // The identity of what a block's bytes mean: two stores (or one store across restarts) share
 // blocks only when their fingerprints are equal. Compose it with make_fingerprint.
 struct KvLayout {
-  std::string model;           // model name and revision, e.g. "MiniMax-M2.7@abc123"
-  std::string dtype;           // KV element type, e.g. "bf16", "fp8_e4m3"
-  uint32_t block_tokens = 0;   // tokens per block
-  uint32_t layers_count = 0;   // layers whose KV the block holds
+  std::string model;          // model name and revision, e.g. "MiniMax-M2.7@abc123"
+  std::string dtype;          // KV element type, e.g. "bf16", "fp8_e4m3"
+  uint32_t block_tokens = 0;  // tokens per block
+  uint32_t layers_count = 0;  // layers whose KV the block holds
   uint32_t kv_heads_count = 0;
   uint32_t head_dim = 0;
-  std::string extra;           // anything else that changes the bytes (TP rank, PP stage, ...)
+  std::string extra;  // anything else that changes the bytes (TP rank, PP stage, ...)
 };
 // "model=...;dtype=...;block_tokens=...;layers=...;kv_heads=...;head_dim=...;extra=..."
 std::string make_fingerprint(const KvLayout& layout);
 
 struct Tier2Config {
-  std::string directory;          // must exist and be writable
-  uint64_t capacity_bytes = 0;    // data file size; slots = capacity_bytes / slot_bytes
-  uint64_t block_bytes = 0;       // largest block; slot_bytes = block_bytes rounded up to 4096
-  uint64_t host_cache_bytes = 0;  // RAM cache of verified blocks (LRU); 0 = none
-  uint32_t pins_max = 256;        // pins held at once
+  std::string directory;              // must exist and be writable
+  uint64_t capacity_bytes = 0;        // data file size; slots = capacity_bytes / slot_bytes
+  uint64_t block_bytes = 0;           // largest block; slot_bytes = block_bytes rounded up to 4096
+  uint64_t host_cache_bytes = 0;      // RAM cache of verified blocks (LRU); 0 = none
+  uint32_t pins_max = 256;            // pins held at once
   uint32_t writes_inflight_max = 16;  // put_begin reservations not yet committed or aborted
-  std::string fingerprint;        // make_fingerprint(...) of the model + KV layout
-  uint64_t slots_max = 1u << 22;  // bound on slots_count (memory ~120 bytes per slot)
+  uint32_t puts_batch_max = 64;       // blocks per put_batch (one group commit)
+  std::string fingerprint;            // make_fingerprint(...) of the model + KV layout
+  uint64_t slots_max = 1u << 22;      // bound on slots_count (memory ~120 bytes per slot)
   uint32_t use_ticks_dirty_max = 4096;  // last-use updates held before flush() runs itself
   IoModeRequest io_mode = IoModeRequest::direct_if_supported;
 };
 // Bounds on the config checked at open (beyond them: invalid).
 inline constexpr uint32_t pins_max_bound = 1u << 20;
 inline constexpr uint32_t writes_inflight_max_bound = 1024;
+inline constexpr uint32_t puts_batch_max_bound = 4096;
 inline constexpr uint64_t slots_max_bound = 1ull << 28;
 inline constexpr uint64_t block_bytes_max = 1ull << 31;  // 2 GiB; the index stores u32 lengths
 
@@ -105,13 +107,13 @@ enum class Tier2EventKind : uint8_t {
   miss_short_read,
   miss_io_error,
   miss_checksum,
-  put_io_error,           // a put failed on the data file or the index (put dropped)
-  index_error,            // a RocksDB delete/update failed (safe: see the header comment)
-  index_entry_invalid,    // at open: an undecodable key/value, or a length above slot_bytes
+  put_io_error,             // a put failed on the data file or the index (put dropped)
+  index_error,              // a RocksDB delete/update failed (safe: see the header comment)
+  index_entry_invalid,      // at open: an undecodable key/value, or a length above slot_bytes
   index_slot_out_of_range,  // at open: an entry past the data file's slots (capacity shrank)
-  index_slot_conflict,    // at open: two entries claim one slot; the older one is dropped
-  layout_changed,         // at open: slot_bytes differs from the index's; every entry dropped
-  fingerprint_collision,  // at open: our digest's record names another fingerprint text
+  index_slot_conflict,      // at open: two entries claim one slot; the older one is dropped
+  layout_changed,           // at open: slot_bytes differs from the index's; every entry dropped
+  fingerprint_collision,    // at open: our digest's record names another fingerprint text
 };
 inline constexpr size_t tier2_event_kinds_count = 10;
 std::string_view to_string(Tier2EventKind kind);
@@ -125,20 +127,20 @@ struct Tier2Stats {
   uint64_t hits_count = 0;        // get/pin served (host cache or verified disk read)
   uint64_t cache_hits_count = 0;  // of those, from the host cache
   std::array<uint64_t, tier2_miss_reasons_count> misses_count{};  // by Tier2Miss
-  uint64_t puts_count = 0;                // blocks stored (durable and visible)
-  uint64_t puts_duplicate_count = 0;      // puts of a block already stored or being written
-  uint64_t puts_dropped_full_count = 0;   // overloaded: no victim, or writes in flight at max
-  uint64_t puts_dropped_io_count = 0;     // failed: data write, sync or index write
-  uint64_t evictions_count = 0;           // blocks evicted to make room (incl. foreign)
-  uint64_t evictions_foreign_count = 0;   // of those, another fingerprint's
-  uint64_t corrupt_dropped_count = 0;     // entries dropped by a failed read check (get/pin/verify)
-  uint64_t index_dropped_count = 0;       // entries dropped at open (invalid, conflict, ...)
-  uint64_t read_bytes = 0;                // data-file bytes read (slot-rounded)
-  uint64_t written_bytes = 0;             // data-file bytes written (slot-rounded)
-  uint64_t blocks_used_count = 0;         // visible blocks of this fingerprint
-  uint64_t blocks_foreign_count = 0;      // other fingerprints' blocks still on disk
-  uint64_t blocks_capacity_count = 0;     // slots
-  uint64_t blocks_pinned_count = 0;       // slots with at least one pin
+  uint64_t puts_count = 0;               // blocks stored (durable and visible)
+  uint64_t puts_duplicate_count = 0;     // puts of a block already stored or being written
+  uint64_t puts_dropped_full_count = 0;  // overloaded: no victim, or writes in flight at max
+  uint64_t puts_dropped_io_count = 0;    // failed: data write, sync or index write
+  uint64_t evictions_count = 0;          // blocks evicted to make room (incl. foreign)
+  uint64_t evictions_foreign_count = 0;  // of those, another fingerprint's
+  uint64_t corrupt_dropped_count = 0;    // entries dropped by a failed read check (get/pin/verify)
+  uint64_t index_dropped_count = 0;      // entries dropped at open (invalid, conflict, ...)
+  uint64_t read_bytes = 0;               // data-file bytes read (slot-rounded)
+  uint64_t written_bytes = 0;            // data-file bytes written (slot-rounded)
+  uint64_t blocks_used_count = 0;        // visible blocks of this fingerprint
+  uint64_t blocks_foreign_count = 0;     // other fingerprints' blocks still on disk
+  uint64_t blocks_capacity_count = 0;    // slots
+  uint64_t blocks_pinned_count = 0;      // slots with at least one pin
   uint64_t writes_inflight_count = 0;
   uint64_t pins_count = 0;
   uint64_t host_cache_used_bytes = 0;
@@ -156,6 +158,11 @@ using PinId = uint64_t;
 enum class PutOutcome {
   stored,     // durable and visible
   duplicate,  // already stored, or a write of it is in flight: nothing written
+};
+
+struct PutItem {
+  BlockHash hash;
+  std::span<const uint8_t> data;  // borrowed until put_batch returns
 };
 
 // A reserved slot for a two-phase put (Mooncake's put start/end): fill `buffer` (aligned,
@@ -203,6 +210,13 @@ class Tier2Store {
   // (from `data` when it is 4096-aligned and a multiple of 4096 long, else via a copy), one
   // fdatasync, one synced RocksDB write (a WAL fsync); so ~2 device flushes per put.
   Result<PutOutcome> put(const BlockHash& hash, std::span<const uint8_t> data);
+
+  // Group commit: stores up to puts_batch_max blocks with one fdatasync and one synced
+  // index batch for all of them (a prompt's blocks arrive together); one result per item,
+  // in order, as put's. The blocks become visible together once both flushes are done; if
+  // either fails, every staged block of the batch fails. Cost: n pwrites + 2 device flushes.
+  // Preconditions (asserted): items.size() <= puts_batch_max.
+  std::vector<Result<PutOutcome>> put_batch(std::span<const PutItem> items);
 
   // Two-phase put. put_begin reserves a slot (evicting as put does) and a buffer; the block
   // is invisible and the slot unevictable until put_commit(id, length_bytes) makes it
@@ -262,6 +276,12 @@ class Tier2Store {
     SlotIndex slot;
     SharedBytes bytes;
   };
+  struct Staged {  // a block of a put whose bytes are in its slot, not yet durable
+    SlotIndex slot;
+    BlockHash hash;
+    SlotMeta meta;
+    std::shared_ptr<AlignedBuffer> cached;  // a copy for the host cache, or null
+  };
   struct ReadOutcome {
     bool ok = false;
     Tier2Miss reason = Tier2Miss::absent;
@@ -283,9 +303,11 @@ class Tier2Store {
   Result<Reservation> reserve_slot(const BlockHash& hash);
   std::optional<PutOutcome> check_duplicate(const BlockHash& hash);
   Status check_length(uint64_t length_bytes) const;
-  Result<PutOutcome> write_block(SlotIndex slot, const BlockHash& hash,
-                                 std::span<const uint8_t> source, uint64_t length_bytes);
-  Status write_index(SlotIndex slot, const BlockHash& hash, const SlotMeta& meta);
+  Result<std::optional<Staged>> stage(const PutItem& item);
+  Result<SlotMeta> write_data(SlotIndex slot, const BlockHash& hash,
+                              std::span<const uint8_t> source, uint64_t length_bytes);
+  Status make_durable(std::vector<Staged>& staged);
+  Error fail_write(SlotIndex slot, const BlockHash& hash, const std::string& what);
   ReadOutcome read_slot(SlotIndex slot, std::span<uint8_t> target);
   Error miss(const BlockHash& hash, Tier2Miss reason, const std::string& detail);
   void drop_bad(SlotIndex slot, const ReadOutcome& outcome);
@@ -303,10 +325,10 @@ class Tier2Store {
   std::unique_ptr<BlockFile> file_;
   SlotTable slots_;
   HostCache cache_;
-  std::unordered_map<WriteId, Write> writes_;  // <= writes_inflight_max
-  std::unordered_map<PinId, PinRecord> pins_;  // <= pins_max
+  std::unordered_map<WriteId, Write> writes_;                  // <= writes_inflight_max
+  std::unordered_map<PinId, PinRecord> pins_;                  // <= pins_max
   std::vector<std::shared_ptr<AlignedBuffer>> spare_buffers_;  // <= writes_inflight_max
-  AlignedBuffer read_scratch_;                 // slot_bytes: reads that do not go to a caller
+  AlignedBuffer read_scratch_;  // slot_bytes: reads that do not go to a caller
   WriteId next_write_id_ = 1;
   PinId next_pin_id_ = 1;
   uint64_t tick_ = 0;

@@ -9,16 +9,24 @@
 namespace tandem::kv::tier2 {
 namespace {
 
-std::string short_hex(const BlockHash& hash) { return hash.hex().substr(0, 16); }
+std::string short_hex(const BlockHash& hash) {
+  return hash.hex().substr(0, 16);
+}
 
-Error invalid(std::string message) { return make_error(ErrorKind::invalid, std::move(message)); }
+Error invalid(std::string message) {
+  return make_error(ErrorKind::invalid, std::move(message));
+}
 
 Tier2EventKind miss_event(Tier2Miss reason) {
   switch (reason) {
-    case Tier2Miss::short_read: return Tier2EventKind::miss_short_read;
-    case Tier2Miss::io_error: return Tier2EventKind::miss_io_error;
-    case Tier2Miss::checksum: return Tier2EventKind::miss_checksum;
-    case Tier2Miss::absent: break;
+    case Tier2Miss::short_read:
+      return Tier2EventKind::miss_short_read;
+    case Tier2Miss::io_error:
+      return Tier2EventKind::miss_io_error;
+    case Tier2Miss::checksum:
+      return Tier2EventKind::miss_checksum;
+    case Tier2Miss::absent:
+      break;
   }
   RT_ASSERT(false, "no event for an absent block");
   return Tier2EventKind::miss_io_error;
@@ -26,11 +34,17 @@ Tier2EventKind miss_event(Tier2Miss reason) {
 
 }  // namespace
 
-bool Tier2Store::contains(const BlockHash& hash) const { return slots_.find(hash).has_value(); }
+bool Tier2Store::contains(const BlockHash& hash) const {
+  return slots_.find(hash).has_value();
+}
 
-std::vector<BlockHash> Tier2Store::blocks() const { return slots_.visible_hashes(); }
+std::vector<BlockHash> Tier2Store::blocks() const {
+  return slots_.visible_hashes();
+}
 
-IoMode Tier2Store::io_mode() const { return file_->io_mode(); }
+IoMode Tier2Store::io_mode() const {
+  return file_->io_mode();
+}
 
 std::shared_ptr<AlignedBuffer> Tier2Store::take_buffer() {
   if (spare_buffers_.empty()) return std::make_shared<AlignedBuffer>(slot_bytes_);
@@ -53,8 +67,8 @@ Status Tier2Store::delete_entry(OwnerIndex owner, const BlockHash& hash) {
   // another block's bytes).
   rocksdb::Status status = db_->Delete(rocksdb::WriteOptions(), key_of(owner, hash));
   if (status.ok()) return {};
-  note_event(Tier2EventKind::index_error, "delete of " + short_hex(hash) + ": " +
-                                              status.ToString());
+  note_event(Tier2EventKind::index_error,
+             "delete of " + short_hex(hash) + ": " + status.ToString());
   return make_error(ErrorKind::failed, "tier-2 index delete: " + status.ToString());
 }
 
@@ -91,38 +105,77 @@ std::optional<PutOutcome> Tier2Store::check_duplicate(const BlockHash& hash) {
 
 Status Tier2Store::check_length(uint64_t length_bytes) const {
   if (length_bytes == 0 || length_bytes > config_.block_bytes) {
-    return invalid("tier-2 put of " + std::to_string(length_bytes) +
-                   " bytes: a block is 1.." + std::to_string(config_.block_bytes) + " bytes");
+    return invalid("tier-2 put of " + std::to_string(length_bytes) + " bytes: a block is 1.." +
+                   std::to_string(config_.block_bytes) + " bytes");
   }
   return {};
 }
 
-Result<PutOutcome> Tier2Store::put(const BlockHash& hash, std::span<const uint8_t> data) {
+// Reserves a slot for one block of a put and writes its bytes there (not yet synced).
+// nullopt: a duplicate (nothing to do). On a write failure the slot is free again.
+Result<std::optional<Tier2Store::Staged>> Tier2Store::stage(const PutItem& item) {
+  std::span<const uint8_t> data = item.data;
   if (Status length_ok = check_length(data.size()); !length_ok) return length_ok.error();
-  if (auto duplicate = check_duplicate(hash)) return *duplicate;
-  auto r = reserve_slot(hash);
+  if (check_duplicate(item.hash)) return std::optional<Staged>();
+  auto r = reserve_slot(item.hash);
   if (!r) return r.error();
   uint64_t padded_bytes = round_up_bytes(data.size(), io_alignment_bytes);
   RT_ASSERT(padded_bytes <= slot_bytes_, "block larger than its slot", padded_bytes);
   std::shared_ptr<AlignedBuffer> buffer;
   std::span<const uint8_t> source = data;  // buffered I/O needs neither alignment nor padding
-  if (file_->io_mode() == IoMode::direct && !is_io_aligned(data.data(), data.size())) {
+  bool copy = file_->io_mode() == IoMode::direct && !is_io_aligned(data.data(), data.size());
+  if (copy || cache_.enabled()) {
     buffer = take_buffer();
     std::memcpy(buffer->data(), data.data(), data.size());
     std::memset(buffer->data() + data.size(), 0, padded_bytes - data.size());
-    source = buffer->span().first(padded_bytes);
+    if (copy) source = buffer->span().first(padded_bytes);
   }
-  auto outcome = write_block(r->slot, hash, source, data.size());
-  if (outcome && cache_.enabled()) {
-    if (buffer == nullptr) {
-      buffer = take_buffer();
-      std::memcpy(buffer->data(), data.data(), data.size());
+  auto meta = write_data(r->slot, item.hash, source, data.size());
+  if (!meta) {
+    if (buffer) give_back_buffer(std::move(buffer));
+    return meta.error();
+  }
+  return std::optional<Staged>(Staged{r->slot, item.hash, *meta, std::move(buffer)});
+}
+
+Result<PutOutcome> Tier2Store::put(const BlockHash& hash, std::span<const uint8_t> data) {
+  PutItem item{hash, data};
+  std::vector<Result<PutOutcome>> results = put_batch({&item, 1});
+  RT_ASSERT(results.size() == 1, "put_batch of one gave", results.size());
+  return std::move(results[0]);
+}
+
+std::vector<Result<PutOutcome>> Tier2Store::put_batch(std::span<const PutItem> items) {
+  RT_ASSERT(items.size() <= config_.puts_batch_max, "put_batch over puts_batch_max", items.size());
+  std::vector<std::optional<Error>> errors(items.size());  // per item; none: outcomes[i]
+  std::vector<PutOutcome> outcomes(items.size(), PutOutcome::duplicate);
+  std::vector<Staged> staged;
+  std::vector<size_t> staged_items;  // staged[i] answers items[staged_items[i]]
+  for (size_t i = 0; i < items.size(); ++i) {
+    auto s = stage(items[i]);
+    if (!s) {
+      errors[i] = s.error();
+    } else if (s->has_value()) {
+      staged_items.push_back(i);
+      outcomes[i] = PutOutcome::stored;
+      staged.push_back(std::move(**s));
     }
-    cache_.insert(r->slot, std::move(buffer));  // the put's own bytes: what the index checks
-  } else if (buffer != nullptr) {
-    give_back_buffer(std::move(buffer));
   }
-  return outcome;
+  Status durable = make_durable(staged);
+  for (size_t i : staged_items) {
+    if (!durable) errors[i] = durable.error();
+  }
+  std::vector<Result<PutOutcome>> results;
+  results.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (errors[i]) {
+      results.emplace_back(std::move(*errors[i]));
+    } else {
+      results.emplace_back(outcomes[i]);
+    }
+  }
+  RT_ASSERT(results.size() == items.size(), "one result per item");
+  return results;
 }
 
 Result<PutStart> Tier2Store::put_begin(const BlockHash& hash) {
@@ -130,8 +183,7 @@ Result<PutStart> Tier2Store::put_begin(const BlockHash& hash) {
   if (writes_.size() >= config_.writes_inflight_max) {
     ++stats_.puts_dropped_full_count;
     return make_error(ErrorKind::overloaded, "tier-2 writes in flight at writes_inflight_max (" +
-                                                 std::to_string(config_.writes_inflight_max) +
-                                                 ")");
+                                                 std::to_string(config_.writes_inflight_max) + ")");
   }
   auto r = reserve_slot(hash);
   if (!r) return r.error();
@@ -152,13 +204,15 @@ Result<PutOutcome> Tier2Store::put_commit(WriteId id, uint64_t length_bytes) {
   RT_ASSERT(padded_bytes <= write.buffer->size(), "write buffer smaller than the block");
   std::memset(write.buffer->data() + length_bytes, 0, padded_bytes - length_bytes);
   auto source = write.buffer->span().first(padded_bytes);
-  auto outcome = write_block(write.slot, write.hash, source, length_bytes);
-  if (outcome && cache_.enabled()) {
-    cache_.insert(write.slot, std::move(write.buffer));
-  } else {
+  auto meta = write_data(write.slot, write.hash, source, length_bytes);
+  if (!meta) {
     give_back_buffer(std::move(write.buffer));
+    return meta.error();
   }
-  return outcome;
+  std::vector<Staged> staged;
+  staged.push_back(Staged{write.slot, write.hash, *meta, std::move(write.buffer)});
+  if (Status durable = make_durable(staged); !durable) return durable.error();
+  return PutOutcome::stored;
 }
 
 Status Tier2Store::put_abort(WriteId id) {
@@ -171,11 +225,20 @@ Status Tier2Store::put_abort(WriteId id) {
   return {};
 }
 
-// Durable before visible: data, fdatasync, synced index entry, then commit. On any failure
-// the slot is free again and nothing is visible.
-Result<PutOutcome> Tier2Store::write_block(SlotIndex slot, const BlockHash& hash,
-                                           std::span<const uint8_t> source,
-                                           uint64_t length_bytes) {
+Error Tier2Store::fail_write(SlotIndex slot, const BlockHash& hash, const std::string& what) {
+  RT_ASSERT(slots_.state(slot) == SlotState::writing, "failing a slot not being written", slot);
+  slots_.abort(slot);
+  ++stats_.puts_dropped_io_count;
+  std::string detail =
+      "put of " + short_hex(hash) + " to slot " + std::to_string(slot) + ": " + what;
+  note_event(Tier2EventKind::put_io_error, detail);
+  return make_error(ErrorKind::failed, "tier-2 " + detail);
+}
+
+// The block's checksum and its bytes in the slot (not synced yet). On failure the slot is
+// free again.
+Result<SlotMeta> Tier2Store::write_data(SlotIndex slot, const BlockHash& hash,
+                                        std::span<const uint8_t> source, uint64_t length_bytes) {
   RT_ASSERT(slots_.state(slot) == SlotState::writing, "write to a slot not reserved", slot);
   RT_ASSERT(source.size() >= length_bytes && source.size() <= slot_bytes_, "bad source size");
   SlotMeta meta;
@@ -183,39 +246,49 @@ Result<PutOutcome> Tier2Store::write_block(SlotIndex slot, const BlockHash& hash
   meta.generation = ++generation_;
   meta.checksum = block_checksum(digest_, hash, meta.generation, source.first(length_bytes));
   meta.last_use_tick = next_tick();
-  auto fail = [&](std::string what) -> Error {
-    slots_.abort(slot);
-    ++stats_.puts_dropped_io_count;
-    std::string detail = "put of " + short_hex(hash) + " to slot " + std::to_string(slot) +
-                         ": " + what;
-    note_event(Tier2EventKind::put_io_error, detail);
-    return make_error(ErrorKind::failed, "tier-2 " + detail);
-  };
   auto written = file_->pwrite(source, uint64_t{slot} * slot_bytes_);
-  if (!written) return fail(written.error().message);
+  if (!written) return fail_write(slot, hash, written.error().message);
   stats_.written_bytes += *written;
   if (*written != source.size()) {
-    return fail("short write (" + std::to_string(*written) + " of " +
-                std::to_string(source.size()) + " bytes)");
+    return fail_write(slot, hash,
+                      "short write (" + std::to_string(*written) + " of " +
+                          std::to_string(source.size()) + " bytes)");
   }
-  if (Status synced = file_->sync_data(); !synced) return fail(synced.error().message);
-  if (Status indexed = write_index(slot, hash, meta); !indexed) {
-    return fail(indexed.error().message);
-  }
-  slots_.commit(slot, meta);
-  ++stats_.puts_count;
-  RT_ASSERT(slots_.find(hash) == slot, "committed block not visible", slot);
-  return PutOutcome::stored;
+  return meta;
 }
 
-Status Tier2Store::write_index(SlotIndex slot, const BlockHash& hash, const SlotMeta& meta) {
-  rocksdb::WriteBatch batch;
-  batch.Put(key_of(owner_self, hash), encode_index_entry(IndexEntry{slot, meta}));
-  batch.Put(meta_key("generation"), encode_u64(meta.generation));
-  rocksdb::WriteOptions sync;
-  sync.sync = true;  // the WAL is fsynced before Write returns
-  rocksdb::Status status = db_->Write(sync, &batch);
-  if (!status.ok()) return make_error(ErrorKind::failed, "index write: " + status.ToString());
+// Durable before visible, for a group of written blocks at once (group commit): one
+// fdatasync of the data file, then one synced index batch with every entry, then all become
+// visible. On a failure none does and every slot is free again.
+Status Tier2Store::make_durable(std::vector<Staged>& staged) {
+  if (staged.empty()) return {};
+  RT_ASSERT(staged.size() <= config_.puts_batch_max, "group over puts_batch_max");
+  Status step = file_->sync_data();
+  if (step) {
+    rocksdb::WriteBatch batch;
+    uint64_t generation_max = 0;
+    for (const Staged& s : staged) {
+      batch.Put(key_of(owner_self, s.hash), encode_index_entry(IndexEntry{s.slot, s.meta}));
+      generation_max = std::max(generation_max, s.meta.generation);
+    }
+    batch.Put(meta_key("generation"), encode_u64(generation_max));
+    rocksdb::WriteOptions sync;
+    sync.sync = true;  // the WAL is fsynced before Write returns
+    rocksdb::Status status = db_->Write(sync, &batch);
+    if (!status.ok()) step = make_error(ErrorKind::failed, "index write: " + status.ToString());
+  }
+  for (Staged& s : staged) {
+    if (!step) {
+      (void)fail_write(s.slot, s.hash, step.error().message);
+      if (s.cached) give_back_buffer(std::move(s.cached));
+      continue;
+    }
+    slots_.commit(s.slot, s.meta);
+    ++stats_.puts_count;
+    if (s.cached) cache_.insert(s.slot, std::move(s.cached));  // the put's own bytes
+    RT_ASSERT(slots_.find(s.hash) == s.slot, "committed block not visible", s.slot);
+  }
+  if (!step) return step.error();
   return {};
 }
 
@@ -285,8 +358,8 @@ Result<uint64_t> Tier2Store::get(const BlockHash& hash, std::span<uint8_t> out) 
   }
   uint32_t length_bytes = slots_.meta(*slot).length_bytes;
   if (out.size() < length_bytes) {
-    return invalid("tier-2 get: buffer of " + std::to_string(out.size()) + " bytes for a block of " +
-                   std::to_string(length_bytes));
+    return invalid("tier-2 get: buffer of " + std::to_string(out.size()) +
+                   " bytes for a block of " + std::to_string(length_bytes));
   }
   use(*slot);
   if (SharedBytes cached = cache_.find(*slot)) {
@@ -320,8 +393,8 @@ Result<uint64_t> Tier2Store::get(const BlockHash& hash, std::span<uint8_t> out) 
 
 Result<Tier2Pin> Tier2Store::pin(const BlockHash& hash) {
   if (pins_.size() >= config_.pins_max) {
-    return make_error(ErrorKind::overloaded, "tier-2 pins at pins_max (" +
-                                                 std::to_string(config_.pins_max) + ")");
+    return make_error(ErrorKind::overloaded,
+                      "tier-2 pins at pins_max (" + std::to_string(config_.pins_max) + ")");
   }
   auto slot = slots_.find(hash);
   if (!slot) return miss(hash, Tier2Miss::absent, "");

@@ -202,6 +202,41 @@ TEST_CASE("a block is visible only once put_commit returns; abort frees the slot
   s->check_invariants();
 }
 
+TEST_CASE("put_batch: one group commit; a failed flush fails every block of the batch") {
+  TempDir dir;
+  FaultyBlockFile* faults = nullptr;
+  auto s = open_faulty(config_for(dir.path, 8), &faults);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<PutItem> items;
+  for (uint64_t n : {1, 2, 3, 2}) bytes.push_back(content_of(hash_of(n), block_bytes));
+  for (size_t i = 0; i < bytes.size(); ++i)
+    items.push_back({hash_of(i == 3 ? 2 : i + 1), bytes[i]});
+  auto results = s->put_batch(items);
+  REQUIRE(results.size() == 4);
+  for (size_t i = 0; i < 3; ++i) CHECK(*results[i] == PutOutcome::stored);
+  CHECK(*results[3] == PutOutcome::duplicate);  // the same block twice in one batch
+  for (uint64_t n : {1, 2, 3}) CHECK(get_checked(*s, hash_of(n)));
+  std::vector<std::vector<uint8_t>> more;
+  std::vector<PutItem> next;
+  for (uint64_t n : {4, 5, 1}) more.push_back(content_of(hash_of(n), block_bytes));
+  for (size_t i = 0; i < more.size(); ++i)
+    next.push_back({hash_of(std::vector<uint64_t>{4, 5, 1}[i]), more[i]});
+  faults->arm(FaultKind::sync_eio);
+  results = s->put_batch(next);
+  CHECK(results[0].error().kind == ErrorKind::failed);
+  CHECK(results[1].error().kind == ErrorKind::failed);
+  CHECK(*results[2] == PutOutcome::duplicate);
+  CHECK_FALSE(s->contains(hash_of(4)));
+  CHECK_FALSE(s->contains(hash_of(5)));
+  CHECK(s->stats().puts_dropped_io_count == 2);
+  CHECK(s->stats().puts_count == 3);
+  CHECK(s->stats().blocks_used_count == 3);
+  s->check_invariants();
+  results = s->put_batch(next);
+  CHECK(*results[0] == PutOutcome::stored);
+  CHECK(get_checked(*s, hash_of(5)));
+}
+
 TEST_CASE("writes in flight are bounded by writes_inflight_max") {
   TempDir dir;
   auto c = config_for(dir.path, 8);
@@ -461,9 +496,10 @@ TEST_CASE("injected read faults are misses by reason; the entry is dropped, neve
     Tier2Miss reason;
     Tier2EventKind event;
   };
-  for (Case k : {Case{FaultKind::short_read, Tier2Miss::short_read, Tier2EventKind::miss_short_read},
-                 Case{FaultKind::read_eio, Tier2Miss::io_error, Tier2EventKind::miss_io_error},
-                 Case{FaultKind::bit_flip, Tier2Miss::checksum, Tier2EventKind::miss_checksum}}) {
+  for (Case k :
+       {Case{FaultKind::short_read, Tier2Miss::short_read, Tier2EventKind::miss_short_read},
+        Case{FaultKind::read_eio, Tier2Miss::io_error, Tier2EventKind::miss_io_error},
+        Case{FaultKind::bit_flip, Tier2Miss::checksum, Tier2EventKind::miss_checksum}}) {
     CAPTURE(to_string(k.fault));
     TempDir dir;
     FaultyBlockFile* faults = nullptr;
@@ -593,8 +629,12 @@ TEST_CASE("a seeded mix of every fault never serves a wrong block") {
       uint64_t n = rng() % 12;
       switch (rng() % 5) {
         case 0:
-        case 1: (void)s->put(hash_of(n), content_of(hash_of(n), block_bytes)); break;
-        case 2: served += get_checked(*s, hash_of(n)) ? 1 : 0; break;
+        case 1:
+          (void)s->put(hash_of(n), content_of(hash_of(n), block_bytes));
+          break;
+        case 2:
+          served += get_checked(*s, hash_of(n)) ? 1 : 0;
+          break;
         case 3: {
           auto p = s->pin(hash_of(n));
           if (p && pins.size() < 4) {
@@ -713,8 +753,9 @@ TEST_CASE("a newer format is refused; a foreign database is refused") {
   { open_ok(c); }
   {
     auto db = open_index_directly(dir.path);
-    REQUIRE(db->Put(rocksdb::WriteOptions(), meta_key("format"),
-                    encode_u64(format_version_current + 1)).ok());
+    REQUIRE(
+        db->Put(rocksdb::WriteOptions(), meta_key("format"), encode_u64(format_version_current + 1))
+            .ok());
   }
   auto s = Tier2Store::open(c);
   REQUIRE_FALSE(s.ok());
@@ -777,7 +818,8 @@ TEST_CASE("restart resolves two entries claiming one slot and undecodable entrie
     REQUIRE(entry.has_value());
     entry->meta.generation = 0;  // older than hash 1's own entry in the same slot
     REQUIRE(db->Put(rocksdb::WriteOptions(), encode_block_key(digest, hash_of(7)),
-                    encode_index_entry(*entry)).ok());
+                    encode_index_entry(*entry))
+                .ok());
     REQUIRE(db->Put(rocksdb::WriteOptions(), encode_block_key(digest, hash_of(8)), "junk").ok());
   }
   auto s = open_ok(c);
