@@ -15,6 +15,7 @@
 #include "bench/router_bench.hpp"
 #include "bench/serve_bench.hpp"
 #include "bench/sweep_cli.hpp"
+#include "bench/tier2_bench.hpp"
 #include "bench/tokenize_bench.hpp"
 #include "bench/transport_bench.hpp"
 #include "tools/commands.hpp"
@@ -93,6 +94,7 @@ int cmd_bench(cli::Args args) {
       {"isolation", bench::run_isolation_bench},
       {"admission", bench::run_admission_bench},
       {"sweep", bench::run_sweep_cli},
+      {"tier2", bench::run_tier2_bench},
       {"agent-turns", run_agent_turns},
       {"overload", run_overload},
   };

@@ -12,6 +12,8 @@ packages=(
   capnproto libcapnp-dev          # Cap'n Proto + KJ: wire format, kj-http servers
   libfabric-dev libfabric-bin     # libfabric: node-to-node transport and RMA; fi_pingpong
   librocksdb-dev                  # tier-2 KV index
+  libxxhash-dev                   # XXH3-128 checksums of tier-2 blocks (over key + data)
+  fio                             # the tier-2 store's I/O baseline (`tandem bench tier2`)
   libspdlog-dev                   # logging
   doctest-dev                     # tests
   libtomlplusplus-dev             # cluster manifest
