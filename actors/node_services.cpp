@@ -5,6 +5,7 @@
 #include "actors/decode/decode_actor.hpp"
 #include "actors/executor/executor_actor.hpp"
 #include "actors/gateway/gateway_actor.hpp"
+#include "actors/kv_offload/kv_offload_actor.hpp"
 #include "actors/prefill/prefill_actor.hpp"
 #include "actors/router/router_actor.hpp"
 #include "runtime/node/node_actor.hpp"
@@ -56,10 +57,8 @@ class Services final : public runtime::NodeServices {
           gateways_.push_back(std::move(gateway).value());
           break;
         }
-        case config::Role::kv_offload:  // tier 2 is later work: a shell that answers pings
-          spawn = [&system, bridge = env_.bridge, one] {
-            return runtime::spawn_role_actor(system, bridge, *one);
-          };
+        case config::Role::kv_offload:
+          spawn = [&system, ctx, one] { return spawn_kv_offload(system, ctx, *one); };
           break;
       }
       if (spawn) supervise_shell(inst, spawn, actors);

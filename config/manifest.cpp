@@ -571,7 +571,9 @@ void Loader::read_router(const toml::table& table) {
 
 void Loader::read_kv_offload(const toml::table& table) {
   TableReader reader(sink_, table, "kv_offload",
-                     {"enabled", "path", "capacity_bytes", "host_cache_bytes"});
+                     {"enabled", "path", "capacity_bytes", "host_cache_bytes", "staging_blocks",
+                      "stores_max", "lookups_max", "lookup_blocks_max", "hold_timeout_ms",
+                      "lookup_timeout_ms"});
   KvOffloadSection& kv = manifest_.kv_offload;
   constexpr int64_t bytes_max = std::numeric_limits<int64_t>::max();
   reader.read_bool("enabled", kv.enabled);
@@ -580,14 +582,19 @@ void Loader::read_kv_offload(const toml::table& table) {
     if (path.is_relative()) path = fs::path(manifest_.dir) / path;
     kv.path = path.lexically_normal().string();
   }
-  // A key that does nothing is refused, never accepted silently: kv-offload instances do
-  // not store blocks yet, so `enabled = true` would promise a tier 2 that is not there.
-  if (kv.enabled) {
-    reader.issue("enabled", "tier 2 (KV blocks on NVMe) is not built yet (issue 13); "
-                            "kv-offload instances store nothing: remove the key or set false");
+  if (kv.enabled && !reader.find("path")) {
+    reader.issue("path", "required when kv_offload.enabled is true");
+  } else if (kv.enabled && reader.find("path") && kv.path.empty()) {
+    reader.issue("path", "must not be empty when kv_offload.enabled is true");
   }
-  reader.read_int("capacity_bytes", 0, bytes_max, kv.capacity_bytes);
+  reader.read_int("capacity_bytes", 4096, bytes_max, kv.capacity_bytes);
   reader.read_int("host_cache_bytes", 0, bytes_max, kv.host_cache_bytes);
+  reader.read_int("staging_blocks", 1, 65536, kv.staging_blocks);
+  reader.read_int("stores_max", 1, 65536, kv.stores_max);
+  reader.read_int("lookups_max", 1, 65536, kv.lookups_max);
+  reader.read_int("lookup_blocks_max", 1, 1000000, kv.lookup_blocks_max);
+  reader.read_int("hold_timeout_ms", 100, 3600000, kv.hold_timeout_ms);
+  reader.read_int("lookup_timeout_ms", 10, 600000, kv.lookup_timeout_ms);
 }
 
 void Loader::read_speculative(const toml::table& table) {

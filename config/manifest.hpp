@@ -100,9 +100,15 @@ struct RouterSection {
 
 struct KvOffloadSection {
   bool enabled = false;
-  std::string path;                 // directory for block files + RocksDB index
-  uint64_t capacity_bytes = 0;      // 0 = unbounded by config (bounded by disk)
+  std::string path;                 // directory for block files + RocksDB index (per node below)
+  uint64_t capacity_bytes = 1ull << 30;  // the data file on each node's NVMe
   uint64_t host_cache_bytes = 0;
+  uint32_t staging_blocks = 64;     // registered host memory blocks for RMA in and out
+  uint32_t stores_max = 64;         // store offers in flight per kv-offload instance
+  uint32_t lookups_max = 64;        // lookups in flight per kv-offload instance
+  uint32_t lookup_blocks_max = 1024;  // blocks one lookup may bring back
+  uint32_t hold_timeout_ms = 10000;   // pins on offered / staged blocks
+  uint32_t lookup_timeout_ms = 2000;  // prefill waits this long for a lookup, then computes
 };
 
 enum class SpeculativeMethod { none, ngram, suffix, eagle3 };

@@ -141,6 +141,16 @@ void PrefixCache::release(std::span<const BlockIndex> blocks) {
   RT_ASSERT(free_.size() + evictable_count_ + used_count_ == blocks_.size());
 }
 
+void PrefixCache::retain(std::span<const BlockIndex> blocks) {
+  for (BlockIndex block : blocks) {
+    RT_ASSERT(block < blocks_.size(), block);
+    Block& b = blocks_[block];
+    RT_ASSERT(b.ref_count > 0, "retain of an unreferenced block", block);
+    RT_ASSERT(b.ref_count < UINT32_MAX, block);
+    ++b.ref_count;
+  }
+}
+
 CacheEvents PrefixCache::drain_events() {
   CacheEvents out;
   for (const auto& [hash, delta] : pending_events_) {

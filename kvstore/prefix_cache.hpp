@@ -77,6 +77,10 @@ class PrefixCache {
   // becomes evictable (cached) or free (private). Preconditions (asserted): each listed
   // block is referenced (listing a block twice drops two references).
   void release(std::span<const BlockIndex> blocks);
+  // Takes one more reference on each listed block, already referenced by the caller (e.g. a
+  // copy to tier 2 pins a request's blocks beyond its own hold); release() drops it. No
+  // counters change. Preconditions (asserted): each block is referenced.
+  void retain(std::span<const BlockIndex> blocks);
 
   CacheEvents drain_events();  // and starts a new window
   bool has_events() const { return !pending_events_.empty(); }

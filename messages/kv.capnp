@@ -58,10 +58,12 @@ struct OffloadStoreDone {
 }
 
 # Prefill -> kv-offload: which of these (chained) hashes do you have? Answered by
-# OffloadLookupReply with the longest stored prefix and descriptors to read them.
+# OffloadLookupReply with the longest stored prefix, staged in kv-offload's registered
+# memory, and descriptors to read them; the asker answers KvPullDone when it read them.
 struct OffloadLookup {
   requestId @0 :UInt64;
   blockHashes @1 :List(Data);
+  layout @2 :KvLayout;        # of the asker's pool: another layout never matches
 }
 
 struct OffloadLookupReply {

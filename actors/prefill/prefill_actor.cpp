@@ -1,24 +1,64 @@
 #include "actors/prefill/prefill_actor.hpp"
 
+#include <map>
 #include <unordered_map>
 
 #include "actors/executor/executor_actor.hpp"
 #include "actors/prefill/prefill_scheduler.hpp"
+#include "actors/prefill/tier2_policy.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
 #include "runtime/node/spawn.hpp"
 
+namespace tandem::actors::prefill_msgs {
+// An RMA read of a staged tier-2 block into this instance's pool ended.
+struct Tier2ReadDone {
+  uint64_t request = 0;
+  uint64_t serial = 0;  // of the wait it belongs to (a request id may come back)
+  uint32_t index = 0;
+  bool ok = false;
+};
+}  // namespace tandem::actors::prefill_msgs
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::prefill_msgs::Tier2ReadDone)
+
 namespace tandem::actors {
 namespace {
 
 using messages::ActorName;
+using prefill_msgs::Tier2ReadDone;
 
 struct Pending {
   ActorName requester;
   devices::SamplingParams sampling;
   std::vector<int32_t> prompt;
   std::optional<devices::SampledToken> first;
+};
+
+// A prompt whose missing blocks were asked of tier 2: submitted when the staged blocks have
+// been read into the pool (or at once on a miss, an error or lookup_timeout_ms).
+struct Tier2Wait {
+  ActorName requester;
+  prefill::PrefillRequest core;
+  devices::SamplingParams sampling;
+  std::vector<int32_t> prompt;
+  uint64_t serial = 0;
+  uint32_t device_hit = 0;           // leading blocks the pool already had when asked
+  std::chrono::nanoseconds sent{0};  // lookup sent
+  std::chrono::nanoseconds replied{0};
+  bool reading = false;              // RMA reads of staged blocks in flight
+  bool cancelled = false;
+  std::vector<kv::BlockIndex> fresh;  // pool blocks being filled (ref 1 each)
+  std::vector<int8_t> read_ok;        // per fresh block: -1 reading, 0 failed, 1 read
+  uint32_t reads_left = 0;
+};
+
+// Blocks offered to tier 2 (one extra reference each) until OffloadStoreDone or the hold
+// timeout (kv-offload stores nothing read later than half of it).
+struct OffloadPin {
+  std::vector<kv::BlockIndex> blocks;
+  std::chrono::nanoseconds deadline{0};
 };
 
 struct PrefillState {
@@ -33,10 +73,22 @@ struct PrefillState {
   bool stepping = false;
   std::unique_ptr<InstanceMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
+  // Tier 2 (issue 13): this node's kv-offload instance when kv_offload.enabled.
+  std::optional<ActorName> offload;
+  std::map<uint64_t, Tier2Wait> tier2;  // prompts waiting for a lookup (<= prefill.queue_max)
+  std::map<uint64_t, OffloadPin> pins;  // offered blocks kv-offload may be reading
+  prefill::Tier2Rates rates;
+  uint64_t tier2_serial = 0;
+  obs::Counter* tier2_loaded_blocks = nullptr;
+  obs::Counter* tier2_offered_blocks = nullptr;
   static inline const char* name = "tandem.prefill";
 };
 
 using PrefillActor = caf::stateful_actor<PrefillState>;
+
+void submit_now(PrefillActor* self, const ActorName& from, prefill::PrefillRequest core,
+                const devices::SamplingParams& sampling, std::vector<int32_t> prompt);
+void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done);
 
 void update_metrics(PrefillState& st) {
   if (!st.metrics || !st.scheduler) return;
@@ -89,7 +141,9 @@ void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t c
                      sent.error().describe());
     (void)st.scheduler->cancel(done.request);
     st.pending.erase(it);
+    return;
   }
+  offer_to_tier2(self, done);
 }
 
 void pump(PrefillActor* self);
@@ -155,6 +209,235 @@ void pump(PrefillActor* self) {
             });
 }
 
+// --- Tier 2 (issue 13) ---
+
+void fill_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout) {
+  l.setBlockTokens(layout.block_tokens);
+  l.setLayers(layout.layers);
+  l.setKvHeads(layout.kv_heads);
+  l.setHeadDim(layout.head_dim);
+  l.setElementBytes(layout.element_bytes);
+  l.setBlockBytes(layout.block_bytes());
+}
+
+// Write-behind: offers the request's full blocks to tier 2 (kv-offload skips those it holds),
+// pinned by one more reference until OffloadStoreDone. Never waits: with kv_offload.stores_max
+// offers in flight, or no fabric, nothing is offered.
+void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done) {
+  auto& st = self->state;
+  size_t full = std::min(done.block_hashes.size(), done.block_table.size());
+  if (!st.offload || full == 0 || st.pins.count(done.request) ||
+      st.pins.size() >= st.ctx.manifest->kv_offload.stores_max) {
+    return;
+  }
+  std::vector<kv::BlockIndex> blocks(done.block_table.begin(), done.block_table.begin() + full);
+  const auto& layout = st.info.layout;
+  Status sent = st.ctx.bridge->send(st.self_name, *st.offload, done.request,
+                                    [&](wire::Envelope::Builder b) {
+    auto offer = b.getBody().initOffloadStore();
+    offer.setRequestId(done.request);
+    auto list = offer.initBlocks(static_cast<unsigned>(full));
+    for (unsigned i = 0; i < full; ++i) {
+      auto d = list[i];
+      auto region = d.initRegion();
+      region.setFabricAddress(st.info.fabric_address);
+      region.setBaseAddress(st.info.region.remote_base);
+      region.setLengthBytes(st.info.region.length_bytes);
+      region.setKey(st.info.region.key);
+      d.setOffsetBytes(uint64_t(blocks[i]) * layout.block_bytes());
+      d.setLengthBytes(layout.block_bytes());
+      d.setBlockHash(kj::arrayPtr(done.block_hashes[i].bytes.data(), 32));
+      fill_layout(d.initLayout(), layout);
+    }
+  });
+  if (!sent.ok()) return;
+  st.cache->retain(blocks);  // the scheduler's hold is still on them: they are referenced
+  auto hold = std::chrono::milliseconds(st.ctx.manifest->kv_offload.hold_timeout_ms);
+  st.pins.emplace(done.request, OffloadPin{std::move(blocks), now_ns() + hold});
+  st.tier2_offered_blocks->inc(full);
+}
+
+void release_pin(PrefillState& st, uint64_t id) {
+  auto it = st.pins.find(id);
+  if (it == st.pins.end()) return;
+  st.cache->release(it->second.blocks);
+  st.pins.erase(it);
+}
+
+// Asks tier 2 for the blocks after the pool's hit, when the cost rule says it pays. Returns
+// whether the prompt now waits for the answer (else the caller submits it).
+bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillRequest& core,
+               const devices::SamplingParams& sampling, std::vector<int32_t>& prompt) {
+  auto& st = self->state;
+  if (!st.offload || st.ctx.bridge->fabric() == nullptr || st.info.local == nullptr) return false;
+  uint32_t hit = st.cache->match(core.block_hashes);
+  auto lacking = static_cast<uint32_t>(core.block_hashes.size()) - hit;
+  if (lacking == 0 || st.tier2.size() >= st.ctx.manifest->prefill.queue_max) return false;
+  ++st.rates.eligible_count;
+  const auto& layout = st.info.layout;
+  if (!prefill::tier2_lookup_pays(lacking, layout.block_bytes(), layout.block_tokens, st.rates)) {
+    return false;
+  }
+  uint64_t id = core.id;
+  std::vector<kv::BlockHash> asked(core.block_hashes.begin() + hit, core.block_hashes.end());
+  Status sent = st.ctx.bridge->send(st.self_name, *st.offload, id, [&](wire::Envelope::Builder b) {
+    auto q = b.getBody().initOffloadLookup();
+    q.setRequestId(id);
+    messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(asked.size())), asked);
+    fill_layout(q.initLayout(), layout);
+  });
+  if (!sent.ok()) return false;
+  Tier2Wait w{from, std::move(core), sampling, std::move(prompt)};
+  w.serial = ++st.tier2_serial;
+  w.device_hit = hit;
+  w.sent = now_ns();
+  st.tier2.emplace(id, std::move(w));
+  return true;
+}
+
+// The wait is over (blocks read, a miss, an error, a timeout): releases what it holds, tells
+// kv-offload it may free the staging, and submits the prompt (unless it was cancelled).
+void end_wait(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it, bool staged) {
+  auto& st = self->state;
+  Tier2Wait w = std::move(it->second);
+  st.tier2.erase(it);
+  uint64_t id = w.core.id;
+  if (staged) {
+    (void)st.ctx.bridge->send(st.self_name, *st.offload, id, [&](wire::Envelope::Builder b) {
+      auto done = b.getBody().initKvPullDone();
+      done.setRequestId(id);
+      done.setOk(true);
+    });
+  }
+  if (w.cancelled) return;
+  submit_now(self, w.requester, std::move(w.core), w.sampling, std::move(w.prompt));
+}
+
+// Every RMA read ended: commits the read prefix to the pool's prefix cache (a block read
+// later than half the hold timeout after the reply may come from a reused staging slot: not
+// committed), then the prompt goes to the scheduler, which finds those blocks cached.
+void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it) {
+  auto& st = self->state;
+  Tier2Wait& w = it->second;
+  auto half = std::chrono::milliseconds(st.ctx.manifest->kv_offload.hold_timeout_ms) / 2;
+  bool in_time = now_ns() - w.replied <= half;
+  size_t loaded = 0;
+  while (in_time && loaded < w.fresh.size() && w.read_ok[loaded] == 1) ++loaded;
+  for (size_t i = 0; i < loaded; ++i) {
+    (void)st.cache->commit(w.fresh[i], w.core.block_hashes[w.device_hit + i]);
+  }
+  st.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
+  st.tier2_loaded_blocks->inc(loaded);
+  if (loaded > 0) {
+    double seconds = static_cast<double>((now_ns() - w.sent).count()) / 1e9;
+    st.rates.read_bytes_per_s = prefill::ewma(
+        st.rates.read_bytes_per_s,
+        static_cast<double>(loaded * st.info.layout.block_bytes()) / std::max(seconds, 1e-9));
+  }
+  end_wait(self, it, true);
+}
+
+void on_lookup_reply(PrefillActor* self, wire::OffloadLookupReply::Reader reply) {
+  auto& st = self->state;
+  uint64_t id = reply.getRequestId();
+  auto it = st.tier2.find(id);
+  auto blocks = reply.getBlocks();
+  if (it == st.tier2.end() || it->second.reading) {  // timed out meanwhile: free the staging
+    if (blocks.size() > 0 && st.offload) {
+      (void)st.ctx.bridge->send(st.self_name, *st.offload, id, [&](wire::Envelope::Builder b) {
+        b.getBody().initKvPullDone().setRequestId(id);
+      });
+    }
+    return;
+  }
+  Tier2Wait& w = it->second;
+  w.replied = now_ns();
+  if (blocks.size() == 0) {
+    st.rates.lookup_overhead_s = prefill::ewma(
+        st.rates.lookup_overhead_s, static_cast<double>((w.replied - w.sent).count()) / 1e9);
+    return end_wait(self, it, false);
+  }
+  // Only the staged blocks that continue the prompt's chain, in order, of our block size.
+  uint64_t block_bytes = st.info.layout.block_bytes();
+  size_t usable = 0;
+  for (auto d : blocks) {
+    size_t at = w.device_hit + usable;
+    if (at >= w.core.block_hashes.size() || d.getLengthBytes() != block_bytes) break;
+    auto h = d.getBlockHash();
+    if (h.size() != 32 || std::memcmp(h.begin(), w.core.block_hashes[at].bytes.data(), 32) != 0) {
+      break;
+    }
+    ++usable;
+  }
+  auto alloc = usable > 0 ? st.cache->acquire({}, static_cast<uint32_t>(usable))
+                          : Result<kv::Allocation>(make_error(ErrorKind::overloaded, "none"));
+  if (!alloc.ok()) return end_wait(self, it, true);
+  w.fresh = std::move(alloc->fresh);
+  w.read_ok.assign(usable, -1);
+  w.reads_left = static_cast<uint32_t>(usable);
+  w.reading = true;
+  auto* fabric = st.ctx.bridge->fabric();
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  for (uint32_t i = 0; i < usable; ++i) {
+    auto d = blocks[i];
+    auto region = d.getRegion();
+    auto peer = fabric->peer(region.getFabricAddress().cStr());
+    Tier2ReadDone fail{id, w.serial, i, false};
+    Status started =
+        !peer.ok() ? Status(peer.error())
+                   : fabric->read(*peer,
+                                  {region.getBaseAddress(), region.getLengthBytes(), region.getKey()},
+                                  d.getOffsetBytes(), *st.info.local,
+                                  uint64_t(w.fresh[i]) * block_bytes, block_bytes,
+                                  [me, fail](Status done) {
+                                    Tier2ReadDone r = fail;
+                                    r.ok = done.ok();
+                                    caf::anon_send(me, r);
+                                  });
+    if (!started.ok()) caf::anon_send(me, fail);
+  }
+}
+
+void on_tier2_read(PrefillActor* self, const Tier2ReadDone& done) {
+  auto& st = self->state;
+  auto it = st.tier2.find(done.request);
+  if (it == st.tier2.end() || it->second.serial != done.serial || !it->second.reading) return;
+  Tier2Wait& w = it->second;
+  RT_ASSERT(done.index < w.read_ok.size() && w.read_ok[done.index] == -1, done.index);
+  w.read_ok[done.index] = done.ok ? 1 : 0;
+  if (--w.reads_left == 0) finish_reads(self, it);
+}
+
+// Lookups not answered within lookup_timeout_ms: the prompt is computed (a late answer is
+// released when it comes). Reads in flight always end (the fabric calls back).
+void expire_tier2(PrefillActor* self) {
+  auto& st = self->state;
+  auto limit = std::chrono::milliseconds(st.ctx.manifest->kv_offload.lookup_timeout_ms);
+  auto now = now_ns();
+  for (auto it = st.tier2.begin(); it != st.tier2.end();) {
+    auto next = std::next(it);
+    if (!it->second.reading && now - it->second.sent > limit) end_wait(self, it, false);
+    it = next;
+  }
+  for (auto it = st.pins.begin(); it != st.pins.end();) {
+    auto next = std::next(it);
+    if (now > it->second.deadline) release_pin(st, it->first);
+    it = next;
+  }
+}
+
+void submit_now(PrefillActor* self, const ActorName& from, prefill::PrefillRequest core,
+                const devices::SamplingParams& sampling, std::vector<int32_t> prompt) {
+  auto& st = self->state;
+  uint64_t id = core.id;
+  if (Status s = st.scheduler->submit(std::move(core)); !s.ok()) {
+    return send_error(st.ctx, st.self_name, from, id, s.error());
+  }
+  st.pending.emplace(id, Pending{from, sampling, std::move(prompt), std::nullopt});
+  update_metrics(st);
+  pump(self);
+}
+
 void on_request(PrefillActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto req = envelope.getBody().getPrefillRequest();
@@ -166,18 +449,14 @@ void on_request(PrefillActor* self, wire::Envelope::Reader envelope) {
     return send_error(st.ctx, st.self_name, from, id,
                       hashes.ok() ? sampling.error() : hashes.error());
   }
-  if (st.pending.count(id)) {
+  if (st.pending.count(id) || st.tier2.count(id)) {
     return send_error(st.ctx, st.self_name, from, id,
                       make_error(ErrorKind::invalid, "duplicate request id"));
   }
   prefill::PrefillRequest core{id, messages::get_tokens(req.getPromptTokenIds()), *hashes};
   std::vector<int32_t> prompt = core.tokens;
-  if (Status s = st.scheduler->submit(std::move(core)); !s.ok()) {
-    return send_error(st.ctx, st.self_name, from, id, s.error());
-  }
-  st.pending.emplace(id, Pending{from, *sampling, std::move(prompt), std::nullopt});
-  update_metrics(st);
-  pump(self);
+  if (ask_tier2(self, from, core, *sampling, prompt)) return;
+  submit_now(self, from, std::move(core), *sampling, std::move(prompt));
 }
 
 void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
@@ -192,8 +471,19 @@ void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
       if (st.scheduler->pull_done(id).ok()) st.pending.erase(id);
       return update_metrics(st);
     }
+    case wire::Envelope::Body::OFFLOAD_LOOKUP_REPLY:
+      return on_lookup_reply(self, body.getOffloadLookupReply());
+    case wire::Envelope::Body::OFFLOAD_STORE_DONE:
+      return release_pin(st, body.getOffloadStoreDone().getRequestId());
     case wire::Envelope::Body::CANCEL: {
       uint64_t id = body.getCancel().getRequestId();
+      if (auto w = st.tier2.find(id); w != st.tier2.end()) {
+        if (w->second.reading) {
+          w->second.cancelled = true;  // its reads end first; then it is dropped
+        } else {
+          st.tier2.erase(w);  // a late lookup answer is released when it comes
+        }
+      }
       if (st.scheduler->cancel(id).ok()) st.pending.erase(id);
       update_metrics(st);
       return pump(self);
@@ -217,6 +507,26 @@ prefill::PrefillConfig scheduler_config(const config::Manifest& m) {
   return c;
 }
 
+// This node's kv-offload instance (the first one), when kv_offload.enabled.
+void init_tier2(PrefillState& st) {
+  obs::Labels l = {{"instance", st.self_name.instance}};
+  st.tier2_loaded_blocks = make_counter(*st.ctx.metrics, "tandem:prefill_tier2_loaded_blocks_total",
+                                        "blocks read from tier 2 into the pool instead of "
+                                        "computed", l);
+  st.tier2_offered_blocks = make_counter(*st.ctx.metrics,
+                                         "tandem:prefill_tier2_offered_blocks_total",
+                                         "computed blocks offered to tier 2", l);
+  if (!st.ctx.manifest->kv_offload.enabled) return;
+  const config::Node* node = st.ctx.manifest->find_node(st.self_name.node);
+  if (node == nullptr) return;
+  for (const auto& inst : node->instances) {
+    if (inst.role == config::Role::kv_offload) {
+      st.offload = ActorName{node->name, "kv-offload", inst.name};
+      return;
+    }
+  }
+}
+
 caf::behavior running(PrefillActor* self) {
   self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
   return {
@@ -224,8 +534,12 @@ caf::behavior running(PrefillActor* self) {
         auto& st = self->state;
         st.guard->run_frame(st.self_name, in, [self, &in] { on_frame(self, in); });
       },
+      [self](const Tier2ReadDone& done) {
+        (void)self->state.guard->run("a tier-2 read", [self, &done] { on_tier2_read(self, done); });
+      },
       [self](runtime::atoms::tick) {
         auto& st = self->state;
+        expire_tier2(self);
         for (uint64_t id : st.scheduler->expire_holds(now_ns())) {
           st.ctx.log->warn("prefill {}: hold of request {} expired before decode pulled it",
                            st.self_name.instance, id);
@@ -267,6 +581,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
           st.scheduler = std::make_unique<prefill::PrefillScheduler>(config, *st.cache);
           st.metrics = std::make_unique<InstanceMetrics>(*st.ctx.metrics, st.self_name.instance);
           st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);
+          init_tier2(st);
           self->become(running(self));
         });
     return {

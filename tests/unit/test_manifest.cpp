@@ -661,12 +661,23 @@ TEST_CASE("a gateway needs its node to have an http_port; nodes need instances")
   CHECK(lonely.message == "node 'b' has no instances");
 }
 
-TEST_CASE("keys that would do nothing yet are refused: kv_offload.enabled, speculative.method") {
-  std::string text = base_manifest + "[kv_offload]\nenabled = true\npath = \"kv\"\n";
-  auto issue = only_issue(text);
-  CHECK(issue.key == "kv_offload.enabled");
-  CHECK(issue.line == line_of(text, "enabled = true"));
-  CHECK(issue.message.find("not built yet") != std::string::npos);
+TEST_CASE("kv_offload.enabled needs a path; tier-2 bounds are checked by key") {
+  auto issue = only_issue(base_manifest + "[kv_offload]\nenabled = true\n");
+  CHECK(issue.key == "kv_offload.path");
+  CHECK(issue.message.find("required when kv_offload.enabled") != std::string::npos);
+  Manifest m = parse_ok(base_manifest + "[kv_offload]\nenabled = true\npath = \"kv\"\n"
+                        "staging_blocks = 8\nhold_timeout_ms = 500\n");
+  CHECK(m.kv_offload.enabled);
+  CHECK(m.kv_offload.staging_blocks == 8);
+  CHECK(m.kv_offload.hold_timeout_ms == 500);
+  CHECK(m.kv_offload.lookup_timeout_ms == 2000);
+  std::string bad = base_manifest + "[kv_offload]\nstaging_blocks = 0\n";
+  auto zero = only_issue(bad);
+  CHECK(zero.key == "kv_offload.staging_blocks");
+  CHECK(zero.line == line_of(bad, "staging_blocks = 0"));
+}
+
+TEST_CASE("keys that would do nothing yet are refused: speculative.method") {
   for (const char* method : {"ngram", "suffix", "eagle3"}) {
     std::string spec = base_manifest + "[speculative]\nmethod = \"" + method + "\"\n";
     auto refused = only_issue(spec);

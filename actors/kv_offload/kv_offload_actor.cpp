@@ -1,0 +1,610 @@
+#include "actors/kv_offload/kv_offload_actor.hpp"
+
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+
+#include "actors/kv_offload/offload_core.hpp"
+#include "kvstore/tier2/tier2_store.hpp"
+#include "messages/convert.hpp"
+#include "runtime/node/node_actor.hpp"
+#include "runtime/node/spawn.hpp"
+
+namespace tandem::actors::offload_io {
+
+// Registered host memory of `slots` slots, each slot_bytes (a block rounded up to 4096, so
+// the store writes and reads a slot with O_DIRECT in place). Shared by the shell (RMA) and
+// its I/O actor (disk); a slot is touched by the one the core says owns it.
+struct Staging {
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> memory;
+  uint64_t slot_bytes = 0;
+  uint64_t block_bytes = 0;
+  uint32_t slots = 0;
+  std::unique_ptr<runtime::MemoryRegion> region;  // before memory is freed (declared after)
+  std::span<uint8_t> slot(kv_offload::Slot s, uint64_t length) const {
+    RT_ASSERT(s < slots && length <= slot_bytes, s, length);
+    return {reinterpret_cast<uint8_t*>(memory.get()) + uint64_t{s} * slot_bytes, length};
+  }
+  ~Staging() { region.reset(); }
+};
+
+struct Open {
+  kv::tier2::Tier2Config config;
+};
+struct Opened {
+  std::string error;  // "" when open
+  std::vector<kv::BlockHash> held;
+  kv::tier2::Tier2Stats stats;
+  std::string io_mode;
+};
+struct Write {
+  std::vector<kv_offload::StoreWrite> writes;
+};
+struct Read {
+  std::vector<kv_offload::LookupGrant> grants;
+  std::vector<kv::BlockHash> hashes;  // by grant
+};
+struct IoDone {  // one result per write or read, in order
+  std::vector<bool> ok;
+  kv::tier2::Tier2Stats stats;
+  std::vector<std::string> events;  // the store's noteworthy events since the last answer
+};
+struct StoreRmaDone {
+  kv_offload::RequestKey key;
+  kv_offload::Slot slot = 0;
+  bool ok = false;
+  std::string error;
+};
+
+}  // namespace tandem::actors::offload_io
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Open)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Opened)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Write)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Read)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::IoDone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::StoreRmaDone)
+
+namespace tandem::actors {
+namespace {
+
+using messages::ActorName;
+using namespace offload_io;
+using kv_offload::RequestKey;
+
+// --- The I/O actor: owns the store; every call blocks on the disk (it runs detached). ---
+
+struct IoState {
+  std::unique_ptr<kv::tier2::Tier2Store> store;
+  std::shared_ptr<Staging> staging;
+  static inline const char* name = "tandem.kv-offload.io";
+};
+using IoActor = caf::stateful_actor<IoState>;
+
+std::vector<std::string> drain(kv::tier2::Tier2Store& store) {
+  std::vector<std::string> out;
+  for (auto& e : store.drain_events()) {
+    out.push_back(std::string(kv::tier2::to_string(e.kind)) + ": " + e.detail);
+  }
+  return out;
+}
+
+caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
+  self->state.staging = std::move(staging);
+  return {
+      [self](Open& open) -> Opened {
+        auto store = kv::tier2::Tier2Store::open(open.config);
+        if (!store.ok()) return Opened{store.error().describe(), {}, {}, ""};
+        self->state.store = std::move(store).value();
+        auto& s = *self->state.store;
+        return Opened{"", s.blocks(), s.stats(), std::string(kv::tier2::to_string(s.io_mode()))};
+      },
+      [self](const Write& w) -> IoDone {
+        auto& st = self->state;
+        IoDone done;
+        RT_ASSERT(st.store != nullptr, "writes only after the store opened");
+        for (const auto& item : w.writes) {
+          auto put = st.store->put(item.hash, st.staging->slot(item.slot, st.staging->block_bytes));
+          done.ok.push_back(put.ok());
+        }
+        done.stats = st.store->stats();
+        done.events = drain(*st.store);
+        return done;
+      },
+      [self](const Read& r) -> IoDone {
+        auto& st = self->state;
+        IoDone done;
+        RT_ASSERT(st.store != nullptr && r.grants.size() == r.hashes.size(), r.grants.size());
+        for (size_t i = 0; i < r.grants.size(); ++i) {
+          auto got = st.store->get(r.hashes[i],
+                                   st.staging->slot(r.grants[i].slot, st.staging->slot_bytes));
+          done.ok.push_back(got.ok() && *got == st.staging->block_bytes);
+        }
+        done.stats = st.store->stats();
+        done.events = drain(*st.store);
+        return done;
+      },
+  };
+}
+
+// --- The shell ---
+
+struct Offer {  // one OffloadStore block: where to read it from
+  kv::BlockHash hash;
+  std::string address;
+  runtime::RemoteRegionRef region;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+};
+
+struct Tier2Metrics {
+  explicit Tier2Metrics(obs::Registry& r, const std::string& instance) {
+    obs::Labels l = {{"instance", instance}};
+    auto c = [&](const char* name, const char* help) { return make_counter(r, name, help, l); };
+    auto g = [&](const char* name, const char* help) { return make_gauge(r, name, help, l); };
+    hit_blocks = c("tandem:tier2_hit_blocks_total", "blocks a lookup found and staged");
+    miss_blocks = c("tandem:tier2_miss_blocks_total",
+                    "blocks believed stored whose read missed (corrupt, I/O error, evicted)");
+    lookups = c("tandem:tier2_lookups_total", "lookups asked");
+    stored_blocks = c("tandem:tier2_stored_blocks_total", "blocks written, durable and indexed");
+    dropped_blocks = c("tandem:tier2_store_dropped_blocks_total",
+                       "offered blocks not stored: no staging slot, too many offers, a failed "
+                       "read or write");
+    read_bytes = c("tandem:tier2_read_bytes_total", "bytes read from the data file");
+    written_bytes = c("tandem:tier2_written_bytes_total", "bytes written to the data file");
+    corrupt = c("tandem:tier2_corrupt_blocks_dropped_total",
+                "entries dropped because their bytes failed the checksum or length check");
+    used = g("tandem:tier2_blocks_used", "blocks tier 2 holds");
+    capacity = g("tandem:tier2_blocks_capacity", "blocks tier 2 can hold");
+  }
+  obs::Counter *hit_blocks, *miss_blocks, *lookups, *stored_blocks, *dropped_blocks, *read_bytes,
+      *written_bytes, *corrupt;
+  obs::Gauge *used, *capacity;
+  kv::tier2::Tier2Stats seen;  // the store's counters already added
+};
+
+struct OffloadState {
+  ShellContext ctx;
+  ActorName self_name;
+  std::optional<HandlerGuard> guard;
+  std::optional<kv_offload::OffloadCore> core;
+  caf::actor io;
+  std::shared_ptr<Staging> staging;
+  enum class Phase { closed, opening, open, failed } phase = Phase::closed;
+  std::string failure;        // why tier 2 is off (Phase::failed)
+  std::string fingerprint;    // of the layout the store opened with
+  devices::KvLayout layout;   // of the store's blocks (blocks_total unused)
+  std::deque<runtime::InboundFrame> waiting;  // frames that arrived while the store opened
+  struct Offered {
+    ActorName from;
+    std::chrono::nanoseconds received{0};
+  };
+  // Store offers whose RMA reads are in flight (<= kv_offload.stores_max, the core's bound).
+  std::map<RequestKey, Offered> store_reply_to;
+  std::unique_ptr<Tier2Metrics> metrics;
+  static inline const char* name = "tandem.kv-offload";
+};
+using OffloadActor = caf::stateful_actor<OffloadState>;
+
+constexpr auto io_timeout = std::chrono::seconds(120);
+
+kv_offload::OffloadConfig core_config(const config::Manifest& m, uint64_t slots_count) {
+  kv_offload::OffloadConfig c;
+  c.staging_blocks = m.kv_offload.staging_blocks;
+  c.stores_max = m.kv_offload.stores_max;
+  c.lookups_max = m.kv_offload.lookups_max;
+  c.lookup_blocks_max = std::min(m.kv_offload.staging_blocks, m.kv_offload.lookup_blocks_max);
+  c.known_blocks_max = std::max<uint64_t>(1, slots_count);
+  c.hold_timeout = std::chrono::milliseconds(m.kv_offload.hold_timeout_ms);
+  return c;
+}
+
+devices::KvLayout layout_of(wire::KvLayout::Reader l) {
+  devices::KvLayout out;
+  out.block_tokens = l.getBlockTokens();
+  out.layers = l.getLayers();
+  out.kv_heads = l.getKvHeads();
+  out.head_dim = l.getHeadDim();
+  out.element_bytes = l.getElementBytes();
+  return out;
+}
+
+std::string fingerprint_of(const config::Manifest& m, const devices::KvLayout& l) {
+  kv::tier2::KvLayout f;
+  f.model = m.model.name;
+  f.dtype = "bytes" + std::to_string(l.element_bytes);
+  f.block_tokens = l.block_tokens;
+  f.layers_count = l.layers;
+  f.kv_heads_count = l.kv_heads;
+  f.head_dim = l.head_dim;
+  return kv::tier2::make_fingerprint(f);
+}
+
+void fill_layout(wire::KvLayout::Builder b, const devices::KvLayout& l) {
+  b.setBlockTokens(l.block_tokens);
+  b.setLayers(l.layers);
+  b.setKvHeads(l.kv_heads);
+  b.setHeadDim(l.head_dim);
+  b.setElementBytes(l.element_bytes);
+  b.setBlockBytes(l.block_bytes());
+}
+
+void add_stats(OffloadState& st, const kv::tier2::Tier2Stats& s) {
+  auto& m = *st.metrics;
+  auto delta = [](uint64_t now, uint64_t& seen) {
+    uint64_t d = now >= seen ? now - seen : 0;
+    seen = now;
+    return d;
+  };
+  m.read_bytes->inc(delta(s.read_bytes, m.seen.read_bytes));
+  m.written_bytes->inc(delta(s.written_bytes, m.seen.written_bytes));
+  m.corrupt->inc(delta(s.corrupt_dropped_count, m.seen.corrupt_dropped_count));
+  m.used->set(static_cast<double>(s.blocks_used_count));
+  m.capacity->set(static_cast<double>(s.blocks_capacity_count));
+}
+
+void log_events(OffloadState& st, const std::vector<std::string>& events) {
+  for (const auto& e : events) st.ctx.log->warn("kv-offload {}: {}", st.self_name.instance, e);
+}
+
+void on_frame(OffloadActor* self, const runtime::InboundFrame& in);
+
+// Opens the store for `layout` (the first block this node's tier 2 sees): allocates and
+// registers the staging slots, asks the I/O actor to open, replays the frames that waited.
+void open_store(OffloadActor* self, const devices::KvLayout& layout) {
+  auto& st = self->state;
+  const auto& kv = st.ctx.manifest->kv_offload;
+  auto fail = [&](const std::string& why) {
+    st.phase = OffloadState::Phase::failed;
+    st.failure = why;
+    st.ctx.log->error("kv-offload {}: tier 2 is off: {}", st.self_name.instance, why);
+  };
+  auto* fabric = st.ctx.bridge->fabric();
+  if (fabric == nullptr) return fail("this node has no fabric endpoint");
+  auto staging = std::make_shared<Staging>();
+  staging->block_bytes = layout.block_bytes();
+  staging->slot_bytes = (staging->block_bytes + 4095) / 4096 * 4096;
+  staging->slots = kv.staging_blocks;
+  uint64_t bytes = staging->slot_bytes * staging->slots;
+  staging->memory.reset(static_cast<std::byte*>(std::aligned_alloc(4096, bytes)));
+  if (!staging->memory) return fail("cannot allocate " + std::to_string(bytes) + " staging bytes");
+  auto region = fabric->register_memory(staging->memory.get(), bytes);
+  if (!region.ok()) return fail("cannot register staging memory: " + region.error().describe());
+  staging->region = std::move(region).value();
+  st.staging = staging;
+  st.layout = layout;
+  st.fingerprint = fingerprint_of(*st.ctx.manifest, layout);
+  st.io = runtime::spawn_fn<caf::detached>(
+      self->system(), [staging](IoActor* io) { return io_behavior(io, staging); });
+  self->link_to(st.io);  // the I/O actor goes with the shell (and its staging memory)
+  kv::tier2::Tier2Config c;
+  c.directory = (std::filesystem::path(kv.path) / st.self_name.node).string();
+  c.capacity_bytes = kv.capacity_bytes;
+  c.block_bytes = staging->block_bytes;
+  c.host_cache_bytes = kv.host_cache_bytes;
+  c.fingerprint = st.fingerprint;
+  std::error_code ec;
+  std::filesystem::create_directories(c.directory, ec);
+  st.phase = OffloadState::Phase::opening;
+  self->request(st.io, io_timeout, Open{c})
+      .then(
+          [self](Opened& o) {
+            auto& st = self->state;
+            if (!o.error.empty()) {
+              st.phase = OffloadState::Phase::failed;
+              st.failure = o.error;
+              st.ctx.log->error("kv-offload {}: tier 2 is off: {}", st.self_name.instance,
+                                o.error);
+            } else {
+              st.core.emplace(core_config(*st.ctx.manifest, o.stats.blocks_capacity_count));
+              for (const auto& h : o.held) st.core->note_held(h);
+              st.phase = OffloadState::Phase::open;
+              add_stats(st, o.stats);
+              st.ctx.log->info("kv-offload {}: tier 2 open ({} I/O): {} blocks held of {}",
+                               st.self_name.instance, o.io_mode, o.held.size(),
+                               o.stats.blocks_capacity_count);
+            }
+            std::deque<runtime::InboundFrame> replay;
+            replay.swap(st.waiting);
+            for (const auto& f : replay) on_frame(self, f);
+          },
+          [self](caf::error& e) {
+            auto& st = self->state;
+            st.phase = OffloadState::Phase::failed;
+            st.failure = "the store did not open: " + to_string(e);
+            std::deque<runtime::InboundFrame> replay;
+            replay.swap(st.waiting);
+            for (const auto& f : replay) on_frame(self, f);
+          });
+}
+
+void reply_store_done(OffloadActor* self, const ActorName& to, uint64_t id, uint32_t stored) {
+  auto& st = self->state;
+  (void)st.ctx.bridge->send(st.self_name, to, id, [&](wire::Envelope::Builder b) {
+    auto done = b.getBody().initOffloadStoreDone();
+    done.setRequestId(id);
+    done.setStoredBlocks(stored);
+  });
+}
+
+void reply_lookup(OffloadActor* self, const ActorName& to, uint64_t id,
+                  const std::vector<kv_offload::LookupGrant>& staged,
+                  const std::vector<kv::BlockHash>& hashes) {
+  auto& st = self->state;
+  (void)st.ctx.bridge->send(st.self_name, to, id, [&](wire::Envelope::Builder b) {
+    auto reply = b.getBody().initOffloadLookupReply();
+    reply.setRequestId(id);
+    auto blocks = reply.initBlocks(static_cast<unsigned>(staged.size()));
+    for (unsigned i = 0; i < staged.size(); ++i) {
+      auto d = blocks[i];
+      auto region = d.initRegion();
+      region.setFabricAddress(st.ctx.bridge->fabric()->address());
+      region.setBaseAddress(st.staging->region->remote_base());
+      region.setLengthBytes(st.staging->region->length_bytes());
+      region.setKey(st.staging->region->key());
+      d.setOffsetBytes(uint64_t{staged[i].slot} * st.staging->slot_bytes);
+      d.setLengthBytes(st.staging->block_bytes);
+      d.setBlockHash(kj::arrayPtr(hashes[staged[i].position].bytes.data(), 32));
+      fill_layout(d.initLayout(), st.layout);
+    }
+  });
+}
+
+void write_slots(OffloadActor* self, std::vector<kv_offload::StoreWrite> writes) {
+  auto& st = self->state;
+  if (writes.empty()) return;
+  auto slots = std::make_shared<std::vector<kv_offload::StoreWrite>>(writes);
+  self->request(st.io, io_timeout, Write{std::move(writes)})
+      .then(
+          [self, slots](const IoDone& done) {
+            auto& st = self->state;
+            RT_ASSERT(done.ok.size() == slots->size(), done.ok.size(), slots->size());
+            for (size_t i = 0; i < slots->size(); ++i) {
+              Status s = st.core->store_written((*slots)[i].slot, done.ok[i]);
+              RT_ASSERT(s.ok(), (*slots)[i].slot);
+              (done.ok[i] ? st.metrics->stored_blocks : st.metrics->dropped_blocks)->inc();
+            }
+            add_stats(st, done.stats);
+            log_events(st, done.events);
+          },
+          [self](caf::error& e) {
+            // A disk that does not answer: its slots stay owned (the I/O actor may still
+            // write them), and tier 2 stops taking work rather than risk a slot reused.
+            auto& st = self->state;
+            st.phase = OffloadState::Phase::failed;
+            st.failure = "a write did not finish: " + to_string(e);
+            st.ctx.log->error("kv-offload {}: tier 2 is off: {}", st.self_name.instance,
+                              st.failure);
+          });
+}
+
+void on_store_rma(OffloadActor* self, const StoreRmaDone& done) {
+  auto& st = self->state;
+  if (!st.core) return;
+  if (!done.ok) {
+    st.ctx.log->debug("kv-offload {}: reading an offered block failed: {}",
+                      st.self_name.instance, done.error);
+  }
+  auto to = st.store_reply_to.find(done.key);
+  RT_ASSERT(to != st.store_reply_to.end(), done.key.request);
+  // The offerer pins the blocks for hold_timeout_ms from its send; a read that ended later
+  // than half of it after the offer arrived here may have read a block already reused: not
+  // stored. (This node's elapsed time is at most the offerer's: the offer was sent first.)
+  auto half = std::chrono::milliseconds(st.ctx.manifest->kv_offload.hold_timeout_ms) / 2;
+  bool in_time = now_ns() - to->second.received <= half;
+  auto ended = st.core->store_read_done(done.key, done.slot, done.ok && in_time);
+  RT_ASSERT(ended.ok(), done.slot);
+  if (!ended->has_value()) return;
+  auto writes = std::move(**ended);
+  reply_store_done(self, to->second.from, done.key.request,
+                   static_cast<uint32_t>(writes.size()));
+  st.store_reply_to.erase(to);
+  write_slots(self, std::move(writes));
+}
+
+Result<std::vector<Offer>> parse_offers(capnp::List<wire::BlockDescriptor>::Reader blocks) {
+  std::vector<Offer> offers;
+  for (auto d : blocks) {
+    auto hash = d.getBlockHash();
+    if (hash.size() != 32) return make_error(ErrorKind::invalid, "a block hash is not 32 bytes");
+    Offer o;
+    std::memcpy(o.hash.bytes.data(), hash.begin(), 32);
+    auto r = d.getRegion();
+    o.address = r.getFabricAddress().cStr();
+    o.region = {r.getBaseAddress(), r.getLengthBytes(), r.getKey()};
+    o.offset_bytes = d.getOffsetBytes();
+    o.length_bytes = d.getLengthBytes();
+    offers.push_back(std::move(o));
+  }
+  return offers;
+}
+
+// Whether the store can take this message now; opens it or queues the frame otherwise.
+// false: the caller answers "nothing" (tier 2 off, or the frame waits for the open).
+bool ready_for(OffloadActor* self, const runtime::InboundFrame& in, wire::KvLayout::Reader l,
+               bool& queued) {
+  auto& st = self->state;
+  queued = false;
+  if (st.phase == OffloadState::Phase::closed) open_store(self, layout_of(l));
+  if (st.phase == OffloadState::Phase::opening) {
+    size_t waiting_max = st.ctx.manifest->kv_offload.stores_max +
+                         st.ctx.manifest->kv_offload.lookups_max;
+    if (st.waiting.size() >= waiting_max) return false;
+    st.waiting.push_back(in);
+    queued = true;
+    return false;
+  }
+  if (st.phase != OffloadState::Phase::open) return false;
+  // Another layout than the store's never matches (and is never stored).
+  return fingerprint_of(*st.ctx.manifest, layout_of(l)) == st.fingerprint &&
+         l.getBlockBytes() == st.layout.block_bytes();
+}
+
+void on_store(OffloadActor* self, const runtime::InboundFrame& in,
+              wire::OffloadStore::Reader req, const ActorName& from) {
+  auto& st = self->state;
+  uint64_t id = req.getRequestId();
+  if (req.getBlocks().size() == 0) return reply_store_done(self, from, id, 0);
+  bool queued = false;
+  if (!ready_for(self, in, req.getBlocks()[0].getLayout(), queued)) {
+    if (!queued) {
+      st.metrics->dropped_blocks->inc(req.getBlocks().size());
+      reply_store_done(self, from, id, 0);
+    }
+    return;
+  }
+  auto offers = parse_offers(req.getBlocks());
+  if (!offers.ok()) return send_error(st.ctx, st.self_name, from, id, offers.error());
+  std::vector<kv::BlockHash> hashes;
+  for (const auto& o : *offers) hashes.push_back(o.hash);
+  RequestKey key{from.to_string(), id};
+  auto grants = st.core->begin_store(key, hashes);
+  if (!grants.ok() || grants->empty()) {
+    if (!grants.ok()) st.metrics->dropped_blocks->inc(hashes.size());
+    return reply_store_done(self, from, id, 0);
+  }
+  st.store_reply_to[key] = {from, now_ns()};
+  auto* fabric = st.ctx.bridge->fabric();
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  for (const auto& g : *grants) {
+    const Offer& o = (*offers)[g.offer_index];
+    auto peer = fabric->peer(o.address);
+    Status started =
+        o.length_bytes != st.staging->block_bytes
+            ? Status(make_error(ErrorKind::invalid, "an offered block's size differs"))
+        : !peer.ok()
+            ? Status(peer.error())
+            : fabric->read(*peer, o.region, o.offset_bytes, *st.staging->region,
+                           uint64_t{g.slot} * st.staging->slot_bytes, o.length_bytes,
+                           [me, key, slot = g.slot](Status s) {
+                             caf::anon_send(me, StoreRmaDone{key, slot, s.ok(),
+                                                             s.ok() ? "" : s.error().describe()});
+                           });
+    if (!started.ok()) {
+      caf::anon_send(me, StoreRmaDone{key, g.slot, false, started.error().describe()});
+    }
+  }
+}
+
+void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& from,
+                 std::vector<kv_offload::LookupGrant> grants, std::vector<kv::BlockHash> asked) {
+  auto& st = self->state;
+  std::vector<kv::BlockHash> hashes;
+  for (const auto& g : grants) hashes.push_back(asked[g.position]);
+  auto kept = std::make_shared<std::vector<kv_offload::LookupGrant>>(grants);
+  auto all = std::make_shared<std::vector<kv::BlockHash>>(std::move(asked));
+  self->request(st.io, io_timeout, Read{std::move(grants), std::move(hashes)})
+      .then(
+          [self, key, from, kept, all](const IoDone& done) {
+            auto& st = self->state;
+            RT_ASSERT(done.ok.size() == kept->size(), done.ok.size(), kept->size());
+            std::optional<std::vector<kv_offload::LookupGrant>> staged;
+            for (size_t i = 0; i < kept->size(); ++i) {
+              auto r = st.core->lookup_read_done(key, (*kept)[i].position, done.ok[i]);
+              RT_ASSERT(r.ok(), (*kept)[i].position);
+              if (!done.ok[i]) st.metrics->miss_blocks->inc();
+              if (r->has_value()) staged = std::move(**r);
+            }
+            RT_ASSERT(staged.has_value(), "every read ended", key.request);
+            st.metrics->hit_blocks->inc(staged->size());
+            add_stats(st, done.stats);
+            log_events(st, done.events);
+            reply_lookup(self, from, key.request, *staged, *all);
+          },
+          [self](caf::error& e) {
+            auto& st = self->state;
+            st.phase = OffloadState::Phase::failed;
+            st.failure = "a read did not finish: " + to_string(e);
+            st.ctx.log->error("kv-offload {}: tier 2 is off: {}", st.self_name.instance,
+                              st.failure);
+          });
+}
+
+void on_lookup(OffloadActor* self, const runtime::InboundFrame& in,
+               wire::OffloadLookup::Reader req, const ActorName& from) {
+  auto& st = self->state;
+  uint64_t id = req.getRequestId();
+  st.metrics->lookups->inc();
+  bool queued = false;
+  if (!ready_for(self, in, req.getLayout(), queued)) {
+    if (!queued) reply_lookup(self, from, id, {}, {});
+    return;
+  }
+  auto hashes = messages::get_hashes(req.getBlockHashes());
+  if (!hashes.ok()) return send_error(st.ctx, st.self_name, from, id, hashes.error());
+  RequestKey key{from.to_string(), id};
+  auto grants = st.core->begin_lookup(key, *hashes, now_ns());
+  if (!grants.ok() || grants->empty()) return reply_lookup(self, from, id, {}, {});
+  read_staged(self, key, from, std::move(grants).value(), std::move(hashes).value());
+}
+
+void on_frame(OffloadActor* self, const runtime::InboundFrame& in) {
+  auto& st = self->state;
+  auto envelope = in.frame->envelope();
+  auto body = envelope.getBody();
+  ActorName from = messages::get_name(envelope.getSource());
+  switch (body.which()) {
+    case wire::Envelope::Body::OFFLOAD_STORE:
+      return on_store(self, in, body.getOffloadStore(), from);
+    case wire::Envelope::Body::OFFLOAD_LOOKUP:
+      return on_lookup(self, in, body.getOffloadLookup(), from);
+    case wire::Envelope::Body::KV_PULL_DONE:  // the asker read its staged lookup
+      if (st.core) (void)st.core->lookup_released({from.to_string(), body.getKvPullDone().getRequestId()});
+      return;
+    case wire::Envelope::Body::PING:
+      return runtime::answer_ping(st.ctx.bridge, st.self_name, envelope);
+    default:
+      st.ctx.log->warn("kv-offload {}: ignoring message kind {}", st.self_name.instance,
+                       static_cast<int>(body.which()));
+  }
+}
+
+caf::behavior offload_behavior(OffloadActor* self) {
+  self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
+  return {
+      [self](const runtime::InboundFrame& in) {
+        auto& st = self->state;
+        st.guard->run_frame(st.self_name, in, [self, &in] { on_frame(self, in); });
+      },
+      [self](const StoreRmaDone& done) {
+        (void)self->state.guard->run("an RMA read", [self, &done] { on_store_rma(self, done); });
+      },
+      [self](runtime::atoms::tick) {
+        auto& st = self->state;
+        if (st.core) {
+          for (const auto& key : st.core->expire(now_ns())) {
+            st.ctx.log->warn("kv-offload {}: lookup {} of {} was never released; freed",
+                             st.self_name.instance, key.request, key.requester);
+          }
+        }
+        self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_kv_offload(caf::actor_system& system, const ShellContext& ctx,
+                            const config::Instance& instance) {
+  ActorName name{ctx.bridge->node(), "kv-offload", instance.name};
+  auto init = [ctx, name](OffloadActor* self) -> caf::behavior {
+    auto& st = self->state;
+    st.ctx = ctx;
+    st.self_name = name;
+    st.guard.emplace(ctx, "kv-offload");
+    st.metrics = std::make_unique<Tier2Metrics>(*ctx.metrics, name.instance);
+    if (!ctx.manifest->kv_offload.enabled) {
+      st.phase = OffloadState::Phase::failed;
+      st.failure = "kv_offload.enabled is false";
+    }
+    return offload_behavior(self);
+  };
+  auto actor = runtime::spawn_fn(system, init);
+  ctx.bridge->register_actor(name, actor);
+  return actor;
+}
+
+}  // namespace tandem::actors

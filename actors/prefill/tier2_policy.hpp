@@ -1,0 +1,47 @@
+// Prefill's tier-2 cost rule (issue 13): ask tier 2 for the blocks a prompt lacks only when
+// reading them is modelled to be faster than computing them, so a tier-2 hit never loses
+// (SGLang's public report: an 8K-token file-tier hit slower than recomputing). Pure: the
+// shell measures the rates and passes them in.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/base/assert.hpp"
+
+namespace tandem::prefill {
+
+struct Tier2Rates {
+  double read_bytes_per_s = 0.0;      // measured: staged bytes / (lookup sent .. RMA reads done)
+  double prefill_tokens_per_s = 0.0;  // measured: tokens computed / device compute time
+  double lookup_overhead_s = 0.0;     // measured: a lookup's round trip with nothing to read
+  uint64_t eligible_count = 0;        // prompts that lacked blocks (for exploration)
+};
+
+// Every explore_every-th eligible prompt asks anyway, so the rates keep being measured when
+// the rule says no (a disk that got faster is noticed).
+inline constexpr uint64_t explore_every = 32;
+
+// Whether to ask tier 2 for `blocks` missing blocks of `block_bytes` and `block_tokens` each.
+// Unmeasured rates (0) say yes: the first lookups measure them.
+inline bool tier2_lookup_pays(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
+                              const Tier2Rates& r) {
+  RT_ASSERT(block_tokens > 0 && block_bytes > 0, block_tokens, block_bytes);
+  if (blocks == 0) return false;
+  if (r.read_bytes_per_s <= 0.0 || r.prefill_tokens_per_s <= 0.0) return true;
+  if (r.eligible_count % explore_every == 0) return true;
+  double read_s = r.lookup_overhead_s + static_cast<double>(blocks) *
+                                            static_cast<double>(block_bytes) / r.read_bytes_per_s;
+  double compute_s =
+      static_cast<double>(blocks) * static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
+  RT_ASSERT(read_s >= 0.0 && compute_s >= 0.0, read_s, compute_s);
+  return read_s < compute_s;
+}
+
+// An exponentially weighted mean (weight 1/8 for the new sample); the first sample is taken
+// as is. Non-positive or non-finite samples are ignored.
+inline double ewma(double mean, double sample) {
+  if (!(sample > 0.0) || sample > 1e300) return mean;
+  return mean <= 0.0 ? sample : mean + (sample - mean) / 8.0;
+}
+
+}  // namespace tandem::prefill
