@@ -58,6 +58,9 @@ class Services final : public runtime::NodeServices {
           break;
         }
         case config::Role::kv_offload:
+          if (manifest_.kv_offload.enabled) {
+            if (Status ok = check_tier2_directory(manifest_, node_); !ok.ok()) return ok.error();
+          }
           spawn = [&system, ctx, one] { return spawn_kv_offload(system, ctx, *one); };
           break;
       }

@@ -1,5 +1,8 @@
 #include "actors/kv_offload/kv_offload_actor.hpp"
 
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -586,6 +589,36 @@ caf::behavior offload_behavior(OffloadActor* self) {
 }
 
 }  // namespace
+
+Status check_tier2_directory(const config::Manifest& manifest, const std::string& node) {
+  const auto& kv = manifest.kv_offload;
+  std::filesystem::path dir = std::filesystem::path(kv.path) / node;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return make_error(ErrorKind::invalid, "kv_offload.path: cannot create " + dir.string() + ": " +
+                                              (ec ? ec.message() : "not a directory"));
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return make_error(ErrorKind::invalid, "kv_offload.path: " + dir.string() + " is not writable");
+  }
+  struct statvfs fs {};
+  if (statvfs(dir.c_str(), &fs) != 0) {
+    return make_error(ErrorKind::invalid, "kv_offload.path: cannot stat " + dir.string());
+  }
+  uint64_t free_bytes = uint64_t{fs.f_bavail} * fs.f_frsize;
+  uint64_t existing = 0;
+  auto data = dir / "tier2.data";
+  if (std::filesystem::exists(data, ec)) existing = std::filesystem::file_size(data, ec);
+  uint64_t needed = kv.capacity_bytes > existing ? kv.capacity_bytes - existing : 0;
+  if (needed > free_bytes) {
+    return make_error(ErrorKind::invalid,
+                      "kv_offload.capacity_bytes: " + std::to_string(kv.capacity_bytes) +
+                          " bytes do not fit in " + dir.string() + " (" +
+                          std::to_string(free_bytes) + " bytes free)");
+  }
+  return {};
+}
 
 caf::actor spawn_kv_offload(caf::actor_system& system, const ShellContext& ctx,
                             const config::Instance& instance) {

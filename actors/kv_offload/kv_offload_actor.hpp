@@ -18,6 +18,11 @@
 
 namespace tandem::actors {
 
+// The startup check of a node's tier 2 (kv_offload.enabled): its directory kv_offload.path /
+// NODE exists or is created and is writable, and the filesystem has room for capacity_bytes
+// (less what an existing data file already holds). invalid naming the key and the path.
+Status check_tier2_directory(const config::Manifest& manifest, const std::string& node);
+
 // Spawns the kv-offload shell for `instance` and registers it as NODE/kv-offload/NAME. Its
 // directory is kv_offload.path / NODE (nodes of one machine do not share a store).
 caf::actor spawn_kv_offload(caf::actor_system& system, const ShellContext& ctx,

@@ -26,10 +26,11 @@ namespace {
 
 class Tier2Node {
  public:
-  Tier2Node(const std::string& dir, uint16_t http_port, uint16_t admin_port, uint16_t fabric_port)
+  Tier2Node(const std::string& dir, uint16_t http_port, uint16_t admin_port, uint16_t fabric_port,
+            uint64_t capacity_bytes = 64u << 20)
       : dir_(dir), http_port_(http_port), admin_port_(admin_port) {
     std::string manifest = dir_ + "/cluster.toml";
-    write_file(manifest, manifest_text(fabric_port));
+    write_file(manifest, manifest_text(fabric_port, capacity_bytes));
     node_ = std::make_unique<Child>(
         std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest, "--node", "solo"},
         dir_ + "/solo.log");
@@ -41,6 +42,7 @@ class Tier2Node {
   Tier2Node(const Tier2Node&) = delete;
   uint16_t port() const { return http_port_; }
   std::string log() { return node_->log(); }
+  bool running() { return node_->running(); }
   std::string metrics() {
     auto r = http::get(admin_port_, "/metrics", 3000ms);
     std::string out;
@@ -65,7 +67,7 @@ class Tier2Node {
   }
 
  private:
-  std::string manifest_text(uint16_t fabric_port) {
+  std::string manifest_text(uint16_t fabric_port, uint64_t capacity_bytes) {
     auto inst = [](const std::string& role, const std::string& name, const std::string& extra) {
       return "[[node.instance]]\nrole = \"" + role + "\"\nname = \"" + name + "\"\n" + extra;
     };
@@ -78,7 +80,7 @@ class Tier2Node {
            "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
            "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = 1\n"
            "[kv_offload]\nenabled = true\npath = \"" + dir_ + "/tier2\"\n"
-           "capacity_bytes = 67108864\nstaging_blocks = 32\n"
+           "capacity_bytes = " + std::to_string(capacity_bytes) + "\nstaging_blocks = 32\n"
            "[[node]]\nname = \"solo\"\nhost = \"127.0.0.1\"\nfabric_port = " +
            std::to_string(fabric_port) + "\nadmin_port = " + std::to_string(admin_port_) +
            "\nhttp_port = " + std::to_string(http_port_) + "\n" +
@@ -165,6 +167,19 @@ TEST_CASE("tier 2: an evicted prompt comes back from NVMe, same answer, also aft
     CHECK(node.metric("tandem:prefill_tier2_loaded_blocks_total") == first.full_blocks);
     CHECK(after.text == first.text);
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+TEST_CASE("tier 2: a capacity above the free space stops the node at start, naming the key") {
+  std::string dir = make_temp_dir("tier2-full");
+  Tier2Node node(dir, free_port(), free_port(), free_port(), uint64_t{1} << 62);
+  bool exited = eventually(30s, [&] { return !node.running(); });
+  std::string log = node.log();
+  INFO(log);
+  CHECK(exited);
+  CHECK(log.find("kv_offload.capacity_bytes") != std::string::npos);
+  CHECK(log.find("do not fit in " + dir + "/tier2/solo") != std::string::npos);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }
