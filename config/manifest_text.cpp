@@ -178,6 +178,17 @@ std::string pad(std::string text, size_t width) {
 }
 
 // One line: whether API keys are required (never the keys or the cache secret), and limits.
+// "tier 2    off" or what each node's tier 2 is: directory, capacity, cache, staging, bounds.
+std::string tier2_text(const KvOffloadSection& kv) {
+  if (!kv.enabled) return "tier 2    off\n";
+  return "tier 2    on: " + kv.path + "/NODE, capacity " + std::to_string(kv.capacity_bytes) +
+         " bytes per node, host cache " + std::to_string(kv.host_cache_bytes) +
+         " bytes, staging " + std::to_string(kv.staging_blocks) + " blocks, " +
+         std::to_string(kv.stores_max) + " stores / " + std::to_string(kv.lookups_max) +
+         " lookups in flight, hold " + std::to_string(kv.hold_timeout_ms) + " ms, lookup wait " +
+         std::to_string(kv.lookup_timeout_ms) + " ms\n";
+}
+
 std::string gateway_text(const GatewaySection& g) {
   std::string keys =
       g.api_keys.empty() ? std::string("no") : "yes (" + std::to_string(g.api_keys.size()) + ")";
@@ -212,8 +223,8 @@ std::string summarize(const Manifest& m) {
          std::to_string(m.model.max_model_tokens) + " tokens, chat format " +
          std::string(to_string(m.model.chat_format)) + "\n";
   out += "router    " + std::string(to_string(m.router.policy)) + "; speculative " +
-         std::string(to_string(m.speculative.method)) + "; kv offload " +
-         (m.kv_offload.enabled ? "on (" + m.kv_offload.path + ")" : std::string("off")) + "\n";
+         std::string(to_string(m.speculative.method)) + "\n";
+  out += tier2_text(m.kv_offload);
   out += gateway_text(m.gateway);
   size_t name_width = 4, fabric_width = 6;
   for (const auto& node : m.nodes) {

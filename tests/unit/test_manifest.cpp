@@ -1369,6 +1369,15 @@ TEST_CASE("tandem check: exit 1 with file:line:column issues, exit 0 with a summ
   CHECK(good.exit_code == 0);
   CHECK(good.output.find("cluster   local") != std::string::npos);
   CHECK(good.output.find("127.0.0.1:17100") != std::string::npos);
+  CHECK(good.output.find("tier 2    off") != std::string::npos);
+  fs::path tiered = dir / "tier2.toml";
+  std::ofstream(tiered) << base_manifest + "[kv_offload]\nenabled = true\npath = \"/srv/kv\"\n"
+                                           "capacity_bytes = 8192\nstaging_blocks = 3\n";
+  RunResult on = run_tandem("check " + tiered.string());
+  CHECK(on.exit_code == 0);
+  CHECK_MESSAGE(on.output.find("tier 2    on: /srv/kv/NODE, capacity 8192 bytes per node, "
+                               "host cache 0 bytes, staging 3 blocks") != std::string::npos,
+                on.output);
   RunResult help = run_tandem("check --help");
   CHECK(help.exit_code == 0);
   CHECK(help.output.find("usage: tandem check MANIFEST") != std::string::npos);
