@@ -57,6 +57,7 @@ FingerprintDigest fingerprint_digest(std::string_view fingerprint_text, uint64_t
   FingerprintDigest digest;
   static_assert(sizeof(canonical.digest) == 16);
   std::memcpy(digest.bytes.data(), canonical.digest, 16);
+  RT_ASSERT(input.size() == 8 + fingerprint_text.size(), "digest input size");
   return digest;
 }
 
@@ -87,6 +88,7 @@ std::optional<BlockKey> decode_block_key(std::string_view key) {
   BlockKey out;
   std::memcpy(out.fingerprint.bytes.data(), key.data() + 1, 16);
   std::memcpy(out.hash.bytes.data(), key.data() + 17, 32);
+  RT_ASSERT(encode_block_key(out.fingerprint, out.hash) == key, "block key does not round-trip");
   return out;
 }
 
@@ -115,6 +117,7 @@ std::optional<IndexEntry> decode_index_entry(std::string_view value) {
   e.meta.last_use_tick = get_le(value, 32, 8);
   e.meta.generation = get_le(value, 40, 8);
   if (e.meta.length_bytes == 0) return std::nullopt;
+  RT_ASSERT(encode_index_entry(e) == value, "index entry does not round-trip");
   return e;
 }
 

@@ -204,6 +204,7 @@ Result<std::unique_ptr<Tier2Store>> Tier2Store::open(const Tier2Config& config,
 }
 
 Status Tier2Store::open_index() {
+  RT_ASSERT(db_ == nullptr, "index opened twice");
   rocksdb::Options options;
   options.create_if_missing = true;
   options.paranoid_checks = true;
@@ -278,6 +279,7 @@ Result<uint64_t> delete_prefix(rocksdb::DB& db, const std::string& prefix) {
 // slot_bytes decides where every slot lies: entries written under another slot size point
 // at the wrong bytes, so all of them go (the data file is reused as empty).
 Status Tier2Store::check_layout() {
+  RT_ASSERT(db_ != nullptr, "check_layout before open_index");
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), meta_key("slot_bytes"), &value);
   if (!status.ok() && !status.IsNotFound()) return index_failure("read layout", status);
@@ -302,6 +304,7 @@ Status Tier2Store::check_layout() {
 // Our digest's record must name our fingerprint text. If it names another (a 128-bit digest
 // collision), the entries under the digest are not ours: they are deleted, never served.
 Status Tier2Store::check_fingerprint_record() {
+  RT_ASSERT(db_ != nullptr, "check_fingerprint_record before open_index");
   std::string key = fingerprint_key(digest_);
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), key, &value);
@@ -339,6 +342,7 @@ Status Tier2Store::open_data_file(Tier2OpenHooks& hooks) {
 // Rebuilds the slot map from the index. Entries that cannot be used are deleted in one
 // synced batch at the end.
 Status Tier2Store::load_entries() {
+  RT_ASSERT(db_ != nullptr && file_ != nullptr, "load_entries before the index and data file");
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), meta_key("generation"), &value);
   if (status.ok()) generation_ = decode_u64(value).value_or(0);

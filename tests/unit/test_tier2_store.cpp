@@ -895,3 +895,45 @@ TEST_CASE("a pinned block that fails verification stays readable by its pin, the
   CHECK(s->stats().evictions_count == 0);
   s->check_invariants();
 }
+
+TEST_CASE("a read straight into an aligned buffer: verified, and zeroed when it fails") {
+  TempDir dir;
+  auto c = config_for(dir.path, 4);
+  c.host_cache_bytes = 0;
+  FaultyBlockFile* faults = nullptr;
+  auto s = open_faulty(c, &faults);
+  put_ok(*s, 1);
+  put_ok(*s, 2);
+  AlignedBuffer out(block_bytes);
+  auto got = s->get(hash_of(1), out.span());
+  REQUIRE(got.ok());
+  CHECK(std::vector<uint8_t>(out.data(), out.data() + block_bytes) ==
+        content_of(hash_of(1), block_bytes));
+  faults->arm(FaultKind::bit_flip);  // the flipped bytes land in `out` itself
+  CHECK_FALSE(s->get(hash_of(2), out.span()).ok());
+  CHECK(std::all_of(out.data(), out.data() + out.size(), [](uint8_t b) { return b == 0; }));
+  CHECK(s->last_miss() == Tier2Miss::checksum);
+}
+
+TEST_CASE("buffered I/O (no O_DIRECT) keeps every guarantee") {
+  TempDir dir;
+  auto c = config_for(dir.path, 3);
+  c.io_mode = IoModeRequest::buffered;
+  c.host_cache_bytes = 0;
+  {
+    FaultyBlockFile* faults = nullptr;
+    auto s = open_faulty(c, &faults);
+    CHECK(s->io_mode() == IoMode::buffered);
+    put_ok(*s, 1);
+    put_ok(*s, 2, 5000);  // not a multiple of 4096: written as is, no padding copy
+    faults->arm(FaultKind::torn_write);
+    put_ok(*s, 3);
+    CHECK_FALSE(get_checked(*s, hash_of(3)));
+    CHECK(s->last_miss() == Tier2Miss::checksum);
+  }
+  auto s = open_ok(c);
+  CHECK(get_checked(*s, hash_of(1)));
+  CHECK(get_checked(*s, hash_of(2), 5000));
+  CHECK_FALSE(s->contains(hash_of(3)));
+  CHECK(s->verify().ok_count == 2);
+}
