@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace tandem::kv::tier2 {
 namespace {
@@ -153,6 +154,8 @@ std::string_view to_string(Tier2EventKind kind) {
       return "layout_changed";
     case Tier2EventKind::fingerprint_collision:
       return "fingerprint_collision";
+    case Tier2EventKind::data_file_missing:
+      return "data_file_missing";
   }
   return "unknown";
 }
@@ -330,6 +333,8 @@ Status Tier2Store::check_fingerprint_record() {
 Status Tier2Store::open_data_file(Tier2OpenHooks& hooks) {
   std::string path = config_.directory + "/" + data_file_name;
   uint64_t size_bytes = slot_bytes_ * slots_.slots_count();
+  std::error_code ec;
+  data_file_created_ = !std::filesystem::exists(path, ec);
   auto file = PosixBlockFile::open(path, size_bytes, config_.io_mode);
   if (!file) return file.error();
   file_ = std::move(*file);
@@ -347,6 +352,15 @@ Status Tier2Store::load_entries() {
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), meta_key("generation"), &value);
   if (status.ok()) generation_ = decode_u64(value).value_or(0);
   if (!status.ok() && !status.IsNotFound()) return index_failure("read generation", status);
+  if (data_file_created_) {  // a new data file holds none of the indexed blocks
+    auto dropped = delete_prefix(*db_, std::string(1, block_key_tag));
+    if (!dropped) return dropped.error();
+    stats_.index_dropped_count += *dropped;
+    if (*dropped > 0) {
+      note_event(Tier2EventKind::data_file_missing,
+                 std::to_string(*dropped) + " entries dropped: the data file was created anew");
+    }
+  }
   rocksdb::WriteBatch deletes;
   uint64_t max_tick = 0;
   std::string prefix(1, block_key_tag);

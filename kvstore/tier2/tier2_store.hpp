@@ -114,8 +114,9 @@ enum class Tier2EventKind : uint8_t {
   index_slot_conflict,      // at open: two entries claim one slot; the older one is dropped
   layout_changed,           // at open: slot_bytes differs from the index's; every entry dropped
   fingerprint_collision,    // at open: our digest's record names another fingerprint text
+  data_file_missing,        // at open: entries exist but the data file did not; all dropped
 };
-inline constexpr size_t tier2_event_kinds_count = 10;
+inline constexpr size_t tier2_event_kinds_count = 11;
 std::string_view to_string(Tier2EventKind kind);
 
 struct Tier2Event {
@@ -334,6 +335,7 @@ class Tier2Store {
   uint64_t tick_ = 0;
   uint64_t generation_ = 0;  // of the latest write; persisted as a high-water mark
   Tier2Miss last_miss_ = Tier2Miss::absent;
+  bool data_file_created_ = false;  // open created the data file (it did not exist)
   Tier2Stats stats_;
   std::array<bool, tier2_event_kinds_count> event_reported_{};
   std::vector<Tier2Event> events_;  // <= tier2_event_kinds_count
