@@ -27,9 +27,11 @@
 // The calls block on the disk and on RocksDB (pwrite/pread/fdatasync, synced WAL writes), so
 // the owning actor must run `detached` (its own thread), never on the scheduler's workers.
 //
-// Memory: ~120 bytes per slot (slot map) + host_cache_bytes + pins_max x slot_bytes (pinned
-// blocks the cache let go of) + writes_inflight_max x slot_bytes (write buffers) + RocksDB's
-// memtable and block cache (a few MiB; the index holds ~100 bytes per block).
+// Memory: ~170 bytes per slot (slot map) + host_cache_bytes + pins_max x slot_bytes (pinned
+// blocks the cache let go of) + writes_inflight_max x slot_bytes (two-phase write buffers)
+// + up to puts_batch_max x slot_bytes during a put_batch with the host cache on (its copies,
+// which then become cache entries) + RocksDB's memtable and block cache (a few MiB; the index
+// holds ~100 bytes per block).
 #pragma once
 
 #include <array>
@@ -80,7 +82,7 @@ struct Tier2Config {
   uint32_t writes_inflight_max = 16;  // put_begin reservations not yet committed or aborted
   uint32_t puts_batch_max = 64;       // blocks per put_batch (one group commit)
   std::string fingerprint;            // make_fingerprint(...) of the model + KV layout
-  uint64_t slots_max = 1u << 22;      // bound on slots_count (memory ~120 bytes per slot)
+  uint64_t slots_max = 1u << 22;      // bound on slots_count (memory ~170 bytes per slot)
   uint32_t use_ticks_dirty_max = 4096;  // last-use updates held before flush() runs itself
   IoModeRequest io_mode = IoModeRequest::direct_if_supported;
 };
@@ -203,13 +205,15 @@ class Tier2Store {
   Tier2Store(const Tier2Store&) = delete;
   Tier2Store& operator=(const Tier2Store&) = delete;
 
-  // Stores `data` as block `hash`: reserve a slot (a free one, else evict the LRU unpinned
-  // block), write + fdatasync, synced index write; then visible and host-cached.
-  // Errors: invalid (empty or longer than block_bytes); overloaded (no free or evictable slot,
-  // or writes_inflight_max reached: the caller drops the write, never waits); failed (I/O or
-  // index error; nothing visible, the slot is free again). Cost: one pwrite of slot_bytes
-  // (from `data` when it is 4096-aligned and a multiple of 4096 long, else via a copy), one
-  // fdatasync, one synced RocksDB write (a WAL fsync); so ~2 device flushes per put.
+  // Stores `data` as block `hash` (a put_batch of one): reserve a slot (a free one, else
+  // evict the LRU evictable block), write, fdatasync, synced index write; only then visible
+  // (and host-cached). `duplicate` when the block is already stored (counted as a use) or
+  // being written. Errors: invalid (empty or longer than block_bytes); overloaded (no free or
+  // evictable slot: every slot pinned or being written; the caller drops the write, never
+  // waits); failed (I/O or index error; nothing visible, the slot is free again).
+  // Cost: one pwrite of the slot-rounded length (from `data` itself when it is 4096-aligned
+  // and a multiple of 4096 long or the file is buffered, else via a copy), XXH3-128 of the
+  // block, one fdatasync, one synced RocksDB write (a WAL fsync): two device flushes.
   Result<PutOutcome> put(const BlockHash& hash, std::span<const uint8_t> data);
 
   // Group commit: stores up to puts_batch_max blocks with one fdatasync and one synced
