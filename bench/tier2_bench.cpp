@@ -92,9 +92,10 @@ std::string read_all(t2::Tier2Store& store, uint64_t block_bytes, uint64_t block
 }
 
 // A fresh store in `dir`: `blocks` distinct blocks put `batch` at a time (put for 1,
-// put_batch above), then, with `read`, every block read back.
+// put_batch above), a WAL sync every `commits_per_sync` commits, then, with `read`, every
+// block read back.
 StoreRun run_store(const std::string& dir, uint64_t block_bytes, uint64_t blocks, uint32_t batch,
-                   bool read) {
+                   uint32_t commits_per_sync, bool read) {
   StoreRun run;
   t2::Tier2Config c;
   c.directory = dir;
@@ -102,6 +103,7 @@ StoreRun run_store(const std::string& dir, uint64_t block_bytes, uint64_t blocks
   c.capacity_bytes = blocks * t2::round_up_bytes(block_bytes, t2::io_alignment_bytes);
   c.fingerprint = t2::make_fingerprint({"bench", "bf16", 0, 0, 0, 0, ""});
   c.puts_batch_max = batch;
+  c.index_commits_per_sync = commits_per_sync;
   auto store = t2::Tier2Store::open(c);
   if (!store) return StoreRun{0, 0, "", store.error().describe()};
   run.io_mode = std::string(t2::to_string((*store)->io_mode()));
@@ -174,13 +176,17 @@ struct Row {
   std::vector<double> tandem_mb_s, fio_mb_s;
 };
 
+// Medians of each side, and the median of the per-round ratios (each round's store and fio
+// phases ran minutes apart at most, so their ratio is steadier than the ratio of medians).
 void print_row(uint64_t block_mib, uint64_t blocks, const Row& r) {
-  double t = median(r.tandem_mb_s), f = median(r.fio_mb_s);
-  std::printf("%4llu %-34s %6llu %11.1f %11.1f %6.2f  ", static_cast<unsigned long long>(block_mib),
-              r.phase.c_str(), static_cast<unsigned long long>(blocks), t, f, f > 0 ? t / f : 0);
+  std::vector<double> ratios;
   for (size_t i = 0; i < r.tandem_mb_s.size() && i < r.fio_mb_s.size(); ++i) {
-    std::printf(" %.2f", r.fio_mb_s[i] > 0 ? r.tandem_mb_s[i] / r.fio_mb_s[i] : 0);
+    ratios.push_back(r.fio_mb_s[i] > 0 ? r.tandem_mb_s[i] / r.fio_mb_s[i] : 0);
   }
+  std::printf("%4llu %-36s %6llu %11.1f %11.1f %6.2f  ", static_cast<unsigned long long>(block_mib),
+              r.phase.c_str(), static_cast<unsigned long long>(blocks), median(r.tandem_mb_s),
+              median(r.fio_mb_s), median(ratios));
+  for (double ratio : ratios) std::printf(" %.2f", ratio);
   std::printf("\n");
 }
 
@@ -194,68 +200,70 @@ struct Options {
   bool run_fio = true;
 };
 
-// One round of the store's phases into rows[0..2] (write 1, write batch, read), `raw` too.
-std::string store_round(const Options& o, const std::string& dir, uint64_t block_bytes,
-                        uint64_t blocks, std::vector<Row>& rows, std::string* io_mode) {
-  double mb = static_cast<double>(blocks * block_bytes) / 1e6;
-  std::error_code ec;
-  for (uint32_t batch : {1u, o.batch}) {
-    fs::remove_all(dir, ec);
-    fs::create_directories(dir);
-    StoreRun run = run_store(dir, block_bytes, blocks, batch, batch == 1);
-    fs::remove_all(dir, ec);
-    if (!run.error.empty()) return run.error;
-    *io_mode = run.io_mode;
-    rows[batch == 1 ? 0 : 1].tandem_mb_s.push_back(mb / run.write_s);
-    if (batch != 1) rows[2].tandem_mb_s.push_back(mb / run.write_s);
-    if (batch == 1) rows[3].tandem_mb_s.push_back(mb / run.read_s);
-  }
-  return "";
+// The rows: a store configuration each, against a fio job.
+//   0  put, WAL synced per put (the default: 2 flushes per block)   fio fdatasync=1
+//   1  put, WAL synced per `batch` puts (1 flush per block)          fio fdatasync=1
+//   2  put_batch of `batch` (2 flushes per batch)                    fio fdatasync=batch
+//   3  as 2                                                          fio without sync
+//   4  get in random order (after 0's writes)                        fio randread
+std::vector<Row> make_rows(uint32_t batch) {
+  std::string b = std::to_string(batch);
+  return {{"write: put | fio fdatasync=1", {}, {}},
+          {"write: put, WAL sync/" + b + " | fdatasync=1", {}, {}},
+          {"write: put_batch " + b + " | fdatasync=" + b, {}, {}},
+          {"write: put_batch " + b + " | no sync", {}, {}},
+          {"read: get, random | randread", {}, {}}};
 }
 
-// One round of fio: write synced per block, synced per batch, unsynced; random read.
-std::string fio_round(const Options& o, const std::string& dir, uint64_t block_bytes,
-                      uint64_t blocks, std::vector<Row>& rows) {
-  std::error_code ec;
-  fs::create_directories(dir);
+// One round: each store phase right before its fio baseline, so both see the same load of
+// this shared disk. Fresh files for every write phase.
+std::string run_round(const Options& o, uint64_t block_bytes, uint64_t blocks,
+                      std::vector<Row>& rows, std::string* io_mode) {
+  std::string store_dir = o.dir + "/store", fio_dir = o.dir + "/fio";
+  double mb = static_cast<double>(blocks * block_bytes) / 1e6;
   uint64_t total = blocks * block_bytes;
-  struct Job {
-    const char* rw;
-    uint32_t sync_every;
-    size_t row;
-  };
+  std::error_code ec;
+  fs::create_directories(fio_dir);
   std::string error;
-  for (Job j :
-       {Job{"write", 1, 0}, Job{"write", o.batch, 1}, Job{"write", 0, 2}, Job{"randread", 0, 3}}) {
-    auto rate = fio_rate(o.fio, dir, j.rw, block_bytes, total, j.sync_every);
-    if (rate) rows[j.row].fio_mb_s.push_back(*rate / 1e6);
-    if (!rate) error = rate.error().describe();
-  }
-  fs::remove_all(dir, ec);
+  auto store = [&](uint32_t batch, uint32_t commits_per_sync, std::vector<size_t> write_rows,
+                   bool read) {
+    fs::remove_all(store_dir, ec);
+    fs::create_directories(store_dir);
+    StoreRun run = run_store(store_dir, block_bytes, blocks, batch, commits_per_sync, read);
+    fs::remove_all(store_dir, ec);
+    if (!run.error.empty()) error = "store: " + run.error;
+    *io_mode = run.io_mode;
+    for (size_t row : write_rows) rows[row].tandem_mb_s.push_back(mb / run.write_s);
+    if (read) rows[4].tandem_mb_s.push_back(mb / run.read_s);
+  };
+  auto fio = [&](const char* rw, uint32_t sync_every, std::vector<size_t> fio_rows) {
+    if (!o.run_fio || !error.empty()) return;
+    auto rate = fio_rate(o.fio, fio_dir, rw, block_bytes, total, sync_every);
+    if (!rate) error = "fio: " + rate.error().describe();
+    for (size_t row : fio_rows) rows[row].fio_mb_s.push_back(rate ? *rate / 1e6 : 0);
+  };
+  store(1, 1, {0}, true);
+  fio("write", 1, {0});
+  fio("randread", 0, {4});
+  store(1, o.batch, {1}, false);
+  fio("write", 1, {1});
+  store(o.batch, 1, {2, 3}, false);
+  fio("write", o.batch, {2});
+  fio("write", 0, {3});
+  fs::remove_all(fio_dir, ec);
   return error;
 }
 
-// One block size: `rounds` rounds of the store then fio, each on fresh files beside each
-// other; medians. Returns 1 on failure.
+// One block size: `rounds` rounds; medians. Returns 1 on failure.
 int bench_block_size(const Options& o, uint64_t block_mib) {
   uint64_t block_bytes = block_mib << 20;
   uint64_t blocks = std::max<uint64_t>(o.batch, (o.total_mib << 20) / block_bytes);
-  std::string b = std::to_string(o.batch);
-  std::vector<Row> rows = {{"write: put, 1 block/commit", {}, {}},
-                           {"write: put_batch, " + b + " blocks/commit", {}, {}},
-                           {"write: put_batch " + b + " vs fio no sync", {}, {}},
-                           {"read: get, random order", {}, {}}};
+  std::vector<Row> rows = make_rows(o.batch);
   std::string io_mode;
   for (uint32_t round = 0; round < o.rounds; ++round) {
-    std::string error = store_round(o, o.dir + "/store", block_bytes, blocks, rows, &io_mode);
+    std::string error = run_round(o, block_bytes, blocks, rows, &io_mode);
     if (!error.empty()) {
-      std::fprintf(stderr, "bench tier2: store: %s\n", error.c_str());
-      return 1;
-    }
-    if (!o.run_fio) continue;
-    error = fio_round(o, o.dir + "/fio", block_bytes, blocks, rows);
-    if (!error.empty()) {
-      std::fprintf(stderr, "bench tier2: fio: %s\n", error.c_str());
+      std::fprintf(stderr, "bench tier2: %s\n", error.c_str());
       return 1;
     }
   }
@@ -357,8 +365,8 @@ int run_tier2_bench(cli::Args args) {
       "iodepth=1 direct=1; XXH3-128 %.0f MB/s; goal tandem/fio >= 0.85\n",
       o.dir.c_str(), fs_type_name(o.dir).c_str(), static_cast<unsigned long long>(o.total_mib),
       o.rounds, checksum_mb_s(1 << 20));
-  std::printf("%4s %-34s %6s %11s %11s %6s   %s\n", "MiB", "phase", "blocks", "tandem_MB/s",
-              "fio_MB/s", "ratio", "per round");
+  std::printf("%4s %-36s %6s %11s %11s %6s   %s\n", "MiB", "phase | fio job", "blocks",
+              "tandem_MB/s", "fio_MB/s", "ratio", "per round");
   int rc = 0;
   for (uint64_t mib : o.block_mib) rc = std::max(rc, bench_block_size(o, mib));
   return rc;

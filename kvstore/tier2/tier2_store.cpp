@@ -56,6 +56,10 @@ Result<Layout> validate_config(const Tier2Config& c) {
     return invalid("puts_batch_max: " + std::to_string(c.puts_batch_max) + " is not in [1, " +
                    std::to_string(puts_batch_max_bound) + "]");
   }
+  if (c.index_commits_per_sync == 0 || c.index_commits_per_sync > index_commits_per_sync_bound) {
+    return invalid("index_commits_per_sync: " + std::to_string(c.index_commits_per_sync) +
+                   " is not in [1, " + std::to_string(index_commits_per_sync_bound) + "]");
+  }
   if (c.use_ticks_dirty_max == 0) return invalid("use_ticks_dirty_max: must be > 0");
   if (c.slots_max == 0 || c.slots_max > slots_max_bound) {
     return invalid("slots_max: " + std::to_string(c.slots_max) + " is not in [1, " +

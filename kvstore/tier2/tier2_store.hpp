@@ -13,6 +13,8 @@
 //                           index entry with WriteOptions::sync = true (the WAL is fsynced);
 //                           only then can contains/get/pin see the block. A crash at any
 //                           point leaves no entry, or an entry whose bytes are complete.
+//                           (index_commits_per_sync > 1 relaxes only the index's sync; the
+//                           data is still fdatasynced before its entry exists.)
 //   every read verified     length and XXH3-128 over (key, length, generation, data); a
 //                           short read, an I/O error or a mismatch is a miss (kind
 //                           not_found), counted by reason; the entry is dropped and its slot
@@ -84,12 +86,18 @@ struct Tier2Config {
   std::string fingerprint;            // make_fingerprint(...) of the model + KV layout
   uint64_t slots_max = 1u << 22;      // bound on slots_count (memory ~170 bytes per slot)
   uint32_t use_ticks_dirty_max = 4096;  // last-use updates held before flush() runs itself
+  // Index commits (a put, put_commit or put_batch each) per WAL fsync. 1: a put is in the
+  // durable index when it returns. N > 1: one device flush per put instead of two; a power
+  // loss (not a process crash) can forget up to the last N - 1 commits: misses, never wrong
+  // bytes, since the data is fdatasynced before its entry is written either way.
+  uint32_t index_commits_per_sync = 1;
   IoModeRequest io_mode = IoModeRequest::direct_if_supported;
 };
 // Bounds on the config checked at open (beyond them: invalid).
 inline constexpr uint32_t pins_max_bound = 1u << 20;
 inline constexpr uint32_t writes_inflight_max_bound = 1024;
 inline constexpr uint32_t puts_batch_max_bound = 4096;
+inline constexpr uint32_t index_commits_per_sync_bound = 65536;
 inline constexpr uint64_t slots_max_bound = 1ull << 28;
 inline constexpr uint64_t block_bytes_max = 1ull << 31;  // 2 GiB; the index stores u32 lengths
 
@@ -253,7 +261,8 @@ class Tier2Store {
   // Cost: one pread + checksum per block: the whole data file's used part.
   VerifyReport verify();
 
-  // Persists last-use ticks (one unsynced RocksDB batch). Errors: failed (index write).
+  // Syncs the WAL if commits are unsynced (index_commits_per_sync > 1) and persists last-use
+  // ticks (one unsynced RocksDB batch). Errors: failed (index write or sync).
   Status flush();
 
   // This fingerprint's visible blocks (e.g. to announce them after a restart). O(blocks).
@@ -339,7 +348,8 @@ class Tier2Store {
   uint64_t tick_ = 0;
   uint64_t generation_ = 0;  // of the latest write; persisted as a high-water mark
   Tier2Miss last_miss_ = Tier2Miss::absent;
-  bool data_file_created_ = false;  // open created the data file (it did not exist)
+  bool data_file_created_ = false;       // open created the data file (it did not exist)
+  uint32_t index_commits_unsynced_ = 0;  // < index_commits_per_sync
   Tier2Stats stats_;
   std::array<bool, tier2_event_kinds_count> event_reported_{};
   std::vector<Tier2Event> events_;  // <= tier2_event_kinds_count

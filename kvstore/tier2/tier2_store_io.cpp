@@ -283,10 +283,14 @@ Status Tier2Store::make_durable(std::vector<Staged>& staged) {
       generation_max = std::max(generation_max, s.meta.generation);
     }
     batch.Put(meta_key("generation"), encode_u64(generation_max));
-    rocksdb::WriteOptions sync;
-    sync.sync = true;  // the WAL is fsynced before Write returns
-    rocksdb::Status status = db_->Write(sync, &batch);
+    rocksdb::WriteOptions options;
+    // Synced: the WAL is fsynced before Write returns. Unsynced (index_commits_per_sync > 1):
+    // a power loss can forget this entry until the next synced commit, never serve bad bytes.
+    options.sync = ++index_commits_unsynced_ >= config_.index_commits_per_sync;
+    rocksdb::Status status = db_->Write(options, &batch);
     if (!status.ok()) step = make_error(ErrorKind::failed, "index write: " + status.ToString());
+    if (status.ok() && options.sync) index_commits_unsynced_ = 0;
+    RT_ASSERT(index_commits_unsynced_ < config_.index_commits_per_sync, "WAL sync overdue");
   }
   for (Staged& s : staged) {
     if (!step) {
@@ -468,6 +472,14 @@ VerifyReport Tier2Store::verify() {
 }
 
 Status Tier2Store::flush() {
+  if (index_commits_unsynced_ > 0) {
+    rocksdb::Status synced = db_->SyncWAL();
+    if (!synced.ok()) {
+      note_event(Tier2EventKind::index_error, "WAL sync: " + synced.ToString());
+      return make_error(ErrorKind::failed, "tier-2 index WAL sync: " + synced.ToString());
+    }
+    index_commits_unsynced_ = 0;
+  }
   std::vector<SlotIndex> dirty = slots_.take_dirty();
   if (dirty.empty()) return {};
   rocksdb::WriteBatch batch;

@@ -449,6 +449,7 @@ TEST_CASE("a store left by a SIGKILLed writer serves every block correctly or no
     TempDir dir;
     auto c = config_for(dir.path, 12);
     c.host_cache_bytes = 0;
+    c.index_commits_per_sync = seed <= 3 ? 1 : 8;  // a WAL sync per put, or per 8 puts
     uint64_t first = seed * 1000000;
     int fds[2];
     REQUIRE(::pipe(fds) == 0);
@@ -748,6 +749,12 @@ TEST_CASE("bad config fails at open and names the key") {
   c = good;
   c.writes_inflight_max = 0;
   expect(c, "writes_inflight_max");
+  c = good;
+  c.index_commits_per_sync = 0;
+  expect(c, "index_commits_per_sync");
+  c = good;
+  c.puts_batch_max = 0;
+  expect(c, "puts_batch_max");
   CHECK(open_ok(good)->stats().blocks_capacity_count == 4);
 }
 
@@ -960,4 +967,19 @@ TEST_CASE("a deleted data file drops the index; a second open of a directory is 
   CHECK(has_event(s->drain_events(), Tier2EventKind::data_file_missing));
   put_ok(*s, 2);
   CHECK(get_checked(*s, hash_of(2)));
+}
+
+TEST_CASE("index_commits_per_sync > 1: puts are visible at once and survive a clean close") {
+  TempDir dir;
+  auto c = config_for(dir.path, 8);
+  c.index_commits_per_sync = 4;
+  {
+    auto s = open_ok(c);
+    for (uint64_t n = 0; n < 6; ++n) put_ok(*s, n);  // one synced commit, two pending
+    for (uint64_t n = 0; n < 6; ++n) CHECK(get_checked(*s, hash_of(n)));
+    REQUIRE(s->flush().ok());  // syncs the WAL
+  }
+  auto s = open_ok(c);
+  CHECK(s->stats().blocks_used_count == 6);
+  for (uint64_t n = 0; n < 6; ++n) CHECK(get_checked(*s, hash_of(n)));
 }
