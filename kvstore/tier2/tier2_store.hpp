@@ -218,7 +218,8 @@ class Tier2Store {
   // (and host-cached). `duplicate` when the block is already stored (counted as a use) or
   // being written. Errors: invalid (empty or longer than block_bytes); overloaded (no free or
   // evictable slot: every slot pinned or being written; the caller drops the write, never
-  // waits); failed (I/O or index error; nothing visible, the slot is free again).
+  // waits); failed (I/O or index error; nothing visible, the slot is free again; a block
+  // evicted to make room stays evicted).
   // Cost: one pwrite of the slot-rounded length (from `data` itself when it is 4096-aligned
   // and a multiple of 4096 long or the file is buffered, else via a copy), XXH3-128 of the
   // block, one fdatasync, one synced RocksDB write (a WAL fsync): two device flushes.

@@ -99,7 +99,7 @@ std::optional<PutOutcome> Tier2Store::check_duplicate(const BlockHash& hash) {
   auto writing = slots_.find_writing(hash);
   RT_ASSERT(!(visible && writing), "a block both visible and being written");
   if (auto slot = visible) {
-    slots_.touch(*slot, next_tick());
+    use(*slot);
     ++stats_.puts_duplicate_count;
     return PutOutcome::duplicate;
   }
@@ -398,6 +398,7 @@ Result<uint64_t> Tier2Store::get(const BlockHash& hash, std::span<uint8_t> out) 
   }
   ReadOutcome outcome = read_slot(*slot, target);
   if (!outcome.ok) {
+    if (fill) give_back_buffer(std::move(fill));
     drop_bad(*slot, outcome);
     std::memset(out.data(), 0, out.size());
     return miss(hash, outcome.reason, outcome.detail);
