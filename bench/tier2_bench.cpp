@@ -132,34 +132,36 @@ StoreRun run_store(const std::string& dir, uint64_t block_bytes, uint64_t blocks
   return run;
 }
 
-// Runs one fio job; returns its JSON text (written to a file: fio's warnings stay out).
-// fdatasync_every: 0 = never, else an fdatasync after every that many writes.
-Result<std::string> run_fio(const std::string& fio, const std::string& dir, const std::string& rw,
+// Runs one fio job on `file`; returns its JSON text (written to `json_path`, so that fio's
+// warnings stay out). fdatasync_every: 0 = never, else an fdatasync after every that many
+// writes.
+Result<std::string> run_fio(const std::string& fio, const std::string& file,
+                            const std::string& json_path, const std::string& rw,
                             uint64_t block_bytes, uint64_t total_bytes, uint32_t fdatasync_every) {
-  std::string out = dir + "/fio-" + rw + ".json";
   std::ostringstream cmd;
-  cmd << fio << " --name=tier2-" << rw << " --directory=" << dir
-      << " --filename=fio.data --rw=" << rw << " --bs=" << block_bytes << " --size=" << total_bytes
+  cmd << fio << " --name=tier2-" << rw << " --filename=" << file << " --rw=" << rw
+      << " --bs=" << block_bytes << " --size=" << total_bytes
       << " --direct=1 --ioengine=psync --iodepth=1 --numjobs=1 --fallocate=posix";
   if (fdatasync_every > 0) cmd << " --fdatasync=" << fdatasync_every;
-  cmd << " --output-format=json --output=" << out << " > /dev/null 2>&1";
+  cmd << " --output-format=json --output=" << json_path << " > /dev/null 2>&1";
   int status = std::system(cmd.str().c_str());
   if (status != 0) {
     return make_error(ErrorKind::failed, "`" + cmd.str() + "` exited with status " +
                                              std::to_string(WEXITSTATUS(status)));
   }
-  std::ifstream in(out);
+  std::ifstream in(json_path);
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
 }
 
-// Bytes per second of one fio job; a write job starts from a fresh file, as the store does.
-Result<double> fio_rate(const std::string& fio, const std::string& dir, const std::string& rw,
-                        uint64_t block_bytes, uint64_t total_bytes, uint32_t fdatasync_every) {
+// Bytes per second of one fio job. A write job starts from a fresh file, as the store does.
+Result<double> fio_rate(const std::string& fio, const std::string& file,
+                        const std::string& json_path, const std::string& rw, uint64_t block_bytes,
+                        uint64_t total_bytes, uint32_t fdatasync_every) {
   std::error_code ec;
-  if (rw == "write") fs::remove(dir + "/fio.data", ec);
-  auto text = run_fio(fio, dir, rw, block_bytes, total_bytes, fdatasync_every);
+  if (rw == "write") fs::remove(file, ec);
+  auto text = run_fio(fio, file, json_path, rw, block_bytes, total_bytes, fdatasync_every);
   if (!text) return text.error();
   return parse_fio_bw_bytes(*text, rw == "randread" ? "read" : "write");
 }
@@ -183,7 +185,7 @@ void print_row(uint64_t block_mib, uint64_t blocks, const Row& r) {
   for (size_t i = 0; i < r.tandem_mb_s.size() && i < r.fio_mb_s.size(); ++i) {
     ratios.push_back(r.fio_mb_s[i] > 0 ? r.tandem_mb_s[i] / r.fio_mb_s[i] : 0);
   }
-  std::printf("%4llu %-36s %6llu %11.1f %11.1f %6.2f  ", static_cast<unsigned long long>(block_mib),
+  std::printf("%4llu %-38s %6llu %11.1f %11.1f %6.2f  ", static_cast<unsigned long long>(block_mib),
               r.phase.c_str(), static_cast<unsigned long long>(blocks), median(r.tandem_mb_s),
               median(r.fio_mb_s), median(ratios));
   for (double ratio : ratios) std::printf(" %.2f", ratio);
@@ -205,21 +207,23 @@ struct Options {
 //   1  put, WAL synced per `batch` puts (1 flush per block)          fio fdatasync=1
 //   2  put_batch of `batch` (2 flushes per batch)                    fio fdatasync=batch
 //   3  as 2                                                          fio without sync
-//   4  get in random order (after 0's writes)                        fio randread
+//   4  get in random order (after 0's writes)     fio randread of the store's data file
 std::vector<Row> make_rows(uint32_t batch) {
   std::string b = std::to_string(batch);
   return {{"write: put | fio fdatasync=1", {}, {}},
           {"write: put, WAL sync/" + b + " | fdatasync=1", {}, {}},
           {"write: put_batch " + b + " | fdatasync=" + b, {}, {}},
           {"write: put_batch " + b + " | no sync", {}, {}},
-          {"read: get, random | randread", {}, {}}};
+          {"read: get, random | randread same file", {}, {}}};
 }
 
-// One round: each store phase right before its fio baseline, so both see the same load of
-// this shared disk. Fresh files for every write phase.
+// One round: each store phase right beside its fio baseline, so both see the same load of
+// this shared disk. Fresh files for every write phase; fio's random read reads the data file
+// the store has just read (same file, same extents: only the code differs).
 std::string run_round(const Options& o, uint64_t block_bytes, uint64_t blocks,
                       std::vector<Row>& rows, std::string* io_mode) {
   std::string store_dir = o.dir + "/store", fio_dir = o.dir + "/fio";
+  std::string json = fio_dir + "/fio.json";
   double mb = static_cast<double>(blocks * block_bytes) / 1e6;
   uint64_t total = blocks * block_bytes;
   std::error_code ec;
@@ -230,26 +234,28 @@ std::string run_round(const Options& o, uint64_t block_bytes, uint64_t blocks,
     fs::remove_all(store_dir, ec);
     fs::create_directories(store_dir);
     StoreRun run = run_store(store_dir, block_bytes, blocks, batch, commits_per_sync, read);
-    fs::remove_all(store_dir, ec);
     if (!run.error.empty()) error = "store: " + run.error;
     *io_mode = run.io_mode;
     for (size_t row : write_rows) rows[row].tandem_mb_s.push_back(mb / run.write_s);
     if (read) rows[4].tandem_mb_s.push_back(mb / run.read_s);
   };
-  auto fio = [&](const char* rw, uint32_t sync_every, std::vector<size_t> fio_rows) {
+  auto fio = [&](const std::string& file, const char* rw, uint32_t sync_every,
+                 std::vector<size_t> fio_rows) {
     if (!o.run_fio || !error.empty()) return;
-    auto rate = fio_rate(o.fio, fio_dir, rw, block_bytes, total, sync_every);
+    auto rate = fio_rate(o.fio, file, json, rw, block_bytes, total, sync_every);
     if (!rate) error = "fio: " + rate.error().describe();
     for (size_t row : fio_rows) rows[row].fio_mb_s.push_back(rate ? *rate / 1e6 : 0);
   };
+  std::string fio_file = fio_dir + "/fio.data";
   store(1, 1, {0}, true);
-  fio("write", 1, {0});
-  fio("randread", 0, {4});
+  fio(store_dir + "/tier2.data", "randread", 0, {4});
+  fio(fio_file, "write", 1, {0});
   store(1, o.batch, {1}, false);
-  fio("write", 1, {1});
+  fio(fio_file, "write", 1, {1});
   store(o.batch, 1, {2, 3}, false);
-  fio("write", o.batch, {2});
-  fio("write", 0, {3});
+  fio(fio_file, "write", o.batch, {2});
+  fio(fio_file, "write", 0, {3});
+  fs::remove_all(store_dir, ec);
   fs::remove_all(fio_dir, ec);
   return error;
 }
@@ -365,7 +371,7 @@ int run_tier2_bench(cli::Args args) {
       "iodepth=1 direct=1; XXH3-128 %.0f MB/s; goal tandem/fio >= 0.85\n",
       o.dir.c_str(), fs_type_name(o.dir).c_str(), static_cast<unsigned long long>(o.total_mib),
       o.rounds, checksum_mb_s(1 << 20));
-  std::printf("%4s %-36s %6s %11s %11s %6s   %s\n", "MiB", "phase | fio job", "blocks",
+  std::printf("%4s %-38s %6s %11s %11s %6s   %s\n", "MiB", "phase | fio job", "blocks",
               "tandem_MB/s", "fio_MB/s", "ratio", "per round");
   int rc = 0;
   for (uint64_t mib : o.block_mib) rc = std::max(rc, bench_block_size(o, mib));

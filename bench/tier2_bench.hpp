@@ -8,7 +8,8 @@
 //                 (O_DIRECT when accepted; pwrite + fdatasync + a synced RocksDB write: two
 //                 device flushes per block), host cache off      | fio --fdatasync=1
 //   get           every block read back in a shuffled order into an aligned buffer (pread
-//                 straight into it + XXH3-128 verification)      | fio --rw=randread
+//                 straight into it + XXH3-128 verification)      | fio --rw=randread of
+//                                                      the store's own tier2.data file
 //   put, WAL/N    put with index_commits_per_sync = N (one flush per block)
 //                                                                | fio --fdatasync=1
 //   put_batch N   N blocks per group commit (two flushes per N)  | fio --fdatasync=N
