@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <rocksdb/db.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -441,24 +443,59 @@ namespace {
   }
 }
 
+constexpr const char* child_env = "TANDEM_TIER2_WRITER";  // "dir|first|fd|commits_per_sync"
+
+Tier2Config writer_config(const std::string& dir, uint32_t commits_per_sync) {
+  auto c = config_for(dir, 12);
+  c.host_cache_bytes = 0;
+  c.index_commits_per_sync = commits_per_sync;
+  return c;
+}
+
+// The writer runs in a fresh process (this test binary, exec'd with child_env set), not in a
+// fork of the test process: that one has RocksDB's background threads, which a fork drops.
+// Runs before doctest's main when the variable is set, and never returns then.
+const bool writer_process = [] {
+  const char* spec = std::getenv(child_env);
+  if (spec == nullptr) return false;
+  std::string text(spec);
+  size_t a = text.find('|'), b = text.find('|', a + 1), c = text.find('|', b + 1);
+  if (a == std::string::npos || b == std::string::npos || c == std::string::npos) ::_exit(2);
+  uint64_t first = std::stoull(text.substr(a + 1, b - a - 1));
+  int fd = std::stoi(text.substr(b + 1, c - b - 1));
+  auto commits = static_cast<uint32_t>(std::stoul(text.substr(c + 1)));
+  put_forever(writer_config(text.substr(0, a), commits), first, fd);
+}();
+
+// Starts the writer on `dir`, reporting on `fd` (inherited: the pipe is not close-on-exec).
+pid_t spawn_writer(const std::string& dir, uint64_t first, int fd, uint32_t commits_per_sync) {
+  std::string var = std::string(child_env) + "=" + dir + "|" + std::to_string(first) + "|" +
+                    std::to_string(fd) + "|" + std::to_string(commits_per_sync);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(var.data());
+  env.push_back(nullptr);
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  char* argv[] = {exe.data(), nullptr};
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, env.data()) != 0) return -1;
+  return pid;
+}
+
 }  // namespace
 
 TEST_CASE("a store left by a SIGKILLed writer serves every block correctly or not at all") {
+  CHECK_FALSE(writer_process);
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     CAPTURE(seed);
     TempDir dir;
-    auto c = config_for(dir.path, 12);
-    c.host_cache_bytes = 0;
-    c.index_commits_per_sync = seed <= 3 ? 1 : 8;  // a WAL sync per put, or per 8 puts
+    uint32_t commits_per_sync = seed <= 3 ? 1 : 8;  // a WAL sync per put, or per 8 puts
+    auto c = writer_config(dir.path, commits_per_sync);
     uint64_t first = seed * 1000000;
     int fds[2];
     REQUIRE(::pipe(fds) == 0);
-    pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      ::close(fds[0]);
-      put_forever(c, first, fds[1]);
-    }
+    pid_t child = spawn_writer(dir.path, first, fds[1], commits_per_sync);
+    REQUIRE(child > 0);
     ::close(fds[1]);
     // Let the child get going (it has completed puts, so slots are in use and a kill can
     // land anywhere in the put cycle), then kill it after a random further delay.
