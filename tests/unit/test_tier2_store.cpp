@@ -1020,3 +1020,20 @@ TEST_CASE("index_commits_per_sync > 1: puts are visible at once and survive a cl
   CHECK(s->stats().blocks_used_count == 6);
   for (uint64_t n = 0; n < 6; ++n) CHECK(get_checked(*s, hash_of(n)));
 }
+
+TEST_CASE("after a restart, another fingerprint's blocks are evicted before older own ones") {
+  TempDir dir;
+  auto a = config_for(dir.path, 2);
+  auto b = a;
+  b.fingerprint = make_fingerprint({"other-model", "bf16", 16, 2, 2, 64, ""});
+  { put_ok(*open_ok(a), 1); }  // a's block: the oldest use of all
+  { put_ok(*open_ok(b), 2); }  // b's block: used later
+  auto s = open_ok(a);
+  CHECK(s->stats().blocks_used_count == 1);
+  CHECK(s->stats().blocks_foreign_count == 1);
+  put_ok(*s, 3);  // full: the foreign block goes, though ours is older
+  CHECK(s->stats().evictions_foreign_count == 1);
+  CHECK(get_checked(*s, hash_of(1)));
+  CHECK(get_checked(*s, hash_of(3)));
+  s->check_invariants();
+}
