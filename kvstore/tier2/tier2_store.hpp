@@ -222,7 +222,8 @@ class Tier2Store {
   // evicted to make room stays evicted).
   // Cost: one pwrite of the slot-rounded length (from `data` itself when it is 4096-aligned
   // and a multiple of 4096 long or the file is buffered, else via a copy), XXH3-128 of the
-  // block, one fdatasync, one synced RocksDB write (a WAL fsync): two device flushes.
+  // block, one fdatasync, one RocksDB write with a WAL fsync: two device flushes (with
+  // index_commits_per_sync N > 1 the WAL fsync comes with every N-th commit only).
   Result<PutOutcome> put(const BlockHash& hash, std::span<const uint8_t> data);
 
   // Group commit: stores up to puts_batch_max blocks with one fdatasync and one synced
@@ -235,7 +236,8 @@ class Tier2Store {
   // Two-phase put. put_begin reserves a slot (evicting as put does) and a buffer; the block
   // is invisible and the slot unevictable until put_commit(id, length_bytes) makes it
   // durable and visible (same costs and errors as put), or put_abort(id) frees both.
-  // Errors: as put; put_commit/put_abort of an unknown id: invalid (no effect).
+  // Errors: as put, and put_begin is overloaded at writes_inflight_max; put_commit of a bad
+  // length or an unknown id, put_abort of an unknown id: invalid (no effect).
   Result<PutStart> put_begin(const BlockHash& hash);
   Result<PutOutcome> put_commit(WriteId id, uint64_t length_bytes);
   Status put_abort(WriteId id);
