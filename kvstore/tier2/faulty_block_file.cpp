@@ -120,7 +120,9 @@ Result<size_t> FaultyBlockFile::pread(std::span<uint8_t> out, uint64_t offset_by
   }
   if (fault == FaultKind::read_eio) return injected_error(FaultKind::read_eio, EIO);
   auto n = inner_->pread(out, offset_bytes);
+  RT_ASSERT(!n || *n <= out.size(), "inner pread returned more than asked", *n);
   if (!n || *n == 0 || fault != FaultKind::bit_flip) return n;
+  RT_ASSERT(fault == FaultKind::bit_flip, "unhandled read fault");
   uint64_t bit = next_random() % (uint64_t{*n} * 8);
   out[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
   return n;
@@ -132,6 +134,7 @@ Result<size_t> FaultyBlockFile::pwrite(std::span<const uint8_t> data, uint64_t o
   if (fault == FaultKind::enospc) return injected_error(FaultKind::enospc, ENOSPC);
   if (fault != FaultKind::torn_write) return inner_->pwrite(data, offset_bytes);
   size_t keep_bytes = random_prefix_bytes(data.size());
+  RT_ASSERT(fault == FaultKind::torn_write, "unhandled write fault");
   if (keep_bytes > 0) {
     auto n = inner_->pwrite(data.first(keep_bytes), offset_bytes);
     if (!n) return n;

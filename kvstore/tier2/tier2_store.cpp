@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace tandem::kv::tier2 {
 namespace {
@@ -54,6 +55,10 @@ Result<Layout> validate_config(const Tier2Config& c) {
   if (c.puts_batch_max == 0 || c.puts_batch_max > puts_batch_max_bound) {
     return invalid("puts_batch_max: " + std::to_string(c.puts_batch_max) + " is not in [1, " +
                    std::to_string(puts_batch_max_bound) + "]");
+  }
+  if (c.index_commits_per_sync == 0 || c.index_commits_per_sync > index_commits_per_sync_bound) {
+    return invalid("index_commits_per_sync: " + std::to_string(c.index_commits_per_sync) +
+                   " is not in [1, " + std::to_string(index_commits_per_sync_bound) + "]");
   }
   if (c.use_ticks_dirty_max == 0) return invalid("use_ticks_dirty_max: must be > 0");
   if (c.slots_max == 0 || c.slots_max > slots_max_bound) {
@@ -153,6 +158,8 @@ std::string_view to_string(Tier2EventKind kind) {
       return "layout_changed";
     case Tier2EventKind::fingerprint_collision:
       return "fingerprint_collision";
+    case Tier2EventKind::data_file_missing:
+      return "data_file_missing";
   }
   return "unknown";
 }
@@ -204,6 +211,7 @@ Result<std::unique_ptr<Tier2Store>> Tier2Store::open(const Tier2Config& config,
 }
 
 Status Tier2Store::open_index() {
+  RT_ASSERT(db_ == nullptr, "index opened twice");
   rocksdb::Options options;
   options.create_if_missing = true;
   options.paranoid_checks = true;
@@ -278,6 +286,7 @@ Result<uint64_t> delete_prefix(rocksdb::DB& db, const std::string& prefix) {
 // slot_bytes decides where every slot lies: entries written under another slot size point
 // at the wrong bytes, so all of them go (the data file is reused as empty).
 Status Tier2Store::check_layout() {
+  RT_ASSERT(db_ != nullptr, "check_layout before open_index");
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), meta_key("slot_bytes"), &value);
   if (!status.ok() && !status.IsNotFound()) return index_failure("read layout", status);
@@ -302,6 +311,7 @@ Status Tier2Store::check_layout() {
 // Our digest's record must name our fingerprint text. If it names another (a 128-bit digest
 // collision), the entries under the digest are not ours: they are deleted, never served.
 Status Tier2Store::check_fingerprint_record() {
+  RT_ASSERT(db_ != nullptr, "check_fingerprint_record before open_index");
   std::string key = fingerprint_key(digest_);
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), key, &value);
@@ -327,6 +337,8 @@ Status Tier2Store::check_fingerprint_record() {
 Status Tier2Store::open_data_file(Tier2OpenHooks& hooks) {
   std::string path = config_.directory + "/" + data_file_name;
   uint64_t size_bytes = slot_bytes_ * slots_.slots_count();
+  std::error_code ec;
+  data_file_created_ = !std::filesystem::exists(path, ec);
   auto file = PosixBlockFile::open(path, size_bytes, config_.io_mode);
   if (!file) return file.error();
   file_ = std::move(*file);
@@ -339,10 +351,20 @@ Status Tier2Store::open_data_file(Tier2OpenHooks& hooks) {
 // Rebuilds the slot map from the index. Entries that cannot be used are deleted in one
 // synced batch at the end.
 Status Tier2Store::load_entries() {
+  RT_ASSERT(db_ != nullptr && file_ != nullptr, "load_entries before the index and data file");
   std::string value;
   rocksdb::Status status = db_->Get(rocksdb::ReadOptions(), meta_key("generation"), &value);
   if (status.ok()) generation_ = decode_u64(value).value_or(0);
   if (!status.ok() && !status.IsNotFound()) return index_failure("read generation", status);
+  if (data_file_created_) {  // a new data file holds none of the indexed blocks
+    auto dropped = delete_prefix(*db_, std::string(1, block_key_tag));
+    if (!dropped) return dropped.error();
+    stats_.index_dropped_count += *dropped;
+    if (*dropped > 0) {
+      note_event(Tier2EventKind::data_file_missing,
+                 std::to_string(*dropped) + " entries dropped: the data file was created anew");
+    }
+  }
   rocksdb::WriteBatch deletes;
   uint64_t max_tick = 0;
   std::string prefix(1, block_key_tag);

@@ -13,6 +13,8 @@
 //                           index entry with WriteOptions::sync = true (the WAL is fsynced);
 //                           only then can contains/get/pin see the block. A crash at any
 //                           point leaves no entry, or an entry whose bytes are complete.
+//                           (index_commits_per_sync > 1 relaxes only the index's sync; the
+//                           data is still fdatasynced before its entry exists.)
 //   every read verified     length and XXH3-128 over (key, length, generation, data); a
 //                           short read, an I/O error or a mismatch is a miss (kind
 //                           not_found), counted by reason; the entry is dropped and its slot
@@ -27,9 +29,11 @@
 // The calls block on the disk and on RocksDB (pwrite/pread/fdatasync, synced WAL writes), so
 // the owning actor must run `detached` (its own thread), never on the scheduler's workers.
 //
-// Memory: ~120 bytes per slot (slot map) + host_cache_bytes + pins_max x slot_bytes (pinned
-// blocks the cache let go of) + writes_inflight_max x slot_bytes (write buffers) + RocksDB's
-// memtable and block cache (a few MiB; the index holds ~100 bytes per block).
+// Memory: ~170 bytes per slot (slot map) + host_cache_bytes + pins_max x slot_bytes (pinned
+// blocks the cache let go of) + writes_inflight_max x slot_bytes (two-phase write buffers)
+// + up to puts_batch_max x slot_bytes during a put_batch with the host cache on (its copies,
+// which then become cache entries) + RocksDB's memtable and block cache (a few MiB; the index
+// holds ~100 bytes per block).
 #pragma once
 
 #include <array>
@@ -80,14 +84,20 @@ struct Tier2Config {
   uint32_t writes_inflight_max = 16;  // put_begin reservations not yet committed or aborted
   uint32_t puts_batch_max = 64;       // blocks per put_batch (one group commit)
   std::string fingerprint;            // make_fingerprint(...) of the model + KV layout
-  uint64_t slots_max = 1u << 22;      // bound on slots_count (memory ~120 bytes per slot)
+  uint64_t slots_max = 1u << 22;      // bound on slots_count (memory ~170 bytes per slot)
   uint32_t use_ticks_dirty_max = 4096;  // last-use updates held before flush() runs itself
+  // Index commits (a put, put_commit or put_batch each) per WAL fsync. 1: a put is in the
+  // durable index when it returns. N > 1: one device flush per put instead of two; a power
+  // loss (not a process crash) can forget up to the last N - 1 commits: misses, never wrong
+  // bytes, since the data is fdatasynced before its entry is written either way.
+  uint32_t index_commits_per_sync = 1;
   IoModeRequest io_mode = IoModeRequest::direct_if_supported;
 };
 // Bounds on the config checked at open (beyond them: invalid).
 inline constexpr uint32_t pins_max_bound = 1u << 20;
 inline constexpr uint32_t writes_inflight_max_bound = 1024;
 inline constexpr uint32_t puts_batch_max_bound = 4096;
+inline constexpr uint32_t index_commits_per_sync_bound = 65536;
 inline constexpr uint64_t slots_max_bound = 1ull << 28;
 inline constexpr uint64_t block_bytes_max = 1ull << 31;  // 2 GiB; the index stores u32 lengths
 
@@ -114,8 +124,9 @@ enum class Tier2EventKind : uint8_t {
   index_slot_conflict,      // at open: two entries claim one slot; the older one is dropped
   layout_changed,           // at open: slot_bytes differs from the index's; every entry dropped
   fingerprint_collision,    // at open: our digest's record names another fingerprint text
+  data_file_missing,        // at open: entries exist but the data file did not; all dropped
 };
-inline constexpr size_t tier2_event_kinds_count = 10;
+inline constexpr size_t tier2_event_kinds_count = 11;
 std::string_view to_string(Tier2EventKind kind);
 
 struct Tier2Event {
@@ -202,13 +213,17 @@ class Tier2Store {
   Tier2Store(const Tier2Store&) = delete;
   Tier2Store& operator=(const Tier2Store&) = delete;
 
-  // Stores `data` as block `hash`: reserve a slot (a free one, else evict the LRU unpinned
-  // block), write + fdatasync, synced index write; then visible and host-cached.
-  // Errors: invalid (empty or longer than block_bytes); overloaded (no free or evictable slot,
-  // or writes_inflight_max reached: the caller drops the write, never waits); failed (I/O or
-  // index error; nothing visible, the slot is free again). Cost: one pwrite of slot_bytes
-  // (from `data` when it is 4096-aligned and a multiple of 4096 long, else via a copy), one
-  // fdatasync, one synced RocksDB write (a WAL fsync); so ~2 device flushes per put.
+  // Stores `data` as block `hash` (a put_batch of one): reserve a slot (a free one, else
+  // evict the LRU evictable block), write, fdatasync, synced index write; only then visible
+  // (and host-cached). `duplicate` when the block is already stored (counted as a use) or
+  // being written. Errors: invalid (empty or longer than block_bytes); overloaded (no free or
+  // evictable slot: every slot pinned or being written; the caller drops the write, never
+  // waits); failed (I/O or index error; nothing visible, the slot is free again; a block
+  // evicted to make room stays evicted).
+  // Cost: one pwrite of the slot-rounded length (from `data` itself when it is 4096-aligned
+  // and a multiple of 4096 long or the file is buffered, else via a copy), XXH3-128 of the
+  // block, one fdatasync, one RocksDB write with a WAL fsync: two device flushes (with
+  // index_commits_per_sync N > 1 the WAL fsync comes with every N-th commit only).
   Result<PutOutcome> put(const BlockHash& hash, std::span<const uint8_t> data);
 
   // Group commit: stores up to puts_batch_max blocks with one fdatasync and one synced
@@ -221,7 +236,8 @@ class Tier2Store {
   // Two-phase put. put_begin reserves a slot (evicting as put does) and a buffer; the block
   // is invisible and the slot unevictable until put_commit(id, length_bytes) makes it
   // durable and visible (same costs and errors as put), or put_abort(id) frees both.
-  // Errors: as put; put_commit/put_abort of an unknown id: invalid (no effect).
+  // Errors: as put, and put_begin is overloaded at writes_inflight_max; put_commit of a bad
+  // length or an unknown id, put_abort of an unknown id: invalid (no effect).
   Result<PutStart> put_begin(const BlockHash& hash);
   Result<PutOutcome> put_commit(WriteId id, uint64_t length_bytes);
   Status put_abort(WriteId id);
@@ -248,7 +264,8 @@ class Tier2Store {
   // Cost: one pread + checksum per block: the whole data file's used part.
   VerifyReport verify();
 
-  // Persists last-use ticks (one unsynced RocksDB batch). Errors: failed (index write).
+  // Syncs the WAL if commits are unsynced (index_commits_per_sync > 1) and persists last-use
+  // ticks (one unsynced RocksDB batch). Errors: failed (index write or sync).
   Status flush();
 
   // This fingerprint's visible blocks (e.g. to announce them after a restart). O(blocks).
@@ -334,6 +351,8 @@ class Tier2Store {
   uint64_t tick_ = 0;
   uint64_t generation_ = 0;  // of the latest write; persisted as a high-water mark
   Tier2Miss last_miss_ = Tier2Miss::absent;
+  bool data_file_created_ = false;       // open created the data file (it did not exist)
+  uint32_t index_commits_unsynced_ = 0;  // < index_commits_per_sync
   Tier2Stats stats_;
   std::array<bool, tier2_event_kinds_count> event_reported_{};
   std::vector<Tier2Event> events_;  // <= tier2_event_kinds_count

@@ -56,15 +56,19 @@ std::shared_ptr<AlignedBuffer> Tier2Store::take_buffer() {
 
 void Tier2Store::give_back_buffer(std::shared_ptr<AlignedBuffer> buffer) {
   RT_ASSERT(buffer != nullptr, "give_back of nothing");
+  RT_ASSERT(buffer->size() == slot_bytes_, "foreign buffer given back", buffer->size());
   if (buffer.use_count() == 1 && spare_buffers_.size() < config_.writes_inflight_max) {
     spare_buffers_.push_back(std::move(buffer));
   }
+  RT_ASSERT(spare_buffers_.size() <= config_.writes_inflight_max, "spare buffers over bound");
 }
 
 Status Tier2Store::delete_entry(OwnerIndex owner, const BlockHash& hash) {
   // Not synced: the next synced write (any put) makes it durable, as RocksDB replays a prefix
   // of its WAL; lost in a crash, the entry comes back and fails its checksum (its slot holds
   // another block's bytes).
+  RT_ASSERT(db_ != nullptr, "delete without an index");
+  RT_ASSERT(!(owner == owner_self && slots_.find(hash)), "deleting the entry of a visible block");
   rocksdb::Status status = db_->Delete(rocksdb::WriteOptions(), key_of(owner, hash));
   if (status.ok()) return {};
   note_event(Tier2EventKind::index_error,
@@ -91,12 +95,16 @@ Result<Reservation> Tier2Store::reserve_slot(const BlockHash& hash) {
 
 // Either answers a duplicate put (already visible: a use; or being written) or nothing.
 std::optional<PutOutcome> Tier2Store::check_duplicate(const BlockHash& hash) {
-  if (auto slot = slots_.find(hash)) {
-    slots_.touch(*slot, next_tick());
+  auto visible = slots_.find(hash);
+  auto writing = slots_.find_writing(hash);
+  RT_ASSERT(!(visible && writing), "a block both visible and being written");
+  if (auto slot = visible) {
+    use(*slot);
     ++stats_.puts_duplicate_count;
     return PutOutcome::duplicate;
   }
-  if (slots_.find_writing(hash)) {
+  if (writing) {
+    RT_ASSERT(slots_.state(*writing) == SlotState::writing, "writing slot not writing");
     ++stats_.puts_duplicate_count;
     return PutOutcome::duplicate;
   }
@@ -119,6 +127,7 @@ Result<std::optional<Tier2Store::Staged>> Tier2Store::stage(const PutItem& item)
   if (check_duplicate(item.hash)) return std::optional<Staged>();
   auto r = reserve_slot(item.hash);
   if (!r) return r.error();
+  RT_ASSERT(slots_.find_writing(item.hash) == r->slot, "reserved slot not tracked", r->slot);
   uint64_t padded_bytes = round_up_bytes(data.size(), io_alignment_bytes);
   RT_ASSERT(padded_bytes <= slot_bytes_, "block larger than its slot", padded_bytes);
   std::shared_ptr<AlignedBuffer> buffer;
@@ -200,6 +209,7 @@ Result<PutOutcome> Tier2Store::put_commit(WriteId id, uint64_t length_bytes) {
   if (Status length_ok = check_length(length_bytes); !length_ok) return length_ok.error();
   Write write = std::move(it->second);
   writes_.erase(it);
+  RT_ASSERT(slots_.state(write.slot) == SlotState::writing, "committed slot not writing");
   uint64_t padded_bytes = round_up_bytes(length_bytes, io_alignment_bytes);
   RT_ASSERT(padded_bytes <= write.buffer->size(), "write buffer smaller than the block");
   std::memset(write.buffer->data() + length_bytes, 0, padded_bytes - length_bytes);
@@ -222,6 +232,7 @@ Status Tier2Store::put_abort(WriteId id) {
   slots_.abort(it->second.slot);
   give_back_buffer(std::move(it->second.buffer));
   writes_.erase(it);
+  RT_ASSERT(writes_.size() == slots_.counts().writing_count, "writes and writing slots differ");
   return {};
 }
 
@@ -272,10 +283,14 @@ Status Tier2Store::make_durable(std::vector<Staged>& staged) {
       generation_max = std::max(generation_max, s.meta.generation);
     }
     batch.Put(meta_key("generation"), encode_u64(generation_max));
-    rocksdb::WriteOptions sync;
-    sync.sync = true;  // the WAL is fsynced before Write returns
-    rocksdb::Status status = db_->Write(sync, &batch);
+    rocksdb::WriteOptions options;
+    // Synced: the WAL is fsynced before Write returns. Unsynced (index_commits_per_sync > 1):
+    // a power loss can forget this entry until the next synced commit, never serve bad bytes.
+    options.sync = ++index_commits_unsynced_ >= config_.index_commits_per_sync;
+    rocksdb::Status status = db_->Write(options, &batch);
     if (!status.ok()) step = make_error(ErrorKind::failed, "index write: " + status.ToString());
+    if (status.ok() && options.sync) index_commits_unsynced_ = 0;
+    RT_ASSERT(index_commits_unsynced_ < config_.index_commits_per_sync, "WAL sync overdue");
   }
   for (Staged& s : staged) {
     if (!step) {
@@ -322,6 +337,8 @@ Tier2Store::ReadOutcome Tier2Store::read_slot(SlotIndex slot, std::span<uint8_t>
 }
 
 Error Tier2Store::miss(const BlockHash& hash, Tier2Miss reason, const std::string& detail) {
+  RT_ASSERT(static_cast<size_t>(reason) < tier2_miss_reasons_count, "miss reason out of range");
+  RT_ASSERT(!slots_.find(hash), "a miss on a block that is still visible");
   ++stats_.misses_count[static_cast<size_t>(reason)];
   last_miss_ = reason;
   return make_error(ErrorKind::not_found, "tier-2 miss (" + std::string(to_string(reason)) +
@@ -335,13 +352,13 @@ void Tier2Store::drop_bad(SlotIndex slot, const ReadOutcome& outcome) {
   RT_ASSERT(!outcome.ok, "drop_bad of a good read", slot);
   RT_ASSERT(slots_.state(slot) == SlotState::stored, "drop_bad of a slot not stored", slot);
   BlockHash hash = slots_.hash(slot);
-  const SlotMeta& meta = slots_.meta(slot);
+  OwnerIndex owner = slots_.owner(slot);
   note_event(miss_event(outcome.reason),
              "block " + short_hex(hash) + " in slot " + std::to_string(slot) + " (generation " +
-                 std::to_string(meta.generation) + "): " + outcome.detail);
-  (void)delete_entry(slots_.owner(slot), hash);
+                 std::to_string(slots_.meta(slot).generation) + "): " + outcome.detail);
   cache_.erase(slot);
-  slots_.drop(slot);
+  slots_.drop(slot);  // invisible first, then the entry goes
+  (void)delete_entry(owner, hash);
   ++stats_.corrupt_dropped_count;
 }
 
@@ -363,6 +380,7 @@ Result<uint64_t> Tier2Store::get(const BlockHash& hash, std::span<uint8_t> out) 
   }
   use(*slot);
   if (SharedBytes cached = cache_.find(*slot)) {
+    RT_ASSERT(cached->size() >= length_bytes, "cached block shorter than its entry", *slot);
     std::memcpy(out.data(), cached->data(), length_bytes);
     ++stats_.hits_count;
     ++stats_.cache_hits_count;
@@ -380,6 +398,7 @@ Result<uint64_t> Tier2Store::get(const BlockHash& hash, std::span<uint8_t> out) 
   }
   ReadOutcome outcome = read_slot(*slot, target);
   if (!outcome.ok) {
+    if (fill) give_back_buffer(std::move(fill));
     drop_bad(*slot, outcome);
     std::memset(out.data(), 0, out.size());
     return miss(hash, outcome.reason, outcome.detail);
@@ -416,6 +435,7 @@ Result<Tier2Pin> Tier2Store::pin(const BlockHash& hash) {
     cache_.insert(*slot, bytes);
   }
   ++stats_.hits_count;
+  RT_ASSERT(bytes->size() >= length_bytes, "pinned bytes shorter than the block", *slot);
   slots_.pin(*slot);
   PinId id = next_pin_id_++;
   pins_.emplace(id, PinRecord{*slot, bytes});
@@ -429,6 +449,7 @@ Status Tier2Store::unpin(PinId id) {
   RT_ASSERT(slots_.pin_count(it->second.slot) > 0, "pin record on an unpinned slot");
   slots_.unpin(it->second.slot);
   pins_.erase(it);
+  RT_ASSERT(pins_.size() < config_.pins_max, "pins over pins_max after an unpin");
   return {};
 }
 
@@ -452,6 +473,14 @@ VerifyReport Tier2Store::verify() {
 }
 
 Status Tier2Store::flush() {
+  if (index_commits_unsynced_ > 0) {
+    rocksdb::Status synced = db_->SyncWAL();
+    if (!synced.ok()) {
+      note_event(Tier2EventKind::index_error, "WAL sync: " + synced.ToString());
+      return make_error(ErrorKind::failed, "tier-2 index WAL sync: " + synced.ToString());
+    }
+    index_commits_unsynced_ = 0;
+  }
   std::vector<SlotIndex> dirty = slots_.take_dirty();
   if (dirty.empty()) return {};
   rocksdb::WriteBatch batch;
@@ -477,6 +506,8 @@ Tier2Stats Tier2Store::stats() const {
   s.writes_inflight_count = writes_.size();
   s.pins_count = pins_.size();
   s.host_cache_used_bytes = cache_.used_bytes();
+  RT_ASSERT(c.stored_count >= c.foreign_count, "more foreign blocks than stored ones");
+  RT_ASSERT(s.blocks_used_count <= s.blocks_capacity_count, "more blocks than slots");
   return s;
 }
 

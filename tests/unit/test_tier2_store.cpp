@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <rocksdb/db.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -441,37 +443,77 @@ namespace {
   }
 }
 
+constexpr const char* child_env = "TANDEM_TIER2_WRITER";  // "dir|first|fd|commits_per_sync"
+
+Tier2Config writer_config(const std::string& dir, uint32_t commits_per_sync) {
+  auto c = config_for(dir, 12);
+  c.host_cache_bytes = 0;
+  c.index_commits_per_sync = commits_per_sync;
+  return c;
+}
+
+// The writer runs in a fresh process (this test binary, exec'd with child_env set), not in a
+// fork of the test process: that one has RocksDB's background threads, which a fork drops.
+// Runs before doctest's main when the variable is set, and never returns then.
+const bool writer_process = [] {
+  const char* spec = std::getenv(child_env);
+  if (spec == nullptr) return false;
+  std::string text(spec);
+  size_t a = text.find('|'), b = text.find('|', a + 1), c = text.find('|', b + 1);
+  if (a == std::string::npos || b == std::string::npos || c == std::string::npos) ::_exit(2);
+  uint64_t first = std::stoull(text.substr(a + 1, b - a - 1));
+  int fd = std::stoi(text.substr(b + 1, c - b - 1));
+  auto commits = static_cast<uint32_t>(std::stoul(text.substr(c + 1)));
+  put_forever(writer_config(text.substr(0, a), commits), first, fd);
+}();
+
+// Starts the writer on `dir`, reporting on `fd` (inherited: the pipe is not close-on-exec).
+pid_t spawn_writer(const std::string& dir, uint64_t first, int fd, uint32_t commits_per_sync) {
+  std::string var = std::string(child_env) + "=" + dir + "|" + std::to_string(first) + "|" +
+                    std::to_string(fd) + "|" + std::to_string(commits_per_sync);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(var.data());
+  env.push_back(nullptr);
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  char* argv[] = {exe.data(), nullptr};
+  pid_t pid = -1;
+  if (::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, env.data()) != 0) return -1;
+  return pid;
+}
+
 }  // namespace
 
 TEST_CASE("a store left by a SIGKILLed writer serves every block correctly or not at all") {
+  CHECK_FALSE(writer_process);
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     CAPTURE(seed);
     TempDir dir;
-    auto c = config_for(dir.path, 12);
-    c.host_cache_bytes = 0;
+    uint32_t commits_per_sync = seed <= 3 ? 1 : 8;  // a WAL sync per put, or per 8 puts
+    auto c = writer_config(dir.path, commits_per_sync);
     uint64_t first = seed * 1000000;
     int fds[2];
     REQUIRE(::pipe(fds) == 0);
-    pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      ::close(fds[0]);
-      put_forever(c, first, fds[1]);
-    }
+    pid_t child = spawn_writer(dir.path, first, fds[1], commits_per_sync);
+    REQUIRE(child > 0);
     ::close(fds[1]);
+    // Let the child get going (it has completed puts, so slots are in use and a kill can
+    // land anywhere in the put cycle), then kill it after a random further delay.
+    std::vector<uint64_t> done;
+    uint64_t n = 0;
+    while (done.size() < 3 && ::read(fds[0], &n, sizeof(n)) == sizeof(n)) done.push_back(n);
+    REQUIRE(done.size() == 3);  // else the child exited before its third put
     std::mt19937_64 rng(seed);
-    auto wait_ms = std::uniform_int_distribution<int>(150, 600)(rng);
+    auto wait_ms = std::uniform_int_distribution<int>(0, 400)(rng);
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
     ::kill(child, SIGKILL);
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);
     REQUIRE(WIFSIGNALED(status));  // killed mid-loop, not exited on an error
-    std::vector<uint64_t> done;
-    uint64_t n = 0;
     while (::read(fds[0], &n, sizeof(n)) == sizeof(n)) done.push_back(n);
     ::close(fds[0]);
-    MESSAGE("seed ", seed, ": killed after ", wait_ms, " ms, ", done.size(), " puts returned");
-    REQUIRE(done.size() >= 2);  // the test means something only if puts completed
+    MESSAGE("seed ", seed, ": killed ", wait_ms, " ms after 3 puts, ", done.size(),
+            " puts returned");
 
     auto s = open_ok(c);
     uint64_t served = 0, missed = 0;
@@ -744,6 +786,12 @@ TEST_CASE("bad config fails at open and names the key") {
   c = good;
   c.writes_inflight_max = 0;
   expect(c, "writes_inflight_max");
+  c = good;
+  c.index_commits_per_sync = 0;
+  expect(c, "index_commits_per_sync");
+  c = good;
+  c.puts_batch_max = 0;
+  expect(c, "puts_batch_max");
   CHECK(open_ok(good)->stats().blocks_capacity_count == 4);
 }
 
@@ -893,5 +941,99 @@ TEST_CASE("a pinned block that fails verification stays readable by its pin, the
   REQUIRE(s->unpin(pin->id).ok());
   put_ok(*s, 2);
   CHECK(s->stats().evictions_count == 0);
+  s->check_invariants();
+}
+
+TEST_CASE("a read straight into an aligned buffer: verified, and zeroed when it fails") {
+  TempDir dir;
+  auto c = config_for(dir.path, 4);
+  c.host_cache_bytes = 0;
+  FaultyBlockFile* faults = nullptr;
+  auto s = open_faulty(c, &faults);
+  put_ok(*s, 1);
+  put_ok(*s, 2);
+  AlignedBuffer out(block_bytes);
+  auto got = s->get(hash_of(1), out.span());
+  REQUIRE(got.ok());
+  CHECK(std::vector<uint8_t>(out.data(), out.data() + block_bytes) ==
+        content_of(hash_of(1), block_bytes));
+  faults->arm(FaultKind::bit_flip);  // the flipped bytes land in `out` itself
+  CHECK_FALSE(s->get(hash_of(2), out.span()).ok());
+  CHECK(std::all_of(out.data(), out.data() + out.size(), [](uint8_t b) { return b == 0; }));
+  CHECK(s->last_miss() == Tier2Miss::checksum);
+}
+
+TEST_CASE("buffered I/O (no O_DIRECT) keeps every guarantee") {
+  TempDir dir;
+  auto c = config_for(dir.path, 3);
+  c.io_mode = IoModeRequest::buffered;
+  c.host_cache_bytes = 0;
+  {
+    FaultyBlockFile* faults = nullptr;
+    auto s = open_faulty(c, &faults);
+    CHECK(s->io_mode() == IoMode::buffered);
+    put_ok(*s, 1);
+    put_ok(*s, 2, 5000);  // not a multiple of 4096: written as is, no padding copy
+    faults->arm(FaultKind::torn_write);
+    put_ok(*s, 3);
+    CHECK_FALSE(get_checked(*s, hash_of(3)));
+    CHECK(s->last_miss() == Tier2Miss::checksum);
+  }
+  auto s = open_ok(c);
+  CHECK(get_checked(*s, hash_of(1)));
+  CHECK(get_checked(*s, hash_of(2), 5000));
+  CHECK_FALSE(s->contains(hash_of(3)));
+  CHECK(s->verify().ok_count == 2);
+}
+
+TEST_CASE("a deleted data file drops the index; a second open of a directory is refused") {
+  TempDir dir;
+  auto c = config_for(dir.path, 4);
+  {
+    auto s = open_ok(c);
+    put_ok(*s, 1);
+    auto twice = Tier2Store::open(c);  // RocksDB's LOCK: one store per directory
+    REQUIRE_FALSE(twice.ok());
+    CHECK(twice.error().kind == ErrorKind::failed);
+    MESSAGE(twice.error().message);
+  }
+  std::filesystem::remove(dir.path + "/tier2.data");
+  auto s = open_ok(c);
+  CHECK_FALSE(s->contains(hash_of(1)));
+  CHECK(s->stats().index_dropped_count == 1);
+  CHECK(has_event(s->drain_events(), Tier2EventKind::data_file_missing));
+  put_ok(*s, 2);
+  CHECK(get_checked(*s, hash_of(2)));
+}
+
+TEST_CASE("index_commits_per_sync > 1: puts are visible at once and survive a clean close") {
+  TempDir dir;
+  auto c = config_for(dir.path, 8);
+  c.index_commits_per_sync = 4;
+  {
+    auto s = open_ok(c);
+    for (uint64_t n = 0; n < 6; ++n) put_ok(*s, n);  // one synced commit, two pending
+    for (uint64_t n = 0; n < 6; ++n) CHECK(get_checked(*s, hash_of(n)));
+    REQUIRE(s->flush().ok());  // syncs the WAL
+  }
+  auto s = open_ok(c);
+  CHECK(s->stats().blocks_used_count == 6);
+  for (uint64_t n = 0; n < 6; ++n) CHECK(get_checked(*s, hash_of(n)));
+}
+
+TEST_CASE("after a restart, another fingerprint's blocks are evicted before older own ones") {
+  TempDir dir;
+  auto a = config_for(dir.path, 2);
+  auto b = a;
+  b.fingerprint = make_fingerprint({"other-model", "bf16", 16, 2, 2, 64, ""});
+  { put_ok(*open_ok(a), 1); }  // a's block: the oldest use of all
+  { put_ok(*open_ok(b), 2); }  // b's block: used later
+  auto s = open_ok(a);
+  CHECK(s->stats().blocks_used_count == 1);
+  CHECK(s->stats().blocks_foreign_count == 1);
+  put_ok(*s, 3);  // full: the foreign block goes, though ours is older
+  CHECK(s->stats().evictions_foreign_count == 1);
+  CHECK(get_checked(*s, hash_of(1)));
+  CHECK(get_checked(*s, hash_of(3)));
   s->check_invariants();
 }
