@@ -109,9 +109,16 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
         auto& st = self->state;
         IoDone done;
         RT_ASSERT(st.store != nullptr, "writes only after the store opened");
-        for (const auto& item : w.writes) {
-          auto put = st.store->put(item.hash, st.staging->slot(item.slot, st.staging->block_bytes));
-          done.ok.push_back(put.ok());
+        // A prompt's blocks arrive together: one group commit (one fdatasync and one synced
+        // index batch) per puts_batch_max of them, not two device flushes per block.
+        size_t batch_max = st.store->config().puts_batch_max;
+        for (size_t at = 0; at < w.writes.size(); at += batch_max) {
+          std::vector<kv::tier2::PutItem> items;
+          for (size_t i = at; i < std::min(w.writes.size(), at + batch_max); ++i) {
+            const auto& item = w.writes[i];
+            items.push_back({item.hash, st.staging->slot(item.slot, st.staging->block_bytes)});
+          }
+          for (const auto& put : st.store->put_batch(items)) done.ok.push_back(put.ok());
         }
         done.stats = st.store->stats();
         done.events = drain(*st.store);
