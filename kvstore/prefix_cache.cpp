@@ -33,7 +33,7 @@ uint32_t PrefixCache::match(std::span<const BlockHash> hashes) const {
 }
 
 Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint32_t fresh_count,
-                                        uint32_t query_blocks_count) {
+                                        uint32_t query_blocks_count, Query query) {
   // The leading cached hashes' blocks, looked up once (match() without a second pass).
   matched_scratch_.clear();
   for (const auto& hash : hashes) {
@@ -72,6 +72,8 @@ Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint3
     out.cached.push_back(b);
   }
   for (uint32_t i = 0; i < fresh_count; ++i) out.fresh.push_back(take_fresh());
+  RT_ASSERT(out.fresh.size() == fresh_count, out.fresh.size());
+  if (query == Query::internal) return out;
   ++counters_.queries_count;
   uint64_t query_blocks = std::max<uint64_t>(hashes.size(), query_blocks_count);
   counters_.query_blocks_count += query_blocks;

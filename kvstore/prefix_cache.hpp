@@ -66,8 +66,11 @@ class PrefixCache {
   // `query_blocks_count`: the prompt's full blocks this acquire answers for, when the caller
   // offers only a prefix of them (e.g. it recomputes the last cached block); the query
   // counters count max(hashes.size(), query_blocks_count) blocks, hits count the matched.
+  // `query`: a prompt's lookup (counted) or an internal fill that is no prompt's query (e.g.
+  // tier 2 bringing blocks back while holding the prompt's cached head): not counted.
+  enum class Query { prompt, internal };
   Result<Allocation> acquire(std::span<const BlockHash> hashes, uint32_t fresh_count,
-                             uint32_t query_blocks_count = 0);
+                             uint32_t query_blocks_count = 0, Query query = Query::prompt);
 
   // A private block the caller owns has been filled with the full block `hash`: cache it.
   // Preconditions (asserted): block is referenced and not cached.

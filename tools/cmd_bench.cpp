@@ -76,6 +76,11 @@ int run_agent_turns(cli::Args args) {
 // Memory and answers at 10x capacity (bench/overload.mjs).
 int run_overload(cli::Args args) { return run_node_script("overload", "overload.mjs", args); }
 
+// TTFT of a long prompt computed vs read back from tier 2 (bench/tier2_ttft.mjs).
+int run_tier2_ttft(cli::Args args) {
+  return run_node_script("tier2-ttft", "tier2_ttft.mjs", args);
+}
+
 }  // namespace
 
 int cmd_bench(cli::Args args) {
@@ -97,6 +102,7 @@ int cmd_bench(cli::Args args) {
       {"tier2", bench::run_tier2_bench},
       {"agent-turns", run_agent_turns},
       {"overload", run_overload},
+      {"tier2-ttft", run_tier2_ttft},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {

@@ -49,6 +49,7 @@ struct Tier2Wait {
   std::chrono::nanoseconds replied{0};
   bool reading = false;              // RMA reads of staged blocks in flight
   bool cancelled = false;
+  std::vector<kv::BlockIndex> head;   // the pool's cached head, held while filling
   std::vector<kv::BlockIndex> fresh;  // pool blocks being filled (ref 1 each)
   std::vector<int8_t> read_ok;        // per fresh block: -1 reading, 0 failed, 1 read
   uint32_t reads_left = 0;
@@ -327,6 +328,7 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
     (void)st.cache->commit(w.fresh[i], w.core.block_hashes[w.device_hit + i]);
   }
   st.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
+  st.cache->release(w.head);
   st.tier2_loaded_blocks->inc(loaded);
   if (loaded > 0) {
     double seconds = static_cast<double>((now_ns() - w.sent).count()) / 1e9;
@@ -369,9 +371,19 @@ void on_lookup_reply(PrefillActor* self, wire::OffloadLookupReply::Reader reply)
     }
     ++usable;
   }
-  auto alloc = usable > 0 ? st.cache->acquire({}, static_cast<uint32_t>(usable))
+  // Fresh blocks for the staged ones, holding the pool's cached head of the prompt meanwhile
+  // (else the fresh blocks could evict that head, and the prompt would match nothing).
+  std::span<const kv::BlockHash> head(w.core.block_hashes.data(), w.device_hit);
+  auto alloc = usable > 0 ? st.cache->acquire(head, static_cast<uint32_t>(usable), 0,
+                                              kv::PrefixCache::Query::internal)
                           : Result<kv::Allocation>(make_error(ErrorKind::overloaded, "none"));
   if (!alloc.ok()) return end_wait(self, it, true);
+  if (alloc->cached.size() < w.device_hit) {  // the head was evicted meanwhile: no use
+    st.cache->release(alloc->cached);
+    st.cache->release(alloc->fresh);
+    return end_wait(self, it, true);
+  }
+  w.head = std::move(alloc->cached);
   w.fresh = std::move(alloc->fresh);
   w.read_ok.assign(usable, -1);
   w.reads_left = static_cast<uint32_t>(usable);
