@@ -148,11 +148,16 @@ TEST_CASE("tier 2: an evicted prompt comes back from NVMe, same answer, also aft
     for (int seed = 2; seed <= 5; ++seed) (void)complete(node.port(), story(seed, 180));
     double loaded_before = node.metric("tandem:prefill_tier2_loaded_blocks_total");
     double pulled_before = node.metric("tandem:kv_pulled_blocks_total");
+    double hits_before = node.metric("tandem:prefix_cache_hits_total");
     Answer again = complete(node.port(), long_prompt);
     double loaded = node.metric("tandem:prefill_tier2_loaded_blocks_total") - loaded_before;
     INFO(node.metrics(), node.log());
     // Its blocks were read back instead of computed (the pool had evicted all of them).
     CHECK(loaded == first.full_blocks);
+    // ... and the prompt used them: its prefill matched them in the pool (all but the last
+    // block, which a fully cached prompt recomputes for its first token).
+    CHECK(node.metric("tandem:prefix_cache_hits_total") - hits_before >=
+          (first.full_blocks - 1) * 16);
     // Decode had evicted it too: it pulled the prompt's KV from prefill's pool.
     CHECK(node.metric("tandem:kv_pulled_blocks_total") - pulled_before >= first.full_blocks);
     CHECK(again.text == first.text);
