@@ -209,3 +209,31 @@ void report_not_ready(caf::event_based_actor* self, const ShellContext& ctx,
 }
 
 }  // namespace tandem::actors
+
+namespace tandem::actors {
+
+void fill_kv_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout) {
+  l.setBlockTokens(layout.block_tokens);
+  l.setLayers(layout.layers);
+  l.setKvHeads(layout.kv_heads);
+  l.setHeadDim(layout.head_dim);
+  l.setElementBytes(layout.element_bytes);
+  l.setBlockBytes(layout.block_bytes());
+}
+
+void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& address,
+                           const runtime::RemoteRegionRef& region, uint64_t offset_bytes,
+                           const kv::BlockHash* hash, const devices::KvLayout& layout) {
+  RT_ASSERT(offset_bytes + layout.block_bytes() <= region.length_bytes, offset_bytes);
+  auto r = d.initRegion();
+  r.setFabricAddress(address);
+  r.setBaseAddress(region.remote_base);
+  r.setLengthBytes(region.length_bytes);
+  r.setKey(region.key);
+  d.setOffsetBytes(offset_bytes);
+  d.setLengthBytes(layout.block_bytes());
+  if (hash != nullptr) d.setBlockHash(kj::arrayPtr(hash->bytes.data(), hash->bytes.size()));
+  fill_kv_layout(d.initLayout(), layout);
+}
+
+}  // namespace tandem::actors

@@ -91,6 +91,14 @@ std::chrono::nanoseconds now_ns();  // steady clock, for cores that take `now`
 #include "kvstore/prefix_cache.hpp"
 
 namespace tandem::actors {
+// Describes one KV block of a registered region for a peer's RMA read: the endpoint
+// `address`, the region, the block's offset in it, its hash (none when null: a partial block)
+// and the layout of the pool it is in.
+void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& address,
+                           const runtime::RemoteRegionRef& region, uint64_t offset_bytes,
+                           const kv::BlockHash* hash, const devices::KvLayout& layout);
+void fill_kv_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout);
+
 
 // The serving metrics every prefill/decode instance exports (names modelled on vLLM's,
 // labelled by instance), refreshed from its scheduler counts and its prefix cache.

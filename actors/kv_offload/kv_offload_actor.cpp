@@ -233,15 +233,6 @@ std::string fingerprint_of(const config::Manifest& m, const devices::KvLayout& l
   return kv::tier2::make_fingerprint(f);
 }
 
-void fill_layout(wire::KvLayout::Builder b, const devices::KvLayout& l) {
-  b.setBlockTokens(l.block_tokens);
-  b.setLayers(l.layers);
-  b.setKvHeads(l.kv_heads);
-  b.setHeadDim(l.head_dim);
-  b.setElementBytes(l.element_bytes);
-  b.setBlockBytes(l.block_bytes());
-}
-
 void add_stats(OffloadState& st, const kv::tier2::Tier2Stats& s) {
   auto& m = *st.metrics;
   auto delta = [](uint64_t now, uint64_t& seen) {
@@ -348,17 +339,12 @@ void reply_lookup(OffloadActor* self, const ActorName& to, uint64_t id,
     auto reply = b.getBody().initOffloadLookupReply();
     reply.setRequestId(id);
     auto blocks = reply.initBlocks(static_cast<unsigned>(staged.size()));
+    const auto& reg = *st.staging->region;
+    runtime::RemoteRegionRef region{reg.remote_base(), reg.length_bytes(), reg.key()};
     for (unsigned i = 0; i < staged.size(); ++i) {
-      auto d = blocks[i];
-      auto region = d.initRegion();
-      region.setFabricAddress(st.ctx.bridge->fabric()->address());
-      region.setBaseAddress(st.staging->region->remote_base());
-      region.setLengthBytes(st.staging->region->length_bytes());
-      region.setKey(st.staging->region->key());
-      d.setOffsetBytes(uint64_t{staged[i].slot} * st.staging->slot_bytes);
-      d.setLengthBytes(st.staging->block_bytes);
-      d.setBlockHash(kj::arrayPtr(hashes[staged[i].position].bytes.data(), 32));
-      fill_layout(d.initLayout(), st.layout);
+      fill_block_descriptor(blocks[i], st.ctx.bridge->fabric()->address(), region,
+                            uint64_t{staged[i].slot} * st.staging->slot_bytes,
+                            &hashes[staged[i].position], st.layout);
     }
   });
 }

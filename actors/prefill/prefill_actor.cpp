@@ -117,24 +117,10 @@ void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t c
     r.setComputeNs(compute_ns);
     auto blocks = r.initBlocks(static_cast<unsigned>(done.block_table.size()));
     for (unsigned i = 0; i < done.block_table.size(); ++i) {
-      auto d = blocks[i];
-      auto region = d.initRegion();
-      region.setFabricAddress(st.info.fabric_address);
-      region.setBaseAddress(st.info.region.remote_base);
-      region.setLengthBytes(st.info.region.length_bytes);
-      region.setKey(st.info.region.key);
-      d.setOffsetBytes(uint64_t(done.block_table[i]) * layout.block_bytes());
-      d.setLengthBytes(layout.block_bytes());
-      if (i < done.block_hashes.size()) {
-        d.setBlockHash(kj::arrayPtr(done.block_hashes[i].bytes.data(), 32));
-      }
-      auto l = d.initLayout();
-      l.setBlockTokens(layout.block_tokens);
-      l.setLayers(layout.layers);
-      l.setKvHeads(layout.kv_heads);
-      l.setHeadDim(layout.head_dim);
-      l.setElementBytes(layout.element_bytes);
-      l.setBlockBytes(layout.block_bytes());
+      fill_block_descriptor(blocks[i], st.info.fabric_address, st.info.region,
+                            uint64_t(done.block_table[i]) * layout.block_bytes(),
+                            i < done.block_hashes.size() ? &done.block_hashes[i] : nullptr,
+                            layout);
     }
   });
   if (!sent.ok()) {
@@ -212,15 +198,6 @@ void pump(PrefillActor* self) {
 
 // --- Tier 2 (issue 13) ---
 
-void fill_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout) {
-  l.setBlockTokens(layout.block_tokens);
-  l.setLayers(layout.layers);
-  l.setKvHeads(layout.kv_heads);
-  l.setHeadDim(layout.head_dim);
-  l.setElementBytes(layout.element_bytes);
-  l.setBlockBytes(layout.block_bytes());
-}
-
 // Write-behind: offers the request's full blocks to tier 2 (kv-offload skips those it holds),
 // pinned by one more reference until OffloadStoreDone. Never waits: with kv_offload.stores_max
 // offers in flight, or no fabric, nothing is offered.
@@ -239,16 +216,9 @@ void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done) {
     offer.setRequestId(done.request);
     auto list = offer.initBlocks(static_cast<unsigned>(full));
     for (unsigned i = 0; i < full; ++i) {
-      auto d = list[i];
-      auto region = d.initRegion();
-      region.setFabricAddress(st.info.fabric_address);
-      region.setBaseAddress(st.info.region.remote_base);
-      region.setLengthBytes(st.info.region.length_bytes);
-      region.setKey(st.info.region.key);
-      d.setOffsetBytes(uint64_t(blocks[i]) * layout.block_bytes());
-      d.setLengthBytes(layout.block_bytes());
-      d.setBlockHash(kj::arrayPtr(done.block_hashes[i].bytes.data(), 32));
-      fill_layout(d.initLayout(), layout);
+      fill_block_descriptor(list[i], st.info.fabric_address, st.info.region,
+                            uint64_t(blocks[i]) * layout.block_bytes(), &done.block_hashes[i],
+                            layout);
     }
   });
   if (!sent.ok()) return;
@@ -285,7 +255,7 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
     auto q = b.getBody().initOffloadLookup();
     q.setRequestId(id);
     messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(asked.size())), asked);
-    fill_layout(q.initLayout(), layout);
+    fill_kv_layout(q.initLayout(), layout);
   });
   if (!sent.ok()) return false;
   Tier2Wait w{from, std::move(core), sampling, std::move(prompt)};
