@@ -236,4 +236,12 @@ void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& 
   fill_kv_layout(d.initLayout(), layout);
 }
 
+RemoteBlock read_block_descriptor(wire::BlockDescriptor::Reader d) {
+  auto r = d.getRegion();
+  return {std::string(r.getFabricAddress().cStr()),
+          {r.getBaseAddress(), r.getLengthBytes(), r.getKey()},
+          d.getOffsetBytes(),
+          d.getLengthBytes()};
+}
+
 }  // namespace tandem::actors

@@ -99,6 +99,16 @@ void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& 
                            const kv::BlockHash* hash, const devices::KvLayout& layout);
 void fill_kv_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout);
 
+// Where a described block is, for an RMA read of it (fill_block_descriptor's inverse; the
+// hash and layout are the caller's to check).
+struct RemoteBlock {
+  std::string address;
+  runtime::RemoteRegionRef region;
+  uint64_t offset_bytes = 0;
+  uint64_t length_bytes = 0;
+};
+RemoteBlock read_block_descriptor(wire::BlockDescriptor::Reader d);
+
 
 // The serving metrics every prefill/decode instance exports (names modelled on vLLM's,
 // labelled by instance), refreshed from its scheduler counts and its prefix cache.

@@ -31,13 +31,6 @@ namespace {
 
 using messages::ActorName;
 
-struct RemoteBlock {
-  std::string address;
-  runtime::RemoteRegionRef region;
-  uint64_t offset_bytes = 0;
-  uint64_t length_bytes = 0;
-};
-
 struct Seq {
   ActorName reply_to;
   devices::SamplingParams sampling;
@@ -610,12 +603,7 @@ void on_prefill_result(DecodeActor* self, wire::PrefillResult::Reader result) {
   s.remote_first_logprobs.token = result.getFirstTokenId();
   s.remote_first_logprobs.logprob = std::min(0.0f, result.getFirstTokenLogprob());
   s.remote_first_logprobs.top = std::move(top).value();
-  for (auto block : result.getBlocks()) {
-    auto region = block.getRegion();
-    s.remote.push_back(RemoteBlock{std::string(region.getFabricAddress().cStr()),
-                        {region.getBaseAddress(), region.getLengthBytes(), region.getKey()},
-                        block.getOffsetBytes(), block.getLengthBytes()});
-  }
+  for (auto block : result.getBlocks()) s.remote.push_back(read_block_descriptor(block));
   s.remote_first = result.getFirstTokenId();
   s.cached_tokens = std::max(s.cached_tokens, result.getCachedTokens());
   try_pull(self, it->first);

@@ -142,12 +142,9 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
 
 // --- The shell ---
 
-struct Offer {  // one OffloadStore block: where to read it from
+struct Offer {  // one OffloadStore block: what it is and where to read it from
   kv::BlockHash hash;
-  std::string address;
-  runtime::RemoteRegionRef region;
-  uint64_t offset_bytes = 0;
-  uint64_t length_bytes = 0;
+  RemoteBlock at;
 };
 
 struct Tier2Metrics {
@@ -408,11 +405,7 @@ Result<std::vector<Offer>> parse_offers(capnp::List<wire::BlockDescriptor>::Read
     if (hash.size() != 32) return make_error(ErrorKind::invalid, "a block hash is not 32 bytes");
     Offer o;
     std::memcpy(o.hash.bytes.data(), hash.begin(), 32);
-    auto r = d.getRegion();
-    o.address = r.getFabricAddress().cStr();
-    o.region = {r.getBaseAddress(), r.getLengthBytes(), r.getKey()};
-    o.offset_bytes = d.getOffsetBytes();
-    o.length_bytes = d.getLengthBytes();
+    o.at = read_block_descriptor(d);
     offers.push_back(std::move(o));
   }
   return offers;
@@ -435,8 +428,7 @@ bool ready_for(OffloadActor* self, const runtime::InboundFrame& in, wire::KvLayo
   }
   if (st.phase != OffloadState::Phase::open) return false;
   // Another layout than the store's never matches (and is never stored).
-  return fingerprint_of(*st.ctx.manifest, layout_of(l)) == st.fingerprint &&
-         l.getBlockBytes() == st.layout.block_bytes();
+  return layout_of(l) == st.layout && l.getBlockBytes() == st.layout.block_bytes();
 }
 
 void on_store(OffloadActor* self, const runtime::InboundFrame& in,
@@ -467,14 +459,14 @@ void on_store(OffloadActor* self, const runtime::InboundFrame& in,
   caf::actor me = caf::actor_cast<caf::actor>(self);
   for (const auto& g : *grants) {
     const Offer& o = (*offers)[g.offer_index];
-    auto peer = fabric->peer(o.address);
+    auto peer = fabric->peer(o.at.address);
     Status started =
-        o.length_bytes != st.staging->block_bytes
+        o.at.length_bytes != st.staging->block_bytes
             ? Status(make_error(ErrorKind::invalid, "an offered block's size differs"))
         : !peer.ok()
             ? Status(peer.error())
-            : fabric->read(*peer, o.region, o.offset_bytes, *st.staging->region,
-                           uint64_t{g.slot} * st.staging->slot_bytes, o.length_bytes,
+            : fabric->read(*peer, o.at.region, o.at.offset_bytes, *st.staging->region,
+                           uint64_t{g.slot} * st.staging->slot_bytes, o.at.length_bytes,
                            [me, key, slot = g.slot](Status s) {
                              caf::anon_send(me, StoreRmaDone{key, slot, s.ok(),
                                                              s.ok() ? "" : s.error().describe()});

@@ -361,15 +361,12 @@ void on_lookup_reply(PrefillActor* self, wire::OffloadLookupReply::Reader reply)
   auto* fabric = st.ctx.bridge->fabric();
   caf::actor me = caf::actor_cast<caf::actor>(self);
   for (uint32_t i = 0; i < usable; ++i) {
-    auto d = blocks[i];
-    auto region = d.getRegion();
-    auto peer = fabric->peer(region.getFabricAddress().cStr());
+    RemoteBlock at = read_block_descriptor(blocks[i]);
+    auto peer = fabric->peer(at.address);
     Tier2ReadDone fail{id, w.serial, i, false};
     Status started =
         !peer.ok() ? Status(peer.error())
-                   : fabric->read(*peer,
-                                  {region.getBaseAddress(), region.getLengthBytes(), region.getKey()},
-                                  d.getOffsetBytes(), *st.info.local,
+                   : fabric->read(*peer, at.region, at.offset_bytes, *st.info.local,
                                   uint64_t(w.fresh[i]) * block_bytes, block_bytes,
                                   [me, fail](Status done) {
                                     Tier2ReadDone r = fail;
