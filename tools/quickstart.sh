@@ -21,8 +21,11 @@ case "$mode" in
 esac
 
 bash tools/setup.sh
+# -g1 (line tables only): backtraces keep files and lines, and the build takes ~25% less time
+# than with full -g (measured on router_actor.cpp: 6.6 s vs 8.8 s of CPU). Reconfigure with
+# `meson configure build -Dcpp_args=` for a debugger's full view.
 if [ ! -f build/build.ninja ]; then
-  meson setup build --buildtype=debugoptimized
+  meson setup build --buildtype=debugoptimized -Dcpp_args=-g1
 fi
 ninja -C build
 bash tools/setup.d/40-agents-model.sh   # needs the built tandem (agents.toml's model)
@@ -34,8 +37,10 @@ if [ "$mode" = agents ]; then
   exec build/tools/tandem up config/examples/agents.toml
 fi
 
+# Two tests at a time (both cores); the integration tests that load the machine are
+# is_parallel: false in tests/meson.build, so they run alone.
 set +e
-meson test -C build --num-processes 1 --print-errorlogs --no-rebuild
+meson test -C build --num-processes 2 --print-errorlogs --no-rebuild
 rc=$?
 set -e
 
@@ -44,7 +49,7 @@ set -e
 # TANDEM_SANITIZE=0 skips it for a quick local loop. Its suite runs two tests at a time: each
 # test is CPU-bound under ASan (real time = user + sys), so two use both cores, and test ports
 # come from outside the ephemeral range (tests/support/process.hpp free_port), so parallel
-# tests cannot take each other's. The g++ suite above stays one at a time.
+# tests cannot take each other's.
 # Tests in suite 'nosan' are left out (each says why in tests/meson.build). Every
 # sanitized process, test or `tandem` child, writes its ASan and LSan reports to
 # build-asan/sanitizer/; any report there fails the run (a leak found when a child exits would
@@ -54,12 +59,16 @@ set -e
 # -Dwerror=false here only: GCC 12's sanitizer instrumentation makes false warnings (e.g.
 # -Wmaybe-uninitialized on runtime/node/bridge.cpp's std::optional<MallocMessageBuilder>
 # at -O1); the same code is held to -Werror by the g++ build above.
+# -Og -g1: this build's CPU time is about half of -O1 -g (router_actor.cpp: 8.4 s vs 16.2 s),
+# while the code still runs optimized enough for the integration tests; line tables keep
+# the sanitizers' reports symbolized with files and lines.
 asan_rc=0
 asan_logs=()
 if [ "${TANDEM_SANITIZE:-1}" = 1 ]; then
   if [ ! -f build-asan/build.ninja ]; then
-    meson setup build-asan --buildtype=debug -Doptimization=1 -Dwerror=false \
-      -Db_sanitize=address,undefined -Db_lundef=false -Dcpp_args=-fno-sanitize-recover=undefined
+    meson setup build-asan --buildtype=debug -Doptimization=g -Dwerror=false \
+      -Db_sanitize=address,undefined -Db_lundef=false \
+      "-Dcpp_args=-fno-sanitize-recover=undefined -g1"
   fi
   nice -n 10 ninja -C build-asan
   reports="$here/build-asan/sanitizer"
