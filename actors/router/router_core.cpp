@@ -57,15 +57,27 @@ Status validate(const RouterConfig& config) {
   }
   if (config.prefix_index_blocks_max < 1) return bad("prefix_index_blocks_max must be >= 1");
   if (config.block_tokens < 1) return bad("block_tokens must be >= 1");
+  if (!std::isfinite(config.tier2_weight) || config.tier2_weight < 0.0 ||
+      config.tier2_weight > 1.0) {
+    return bad("tier2_weight must be in [0, 1]");
+  }
+  if (config.tier2_index_blocks_max < 1) return bad("tier2_index_blocks_max must be >= 1");
   if (config.instances_max < 1 || config.instances_max > 65536) {
     return bad("instances_max must be in 1..65536, got " + std::to_string(config.instances_max));
   }
   return {};
 }
 
-RouterCore::RouterCore(const RouterConfig& config) : config_(config) {
+namespace {
+const RouterConfig& validated(const RouterConfig& config) {
   Status valid = validate(config);
   if (!valid) throw std::invalid_argument(valid.error().describe());
+  return config;
+}
+}  // namespace
+
+RouterCore::RouterCore(const RouterConfig& config)
+    : config_(validated(config)), tier2_(config.tier2_index_blocks_max) {
   words_ = (config.instances_max + 63) / 64;
   random_state_ = config.seed;
   RT_ASSERT(words_ >= 1 && words_ <= 1024, words_);
@@ -79,7 +91,7 @@ RouterCore::Slot* RouterCore::find(InstanceId id) {
   return &slots_[it->second];
 }
 
-Status RouterCore::add_instance(InstanceId id, InstanceRole role) {
+Status RouterCore::add_instance(InstanceId id, InstanceRole role, uint32_t site) {
   if (slot_of_.count(id.value) != 0) {
     return make_error(ErrorKind::invalid,
                       "router: instance " + std::to_string(id.value) + " is already known");
@@ -99,6 +111,7 @@ Status RouterCore::add_instance(InstanceId id, InstanceRole role) {
   s.up = true;
   s.id = id;
   s.role = role;
+  s.site = site;
   s.load = {};
   s.inflight_count = 0;
   slot_of_[id.value] = slot;
@@ -314,15 +327,17 @@ RouterCore::RoleLoad RouterCore::role_load(InstanceRole role) const {
 }
 
 InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t blocks,
-                                     const RoleLoad& role_load) const {
+                                     const RoleLoad& role_load, uint32_t tier2_blocks) const {
   const Slot& s = slots_[slot];
   RT_ASSERT(s.used, slot);
-  RT_ASSERT(cached <= blocks, cached, blocks);
+  RT_ASSERT(cached + tier2_blocks <= blocks, cached, tier2_blocks, blocks);
   RT_ASSERT(role_load.candidates_count >= 1, slot);
   InstanceScore score;
   score.id = s.id;
   score.cached_blocks = cached;
-  score.prefix = blocks == 0 ? 0.0 : static_cast<double>(cached) / static_cast<double>(blocks);
+  score.tier2_blocks = tier2_blocks;
+  double credited = static_cast<double>(cached) + config_.tier2_weight * tier2_blocks;
+  score.prefix = blocks == 0 ? 0.0 : credited / static_cast<double>(blocks);
   score.load_count = load_count(s);
   auto candidates = static_cast<double>(role_load.candidates_count);
   double mean = static_cast<double>(role_load.load_sum) / candidates;
@@ -349,7 +364,8 @@ InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t bloc
 
 std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
                                                 const std::vector<uint32_t>& lengths, size_t blocks,
-                                                uint32_t& cursor, double* score) const {
+                                                uint32_t& cursor, double* score,
+                                                const std::vector<uint32_t>* tier2) const {
   RoleLoad loads = role_load(role);
   std::optional<uint32_t> best;
   double best_total = 0.0;
@@ -360,7 +376,8 @@ std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
       uint32_t slot = (cursor + k) % count;  // ties go to the first after the last pick
       const Slot& s = slots_[slot];
       if (!s.used || !s.up || s.role != role) continue;
-      InstanceScore candidate = score_slot(slot, lengths[slot], blocks, loads);
+      InstanceScore candidate =
+          score_slot(slot, lengths[slot], blocks, loads, tier2 ? (*tier2)[slot] : 0);
       if (pass == 0 && candidate.over_bound) continue;
       if (!best || candidate.total > best_total + tie_epsilon) {
         best = slot;
@@ -375,13 +392,14 @@ std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
 }
 
 std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<uint32_t>& lengths,
-                                           size_t blocks, uint32_t& cursor, double* score) {
+                                           size_t blocks, uint32_t& cursor, double* score,
+                                           const std::vector<uint32_t>* tier2) {
   auto count = static_cast<uint32_t>(slots_.size());
   RT_ASSERT(lengths.size() == count, lengths.size(), count);
   *score = 0.0;
   std::optional<uint32_t> chosen;
   if (config_.policy == Policy::prefix_aware) {
-    chosen = choose_best(role, lengths, blocks, cursor, score);
+    chosen = choose_best(role, lengths, blocks, cursor, score, tier2);
   } else {
     uint32_t eligible_count = 0;
     for (const Slot& s : slots_) eligible_count += s.used && s.up && s.role == role ? 1 : 0;
@@ -409,6 +427,7 @@ std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<
 // load x mean uncached tokens per P/D request + this prompt's uncached tokens there. Within
 // the prefill load bound (if any); ties (1e-9 relative): more free KV, then rotation.
 std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& lengths,
+                                                   const std::vector<uint32_t>& tier2,
                                                    const PickRequest& request) const {
   RoleLoad loads = role_load(InstanceRole::prefill);
   double per_request = prefill_tokens_mean_ < 0.0 ? static_cast<double>(request.prompt_tokens)
@@ -422,11 +441,14 @@ std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& 
       uint32_t slot = (prefill_cursor_ + k) % count;
       const Slot& s = slots_[slot];
       if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
-      InstanceScore score = score_slot(slot, lengths[slot], blocks, loads);
+      InstanceScore score = score_slot(slot, lengths[slot], blocks, loads, tier2[slot]);
       if (pass == 0 && score.over_bound) continue;
-      uint64_t uncached = request.prompt_tokens - uint64_t{lengths[slot]} * config_.block_tokens;
-      double work = static_cast<double>(score.load_count) * per_request +
-                    static_cast<double>(uncached);
+      // Tier-2 blocks count as tier2_weight of a device hit: (1 - weight) of their tokens
+      // is the modelled cost of reading them back.
+      double uncached = static_cast<double>(request.prompt_tokens) -
+                        (static_cast<double>(lengths[slot]) + config_.tier2_weight * tier2[slot]) *
+                            config_.block_tokens;
+      double work = static_cast<double>(score.load_count) * per_request + uncached;
       bool tie = best && std::abs(work - best_work) <= 1e-9 * std::max(1.0, best_work);
       if (!best || (!tie && work < best_work) || (tie && score.kv_usage > best_kv + tie_epsilon)) {
         best = slot;
@@ -456,12 +478,14 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   role_mask(role, mask);
   std::vector<uint32_t> lengths;
   match_lengths(request.block_hashes, mask, lengths);
+  std::vector<uint32_t> tier2;
+  tier2_runs(request.block_hashes, lengths, tier2);
   RoleLoad loads = role_load(role);
   std::vector<InstanceScore> out;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.used || !s.up || s.role != role) continue;
-    out.push_back(score_slot(slot, lengths[slot], request.block_hashes.size(), loads));
+    out.push_back(score_slot(slot, lengths[slot], request.block_hashes.size(), loads, tier2[slot]));
   }
   std::sort(out.begin(), out.end(),
             [](const InstanceScore& a, const InstanceScore& b) { return a.id < b.id; });
@@ -469,27 +493,56 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   return out;
 }
 
+void RouterCore::tier2_runs(std::span<const kv::BlockHash> hashes,
+                            const std::vector<uint32_t>& lengths,
+                            std::vector<uint32_t>& out) const {
+  out.assign(slots_.size(), 0);
+  if (config_.tier2_weight <= 0.0) return;
+  for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
+    const Slot& s = slots_[slot];
+    if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
+    out[slot] = tier2_.run(s.site, hashes, lengths[slot]);
+    RT_ASSERT(lengths[slot] + out[slot] <= hashes.size(), slot);
+  }
+}
+
+size_t RouterCore::tier2_stored(uint32_t site, std::span<const kv::BlockHash> hashes) {
+  return tier2_.stored(site, hashes);
+}
+
+void RouterCore::tier2_removed(uint32_t site, std::span<const kv::BlockHash> hashes) {
+  tier2_.removed(site, hashes);
+}
+
+void RouterCore::tier2_clear(uint32_t site) { tier2_.clear(site); }
+
 // P/D: picks the prefill instance (when one is up) into `pick`.
 void RouterCore::decide_prefill(const PickRequest& request, Pick& pick) {
   size_t blocks = request.block_hashes.size();
   role_mask(InstanceRole::prefill, pick_mask_);
   match_lengths(request.block_hashes, pick_mask_, pick_prefill_lengths_);
+  tier2_runs(request.block_hashes, pick_prefill_lengths_, pick_tier2_);
   std::optional<uint32_t> prefill;
   if (config_.prefill_by_work && config_.policy == Policy::prefix_aware) {
-    prefill = choose_by_work(pick_prefill_lengths_, request);
+    prefill = choose_by_work(pick_prefill_lengths_, pick_tier2_, request);
     if (prefill) prefill_cursor_ = (*prefill + 1) % static_cast<uint32_t>(slots_.size());
   } else {
     double prefill_score = 0.0;
     prefill = choose(InstanceRole::prefill, pick_prefill_lengths_, blocks, prefill_cursor_,
-                     &prefill_score);
+                     &prefill_score, &pick_tier2_);
   }
   if (!prefill) return;
   pick.prefill = slots_[*prefill].id;
   pick.prefill_cached_blocks = pick_prefill_lengths_[*prefill];
+  pick.prefill_tier2_blocks = pick_tier2_[*prefill];
   slots_[*prefill].inflight_count += 1;
-  uint64_t cached_tokens = uint64_t{pick.prefill_cached_blocks} * config_.block_tokens;
-  RT_ASSERT(cached_tokens <= request.prompt_tokens, cached_tokens, request.prompt_tokens);
-  auto uncached = static_cast<double>(request.prompt_tokens - cached_tokens);
+  // The work it left there, in tokens, as choose_by_work counts it.
+  uint64_t hit_blocks = uint64_t{pick.prefill_cached_blocks} + pick.prefill_tier2_blocks;
+  RT_ASSERT(hit_blocks * config_.block_tokens <= request.prompt_tokens, hit_blocks);
+  double uncached = static_cast<double>(request.prompt_tokens) -
+                    (static_cast<double>(pick.prefill_cached_blocks) +
+                     config_.tier2_weight * pick.prefill_tier2_blocks) *
+                        config_.block_tokens;
   prefill_tokens_mean_ = prefill_tokens_mean_ < 0.0
                              ? uncached
                              : prefill_tokens_mean_ + (uncached - prefill_tokens_mean_) / 32.0;

@@ -17,6 +17,7 @@
 
 #include "actors/router/block_table.hpp"
 #include "actors/router/held_map.hpp"
+#include "actors/router/tier2_index.hpp"
 #include "kvstore/block_hash.hpp"
 #include "runtime/base/result.hpp"
 
@@ -58,6 +59,11 @@ struct RouterConfig {
   // neither needs a weight against the other (ties: KV usage, then rotation). false: the
   // weighted score, as for decode.
   bool prefill_by_work = true;
+  // Tier 2 (issue 13): a block the prefill instance's node holds in tier 2, past what its
+  // device cache holds, counts as tier2_weight of a device hit (reading it back costs a
+  // little; computing it costs all). In [0, 1]; 0 ignores tier 2.
+  double tier2_weight = 0.8;
+  uint32_t tier2_index_blocks_max = 262144;  // per node, blocks, >= 1
   uint64_t seed = 0;                          // for the `random` policy
 };
 
@@ -84,6 +90,7 @@ struct Pick {
   std::optional<InstanceId> prefill;  // nullopt: decode prefills locally
   uint32_t decode_cached_blocks = 0;  // leading blocks the index believes decode holds
   uint32_t prefill_cached_blocks = 0;  // same for prefill (0 when there is no prefill)
+  uint32_t prefill_tier2_blocks = 0;   // blocks after those its node's tier 2 holds
   uint64_t uncached_tokens = 0;       // prompt_tokens - decode_cached_blocks * block_tokens
   double decode_score = 0.0;          // weighted sum (prefix-aware policy; 0 for baselines)
 };
@@ -92,7 +99,9 @@ struct Pick {
 struct InstanceScore {
   InstanceId id;
   uint32_t cached_blocks = 0;
-  double prefix = 0.0;    // cached_blocks / blocks, in [0, 1]; 0 for an empty prompt
+  uint32_t tier2_blocks = 0;  // prefill: blocks after cached_blocks its node's tier 2 holds
+  // (cached_blocks + tier2_weight x tier2_blocks) / blocks, in [0, 1]; 0 for an empty prompt
+  double prefix = 0.0;
   uint64_t load_count = 0;  // waiting + running + picks since the last heartbeat
   bool over_bound = false;  // load at/above the bounded-load cap: not eligible (prefix-aware)
   // (mean + 1) / (mean + 1 + load_count), in (0, 1]; mean: the role's mean load_count.
@@ -106,8 +115,9 @@ class RouterCore {
   // Throws std::invalid_argument (startup fault) when validate(config) fails.
   explicit RouterCore(const RouterConfig& config);
 
+  // `site`: the instance's node, whose tier 2 it reads (see tier2_stored).
   // Errors: invalid (id already known), overloaded (instances_max reached).
-  Status add_instance(InstanceId id, InstanceRole role);
+  Status add_instance(InstanceId id, InstanceRole role, uint32_t site = 0);
   // Forgets the instance and its prefix index. Error: not_found.
   Status remove_instance(InstanceId id);
   // Down instances are never picked; going down clears the instance's prefix index (its
@@ -125,6 +135,14 @@ class RouterCore {
   Status kv_stored(InstanceId id, std::optional<kv::BlockHash> parent,
                    std::span<const kv::BlockHash> hashes);
   Status kv_removed(InstanceId id, std::span<const kv::BlockHash> hashes);
+
+  // Tier-2 events of a node's kv-offload (`site` as given to add_instance): the prefill
+  // instances of that node are credited for those blocks (RouterConfig::tier2_weight).
+  // stored returns how many were refused (tier2_index_blocks_max reached).
+  size_t tier2_stored(uint32_t site, std::span<const kv::BlockHash> hashes);
+  void tier2_removed(uint32_t site, std::span<const kv::BlockHash> hashes);
+  void tier2_clear(uint32_t site);
+  const Tier2Index& tier2() const { return tier2_; }
 
   // The decision: picks decode (and maybe prefill) without touching the prefix index. Each
   // picked instance counts one more request in flight until its next update_load (so a
@@ -187,6 +205,7 @@ class RouterCore {
     bool up = true;
     InstanceId id;
     InstanceRole role = InstanceRole::decode;
+    uint32_t site = 0;  // its node (tier 2)
     InstanceLoad load;
     uint32_t inflight_count = 0;  // picks since the last update_load
     HeldMap held;                 // node -> index into entries
@@ -211,13 +230,20 @@ class RouterCore {
   static uint64_t load_count(const Slot& s);
   RoleLoad role_load(InstanceRole role) const;
   InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks,
-                           const RoleLoad& role_load) const;
+                           const RoleLoad& role_load, uint32_t tier2_blocks = 0) const;
+  // Per slot: tier-2 blocks of `hashes` after lengths[slot] on the slot's node (prefill
+  // slots only; others 0), into out.
+  void tier2_runs(std::span<const kv::BlockHash> hashes, const std::vector<uint32_t>& lengths,
+                  std::vector<uint32_t>& out) const;
   std::optional<uint32_t> choose(InstanceRole role, const std::vector<uint32_t>& lengths,
-                                 size_t blocks, uint32_t& cursor, double* score);
+                                 size_t blocks, uint32_t& cursor, double* score,
+                                 const std::vector<uint32_t>* tier2 = nullptr);
   std::optional<uint32_t> choose_best(InstanceRole role, const std::vector<uint32_t>& lengths,
-                                      size_t blocks, uint32_t& cursor, double* score) const;
+                                      size_t blocks, uint32_t& cursor, double* score,
+                                      const std::vector<uint32_t>* tier2) const;
   void decide_prefill(const PickRequest& request, Pick& pick);
   std::optional<uint32_t> choose_by_work(const std::vector<uint32_t>& lengths,
+                                         const std::vector<uint32_t>& tier2,
                                          const PickRequest& request) const;
   void record_slot(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached);
   uint32_t node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth);
@@ -255,7 +281,8 @@ class RouterCore {
   mutable std::vector<Interval> level_, next_level_;
   mutable std::vector<uint32_t> probe_positions_, probe_nodes_, probe_bits_;
   std::vector<uint64_t> pick_mask_;  // pick()'s scratch, reused
-  std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_;
+  std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_, pick_tier2_;
+  Tier2Index tier2_;
   uint64_t stamp_ = 0;
   double prefill_tokens_mean_ = -1.0;  // EWMA of P/D picks' uncached tokens; < 0: none yet
   uint32_t decode_cursor_ = 0;  // round-robin / tie-break rotation

@@ -718,3 +718,84 @@ TEST_CASE("router: prefill by work weighs the cache against the queue in tokens"
   CHECK((*scores)[0].total > (*scores)[1].total);
   CHECK(*weighted.decide(request_for(session)).value().prefill == p0);
 }
+
+TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited below a device hit") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 16;
+  RouterCore core(config);
+  REQUIRE(core.add_instance(d0, InstanceRole::decode, 0).ok());
+  REQUIRE(core.add_instance(p0, InstanceRole::prefill, 1).ok());  // node 1
+  REQUIRE(core.add_instance(p1, InstanceRole::prefill, 2).ok());  // node 2
+  auto session = chain(90, 64);  // 64 blocks of 16 + 5 tokens = 1029 tokens
+  // Nothing anywhere: equal work, the rotation decides; no tier-2 blocks reported.
+  Pick cold = core.decide(request_for(session)).value();
+  REQUIRE(cold.prefill);
+  CHECK(cold.prefill_tier2_blocks == 0);
+  // Node 2's tier 2 holds the first 48 blocks: p1 is picked whatever the rotation says, and
+  // the pick says how many blocks its tier 2 adds.
+  REQUIRE(core.tier2_stored(2, std::span(session).first(48)) == 0);
+  CHECK(core.tier2().blocks_count(2) == 48);
+  for (int i = 0; i < 4; ++i) {
+    Pick p = core.decide(request_for(session)).value();
+    REQUIRE(p.prefill);
+    CHECK(*p.prefill == p1);
+    CHECK(p.prefill_cached_blocks == 0);
+    CHECK(p.prefill_tier2_blocks == 48);
+    for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {}).ok());
+  }
+  // A device hit on p0 of 40 blocks beats a tier-2 hit of 48 at weight 0.8 (38.4 blocks)...
+  REQUIRE(core.kv_stored(p0, std::nullopt, std::span(session).first(40)).ok());
+  Pick device = core.decide(request_for(session)).value();
+  CHECK(*device.prefill == p0);
+  CHECK(device.prefill_cached_blocks == 40);
+  CHECK(device.prefill_tier2_blocks == 0);  // node 1 holds nothing in tier 2
+  for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {}).ok());
+  // ... and tier 2 continues a device hit: node 1's tier 2 holding blocks 40..59 makes p0's
+  // credit 40 + 0.8 x 20.
+  REQUIRE(core.tier2_stored(1, std::span(session).subspan(40, 20)) == 0);
+  auto scores = core.scores(request_for(session), InstanceRole::prefill).value();
+  REQUIRE(scores.size() == 2);
+  CHECK(scores[0].id == p0);
+  CHECK(scores[0].cached_blocks == 40);
+  CHECK(scores[0].tier2_blocks == 20);
+  CHECK(scores[0].prefix == doctest::Approx((40 + 0.8 * 20) / 64.0));
+  CHECK(scores[1].tier2_blocks == 48);
+  // Removed blocks stop counting; a cleared node counts nothing.
+  core.tier2_removed(2, std::span(session).subspan(10, 1));
+  CHECK(core.scores(request_for(session), InstanceRole::prefill).value()[1].tier2_blocks == 10);
+  core.tier2_clear(2);
+  CHECK(core.tier2().blocks_count(2) == 0);
+  CHECK(core.scores(request_for(session), InstanceRole::prefill).value()[1].tier2_blocks == 0);
+  // Weight 0 ignores tier 2; a weight outside [0, 1] is a config error.
+  config.tier2_weight = 0.0;
+  RouterCore off(config);
+  REQUIRE(off.add_instance(d0, InstanceRole::decode, 0).ok());
+  REQUIRE(off.add_instance(p0, InstanceRole::prefill, 1).ok());
+  REQUIRE(off.tier2_stored(1, std::span(session).first(48)) == 0);
+  CHECK(off.decide(request_for(session)).value().prefill_tier2_blocks == 0);
+  config.tier2_weight = 1.5;
+  CHECK_THROWS_AS(RouterCore{config}, std::invalid_argument);
+  config.tier2_weight = std::numeric_limits<double>::quiet_NaN();
+  CHECK(!tandem::router::validate(config).ok());
+}
+
+TEST_CASE("router: the tier-2 index is bounded per node and refuses past it") {
+  RouterConfig config;
+  config.tier2_index_blocks_max = 10;
+  RouterCore core(config);
+  auto a = chain(91, 8), b = chain(92, 8);
+  CHECK(core.tier2_stored(3, a) == 0);
+  CHECK(core.tier2_stored(3, a) == 0);  // already held: not counted twice
+  CHECK(core.tier2().blocks_count(3) == 8);
+  CHECK(core.tier2_stored(3, b) == 6);  // two fit
+  CHECK(core.tier2().blocks_count(3) == 10);
+  CHECK(core.tier2().refused_count() == 6);
+  CHECK(core.tier2_stored(4, b) == 0);  // another node has its own bound
+  core.tier2_removed(3, std::span(a).first(4));
+  CHECK(core.tier2().blocks_count(3) == 6);
+  CHECK(core.tier2().run(3, a, 0) == 0);
+  CHECK(core.tier2().run(3, a, 4) == 4);
+  CHECK(core.tier2().run(4, b, 0) == 8);
+  core.tier2_removed(9, a);  // an unknown node: nothing to do
+  CHECK(core.tier2().blocks_count(9) == 0);
+}

@@ -1,0 +1,42 @@
+// The router's view of tier 2 (issue 13): which blocks each node's kv-offload holds, from
+// its KV events (stored / removed / all cleared). A "site" is a node: a prefill instance
+// reads the tier 2 of its own node, so the router credits a tier-2 copy to the prefill
+// instances of the node that holds it, and none to the others (a remote copy is worth
+// nothing while cross-node tier-2 reads are not built).
+//
+// Per site, a set of block hashes; the hashes are chained (hash i identifies blocks 0..i), so
+// a hit at position i means the same prefix, whatever tier 2 holds before it. Bounded:
+// blocks_max per site; a stored event past it is refused (counted), never grown into.
+// Pure, not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+
+#include "actors/router/block_table.hpp"
+#include "kvstore/block_hash.hpp"
+
+namespace tandem::router {
+
+class Tier2Index {
+ public:
+  explicit Tier2Index(uint32_t blocks_max);
+  // Records blocks the site's tier 2 stored; returns how many were refused (blocks_max).
+  size_t stored(uint32_t site, std::span<const kv::BlockHash> hashes);
+  void removed(uint32_t site, std::span<const kv::BlockHash> hashes);
+  void clear(uint32_t site);
+  // How many consecutive blocks from position `from` of `hashes` the site holds.
+  uint32_t run(uint32_t site, std::span<const kv::BlockHash> hashes, uint32_t from) const;
+  bool holds(uint32_t site, const kv::BlockHash& hash) const;
+  size_t blocks_count(uint32_t site) const;
+  uint64_t refused_count() const { return refused_count_; }
+  uint32_t blocks_max() const { return blocks_max_; }
+
+ private:
+  uint32_t blocks_max_;
+  uint64_t refused_count_ = 0;
+  std::unordered_map<uint32_t, BlockTable> sites_;  // sites: nodes of the manifest
+};
+
+}  // namespace tandem::router
