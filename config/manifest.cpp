@@ -548,7 +548,8 @@ void Loader::read_router(const toml::table& table) {
   TableReader reader(sink_, table, "router",
                      {"policy", "weight_prefix", "weight_queue", "weight_kv_usage",
                       "prefix_index_blocks_max", "disaggregate_tokens_min", "load_imbalance_max",
-                      "prefill_load_imbalance_max", "prefill_by_work"});
+                      "prefill_load_imbalance_max", "prefill_by_work", "tier2_weight",
+                      "tier2_index_blocks_max", "kv_resync_interval_ms"});
   RouterSection& router = manifest_.router;
   constexpr double weight_max = 1e6;
   reader.read_enum("policy", router_policies_all, router.policy);
@@ -567,6 +568,9 @@ void Loader::read_router(const toml::table& table) {
   reader.read_double("load_imbalance_max", 0.0, 1e6, router.load_imbalance_max);
   reader.read_double("prefill_load_imbalance_max", 0.0, 1e6, router.prefill_load_imbalance_max);
   reader.read_bool("prefill_by_work", router.prefill_by_work);
+  reader.read_double("tier2_weight", 0.0, 1.0, router.tier2_weight);
+  reader.read_int("tier2_index_blocks_max", 1, 100000000, router.tier2_index_blocks_max);
+  reader.read_int("kv_resync_interval_ms", 10, 600000, router.kv_resync_interval_ms);
 }
 
 void Loader::read_kv_offload(const toml::table& table) {

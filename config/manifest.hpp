@@ -96,6 +96,9 @@ struct RouterSection {
   double load_imbalance_max = 0.5;  // bounded load: >= (1 + this) x mean load is not picked
   double prefill_load_imbalance_max = 1e6;  // the same for prefill instances (1e6: none)
   bool prefill_by_work = true;  // prefill instance by least estimated work in tokens
+  double tier2_weight = 0.8;    // a tier-2 block on the prefill's node vs a device hit, [0, 1]
+  uint32_t tier2_index_blocks_max = 262144;  // tier-2 blocks the router tracks per node
+  uint32_t kv_resync_interval_ms = 2000;     // out of sync with a source: ask again after this
 };
 
 struct KvOffloadSection {

@@ -48,5 +48,6 @@ struct Envelope {
     offloadLookup @26 :Kv.OffloadLookup;
     offloadLookupReply @27 :Kv.OffloadLookupReply;
     stepEvents @28 :Serving.StepEvents;
+    kvResync @29 :Kv.KvResync;
   }
 }

@@ -37,12 +37,22 @@ struct KvPullDone {
   ok @1 :Bool;
 }
 
-# Prefill/decode -> router (and kv-offload): blocks entered or left an instance's cache.
+# Prefill/decode/kv-offload -> router: blocks entered or left an instance's cache (tier 1:
+# prefill and decode send `removed` only, unnumbered) or a node's tier 2 (kv-offload; precise:
+# numbered frames, see actors/router/kv_sequence.hpp).
 struct KvEvents {
   instance @0 :Text;
   stored @1 :List(Data);      # block hashes
   removed @2 :List(Data);
-  allCleared @3 :Bool;
+  allCleared @3 :Bool;        # the source's view starts over (a snapshot's first frame)
+  tier @4 :UInt8;             # 0 or 1: a device cache; 2: tier 2
+  sequence @5 :UInt64;        # tier 2: 1, 2, 3, ... per source incarnation (the envelope's)
+}
+
+# Router -> kv-offload: the router lost track of this source's events (a gap, a restart, or
+# it never heard them): send a snapshot (allCleared, then what tier 2 holds, numbered).
+struct KvResync {
+  reason @0 :Text;
 }
 
 # Prefill -> kv-offload: keep these blocks in tier 2. The offload instance pulls the bytes

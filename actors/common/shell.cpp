@@ -165,27 +165,60 @@ KvEventReporter::KvEventReporter(const ShellContext& ctx, messages::ActorName se
   hashes_per_frame_ = std::max<size_t>(1, (frame > 1024 ? frame - 1024 : 0) / 40);
 }
 
+void KvEventReporter::send_frame(bool stored_list, std::span<const kv::BlockHash> hashes,
+                                 uint8_t tier, bool all_cleared, uint64_t sequence) {
+  RT_ASSERT(hashes.size() <= hashes_per_frame_, hashes.size());
+  std::string instance = self_.to_string();
+  std::vector<kv::BlockHash> part(hashes.begin(), hashes.end());
+  for (const auto& router : routers_) {
+    Status sent = ctx_.bridge->send(self_, router, 0, [&](wire::Envelope::Builder b) {
+      auto ev = b.getBody().initKvEvents();
+      ev.setInstance(instance);
+      ev.setTier(tier);
+      ev.setSequence(sequence);
+      ev.setAllCleared(all_cleared);
+      auto list = stored_list ? ev.initStored(static_cast<unsigned>(part.size()))
+                              : ev.initRemoved(static_cast<unsigned>(part.size()));
+      messages::set_hashes(list, part);
+    });
+    if (!sent.ok()) {
+      ctx_.log->debug("{}: KV events for {} not sent: {}", instance, router.to_string(),
+                      sent.error().describe());
+    }
+  }
+}
+
 void KvEventReporter::flush(kv::PrefixCache& cache) {
   if (!cache.has_events()) return;
   kv::CacheEvents events = cache.drain_events();
   if (events.removed.empty() || routers_.empty()) return;
-  std::string instance = self_.to_string();
-  for (size_t at = 0; at < events.removed.size(); at += hashes_per_frame_) {
-    size_t n = std::min(hashes_per_frame_, events.removed.size() - at);
-    std::vector<kv::BlockHash> part(events.removed.begin() + at, events.removed.begin() + at + n);
-    for (const auto& router : routers_) {
-      Status sent = ctx_.bridge->send(self_, router, 0, [&](wire::Envelope::Builder b) {
-        auto ev = b.getBody().initKvEvents();
-        ev.setInstance(instance);
-        messages::set_hashes(ev.initRemoved(static_cast<unsigned>(part.size())), part);
-      });
-      if (!sent.ok()) {
-        ctx_.log->debug("{}: KV events for {} not sent: {}", instance, router.to_string(),
-                        sent.error().describe());
-      }
-    }
+  std::span<const kv::BlockHash> removed(events.removed);
+  for (size_t at = 0; at < removed.size(); at += hashes_per_frame_) {
+    size_t n = std::min(hashes_per_frame_, removed.size() - at);
+    send_frame(false, removed.subspan(at, n), 1, false, 0);
   }
   removed_count_ += events.removed.size();
+}
+
+void KvEventReporter::send_tier2(std::span<const kv::BlockHash> stored,
+                                 std::span<const kv::BlockHash> removed, bool snapshot) {
+  if (routers_.empty()) return;
+  bool cleared = snapshot;
+  // A snapshot of nothing is still a frame: it tells the router this source holds nothing.
+  if (snapshot && stored.empty()) {
+    send_frame(true, {}, 2, true, ++sequence_);
+    cleared = false;
+  }
+  for (size_t at = 0; at < stored.size(); at += hashes_per_frame_) {
+    size_t n = std::min(hashes_per_frame_, stored.size() - at);
+    send_frame(true, stored.subspan(at, n), 2, cleared, ++sequence_);
+    cleared = false;
+  }
+  for (size_t at = 0; at < removed.size(); at += hashes_per_frame_) {
+    size_t n = std::min(hashes_per_frame_, removed.size() - at);
+    send_frame(false, removed.subspan(at, n), 2, false, ++sequence_);
+  }
+  RT_ASSERT(!cleared, "a snapshot sends its allCleared frame");
 }
 
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,

@@ -144,12 +144,25 @@ class KvEventReporter {
   void flush(kv::PrefixCache& cache);
   uint64_t removed_count() const { return removed_count_; }  // hashes sent, per router
 
+  // Precise tier-2 events (kv-offload): numbered frames (1, 2, ... in this process) to every
+  // router, stored and removed in separate frames, in that order. snapshot: the first frame
+  // says allCleared (the list that follows is all this source holds). A frame a router does
+  // not get is a gap it detects (actors/router/kv_sequence.hpp) and answers with KvResync.
+  void send_tier2(std::span<const kv::BlockHash> stored, std::span<const kv::BlockHash> removed,
+                  bool snapshot);
+  uint64_t sequence() const { return sequence_; }
+
  private:
+  // One frame to every router; stored_list false: the hashes are removals.
+  void send_frame(bool stored_list, std::span<const kv::BlockHash> hashes, uint8_t tier,
+                  bool all_cleared, uint64_t sequence);
+
   ShellContext ctx_;
   messages::ActorName self_;
   std::vector<messages::ActorName> routers_;
   size_t hashes_per_frame_ = 0;
   uint64_t removed_count_ = 0;
+  uint64_t sequence_ = 0;
 };
 
 // Sends this instance's load to its node actor, which carries it in heartbeats to the router.

@@ -50,10 +50,23 @@ struct Read {
   std::vector<kv_offload::LookupGrant> grants;
   std::vector<kv::BlockHash> hashes;  // by grant
 };
+// What tier 2 gained and lost since the last answer, for the router's precise events:
+// disjoint, and each as the store is now (a block evicted and stored again in between is in
+// `stored` only). overflowed: more removals than the store keeps; send a snapshot instead.
+struct Changes {
+  std::vector<kv::BlockHash> stored;
+  std::vector<kv::BlockHash> removed;
+  bool overflowed = false;
+};
 struct IoDone {  // one result per write or read, in order
   std::vector<bool> ok;
   kv::tier2::Tier2Stats stats;
   std::vector<std::string> events;  // the store's noteworthy events since the last answer
+  Changes changes;
+};
+struct Held {};  // -> HeldList: what the store holds now (a snapshot for the router)
+struct HeldList {
+  std::vector<kv::BlockHash> blocks;
 };
 struct StoreRmaDone {
   kv_offload::RequestKey key;
@@ -69,6 +82,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Opened)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Write)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Read)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::IoDone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Held)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::HeldList)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::StoreRmaDone)
 
 namespace tandem::actors {
@@ -95,6 +110,16 @@ std::vector<std::string> drain(kv::tier2::Tier2Store& store) {
   return out;
 }
 
+// The store's removals since the last call plus `stored` (blocks put), as the store is now.
+Changes changes_of(kv::tier2::Tier2Store& store, std::vector<kv::BlockHash> stored) {
+  Changes c;
+  c.removed = store.drain_removed(&c.overflowed);
+  std::erase_if(c.removed, [&](const kv::BlockHash& h) { return store.contains(h); });
+  std::erase_if(stored, [&](const kv::BlockHash& h) { return !store.contains(h); });
+  c.stored = std::move(stored);
+  return c;
+}
+
 caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
   self->state.staging = std::move(staging);
   return {
@@ -103,7 +128,16 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
         if (!store.ok()) return Opened{store.error().describe(), {}, {}, ""};
         self->state.store = std::move(store).value();
         auto& s = *self->state.store;
+        bool overflowed = false;
+        (void)s.drain_removed(&overflowed);  // what opening dropped: the snapshot says the rest
         return Opened{"", s.blocks(), s.stats(), std::string(kv::tier2::to_string(s.io_mode()))};
+      },
+      [self](Held) -> HeldList {
+        auto& st = self->state;
+        if (st.store == nullptr) return HeldList{};
+        bool overflowed = false;
+        (void)st.store->drain_removed(&overflowed);  // the snapshot supersedes them
+        return HeldList{st.store->blocks()};
       },
       [self](const Write& w) -> IoDone {
         auto& st = self->state;
@@ -112,16 +146,22 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
         // A prompt's blocks arrive together: one group commit (one fdatasync and one synced
         // index batch) per puts_batch_max of them, not two device flushes per block.
         size_t batch_max = st.store->config().puts_batch_max;
+        std::vector<kv::BlockHash> stored;
         for (size_t at = 0; at < w.writes.size(); at += batch_max) {
           std::vector<kv::tier2::PutItem> items;
           for (size_t i = at; i < std::min(w.writes.size(), at + batch_max); ++i) {
             const auto& item = w.writes[i];
             items.push_back({item.hash, st.staging->slot(item.slot, st.staging->block_bytes)});
           }
-          for (const auto& put : st.store->put_batch(items)) done.ok.push_back(put.ok());
+          auto puts = st.store->put_batch(items);
+          for (size_t i = 0; i < puts.size(); ++i) {
+            done.ok.push_back(puts[i].ok());
+            if (puts[i].ok()) stored.push_back(items[i].hash);
+          }
         }
         done.stats = st.store->stats();
         done.events = drain(*st.store);
+        done.changes = changes_of(*st.store, std::move(stored));
         return done;
       },
       [self](const Read& r) -> IoDone {
@@ -135,6 +175,7 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
         }
         done.stats = st.store->stats();
         done.events = drain(*st.store);
+        done.changes = changes_of(*st.store, {});
         return done;
       },
   };
@@ -192,6 +233,10 @@ struct OffloadState {
   // Store offers whose RMA reads are in flight (<= kv_offload.stores_max, the core's bound).
   std::map<RequestKey, Offered> store_reply_to;
   std::unique_ptr<Tier2Metrics> metrics;
+  // Precise tier-2 events to the routers: numbered frames; a snapshot (allCleared + what the
+  // store holds) at open and whenever a router asks (KvResync), one in flight at a time.
+  std::optional<KvEventReporter> events;
+  bool snapshot_pending = false;
   static inline const char* name = "tandem.kv-offload";
 };
 using OffloadActor = caf::stateful_actor<OffloadState>;
@@ -250,6 +295,34 @@ void log_events(OffloadState& st, const std::vector<std::string>& events) {
 
 void on_frame(OffloadActor* self, const runtime::InboundFrame& in);
 
+// The changes one I/O answer reports, to the routers (a snapshot when removals overflowed).
+void send_snapshot(OffloadActor* self);
+void report_changes(OffloadActor* self, const Changes& c) {
+  auto& st = self->state;
+  if (c.overflowed) return send_snapshot(self);
+  if (!c.stored.empty() || !c.removed.empty()) st.events->send_tier2(c.stored, c.removed, false);
+}
+
+// A snapshot for the routers: what the store holds now (nothing while it is not open: tier 2
+// serves nothing then). Asked of the I/O actor, so it follows every write answered before.
+void send_snapshot(OffloadActor* self) {
+  auto& st = self->state;
+  if (st.phase != OffloadState::Phase::open) return st.events->send_tier2({}, {}, true);
+  if (st.snapshot_pending) return;  // the one in flight answers this ask too
+  st.snapshot_pending = true;
+  self->request(st.io, io_timeout, Held{})
+      .then(
+          [self](const HeldList& held) {
+            self->state.snapshot_pending = false;
+            self->state.events->send_tier2(held.blocks, {}, true);
+          },
+          [self](caf::error& e) {
+            self->state.snapshot_pending = false;
+            self->state.ctx.log->warn("kv-offload {}: no snapshot for the routers: {}",
+                                      self->state.self_name.instance, to_string(e));
+          });
+}
+
 // Opens the store for `layout` (the first block this node's tier 2 sees): allocates and
 // registers the staging slots, asks the I/O actor to open, replays the frames that waited.
 void open_store(OffloadActor* self, const devices::KvLayout& layout) {
@@ -304,6 +377,7 @@ void open_store(OffloadActor* self, const devices::KvLayout& layout) {
               st.ctx.log->info("kv-offload {}: tier 2 open ({} I/O): {} blocks held of {}",
                                st.self_name.instance, o.io_mode, o.held.size(),
                                o.stats.blocks_capacity_count);
+              st.events->send_tier2(o.held, {}, true);
             }
             std::deque<runtime::InboundFrame> replay;
             replay.swap(st.waiting);
@@ -362,6 +436,7 @@ void write_slots(OffloadActor* self, std::vector<kv_offload::StoreWrite> writes)
             }
             add_stats(st, done.stats);
             log_events(st, done.events);
+            report_changes(self, done.changes);
           },
           [self](caf::error& e) {
             // A disk that does not answer: its slots stay owned (the I/O actor may still
@@ -500,6 +575,7 @@ void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& fro
             st.metrics->hit_blocks->inc(staged->size());
             add_stats(st, done.stats);
             log_events(st, done.events);
+            report_changes(self, done.changes);
             reply_lookup(self, from, key.request, *staged, *all);
           },
           [self](caf::error& e) {
@@ -542,6 +618,10 @@ void on_frame(OffloadActor* self, const runtime::InboundFrame& in) {
     case wire::Envelope::Body::KV_PULL_DONE:  // the asker read its staged lookup
       if (st.core) (void)st.core->lookup_released({from.to_string(), body.getKvPullDone().getRequestId()});
       return;
+    case wire::Envelope::Body::KV_RESYNC:  // a router lost track of this tier 2
+      st.ctx.log->info("kv-offload {}: snapshot for {} ({})", st.self_name.instance,
+                       from.to_string(), std::string(body.getKvResync().getReason()));
+      return send_snapshot(self);
     case wire::Envelope::Body::PING:
       return runtime::answer_ping(st.ctx.bridge, st.self_name, envelope);
     default:
@@ -614,6 +694,7 @@ caf::actor spawn_kv_offload(caf::actor_system& system, const ShellContext& ctx,
     st.self_name = name;
     st.guard.emplace(ctx, "kv-offload");
     st.metrics = std::make_unique<Tier2Metrics>(*ctx.metrics, name.instance);
+    st.events.emplace(ctx, name);
     if (!ctx.manifest->kv_offload.enabled) {
       st.phase = OffloadState::Phase::failed;
       st.failure = "kv_offload.enabled is false";

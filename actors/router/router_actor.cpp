@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "actors/router/kv_sequence.hpp"
 #include "actors/router/router_core.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
@@ -27,6 +28,18 @@ struct Known {
   obs::Gauge* eligible = nullptr;
 };
 
+// A node's tier 2 as a source of precise KV events: the first kv-offload instance of the node
+// (the one its prefill instances read, actors/prefill). site = the node's index.
+struct Tier2Source {
+  ActorName name;
+  uint32_t site = 0;
+  bool node_up = false;
+  router::KvSequence sequence;
+  obs::Gauge* blocks = nullptr;     // tandem_router_tier2_blocks{instance, node}
+  obs::Counter* resyncs = nullptr;  // tandem_router_kv_resyncs_total{instance, source}
+  obs::Counter* gaps = nullptr;     // tandem_router_kv_event_gaps_total{instance, source}
+};
+
 struct RouterState {
   ShellContext ctx;
   ActorName self_name;
@@ -37,6 +50,10 @@ struct RouterState {
   obs::Counter* picks_disaggregated = nullptr;
   obs::Counter* picks_local = nullptr;
   obs::Counter* kv_removed = nullptr;
+  obs::Counter* tier2_refused = nullptr;
+  obs::Counter* tier2_credited = nullptr;  // P/D picks whose prefill has tier-2 blocks to read
+  std::vector<Tier2Source> tier2_sources;
+  std::map<std::string, size_t> source_by_name;  // "node/kv-offload/instance" -> index
   static inline const char* name = "tandem.router";
 };
 
@@ -57,6 +74,8 @@ router::RouterConfig router_config(const config::Manifest& m) {
   c.load_imbalance_max = m.router.load_imbalance_max;
   c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
   c.prefill_by_work = m.router.prefill_by_work;
+  c.tier2_weight = m.router.tier2_weight;
+  c.tier2_index_blocks_max = m.router.tier2_index_blocks_max;
   c.block_tokens = m.model.block_tokens;
   // Only the manifest's instances are ever added; the index keeps one holder bit per
   // instance per block (instances_max / 64 words), so size it to them, not to the maximum.
@@ -69,14 +88,46 @@ router::RouterConfig router_config(const config::Manifest& m) {
 
 namespace {
 
+uint32_t site_of(const config::Manifest& m, const std::string& node) {
+  for (size_t i = 0; i < m.nodes.size(); ++i) {
+    if (m.nodes[i].name == node) return static_cast<uint32_t>(i);
+  }
+  RT_ASSERT(false, "a node of the manifest", node);
+  return 0;
+}
+
 void add_instances(RouterState& st) {
+  const config::Manifest& m = *st.ctx.manifest;
+  if (m.kv_offload.enabled) {
+    auto interval = std::chrono::milliseconds(m.router.kv_resync_interval_ms);
+    for (const auto& [node, inst] : m.instances_of(config::Role::kv_offload)) {
+      bool first_of_node = std::none_of(
+          st.tier2_sources.begin(), st.tier2_sources.end(),
+          [&, n = node](const Tier2Source& s) { return s.name.node == n->name; });
+      if (!first_of_node) continue;
+      ActorName name{node->name, "kv-offload", inst->name};
+      obs::Labels source = {{"instance", st.self_name.instance}, {"source", name.to_string()}};
+      st.source_by_name[name.to_string()] = st.tier2_sources.size();
+      st.tier2_sources.push_back(Tier2Source{
+          name, site_of(m, node->name), node->name == st.ctx.bridge->node(),
+          router::KvSequence(interval),
+          make_gauge(*st.ctx.metrics, "tandem_router_tier2_blocks",
+                     "blocks the router believes a node's tier 2 holds (precise KV events)",
+                     {{"instance", st.self_name.instance}, {"node", node->name}}),
+          make_counter(*st.ctx.metrics, "tandem_router_kv_resyncs_total",
+                       "snapshots asked of a tier-2 source (out of sync: gap, restart, new)",
+                       source),
+          make_counter(*st.ctx.metrics, "tandem_router_kv_event_gaps_total",
+                       "numbered KV event frames that broke a synced stream", source)});
+    }
+  }
   for (auto role : {config::Role::decode, config::Role::prefill}) {
     for (const auto& [node, inst] : st.ctx.manifest->instances_of(role)) {
       uint32_t index = static_cast<uint32_t>(st.instances.size());
       ActorName name{node->name, std::string(config::to_string(role)), inst->name};
       auto core_role =
           role == config::Role::decode ? router::InstanceRole::decode : router::InstanceRole::prefill;
-      Status added = st.core->add_instance({index}, core_role);
+      Status added = st.core->add_instance({index}, core_role, site_of(m, node->name));
       RT_ASSERT(added.ok(), added.ok() ? "" : added.error().describe());
       // Instances on other nodes are down until their node is heard from; every instance is
       // ineligible until it reports that it is ready.
@@ -105,6 +156,7 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
   auto pick = st.core->decide(request);
   if (!pick.ok()) return send_error(st.ctx, st.self_name, from, id, pick.error());
   (pick->prefill ? st.picks_disaggregated : st.picks_local)->inc();
+  if (pick->prefill_tier2_blocks > 0) st.tier2_credited->inc();
   (void)st.ctx.bridge->send(st.self_name, from, id, [&](wire::Envelope::Builder b) {
     auto reply = b.getBody().initRouteReply();
     reply.setDecodeInstance(st.instances[pick->decode.value].name.to_string());
@@ -131,6 +183,21 @@ void set_eligibility(RouterState& st, uint32_t i, bool node_up, bool ready) {
   }
 }
 
+// Sends KvResync when the source is out of sync and was not asked within the interval.
+void ask_resync(RouterState& st, Tier2Source& source, const std::string& reason) {
+  auto now = router::KvSequence::Clock::now();
+  if (!source.sequence.resync_due(now)) return;
+  source.sequence.resync_sent(now);
+  source.resyncs->inc();
+  Status sent = st.ctx.bridge->send(st.self_name, source.name, 0, [&](wire::Envelope::Builder b) {
+    b.getBody().initKvResync().setReason(reason);
+  });
+  if (!sent.ok()) {
+    st.ctx.log->debug("router: KvResync to {} not sent: {}", source.name.to_string(),
+                      sent.error().describe());
+  }
+}
+
 void on_membership(RouterState& st, const runtime::MembershipEvent& event) {
   bool up = event.kind != runtime::MembershipEvent::Kind::down;
   for (uint32_t i = 0; i < st.instances.size(); ++i) {
@@ -142,6 +209,16 @@ void on_membership(RouterState& st, const runtime::MembershipEvent& event) {
       st.instances[i].reported = false;
     }
     set_eligibility(st, i, up, up && st.instances[i].ready);
+  }
+  for (Tier2Source& source : st.tier2_sources) {
+    if (source.name.node != event.node) continue;
+    // Down: what it held is unreachable. Up or restarted: out of sync until its snapshot.
+    source.node_up = up;
+    source.sequence.lost();
+    st.core->tier2_clear(source.site);
+    source.blocks->set(0.0);
+    bool restarted = event.kind == runtime::MembershipEvent::Kind::restarted;
+    if (up) ask_resync(st, source, event.node + (restarted ? " restarted" : " is up"));
   }
   st.ctx.log->info("router: instances on {} are {}", event.node, up ? "eligible" : "excluded");
 }
@@ -164,7 +241,7 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
 // Blocks evicted from an instance's prefix cache (KvEventReporter): the index drops them and
 // every deeper block of their chains for that instance. `stored` lists are not sent (the
 // index learns stored blocks from its own picks).
-void on_kv_events(RouterState& st, wire::KvEvents::Reader ev) {
+void on_device_events(RouterState& st, wire::KvEvents::Reader ev) {
   auto it = st.by_name.find(ev.getInstance());
   if (it == st.by_name.end()) {
     st.ctx.log->debug("router: KV events from unknown instance {}", std::string(ev.getInstance()));
@@ -179,6 +256,57 @@ void on_kv_events(RouterState& st, wire::KvEvents::Reader ev) {
   Status applied = st.core->kv_removed({it->second}, *removed);
   RT_ASSERT(applied.ok(), it->second);
   st.kv_removed->inc(removed->size());
+}
+
+// Precise tier-2 events from a node's kv-offload: numbered frames, applied only while they
+// continue the stream (KvSequence); out of sync, the router forgets the node's tier 2 and asks
+// for a snapshot.
+void on_tier2_events(RouterState& st, wire::Envelope::Reader envelope) {
+  auto ev = envelope.getBody().getKvEvents();
+  auto it = st.source_by_name.find(ev.getInstance());
+  if (it == st.source_by_name.end()) {
+    st.ctx.log->debug("router: tier-2 events from unknown source {}",
+                      std::string(ev.getInstance()));
+    return;
+  }
+  Tier2Source& source = st.tier2_sources[it->second];
+  auto stored = messages::get_hashes(ev.getStored());
+  auto removed = stored.ok() ? messages::get_hashes(ev.getRemoved()) : stored;
+  if (!stored.ok() || !removed.ok()) {
+    // A frame it cannot read is a frame lost: the view is no longer exact.
+    st.ctx.log->warn("router: bad tier-2 events from {}: {}", source.name.to_string(),
+                     (stored.ok() ? removed : stored).error().describe());
+    source.sequence.lost();
+    st.core->tier2_clear(source.site);
+  } else {
+    using V = router::KvSequence::Verdict;
+    V verdict = source.sequence.on_frame(envelope.getSourceIncarnation(), ev.getSequence(),
+                                         ev.getAllCleared());
+    if (verdict == V::reset_apply || verdict == V::drop_lost) st.core->tier2_clear(source.site);
+    if (verdict == V::drop_lost) {
+      source.gaps->inc();
+      st.ctx.log->info("router: tier-2 events from {} out of sequence (frame {}): resync",
+                       source.name.to_string(), ev.getSequence());
+    }
+    if (verdict == V::apply || verdict == V::reset_apply) {
+      st.tier2_refused->inc(st.core->tier2_stored(source.site, *stored));
+      st.core->tier2_removed(source.site, *removed);
+    }
+  }
+  source.blocks->set(static_cast<double>(st.core->tier2().blocks_count(source.site)));
+  if (source.node_up) ask_resync(st, source, "events out of sequence");
+}
+
+void on_kv_events(RouterState& st, wire::Envelope::Reader envelope) {
+  if (envelope.getBody().getKvEvents().getTier() == 2) return on_tier2_events(st, envelope);
+  on_device_events(st, envelope.getBody().getKvEvents());
+}
+
+// Every kv_resync_interval_ms: sources of up nodes still out of sync are asked again.
+void on_resync_tick(RouterState& st) {
+  for (Tier2Source& source : st.tier2_sources) {
+    if (source.node_up) ask_resync(st, source, "no snapshot yet");
+  }
 }
 
 }  // namespace
@@ -203,6 +331,17 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     st.kv_removed = make_counter(*ctx.metrics, "tandem_router_kv_blocks_removed_total",
                                  "blocks instances reported evicted from their prefix cache",
                                  {{"instance", name.instance}});
+    st.tier2_refused = make_counter(*ctx.metrics, "tandem_router_tier2_refused_blocks_total",
+                                    "tier-2 stored events refused (router.tier2_index_blocks_max)",
+                                    {{"instance", name.instance}});
+    st.tier2_credited = make_counter(*ctx.metrics, "tandem_router_tier2_credited_picks_total",
+                                     "P/D picks whose prefill instance's node holds blocks of "
+                                     "the prompt in tier 2 beyond its device cache",
+                                     {{"instance", name.instance}});
+    auto resync_interval = std::chrono::milliseconds(ctx.manifest->router.kv_resync_interval_ms);
+    if (!st.tier2_sources.empty()) {
+      self->delayed_send(self, resync_interval, runtime::atoms::tick::value);
+    }
     if (ctx.node_actor) {
       self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
     }
@@ -212,9 +351,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
             auto envelope = in.frame->envelope();
             auto which = envelope.getBody().which();
             if (which == wire::Envelope::Body::ROUTE_REQUEST) return on_route(self, envelope);
-            if (which == wire::Envelope::Body::KV_EVENTS) {
-              return on_kv_events(self->state, envelope.getBody().getKvEvents());
-            }
+            if (which == wire::Envelope::Body::KV_EVENTS) return on_kv_events(self->state, envelope);
             if (which == wire::Envelope::Body::PING) {
               return runtime::answer_ping(self->state.ctx.bridge, self->state.self_name, envelope);
             }
@@ -222,6 +359,10 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
         },
         [self](const runtime::MembershipEvent& event) { on_membership(self->state, event); },
         [self](const runtime::InstanceLoadReport& r) { on_load(self->state, r); },
+        [self, resync_interval](runtime::atoms::tick) {
+          on_resync_tick(self->state);
+          self->delayed_send(self, resync_interval, runtime::atoms::tick::value);
+        },
     };
   });
   ctx.bridge->register_actor(name, actor);

@@ -446,4 +446,13 @@ std::vector<Tier2Event> Tier2Store::drain_events() {
   return out;
 }
 
+std::vector<BlockHash> Tier2Store::drain_removed(bool* overflowed) {
+  std::vector<BlockHash> out;
+  out.swap(removed_);
+  *overflowed = removed_overflow_;
+  removed_overflow_ = false;
+  RT_ASSERT(removed_.empty());
+  return out;
+}
+
 }  // namespace tandem::kv::tier2

@@ -271,6 +271,11 @@ class Tier2Store {
   // This fingerprint's visible blocks (e.g. to announce them after a restart). O(blocks).
   std::vector<BlockHash> blocks() const;
   std::vector<Tier2Event> drain_events();
+  // This store's own blocks removed (evicted, or dropped by a failed read check) since the
+  // last call, in order, for the router's precise events. At most removed_max are kept;
+  // *overflowed says more went (the list is then incomplete: resend blocks() instead).
+  static constexpr size_t removed_max = 65536;
+  std::vector<BlockHash> drain_removed(bool* overflowed);
   Tier2Stats stats() const;
   Tier2Miss last_miss() const { return last_miss_; }  // of the latest get/pin miss
   IoMode io_mode() const;
@@ -356,6 +361,8 @@ class Tier2Store {
   Tier2Stats stats_;
   std::array<bool, tier2_event_kinds_count> event_reported_{};
   std::vector<Tier2Event> events_;  // <= tier2_event_kinds_count
+  std::vector<BlockHash> removed_;  // <= removed_max (drain_removed)
+  bool removed_overflow_ = false;
 };
 
 }  // namespace tandem::kv::tier2

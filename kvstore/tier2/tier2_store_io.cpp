@@ -69,6 +69,13 @@ Status Tier2Store::delete_entry(OwnerIndex owner, const BlockHash& hash) {
   // another block's bytes).
   RT_ASSERT(db_ != nullptr, "delete without an index");
   RT_ASSERT(!(owner == owner_self && slots_.find(hash)), "deleting the entry of a visible block");
+  if (owner == owner_self) {  // invisible now, whatever the index write below does
+    if (removed_.size() < removed_max) {
+      removed_.push_back(hash);
+    } else {
+      removed_overflow_ = true;
+    }
+  }
   rocksdb::Status status = db_->Delete(rocksdb::WriteOptions(), key_of(owner, hash));
   if (status.ok()) return {};
   note_event(Tier2EventKind::index_error,

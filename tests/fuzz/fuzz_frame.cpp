@@ -108,6 +108,7 @@ void read_body(wire::Envelope::Body::Reader body) {
       read_hashes(body.getKvEvents().getStored());
       read_hashes(body.getKvEvents().getRemoved());
       break;
+    case Body::KV_RESYNC: (void)body.getKvResync().getReason(); break;
     case Body::OFFLOAD_STORE: read_blocks(body.getOffloadStore().getBlocks()); break;
     case Body::OFFLOAD_LOOKUP: read_hashes(body.getOffloadLookup().getBlockHashes()); break;
     case Body::OFFLOAD_LOOKUP_REPLY:

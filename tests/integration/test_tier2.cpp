@@ -56,6 +56,11 @@ class Tier2Node {
     auto r = http::get(admin_port_, "/metrics", 3000ms);
     return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, "");
   }
+  // The router's tier-2 view of this node equals what its store holds (and is not empty).
+  bool router_view_exact() {
+    double used = metric("tandem:tier2_blocks_used");
+    return used > 0 && metric("tandem_router_tier2_blocks") == used;
+  }
   // Both instances eligible and a completion answered.
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
@@ -146,6 +151,9 @@ TEST_CASE("tier 2: an evicted prompt comes back from NVMe, same answer, also aft
     });
     REQUIRE_MESSAGE(stored, node.metrics(), node.log());
     for (int seed = 2; seed <= 5; ++seed) (void)complete(node.port(), story(seed, 180));
+    // Precise events: the router's view of this node's tier 2 is what the store holds.
+    CHECK_MESSAGE(eventually(10s, [&] { return node.router_view_exact(); }), node.metrics());
+    double credited_before = node.metric("tandem_router_tier2_credited_picks_total");
     double loaded_before = node.metric("tandem:prefill_tier2_loaded_blocks_total");
     double pulled_before = node.metric("tandem:kv_pulled_blocks_total");
     double hits_before = node.metric("tandem:prefix_cache_hits_total");
@@ -162,6 +170,8 @@ TEST_CASE("tier 2: an evicted prompt comes back from NVMe, same answer, also aft
     CHECK(node.metric("tandem:kv_pulled_blocks_total") - pulled_before >= first.full_blocks);
     CHECK(again.text == first.text);
     CHECK(node.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
+    // The router knew the prefill's node held the prompt in tier 2 when it picked.
+    CHECK(node.metric("tandem_router_tier2_credited_picks_total") == credited_before + 1);
   }
   {
     Tier2Node node(dir, http_port, admin_port, fabric_port);  // the same tier-2 directory
@@ -169,6 +179,9 @@ TEST_CASE("tier 2: an evicted prompt comes back from NVMe, same answer, also aft
     Answer after = complete(node.port(), long_prompt);
     INFO(node.metrics(), node.log());
     CHECK(node.metric("tandem:tier2_blocks_used") >= 5 * first.full_blocks);  // index is back
+    // The restarted router learned it all again: a snapshot when the store opened.
+    CHECK(eventually(10s, [&] { return node.router_view_exact(); }));
+    CHECK(node.metric("tandem_router_tier2_blocks") >= 5 * first.full_blocks);
     CHECK(node.metric("tandem:prefill_tier2_loaded_blocks_total") == first.full_blocks);
     CHECK(after.text == first.text);
   }

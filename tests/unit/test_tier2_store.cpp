@@ -273,6 +273,12 @@ TEST_CASE("when full, the least recently used block is evicted first") {
   CHECK(s->stats().evictions_count == 3);
   CHECK(s->stats().blocks_used_count == 4);
   for (uint64_t n : {3, 4, 5, 6}) CHECK(get_checked(*s, hash_of(n)));
+  // The router's precise events learn each eviction, in order, once.
+  bool overflowed = true;
+  CHECK(s->drain_removed(&overflowed) ==
+        std::vector<BlockHash>{hash_of(1), hash_of(2), hash_of(0)});
+  CHECK_FALSE(overflowed);
+  CHECK(s->drain_removed(&overflowed).empty());
   s->check_invariants();
 }
 
@@ -556,6 +562,9 @@ TEST_CASE("injected read faults are misses by reason; the entry is dropped, neve
     CHECK(s->stats().corrupt_dropped_count == 1);
     CHECK_FALSE(s->contains(hash_of(1)));
     CHECK(s->stats().blocks_used_count == 1);
+    bool overflowed = true;
+    CHECK(s->drain_removed(&overflowed) == std::vector<BlockHash>{hash_of(1)});  // and told
+    CHECK_FALSE(overflowed);
     auto events = s->drain_events();
     CHECK(has_event(events, k.event));
     for (const auto& e : events) CHECK(e.detail.find("slot") != std::string::npos);
