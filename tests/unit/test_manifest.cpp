@@ -185,6 +185,9 @@ disaggregate_tokens_min = 0
 load_imbalance_max = 0.25
 prefill_load_imbalance_max = 2.5
 prefill_by_work = false
+tier2_weight = 0.5
+tier2_index_blocks_max = 1000
+kv_resync_interval_ms = 250
 
 [kv_offload]
 enabled = false
@@ -221,6 +224,9 @@ draft_tokens_max = 16
   CHECK(m.router.load_imbalance_max == 0.25);
   CHECK(m.router.prefill_load_imbalance_max == 2.5);
   CHECK_FALSE(m.router.prefill_by_work);
+  CHECK(m.router.tier2_weight == 0.5);
+  CHECK(m.router.tier2_index_blocks_max == 1000);
+  CHECK(m.router.kv_resync_interval_ms == 250);
   CHECK_FALSE(m.kv_offload.enabled);
   CHECK(m.kv_offload.path == "/etc/tandem/kv");
   CHECK(m.kv_offload.capacity_bytes == 1000000);
@@ -296,10 +302,15 @@ restarts_max = 0
 draft_tokens_max = 17
 [router]
 weight_prefix = -0.5
+tier2_weight = 1.5
+kv_resync_interval_ms = 1
 )";
   text = replace(text, "fabric_port = 17100", "fabric_port = 70000");
   auto issues = parse_bad(text);
-  CHECK(issues.size() == 8);
+  CHECK(issues.size() == 10);
+  auto tier2 = find_issue(issues, "router.tier2_weight", "out of range");
+  CHECK(tier2.line == line_of(text, "tier2_weight"));
+  find_issue(issues, "router.kv_resync_interval_ms", "out of range 10..600000");
   auto frame = find_issue(issues, "fabric.frame_bytes_max", "out of range 4096..67108864");
   CHECK(frame.line == line_of(text, "frame_bytes_max"));
   find_issue(issues, "fabric.spin_us", "value -1 is out of range");
