@@ -200,6 +200,10 @@ void KvEventReporter::flush(kv::PrefixCache& cache) {
   removed_count_ += events.removed.size();
 }
 
+void KvEventReporter::send_tier2_keepalive() {
+  if (!routers_.empty()) send_frame(true, {}, 2, false, sequence_);
+}
+
 void KvEventReporter::send_tier2(std::span<const kv::BlockHash> stored,
                                  std::span<const kv::BlockHash> removed, bool snapshot) {
   if (routers_.empty()) return;

@@ -150,6 +150,8 @@ class KvEventReporter {
   // not get is a gap it detects (actors/router/kv_sequence.hpp) and answers with KvResync.
   void send_tier2(std::span<const kv::BlockHash> stored, std::span<const kv::BlockHash> removed,
                   bool snapshot);
+  // An empty, unnumbered frame naming the last one sent: a router that missed it finds out.
+  void send_tier2_keepalive();
   uint64_t sequence() const { return sequence_; }
 
  private:

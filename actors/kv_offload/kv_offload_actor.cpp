@@ -237,6 +237,7 @@ struct OffloadState {
   // store holds) at open and whenever a router asks (KvResync), one in flight at a time.
   std::optional<KvEventReporter> events;
   bool snapshot_pending = false;
+  std::chrono::nanoseconds keepalive_sent{0};  // every router.kv_resync_interval_ms / 2
   static inline const char* name = "tandem.kv-offload";
 };
 using OffloadActor = caf::stateful_actor<OffloadState>;
@@ -642,6 +643,13 @@ caf::behavior offload_behavior(OffloadActor* self) {
       },
       [self](runtime::atoms::tick) {
         auto& st = self->state;
+        // The routers find a lost last frame by this (actors/router/kv_sequence.hpp).
+        const auto& m = *st.ctx.manifest;
+        auto keepalive = std::chrono::milliseconds(m.router.kv_resync_interval_ms) / 2;
+        if (m.kv_offload.enabled && now_ns() - st.keepalive_sent >= keepalive) {
+          st.keepalive_sent = now_ns();
+          st.events->send_tier2_keepalive();
+        }
         if (st.core) {
           for (const auto& key : st.core->expire(now_ns())) {
             st.ctx.log->warn("kv-offload {}: lookup {} of {} was never released; freed",

@@ -5,7 +5,15 @@
 namespace tandem::router {
 
 KvSequence::Verdict KvSequence::on_frame(uint64_t incarnation, uint64_t sequence,
-                                         bool all_cleared) {
+                                         bool all_cleared, bool keepalive) {
+  if (keepalive && !all_cleared) {
+    if (!synced_) return Verdict::drop;
+    if (incarnation == incarnation_ && sequence == sequence_) return Verdict::apply;
+    synced_ = false;  // its last frame, or a restart, never reached this receiver
+    asked_at_.reset();
+    ++gaps_count_;
+    return Verdict::drop_lost;
+  }
   if (all_cleared) {
     synced_ = true;
     incarnation_ = incarnation;

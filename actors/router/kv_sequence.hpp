@@ -5,7 +5,10 @@
 // when it continues the stream it has applied so far; a gap (a frame refused or lost on the
 // way), another incarnation (the source restarted) or a stream never synced (this router
 // started after the source) makes the receiver drop the source's view and ask the source for
-// a snapshot (KvResync), at most once per resync_interval while it is out of sync.
+// a snapshot (KvResync), at most once per resync_interval while it is out of sync. A loss
+// is seen when the next frame arrives, so an idle source sends a keepalive now and then (a
+// frame with nothing in it, not numbered: it carries the number of the source's last frame),
+// which finds a lost last frame.
 // Pure: time is passed in. Not thread-safe.
 #pragma once
 
@@ -27,7 +30,9 @@ class KvSequence {
   explicit KvSequence(std::chrono::milliseconds resync_interval)
       : resync_interval_(resync_interval) {}
 
-  Verdict on_frame(uint64_t incarnation, uint64_t sequence, bool all_cleared);
+  // keepalive: `sequence` is the source's last frame, not a new one (nothing to apply).
+  Verdict on_frame(uint64_t incarnation, uint64_t sequence, bool all_cleared,
+                   bool keepalive = false);
   // Whether to send a KvResync now (out of sync and none asked within resync_interval).
   bool resync_due(Clock::time_point now) const;
   void resync_sent(Clock::time_point now) { asked_at_ = now; }

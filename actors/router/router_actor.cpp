@@ -280,8 +280,9 @@ void on_tier2_events(RouterState& st, wire::Envelope::Reader envelope) {
     st.core->tier2_clear(source.site);
   } else {
     using V = router::KvSequence::Verdict;
+    bool keepalive = !ev.getAllCleared() && stored->empty() && removed->empty();
     V verdict = source.sequence.on_frame(envelope.getSourceIncarnation(), ev.getSequence(),
-                                         ev.getAllCleared());
+                                         ev.getAllCleared(), keepalive);
     if (verdict == V::reset_apply || verdict == V::drop_lost) st.core->tier2_clear(source.site);
     if (verdict == V::drop_lost) {
       source.gaps->inc();
