@@ -19,6 +19,18 @@ SUMMARY = re.compile(
     r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed(?:\s*\|\s*(\d+) skipped)?")
 
 passed = failed = skipped = expected_failures = 0
+# Why each failed test failed, printed just before the closing line: CI often keeps only the
+# end of a run's output, and the full log stays on the machine that ran it.
+WHY = re.compile(r"(ERROR|FATAL|TEST CASE:|SUBCASE:|values:|Assertion|runtime error|"
+                 r"AddressSanitizer|LeakSanitizer|timed out|Timeout|terminate called|Aborted)")
+reasons = []
+
+
+def note_reason(name, out):
+    lines = [line[:240] for line in out.splitlines() if WHY.search(line)]
+    if not lines:
+        lines = [line[:240] for line in out.splitlines()[-8:]]
+    reasons.append((name, lines[:24]))
 
 
 def count_entry(entry, where):
@@ -45,11 +57,13 @@ def count_entry(entry, where):
             failed += 1  # crashed after its summary, or leaked a non-zero exit
         if not ok:
             print(f"FAILED: {name} ({result})")
+            note_reason(name, out)
     elif ok:
         passed += 1
     else:
         failed += 1
         print(f"FAILED: {name} ({result})")
+        note_reason(name, out)
 
 
 paths = sys.argv[1:]
@@ -68,6 +82,10 @@ for path in paths:
         continue
     for entry in entries:
         count_entry(entry, where)
+for name, lines in reasons:
+    print(f"---- why {name} failed (the lines that say; the whole output is in its log):")
+    for line in lines:
+        print(f"  {line}")
 if expected_failures:
     print(f"{expected_failures} expected failures")
 print(f"{passed} passed, {failed} failed, {skipped} skipped")
