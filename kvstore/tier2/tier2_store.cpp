@@ -264,19 +264,29 @@ Status Tier2Store::check_format() {
 
 namespace {
 
-// Deletes every block entry whose key starts with `prefix`; returns how many.
+// The smallest key above every key that starts with `prefix`: the end of its range.
+std::string prefix_end(std::string prefix) {
+  while (!prefix.empty() && static_cast<uint8_t>(prefix.back()) == 0xff) prefix.pop_back();
+  RT_ASSERT(!prefix.empty(), "a prefix of 0xff bytes only has no end");
+  prefix.back() = static_cast<char>(static_cast<uint8_t>(prefix.back()) + 1);
+  return prefix;
+}
+
+// Deletes every entry whose key starts with `prefix` with one synced range delete (constant
+// size, however many entries; the sync also makes every earlier unsynced delete durable);
+// returns how many there were.
 Result<uint64_t> delete_prefix(rocksdb::DB& db, const std::string& prefix) {
-  rocksdb::WriteBatch batch;
+  RT_ASSERT(!prefix.empty(), "deleting every key of the index");
   uint64_t count = 0;
   std::unique_ptr<rocksdb::Iterator> it(db.NewIterator(rocksdb::ReadOptions()));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    batch.Delete(it->key());
-    ++count;
-  }
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) ++count;
   if (!it->status().ok()) return index_failure("scan " + prefix, it->status());
+  rocksdb::WriteBatch batch;
+  rocksdb::Status status = batch.DeleteRange(prefix, prefix_end(prefix));
+  if (!status.ok()) return index_failure("delete entries", status);
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  rocksdb::Status status = db.Write(sync, &batch);
+  status = db.Write(sync, &batch);
   if (!status.ok()) return index_failure("delete entries", status);
   return count;
 }
@@ -424,6 +434,27 @@ void Tier2Store::load_entry(std::string_view key, std::string_view value, uint64
   }
   *max_tick = std::max(*max_tick, e->meta.last_use_tick);
   generation_ = std::max(generation_, e->meta.generation);
+}
+
+Result<DropReport> Tier2Store::drop_all() {
+  RT_ASSERT(db_ != nullptr, "drop_all without an index");
+  auto deleted = delete_prefix(*db_, std::string(1, block_key_tag));
+  if (!deleted) {
+    note_event(Tier2EventKind::index_error, "drop of every block: " + deleted.error().message);
+    return deleted.error();
+  }
+  index_commits_unsynced_ = 0;  // the synced write synced the whole WAL before it
+  DropReport report;
+  for (SlotIndex slot : slots_.stored_slots()) {
+    if (slots_.pin_count(slot) > 0) ++report.pinned_count;
+    cache_.erase(slot);
+    slots_.drop(slot);  // freed now, or doomed until its last unpin
+    ++report.dropped_count;
+  }
+  RT_ASSERT(slots_.counts().stored_count == 0, "a block survived drop_all");
+  // Every stored block had an entry (evicted ones may linger: their deletes can fail).
+  RT_ASSERT(*deleted >= report.dropped_count, "fewer entries than stored blocks", *deleted);
+  return report;
 }
 
 std::string Tier2Store::key_of(OwnerIndex owner, const BlockHash& hash) const {

@@ -163,6 +163,11 @@ struct VerifyReport {
   std::array<uint64_t, tier2_miss_reasons_count> dropped_count{};  // by Tier2Miss
 };
 
+struct DropReport {
+  uint64_t dropped_count = 0;  // stored blocks dropped (own and foreign)
+  uint64_t pinned_count = 0;   // of those, pinned: their slots are freed at their last unpin
+};
+
 using WriteId = uint64_t;
 using PinId = uint64_t;
 
@@ -263,6 +268,16 @@ class Tier2Store {
   // Re-reads every stored block (own and foreign; not the host cache), drops the bad ones.
   // Cost: one pread + checksum per block: the whole data file's used part.
   VerifyReport verify();
+
+  // Drops every stored block, own and foreign (an operator's `tier2 drop`): one synced index
+  // write deletes every block entry, then each block is invisible, its cached copy gone and
+  // its slot free. A pinned block is dropped too: invisible at once, its pin's bytes valid
+  // until unpin, its slot freed at the last unpin (not reused before). Writes in flight
+  // (put_begin, not yet committed) are not blocks yet: they stay, and put_commit makes them
+  // visible as usual. Durable: once it returns, no dropped block comes back after a restart
+  // or a crash. Errors: failed (the index write; nothing is dropped then).
+  // Cost: a key scan of the index (to count) + one synced RocksDB range delete + O(slots).
+  Result<DropReport> drop_all();
 
   // Syncs the WAL if commits are unsynced (index_commits_per_sync > 1) and persists last-use
   // ticks (one unsynced RocksDB batch). Errors: failed (index write or sync).

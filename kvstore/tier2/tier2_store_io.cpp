@@ -1,4 +1,4 @@
-// Tier2Store's data path: put, get, pin, verify (tier2_store.cpp opens and restores).
+// Tier2Store's data path: put, get, pin, verify (tier2_store.cpp opens, restores, drops all).
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>
 

@@ -1046,3 +1046,113 @@ TEST_CASE("after a restart, another fingerprint's blocks are evicted before olde
   CHECK(get_checked(*s, hash_of(3)));
   s->check_invariants();
 }
+
+TEST_CASE("drop_all: every block goes, own and foreign, and none comes back after a restart") {
+  TempDir dir;
+  auto a = config_for(dir.path, 8);
+  a.host_cache_bytes = 8 * block_bytes;  // cached copies must go too
+  auto b = a;
+  b.fingerprint = make_fingerprint({"other-model", "bf16", 16, 2, 2, 64, ""});
+  { put_ok(*open_ok(b), 100); }  // a foreign block
+  {
+    auto s = open_ok(a);
+    for (uint64_t n = 0; n < 5; ++n) put_ok(*s, n);
+    for (uint64_t n = 0; n < 5; ++n) CHECK(get_checked(*s, hash_of(n)));  // now cached
+    CHECK(s->stats().blocks_foreign_count == 1);
+    auto report = s->drop_all();
+    REQUIRE(report.ok());
+    CHECK(report->dropped_count == 6);
+    CHECK(report->pinned_count == 0);
+    CHECK(s->blocks().empty());
+    CHECK(s->stats().blocks_used_count == 0);
+    CHECK(s->stats().blocks_foreign_count == 0);
+    CHECK(s->stats().host_cache_used_bytes == 0);
+    for (uint64_t n = 0; n < 5; ++n) {
+      CHECK_FALSE(s->contains(hash_of(n)));
+      CHECK_FALSE(get_checked(*s, hash_of(n)));  // a miss, not the cached bytes
+    }
+    CHECK(misses(*s, Tier2Miss::absent) == 5);
+    CHECK(s->verify().checked_count == 0);
+    s->check_invariants();
+    // Every slot is free again: a full store's worth of new blocks fits without evicting.
+    for (uint64_t n = 10; n < 18; ++n) put_ok(*s, n);
+    CHECK(s->stats().evictions_count == 0);
+    REQUIRE(s->drop_all().ok());
+    put_ok(*s, 20);  // a block stored after the drop is kept
+  }
+  {
+    auto s = open_ok(a);
+    CHECK(s->stats().blocks_used_count == 1);
+    CHECK(s->stats().blocks_foreign_count == 0);
+    CHECK(get_checked(*s, hash_of(20)));
+    for (uint64_t n = 0; n < 18; ++n) CHECK_FALSE(s->contains(hash_of(n)));
+    CHECK(s->stats().index_dropped_count == 0);  // gone from the index, not dropped at open
+  }
+  auto db = open_index_directly(dir.path);  // the index itself holds the one entry left
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
+  size_t entries = 0;
+  for (it->Seek("B"); it->Valid() && it->key().starts_with("B"); it->Next()) ++entries;
+  CHECK(entries == 1);
+}
+
+TEST_CASE("drop_all: a pinned block stays readable by its pin; its slot frees at the unpin") {
+  TempDir dir;
+  auto c = config_for(dir.path, 3);
+  c.host_cache_bytes = 0;
+  {
+    auto s = open_ok(c);
+    for (uint64_t n = 1; n <= 3; ++n) put_ok(*s, n);
+    auto pin = s->pin(hash_of(2));
+    REQUIRE(pin.ok());
+    auto report = s->drop_all();
+    REQUIRE(report.ok());
+    CHECK(report->dropped_count == 3);
+    CHECK(report->pinned_count == 1);
+    CHECK_FALSE(s->contains(hash_of(2)));
+    CHECK_FALSE(s->pin(hash_of(2)).ok());
+    CHECK(std::vector<uint8_t>(pin->bytes.begin(), pin->bytes.end()) ==
+          content_of(hash_of(2), block_bytes));  // the pin's bytes are still the block's
+    CHECK(s->stats().blocks_pinned_count == 1);
+    s->check_invariants();
+    put_ok(*s, 4);  // the two free slots
+    put_ok(*s, 5);
+    put_ok(*s, 6);  // the pinned slot is not reused yet: 4 is evicted instead
+    CHECK(s->stats().evictions_count == 1);
+    CHECK_FALSE(s->contains(hash_of(4)));
+    REQUIRE(s->unpin(pin->id).ok());
+    CHECK(s->stats().blocks_pinned_count == 0);
+    put_ok(*s, 7);  // now it is free: no eviction
+    CHECK(s->stats().evictions_count == 1);
+    s->check_invariants();
+  }
+  auto s = open_ok(c);
+  CHECK(s->stats().blocks_used_count == 3);
+  for (uint64_t n = 5; n <= 7; ++n) CHECK(get_checked(*s, hash_of(n)));
+  for (uint64_t n = 1; n <= 4; ++n) CHECK_FALSE(s->contains(hash_of(n)));
+}
+
+TEST_CASE("drop_all: a write in flight is kept and becomes visible at its commit") {
+  TempDir dir;
+  auto c = config_for(dir.path, 4);
+  {
+    auto s = open_ok(c);
+    put_ok(*s, 1);
+    put_ok(*s, 2);
+    auto writing = s->put_begin(hash_of(3));
+    REQUIRE(writing.ok());
+    auto report = s->drop_all();
+    REQUIRE(report.ok());
+    CHECK(report->dropped_count == 2);
+    CHECK(s->stats().writes_inflight_count == 1);
+    CHECK_FALSE(s->contains(hash_of(3)));  // not visible before its commit
+    auto bytes = content_of(hash_of(3), block_bytes);
+    std::memcpy(writing->buffer.data(), bytes.data(), bytes.size());
+    REQUIRE(s->put_commit(writing->id, block_bytes).ok());
+    CHECK(get_checked(*s, hash_of(3)));
+    s->check_invariants();
+  }
+  auto s = open_ok(c);
+  CHECK(s->stats().blocks_used_count == 1);
+  CHECK(get_checked(*s, hash_of(3)));
+  CHECK_FALSE(s->contains(hash_of(1)));
+}
