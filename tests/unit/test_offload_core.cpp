@@ -1,12 +1,15 @@
 // The kv-offload staging core (actors/kv_offload/offload_core): slots are owned by exactly one
 // store, write or lookup; a store never waits for a slot (drops); a lookup stages the longest
-// believed prefix and cuts it at the first disk miss; holds expire; bounds refuse.
+// believed prefix and cuts it at the first disk miss; holds expire; bounds refuse. And the
+// operator's view (tier2_report): per-second rates, the `tier2` / verify / drop answers.
 #include <doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
 #include "actors/kv_offload/offload_core.hpp"
+#include "actors/kv_offload/tier2_report.hpp"
 
 using namespace tandem;
 using namespace tandem::kv_offload;
@@ -255,4 +258,124 @@ TEST_CASE("offload: random operations keep every slot owned by exactly one holde
       core.check_invariants();
     }
   }
+}
+
+TEST_CASE("offload: blocks a verify or drop removed are no longer looked up") {
+  OffloadCore core(small(8));
+  store_all(core, {"p", 1}, hashes(0, 4));
+  for (const auto& h : hashes(0, 4)) core.note_removed(h);  // `tier2 drop` took them all
+  auto none = core.begin_lookup({"q", 1}, hashes(0, 4), 0ns);
+  REQUIRE(none.ok());
+  CHECK(none->empty());  // not staged, no disk read: the prompt is computed
+  CHECK(core.known_count() == 0);
+  store_all(core, {"p", 2}, hashes(0, 2));  // offered again: stored again
+  auto again = core.begin_lookup({"q", 2}, hashes(0, 4), 0ns);
+  REQUIRE(again.ok());
+  CHECK(again->size() == 2);
+  core.check_invariants();
+}
+
+TEST_CASE("tier2 report: rates cover the last full interval only") {
+  RateWindow window(5s);
+  CHECK_FALSE(window.rates().has_value());
+  Tier2Counts c;
+  window.sample(0s, c);
+  c.hit_blocks = 10;
+  c.written_bytes = 4000;
+  window.sample(4s, c);
+  CHECK_FALSE(window.rates().has_value());  // no interval has passed yet
+  c.hit_blocks = 20;
+  c.stored_blocks = 5;
+  window.sample(5s, c);
+  REQUIRE(window.rates().has_value());
+  CHECK(window.rates()->over == 5s);
+  CHECK(window.rates()->hit_blocks_per_s == doctest::Approx(4.0));
+  CHECK(window.rates()->stored_blocks_per_s == doctest::Approx(1.0));
+  CHECK(window.rates()->written_bytes_per_s == doctest::Approx(800.0));
+  CHECK(window.rates()->miss_blocks_per_s == 0.0);
+  c.hit_blocks = 26;
+  window.sample(8s, c);  // inside the next interval: the last full one still shows
+  CHECK(window.rates()->hit_blocks_per_s == doctest::Approx(4.0));
+  window.sample(11s, c);  // 6 s since the boundary at 5 s: 6 more hits
+  CHECK(window.rates()->over == 6s);
+  CHECK(window.rates()->hit_blocks_per_s == doctest::Approx(1.0));
+  CHECK(window.rates()->stored_blocks_per_s == 0.0);
+}
+
+TEST_CASE("tier2 report: the status row fits its header; the text says state and counts") {
+  Tier2Status s;
+  s.node = "solo";
+  s.instance = "kvo";
+  s.state = Tier2State::open;
+  s.io_mode = "direct";
+  s.blocks_used = 11;
+  s.blocks_capacity = 300;
+  s.block_bytes = 1000;
+  s.counts.lookups = 2;
+  s.counts.hit_blocks = 9;
+  s.counts.miss_blocks = 1;
+  s.counts.stored_blocks = 11;
+  s.counts.corrupt_dropped_blocks = 1;
+  auto header = tier2_status_header();
+  auto row = tier2_status_row(s);
+  REQUIRE(row.size() == header.size());
+  auto cell = [&](const std::string& column) {
+    auto at = std::find(header.begin(), header.end(), column);
+    REQUIRE(at != header.end());
+    return row[static_cast<size_t>(at - header.begin())];
+  };
+  CHECK(cell("state") == "open");
+  CHECK(cell("blocks used") == "11");
+  CHECK(cell("bytes used") == "11000");
+  CHECK(cell("hits") == "9");
+  CHECK(cell("corrupt dropped") == "1");
+  CHECK(cell("hits/s") == "-");  // no full interval yet
+  std::string text = tier2_status_text(s);
+  CHECK(text.find("solo/kv-offload/kvo: open, direct I/O\n") == 0);
+  CHECK(text.find("blocks      11 used of 300 (11000 bytes)") != std::string::npos);
+  CHECK(text.find("2: 9 blocks hit, 1 missed") != std::string::npos);
+  CHECK(text.find("(no full interval yet)") != std::string::npos);
+
+  s.rates = Tier2Rates{2s, 0.5, 1.5, 0, 2.0, 100.0, 200.0};
+  row = tier2_status_row(s);
+  CHECK(cell("hits/s") == "1.5");
+  CHECK(cell("rate seconds") == "2.0");
+  CHECK(tier2_status_text(s).find("1.5 hits") != std::string::npos);
+
+  Tier2Status off;
+  off.node = "solo";
+  off.instance = "kvo";
+  off.state = Tier2State::failed;
+  off.why = "cannot register staging memory";
+  row = tier2_status_row(off);
+  CHECK(row.size() == header.size());
+  CHECK(row[2] == "failed: cannot register staging memory");
+  CHECK(row[3] == "-");
+  CHECK(tier2_status_text(off).find("kvo: failed (cannot register staging memory)\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("tier2 report: verify and drop answers count what was checked and dropped") {
+  Tier2VerifyOutcome v{"solo", "kvo", 12, 11, {{"short_read", 0}, {"io_error", 0},
+                                               {"checksum", 1}}, 1500ms};
+  CHECK(v.dropped_count() == 1);
+  auto rows = tier2_verify_rows(v);
+  REQUIRE(rows.size() == 2);
+  REQUIRE(rows[0].size() == rows[1].size());
+  CHECK(rows[0][2] == "checked");
+  CHECK(rows[1][2] == "12");
+  CHECK(rows[1][3] == "11");
+  CHECK(rows[1][4] == "1");
+  CHECK(rows[0][7] == "dropped checksum");
+  CHECK(rows[1][7] == "1");
+  CHECK(tier2_verify_text(v) ==
+        "solo/kv-offload/kvo: verify checked 12 blocks in 1.500 s: 11 ok, 1 dropped "
+        "(short_read 0, io_error 0, checksum 1)\n");
+  Tier2DropOutcome d{"solo", "kvo", 40, 2, 3ms};
+  rows = tier2_drop_rows(d);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[1][2] == "40");
+  CHECK(rows[1][3] == "2");
+  CHECK(tier2_drop_text(d).find("kvo: dropped 40 blocks in 0.003 s (2 of them pinned") !=
+        std::string::npos);
 }
