@@ -79,6 +79,16 @@ std::vector<ActorName> Bridge::local_actors() const {
   return out;
 }
 
+std::vector<std::pair<ActorName, caf::actor>> Bridge::local_actors_with_role(
+    const std::string& role) const {
+  std::shared_lock lock(mu_);
+  std::vector<std::pair<ActorName, caf::actor>> out;
+  for (const auto& [name, actor] : actors_) {
+    if (name.role == role) out.emplace_back(name, actor);
+  }
+  return out;
+}
+
 Result<std::string> Bridge::address_of(const std::string& node) const {
   std::shared_lock lock(mu_);
   return address_of_locked(node);

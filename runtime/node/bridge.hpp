@@ -59,6 +59,9 @@ class Bridge {
   // Forgets a registered actor (it died): a supervisor then registers its replacement.
   void unregister_actor(const messages::ActorName& name);
   std::vector<messages::ActorName> local_actors() const;
+  // The registered local actors of one role ("kv-offload"), by name.
+  std::vector<std::pair<messages::ActorName, caf::actor>> local_actors_with_role(
+      const std::string& role) const;
 
   // Sends one envelope. `fill` sets the body (and may read nothing else). Errors:
   // not_found (unknown node), overloaded (peer queue full), disconnected (stopped).

@@ -59,6 +59,8 @@ CAF_ADD_TYPE_ID(tandem, (tandem::runtime::RmaReadDone))
 CAF_END_TYPE_ID_BLOCK(tandem)
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::runtime::InstanceLoadReport)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::runtime::LocalAdmin)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::runtime::AdminResult)
 
 namespace tandem::runtime::atoms {
 using tick = caf::atom_constant<caf::atom("tick")>;

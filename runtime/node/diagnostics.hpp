@@ -34,6 +34,22 @@ struct AdminResult {
   std::vector<std::vector<std::string>> rows;
 };
 
+// An admin command the node actor hands to each of its local actors of one role (`tier2`,
+// `tier2-verify`, `tier2-drop` go to the kv-offload instances): the actor answers an
+// AdminResult whose rows start with a header row, within `timeout` (the node actor's wait;
+// the actor's own waits must end sooner). The node actor merges the answers into one reply.
+struct LocalAdmin {
+  std::string command;
+  std::vector<std::string> args;
+  std::chrono::milliseconds timeout{0};
+};
+
+// How long the node actor waits for a forwarded command's answers: one that reads memory
+// only (`tier2`), and one that waits on a disk (`tier2-verify` reads every stored block).
+// A client waits longer than these: it then gets the node's "no answer" instead of nothing.
+inline constexpr std::chrono::milliseconds admin_forward_timeout{3000};
+inline constexpr std::chrono::milliseconds admin_disk_timeout{600000};
+
 // Completion of an RMA read started by Diagnostics, delivered to the node actor.
 struct RmaReadDone {
   uint64_t token = 0;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -59,7 +60,9 @@ struct NodeState {
   std::map<std::string, InstanceLoadReport> local_loads;  // <= instances on this node
   Clock::time_point started;
   uint64_t heartbeat_sequence = 0;
+  size_t forwards_pending = 0;  // forwarded admin commands not yet answered
   static constexpr size_t subscribers_max = 4096;
+  static constexpr size_t forwards_max = 64;
   static inline const char* name = "tandem.node";
 };
 
@@ -204,6 +207,75 @@ void debug_crash(NodeActor* self, const AdminCaller& caller, const std::vector<s
       });
 }
 
+// Admin commands answered by this node's actors of one role (LocalAdmin).
+struct Forwarded {
+  std::string_view command;
+  std::string_view role;
+  std::chrono::milliseconds timeout;
+};
+constexpr Forwarded forwarded_commands[] = {
+    {"tier2", "kv-offload", admin_forward_timeout},
+    {"tier2-verify", "kv-offload", admin_disk_timeout},
+    {"tier2-drop", "kv-offload", admin_disk_timeout},
+};
+
+// The answers to one forwarded command, merged into one reply when the last one is in: ok
+// when every one is; the texts in name order; one header row, then every actor's rows.
+struct Gathered {
+  AdminCaller caller;
+  size_t pending = 0;
+  std::vector<AdminResult> results;  // by target
+};
+
+void gathered_one(NodeActor* self, const std::shared_ptr<Gathered>& g) {
+  auto& st = self->state;
+  RT_ASSERT(g->pending > 0 && st.forwards_pending > 0, g->pending, st.forwards_pending);
+  if (--g->pending > 0) return;
+  --st.forwards_pending;
+  AdminResult merged;
+  for (const auto& r : g->results) {
+    merged.ok = merged.ok && r.ok;
+    merged.text += r.text;
+    if (r.rows.empty()) continue;
+    if (merged.rows.empty()) merged.rows.push_back(r.rows[0]);
+    merged.rows.insert(merged.rows.end(), r.rows.begin() + 1, r.rows.end());
+  }
+  reply_admin(st, g->caller, merged);
+}
+
+void forward_admin(NodeActor* self, const AdminCaller& caller, const Forwarded& f,
+                   const std::string& command, const std::vector<std::string>& args) {
+  auto& st = self->state;
+  std::string role(f.role);
+  auto targets = st.deps.bridge->local_actors_with_role(role);
+  if (targets.empty()) {
+    std::string why = "node " + st.deps.bridge->node() + " runs no " + role + " instance\n";
+    return reply_admin(st, caller, AdminResult{false, why, {}});
+  }
+  if (st.forwards_pending >= NodeState::forwards_max) {
+    std::string why = "node " + st.deps.bridge->node() + " is answering " +
+                      std::to_string(NodeState::forwards_max) +
+                      " such commands already; try again\n";
+    return reply_admin(st, caller, AdminResult{false, why, {}});
+  }
+  ++st.forwards_pending;
+  auto g = std::make_shared<Gathered>(Gathered{caller, targets.size(), {}});
+  g->results.resize(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    std::string name = targets[i].first.to_string();
+    self->request(targets[i].second, f.timeout, LocalAdmin{command, args, f.timeout})
+        .then(
+            [self, g, i](AdminResult& r) {
+              g->results[i] = std::move(r);
+              gathered_one(self, g);
+            },
+            [self, g, i, name](caf::error& e) {
+              g->results[i] = AdminResult{false, name + ": no answer: " + to_string(e) + "\n", {}};
+              gathered_one(self, g);
+            });
+  }
+}
+
 void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto request = envelope.getBody().getAdminRequest();
@@ -231,6 +303,10 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
     return st.diagnostics->rma_release(caller, args);
   } else if (command == "debug-crash") {
     return debug_crash(self, caller, args);
+  } else if (auto f = std::find_if(std::begin(forwarded_commands), std::end(forwarded_commands),
+                                   [&command](const Forwarded& c) { return c.command == command; });
+             f != std::end(forwarded_commands)) {
+    return forward_admin(self, caller, *f, command, args);
   } else {
     result = AdminResult{false, "unknown admin command '" + command + "'\n", {}};
   }
