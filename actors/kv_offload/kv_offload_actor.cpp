@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "actors/kv_offload/offload_core.hpp"
+#include "actors/kv_offload/tier2_report.hpp"
 #include "kvstore/tier2/tier2_store.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/node_actor.hpp"
@@ -60,6 +61,7 @@ struct Changes {
 };
 struct IoDone {  // one result per write or read, in order
   std::vector<bool> ok;
+  std::vector<double> read_seconds;  // reads: how long each took (host cache or disk + check)
   kv::tier2::Tier2Stats stats;
   std::vector<std::string> events;  // the store's noteworthy events since the last answer
   Changes changes;
@@ -67,6 +69,18 @@ struct IoDone {  // one result per write or read, in order
 struct Held {};  // -> HeldList: what the store holds now (a snapshot for the router)
 struct HeldList {
   std::vector<kv::BlockHash> blocks;
+};
+struct Verify {};   // the operator's `tier2 verify`: Tier2Store::verify()
+struct DropAll {};  // the operator's `tier2 drop`: Tier2Store::drop_all()
+struct Maintained {  // the answer to either
+  std::string error;  // "" when done (drop_all can fail; verify cannot)
+  kv::tier2::VerifyReport verified;
+  kv::tier2::DropReport dropped;
+  std::vector<kv::BlockHash> removed;  // own blocks the store no longer holds (all of them)
+  kv::tier2::Tier2Stats stats;
+  std::vector<std::string> events;
+  Changes changes;  // for the routers (its removals may overflow; `removed` never does)
+  std::chrono::nanoseconds took{0};
 };
 struct StoreRmaDone {
   kv_offload::RequestKey key;
@@ -84,6 +98,9 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Read)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::IoDone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Held)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::HeldList)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Verify)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::DropAll)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::Maintained)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::offload_io::StoreRmaDone)
 
 namespace tandem::actors {
@@ -118,6 +135,28 @@ Changes changes_of(kv::tier2::Tier2Store& store, std::vector<kv::BlockHash> stor
   std::erase_if(stored, [&](const kv::BlockHash& h) { return !store.contains(h); });
   c.stored = std::move(stored);
   return c;
+}
+
+// Verify or drop_all, timed; `removed` lists the own blocks it took out (for the core).
+Maintained maintain(kv::tier2::Tier2Store& store, bool drop) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<kv::BlockHash> before = store.blocks();
+  Maintained m;
+  if (drop) {
+    auto dropped = store.drop_all();
+    if (dropped.ok()) m.dropped = *dropped;
+    if (!dropped.ok()) m.error = dropped.error().describe();
+  } else {
+    m.verified = store.verify();
+  }
+  for (const auto& h : before) {
+    if (!store.contains(h)) m.removed.push_back(h);
+  }
+  m.took = std::chrono::steady_clock::now() - start;
+  m.stats = store.stats();
+  m.events = drain(store);
+  m.changes = changes_of(store, {});
+  return m;
 }
 
 caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
@@ -169,14 +208,25 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
         IoDone done;
         RT_ASSERT(st.store != nullptr && r.grants.size() == r.hashes.size(), r.grants.size());
         for (size_t i = 0; i < r.grants.size(); ++i) {
+          auto start = std::chrono::steady_clock::now();
           auto got = st.store->get(r.hashes[i],
                                    st.staging->slot(r.grants[i].slot, st.staging->slot_bytes));
           done.ok.push_back(got.ok() && *got == st.staging->block_bytes);
+          done.read_seconds.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         }
         done.stats = st.store->stats();
         done.events = drain(*st.store);
         done.changes = changes_of(*st.store, {});
         return done;
+      },
+      [self](const Verify&) -> Maintained {
+        RT_ASSERT(self->state.store != nullptr, "verify only after the store opened");
+        return maintain(*self->state.store, false);
+      },
+      [self](const DropAll&) -> Maintained {
+        RT_ASSERT(self->state.store != nullptr, "drop only after the store opened");
+        return maintain(*self->state.store, true);
       },
   };
 }
@@ -207,10 +257,20 @@ struct Tier2Metrics {
                 "entries dropped because their bytes failed the checksum or length check");
     used = g("tandem:tier2_blocks_used", "blocks tier 2 holds");
     capacity = g("tandem:tier2_blocks_capacity", "blocks tier 2 can hold");
+    read_seconds = make_histogram(r, "tandem:tier2_read_seconds",
+                                  "seconds one block's read took (host cache, or disk read and "
+                                  "checksum; misses too)",
+                                  obs::exponential_buckets(1e-5, 2.0, 18), l);
+  }
+  kv_offload::Tier2Counts counts() const {
+    return {lookups->value(),        hit_blocks->value(), miss_blocks->value(),
+            stored_blocks->value(),  dropped_blocks->value(), corrupt->value(),
+            read_bytes->value(),     written_bytes->value()};
   }
   obs::Counter *hit_blocks, *miss_blocks, *lookups, *stored_blocks, *dropped_blocks, *read_bytes,
       *written_bytes, *corrupt;
   obs::Gauge *used, *capacity;
+  obs::Histogram* read_seconds;
   kv::tier2::Tier2Stats seen;  // the store's counters already added
 };
 
@@ -238,6 +298,10 @@ struct OffloadState {
   std::optional<KvEventReporter> events;
   bool snapshot_pending = false;
   std::chrono::nanoseconds keepalive_sent{0};  // every router.kv_resync_interval_ms / 2
+  kv::tier2::Tier2Stats stats;  // the store's, as of its latest answer
+  std::string io_mode;          // of the open store
+  std::string maintenance;      // "verify" or "drop" while one runs (one at a time), else ""
+  kv_offload::RateWindow rates{std::chrono::seconds(5)};  // `tier2`'s per-second rates
   static inline const char* name = "tandem.kv-offload";
 };
 using OffloadActor = caf::stateful_actor<OffloadState>;
@@ -277,6 +341,7 @@ std::string fingerprint_of(const config::Manifest& m, const devices::KvLayout& l
 }
 
 void add_stats(OffloadState& st, const kv::tier2::Tier2Stats& s) {
+  st.stats = s;
   auto& m = *st.metrics;
   auto delta = [](uint64_t now, uint64_t& seen) {
     uint64_t d = now >= seen ? now - seen : 0;
@@ -374,6 +439,7 @@ void open_store(OffloadActor* self, const devices::KvLayout& layout) {
               st.core.emplace(core_config(*st.ctx.manifest, o.stats.blocks_capacity_count));
               for (const auto& h : o.held) st.core->note_held(h);
               st.phase = OffloadState::Phase::open;
+              st.io_mode = o.io_mode;
               add_stats(st, o.stats);
               st.ctx.log->info("kv-offload {}: tier 2 open ({} I/O): {} blocks held of {}",
                                st.self_name.instance, o.io_mode, o.held.size(),
@@ -424,6 +490,14 @@ void reply_lookup(OffloadActor* self, const ActorName& to, uint64_t id,
 void write_slots(OffloadActor* self, std::vector<kv_offload::StoreWrite> writes) {
   auto& st = self->state;
   if (writes.empty()) return;
+  if (!st.maintenance.empty()) {  // a verify or drop holds the disk: drop, never queue behind
+    for (const auto& w : writes) {
+      Status freed = st.core->store_written(w.slot, false);
+      RT_ASSERT(freed.ok(), w.slot);
+      st.metrics->dropped_blocks->inc();
+    }
+    return;
+  }
   auto slots = std::make_shared<std::vector<kv_offload::StoreWrite>>(writes);
   self->request(st.io, io_timeout, Write{std::move(writes)})
       .then(
@@ -503,6 +577,7 @@ bool ready_for(OffloadActor* self, const runtime::InboundFrame& in, wire::KvLayo
     return false;
   }
   if (st.phase != OffloadState::Phase::open) return false;
+  if (!st.maintenance.empty()) return false;  // a verify or drop holds the disk
   // Another layout than the store's never matches (and is never stored).
   return layout_of(l) == st.layout && l.getBlockBytes() == st.layout.block_bytes();
 }
@@ -574,6 +649,7 @@ void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& fro
             }
             RT_ASSERT(staged.has_value(), "every read ended", key.request);
             st.metrics->hit_blocks->inc(staged->size());
+            for (double seconds : done.read_seconds) st.metrics->read_seconds->observe(seconds);
             add_stats(st, done.stats);
             log_events(st, done.events);
             report_changes(self, done.changes);
@@ -631,6 +707,139 @@ void on_frame(OffloadActor* self, const runtime::InboundFrame& in) {
   }
 }
 
+// --- Admin commands (`tandem shell`'s tier2 view, verify and drop; LocalAdmin from the node) ---
+
+using AdminPromise = caf::typed_response_promise<runtime::AdminResult>;
+
+kv_offload::Tier2Status status_of(const OffloadState& st) {
+  using kv_offload::Tier2State;
+  kv_offload::Tier2Status s;
+  s.node = st.self_name.node;
+  s.instance = st.self_name.instance;
+  switch (st.phase) {
+    case OffloadState::Phase::closed:
+      s.state = Tier2State::off;
+      s.why = "not open yet: it opens at the first block a prefill offers or asks for";
+      break;
+    case OffloadState::Phase::opening:
+      s.state = Tier2State::opening;
+      break;
+    case OffloadState::Phase::open:
+      s.state = Tier2State::open;
+      s.why = st.maintenance.empty() ? "" : st.maintenance + " running";
+      s.io_mode = st.io_mode;
+      break;
+    case OffloadState::Phase::failed:
+      s.state = st.ctx.manifest->kv_offload.enabled ? Tier2State::failed : Tier2State::off;
+      s.why = st.failure;
+      break;
+  }
+  s.blocks_used = st.stats.blocks_used_count;
+  s.blocks_capacity = st.stats.blocks_capacity_count;
+  s.block_bytes = st.staging ? st.staging->block_bytes : 0;
+  s.counts = st.metrics->counts();
+  s.rates = st.rates.rates();
+  return s;
+}
+
+runtime::AdminResult refusal(const OffloadState& st, const std::string& why) {
+  return runtime::AdminResult{false, st.self_name.to_string() + ": " + why + "\n", {}};
+}
+
+// Why a verify or drop cannot start now, if it cannot.
+std::optional<std::string> not_maintainable(const OffloadState& st) {
+  switch (st.phase) {
+    case OffloadState::Phase::closed:
+      return "tier 2 is not open yet: it opens at the first block a prefill offers or asks for";
+    case OffloadState::Phase::opening:
+      return "tier 2 is opening; try again";
+    case OffloadState::Phase::failed:
+      return "tier 2 is off: " + st.failure;
+    case OffloadState::Phase::open:
+      break;
+  }
+  if (!st.maintenance.empty()) return "a " + st.maintenance + " is running; try again after it";
+  return std::nullopt;
+}
+
+runtime::AdminResult maintained(OffloadActor* self, bool drop, const Maintained& m) {
+  auto& st = self->state;
+  for (const auto& h : m.removed) st.core->note_removed(h);
+  add_stats(st, m.stats);
+  log_events(st, m.events);
+  report_changes(self, m.changes);
+  if (!m.error.empty()) return refusal(st, "tier2 drop failed: " + m.error);
+  if (drop) {
+    kv_offload::Tier2DropOutcome d{st.self_name.node, st.self_name.instance,
+                                   m.dropped.dropped_count, m.dropped.pinned_count, m.took};
+    st.ctx.log->info("kv-offload {}: tier2 drop: {} blocks dropped", st.self_name.instance,
+                     d.dropped_count);
+    return runtime::AdminResult{true, kv_offload::tier2_drop_text(d),
+                                kv_offload::tier2_drop_rows(d)};
+  }
+  kv_offload::Tier2VerifyOutcome v{st.self_name.node, st.self_name.instance,
+                                   m.verified.checked_count, m.verified.ok_count, {}, m.took};
+  for (size_t r = 0; r < kv::tier2::tier2_miss_reasons_count; ++r) {
+    auto reason = static_cast<kv::tier2::Tier2Miss>(r);
+    if (reason == kv::tier2::Tier2Miss::absent) continue;  // verify reads stored blocks only
+    v.dropped_by_reason.emplace_back(std::string(kv::tier2::to_string(reason)),
+                                     m.verified.dropped_count[r]);
+  }
+  st.ctx.log->info("kv-offload {}: tier2 verify: {} blocks checked, {} dropped",
+                   st.self_name.instance, v.checked_count, v.dropped_count());
+  return runtime::AdminResult{true, kv_offload::tier2_verify_text(v),
+                              kv_offload::tier2_verify_rows(v)};
+}
+
+// Runs a verify or drop on the I/O actor (it blocks on the disk). Lookups and offers that
+// arrive meanwhile find nothing and are dropped, never queued behind it.
+void start_maintenance(OffloadActor* self, bool drop, std::chrono::milliseconds timeout,
+                       AdminPromise& promise) {
+  auto& st = self->state;
+  st.maintenance = drop ? "drop" : "verify";
+  // Answer the node before it stops waiting (its wait is `timeout`).
+  auto wait = std::max<std::chrono::milliseconds>(timeout - std::chrono::seconds(5),
+                                                  std::chrono::seconds(1));
+  auto shared = std::make_shared<AdminPromise>(std::move(promise));
+  auto sent = drop ? self->request(st.io, wait, DropAll{}) : self->request(st.io, wait, Verify{});
+  sent.then(
+      [self, drop, shared](const Maintained& m) {
+        auto& st = self->state;
+        st.maintenance.clear();
+        shared->deliver(maintained(self, drop, m));
+      },
+      [self, shared](caf::error& e) {
+        // The disk did not answer in time: the I/O actor may still be busy with it, so
+        // tier 2 stops taking work, as when a write does not finish.
+        auto& st = self->state;
+        st.failure = "a " + st.maintenance + " did not finish: " + to_string(e);
+        st.maintenance.clear();
+        st.phase = OffloadState::Phase::failed;
+        st.ctx.log->error("kv-offload {}: tier 2 is off: {}", st.self_name.instance, st.failure);
+        shared->deliver(refusal(st, st.failure));
+      });
+}
+
+// An answer now, or nullopt when `promise` went to a maintenance run (answered at its end).
+std::optional<runtime::AdminResult> on_admin(OffloadActor* self, const runtime::LocalAdmin& cmd,
+                                             AdminPromise& promise) {
+  auto& st = self->state;
+  bool drop = cmd.command == "tier2-drop";
+  if (!cmd.args.empty()) return refusal(st, cmd.command + " takes no arguments");
+  if (cmd.command == "tier2") {
+    auto status = status_of(st);
+    return runtime::AdminResult{true, kv_offload::tier2_status_text(status),
+                                {kv_offload::tier2_status_header(),
+                                 kv_offload::tier2_status_row(status)}};
+  }
+  if (cmd.command != "tier2-verify" && !drop) {
+    return refusal(st, "unknown command '" + cmd.command + "'");
+  }
+  if (auto why = not_maintainable(st)) return refusal(st, *why);
+  start_maintenance(self, drop, cmd.timeout, promise);
+  return std::nullopt;
+}
+
 caf::behavior offload_behavior(OffloadActor* self) {
   self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
   return {
@@ -641,6 +850,17 @@ caf::behavior offload_behavior(OffloadActor* self) {
       [self](const StoreRmaDone& done) {
         (void)self->state.guard->run("an RMA read", [self, &done] { on_store_rma(self, done); });
       },
+      [self](const runtime::LocalAdmin& cmd) -> caf::result<runtime::AdminResult> {
+        auto& st = self->state;
+        auto promise = self->make_response_promise<runtime::AdminResult>();
+        std::optional<runtime::AdminResult> now;
+        Status ran = st.guard->run("an admin command", [self, &cmd, &promise, &now] {
+          now = on_admin(self, cmd, promise);
+        });
+        if (!ran.ok()) now = refusal(st, ran.error().describe());
+        if (now && promise.pending()) promise.deliver(std::move(*now));
+        return promise;
+      },
       [self](runtime::atoms::tick) {
         auto& st = self->state;
         // The routers find a lost last frame by this (actors/router/kv_sequence.hpp).
@@ -650,6 +870,7 @@ caf::behavior offload_behavior(OffloadActor* self) {
           st.keepalive_sent = now_ns();
           st.events->send_tier2_keepalive();
         }
+        st.rates.sample(now_ns(), st.metrics->counts());
         if (st.core) {
           for (const auto& key : st.core->expire(now_ns())) {
             st.ctx.log->warn("kv-offload {}: lookup {} of {} was never released; freed",
