@@ -1,6 +1,7 @@
 // `tandem shell --manifest M [-c CMD]`: the admin shell.
 #include <editline/readline.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +22,9 @@ char* complete_word(const char* text, int state) {
     next = 0;
     std::string prefix(text);
     for (const auto& c : shell_commands()) {
-      if (c.name.rfind(prefix, 0) == 0) candidates.push_back(c.name);
+      // A command with several forms has a help row each: offer its name once.
+      bool listed = std::find(candidates.begin(), candidates.end(), c.name) != candidates.end();
+      if (c.name.rfind(prefix, 0) == 0 && !listed) candidates.push_back(c.name);
     }
     if (completion_manifest) {
       for (const auto& node : completion_manifest->nodes) {

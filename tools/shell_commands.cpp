@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "runtime/node/diagnostics.hpp"
+
 namespace tandem::tools {
 
 using runtime::AdminAnswer;
@@ -136,6 +138,45 @@ int cmd_stats(ShellContext& ctx, const std::vector<std::string>& args) {
   return print_answer(ctx.client->admin(args[0], "stats", {}, ctx.timeout), false);
 }
 
+bool runs_kv_offload(const config::Node& node) {
+  return std::any_of(node.instances.begin(), node.instances.end(),
+                     [](const config::Instance& i) { return i.role == config::Role::kv_offload; });
+}
+
+// tier2 [NODE] | tier2 verify NODE | tier2 drop NODE: the kv-offload instances' tier 2 (what
+// they hold, hits, misses, bytes, rates), a re-read of every stored block, or dropping them.
+int cmd_tier2(ShellContext& ctx, const std::vector<std::string>& args) {
+  bool action = !args.empty() && (args[0] == "verify" || args[0] == "drop");
+  if (action && args.size() == 2) {
+    // The node waits up to admin_disk_timeout for its kv-offload instances; wait longer.
+    auto wait = std::max(ctx.timeout, runtime::admin_disk_timeout + std::chrono::seconds(30));
+    return print_answer(ctx.client->admin(args[1], "tier2-" + args[0], {}, wait), false);
+  }
+  if (action || args.size() > 1) {
+    std::printf("usage: tier2 [NODE] | tier2 verify NODE | tier2 drop NODE\n");
+    return 1;
+  }
+  if (args.size() == 1) {
+    return print_answer(ctx.client->admin(args[0], "tier2", {}, ctx.timeout), false);
+  }
+  int rc = 0;
+  for (const auto& node : ctx.manifest->nodes) {
+    if (!runs_kv_offload(node)) {
+      std::printf("%s: no kv-offload instance\n", node.name.c_str());
+      continue;
+    }
+    auto answer = ctx.client->admin(node.name, "tier2", {}, ctx.timeout);
+    if (!answer.ok()) {
+      std::printf("%s: unreachable (%s)\n", node.name.c_str(), answer.error().message.c_str());
+      rc = 1;
+      continue;
+    }
+    std::fputs(answer->text.c_str(), stdout);
+    if (!answer->ok) rc = 1;
+  }
+  return rc;
+}
+
 // TEST HOOK: answered only by nodes started with `tandem node --test-hooks`.
 int cmd_debug_crash(ShellContext& ctx, const std::vector<std::string>& args) {
   if (args.size() != 2) {
@@ -169,6 +210,11 @@ const std::vector<ShellCommand>& shell_commands() {
       {"rma-test", "rma-test FROM TO [MIB]", "RMA read FROM's region on TO, verify checksum",
        cmd_rma_test},
       {"stats", "stats NODE", "a node's metrics (Prometheus text)", cmd_stats},
+      {"tier2", "tier2 [NODE]",
+       "tier 2 of every kv-offload: blocks, hits, misses, bytes, per second", cmd_tier2},
+      {"tier2", "tier2 verify NODE", "re-read every tier-2 block of NODE, drop bad ones",
+       cmd_tier2},
+      {"tier2", "tier2 drop NODE", "remove every tier-2 block of NODE (durable)", cmd_tier2},
       {"debug-crash", "debug-crash NODE ACTOR",
        "TEST HOOK (nodes run with --test-hooks): crash a supervised actor", cmd_debug_crash},
       {"help", "help", "this list", cmd_help},

@@ -1,5 +1,6 @@
 // The admin shell's command table. Adding a command = adding one entry to
-// shell_commands() in tools/shell_commands.cpp.
+// shell_commands() in tools/shell_commands.cpp (a command with several forms, like `tier2`,
+// has one entry per form, all with the same name and function: the first one runs).
 #pragma once
 
 #include <functional>
