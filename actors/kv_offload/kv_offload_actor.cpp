@@ -70,9 +70,9 @@ struct Held {};  // -> HeldList: what the store holds now (a snapshot for the ro
 struct HeldList {
   std::vector<kv::BlockHash> blocks;
 };
-struct Verify {};   // the operator's `tier2 verify`: Tier2Store::verify()
-struct DropAll {};  // the operator's `tier2 drop`: Tier2Store::drop_all()
-struct Maintained {  // the answer to either
+struct Verify {};     // the operator's `tier2 verify`: Tier2Store::verify()
+struct DropAll {};    // the operator's `tier2 drop`: Tier2Store::drop_all()
+struct Maintained {   // the answer to either
   std::string error;  // "" when done (drop_all can fail; verify cannot)
   kv::tier2::VerifyReport verified;
   kv::tier2::DropReport dropped;
@@ -263,9 +263,9 @@ struct Tier2Metrics {
                                   obs::exponential_buckets(1e-5, 2.0, 18), l);
   }
   kv_offload::Tier2Counts counts() const {
-    return {lookups->value(),        hit_blocks->value(), miss_blocks->value(),
-            stored_blocks->value(),  dropped_blocks->value(), corrupt->value(),
-            read_bytes->value(),     written_bytes->value()};
+    return {lookups->value(),       hit_blocks->value(),     miss_blocks->value(),
+            stored_blocks->value(), dropped_blocks->value(), corrupt->value(),
+            read_bytes->value(),    written_bytes->value()};
   }
   obs::Counter *hit_blocks, *miss_blocks, *lookups, *stored_blocks, *dropped_blocks, *read_bytes,
       *written_bytes, *corrupt;
@@ -777,8 +777,12 @@ runtime::AdminResult maintained(OffloadActor* self, bool drop, const Maintained&
     return runtime::AdminResult{true, kv_offload::tier2_drop_text(d),
                                 kv_offload::tier2_drop_rows(d)};
   }
-  kv_offload::Tier2VerifyOutcome v{st.self_name.node, st.self_name.instance,
-                                   m.verified.checked_count, m.verified.ok_count, {}, m.took};
+  kv_offload::Tier2VerifyOutcome v{st.self_name.node,
+                                   st.self_name.instance,
+                                   m.verified.checked_count,
+                                   m.verified.ok_count,
+                                   {},
+                                   m.took};
   for (size_t r = 0; r < kv::tier2::tier2_miss_reasons_count; ++r) {
     auto reason = static_cast<kv::tier2::Tier2Miss>(r);
     if (reason == kv::tier2::Tier2Miss::absent) continue;  // verify reads stored blocks only
@@ -828,9 +832,10 @@ std::optional<runtime::AdminResult> on_admin(OffloadActor* self, const runtime::
   if (!cmd.args.empty()) return refusal(st, cmd.command + " takes no arguments");
   if (cmd.command == "tier2") {
     auto status = status_of(st);
-    return runtime::AdminResult{true, kv_offload::tier2_status_text(status),
-                                {kv_offload::tier2_status_header(),
-                                 kv_offload::tier2_status_row(status)}};
+    return runtime::AdminResult{
+        true,
+        kv_offload::tier2_status_text(status),
+        {kv_offload::tier2_status_header(), kv_offload::tier2_status_row(status)}};
   }
   if (cmd.command != "tier2-verify" && !drop) {
     return refusal(st, "unknown command '" + cmd.command + "'");

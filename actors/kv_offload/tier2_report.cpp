@@ -82,12 +82,28 @@ const char* to_string(Tier2State state) {
 }
 
 std::vector<std::string> tier2_status_header() {
-  return {"node",          "instance",       "state",          "io",
-          "blocks used",   "blocks capacity", "bytes used",    "hits",
-          "misses",        "lookups",        "stored",         "store dropped",
-          "corrupt dropped", "read bytes",   "written bytes",  "hits/s",
-          "misses/s",      "lookups/s",      "stored/s",       "read bytes/s",
-          "written bytes/s", "rate seconds"};
+  return {"node",
+          "instance",
+          "state",
+          "io",
+          "blocks used",
+          "blocks capacity",
+          "bytes used",
+          "hits",
+          "misses",
+          "lookups",
+          "stored",
+          "store dropped",
+          "corrupt dropped",
+          "read bytes",
+          "written bytes",
+          "hits/s",
+          "misses/s",
+          "lookups/s",
+          "stored/s",
+          "read bytes/s",
+          "written bytes/s",
+          "rate seconds"};
 }
 
 std::vector<std::string> tier2_status_row(const Tier2Status& s) {
@@ -153,8 +169,8 @@ uint64_t Tier2VerifyOutcome::dropped_count() const {
 }
 
 std::vector<std::vector<std::string>> tier2_verify_rows(const Tier2VerifyOutcome& v) {
-  RT_ASSERT(v.checked_count == v.ok_count + v.dropped_count(), "verify counts",
-            v.checked_count, v.ok_count);
+  RT_ASSERT(v.checked_count == v.ok_count + v.dropped_count(), "verify counts", v.checked_count,
+            v.ok_count);
   std::vector<std::string> header = {"node", "instance", "checked", "ok", "dropped"};
   std::vector<std::string> row = {v.node, v.instance, std::to_string(v.checked_count),
                                   std::to_string(v.ok_count), std::to_string(v.dropped_count())};
@@ -169,8 +185,8 @@ std::vector<std::vector<std::string>> tier2_verify_rows(const Tier2VerifyOutcome
 }
 
 std::string tier2_verify_text(const Tier2VerifyOutcome& v) {
-  RT_ASSERT(v.checked_count == v.ok_count + v.dropped_count(), "verify counts",
-            v.checked_count, v.ok_count);
+  RT_ASSERT(v.checked_count == v.ok_count + v.dropped_count(), "verify counts", v.checked_count,
+            v.ok_count);
   std::string reasons;
   for (const auto& [reason, count] : v.dropped_by_reason) {
     reasons += (reasons.empty() ? "" : ", ") + reason + " " + std::to_string(count);

@@ -58,10 +58,10 @@ const char* to_string(Tier2State state);
 
 struct Tier2Status {
   std::string node;
-  std::string instance;   // the kv-offload instance's name
+  std::string instance;  // the kv-offload instance's name
   Tier2State state = Tier2State::off;
-  std::string why;        // off / failed: the reason; open: what runs now ("verify"), or ""
-  std::string io_mode;    // "direct" or "buffered" once open, else ""
+  std::string why;      // off / failed: the reason; open: what runs now ("verify"), or ""
+  std::string io_mode;  // "direct" or "buffered" once open, else ""
   uint64_t blocks_used = 0;
   uint64_t blocks_capacity = 0;
   uint64_t block_bytes = 0;  // bytes of one block (used bytes = blocks_used x this)

@@ -8,8 +8,8 @@
 
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/membership.hpp"
-#include "runtime/node/supervisor.hpp"
 #include "runtime/node/spawn.hpp"
+#include "runtime/node/supervisor.hpp"
 
 namespace tandem::runtime {
 

@@ -356,8 +356,8 @@ TEST_CASE("tier2 report: the status row fits its header; the text says state and
 }
 
 TEST_CASE("tier2 report: verify and drop answers count what was checked and dropped") {
-  Tier2VerifyOutcome v{"solo", "kvo", 12, 11, {{"short_read", 0}, {"io_error", 0},
-                                               {"checksum", 1}}, 1500ms};
+  Tier2VerifyOutcome v{"solo", "kvo", 12, 11, {{"short_read", 0}, {"io_error", 0}, {"checksum", 1}},
+                       1500ms};
   CHECK(v.dropped_count() == 1);
   auto rows = tier2_verify_rows(v);
   REQUIRE(rows.size() == 2);
