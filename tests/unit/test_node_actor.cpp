@@ -1,6 +1,7 @@
 // The node actor's subscriptions: a subscriber that arrives after a peer came up is told
 // that the peer is up (the router once kept a decode node excluded for good because its
-// `subscribe` reached the node actor after the peer's first heartbeat).
+// `subscribe` reached the node actor after the peer's first heartbeat). And the admin
+// commands it hands to its local kv-offload actors (LocalAdmin): the answers merged.
 #include <doctest.h>
 
 #include <caf/all.hpp>
@@ -68,24 +69,85 @@ void heartbeat_from_b(runtime::Bridge& bridge, uint64_t sequence) {
   REQUIRE_MESSAGE(sent.ok(), sent.error().describe());
 }
 
+// Node a of two_nodes in this process: its actor system, bridge and node actor (node b never
+// answers: its hellos go nowhere). Every actor in `actors` (the node actor first) is stopped
+// at the end, or ~actor_system waits for it forever.
+struct NodeA {
+  NodeA()
+      : manifest(manifest_on_free_port()),
+        system(testing::tandem_actor_config(cfg)),
+        local(manifest, "a"),
+        bridge(*local.bridge) {
+    runtime::NodeActorDeps deps{&manifest, &bridge, local.log, [] { return std::string(); },
+                                nullptr};
+    actors.push_back(runtime::spawn_node_actor(system, std::move(deps)));
+  }
+  ~NodeA() {
+    for (auto& a : actors) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  static config::Manifest manifest_on_free_port() {
+    std::string text = two_nodes;
+    text.replace(text.find("FABRIC_PORT"), 11, std::to_string(testing::free_port()));
+    return testing::parse_manifest_or_fail(text);
+  }
+  caf::actor node() const { return actors.front(); }
+
+  config::Manifest manifest;
+  caf::actor_system_config cfg;
+  caf::actor_system system;
+  testing::LocalBridge local;  // after the system: destroyed (its fabric stopped) first
+  runtime::Bridge& bridge;
+  std::vector<caf::actor> actors;
+};
+
+struct AdminReply {
+  bool ok = false;
+  std::string text;
+  std::vector<std::vector<std::string>> rows;
+};
+
+// Sends `command` to node a's node actor as the admin client `asker` (registered on the
+// bridge as a/shell/test) and waits for its AdminReply.
+AdminReply admin(runtime::Bridge& bridge, caf::scoped_actor& asker, const std::string& command) {
+  Status sent = bridge.send(
+      {"a", "shell", "test"}, {"a", "node", ""}, 7,
+      [&](wire::Envelope::Builder b) { b.getBody().initAdminRequest().setCommand(command); });
+  REQUIRE_MESSAGE(sent.ok(), sent.error().describe());
+  AdminReply out;
+  bool got = false;
+  asker->receive(
+      [&](const runtime::InboundFrame& in) {
+        auto body = in.frame->envelope().getBody();
+        REQUIRE(body.which() == wire::Envelope::Body::ADMIN_REPLY);
+        auto reply = body.getAdminReply();
+        out.ok = reply.getOk();
+        out.text = reply.getText();
+        for (auto row : reply.getRows()) {
+          out.rows.emplace_back();
+          for (auto cell : row) out.rows.back().emplace_back(cell);
+        }
+        got = true;
+      },
+      caf::after(10s) >> [] {});
+  REQUIRE(got);
+  return out;
+}
+
+// A stand-in kv-offload instance: answers LocalAdmin with a header and one row naming it.
+caf::behavior fake_kv_offload(caf::event_based_actor*, std::string name, bool ok) {
+  return {[name, ok](const runtime::LocalAdmin& cmd) {
+    return runtime::AdminResult{
+        ok, name + " did " + cmd.command + "\n", {{"instance", "command"}, {name, cmd.command}}};
+  }};
+}
+
 }  // namespace
 
 TEST_CASE("node actor: a late subscriber learns the peers that are already up") {
-  std::string text = two_nodes;
-  text.replace(text.find("FABRIC_PORT"), 11, std::to_string(testing::free_port()));
-  config::Manifest manifest = testing::parse_manifest_or_fail(text);
-  caf::actor_system_config cfg;
-  caf::actor_system system{testing::tandem_actor_config(cfg)};
-  testing::LocalBridge local(manifest, "a");  // node b never answers: its hellos go nowhere
-  runtime::Bridge& bridge = *local.bridge;
-  runtime::NodeActorDeps deps{&manifest, &bridge, local.log, [] { return std::string(); },
-                              nullptr};
-  caf::actor node = runtime::spawn_node_actor(system, std::move(deps));
-  // However the test ends, the node actor exits (or ~actor_system waits for it forever).
-  struct Stop {
-    caf::actor node;
-    ~Stop() { caf::anon_send_exit(node, caf::exit_reason::user_shutdown); }
-  } stop{node};
+  NodeA a;
+  caf::actor node = a.node();
+  caf::actor_system& system = a.system;
+  runtime::Bridge& bridge = a.bridge;
   bridge.set_ready();
 
   // An early subscriber sees b come up as it happens.
@@ -128,4 +190,42 @@ TEST_CASE("read_process_memory: VmRSS and VmHWM in bytes; the peak follows touch
   REQUIRE(after.has_value());
   CHECK(after->peak_rss_bytes >= before->peak_rss_bytes + (56u << 20));
   CHECK(block[bytes / 2] == 1);
+}
+
+TEST_CASE("node actor: tier2 commands go to every local kv-offload; the answers are merged") {
+  NodeA a;
+  caf::actor_system& system = a.system;
+  runtime::Bridge& bridge = a.bridge;
+  std::vector<caf::actor>& fakes = a.actors;  // [0] is the node actor
+  caf::scoped_actor asker{system};
+  bridge.register_actor({"a", "shell", "test"}, caf::actor_cast<caf::actor>(asker));
+  bridge.set_ready();
+
+  AdminReply none = admin(bridge, asker, "tier2");  // no kv-offload registered yet
+  CHECK_FALSE(none.ok);
+  CHECK(none.text == "node a runs no kv-offload instance\n");
+
+  fakes.push_back(system.spawn(fake_kv_offload, "k2", true));
+  fakes.push_back(system.spawn(fake_kv_offload, "k1", true));
+  bridge.register_actor({"a", "kv-offload", "k2"}, fakes[1]);
+  bridge.register_actor({"a", "kv-offload", "k1"}, fakes[2]);
+  AdminReply both = admin(bridge, asker, "tier2-verify");
+  CHECK(both.ok);
+  CHECK(both.text == "k1 did tier2-verify\nk2 did tier2-verify\n");  // in name order
+  REQUIRE(both.rows.size() == 3);                                    // one header, a row each
+  CHECK(both.rows[0] == std::vector<std::string>{"instance", "command"});
+  CHECK(both.rows[1] == std::vector<std::string>{"k1", "tier2-verify"});
+  CHECK(both.rows[2] == std::vector<std::string>{"k2", "tier2-verify"});
+
+  // One refuses, one does not understand: the merged answer is an error naming both.
+  bridge.unregister_actor({"a", "kv-offload", "k1"});
+  fakes.push_back(system.spawn(fake_kv_offload, "k1", false));
+  bridge.register_actor({"a", "kv-offload", "k1"}, fakes.back());
+  fakes.push_back(
+      system.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+  bridge.register_actor({"a", "kv-offload", "k3"}, fakes.back());
+  AdminReply mixed = admin(bridge, asker, "tier2");
+  CHECK_FALSE(mixed.ok);
+  CHECK(mixed.text.find("k1 did tier2\nk2 did tier2\na/kv-offload/k3: no answer: ") == 0);
+  CHECK(mixed.rows.size() == 3);
 }
