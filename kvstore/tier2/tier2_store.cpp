@@ -447,6 +447,7 @@ Result<DropReport> Tier2Store::drop_all() {
   DropReport report;
   for (SlotIndex slot : slots_.stored_slots()) {
     if (slots_.pin_count(slot) > 0) ++report.pinned_count;
+    if (slots_.owner(slot) == owner_self) record_removed(slots_.hash(slot));
     cache_.erase(slot);
     slots_.drop(slot);  // freed now, or doomed until its last unpin
     ++report.dropped_count;

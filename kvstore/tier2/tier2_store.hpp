@@ -286,8 +286,8 @@ class Tier2Store {
   // This fingerprint's visible blocks (e.g. to announce them after a restart). O(blocks).
   std::vector<BlockHash> blocks() const;
   std::vector<Tier2Event> drain_events();
-  // This store's own blocks removed (evicted, or dropped by a failed read check) since the
-  // last call, in order, for the router's precise events. At most removed_max are kept;
+  // This store's own blocks removed (evicted, dropped by a failed read check, or by drop_all)
+  // since the last call, in order, for the router's precise events. At most removed_max are kept;
   // *overflowed says more went (the list is then incomplete: resend blocks() instead).
   static constexpr size_t removed_max = 65536;
   std::vector<BlockHash> drain_removed(bool* overflowed);
@@ -336,6 +336,7 @@ class Tier2Store {
   Status open_data_file(Tier2OpenHooks& hooks);
 
   Status delete_entry(OwnerIndex owner, const BlockHash& hash);
+  void record_removed(const BlockHash& hash);  // for drain_removed (own blocks only)
   std::string key_of(OwnerIndex owner, const BlockHash& hash) const;
   Result<Reservation> reserve_slot(const BlockHash& hash);
   std::optional<PutOutcome> check_duplicate(const BlockHash& hash);

@@ -63,19 +63,22 @@ void Tier2Store::give_back_buffer(std::shared_ptr<AlignedBuffer> buffer) {
   RT_ASSERT(spare_buffers_.size() <= config_.writes_inflight_max, "spare buffers over bound");
 }
 
+void Tier2Store::record_removed(const BlockHash& hash) {
+  if (removed_.size() < removed_max) {
+    removed_.push_back(hash);
+  } else {
+    removed_overflow_ = true;
+  }
+  RT_ASSERT(removed_.size() <= removed_max, "removed list over its bound");
+}
+
 Status Tier2Store::delete_entry(OwnerIndex owner, const BlockHash& hash) {
   // Not synced: the next synced write (any put) makes it durable, as RocksDB replays a prefix
   // of its WAL; lost in a crash, the entry comes back and fails its checksum (its slot holds
   // another block's bytes).
   RT_ASSERT(db_ != nullptr, "delete without an index");
   RT_ASSERT(!(owner == owner_self && slots_.find(hash)), "deleting the entry of a visible block");
-  if (owner == owner_self) {  // invisible now, whatever the index write below does
-    if (removed_.size() < removed_max) {
-      removed_.push_back(hash);
-    } else {
-      removed_overflow_ = true;
-    }
-  }
+  if (owner == owner_self) record_removed(hash);  // invisible now, whatever the write does
   rocksdb::Status status = db_->Delete(rocksdb::WriteOptions(), key_of(owner, hash));
   if (status.ok()) return {};
   note_event(Tier2EventKind::index_error,

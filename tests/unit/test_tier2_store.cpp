@@ -1059,10 +1059,17 @@ TEST_CASE("drop_all: every block goes, own and foreign, and none comes back afte
     for (uint64_t n = 0; n < 5; ++n) put_ok(*s, n);
     for (uint64_t n = 0; n < 5; ++n) CHECK(get_checked(*s, hash_of(n)));  // now cached
     CHECK(s->stats().blocks_foreign_count == 1);
+    bool overflowed = true;
+    (void)s->drain_removed(&overflowed);
     auto report = s->drop_all();
     REQUIRE(report.ok());
     CHECK(report->dropped_count == 6);
     CHECK(report->pinned_count == 0);
+    auto removed = s->drain_removed(&overflowed);  // for the routers: the own ones, once
+    CHECK_FALSE(overflowed);
+    CHECK(std::set<BlockHash>(removed.begin(), removed.end()) ==
+          std::set<BlockHash>{hash_of(0), hash_of(1), hash_of(2), hash_of(3), hash_of(4)});
+    CHECK(removed.size() == 5);
     CHECK(s->blocks().empty());
     CHECK(s->stats().blocks_used_count == 0);
     CHECK(s->stats().blocks_foreign_count == 0);
