@@ -351,6 +351,8 @@ TEST_CASE("tier 2: tandem shell shows, verifies and drops the blocks; answers st
   CHECK(bad.checksum == 1);
   CHECK(blocks_used(node) == used - 1);
   CHECK(node.metric("tandem:tier2_corrupt_blocks_dropped_total") == 1);
+  // ... and the router was told (precise events): its view of this tier 2 lost the block.
+  CHECK(eventually(5s, [&] { return node.metric("tandem_router_tier2_blocks") == used - 1; }));
   // Evicted from both pools, the prompt comes back from tier 2 up to the dropped block at
   // most and is computed from there: the same answer.
   for (int seed = 2; seed <= 5; ++seed) (void)complete(node.port(), story(seed, 180));
@@ -374,6 +376,7 @@ TEST_CASE("tier 2: tandem shell shows, verifies and drops the blocks; answers st
   CHECK(dropped.exit_code == 0);
   CHECK(number_in(dropped.output, "dropped (\\d+) blocks") == before_drop);
   CHECK(blocks_used(node) == 0);
+  CHECK(eventually(5s, [&] { return node.metric("tandem_router_tier2_blocks") == 0; }));
   CHECK(verify(node).checked == 0);
   for (int seed = 2; seed <= 5; ++seed) (void)complete(node.port(), story(seed, 180));
   loaded_before = node.metric("tandem:prefill_tier2_loaded_blocks_total");
