@@ -298,9 +298,9 @@ struct OffloadState {
   std::optional<KvEventReporter> events;
   bool snapshot_pending = false;
   std::chrono::nanoseconds keepalive_sent{0};  // every router.kv_resync_interval_ms / 2
-  kv::tier2::Tier2Stats stats;  // the store's, as of its latest answer
-  std::string io_mode;          // of the open store
-  std::string maintenance;      // "verify" or "drop" while one runs (one at a time), else ""
+  kv::tier2::Tier2Stats stats;                 // the store's, as of its latest answer
+  std::string io_mode;                         // of the open store
+  std::string maintenance;  // "verify" or "drop" while one runs (one at a time), else ""
   kv_offload::RateWindow rates{std::chrono::seconds(5)};  // `tier2`'s per-second rates
   static inline const char* name = "tandem.kv-offload";
 };
