@@ -13,6 +13,7 @@
 
 #include "runtime/node/node_actor.hpp"
 #include "runtime/node/node_metrics.hpp"
+#include "runtime/node/spawn.hpp"
 #include "tests/support/local_bridge.hpp"
 #include "tests/support/process.hpp"
 
@@ -221,8 +222,8 @@ TEST_CASE("node actor: tier2 commands go to every local kv-offload; the answers 
   bridge.unregister_actor({"a", "kv-offload", "k1"});
   fakes.push_back(system.spawn(fake_kv_offload, "k1", false));
   bridge.register_actor({"a", "kv-offload", "k1"}, fakes.back());
-  fakes.push_back(
-      system.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+  fakes.push_back(runtime::spawn_fn(
+      system, [](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
   bridge.register_actor({"a", "kv-offload", "k3"}, fakes.back());
   AdminReply mixed = admin(bridge, asker, "tier2");
   CHECK_FALSE(mixed.ok);
