@@ -1,0 +1,59 @@
+// Prefill's tier-2 cost rule (actors/prefill/tier2_policy.hpp): ask tier 2 only when the
+// modelled read beats the modelled compute, so a tier-2 hit never loses.
+#include <doctest.h>
+
+#include <limits>
+
+#include "actors/prefill/tier2_policy.hpp"
+
+using tandem::prefill::ewma;
+using tandem::prefill::explore_every;
+using tandem::prefill::Tier2Rates;
+using tandem::prefill::tier2_lookup_pays;
+
+TEST_CASE("tier-2 cost rule: a read slower than computing is not asked; a faster one is") {
+  // A block: 4096 tokens, 16 MiB. Compute at 4,096 tokens/s: 1 s per block.
+  constexpr uint64_t bytes = 16u << 20;
+  constexpr uint32_t tokens = 4096;
+  Tier2Rates r{.read_bytes_per_s = 0.0, .prefill_tokens_per_s = 4096.0,
+               .lookup_overhead_s = 0.002, .eligible_count = 1};
+  // Unmeasured read rate: yes (the first lookups measure it); unmeasured compute too.
+  CHECK(tier2_lookup_pays(4, bytes, tokens, r));
+  // Disk at 1 GiB/s: 16 ms per block against 1 s: yes.
+  r.read_bytes_per_s = double(1u << 30);
+  CHECK(tier2_lookup_pays(4, bytes, tokens, r));
+  // Disk at 8 MiB/s: 2 s per block against 1 s: no — recompute.
+  r.read_bytes_per_s = double(8u << 20);
+  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, r));
+  // The lookup's own round trip counts: one tiny block whose compute (1 ms) is below the
+  // 2 ms overhead is not worth asking for, even from a fast disk.
+  r.read_bytes_per_s = double(1u << 30);
+  CHECK_FALSE(tier2_lookup_pays(1, 4096, 4, r));
+  CHECK(tier2_lookup_pays(1, 4096, 64, r));  // 16 ms of compute: yes
+  // Break-even: read == compute is not a win.
+  Tier2Rates even{.read_bytes_per_s = double(bytes), .prefill_tokens_per_s = double(tokens),
+                  .lookup_overhead_s = 0.0, .eligible_count = 1};
+  CHECK_FALSE(tier2_lookup_pays(3, bytes, tokens, even));
+  // Nothing missing: never asked.
+  CHECK_FALSE(tier2_lookup_pays(0, bytes, tokens, r));
+}
+
+TEST_CASE("tier-2 cost rule: every explore_every-th eligible prompt asks anyway") {
+  Tier2Rates slow{.read_bytes_per_s = 1.0, .prefill_tokens_per_s = 1e9,
+                  .lookup_overhead_s = 0.0, .eligible_count = 0};
+  int asked = 0;
+  for (uint64_t n = 1; n <= 4 * explore_every; ++n) {
+    slow.eligible_count = n;
+    asked += tier2_lookup_pays(8, 1u << 20, 16, slow) ? 1 : 0;
+  }
+  CHECK(asked == 4);  // the rates keep being measured while the rule says no
+}
+
+TEST_CASE("tier-2 cost rule: the rates' mean ignores samples that cannot be rates") {
+  CHECK(ewma(0.0, 80.0) == 80.0);  // the first sample as is
+  CHECK(ewma(80.0, 160.0) == doctest::Approx(90.0));
+  CHECK(ewma(80.0, 0.0) == 80.0);
+  CHECK(ewma(80.0, -5.0) == 80.0);
+  CHECK(ewma(80.0, std::numeric_limits<double>::quiet_NaN()) == 80.0);
+  CHECK(ewma(80.0, std::numeric_limits<double>::infinity()) == 80.0);
+}
