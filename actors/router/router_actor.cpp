@@ -270,6 +270,7 @@ void on_tier2_events(RouterState& st, wire::Envelope::Reader envelope) {
     return;
   }
   Tier2Source& source = st.tier2_sources[it->second];
+  uint64_t gaps_before = source.sequence.gaps_count();
   auto stored = messages::get_hashes(ev.getStored());
   auto removed = stored.ok() ? messages::get_hashes(ev.getRemoved()) : stored;
   if (!stored.ok() || !removed.ok()) {
@@ -295,7 +296,11 @@ void on_tier2_events(RouterState& st, wire::Envelope::Reader envelope) {
     }
   }
   source.blocks->set(static_cast<double>(st.core->tier2().blocks_count(source.site)));
-  if (source.node_up) ask_resync(st, source, "events out of sequence");
+  if (source.node_up && !source.sequence.synced()) {
+    ask_resync(st, source, source.sequence.gaps_count() > gaps_before
+                               ? "frame " + std::to_string(ev.getSequence()) + " out of sequence"
+                               : "not in sync yet");
+  }
 }
 
 void on_kv_events(RouterState& st, wire::Envelope::Reader envelope) {
