@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace tandem::runtime {
 
@@ -131,6 +132,7 @@ class Endpoint final : public FabricEndpoint {
   // A read chunk's completion (ok or failed): frees the op, finishes the chunk, pumps.
   void complete_read(Op* raw, Status status);
   void finish_send(Op* op, bool ok);
+  Op* take_posted(Op* op);  // a completed send or read op leaves posted_ (mu_ not held)
   void finish_read_chunk(Op* op, Status status);
   void pump_peer(Peer& peer);      // mu_ held
   void pump_reads();               // mu_ held
@@ -161,6 +163,9 @@ class Endpoint final : public FabricEndpoint {
   uint32_t reads_inflight_ = 0;
   uint64_t next_mr_key_ = 1;
   std::vector<std::pair<ReadDone, Status>> ready_;  // finished reads, callbacks not yet run
+  // Send and read ops posted to the provider and not completed yet (mu_): their completion
+  // takes them back; the ones still posted when the endpoint closes are freed by it.
+  std::unordered_set<Op*> posted_;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
@@ -174,8 +179,11 @@ Endpoint::~Endpoint() {
   wake();
   if (progress_.joinable()) progress_.join();
   RT_ASSERT(regions_live_.load() == 0, "memory regions outlived their endpoint");
-  // Ops still posted die with the endpoint; free what we handed to the provider.
+  // Ops still posted die with the endpoint: free what we handed to the provider once the
+  // endpoint is closed (no completion can name them after that; the progress thread is gone).
   if (ep_) fi_close(&ep_->fid);
+  for (Op* op : posted_) delete op;
+  posted_.clear();
   if (av_) fi_close(&av_->fid);
   if (cq_) fi_close(&cq_->fid);
   if (domain_) fi_close(&domain_->fid);
@@ -378,7 +386,8 @@ void Endpoint::pump_peer(Peer& peer) {
       continue;
     }
     ++peer.inflight;
-    (void)op.release();  // owned by the provider until its completion; see finish_send
+    posted_.insert(op.get());  // in the provider's hands until its completion (finish_send)
+    (void)op.release();
   }
 }
 
@@ -467,7 +476,8 @@ void Endpoint::pump_reads() {
       continue;
     }
     ++reads_inflight_;
-    (void)op.release();  // owned by the provider until its completion
+    posted_.insert(op.get());  // in the provider's hands until its completion
+    (void)op.release();
   }
 }
 
@@ -513,8 +523,15 @@ void Endpoint::finish_send(Op* op, bool ok) {
   pump_peer(peer->second);
 }
 
+Op* Endpoint::take_posted(Op* op) {
+  std::lock_guard lock(mu_);
+  size_t erased = posted_.erase(op);
+  RT_ASSERT(erased == 1, "a completion of an op not posted");
+  return op;
+}
+
 void Endpoint::complete_read(Op* raw, Status status) {
-  std::unique_ptr<Op> op(raw);
+  std::unique_ptr<Op> op(take_posted(raw));
   std::lock_guard lock(mu_);
   RT_ASSERT(reads_inflight_ > 0);
   --reads_inflight_;
@@ -536,7 +553,7 @@ void Endpoint::handle_completion(const fi_cq_msg_entry& entry) {
       return;
     }
     case Op::Kind::send: {
-      std::unique_ptr<Op> op(raw);
+      std::unique_ptr<Op> op(take_posted(raw));
       finish_send(op.get(), true);
       return;
     }
@@ -560,7 +577,7 @@ void Endpoint::handle_error_completion() {
       return;
     }
     case Op::Kind::send: {
-      std::unique_ptr<Op> op(raw);
+      std::unique_ptr<Op> op(take_posted(raw));
       finish_send(op.get(), false);
       return;
     }
