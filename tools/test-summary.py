@@ -21,8 +21,11 @@ SUMMARY = re.compile(
 passed = failed = skipped = expected_failures = 0
 # Why each failed test failed, printed just before the closing line: CI often keeps only the
 # end of a run's output, and the full log stays on the machine that ran it.
-WHY = re.compile(r"(ERROR|FATAL|TEST CASE:|SUBCASE:|values:|Assertion|runtime error|"
-                 r"AddressSanitizer|LeakSanitizer|timed out|Timeout|terminate called|Aborted)")
+# MESSAGE: what a test printed about the failure (an answer's body); the node-log lines at
+# warn or worse say what the cluster thought of it.
+WHY = re.compile(r"(ERROR|FATAL|TEST CASE:|SUBCASE:|values:|MESSAGE:|Assertion|runtime error|"
+                 r"AddressSanitizer|LeakSanitizer|timed out|Timeout|terminate called|Aborted|"
+                 r"\] (?:warning|error|critical): )")
 reasons = []
 
 
@@ -30,7 +33,7 @@ def note_reason(name, out):
     lines = [line[:240] for line in out.splitlines() if WHY.search(line)]
     if not lines:
         lines = [line[:240] for line in out.splitlines()[-8:]]
-    reasons.append((name, lines[:24]))
+    reasons.append((name, lines[:40]))
 
 
 def count_entry(entry, where):

@@ -134,7 +134,13 @@ struct Metrics {
 };
 
 // Written by the gateway actor, read by the HTTP thread (/health, the admission check).
+// The HTTP thread answers /health from here, maybe before the gateway actor first ran: so it
+// starts unhealthy with the reason of a DecodeHealth that has heard nothing yet (a /health
+// 200 before any decode instance reported was a CI failure: the POSTs after it got 503).
 struct Shared {
+  explicit Shared(std::string starting_reason) : unhealthy_reason(std::move(starting_reason)) {
+    RT_ASSERT(!unhealthy_reason.empty());
+  }
   std::atomic<bool> healthy{false};
   std::atomic<bool> draining{false};  // the node is stopping: new requests get 503
   std::mutex mutex;
@@ -1011,6 +1017,7 @@ std::string unhealthy_reason(const ShellContext& ctx, Shared& shared) {
   std::string down = ctx.node_health ? ctx.node_health->reason() : "";
   if (shared.healthy.load()) return down;
   std::string decode = shared.reason();
+  if (decode.empty()) decode = "the gateway is starting";  // never a 200 while not healthy
   return down.empty() ? decode : down + "; " + decode;
 }
 
@@ -1387,7 +1394,7 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   auto format = text::chat_format_for(m.model);
   if (!format.ok()) return format.error();
   GatewayParts parts{&system, ctx, {ctx.bridge->node(), "gateway", instance.name},
-                     std::move(tokenizer).value(), *format, {}, {}, std::make_shared<Shared>(),
+                     std::move(tokenizer).value(), *format, {}, {}, nullptr,
                      std::make_shared<std::atomic<uint64_t>>(0)};
   for (const auto& [n, inst] : m.instances_of(config::Role::router)) {
     parts.routers.push_back({n->name, "router", inst->name});
@@ -1395,6 +1402,8 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   for (const auto& [n, inst] : m.instances_of(config::Role::decode)) {
     parts.decodes.push_back({n->name, inst->name});
   }
+  parts.shared = std::make_shared<Shared>(
+      gateway::DecodeHealth(ctx.bridge->node(), parts.decodes).reason());
   auto gateway_slot = std::make_shared<runtime::ActorSlot>(spawn_gateway_actor(parts));
   std::vector<runtime::Supervised> supervised = {
       {parts.name.to_string(), "gateway",

@@ -48,7 +48,6 @@ class AgentsNode {
     text = replace_once(text, "admin_port = 17220", "admin_port = " +
                                                         std::to_string(free_port()));
     text = replace_once(text, "http_port = 8000", "http_port = " + std::to_string(http_port_));
-    text = replace_once(text, "level = \"info\"", "level = \"warn\"");
     write_file(dir_ + "/agents.toml", text);
     child_ = std::make_unique<Child>(std::vector<std::string>{tandem_bin(), "node", "--manifest",
                                                               dir_ + "/agents.toml", "--node",

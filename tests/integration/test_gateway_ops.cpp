@@ -148,14 +148,21 @@ std::string error_message(const http::Response& r) {
 TEST_CASE("gateway_ops: a decode executor without a device makes /health 503 with the reason") {
   // kv_scale 2 is outside the sim device's [1/128, 1]: both executors fail to create it.
   SimNode node("gwops-broken", "time_factor = 0\nkv_scale = 2", "");
+  // Polled from the node's first answer on, as fast as it answers: no decode instance is ever
+  // ready, so no answer may be 200, not even one before the gateway actor first ran (that
+  // 200 happened: agents' POSTs after it got "decode has not reported ready yet").
   http::Response health;
+  std::vector<std::string> not_503;
   bool reported = eventually(60s, [&] {
     health = http::get(node.port(), "/health", 1000ms);
+    if (health.ok() && health.status != 503) not_503.push_back(health.body);
     return health.ok() && health.body.find("executor failed") != std::string::npos;
-  });
+  }, 1ms);
   INFO("node log:\n" << node.log());
   INFO("last /health: " << health.status << " " << health.body << " " << health.error);
   REQUIRE(reported);
+  CHECK_MESSAGE(not_503.empty(), "answers other than 503: ", not_503.size(), ", first: ",
+                not_503.empty() ? "" : not_503.front());
   CHECK(health.status == 503);
   json body = json::parse(health.body, nullptr, false);
   REQUIRE(body.is_object());

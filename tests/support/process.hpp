@@ -159,12 +159,13 @@ inline RunResult run(std::vector<std::string> argv, std::chrono::milliseconds ti
   return result;
 }
 
-// Polls `condition` every 20 ms until true or timeout; returns whether it became true.
-inline bool eventually(std::chrono::milliseconds timeout, const std::function<bool()>& condition) {
+// Polls `condition` every `poll` until true or timeout; returns whether it became true.
+inline bool eventually(std::chrono::milliseconds timeout, const std::function<bool()>& condition,
+                       std::chrono::milliseconds poll = std::chrono::milliseconds(20)) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(poll);
   }
   return condition();
 }

@@ -52,12 +52,37 @@ def run_summary(logs):
     return (lines[-1] if lines else ""), run.returncode
 
 
-problems = 0
+# A failed test's reasons are printed before the closing line: its ERROR and values lines,
+# the first line of each MESSAGE (an answer's body), and node-log lines at warning or worse;
+# not its other output.
+WHY_OUT = "\n".join([
+    "TEST CASE:  x", "t.cpp:1: ERROR: CHECK( 503 == 200 ) is NOT correct!",
+    "  values: CHECK( 503 == 200 )", "t.cpp:2: MESSAGE: POST /v1/x -> 503: the router said no",
+    "2026-12-02 10:00:00.000 [n] info: nothing to see",
+    "2026-12-02 10:00:00.001 [n] warning: gateway: router slow", DOCTEST.format(1, 0, 1, 0)])
+WHY_WANT = ["ERROR: CHECK( 503 == 200 )", "values: CHECK", "MESSAGE: POST /v1/x -> 503",
+            "warning: gateway: router slow"]
+
+
+def check_reasons():
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        f.write(json.dumps({"name": "a", "result": "FAIL", "stdout": WHY_OUT}) + "\n")
+    run = subprocess.run([sys.executable, SCRIPT, f.name], capture_output=True, text=True)
+    os.unlink(f.name)
+    missing = [w for w in WHY_WANT if w not in run.stdout]
+    extra = "nothing to see" in run.stdout
+    if missing or extra:
+        print(f"FAIL reasons: missing {missing}, info line printed: {extra}:\n{run.stdout}")
+        return 1
+    return 0
+
+
+problems = check_reasons()
 for logs, want_line, want_rc in [([entries], line, rc) for entries, line, rc in CASES] + MULTI:
     last, rc = run_summary(logs)
     if last != want_line or rc != want_rc:
         problems += 1
         print(f"FAIL {logs}: got '{last}' rc {rc}, want '{want_line}' rc {want_rc}")
-total = len(CASES) + len(MULTI)
+total = len(CASES) + len(MULTI) + 1
 print(f"{total - problems} passed, {problems} failed")
 sys.exit(1 if problems else 0)
