@@ -549,7 +549,7 @@ void Loader::read_router(const toml::table& table) {
                      {"policy", "weight_prefix", "weight_queue", "weight_kv_usage",
                       "prefix_index_blocks_max", "disaggregate_tokens_min", "load_imbalance_max",
                       "prefill_load_imbalance_max", "prefill_by_work", "tier2_weight",
-                      "tier2_index_blocks_max", "kv_resync_interval_ms"});
+                      "tier2_remote_weight", "tier2_index_blocks_max", "kv_resync_interval_ms"});
   RouterSection& router = manifest_.router;
   constexpr double weight_max = 1e6;
   reader.read_enum("policy", router_policies_all, router.policy);
@@ -568,7 +568,19 @@ void Loader::read_router(const toml::table& table) {
   reader.read_double("load_imbalance_max", 0.0, 1e6, router.load_imbalance_max);
   reader.read_double("prefill_load_imbalance_max", 0.0, 1e6, router.prefill_load_imbalance_max);
   reader.read_bool("prefill_by_work", router.prefill_by_work);
-  reader.read_double("tier2_weight", 0.0, 1.0, router.tier2_weight);
+  bool tier2_ok = reader.read_double("tier2_weight", 0.0, 1.0, router.tier2_weight);
+  if (reader.find("tier2_remote_weight")) {
+    if (reader.read_double("tier2_remote_weight", 0.0, 1.0, router.tier2_remote_weight) &&
+        tier2_ok && router.tier2_remote_weight > router.tier2_weight) {
+      reader.issue("tier2_remote_weight",
+                   "tier2_remote_weight (" + std::to_string(router.tier2_remote_weight) +
+                       ") must not exceed tier2_weight (" + std::to_string(router.tier2_weight) +
+                       "): a copy on another node is never worth more than one on the "
+                       "prefill instance's own");
+    }
+  } else {
+    router.tier2_remote_weight = std::min(router.tier2_remote_weight, router.tier2_weight);
+  }
   reader.read_int("tier2_index_blocks_max", 1, 100000000, router.tier2_index_blocks_max);
   reader.read_int("kv_resync_interval_ms", 10, 600000, router.kv_resync_interval_ms);
 }

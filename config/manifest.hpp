@@ -97,6 +97,7 @@ struct RouterSection {
   double prefill_load_imbalance_max = 1e6;  // the same for prefill instances (1e6: none)
   bool prefill_by_work = true;  // prefill instance by least estimated work in tokens
   double tier2_weight = 0.8;    // a tier-2 block on the prefill's node vs a device hit, [0, 1]
+  double tier2_remote_weight = 0.5;  // one on another node (read over the fabric), <= tier2_weight
   uint32_t tier2_index_blocks_max = 262144;  // tier-2 blocks the router tracks per node
   uint32_t kv_resync_interval_ms = 2000;     // out of sync with a source: ask again after this
 };

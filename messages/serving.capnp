@@ -38,6 +38,8 @@ struct RouteReply {
   decodeInstance @0 :Text;          # "node/decode/name"
   prefillInstance @1 :Text;         # empty = decode prefills locally
   cachedBlocks @2 :UInt32;          # the router's estimate on the chosen decode instance
+  tier2Source @3 :Text;             # "node/kv-offload/name" on another node whose tier 2 holds
+                                    # more of the prompt than prefill's own node; empty = own
 }
 
 # Gateway -> decode: generate a completion. Decode answers with a stream of TokenChunk and
@@ -51,6 +53,7 @@ struct GenerateRequest {
   prefillInstance @5 :Text;         # chosen by the router; empty = prefill locally
   replyTo @6 :Text;                 # "node/gateway/name" that receives the tokens
   cacheSalt @7 :Text;
+  tier2Source @8 :Text;             # from RouteReply: where prefill reads tier 2 (empty = own node)
 }
 
 # Decode -> prefill: compute the prompt's KV and the first token. Answered by PrefillResult.
@@ -60,6 +63,8 @@ struct PrefillRequest {
   blockHashes @2 :List(Data);
   sampling @3 :SamplingParams;
   holdTimeoutMs @4 :UInt32;         # prefill frees the blocks if no PullDone by then
+  tier2Source @5 :Text;             # the kv-offload to ask for the blocks it lacks; empty = its
+                                    # node's (a remote one is read over the fabric the same way)
 }
 
 # Prefill -> decode: the first token and where the KV is. The blocks stay pinned until

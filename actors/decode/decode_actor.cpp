@@ -502,8 +502,10 @@ Status check_prompt(const DecodeState& st, const std::vector<int32_t>& prompt) {
   return {};
 }
 
+// `tier2_source`: the router's remote tier-2 copy of the prompt, passed on ("" = none).
 void send_prefill_request(DecodeActor* self, uint64_t id, const Seq& s,
-                          const std::vector<kv::BlockHash>& hashes, wire::SamplingParams::Reader sp) {
+                          const std::vector<kv::BlockHash>& hashes, wire::SamplingParams::Reader sp,
+                          capnp::Text::Reader tier2_source) {
   auto& st = self->state;
   Status sent = st.ctx.bridge->send(st.self_name, *s.prefill, id, [&](wire::Envelope::Builder b) {
     auto req = b.getBody().initPrefillRequest();
@@ -513,6 +515,7 @@ void send_prefill_request(DecodeActor* self, uint64_t id, const Seq& s,
     messages::set_hashes(req.initBlockHashes(static_cast<unsigned>(hashes.size())), hashes);
     req.setSampling(sp);
     req.setHoldTimeoutMs(st.ctx.manifest->prefill.hold_timeout_ms);
+    req.setTier2Source(tier2_source);
   });
   if (!sent.ok()) {
     st.ctx.log->warn("decode {}: prefill {} unreachable ({}); prefilling {} locally",
@@ -585,7 +588,7 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
     st.ctx.log->warn("decode {}: request {}: prefill instance {} is down; prefilling locally",
                      st.self_name.instance, id, prefill_name);
   } else if (it->second.prefill) {
-    send_prefill_request(self, id, it->second, *hashes, req.getSampling());
+    send_prefill_request(self, id, it->second, *hashes, req.getSampling(), req.getTier2Source());
   }
   update_metrics(st);
   pump(self);

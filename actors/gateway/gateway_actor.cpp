@@ -108,6 +108,7 @@ struct Req {
   uint32_t cached_tokens = 0;
   std::optional<ActorName> decode;
   std::string prefill;
+  std::string tier2_source;  // the router's remote tier-2 copy ("node/kv-offload/name" or "")
   uint32_t tokens_received = 0;
   uint32_t reasoning_tokens = 0;  // of tokens_received, those inside <think>...</think>
   uint32_t tokens_held = 0;       // tokens whose text the output parser still holds back
@@ -464,6 +465,7 @@ void send_generate(GatewayActor* self, uint64_t id) {
     sp.setLogprobs(s.logprobs);
     g.getLimits().setMaxTokens(static_cast<uint32_t>(r.max_tokens));
     g.setPrefillInstance(r.prefill);
+    g.setTier2Source(r.tier2_source);
     g.setReplyTo(st.self_name.to_string());
     g.setCacheSalt(r.spec.cache_salt);
   });
@@ -498,6 +500,7 @@ void on_route_reply(GatewayActor* self, uint64_t id, wire::RouteReply::Reader re
   Req& r = it->second;
   r.decode = *decode;
   r.prefill = reply.getPrefillInstance();
+  r.tier2_source = reply.getTier2Source();
   // usage.cached_tokens comes from decode (what was really not computed), not from the
   // router's belief (reply.getCachedBlocks()), which can be stale.
   send_generate(self, id);

@@ -40,6 +40,7 @@ struct Pending {
 // been read into the pool (or at once on a miss, an error or lookup_timeout_ms).
 struct Tier2Wait {
   ActorName requester;
+  ActorName source;  // the kv-offload asked (this node's, or the router's remote copy)
   prefill::PrefillRequest core;
   devices::SamplingParams sampling;
   std::vector<int32_t> prompt;
@@ -76,6 +77,7 @@ struct PrefillState {
   std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
   // Tier 2 (issue 13): this node's kv-offload instance when kv_offload.enabled.
   std::optional<ActorName> offload;
+  obs::Counter* tier2_remote_lookups = nullptr;  // lookups sent to another node's kv-offload
   std::map<uint64_t, Tier2Wait> tier2;  // prompts waiting for a lookup (<= prefill.queue_max)
   std::map<uint64_t, OffloadPin> pins;  // offered blocks kv-offload may be reading
   prefill::Tier2Rates rates;
@@ -235,12 +237,28 @@ void release_pin(PrefillState& st, uint64_t id) {
   st.pins.erase(it);
 }
 
+// Where to ask for the blocks this node's pool lacks: the router's remote copy when it names
+// a kv-offload instance of the manifest (tier 2 enabled), else this node's kv-offload. A name
+// that is not one is ignored (the request is served either way), never trusted.
+std::optional<ActorName> tier2_source(const PrefillState& st, std::string_view named) {
+  if (named.empty() || !st.ctx.manifest->kv_offload.enabled) return st.offload;
+  auto parsed = ActorName::parse(named);
+  if (!parsed.ok() || parsed->role != "kv-offload") return st.offload;
+  const config::Node* node = st.ctx.manifest->find_node(parsed->node);
+  if (node == nullptr) return st.offload;
+  for (const auto& inst : node->instances) {
+    if (inst.role == config::Role::kv_offload && inst.name == parsed->instance) return *parsed;
+  }
+  return st.offload;
+}
+
 // Asks tier 2 for the blocks after the pool's hit, when the cost rule says it pays. Returns
 // whether the prompt now waits for the answer (else the caller submits it).
 bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillRequest& core,
-               const devices::SamplingParams& sampling, std::vector<int32_t>& prompt) {
+               const devices::SamplingParams& sampling, std::vector<int32_t>& prompt,
+               const std::optional<ActorName>& source) {
   auto& st = self->state;
-  if (!st.offload || st.ctx.bridge->fabric() == nullptr || st.info.local == nullptr) return false;
+  if (!source || st.ctx.bridge->fabric() == nullptr || st.info.local == nullptr) return false;
   uint32_t hit = st.cache->match(core.block_hashes);
   auto lacking = static_cast<uint32_t>(core.block_hashes.size()) - hit;
   if (lacking == 0 || st.tier2.size() >= st.ctx.manifest->prefill.queue_max) return false;
@@ -251,14 +269,15 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   }
   uint64_t id = core.id;
   std::vector<kv::BlockHash> asked(core.block_hashes.begin() + hit, core.block_hashes.end());
-  Status sent = st.ctx.bridge->send(st.self_name, *st.offload, id, [&](wire::Envelope::Builder b) {
+  Status sent = st.ctx.bridge->send(st.self_name, *source, id, [&](wire::Envelope::Builder b) {
     auto q = b.getBody().initOffloadLookup();
     q.setRequestId(id);
     messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(asked.size())), asked);
     fill_kv_layout(q.initLayout(), layout);
   });
   if (!sent.ok()) return false;
-  Tier2Wait w{from, std::move(core), sampling, std::move(prompt)};
+  if (source->node != st.self_name.node) st.tier2_remote_lookups->inc();
+  Tier2Wait w{from, *source, std::move(core), sampling, std::move(prompt)};
   w.serial = ++st.tier2_serial;
   w.device_hit = hit;
   w.sent = now_ns();
@@ -274,7 +293,7 @@ void end_wait(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it, bo
   st.tier2.erase(it);
   uint64_t id = w.core.id;
   if (staged) {
-    (void)st.ctx.bridge->send(st.self_name, *st.offload, id, [&](wire::Envelope::Builder b) {
+    (void)st.ctx.bridge->send(st.self_name, w.source, id, [&](wire::Envelope::Builder b) {
       auto done = b.getBody().initKvPullDone();
       done.setRequestId(id);
       done.setOk(true);
@@ -309,14 +328,17 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   end_wait(self, it, true);
 }
 
-void on_lookup_reply(PrefillActor* self, wire::OffloadLookupReply::Reader reply) {
+// `from`: the kv-offload that answered (this node's or a remote one).
+void on_lookup_reply(PrefillActor* self, const ActorName& from,
+                     wire::OffloadLookupReply::Reader reply) {
   auto& st = self->state;
   uint64_t id = reply.getRequestId();
   auto it = st.tier2.find(id);
   auto blocks = reply.getBlocks();
-  if (it == st.tier2.end() || it->second.reading) {  // timed out meanwhile: free the staging
-    if (blocks.size() > 0 && st.offload) {
-      (void)st.ctx.bridge->send(st.self_name, *st.offload, id, [&](wire::Envelope::Builder b) {
+  if (it == st.tier2.end() || it->second.reading || it->second.source != from) {
+    // Timed out meanwhile (or an answer from another source): free its staging there.
+    if (blocks.size() > 0) {
+      (void)st.ctx.bridge->send(st.self_name, from, id, [&](wire::Envelope::Builder b) {
         b.getBody().initKvPullDone().setRequestId(id);
       });
     }
@@ -434,7 +456,8 @@ void on_request(PrefillActor* self, wire::Envelope::Reader envelope) {
   }
   prefill::PrefillRequest core{id, messages::get_tokens(req.getPromptTokenIds()), *hashes};
   std::vector<int32_t> prompt = core.tokens;
-  if (ask_tier2(self, from, core, *sampling, prompt)) return;
+  auto source = tier2_source(st, std::string_view(req.getTier2Source().cStr()));
+  if (ask_tier2(self, from, core, *sampling, prompt, source)) return;
   submit_now(self, from, std::move(core), *sampling, std::move(prompt));
 }
 
@@ -451,7 +474,8 @@ void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
       return update_metrics(st);
     }
     case wire::Envelope::Body::OFFLOAD_LOOKUP_REPLY:
-      return on_lookup_reply(self, body.getOffloadLookupReply());
+      return on_lookup_reply(self, messages::get_name(envelope.getSource()),
+                             body.getOffloadLookupReply());
     case wire::Envelope::Body::OFFLOAD_STORE_DONE:
       return release_pin(st, body.getOffloadStoreDone().getRequestId());
     case wire::Envelope::Body::CANCEL: {
@@ -495,6 +519,10 @@ void init_tier2(PrefillState& st) {
   st.tier2_offered_blocks = make_counter(*st.ctx.metrics,
                                          "tandem:prefill_tier2_offered_blocks_total",
                                          "computed blocks offered to tier 2", l);
+  st.tier2_remote_lookups = make_counter(*st.ctx.metrics,
+                                         "tandem:prefill_tier2_remote_lookups_total",
+                                         "tier-2 lookups sent to another node's kv-offload (the "
+                                         "router's remote copy)", l);
   if (!st.ctx.manifest->kv_offload.enabled) return;
   const config::Node* node = st.ctx.manifest->find_node(st.self_name.node);
   if (node == nullptr) return;

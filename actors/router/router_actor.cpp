@@ -52,6 +52,7 @@ struct RouterState {
   obs::Counter* kv_removed = nullptr;
   obs::Counter* tier2_refused = nullptr;
   obs::Counter* tier2_credited = nullptr;  // P/D picks whose prefill has tier-2 blocks to read
+  obs::Counter* tier2_remote = nullptr;    // ... of which on another node's tier 2
   std::vector<Tier2Source> tier2_sources;
   std::map<std::string, size_t> source_by_name;  // "node/kv-offload/instance" -> index
   static inline const char* name = "tandem.router";
@@ -75,6 +76,7 @@ router::RouterConfig router_config(const config::Manifest& m) {
   c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
   c.prefill_by_work = m.router.prefill_by_work;
   c.tier2_weight = m.router.tier2_weight;
+  c.tier2_remote_weight = m.router.tier2_remote_weight;
   c.tier2_index_blocks_max = m.router.tier2_index_blocks_max;
   c.block_tokens = m.model.block_tokens;
   // Only the manifest's instances are ever added; the index keeps one holder bit per
@@ -145,6 +147,14 @@ void add_instances(RouterState& st) {
   }
 }
 
+// The tier-2 source (kv-offload) of a site (node index), or nullptr.
+const Tier2Source* source_of_site(const RouterState& st, uint32_t site) {
+  for (const Tier2Source& s : st.tier2_sources) {
+    if (s.site == site) return &s;
+  }
+  return nullptr;
+}
+
 void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto req = envelope.getBody().getRouteRequest();
@@ -162,6 +172,12 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
     reply.setDecodeInstance(st.instances[pick->decode.value].name.to_string());
     if (pick->prefill) reply.setPrefillInstance(st.instances[pick->prefill->value].name.to_string());
     reply.setCachedBlocks(pick->decode_cached_blocks);
+    if (pick->prefill && pick->prefill_tier2_site) {
+      if (const Tier2Source* source = source_of_site(st, *pick->prefill_tier2_site)) {
+        reply.setTier2Source(source->name.to_string());
+        st.tier2_remote->inc();
+      }
+    }
   });
   // Reply first, then record where the blocks will be (same behavior: nothing in between).
   st.core->record(request, *pick);
@@ -344,6 +360,10 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
                                      "P/D picks whose prefill instance's node holds blocks of "
                                      "the prompt in tier 2 beyond its device cache",
                                      {{"instance", name.instance}});
+    st.tier2_remote = make_counter(*ctx.metrics, "tandem_router_tier2_remote_picks_total",
+                                   "P/D picks whose prefill instance reads the prompt's blocks "
+                                   "from another node's tier 2 (RouteReply.tier2Source)",
+                                   {{"instance", name.instance}});
     auto resync_interval = std::chrono::milliseconds(ctx.manifest->router.kv_resync_interval_ms);
     if (!st.tier2_sources.empty()) {
       self->delayed_send(self, resync_interval, runtime::atoms::tick::value);

@@ -61,6 +61,10 @@ Status validate(const RouterConfig& config) {
       config.tier2_weight > 1.0) {
     return bad("tier2_weight must be in [0, 1]");
   }
+  if (!std::isfinite(config.tier2_remote_weight) || config.tier2_remote_weight < 0.0 ||
+      config.tier2_remote_weight > config.tier2_weight) {
+    return bad("tier2_remote_weight must be in [0, tier2_weight]");
+  }
   if (config.tier2_index_blocks_max < 1) return bad("tier2_index_blocks_max must be >= 1");
   if (config.instances_max < 1 || config.instances_max > 65536) {
     return bad("instances_max must be in 1..65536, got " + std::to_string(config.instances_max));
@@ -327,7 +331,8 @@ RouterCore::RoleLoad RouterCore::role_load(InstanceRole role) const {
 }
 
 InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t blocks,
-                                     const RoleLoad& role_load, uint32_t tier2_blocks) const {
+                                     const RoleLoad& role_load, const Tier2Run& tier2) const {
+  uint32_t tier2_blocks = tier2.blocks;
   const Slot& s = slots_[slot];
   RT_ASSERT(s.used, slot);
   RT_ASSERT(cached + tier2_blocks <= blocks, cached, tier2_blocks, blocks);
@@ -336,7 +341,8 @@ InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t bloc
   score.id = s.id;
   score.cached_blocks = cached;
   score.tier2_blocks = tier2_blocks;
-  double credited = static_cast<double>(cached) + config_.tier2_weight * tier2_blocks;
+  score.tier2_remote = tier2.remote;
+  double credited = static_cast<double>(cached) + tier2.credit();
   score.prefix = blocks == 0 ? 0.0 : credited / static_cast<double>(blocks);
   score.load_count = load_count(s);
   auto candidates = static_cast<double>(role_load.candidates_count);
@@ -365,7 +371,7 @@ InstanceScore RouterCore::score_slot(uint32_t slot, uint32_t cached, size_t bloc
 std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
                                                 const std::vector<uint32_t>& lengths, size_t blocks,
                                                 uint32_t& cursor, double* score,
-                                                const std::vector<uint32_t>* tier2) const {
+                                                const std::vector<Tier2Run>* tier2) const {
   RoleLoad loads = role_load(role);
   std::optional<uint32_t> best;
   double best_total = 0.0;
@@ -377,7 +383,7 @@ std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
       const Slot& s = slots_[slot];
       if (!s.used || !s.up || s.role != role) continue;
       InstanceScore candidate =
-          score_slot(slot, lengths[slot], blocks, loads, tier2 ? (*tier2)[slot] : 0);
+          score_slot(slot, lengths[slot], blocks, loads, tier2 ? (*tier2)[slot] : Tier2Run{});
       if (pass == 0 && candidate.over_bound) continue;
       if (!best || candidate.total > best_total + tie_epsilon) {
         best = slot;
@@ -393,7 +399,7 @@ std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
 
 std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<uint32_t>& lengths,
                                            size_t blocks, uint32_t& cursor, double* score,
-                                           const std::vector<uint32_t>* tier2) {
+                                           const std::vector<Tier2Run>* tier2) {
   auto count = static_cast<uint32_t>(slots_.size());
   RT_ASSERT(lengths.size() == count, lengths.size(), count);
   *score = 0.0;
@@ -427,7 +433,7 @@ std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<
 // load x mean uncached tokens per P/D request + this prompt's uncached tokens there. Within
 // the prefill load bound (if any); ties (1e-9 relative): more free KV, then rotation.
 std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& lengths,
-                                                   const std::vector<uint32_t>& tier2,
+                                                   const std::vector<Tier2Run>& tier2,
                                                    const PickRequest& request) const {
   RoleLoad loads = role_load(InstanceRole::prefill);
   double per_request = prefill_tokens_mean_ < 0.0 ? static_cast<double>(request.prompt_tokens)
@@ -443,10 +449,10 @@ std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& 
       if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
       InstanceScore score = score_slot(slot, lengths[slot], blocks, loads, tier2[slot]);
       if (pass == 0 && score.over_bound) continue;
-      // Tier-2 blocks count as tier2_weight of a device hit: (1 - weight) of their tokens
-      // is the modelled cost of reading them back.
+      // Tier-2 blocks count as their weight of a device hit: (1 - weight) of their tokens
+      // is the modelled cost of reading them back (more from another node).
       double uncached = static_cast<double>(request.prompt_tokens) -
-                        (static_cast<double>(lengths[slot]) + config_.tier2_weight * tier2[slot]) *
+                        (static_cast<double>(lengths[slot]) + tier2[slot].credit()) *
                             config_.block_tokens;
       double work = static_cast<double>(score.load_count) * per_request + uncached;
       bool tie = best && std::abs(work - best_work) <= 1e-9 * std::max(1.0, best_work);
@@ -478,7 +484,7 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   role_mask(role, mask);
   std::vector<uint32_t> lengths;
   match_lengths(request.block_hashes, mask, lengths);
-  std::vector<uint32_t> tier2;
+  std::vector<Tier2Run> tier2;
   tier2_runs(request.block_hashes, lengths, tier2);
   RoleLoad loads = role_load(role);
   std::vector<InstanceScore> out;
@@ -495,14 +501,25 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
 
 void RouterCore::tier2_runs(std::span<const kv::BlockHash> hashes,
                             const std::vector<uint32_t>& lengths,
-                            std::vector<uint32_t>& out) const {
-  out.assign(slots_.size(), 0);
+                            std::vector<Tier2Run>& out) const {
+  out.assign(slots_.size(), Tier2Run{});
   if (config_.tier2_weight <= 0.0) return;
+  std::vector<uint32_t> sites;
+  if (config_.tier2_remote_weight > 0.0) sites = tier2_.sites_holding();
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
-    out[slot] = tier2_.run(s.site, hashes, lengths[slot]);
-    RT_ASSERT(lengths[slot] + out[slot] <= hashes.size(), slot);
+    Tier2Run best{tier2_.run(s.site, hashes, lengths[slot]), s.site, false, config_.tier2_weight};
+    // Another node's copy when it is worth more (ties: this node's, read without the network).
+    for (uint32_t site : sites) {
+      if (site == s.site) continue;
+      Tier2Run remote{tier2_.run(site, hashes, lengths[slot]), site, true,
+                      config_.tier2_remote_weight};
+      if (remote.credit() > best.credit() + tie_epsilon) best = remote;
+    }
+    if (best.blocks == 0) best = Tier2Run{};
+    RT_ASSERT(lengths[slot] + best.blocks <= hashes.size(), slot);
+    out[slot] = best;
   }
 }
 
@@ -534,14 +551,15 @@ void RouterCore::decide_prefill(const PickRequest& request, Pick& pick) {
   if (!prefill) return;
   pick.prefill = slots_[*prefill].id;
   pick.prefill_cached_blocks = pick_prefill_lengths_[*prefill];
-  pick.prefill_tier2_blocks = pick_tier2_[*prefill];
+  pick.prefill_tier2_blocks = pick_tier2_[*prefill].blocks;
+  if (pick_tier2_[*prefill].remote) pick.prefill_tier2_site = pick_tier2_[*prefill].site;
   slots_[*prefill].inflight_count += 1;
   // The work it left there, in tokens, as choose_by_work counts it.
   uint64_t hit_blocks = uint64_t{pick.prefill_cached_blocks} + pick.prefill_tier2_blocks;
   RT_ASSERT(hit_blocks * config_.block_tokens <= request.prompt_tokens, hit_blocks);
   double uncached = static_cast<double>(request.prompt_tokens) -
                     (static_cast<double>(pick.prefill_cached_blocks) +
-                     config_.tier2_weight * pick.prefill_tier2_blocks) *
+                     pick_tier2_[*prefill].credit()) *
                         config_.block_tokens;
   prefill_tokens_mean_ = prefill_tokens_mean_ < 0.0
                              ? uncached

@@ -63,6 +63,9 @@ struct RouterConfig {
   // device cache holds, counts as tier2_weight of a device hit (reading it back costs a
   // little; computing it costs all). In [0, 1]; 0 ignores tier 2.
   double tier2_weight = 0.8;
+  // A block another node's tier 2 holds: read over the fabric (a cross-node RMA read), so
+  // worth less; in [0, tier2_weight]; 0 never reads a remote tier 2.
+  double tier2_remote_weight = 0.5;
   uint32_t tier2_index_blocks_max = 262144;  // per node, blocks, >= 1
   uint64_t seed = 0;                          // for the `random` policy
 };
@@ -90,7 +93,10 @@ struct Pick {
   std::optional<InstanceId> prefill;  // nullopt: decode prefills locally
   uint32_t decode_cached_blocks = 0;  // leading blocks the index believes decode holds
   uint32_t prefill_cached_blocks = 0;  // same for prefill (0 when there is no prefill)
-  uint32_t prefill_tier2_blocks = 0;   // blocks after those its node's tier 2 holds
+  uint32_t prefill_tier2_blocks = 0;   // blocks after those a tier 2 holds (its node's or remote)
+  // The node (site) whose tier 2 holds them when it is not the prefill instance's own (the
+  // copy is read over the fabric); nullopt: its own node's, or none.
+  std::optional<uint32_t> prefill_tier2_site;
   uint64_t uncached_tokens = 0;       // prompt_tokens - decode_cached_blocks * block_tokens
   double decode_score = 0.0;          // weighted sum (prefix-aware policy; 0 for baselines)
 };
@@ -99,7 +105,8 @@ struct Pick {
 struct InstanceScore {
   InstanceId id;
   uint32_t cached_blocks = 0;
-  uint32_t tier2_blocks = 0;  // prefill: blocks after cached_blocks its node's tier 2 holds
+  uint32_t tier2_blocks = 0;  // prefill: blocks after cached_blocks a tier 2 holds
+  bool tier2_remote = false;  // ... on another node (credited at tier2_remote_weight)
   // (cached_blocks + tier2_weight x tier2_blocks) / blocks, in [0, 1]; 0 for an empty prompt
   double prefix = 0.0;
   uint64_t load_count = 0;  // waiting + running + picks since the last heartbeat
@@ -108,6 +115,15 @@ struct InstanceScore {
   double queue = 0.0;
   double kv_usage = 0.0;  // 1 - used / total, in [0, 1]; 1 when total is 0
   double total = 0.0;     // weighted sum
+};
+
+// A prefill instance's best tier-2 copy of a prompt's blocks after its device hit.
+struct Tier2Run {
+  uint32_t blocks = 0;
+  uint32_t site = 0;     // the node that holds them
+  bool remote = false;   // site is not the instance's node
+  double weight = 0.0;   // tier2_weight or tier2_remote_weight
+  double credit() const { return weight * blocks; }
 };
 
 class RouterCore {
@@ -230,20 +246,20 @@ class RouterCore {
   static uint64_t load_count(const Slot& s);
   RoleLoad role_load(InstanceRole role) const;
   InstanceScore score_slot(uint32_t slot, uint32_t cached, size_t blocks,
-                           const RoleLoad& role_load, uint32_t tier2_blocks = 0) const;
-  // Per slot: tier-2 blocks of `hashes` after lengths[slot] on the slot's node (prefill
-  // slots only; others 0), into out.
+                           const RoleLoad& role_load, const Tier2Run& tier2 = {}) const;
+  // Per slot: the tier-2 run of `hashes` after lengths[slot] worth the most credit, on the
+  // slot's node or another (prefill slots only; others empty), into out.
   void tier2_runs(std::span<const kv::BlockHash> hashes, const std::vector<uint32_t>& lengths,
-                  std::vector<uint32_t>& out) const;
+                  std::vector<Tier2Run>& out) const;
   std::optional<uint32_t> choose(InstanceRole role, const std::vector<uint32_t>& lengths,
                                  size_t blocks, uint32_t& cursor, double* score,
-                                 const std::vector<uint32_t>* tier2 = nullptr);
+                                 const std::vector<Tier2Run>* tier2 = nullptr);
   std::optional<uint32_t> choose_best(InstanceRole role, const std::vector<uint32_t>& lengths,
                                       size_t blocks, uint32_t& cursor, double* score,
-                                      const std::vector<uint32_t>* tier2) const;
+                                      const std::vector<Tier2Run>* tier2) const;
   void decide_prefill(const PickRequest& request, Pick& pick);
   std::optional<uint32_t> choose_by_work(const std::vector<uint32_t>& lengths,
-                                         const std::vector<uint32_t>& tier2,
+                                         const std::vector<Tier2Run>& tier2,
                                          const PickRequest& request) const;
   void record_slot(uint32_t slot, std::span<const kv::BlockHash> hashes, uint32_t cached);
   uint32_t node_for(const kv::BlockHash& hash, uint32_t parent, uint32_t depth);
@@ -281,7 +297,8 @@ class RouterCore {
   mutable std::vector<Interval> level_, next_level_;
   mutable std::vector<uint32_t> probe_positions_, probe_nodes_, probe_bits_;
   std::vector<uint64_t> pick_mask_;  // pick()'s scratch, reused
-  std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_, pick_tier2_;
+  std::vector<uint32_t> pick_lengths_, pick_prefill_lengths_;
+  std::vector<Tier2Run> pick_tier2_;
   Tier2Index tier2_;
   uint64_t stamp_ = 0;
   double prefill_tokens_mean_ = -1.0;  // EWMA of P/D picks' uncached tokens; < 0: none yet

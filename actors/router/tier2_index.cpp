@@ -1,8 +1,19 @@
 #include "actors/router/tier2_index.hpp"
 
+#include <algorithm>
+
 #include "runtime/base/assert.hpp"
 
 namespace tandem::router {
+
+std::vector<uint32_t> Tier2Index::sites_holding() const {
+  std::vector<uint32_t> out;
+  for (const auto& [site, table] : sites_) {
+    if (blocks_count(site) > 0) out.push_back(site);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 Tier2Index::Tier2Index(uint32_t blocks_max) : blocks_max_(blocks_max) {
   RT_ASSERT(blocks_max_ >= 1);

@@ -1,8 +1,8 @@
 // The router's view of tier 2 (issue 13): which blocks each node's kv-offload holds, from
 // its KV events (stored / removed / all cleared). A "site" is a node: a prefill instance
-// reads the tier 2 of its own node, so the router credits a tier-2 copy to the prefill
-// instances of the node that holds it, and none to the others (a remote copy is worth
-// nothing while cross-node tier-2 reads are not built).
+// reads the tier 2 of its own node, or another node's over the fabric, so the router credits
+// a tier-2 copy to the prefill instances of the node that holds it (tier2_weight) and, less,
+// to the others (tier2_remote_weight; RouterCore).
 //
 // Per site, a set of block hashes; the hashes are chained (hash i identifies blocks 0..i), so
 // a hit at position i means the same prefix, whatever tier 2 holds before it. Bounded:
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <unordered_map>
+#include <vector>
 
 #include "actors/router/block_table.hpp"
 #include "kvstore/block_hash.hpp"
@@ -30,6 +31,8 @@ class Tier2Index {
   uint32_t run(uint32_t site, std::span<const kv::BlockHash> hashes, uint32_t from) const;
   bool holds(uint32_t site, const kv::BlockHash& hash) const;
   size_t blocks_count(uint32_t site) const;
+  // Sites that hold at least one block, ascending.
+  std::vector<uint32_t> sites_holding() const;
   uint64_t refused_count() const { return refused_count_; }
   uint32_t blocks_max() const { return blocks_max_; }
 

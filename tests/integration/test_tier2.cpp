@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <filesystem>
 #include <map>
@@ -471,6 +472,128 @@ TEST_CASE("tier 2: SIGKILL during a burst of writes loses no stored block and se
   CHECK(loaded > loaded_before);
   CHECK(node.metric("tandem:tier2_read_seconds_count") >= loaded);
   CHECK(node.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+namespace {
+
+// Two nodes, each with a prefill instance and its kv-offload: "a" also runs the gateway, the
+// router and decode. Round-robin picks alternate the prefill instances, so a prompt's second
+// turn can land on the node that never computed it: the router names the other node's tier
+// 2 (RouteReply.tier2Source) and that prefill reads the blocks from it over the fabric.
+class RemoteTier2 {
+ public:
+  explicit RemoteTier2(const std::string& dir)
+      : dir_(dir), http_port_(free_port()), admin_{free_port(), free_port()} {
+    write_file(dir_ + "/cluster.toml", manifest_text());
+    for (const char* node : {"a", "b"}) {
+      nodes_.push_back(std::make_unique<Child>(
+          std::vector<std::string>{tandem_bin(), "node", "--manifest", dir_ + "/cluster.toml",
+                                   "--node", node},
+          dir_ + "/" + node + ".log"));
+    }
+  }
+  ~RemoteTier2() {
+    for (auto& node : nodes_) node->signal(SIGTERM);
+    for (auto& node : nodes_) node->wait(10000ms);
+  }
+  uint16_t port() const { return http_port_; }
+  // `series` summed over both nodes' /metrics.
+  double metric(const std::string& series) {
+    double sum = 0;
+    for (uint16_t admin : admin_) {
+      auto r = http::get(admin, "/metrics", 3000ms);
+      sum += http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, "");
+    }
+    return sum;
+  }
+  std::string logs() { return nodes_[0]->log() + "\n---- node b\n" + nodes_[1]->log(); }
+  // Decode and both prefill instances eligible and a completion answered.
+  bool wait_ready(std::chrono::milliseconds timeout) {
+    return eventually(timeout, [&] {
+      if (metric("tandem_router_instance_eligible") < 3) return false;
+      json body = {{"model", "stories15M"}, {"prompt", "Warm"}, {"max_tokens", 1}};
+      auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
+      return r.ok() && r.status == 200;
+    });
+  }
+
+ private:
+  std::string manifest_text() {
+    auto inst = [](const std::string& role, const std::string& name, const std::string& extra) {
+      return "[[node.instance]]\nrole = \"" + role + "\"\nname = \"" + name + "\"\n" + extra;
+    };
+    auto node = [&](const std::string& name, uint16_t admin, const std::string& http) {
+      return "[[node]]\nname = \"" + name + "\"\nhost = \"127.0.0.1\"\nfabric_port = " +
+             std::to_string(free_port()) + "\nadmin_port = " + std::to_string(admin) + "\n" +
+             http;
+    };
+    return "[cluster]\nname = \"tier2-remote\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n"
+           "[logging]\nlevel = \"info\"\n"
+           "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
+           "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
+           "[router]\npolicy = \"round-robin\"\ndisaggregate_tokens_min = 1\n"
+           "[kv_offload]\nenabled = true\npath = \"" + dir_ + "/tier2\"\n"
+           "capacity_bytes = " + std::to_string(64u << 20) + "\nstaging_blocks = 32\n" +
+           node("a", admin_[0], "http_port = " + std::to_string(http_port_) + "\n") +
+           inst("gateway", "gateway", "") + inst("router", "router", "") +
+           inst("prefill", "prefill", "executor = \"exec-p\"\n") +
+           inst("decode", "decode", "executor = \"exec-d\"\n") +
+           inst("kv-offload", "kv-offload", "") +
+           inst("executor", "exec-p", "device = \"cpu\"\ndevices = [0]\nkv_blocks = 40\n") +
+           inst("executor", "exec-d", "device = \"cpu\"\ndevices = [1]\nkv_blocks = 16\n") +
+           node("b", admin_[1], "") + inst("prefill", "prefill-b", "executor = \"exec-pb\"\n") +
+           inst("kv-offload", "kv-offload-b", "") +
+           inst("executor", "exec-pb", "device = \"cpu\"\ndevices = [0]\nkv_blocks = 40\n");
+  }
+
+  std::string dir_;
+  uint16_t http_port_;
+  std::array<uint16_t, 2> admin_;
+  std::vector<std::unique_ptr<Child>> nodes_;
+};
+
+}  // namespace
+
+TEST_CASE("tier 2: a prefill instance reads a prompt's blocks from another node's tier 2" *
+          doctest::timeout(300)) {
+  std::string dir = make_temp_dir("tier2-remote");
+  {
+    RemoteTier2 cluster(dir);
+    REQUIRE_MESSAGE(cluster.wait_ready(120s), cluster.logs());
+    std::string prompt = story(11, 180);
+    // X on one prefill instance, two others (round robin: the other, then this one again,
+    // each evicting decode's copy of the one before), then X on the other instance: its
+    // pool and its node's tier 2 never saw X; the first instance's node's tier 2 has it.
+    Answer first = complete(cluster.port(), prompt);
+    REQUIRE(first.full_blocks >= 8);
+    bool stored = eventually(10s, [&] {
+      return cluster.metric("tandem:tier2_stored_blocks_total") >= first.full_blocks;
+    });
+    REQUIRE_MESSAGE(stored, cluster.logs());
+    (void)complete(cluster.port(), story(12, 180));
+    (void)complete(cluster.port(), story(13, 180));
+    // Both nodes' stores reported to the router on a: its view is what they hold.
+    bool exact = eventually(10s, [&] {
+      double used = cluster.metric("tandem:tier2_blocks_used");
+      return used >= 3 * first.full_blocks && cluster.metric("tandem_router_tier2_blocks") == used;
+    });
+    CHECK_MESSAGE(exact, cluster.logs());
+    double remote_picks = cluster.metric("tandem_router_tier2_remote_picks_total");
+    double remote_lookups = cluster.metric("tandem:prefill_tier2_remote_lookups_total");
+    double loaded_before = cluster.metric("tandem:prefill_tier2_loaded_blocks_total");
+    Answer again = complete(cluster.port(), prompt);
+    INFO(cluster.logs());
+    CHECK(cluster.metric("tandem_router_tier2_remote_picks_total") == remote_picks + 1);
+    CHECK(cluster.metric("tandem:prefill_tier2_remote_lookups_total") == remote_lookups + 1);
+    // Every full block came over the fabric from the other node's tier 2, none computed ...
+    CHECK(cluster.metric("tandem:prefill_tier2_loaded_blocks_total") - loaded_before ==
+          first.full_blocks);
+    // ... and the greedy answer is the one computing it gave.
+    CHECK(again.text == first.text);
+    CHECK(cluster.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
+  }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }

@@ -186,6 +186,7 @@ load_imbalance_max = 0.25
 prefill_load_imbalance_max = 2.5
 prefill_by_work = false
 tier2_weight = 0.5
+tier2_remote_weight = 0.25
 tier2_index_blocks_max = 1000
 kv_resync_interval_ms = 250
 
@@ -225,6 +226,7 @@ draft_tokens_max = 16
   CHECK(m.router.prefill_load_imbalance_max == 2.5);
   CHECK_FALSE(m.router.prefill_by_work);
   CHECK(m.router.tier2_weight == 0.5);
+  CHECK(m.router.tier2_remote_weight == 0.25);
   CHECK(m.router.tier2_index_blocks_max == 1000);
   CHECK(m.router.kv_resync_interval_ms == 250);
   CHECK_FALSE(m.kv_offload.enabled);
@@ -321,6 +323,19 @@ kv_resync_interval_ms = 1
   find_issue(issues, "router.weight_prefix", "out of range");
   auto port = find_issue(issues, "node[0].fabric_port", "out of range 1..65535");
   CHECK(port.line == line_of(text, "fabric_port = 70000"));
+}
+
+TEST_CASE("router.tier2_remote_weight: at most tier2_weight; unset, it follows a lower one") {
+  Manifest lower = parse_ok(base_manifest + "[router]\ntier2_weight = 0.3\n");
+  CHECK(lower.router.tier2_remote_weight == 0.3);
+  Manifest defaults = parse_ok(base_manifest);
+  CHECK(defaults.router.tier2_weight == 0.8);
+  CHECK(defaults.router.tier2_remote_weight == 0.5);
+  std::string text = base_manifest + "[router]\ntier2_weight = 0.4\ntier2_remote_weight = 0.6\n";
+  auto issues = parse_bad(text);
+  REQUIRE(issues.size() == 1);
+  auto remote = find_issue(issues, "router.tier2_remote_weight", "must not exceed tier2_weight");
+  CHECK(remote.line == line_of(text, "tier2_remote_weight"));
 }
 
 TEST_CASE("model keys: power-of-two blocks, context at least one block, known formats") {

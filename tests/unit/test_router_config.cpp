@@ -33,6 +33,7 @@ TEST_CASE("router_config takes [router] and sizes the index to the manifest's in
   CHECK(c.load_imbalance_max == m.router.load_imbalance_max);
   CHECK(c.prefill_by_work == m.router.prefill_by_work);
   CHECK(c.tier2_weight == m.router.tier2_weight);
+  CHECK(c.tier2_remote_weight == m.router.tier2_remote_weight);
   CHECK(c.tier2_index_blocks_max == m.router.tier2_index_blocks_max);
   CHECK(c.disaggregate_tokens_min == m.router.disaggregate_tokens_min);
   CHECK(c.block_tokens == 4096);

@@ -744,11 +744,13 @@ TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited belo
     for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {}).ok());
   }
   // A device hit on p0 of 40 blocks beats a tier-2 hit of 48 at weight 0.8 (38.4 blocks)...
+  // (p0 reads blocks 40..47 from node 2's tier 2, a remote copy: 40 + 0.5 x 8 = 44)
   REQUIRE(core.kv_stored(p0, std::nullopt, std::span(session).first(40)).ok());
   Pick device = core.decide(request_for(session)).value();
   CHECK(*device.prefill == p0);
   CHECK(device.prefill_cached_blocks == 40);
-  CHECK(device.prefill_tier2_blocks == 0);  // node 1 holds nothing in tier 2
+  CHECK(device.prefill_tier2_blocks == 8);  // node 1 holds nothing in tier 2; node 2 does
+  CHECK(device.prefill_tier2_site == std::optional<uint32_t>(2));
   for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {}).ok());
   // ... and tier 2 continues a device hit: node 1's tier 2 holding blocks 40..59 makes p0's
   // credit 40 + 0.8 x 20.
@@ -768,6 +770,7 @@ TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited belo
   CHECK(core.scores(request_for(session), InstanceRole::prefill).value()[1].tier2_blocks == 0);
   // Weight 0 ignores tier 2; a weight outside [0, 1] is a config error.
   config.tier2_weight = 0.0;
+  config.tier2_remote_weight = 0.0;
   RouterCore off(config);
   REQUIRE(off.add_instance(d0, InstanceRole::decode, 0).ok());
   REQUIRE(off.add_instance(p0, InstanceRole::prefill, 1).ok());
@@ -777,6 +780,58 @@ TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited belo
   CHECK_THROWS_AS(RouterCore{config}, std::invalid_argument);
   config.tier2_weight = std::numeric_limits<double>::quiet_NaN();
   CHECK(!tandem::router::validate(config).ok());
+}
+
+TEST_CASE("router: another node's tier-2 copy is credited at tier2_remote_weight and named") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 16;
+  RouterCore core(config);
+  REQUIRE(core.add_instance(d0, InstanceRole::decode, 0).ok());
+  REQUIRE(core.add_instance(p0, InstanceRole::prefill, 1).ok());  // node 1
+  REQUIRE(core.add_instance(p1, InstanceRole::prefill, 2).ok());  // node 2
+  auto session = chain(93, 64);
+  // Only node 3 (a kv-offload without prefill) holds the prompt: either prefill instance
+  // reads it from there; the pick names the site, and the score says remote.
+  REQUIRE(core.tier2_stored(3, std::span(session).first(48)) == 0);
+  Pick remote = core.decide(request_for(session)).value();
+  REQUIRE(remote.prefill);
+  CHECK(remote.prefill_tier2_blocks == 48);
+  CHECK(remote.prefill_tier2_site == std::optional<uint32_t>(3));
+  for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {}).ok());
+  auto scores = core.scores(request_for(session), InstanceRole::prefill).value();
+  REQUIRE(scores.size() == 2);
+  for (const auto& score : scores) {
+    CHECK(score.tier2_blocks == 48);
+    CHECK(score.tier2_remote);
+    CHECK(score.prefix == doctest::Approx(0.5 * 48 / 64.0));
+  }
+  // The same 48 blocks on node 1: p0 reads its own node's (0.8 beats 0.5), no site named.
+  REQUIRE(core.tier2_stored(1, std::span(session).first(48)) == 0);
+  for (int i = 0; i < 3; ++i) {
+    Pick local = core.decide(request_for(session)).value();
+    CHECK(*local.prefill == p0);
+    CHECK(local.prefill_tier2_blocks == 48);
+    CHECK(!local.prefill_tier2_site);
+    for (InstanceId id : {p0, p1}) REQUIRE(core.update_load(id, {}).ok());
+  }
+  // A longer remote run is worth more than a short local one: node 1 keeps 10 (8 credited),
+  // node 3 holds 48 (24 credited).
+  core.tier2_removed(1, std::span(session).subspan(10, 1));
+  auto after = core.scores(request_for(session), InstanceRole::prefill).value();
+  CHECK(after[0].id == p0);
+  CHECK(after[0].tier2_blocks == 48);
+  CHECK(after[0].tier2_remote);
+  // tier2_remote_weight 0: a remote copy is worth nothing; above tier2_weight: a config error.
+  config.tier2_remote_weight = 0.0;
+  RouterCore local_only(config);
+  REQUIRE(local_only.add_instance(d0, InstanceRole::decode, 0).ok());
+  REQUIRE(local_only.add_instance(p0, InstanceRole::prefill, 1).ok());
+  REQUIRE(local_only.tier2_stored(3, std::span(session).first(48)) == 0);
+  Pick none = local_only.decide(request_for(session)).value();
+  CHECK(none.prefill_tier2_blocks == 0);
+  CHECK(!none.prefill_tier2_site);
+  config.tier2_remote_weight = 0.9;  // > tier2_weight 0.8
+  CHECK_THROWS_AS(RouterCore{config}, std::invalid_argument);
 }
 
 TEST_CASE("router: the tier-2 index is bounded per node and refuses past it") {
