@@ -41,6 +41,7 @@ struct Pending {
 struct Tier2Wait {
   ActorName requester;
   ActorName source;  // the kv-offload asked (this node's, or the router's remote copy)
+  bool remote = false;  // source is on another node (its rates: PrefillState::rates.remote)
   prefill::PrefillRequest core;
   devices::SamplingParams sampling;
   std::vector<int32_t> prompt;
@@ -80,7 +81,7 @@ struct PrefillState {
   obs::Counter* tier2_remote_lookups = nullptr;  // lookups sent to another node's kv-offload
   std::map<uint64_t, Tier2Wait> tier2;  // prompts waiting for a lookup (<= prefill.queue_max)
   std::map<uint64_t, OffloadPin> pins;  // offered blocks kv-offload may be reading
-  prefill::Tier2Rates rates;
+  prefill::Tier2RateBook rates;  // measured: compute, and reads per kind of source
   uint64_t tier2_serial = 0;
   obs::Counter* tier2_loaded_blocks = nullptr;
   obs::Counter* tier2_offered_blocks = nullptr;
@@ -158,6 +159,9 @@ void on_step(PrefillActor* self, const prefill::PrefillPlan& plan, const ExecRes
     fail_plan(self, plan, result.ok ? "device returned a wrong batch size" : result.error);
     return pump(self);
   }
+  // The compute rate of the tier-2 cost rule: this step's tokens over its device time.
+  st.rates.computed(static_cast<double>(plan.tokens_count),
+                    static_cast<double>(result.compute_ns) / 1e9);
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const auto& chunk = plan.chunks[i];
     auto it = st.pending.find(chunk.request);
@@ -262,9 +266,11 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   uint32_t hit = st.cache->match(core.block_hashes);
   auto lacking = static_cast<uint32_t>(core.block_hashes.size()) - hit;
   if (lacking == 0 || st.tier2.size() >= st.ctx.manifest->prefill.queue_max) return false;
-  ++st.rates.eligible_count;
+  bool remote = source->node != st.self_name.node;
+  prefill::Tier2Rates& rates = st.rates.of(remote);
+  ++rates.eligible_count;
   const auto& layout = st.info.layout;
-  if (!prefill::tier2_lookup_pays(lacking, layout.block_bytes(), layout.block_tokens, st.rates)) {
+  if (!prefill::tier2_lookup_pays(lacking, layout.block_bytes(), layout.block_tokens, rates)) {
     return false;
   }
   uint64_t id = core.id;
@@ -276,8 +282,8 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
     fill_kv_layout(q.initLayout(), layout);
   });
   if (!sent.ok()) return false;
-  if (source->node != st.self_name.node) st.tier2_remote_lookups->inc();
-  Tier2Wait w{from, *source, std::move(core), sampling, std::move(prompt)};
+  if (remote) st.tier2_remote_lookups->inc();
+  Tier2Wait w{from, *source, remote, std::move(core), sampling, std::move(prompt)};
   w.serial = ++st.tier2_serial;
   w.device_hit = hit;
   w.sent = now_ns();
@@ -321,8 +327,9 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   st.tier2_loaded_blocks->inc(loaded);
   if (loaded > 0) {
     double seconds = static_cast<double>((now_ns() - w.sent).count()) / 1e9;
-    st.rates.read_bytes_per_s = prefill::ewma(
-        st.rates.read_bytes_per_s,
+    prefill::Tier2Rates& rates = st.rates.of(w.remote);
+    rates.read_bytes_per_s = prefill::ewma(
+        rates.read_bytes_per_s,
         static_cast<double>(loaded * st.info.layout.block_bytes()) / std::max(seconds, 1e-9));
   }
   end_wait(self, it, true);
@@ -347,8 +354,9 @@ void on_lookup_reply(PrefillActor* self, const ActorName& from,
   Tier2Wait& w = it->second;
   w.replied = now_ns();
   if (blocks.size() == 0) {
-    st.rates.lookup_overhead_s = prefill::ewma(
-        st.rates.lookup_overhead_s, static_cast<double>((w.replied - w.sent).count()) / 1e9);
+    prefill::Tier2Rates& rates = st.rates.of(w.remote);
+    rates.lookup_overhead_s = prefill::ewma(
+        rates.lookup_overhead_s, static_cast<double>((w.replied - w.sent).count()) / 1e9);
     return end_wait(self, it, false);
   }
   // Only the staged blocks that continue the prompt's chain, in order, of our block size.

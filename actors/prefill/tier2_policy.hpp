@@ -44,4 +44,20 @@ inline double ewma(double mean, double sample) {
   return mean <= 0.0 ? sample : mean + (sample - mean) / 8.0;
 }
 
+// The rates per kind of source: this node's kv-offload, or another node's (the router's
+// remote copy: its reads cross the network, so they are measured apart and a slow remote
+// read never makes a local one look slow, or the other way round). The compute rate is the
+// device's: one measurement for both.
+struct Tier2RateBook {
+  Tier2Rates local;
+  Tier2Rates remote;
+  Tier2Rates& of(bool remote_source) { return remote_source ? remote : local; }
+  // A prefill step computed `tokens` in `seconds` of device time.
+  void computed(double tokens, double seconds) {
+    if (!(seconds > 0.0)) return;
+    local.prefill_tokens_per_s = ewma(local.prefill_tokens_per_s, tokens / seconds);
+    remote.prefill_tokens_per_s = local.prefill_tokens_per_s;
+  }
+};
+
 }  // namespace tandem::prefill

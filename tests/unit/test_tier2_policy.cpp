@@ -57,3 +57,27 @@ TEST_CASE("tier-2 cost rule: the rates' mean ignores samples that cannot be rate
   CHECK(ewma(80.0, std::numeric_limits<double>::quiet_NaN()) == 80.0);
   CHECK(ewma(80.0, std::numeric_limits<double>::infinity()) == 80.0);
 }
+
+TEST_CASE("tier-2 cost rule: local and remote reads are measured apart; compute is shared") {
+  using tandem::prefill::Tier2RateBook;
+  constexpr uint64_t bytes = 16u << 20;
+  constexpr uint32_t tokens = 4096;
+  Tier2RateBook book;
+  book.computed(4096.0, 1.0);  // 4,096 tokens/s: 1 s per block
+  CHECK(book.local.prefill_tokens_per_s == 4096.0);
+  CHECK(book.remote.prefill_tokens_per_s == 4096.0);
+  book.computed(4096.0, 0.0);  // no device time (the sim at time_factor 0): no sample
+  CHECK(book.local.prefill_tokens_per_s == 4096.0);
+  // The local disk is fast, the remote read slow (8 MiB/s: 2 s per block).
+  book.of(false).read_bytes_per_s = double(1u << 30);
+  book.of(true).read_bytes_per_s = double(8u << 20);
+  book.local.eligible_count = book.remote.eligible_count = 1;
+  CHECK(tier2_lookup_pays(4, bytes, tokens, book.of(false)));        // read locally
+  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(true)));   // recompute instead
+  // A faster device makes the local read lose too: compute at 1M tokens/s (4 ms a block,
+  // the 1 GiB/s read takes 16 ms).
+  for (int i = 0; i < 64; ++i) book.computed(1048576.0, 1.0);
+  CHECK(book.remote.prefill_tokens_per_s == book.local.prefill_tokens_per_s);
+  CHECK(book.local.prefill_tokens_per_s > 1e6);
+  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(false)));
+}
