@@ -53,8 +53,10 @@ std::string type_name(toml::node_type type) {
   return "an unknown type";
 }
 
+// The empty key (`"" = 1`, valid TOML) is named as TOML spells it, so every issue has a key.
 std::string join_key(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : path + "." + std::string(key);
+  std::string name = key.empty() ? std::string("\"\"") : std::string(key);
+  return path.empty() ? name : path + "." + name;
 }
 
 std::string join_words(std::span<const std::string_view> words) {

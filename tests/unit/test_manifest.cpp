@@ -270,6 +270,18 @@ TEST_CASE("unknown keys are errors in every table, with their position") {
   CHECK(section.line == line_of(text, "[fabricc]"));
 }
 
+TEST_CASE("the empty key (valid TOML) is an unknown key named \"\", at the top level and in a table") {
+  // Found by fuzz_manifest: an issue without a key tripped an assertion (a crash of
+  // `tandem node` on a two-line manifest).
+  std::string text = "\"\" = \"\"\n" + base_manifest + "\n[router]\n\"\" = 1\n";
+  auto issues = parse_bad(text);
+  CHECK(issues.size() == 2);
+  auto top = find_issue(issues, "\"\"", "unknown key at the top level");
+  CHECK(top.line == 1);
+  auto router = find_issue(issues, "router.\"\"", "unknown key in router");
+  CHECK(router.line == line_of(text, "\"\" = 1"));
+}
+
 TEST_CASE("wrong types name what was expected and what was found") {
   std::string text = replace(base_manifest, "fabric_port = 17100", "fabric_port = \"17100\"");
   text = replace(text, "name = \"tiny\"", "name = 7");
