@@ -41,7 +41,6 @@ struct Pending {
 struct Tier2Wait {
   ActorName requester;
   ActorName source;  // the kv-offload asked (this node's, or the router's remote copy)
-  bool remote = false;  // source is on another node (its rates: PrefillState::rates.remote)
   prefill::PrefillRequest core;
   devices::SamplingParams sampling;
   std::vector<int32_t> prompt;
@@ -283,7 +282,7 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   });
   if (!sent.ok()) return false;
   if (remote) st.tier2_remote_lookups->inc();
-  Tier2Wait w{from, *source, remote, std::move(core), sampling, std::move(prompt)};
+  Tier2Wait w{from, *source, std::move(core), sampling, std::move(prompt)};
   w.serial = ++st.tier2_serial;
   w.device_hit = hit;
   w.sent = now_ns();
@@ -327,7 +326,7 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   st.tier2_loaded_blocks->inc(loaded);
   if (loaded > 0) {
     double seconds = static_cast<double>((now_ns() - w.sent).count()) / 1e9;
-    prefill::Tier2Rates& rates = st.rates.of(w.remote);
+    prefill::Tier2Rates& rates = st.rates.of(w.source.node != st.self_name.node);
     rates.read_bytes_per_s = prefill::ewma(
         rates.read_bytes_per_s,
         static_cast<double>(loaded * st.info.layout.block_bytes()) / std::max(seconds, 1e-9));
@@ -354,7 +353,7 @@ void on_lookup_reply(PrefillActor* self, const ActorName& from,
   Tier2Wait& w = it->second;
   w.replied = now_ns();
   if (blocks.size() == 0) {
-    prefill::Tier2Rates& rates = st.rates.of(w.remote);
+    prefill::Tier2Rates& rates = st.rates.of(w.source.node != st.self_name.node);
     rates.lookup_overhead_s = prefill::ewma(
         rates.lookup_overhead_s, static_cast<double>((w.replied - w.sent).count()) / 1e9);
     return end_wait(self, it, false);

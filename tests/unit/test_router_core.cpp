@@ -66,6 +66,15 @@ RouterCore make_core(RouterConfig config, std::vector<InstanceId> decodes,
   return core;
 }
 
+// Decode d0 on node 0, prefill p0 on node 1 and p1 on node 2 (each node its own tier 2).
+RouterCore tier2_core(const RouterConfig& config) {
+  RouterCore core(config);
+  REQUIRE(core.add_instance(d0, InstanceRole::decode, 0).ok());
+  REQUIRE(core.add_instance(p0, InstanceRole::prefill, 1).ok());
+  REQUIRE(core.add_instance(p1, InstanceRole::prefill, 2).ok());
+  return core;
+}
+
 }  // namespace
 
 TEST_CASE("router: scoring math per scorer and weighted sum") {
@@ -722,10 +731,7 @@ TEST_CASE("router: prefill by work weighs the cache against the queue in tokens"
 TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited below a device hit") {
   RouterConfig config;
   config.disaggregate_tokens_min = 16;
-  RouterCore core(config);
-  REQUIRE(core.add_instance(d0, InstanceRole::decode, 0).ok());
-  REQUIRE(core.add_instance(p0, InstanceRole::prefill, 1).ok());  // node 1
-  REQUIRE(core.add_instance(p1, InstanceRole::prefill, 2).ok());  // node 2
+  RouterCore core = tier2_core(config);
   auto session = chain(90, 64);  // 64 blocks of 16 + 5 tokens = 1029 tokens
   // Nothing anywhere: equal work, the rotation decides; no tier-2 blocks reported.
   Pick cold = core.decide(request_for(session)).value();
@@ -785,10 +791,7 @@ TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited belo
 TEST_CASE("router: another node's tier-2 copy is credited at tier2_remote_weight and named") {
   RouterConfig config;
   config.disaggregate_tokens_min = 16;
-  RouterCore core(config);
-  REQUIRE(core.add_instance(d0, InstanceRole::decode, 0).ok());
-  REQUIRE(core.add_instance(p0, InstanceRole::prefill, 1).ok());  // node 1
-  REQUIRE(core.add_instance(p1, InstanceRole::prefill, 2).ok());  // node 2
+  RouterCore core = tier2_core(config);
   auto session = chain(93, 64);
   // Only node 3 (a kv-offload without prefill) holds the prompt: either prefill instance
   // reads it from there; the pick names the site, and the score says remote.
