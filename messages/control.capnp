@@ -36,6 +36,10 @@ struct InstanceLoad {
   kvBlocksTotal @5 :UInt32;
   ready @6 :Bool = true;       # the instance can serve (its executor created the device)
   notReadyReason @7 :Text;     # why not, when ready is false ("executor failed: ...")
+  # Prefill: its tier-2 cost rule reads (rather than computes) from its node's kv-offload /
+  # another node's; the router credits tier-2 copies only where they would be read.
+  tier2LocalReads @8 :Bool = true;
+  tier2RemoteReads @9 :Bool = true;
 }
 
 # Sent by every node to every peer node each heartbeat interval. Not answered; a peer that

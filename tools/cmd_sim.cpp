@@ -48,6 +48,23 @@ void print_result(const sim::ClusterSimResult& r) {
       r.simulated_ms / 1e3, static_cast<unsigned long long>(r.events_count),
       static_cast<unsigned long long>(r.pd_requests_count),
       static_cast<double>(r.kv_transfer_bytes) / 1e9);
+  if (r.tier2_enabled) {
+    const auto& t = r.tier2;
+    auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
+    double share = r.prompt_tokens_count == 0 ? 0.0
+                                              : static_cast<double>(t.loaded_tokens) /
+                                                    static_cast<double>(r.prompt_tokens_count);
+    std::printf(
+        "  tier 2: %llu prompts lacked blocks, cost rule declined %llu; %llu lookups (%llu "
+        "remote, %llu timed out); %llu blocks loaded (%.4f of prompt tokens); stored %llu of "
+        "%llu offered (%llu dropped), evicted %llu; corrupt dropped %llu, read errors %llu; disk "
+        "%.1f GB read, %.1f GB written, busy %.1f s\n",
+        u(t.eligible), u(t.declined), u(t.lookups), u(t.remote_lookups), u(t.lookup_timeouts),
+        u(t.loaded_blocks), share, u(t.stored_blocks), u(t.offered_blocks),
+        u(t.store_dropped_blocks), u(t.evicted_blocks), u(t.corrupt_dropped_blocks),
+        u(t.read_errors), static_cast<double>(t.bytes_read) / 1e9,
+        static_cast<double>(t.bytes_written) / 1e9, t.disk_busy_s);
+  }
   if (!r.faults.empty()) {
     const auto& k = r.fault_counters;
     std::printf(

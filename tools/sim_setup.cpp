@@ -1,5 +1,6 @@
 #include "tools/sim_setup.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -54,6 +55,16 @@ cli::Flags sim_flags() {
       .flag("heartbeat-misses", "N", "missed heartbeats before a peer is down (default 5)")
       .flag("prefill-timeout-ms", "MS", "decode's remote prefill timeout (default 30000)")
       .flag("request-timeout-ms", "MS", "the gateway's no-progress timeout (default 600000)")
+      .flag("tier2", "on|off",
+            "model tier 2 (a kv-offload per prefill instance's node; default: the manifest's "
+            "kv_offload.enabled, else off)")
+      .flag("tier2-capacity-gb", "GB",
+            "tier-2 capacity per node (default: the manifest's kv_offload.capacity_bytes when "
+            "enabled there, else 1000)")
+      .flag("tier2-read-gb-per-s", "GB", "tier-2 disk read bandwidth per node", "7")
+      .flag("tier2-write-gb-per-s", "GB", "tier-2 disk write bandwidth per node", "5")
+      .flag("tier2-lookup-rtt-ms", "MS", "a tier-2 lookup's round trip with nothing to read",
+            "0.2")
       .flag("swarm", "K", "run K seeds (from --seed), each a random cluster, workload and faults")
       .flag("swarm-case", "", "run the swarm's case of --seed (the replay of a swarm seed)");
   return f;
@@ -144,6 +155,18 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   if (!decode || !prefill) return false;
   c.decode_device = *decode;
   c.prefill_device = m.instances_of(config::Role::prefill).empty() ? *decode : *prefill;
+  const config::KvOffloadSection& k = m.kv_offload;
+  c.tier2.enabled = k.enabled;
+  double block_bytes = double(c.block_tokens) * c.prefill_device.kv_bytes_per_token;
+  c.tier2.capacity_blocks = k.enabled ? static_cast<uint32_t>(std::min(
+                                            double(k.capacity_bytes) / block_bytes, 16e6))
+                                      : 0;
+  c.tier2.staging_blocks = k.staging_blocks;
+  c.tier2.stores_max = k.stores_max;
+  c.tier2.lookups_max = k.lookups_max;
+  c.tier2.lookup_blocks_max = k.lookup_blocks_max;
+  c.tier2.lookup_timeout_ms = k.lookup_timeout_ms;
+  c.tier2.hold_timeout_ms = k.hold_timeout_ms;
   return true;
 }
 
@@ -171,6 +194,49 @@ bool get_u32(const cli::Flags& f, const std::string& name, uint32_t lo, uint32_t
     return false;
   }
   *out = static_cast<uint32_t>(*v);
+  return true;
+}
+
+// --tier2 and its bandwidths; the capacity in blocks of the config's block size.
+bool tier2_flags(const cli::Flags& f, sim::ClusterSimConfig& c) {
+  if (f.has("tier2")) {
+    std::string v = f.get("tier2");
+    if (v != "on" && v != "off") {
+      std::fprintf(stderr, "tandem sim: --tier2: expected on or off, got '%s'\n", v.c_str());
+      return false;
+    }
+    c.tier2.enabled = v == "on";
+  }
+  double block_bytes = double(c.block_tokens) * c.prefill_device.kv_bytes_per_token;
+  if (f.has("tier2-capacity-gb") || (c.tier2.enabled && c.tier2.capacity_blocks == 0)) {
+    double gb = 1000;
+    if (f.has("tier2-capacity-gb")) {
+      auto given = f.get_double("tier2-capacity-gb");
+      if (!given) return false;
+      gb = *given;
+    }
+    double blocks = gb * 1e9 / block_bytes;
+    if (!(blocks >= 1) || blocks > 16e6) {
+      std::fprintf(stderr,
+                   "tandem sim: --tier2-capacity-gb: %g GB is %.3g blocks of %.3g MB; expected "
+                   "1 .. 16e6 blocks\n",
+                   gb, blocks, block_bytes / 1e6);
+      return false;
+    }
+    c.tier2.capacity_blocks = static_cast<uint32_t>(blocks);
+  }
+  auto read = f.get_double("tier2-read-gb-per-s");
+  auto write = f.get_double("tier2-write-gb-per-s");
+  auto rtt = f.get_double("tier2-lookup-rtt-ms");
+  if (!read || !write || !rtt) return false;
+  c.tier2.read_bytes_per_s = *read * 1e9;
+  c.tier2.write_bytes_per_s = *write * 1e9;
+  c.tier2.lookup_rtt_ms = *rtt;
+  if (c.tier2.enabled && c.prefill_count == 0) {
+    std::fprintf(stderr, "tandem sim: --tier2 on: tier 2 is read by prefill instances; an "
+                         "aggregated cluster has none\n");
+    return false;
+  }
   return true;
 }
 
@@ -235,6 +301,7 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
   }
   c.duration_ms = *duration_s * 1e3;
   c.link_bytes_per_s = *link * 1e9;
+  if (!tier2_flags(f, c)) return false;
   if (Status s = c.validate(); !s) {
     std::fprintf(stderr, "tandem sim: %s\n", s.error().message.c_str());
     return false;

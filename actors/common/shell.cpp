@@ -227,11 +227,13 @@ void KvEventReporter::send_tier2(std::span<const kv::BlockHash> stored,
 
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                  const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
-                 uint32_t running) {
+                 uint32_t running, Tier2Reads tier2) {
   if (!ctx.node_actor) return;
-  self->send(ctx.node_actor, runtime::InstanceLoadReport{name.to_string(), waiting, running,
-                                                         cache.blocks_used_count(),
-                                                         cache.blocks_count()});
+  runtime::InstanceLoadReport report{name.to_string(), waiting, running,
+                                     cache.blocks_used_count(), cache.blocks_count()};
+  report.tier2_local_reads = tier2.local;
+  report.tier2_remote_reads = tier2.remote;
+  self->send(ctx.node_actor, std::move(report));
 }
 
 void report_not_ready(caf::event_based_actor* self, const ShellContext& ctx,

@@ -167,10 +167,17 @@ class KvEventReporter {
   uint64_t sequence_ = 0;
 };
 
+// Whether a prefill instance's tier-2 cost rule reads from its node's / another node's tier 2
+// (the router credits tier-2 copies only where they would be read). Decode: both (unused).
+struct Tier2Reads {
+  bool local = true;
+  bool remote = true;
+};
+
 // Sends this instance's load to its node actor, which carries it in heartbeats to the router.
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                  const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
-                 uint32_t running);
+                 uint32_t running, Tier2Reads tier2 = {});
 
 // Reports that this instance cannot serve (no device yet, or its executor failed), with
 // the reason the gateway shows in /health. Sent every tick while not ready, like report_load.

@@ -46,6 +46,8 @@ struct Tier2Wait {
   std::vector<int32_t> prompt;
   uint64_t serial = 0;
   uint32_t device_hit = 0;           // leading blocks the pool already had when asked
+  uint32_t asked = 0;                // blocks asked for after those
+  bool probe = false;                // fewer than the prompt lacks (tier2_blocks_to_ask)
   std::chrono::nanoseconds sent{0};  // lookup sent
   std::chrono::nanoseconds replied{0};
   bool reading = false;              // RMA reads of staged blocks in flight
@@ -269,11 +271,14 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   prefill::Tier2Rates& rates = st.rates.of(remote);
   ++rates.eligible_count;
   const auto& layout = st.info.layout;
-  if (!prefill::tier2_lookup_pays(lacking, layout.block_bytes(), layout.block_tokens, rates)) {
-    return false;
-  }
+  uint32_t waiting = 0;  // waits on this kind of source (<= prefill.queue_max)
+  for (const auto& [other, w] : st.tier2) waiting += (w.source.node != st.self_name.node) == remote;
+  uint32_t ask = prefill::tier2_blocks_to_ask(lacking, layout.block_bytes(), layout.block_tokens,
+                                              rates, waiting);
+  if (ask == 0) return false;
   uint64_t id = core.id;
-  std::vector<kv::BlockHash> asked(core.block_hashes.begin() + hit, core.block_hashes.end());
+  std::vector<kv::BlockHash> asked(core.block_hashes.begin() + hit,
+                                   core.block_hashes.begin() + hit + ask);
   Status sent = st.ctx.bridge->send(st.self_name, *source, id, [&](wire::Envelope::Builder b) {
     auto q = b.getBody().initOffloadLookup();
     q.setRequestId(id);
@@ -285,14 +290,19 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   Tier2Wait w{from, *source, std::move(core), sampling, std::move(prompt)};
   w.serial = ++st.tier2_serial;
   w.device_hit = hit;
+  w.asked = ask;
+  w.probe = ask < lacking;
   w.sent = now_ns();
   st.tier2.emplace(id, std::move(w));
   return true;
 }
 
 // The wait is over (blocks read, a miss, an error, a timeout): releases what it holds, tells
-// kv-offload it may free the staging, and submits the prompt (unless it was cancelled).
-void end_wait(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it, bool staged) {
+// kv-offload it may free the staging, and submits the prompt (unless it was cancelled). A
+// probe that read every block it asked for (`again`) asks for the rest first, by the rates it
+// just measured.
+void end_wait(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it, bool staged,
+              bool again = false) {
   auto& st = self->state;
   Tier2Wait w = std::move(it->second);
   st.tier2.erase(it);
@@ -305,6 +315,7 @@ void end_wait(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it, bo
     });
   }
   if (w.cancelled) return;
+  if (again && ask_tier2(self, w.requester, w.core, w.sampling, w.prompt, w.source)) return;
   submit_now(self, w.requester, std::move(w.core), w.sampling, std::move(w.prompt));
 }
 
@@ -331,7 +342,7 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
         rates.read_bytes_per_s,
         static_cast<double>(loaded * st.info.layout.block_bytes()) / std::max(seconds, 1e-9));
   }
-  end_wait(self, it, true);
+  end_wait(self, it, true, w.probe && in_time && loaded == w.asked);
 }
 
 // `from`: the kv-offload that answered (this node's or a remote one).
@@ -561,8 +572,12 @@ caf::behavior running(PrefillActor* self) {
         }
         update_metrics(st);
         pump(self);
+        const auto& layout = st.info.layout;
+        Tier2Reads reads{
+            prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.local),
+            prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.remote)};
         report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->queued_count(),
-                    st.scheduler->held_count());
+                    st.scheduler->held_count(), reads);
         self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
       },
   };

@@ -4,6 +4,7 @@
 // shell measures the rates and passes them in.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "runtime/base/assert.hpp"
@@ -21,20 +22,48 @@ struct Tier2Rates {
 // the rule says no (a disk that got faster is noticed).
 inline constexpr uint64_t explore_every = 32;
 
-// Whether to ask tier 2 for `blocks` missing blocks of `block_bytes` and `block_tokens` each.
-// Unmeasured rates (0) say yes: the first lookups measure them.
-inline bool tier2_lookup_pays(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
-                              const Tier2Rates& r) {
+// A probe asks for at most this many blocks (below).
+inline constexpr uint32_t probe_blocks = 1;
+
+// How many of `blocks` missing blocks (of `block_bytes` and `block_tokens` each) to ask tier 2
+// for: all of them when reading is modelled faster than computing them, else 0 (compute).
+// `waiting`: this instance's lookups to this kind of source not ended yet. Unmeasured rates
+// (0), and every explore_every-th eligible prompt while the rule says no, ask a probe
+// instead: probe_blocks blocks, one probe at a time. A probe that read all it asked for asks
+// again for the rest, now by the measured rates (prefill's shell), so on a fast disk the
+// prompt still comes from tier 2 (one extra round trip), and a disk slower than computing
+// costs one block of one prompt, not whole prompts of every prompt that arrived before the
+// first answer. `tandem sim`, a disk 100x slower than computing: TTFT p99 52 s when every
+// prompt reads, 12.9 s when an unmeasured lookup reads its whole prompt, 1.45 s with probes
+// (1.49 s without tier 2); docs/benchmarks.md.
+inline uint32_t tier2_blocks_to_ask(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
+                                    const Tier2Rates& r, uint32_t waiting) {
   RT_ASSERT(block_tokens > 0 && block_bytes > 0, block_tokens, block_bytes);
-  if (blocks == 0) return false;
-  if (r.read_bytes_per_s <= 0.0 || r.prefill_tokens_per_s <= 0.0) return true;
-  if (r.eligible_count % explore_every == 0) return true;
+  if (blocks == 0) return 0;
+  const uint32_t probe = waiting == 0 ? std::min(blocks, probe_blocks) : 0;
+  if (r.read_bytes_per_s <= 0.0 || r.prefill_tokens_per_s <= 0.0) return probe;
   double read_s = r.lookup_overhead_s + static_cast<double>(blocks) *
                                             static_cast<double>(block_bytes) / r.read_bytes_per_s;
   double compute_s =
       static_cast<double>(blocks) * static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
   RT_ASSERT(read_s >= 0.0 && compute_s >= 0.0, read_s, compute_s);
-  return read_s < compute_s;
+  if (read_s < compute_s) return blocks;
+  return r.eligible_count % explore_every == 0 ? probe : 0;
+}
+
+// Whether this kind of source's reads beat computing, per block (the lookup's overhead left
+// out: a router credit is for runs of blocks). Unmeasured: yes. What the instance reports to
+// the router, which credits tier-2 copies only where they would be read.
+inline bool tier2_reads_pay(uint64_t block_bytes, uint32_t block_tokens, const Tier2Rates& r) {
+  if (r.read_bytes_per_s <= 0.0 || r.prefill_tokens_per_s <= 0.0) return true;
+  return static_cast<double>(block_bytes) / r.read_bytes_per_s <
+         static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
+}
+
+// Whether tier 2 is asked at all (tier2_blocks_to_ask > 0).
+inline bool tier2_lookup_pays(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
+                              const Tier2Rates& r, uint32_t waiting) {
+  return tier2_blocks_to_ask(blocks, block_bytes, block_tokens, r, waiting) > 0;
 }
 
 // An exponentially weighted mean (weight 1/8 for the new sample); the first sample is taken

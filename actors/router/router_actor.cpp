@@ -251,7 +251,8 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
   set_eligibility(st, it->second, k.node_up, r.ready);
   if (!r.ready) return;
   (void)st.core->update_load({it->second},
-                             {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total});
+                             {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total,
+                              r.tier2_local_reads, r.tier2_remote_reads});
 }
 
 // Blocks evicted from an instance's prefix cache (KvEventReporter): the index drops them and

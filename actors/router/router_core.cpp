@@ -509,10 +509,11 @@ void RouterCore::tier2_runs(std::span<const kv::BlockHash> hashes,
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
-    Tier2Run best{tier2_.run(s.site, hashes, lengths[slot]), s.site, false, config_.tier2_weight};
+    Tier2Run best{s.load.tier2_local_reads ? tier2_.run(s.site, hashes, lengths[slot]) : 0,
+                  s.site, false, config_.tier2_weight};
     // Another node's copy when it is worth more (ties: this node's, read without the network).
     for (uint32_t site : sites) {
-      if (site == s.site) continue;
+      if (site == s.site || !s.load.tier2_remote_reads) continue;
       Tier2Run remote{tier2_.run(site, hashes, lengths[slot]), site, true,
                       config_.tier2_remote_weight};
       if (remote.credit() > best.credit() + tie_epsilon) best = remote;

@@ -79,6 +79,11 @@ struct InstanceLoad {
   uint32_t running_count = 0;  // requests in the running batch
   uint64_t kv_blocks_used = 0;
   uint64_t kv_blocks_total = 0;  // 0 = not reported yet (treated as an empty pool)
+  // Prefill: whether its cost rule reads tier 2 (from its node's kv-offload / another node's)
+  // rather than computing; a copy it would not read earns no credit (`tandem sim`: credit for
+  // copies a slow disk's prefill then computes anyway cost 1.5x TTFT p90).
+  bool tier2_local_reads = true;
+  bool tier2_remote_reads = true;
 };
 
 struct PickRequest {

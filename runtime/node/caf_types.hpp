@@ -27,6 +27,9 @@ struct InstanceLoadReport {
   // decode instances only.
   bool ready = true;
   std::string not_ready_reason;  // set when !ready, e.g. "executor failed: <why>"
+  // Prefill: its tier-2 cost rule reads from its node's / another node's tier 2.
+  bool tier2_local_reads = true;
+  bool tier2_remote_reads = true;
 };
 
 // One received envelope for this actor. The actor converts it inside its handler and never

@@ -131,6 +131,8 @@ void heartbeat_tick(NodeActor* self) {
                                    l.setKvBlocksTotal(static_cast<uint32_t>(r.kv_blocks_total));
                                    l.setReady(r.ready);
                                    l.setNotReadyReason(r.not_ready_reason);
+                                   l.setTier2LocalReads(r.tier2_local_reads);
+                                   l.setTier2RemoteReads(r.tier2_remote_reads);
                                  }
                                });
   }
@@ -360,7 +362,8 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
       for (auto l : hb.getLoad()) {
         InstanceLoadReport report{l.getInstance(), l.getRequestsWaiting(), l.getRequestsRunning(),
                                   l.getKvBlocksUsed(), l.getKvBlocksTotal(), l.getReady(),
-                                  l.getNotReadyReason()};
+                                  l.getNotReadyReason(), l.getTier2LocalReads(),
+                                  l.getTier2RemoteReads()};
         for (const auto& sub : st.subscribers) self->send(sub, report);
       }
       if (auto event = st.membership->heard(source_node, hb.getIncarnation(),

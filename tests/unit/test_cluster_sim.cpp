@@ -391,3 +391,141 @@ TEST_CASE("swarm regression seeds") {
     CHECK(r.sent_count == r.completed_count + r.failed_count);
   }
 }
+
+// ---- tier 2 (issue 13) ----
+
+namespace {
+
+// Sessions whose contexts do not all fit in the prefill pools: evicted prefixes come back
+// from tier 2 when it is on.
+struct Tier2Case {
+  std::vector<workload::Request> requests;
+  sim::ClusterSimConfig config;
+};
+
+Tier2Case tier2_case(uint64_t seed) {
+  workload::AgenticParams p;
+  p.seed = seed;
+  p.sessions_in_flight = 8;
+  p.sessions_count = 32;
+  p.repos_count = 8;
+  p.repo_context_tokens_min = 4000;
+  p.repo_context_tokens_max = 12000;
+  p.turns_min = 3;
+  p.turns_max = 8;
+  p.output_tokens_min = 20;
+  p.output_tokens_max = 100;
+  p.context_tokens_max = 32768;
+  auto requests = workload::generate_agentic(p);
+  REQUIRE(requests.ok());
+  auto c = small_cluster(router::Policy::prefix_aware, 2, 2);
+  c.max_model_tokens = 32768;
+  c.kv_blocks = 96;  // 49,152 tokens per instance: a few sessions' contexts
+  c.sessions_in_flight = 8;
+  c.duration_ms = 1e9;
+  c.tier2.capacity_blocks = 4096;
+  c.tier2.read_bytes_per_s = 50e9;  // a disk much faster than computing: reads pay
+  c.tier2.write_bytes_per_s = 50e9;
+  return {std::move(requests).value(), c};
+}
+
+}  // namespace
+
+TEST_CASE("tier 2 in the sim: evicted prefixes are read back instead of computed") {
+  auto t = tier2_case(11);
+  auto off = run_ok(t.config, t.requests);
+  t.config.tier2.enabled = true;
+  auto on = run_ok(t.config, t.requests);
+  CHECK_MESSAGE(on.violation.empty(), on.violation);
+  CHECK(on.tier2_enabled);
+  CHECK_FALSE(off.tier2_enabled);
+  CHECK(on.completed_count == on.sent_count);
+  CHECK(on.tier2.lookups > 0);
+  CHECK(on.tier2.stored_blocks > 0);
+  CHECK(on.tier2.loaded_blocks > 0);
+  CHECK(on.tier2.loaded_blocks <= on.tier2.hit_blocks);
+  CHECK(on.tier2.bytes_written > 0);
+  // Loaded blocks count as cached prompt tokens: a higher hit rate, fewer tokens computed.
+  CHECK(on.hit_rate > off.hit_rate);
+  uint64_t computed_off = 0, computed_on = 0;
+  for (const auto& s : off.instances) computed_off += s.computed_tokens_count;
+  for (const auto& s : on.instances) computed_on += s.computed_tokens_count;
+  CHECK(computed_on < computed_off);
+  // Deterministic, and the JSON says what tier 2 did.
+  auto again = run_ok(t.config, t.requests);
+  CHECK(sim::to_json(on, true) == sim::to_json(again, true));
+  CHECK(sim::to_json(on, false).find("\"loaded_blocks\"") != std::string::npos);
+  CHECK(sim::to_json(off, false).find("\"tier2\"") == std::string::npos);
+}
+
+TEST_CASE("tier 2 in the sim: a disk slower than computing is not read (the cost rule)") {
+  auto t = tier2_case(11);
+  auto off = run_ok(t.config, t.requests);
+  t.config.tier2.enabled = true;
+  t.config.tier2.read_bytes_per_s = 0.05e9;  // 50 MB/s: 1.3 s a block, a read loses to computing
+  auto slow = run_ok(t.config, t.requests);
+  CHECK_MESSAGE(slow.violation.empty(), slow.violation);
+  CHECK(slow.tier2.declined > 0);
+  CHECK(slow.tier2.lookups > 0);  // the probes
+  // Probes of one block, one at a time, and no router credit for copies that are not read:
+  // a slow disk costs (simulated, deterministic) next to nothing.
+  CHECK(slow.summary.ttft_ms.mean < off.summary.ttft_ms.mean * 1.05);
+  CHECK(slow.summary.ttft_ms.p99 < off.summary.ttft_ms.p99 * 1.05);
+  // Without the rule every prompt that lacks blocks reads them all: a tail 20x longer.
+  auto always = t.config;
+  always.bugs.no_cost_rule = true;
+  auto a = run_ok(always, t.requests);
+  CHECK(a.tier2.declined == 0);
+  CHECK(a.tier2.loaded_blocks > 10 * slow.tier2.loaded_blocks);
+  CHECK(a.summary.ttft_ms.p99 > 5 * slow.summary.ttft_ms.p99);
+  CHECK(a.summary.ttft_ms.mean > 2 * slow.summary.ttft_ms.mean);
+}
+
+TEST_CASE("tier 2 in the sim: torn writes and read errors are misses, never served") {
+  auto t = tier2_case(11);
+  t.config.tier2.enabled = true;
+  t.config.duration_ms = 120e3;
+  auto plan = sim::parse_faults(
+      "torn:prefill-0=0.5@0s+120s,torn:prefill-1=0.5@0s+120s,ioerr:prefill-0=0.3@0s+120s,"
+      "ioerr:prefill-1=0.3@0s+120s,crash:prefill-1@40s+5s");
+  REQUIRE(plan.ok());
+  t.config.faults = std::move(plan).value();
+  auto r = run_ok(t.config, t.requests);
+  CHECK_MESSAGE(r.violation.empty(), r.violation);
+  CHECK(r.tier2.corrupt_dropped_blocks > 0);
+  CHECK(r.tier2.read_errors > 0);
+  CHECK(r.tier2.loaded_blocks > 0);  // the sound blocks still serve
+  CHECK(r.fault_counters.crashes == 1);
+  CHECK(r.sent_count == r.completed_count + r.failed_count);
+  // The checker: a store that skips verification serves a torn block, and is caught.
+  t.config.bugs.serve_corrupt = true;
+  auto bad = run_ok(t.config, t.requests);
+  CHECK_MESSAGE(bad.violation.find("loaded a corrupt block from tier 2") != std::string::npos,
+                bad.violation);
+}
+
+TEST_CASE("tier 2 in the sim: bad config and fault terms are named") {
+  auto t = tier2_case(11);
+  t.config.tier2.enabled = true;
+  auto agg = t.config;
+  agg.decode_count += agg.prefill_count;
+  agg.prefill_count = 0;
+  auto r = sim::run_cluster_sim(agg, t.requests);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("prefill_count") != std::string::npos);
+  auto empty = t.config;
+  empty.tier2.capacity_blocks = 0;
+  r = sim::run_cluster_sim(empty, t.requests);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("tier2.capacity_blocks") != std::string::npos);
+  auto ok = sim::parse_faults("ioerr:prefill-0=0.25@1s+2s,torn:prefill-1=1@0ms+5s,random:torn=0.1");
+  REQUIRE(ok.ok());
+  REQUIRE(ok->faults.size() == 2);
+  CHECK(sim::describe(ok->faults) == "ioerr:prefill-0=0.25@1000ms+2000ms,torn:prefill-1=1@0ms+5000ms");
+  auto on_decode = sim::parse_faults("ioerr:decode-0=0.5@1s+1s");
+  REQUIRE_FALSE(on_decode.ok());
+  CHECK(on_decode.error().message.find("prefill-N") != std::string::npos);
+  auto no_p = sim::parse_faults("torn:prefill-0@1s+1s");
+  REQUIRE_FALSE(no_p.ok());
+  CHECK(no_p.error().message.find("term 1") != std::string::npos);
+}

@@ -837,6 +837,42 @@ TEST_CASE("router: another node's tier-2 copy is credited at tier2_remote_weight
   CHECK_THROWS_AS(RouterCore{config}, std::invalid_argument);
 }
 
+TEST_CASE("router: no tier-2 credit where the prefill instance's cost rule would not read it") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 16;
+  RouterCore core = tier2_core(config);
+  auto session = chain(94, 64);
+  REQUIRE(core.tier2_stored(1, std::span(session).first(40)) == 0);  // p0's node
+  REQUIRE(core.tier2_stored(3, std::span(session).first(48)) == 0);  // a third node
+  auto load = [](bool local, bool remote) {
+    InstanceLoad l;
+    l.tier2_local_reads = local;
+    l.tier2_remote_reads = remote;
+    return l;
+  };
+  // Both read: p0 its own node's 40 blocks (32 credited beat node 3's 24), p1 node 3's 48.
+  auto scores = core.scores(request_for(session), InstanceRole::prefill).value();
+  CHECK(scores[0].tier2_blocks == 40);
+  CHECK(!scores[0].tier2_remote);
+  CHECK(scores[1].tier2_blocks == 48);
+  CHECK(scores[1].tier2_remote);
+  // p0's local disk is slower than its compute: it still reads remote copies; p1 reads none.
+  REQUIRE(core.update_load(p0, load(false, true)).ok());
+  REQUIRE(core.update_load(p1, load(true, false)).ok());
+  scores = core.scores(request_for(session), InstanceRole::prefill).value();
+  CHECK(scores[0].tier2_blocks == 48);
+  CHECK(scores[0].tier2_remote);
+  CHECK(scores[1].tier2_blocks == 0);
+  CHECK(scores[1].prefix == 0.0);
+  // Neither reads: no credit, no site named, whatever tier 2 holds.
+  REQUIRE(core.update_load(p0, load(false, false)).ok());
+  REQUIRE(core.update_load(p1, load(false, false)).ok());
+  Pick pick = core.decide(request_for(session)).value();
+  REQUIRE(pick.prefill);
+  CHECK(pick.prefill_tier2_blocks == 0);
+  CHECK(!pick.prefill_tier2_site);
+}
+
 TEST_CASE("router: the tier-2 index is bounded per node and refuses past it") {
   RouterConfig config;
   config.tier2_index_blocks_max = 10;

@@ -18,24 +18,24 @@ TEST_CASE("tier-2 cost rule: a read slower than computing is not asked; a faster
   Tier2Rates r{.read_bytes_per_s = 0.0, .prefill_tokens_per_s = 4096.0,
                .lookup_overhead_s = 0.002, .eligible_count = 1};
   // Unmeasured read rate: yes (the first lookups measure it); unmeasured compute too.
-  CHECK(tier2_lookup_pays(4, bytes, tokens, r));
+  CHECK(tier2_lookup_pays(4, bytes, tokens, r, 0));
   // Disk at 1 GiB/s: 16 ms per block against 1 s: yes.
   r.read_bytes_per_s = double(1u << 30);
-  CHECK(tier2_lookup_pays(4, bytes, tokens, r));
+  CHECK(tier2_lookup_pays(4, bytes, tokens, r, 0));
   // Disk at 8 MiB/s: 2 s per block against 1 s: no — recompute.
   r.read_bytes_per_s = double(8u << 20);
-  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, r));
+  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, r, 0));
   // The lookup's own round trip counts: one tiny block whose compute (1 ms) is below the
   // 2 ms overhead is not worth asking for, even from a fast disk.
   r.read_bytes_per_s = double(1u << 30);
-  CHECK_FALSE(tier2_lookup_pays(1, 4096, 4, r));
-  CHECK(tier2_lookup_pays(1, 4096, 64, r));  // 16 ms of compute: yes
+  CHECK_FALSE(tier2_lookup_pays(1, 4096, 4, r, 0));
+  CHECK(tier2_lookup_pays(1, 4096, 64, r, 0));  // 16 ms of compute: yes
   // Break-even: read == compute is not a win.
   Tier2Rates even{.read_bytes_per_s = double(bytes), .prefill_tokens_per_s = double(tokens),
                   .lookup_overhead_s = 0.0, .eligible_count = 1};
-  CHECK_FALSE(tier2_lookup_pays(3, bytes, tokens, even));
+  CHECK_FALSE(tier2_lookup_pays(3, bytes, tokens, even, 0));
   // Nothing missing: never asked.
-  CHECK_FALSE(tier2_lookup_pays(0, bytes, tokens, r));
+  CHECK_FALSE(tier2_lookup_pays(0, bytes, tokens, r, 0));
 }
 
 TEST_CASE("tier-2 cost rule: every explore_every-th eligible prompt asks anyway") {
@@ -44,9 +44,37 @@ TEST_CASE("tier-2 cost rule: every explore_every-th eligible prompt asks anyway"
   int asked = 0;
   for (uint64_t n = 1; n <= 4 * explore_every; ++n) {
     slow.eligible_count = n;
-    asked += tier2_lookup_pays(8, 1u << 20, 16, slow) ? 1 : 0;
+    asked += tier2_lookup_pays(8, 1u << 20, 16, slow, 0) ? 1 : 0;
   }
   CHECK(asked == 4);  // the rates keep being measured while the rule says no
+}
+
+TEST_CASE("tier-2 cost rule: unmeasured or exploring, a one-block probe at a time") {
+  using tandem::prefill::probe_blocks;
+  using tandem::prefill::tier2_blocks_to_ask;
+  constexpr uint64_t bytes = 16u << 20;
+  Tier2Rates unmeasured{.read_bytes_per_s = 0.0, .prefill_tokens_per_s = 4096.0,
+                        .lookup_overhead_s = 0.0, .eligible_count = 1};
+  CHECK(tier2_blocks_to_ask(4, bytes, 4096, unmeasured, 0) == probe_blocks);
+  CHECK(tier2_blocks_to_ask(4, bytes, 4096, unmeasured, 1) == 0);  // one is out: compute
+  // A slow disk (1 B/s): the rule says no; the explore_every-th prompt reads one block.
+  Tier2Rates slow{.read_bytes_per_s = 1.0, .prefill_tokens_per_s = 1e9,
+                  .lookup_overhead_s = 0.0, .eligible_count = explore_every};
+  CHECK(tier2_blocks_to_ask(8, bytes, 16, slow, 0) == probe_blocks);
+  CHECK(probe_blocks == 1);
+  CHECK(tier2_blocks_to_ask(8, bytes, 16, slow, 2) == 0);  // a probe is out already
+  slow.eligible_count = explore_every + 1;
+  CHECK(tier2_blocks_to_ask(8, bytes, 16, slow, 0) == 0);
+  // A fast disk: every block, however many lookups are out, exploring or not.
+  Tier2Rates fast{.read_bytes_per_s = double(1u << 30), .prefill_tokens_per_s = 4096.0,
+                  .lookup_overhead_s = 0.0, .eligible_count = explore_every};
+  CHECK(tier2_blocks_to_ask(4, bytes, 4096, fast, 7) == 4);
+  fast.eligible_count = 5;
+  CHECK(tier2_blocks_to_ask(4, bytes, 4096, fast, 7) == 4);
+  // What the instance tells the router: reads pay per block, unmeasured counts as yes.
+  CHECK(tandem::prefill::tier2_reads_pay(bytes, 4096, fast));
+  CHECK_FALSE(tandem::prefill::tier2_reads_pay(bytes, 16, slow));
+  CHECK(tandem::prefill::tier2_reads_pay(bytes, 16, unmeasured));
 }
 
 TEST_CASE("tier-2 cost rule: the rates' mean ignores samples that cannot be rates") {
@@ -72,12 +100,12 @@ TEST_CASE("tier-2 cost rule: local and remote reads are measured apart; compute 
   book.of(false).read_bytes_per_s = double(1u << 30);
   book.of(true).read_bytes_per_s = double(8u << 20);
   book.local.eligible_count = book.remote.eligible_count = 1;
-  CHECK(tier2_lookup_pays(4, bytes, tokens, book.of(false)));        // read locally
-  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(true)));   // recompute instead
+  CHECK(tier2_lookup_pays(4, bytes, tokens, book.of(false), 0));        // read locally
+  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(true), 0));   // recompute instead
   // A faster device makes the local read lose too: compute at 1M tokens/s (4 ms a block,
   // the 1 GiB/s read takes 16 ms).
   for (int i = 0; i < 64; ++i) book.computed(1048576.0, 1.0);
   CHECK(book.remote.prefill_tokens_per_s == book.local.prefill_tokens_per_s);
   CHECK(book.local.prefill_tokens_per_s > 1e6);
-  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(false)));
+  CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(false), 0));
 }

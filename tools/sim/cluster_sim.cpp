@@ -16,9 +16,12 @@
 #include "actors/decode/decode_scheduler.hpp"
 #include "actors/decode/pd_policy.hpp"
 #include "actors/gateway/retry_policy.hpp"
+#include "actors/kv_offload/offload_core.hpp"
 #include "actors/prefill/prefill_scheduler.hpp"
+#include "actors/prefill/tier2_policy.hpp"
 #include "kvstore/hashing.hpp"
 #include "kvstore/prefix_cache.hpp"
+#include "kvstore/tier2/slot_table.hpp"
 #include "runtime/base/assert.hpp"
 
 namespace tandem::sim {
@@ -49,6 +52,31 @@ Status ClusterSimConfig::validate() const {
     return bad("prefill device: " + s.error().message);
   }
   if (Status s = decode_device.validate(); !s) return bad("decode device: " + s.error().message);
+  if (tier2.enabled) {
+    if (prefill_count == 0) {
+      return bad("tier 2 is read by prefill instances: it needs prefill_count >= 1 (not "
+                 "aggregated)");
+    }
+    if (tier2.capacity_blocks < 1) return bad("tier2.capacity_blocks must be >= 1");
+    for (auto [name, v] : {std::pair<const char*, double>{"read_bytes_per_s", tier2.read_bytes_per_s},
+                           {"write_bytes_per_s", tier2.write_bytes_per_s}}) {
+      if (!(v > 0) || !std::isfinite(v)) return bad(std::string("tier2.") + name + " must be > 0");
+    }
+    if (!(tier2.lookup_rtt_ms >= 0) || !std::isfinite(tier2.lookup_rtt_ms)) {
+      return bad("tier2.lookup_rtt_ms must be finite and >= 0");
+    }
+    if (!(tier2.lookup_timeout_ms > 0) || !std::isfinite(tier2.lookup_timeout_ms)) {
+      return bad("tier2.lookup_timeout_ms must be finite and > 0");
+    }
+    if (!(tier2.hold_timeout_ms > 0) || !std::isfinite(tier2.hold_timeout_ms)) {
+      return bad("tier2.hold_timeout_ms must be finite and > 0");
+    }
+    if (tier2.staging_blocks < 1 || tier2.stores_max < 1 || tier2.lookups_max < 1 ||
+        tier2.lookup_blocks_max < 1) {
+      return bad("tier2 staging_blocks, stores_max, lookups_max and lookup_blocks_max must be "
+                 ">= 1");
+    }
+  }
   return {};
 }
 
@@ -69,7 +97,10 @@ enum class EventKind : uint8_t {
   send, prefill_done, decode_done, pull_done, load_report,
   // faults (issue 12)
   fault_begin, fault_end, detect_down, detect_up, detect_restart, tick, deliver,
-  router_timeout, gateway_error
+  router_timeout, gateway_error,
+  // tier 2 (issue 13): a lookup reaches its site; the site's disk reads ended; the answer
+  // reaches prefill; prefill's RMA reads of the staged blocks ended; a disk write ended.
+  tier2_lookup, tier2_staged, tier2_reply, tier2_read_done, tier2_written
 };
 
 // Events that are not periodic: the run goes on while one of these is pending.
@@ -98,11 +129,53 @@ struct Chain {
   size_t segments_count = 0;  // leading segments of the last prompt already hashed
 };
 
+// A prompt waiting for tier 2 at its prefill instance (prefill_actor's Tier2Wait).
+struct Tier2Wait {
+  uint32_t site = 0;              // whose tier 2 it asked
+  uint32_t site_incarnation = 0;  // of the site's node when asked
+  prefill::PrefillRequest core;   // submitted to the scheduler when the wait ends
+  uint32_t device_hit = 0;        // blocks the pool held when asked
+  uint32_t asked_blocks = 0;      // blocks after those asked for (a probe asks fewer)
+  int64_t sent_ns = 0;
+  std::vector<kv::BlockIndex> head, fresh;  // held while the staged blocks are read
+  bool reading = false;
+};
+
 struct PrefillInst {
   std::unique_ptr<kv::PrefixCache> cache;
   std::unique_ptr<prefill::PrefillScheduler> sched;
   uint64_t step_id = 0;
   InstanceStats stats;
+  // Tier 2: prompts waiting for a lookup (<= prefill_queue_max), the measured rates, and the
+  // inbound link the staged blocks are read over (one transfer at a time).
+  std::map<uint64_t, Tier2Wait> tier2;
+  prefill::Tier2RateBook rates;
+  int64_t link_free_ns = 0;
+};
+
+// A lookup at its site: the store slots it pinned while reading, and what it staged.
+struct SiteLookup {
+  uint32_t asker = 0;  // prefill instance
+  bool refused = false;  // lookups_max in flight: answered empty, the core knows nothing of it
+  std::vector<kv_offload::LookupGrant> grants;
+  std::vector<std::optional<kv::tier2::SlotIndex>> pinned;  // per grant (none: not stored)
+  std::vector<uint8_t> read_ok;         // per grant: the disk read succeeded (faults)
+  uint32_t staged = 0;                  // the staged prefix, once every read ended
+  std::vector<uint8_t> corrupt_served;  // per staged block: served though corrupt (bug only)
+  bool read = false;                    // every disk read ended (pins released)
+};
+
+// One node's tier 2: the store's slot map (capacity, LRU, pins), kv-offload's core (staging,
+// beliefs) and the disk (one FIFO queue). Survives a crash of its node: the index is durable.
+struct Tier2Site {
+  std::unique_ptr<kv::tier2::SlotTable> slots;
+  std::unique_ptr<kv_offload::OffloadCore> core;
+  std::vector<uint8_t> corrupt;                      // by store slot: fails verification
+  std::map<kv_offload::Slot, kv::BlockHash> writes;  // staging slot -> block being written
+  std::map<uint64_t, SiteLookup> lookups;            // by seq id, <= lookups_max
+  int64_t disk_free_ns = 0;
+  uint64_t tick = 0;        // the slot map's logical use time
+  uint64_t generation = 0;  // writes so far
 };
 
 // An error a decode instance owes the gateway (pd_policy LostStreams).
@@ -148,6 +221,7 @@ struct ReqState {
   uint32_t retries_left = gateway::retries_max;
   uint32_t tokens_sent = 0;      // tokens the gateway received (and streamed)
   uint32_t decode_incarnation = 0, prefill_incarnation = 0;
+  int32_t tier2_site = -1;       // the router's remote tier-2 copy for this attempt, -1 none
   bool at_prefill = false;       // decode waits for the remote prefill's answer
   int64_t prefill_deadline_ns = 0;
   int64_t last_activity_ns = 0;
@@ -217,6 +291,24 @@ class Sim {
   void sync_decode(uint32_t d);
   void on_load_report();
   void start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls);
+  void submit_prefill(uint32_t p, prefill::PrefillRequest pr);
+  router::InstanceLoad prefill_load(uint32_t p) const;
+  // Tier 2 (issue 13).
+  void reset_site(uint32_t s);
+  bool ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site);
+  void on_tier2_lookup(uint32_t p, uint64_t seq);
+  void on_tier2_staged(uint32_t s, uint64_t seq);
+  void on_tier2_reply(uint32_t p, uint64_t seq);
+  void on_tier2_read_done(uint32_t p, uint64_t seq);
+  void on_tier2_written(uint32_t s, kv_offload::Slot slot);
+  void end_tier2_wait(uint32_t p, uint64_t seq, bool again = false);
+  void release_lookup(uint32_t s, uint64_t seq);
+  void offer_tier2(uint32_t p, const prefill::PrefillDone& done);
+  void announce_site(uint32_t s);  // the router's view of the site: a snapshot
+  kv_offload::RequestKey tier2_key(uint32_t p, uint64_t seq) const {
+    return {prefill_[p].stats.name, seq};
+  }
+  double fault_value(FaultKind kind, uint32_t node) const;  // an active fault's, else 0
   double now_ms() const { return static_cast<double>(now_ns_) / 1e6; }
   router::InstanceId decode_id(uint32_t d) const { return {config_.prefill_count + d}; }
   // Faults.
@@ -249,6 +341,8 @@ class Sim {
   decode::DecodeConfig decode_config_;
   std::vector<PrefillInst> prefill_;
   std::vector<DecodeInst> decode_;
+  std::vector<Tier2Site> sites_;  // one per prefill instance when tier 2 is on
+  double block_bytes_ = 0;        // a full KV block's bytes
   std::priority_queue<Event, std::vector<Event>, Later> events_;
   uint64_t event_seq_ = 0;
   uint64_t work_pending_ = 0;  // events with is_work(kind) in events_
@@ -342,17 +436,28 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
   tick_ns_ = to_ns(0.1);  // the shells' tick (actors/common shell_tick_interval)
   for (const std::string& name : node_names(config)) nodes_.push_back({name, true, 0});
   router_down_.assign(nodes_.size(), false);
+  block_bytes_ = static_cast<double>(config.block_tokens) * config.prefill_device.kv_bytes_per_token;
   prefill_.resize(config.prefill_count);
   for (uint32_t p = 0; p < config.prefill_count; ++p) {
     reset_prefill(p);
     prefill_[p].stats.name = "prefill-" + std::to_string(p);
-    RT_ASSERT(router_.add_instance({p}, router::InstanceRole::prefill).ok(), p);
+    RT_ASSERT(router_.add_instance({p}, router::InstanceRole::prefill, p).ok(), p);
+  }
+  if (config.tier2.enabled) {
+    sites_.resize(config.prefill_count);
+    for (uint32_t site = 0; site < config.prefill_count; ++site) {
+      sites_[site].slots = std::make_unique<kv::tier2::SlotTable>(config.tier2.capacity_blocks);
+      sites_[site].slots->restore_finish();  // an empty store
+      sites_[site].corrupt.assign(config.tier2.capacity_blocks, 0);
+      reset_site(site);
+    }
   }
   decode_.resize(config.decode_count);
   for (uint32_t d = 0; d < config.decode_count; ++d) {
     reset_decode(d);
     decode_[d].stats.name = nodes_[decode_node(d)].name;
-    RT_ASSERT(router_.add_instance(decode_id(d), router::InstanceRole::decode).ok(), d);
+    uint32_t site = config.prefill_count > 0 ? d % config.prefill_count : 0;
+    RT_ASSERT(router_.add_instance(decode_id(d), router::InstanceRole::decode, site).ok(), d);
   }
   for (uint32_t p = 0; p < config.prefill_count; ++p) sync_prefill(p);
   for (uint32_t d = 0; d < config.decode_count; ++d) sync_decode(d);
@@ -372,14 +477,54 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
   // Pending events: a few per request in flight (send, deliver, error, timeout), a step and
   // the pulls of each instance per incarnation, two per fault, three per detector.
   events_max_ = 8 * size_t{config.sessions_in_flight} +
+                (config.tier2.enabled ? size_t{config.tier2.staging_blocks} *
+                                            config.prefill_count * (1 + crashes)
+                                      : 0) +
                 (size_t{config.decode_seqs_max} + config.decode_waiting_max + 4) *
                     (instances - 2) * (1 + crashes) +
                 2 * faults_.size() + (3 + 2 * faults_.size()) * detectors_.size() + 64;
 }
 
+// A node's tier 2 after its process (re)starts: the store's index is back (durable), the
+// staging, lookups and writes in flight are gone (a write not indexed yet was never visible).
+void Sim::reset_site(uint32_t s) {
+  Tier2Site& site = sites_[s];
+  const ClusterSimConfig::Tier2& t = config_.tier2;
+  kv_offload::OffloadConfig oc;
+  oc.staging_blocks = t.staging_blocks;
+  oc.stores_max = t.stores_max;
+  oc.lookups_max = t.lookups_max;
+  oc.lookup_blocks_max = t.lookup_blocks_max;
+  oc.known_blocks_max = t.capacity_blocks;
+  oc.hold_timeout = Nanos(to_ns(t.hold_timeout_ms / 1e3));
+  site.core = std::make_unique<kv_offload::OffloadCore>(oc);
+  for (auto& [seq, lookup] : site.lookups) {  // reads in flight die with the process
+    if (lookup.read) continue;
+    for (const auto& slot : lookup.pinned) {
+      if (slot) (void)site.slots->unpin(*slot);
+    }
+  }
+  site.lookups.clear();
+  site.writes.clear();
+  site.disk_free_ns = now_ns_;
+  for (const kv::BlockHash& h : site.slots->visible_hashes()) site.core->note_held(h);
+}
+
+void Sim::announce_site(uint32_t s) {
+  router_.tier2_clear(s);
+  std::vector<kv::BlockHash> held = sites_[s].slots->visible_hashes();
+  std::sort(held.begin(), held.end(), [](const kv::BlockHash& a, const kv::BlockHash& b) {
+    return a.bytes < b.bytes;  // deterministic order (refusals past the bound)
+  });
+  (void)router_.tier2_stored(s, held);
+}
+
 void Sim::reset_prefill(uint32_t p) {
   PrefillInst& inst = prefill_[p];
   inst.sched.reset();
+  inst.tier2.clear();  // the waits' blocks were in the pool that is replaced below
+  inst.rates = {};
+  inst.link_free_ns = now_ns_;
   inst.cache = std::make_unique<kv::PrefixCache>(pool_blocks(config_, config_.prefill_device),
                                                  config_.block_tokens);
   inst.sched = std::make_unique<prefill::PrefillScheduler>(prefill_config_, *inst.cache);
@@ -473,7 +618,13 @@ void Sim::schedule_next_turn(uint32_t session_index) {
 // Events of an instance that crashed after they were scheduled are dropped.
 bool Sim::stale(const Event& e) const {
   switch (e.kind) {
-    case EventKind::prefill_done: return nodes_[prefill_node(e.target)].incarnation != e.epoch;
+    case EventKind::prefill_done:
+    case EventKind::tier2_lookup:
+    case EventKind::tier2_staged:  // a site lives on its prefill instance's node
+    case EventKind::tier2_written:
+    case EventKind::tier2_reply:
+    case EventKind::tier2_read_done:
+      return nodes_[prefill_node(e.target)].incarnation != e.epoch;
     case EventKind::decode_done:
     case EventKind::pull_done: return nodes_[decode_node(e.target)].incarnation != e.epoch;
     default: return false;
@@ -554,6 +705,21 @@ Status Sim::run() {
         }
         break;
       }
+      case EventKind::tier2_lookup:
+        on_tier2_lookup(e.target, e.arg);
+        break;
+      case EventKind::tier2_staged:
+        on_tier2_staged(e.target, e.arg);
+        break;
+      case EventKind::tier2_reply:
+        on_tier2_reply(e.target, e.arg);
+        break;
+      case EventKind::tier2_read_done:
+        on_tier2_read_done(e.target, e.arg);
+        break;
+      case EventKind::tier2_written:
+        on_tier2_written(e.target, static_cast<kv_offload::Slot>(e.arg));
+        break;
       case EventKind::gateway_error: {
         uint32_t i = request_of(e.arg);
         const ReqState& st = states_[i];
@@ -705,6 +871,7 @@ void Sim::route(uint32_t request_index) {
   workload::RequestTimeline& t = result_.timelines[request_index];
   st.at_prefill = false;
   st.prefill = -1;
+  st.tier2_site = -1;
   st.routed = false;
   st.last_activity_ns = now_ns_;
   const uint64_t seq = seq_id(request_index, st.attempt);
@@ -733,6 +900,7 @@ void Sim::route(uint32_t request_index) {
                      ", which it had declared down");
     }
     ++result_.pd_requests_count;
+    if (pick->prefill_tier2_site) st.tier2_site = static_cast<int32_t>(*pick->prefill_tier2_site);
   }
   const uint32_t dn = decode_node(st.decode);
   st.decode_incarnation = nodes_[dn].incarnation;
@@ -794,7 +962,13 @@ void Sim::on_deliver(uint64_t seq) {
   pr.id = seq;
   pr.tokens.assign(result_.timelines[i].prompt_tokens, 0);
   pr.block_hashes = s.chain.hashes;
-  if (Status submitted = inst.sched->submit(std::move(pr)); !submitted) {
+  if (!sites_.empty() && ask_tier2(p, pr, st.tier2_site)) return;
+  submit_prefill(p, std::move(pr));
+}
+
+void Sim::submit_prefill(uint32_t p, prefill::PrefillRequest pr) {
+  const uint32_t i = request_of(pr.id);
+  if (Status submitted = prefill_[p].sched->submit(std::move(pr)); !submitted) {
     // Prefill answers with an error: decode prefills locally (decode_actor prefill_failed).
     return fallback_local(i);
   }
@@ -859,9 +1033,21 @@ void Sim::sync_prefill(uint32_t p) {
   kv::CacheEvents ev = inst.cache->drain_events();
   if (!ev.removed.empty()) RT_ASSERT(router_.kv_removed({p}, ev.removed).ok(), p);
   if (config_.load_report_interval_ms > 0) return;
+  RT_ASSERT(router_.update_load({p}, prefill_load(p)).ok(), p);
+}
+
+// What a prefill instance reports: its queue, pool, and whether its cost rule reads tier 2.
+router::InstanceLoad Sim::prefill_load(uint32_t p) const {
+  const PrefillInst& inst = prefill_[p];
   router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
                             inst.cache->blocks_used_count(), inst.cache->blocks_count()};
-  RT_ASSERT(router_.update_load({p}, load).ok(), p);
+  if (!sites_.empty()) {
+    const auto bytes = static_cast<uint64_t>(block_bytes_);
+    load.tier2_local_reads = prefill::tier2_reads_pay(bytes, config_.block_tokens, inst.rates.local);
+    load.tier2_remote_reads =
+        prefill::tier2_reads_pay(bytes, config_.block_tokens, inst.rates.remote);
+  }
+  return load;
 }
 
 void Sim::sync_decode(uint32_t d) {
@@ -880,10 +1066,7 @@ void Sim::on_load_report() {
   RT_ASSERT(config_.load_report_interval_ms > 0, config_.load_report_interval_ms);
   for (uint32_t p = 0; p < prefill_.size(); ++p) {
     if (fault_mode_ && (!linked(prefill_node(p), 1) || lose(prefill_node(p), 1))) continue;
-    const PrefillInst& inst = prefill_[p];
-    router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
-                              inst.cache->blocks_used_count(), inst.cache->blocks_count()};
-    RT_ASSERT(router_.update_load({p}, load).ok(), p);
+    RT_ASSERT(router_.update_load({p}, prefill_load(p)).ok(), p);
   }
   for (uint32_t d = 0; d < decode_.size(); ++d) {
     if (fault_mode_ && (!linked(decode_node(d), 1) || lose(decode_node(d), 1))) continue;
@@ -912,6 +1095,11 @@ void Sim::kick_prefill(uint32_t p) {
   }
   double step_s = devices::sim::prefill_time_s(config_.prefill_device, shapes_);
   if (fault_mode_) step_s *= slow_factor(prefill_node(p));
+  if (!sites_.empty()) {  // the cost rule's compute rate: this step's tokens over its time
+    double tokens = 0;
+    for (const devices::sim::SeqShape& shape : shapes_) tokens += shape.new_tokens;
+    inst.rates.computed(tokens, step_s);
+  }
   inst.step_id = plan->step_id;
   ++inst.stats.steps_count;
   inst.stats.busy_s += step_s;
@@ -923,6 +1111,7 @@ void Sim::on_prefill_done(uint32_t p) {
   PrefillInst& inst = prefill_[p];
   std::vector<prefill::PrefillDone> done = inst.sched->on_step_done(inst.step_id, Nanos(now_ns_));
   for (prefill::PrefillDone& d : done) {
+    if (!sites_.empty()) offer_tier2(p, d);  // write-behind, before anything else (the shell's order)
     const uint32_t i = request_of(d.request);
     ReqState& st = states_[i];
     bool current = !st.done && st.attempt == attempt_of(d.request) && st.at_prefill &&
@@ -1123,6 +1312,337 @@ void Sim::on_pull_done(uint32_t d, uint64_t seq) {
   kick_decode(d);
 }
 
+// ---- tier 2 (issue 13) ----
+// The flow of prefill_actor.cpp and kv_offload_actor.cpp, through the same pure cores: a
+// prompt whose pool lacks blocks asks tier 2 when the cost rule says a read beats computing
+// (its site: the router's remote copy, else its own node's); the site grants staging slots
+// for the prefix it believes held (OffloadCore), reads them from its disk (pinned in the
+// slot map, verified: a corrupt block or an I/O error is a miss and the corrupt entry is
+// dropped) and answers; prefill reads the staged blocks into fresh pool blocks over its link,
+// commits them to its prefix cache and only then submits the prompt, which finds them
+// cached. Computed blocks are offered write-behind at each PrefillDone: the pool -> staging
+// copy is not timed (the pool is not pinned for it); the disk write is, and a block becomes
+// visible (and reported to the router) only when its write ended.
+
+// The value of an active fault of `kind` on `node` (the largest), else 0.
+double Sim::fault_value(FaultKind kind, uint32_t node) const {
+  double v = 0;
+  for (uint32_t a : active_) {
+    if (faults_[a].kind == kind && fault_nodes_[a].first == node) v = std::max(v, faults_[a].value);
+  }
+  return v;
+}
+
+bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site) {
+  PrefillInst& inst = prefill_[p];
+  auto& counters = result_.tier2;
+  const uint32_t hit = inst.cache->match(pr.block_hashes);
+  const auto lacking = static_cast<uint32_t>(pr.block_hashes.size()) - hit;
+  if (lacking == 0 || inst.tier2.size() >= config_.prefill_queue_max) return false;
+  const uint32_t s = named_site >= 0 && static_cast<uint32_t>(named_site) < sites_.size()
+                         ? static_cast<uint32_t>(named_site)
+                         : p;
+  const bool remote = s != p;
+  prefill::Tier2Rates& rates = inst.rates.of(remote);
+  ++rates.eligible_count;
+  ++counters.eligible;
+  uint32_t asked = 0;  // this instance's waits on this kind of source (the real shell's count)
+  for (const auto& [other, w] : inst.tier2) asked += (w.site != p) == remote;
+  const uint32_t ask = config_.bugs.no_cost_rule
+                           ? lacking
+                           : prefill::tier2_blocks_to_ask(lacking,
+                                                          static_cast<uint64_t>(block_bytes_),
+                                                          config_.block_tokens, rates, asked);
+  if (ask == 0) {
+    ++counters.declined;
+    return false;
+  }
+  ++counters.lookups;
+  counters.remote_lookups += remote;
+  const uint64_t seq = pr.id;
+  Tier2Wait w;
+  w.site = s;
+  w.site_incarnation = nodes_[prefill_node(s)].incarnation;
+  w.core = std::move(pr);
+  w.device_hit = hit;
+  w.asked_blocks = ask;
+  w.sent_ns = now_ns_;
+  inst.tier2.emplace(seq, std::move(w));
+  const uint32_t pn = prefill_node(p), sn = prefill_node(s);
+  if (!fault_mode_ || (linked(pn, sn) && !lose(pn, sn))) {  // else lost: the wait times out
+    push(now_ns_ + to_ns(config_.tier2.lookup_rtt_ms / 2e3), EventKind::tier2_lookup, p, seq,
+         nodes_[pn].incarnation);
+  }
+  return true;
+}
+
+void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
+  auto it = prefill_[p].tier2.find(seq);
+  if (it == prefill_[p].tier2.end()) return;  // the asker gave up or restarted meanwhile
+  const Tier2Wait& w = it->second;
+  const uint32_t sn = prefill_node(w.site);
+  if (!nodes_[sn].alive || nodes_[sn].incarnation != w.site_incarnation) return;  // lost
+  Tier2Site& site = sites_[w.site];
+  if (site.lookups.count(seq)) return;  // a duplicate (cannot happen: one wait per seq)
+  std::span<const kv::BlockHash> asked(w.core.block_hashes.data() + w.device_hit,
+                                       w.asked_blocks);
+  SiteLookup sl;
+  sl.asker = p;
+  auto grants = site.core->begin_lookup(tier2_key(p, seq), asked, Nanos(now_ns_));
+  int64_t end_ns = now_ns_;
+  if (!grants) {
+    sl.refused = true;
+    sl.read = true;
+  } else if (!grants->empty()) {
+    sl.grants = std::move(grants).value();
+    const double io_error = fault_mode_ ? fault_value(FaultKind::ioerr, sn) : 0.0;
+    double read_s = 0;
+    for (const kv_offload::LookupGrant& g : sl.grants) {
+      std::optional<kv::tier2::SlotIndex> slot = site.slots->find(asked[g.position]);
+      bool ok = slot.has_value();
+      if (slot) {
+        site.slots->pin(*slot);
+        site.slots->touch(*slot, ++site.tick);
+        read_s += block_bytes_ / config_.tier2.read_bytes_per_s;
+        if (io_error > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < io_error) {
+          ok = false;
+          ++result_.tier2.read_errors;
+        }
+      }
+      sl.pinned.push_back(slot);
+      sl.read_ok.push_back(ok ? 1 : 0);
+    }
+    site.disk_free_ns = std::max(now_ns_, site.disk_free_ns) + to_ns(read_s);
+    result_.tier2.disk_busy_s += read_s;
+    end_ns = site.disk_free_ns;
+  } else {
+    sl.read = true;  // nothing believed held: a miss, answered at once
+  }
+  site.lookups.emplace(seq, std::move(sl));
+  push(end_ns, EventKind::tier2_staged, w.site, seq, nodes_[sn].incarnation);
+}
+
+void Sim::on_tier2_staged(uint32_t s, uint64_t seq) {
+  Tier2Site& site = sites_[s];
+  auto it = site.lookups.find(seq);
+  RT_ASSERT(it != site.lookups.end(), seq);  // a restart clears both (stale events dropped)
+  SiteLookup& sl = it->second;
+  const kv_offload::RequestKey key = tier2_key(sl.asker, seq);
+  if (!sl.refused && !sl.grants.empty()) {
+    std::optional<std::vector<kv_offload::LookupGrant>> staged;
+    std::vector<uint8_t> corrupt_read(sl.grants.size(), 0);
+    for (size_t k = 0; k < sl.grants.size(); ++k) {
+      bool ok = sl.read_ok[k] != 0;
+      if (sl.pinned[k]) {
+        const kv::tier2::SlotIndex slot = *sl.pinned[k];
+        const bool corrupt = site.corrupt[slot] != 0;
+        if (ok && corrupt && !config_.bugs.serve_corrupt) {
+          // The checksum fails: a miss; the entry is dropped and the router told.
+          ok = false;
+          kv::BlockHash hash = site.slots->hash(slot);
+          if (site.slots->state(slot) == kv::tier2::SlotState::stored) (void)site.slots->drop(slot);
+          site.core->note_removed(hash);
+          router_.tier2_removed(s, std::span<const kv::BlockHash>(&hash, 1));
+          ++result_.tier2.corrupt_dropped_blocks;
+        }
+        corrupt_read[k] = ok && corrupt;
+        if (site.slots->unpin(*sl.pinned[k])) site.corrupt[slot] = 0;  // a doomed slot freed
+      }
+      auto done = site.core->lookup_read_done(key, sl.grants[k].position, ok);
+      RT_ASSERT(done.ok(), done.ok() ? "" : done.error().describe());
+      if (done->has_value()) staged = std::move(done).value();
+    }
+    RT_ASSERT(staged.has_value(), seq);
+    sl.staged = static_cast<uint32_t>(staged->size());
+    sl.corrupt_served.assign(corrupt_read.begin(), corrupt_read.begin() + sl.staged);
+    result_.tier2.hit_blocks += sl.staged;
+    result_.tier2.bytes_read += static_cast<uint64_t>(sl.staged * block_bytes_);
+  }
+  sl.read = true;
+  const uint32_t asker = sl.asker;
+  if (sl.refused || sl.staged == 0) site.lookups.erase(it);  // nothing staged, nothing held
+  const uint32_t sn = prefill_node(s), pn = prefill_node(asker);
+  if (!fault_mode_ || (linked(sn, pn) && !lose(sn, pn))) {
+    push(now_ns_ + to_ns(config_.tier2.lookup_rtt_ms / 2e3), EventKind::tier2_reply, asker,
+         seq, nodes_[pn].incarnation);
+  }  // else the answer is lost: the asker times out, the staged hold expires (on_tick)
+}
+
+// The asker is done with the staged blocks (read, or no use): the site frees them.
+void Sim::release_lookup(uint32_t s, uint64_t seq) {
+  Tier2Site& site = sites_[s];
+  auto it = site.lookups.find(seq);
+  if (it == site.lookups.end() || !it->second.read) return;  // expired, restarted, or reading
+  if (!it->second.refused && it->second.staged > 0) {
+    (void)site.core->lookup_released(tier2_key(it->second.asker, seq));
+  }
+  site.lookups.erase(it);
+}
+
+void Sim::on_tier2_reply(uint32_t p, uint64_t seq) {
+  PrefillInst& inst = prefill_[p];
+  auto it = inst.tier2.find(seq);
+  if (it == inst.tier2.end() || it->second.reading) {  // timed out meanwhile: free the staging
+    for (uint32_t s = 0; s < sites_.size(); ++s) {
+      auto l = sites_[s].lookups.find(seq);
+      if (l != sites_[s].lookups.end() && l->second.asker == p) release_lookup(s, seq);
+    }
+    return;
+  }
+  Tier2Wait& w = it->second;
+  Tier2Site& site = sites_[w.site];
+  auto l = site.lookups.find(seq);
+  const bool same = nodes_[prefill_node(w.site)].incarnation == w.site_incarnation;
+  const uint32_t n = l != site.lookups.end() && same ? l->second.staged : 0;
+  prefill::Tier2Rates& rates = inst.rates.of(w.site != p);
+  if (n == 0) {
+    rates.lookup_overhead_s = prefill::ewma(rates.lookup_overhead_s,
+                                            static_cast<double>(now_ns_ - w.sent_ns) / 1e9);
+    release_lookup(w.site, seq);
+    return end_tier2_wait(p, seq);
+  }
+  // Fresh blocks for the staged ones, holding the pool's cached head of the prompt meanwhile.
+  std::span<const kv::BlockHash> head(w.core.block_hashes.data(), w.device_hit);
+  auto alloc = inst.cache->acquire(head, n, 0, kv::PrefixCache::Query::internal);
+  if (!alloc.ok() || alloc->cached.size() < w.device_hit) {
+    if (alloc.ok()) {
+      inst.cache->release(alloc->cached);
+      inst.cache->release(alloc->fresh);
+    }
+    release_lookup(w.site, seq);
+    return end_tier2_wait(p, seq);
+  }
+  w.head = std::move(alloc->cached);
+  w.fresh = std::move(alloc->fresh);
+  w.reading = true;
+  const double read_s = n * block_bytes_ / config_.link_bytes_per_s;
+  inst.link_free_ns = std::max(now_ns_, inst.link_free_ns) + to_ns(read_s);
+  push(inst.link_free_ns, EventKind::tier2_read_done, p, seq, nodes_[prefill_node(p)].incarnation);
+}
+
+void Sim::on_tier2_read_done(uint32_t p, uint64_t seq) {
+  PrefillInst& inst = prefill_[p];
+  auto it = inst.tier2.find(seq);
+  RT_ASSERT(it != inst.tier2.end() && it->second.reading, seq);
+  Tier2Wait& w = it->second;
+  const uint32_t pn = prefill_node(p), sn = prefill_node(w.site);
+  auto l = sites_[w.site].lookups.find(seq);
+  const bool staged_there = l != sites_[w.site].lookups.end() &&
+                            nodes_[sn].incarnation == w.site_incarnation;
+  size_t loaded = 0;
+  while (staged_there && loaded < w.fresh.size() &&
+         (!fault_mode_ || (linked(pn, sn) && !lose(pn, sn)))) {
+    ++loaded;
+  }
+  for (size_t k = 0; k < loaded; ++k) {
+    if (l->second.corrupt_served[k]) {
+      return violate(inst.stats.name + " loaded a corrupt block from tier 2 (" +
+                     nodes_[sn].name + "'s store served it without a passing checksum)");
+    }
+    (void)inst.cache->commit(w.fresh[k], w.core.block_hashes[w.device_hit + k]);
+  }
+  inst.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
+  inst.cache->release(w.head);
+  w.head.clear();
+  w.fresh.clear();
+  result_.tier2.loaded_blocks += loaded;
+  result_.tier2.loaded_tokens += loaded * config_.block_tokens;
+  if (loaded > 0) {
+    double seconds = std::max(static_cast<double>(now_ns_ - w.sent_ns) / 1e9, 1e-9);
+    prefill::Tier2Rates& rates = inst.rates.of(w.site != p);
+    rates.read_bytes_per_s = prefill::ewma(rates.read_bytes_per_s, loaded * block_bytes_ / seconds);
+  }
+  const bool again = w.asked_blocks < w.core.block_hashes.size() - w.device_hit &&
+                     loaded == w.asked_blocks;  // a probe that read all it asked for
+  if (staged_there) release_lookup(w.site, seq);
+  end_tier2_wait(p, seq, again);
+}
+
+// The wait is over: the prompt goes to the scheduler, unless its attempt was abandoned. A
+// probe that read all it asked for first asks for the rest (the prefill shell's `again`).
+void Sim::end_tier2_wait(uint32_t p, uint64_t seq, bool again) {
+  PrefillInst& inst = prefill_[p];
+  auto it = inst.tier2.find(seq);
+  RT_ASSERT(it != inst.tier2.end(), seq);
+  RT_ASSERT(it->second.head.empty() && it->second.fresh.empty(), seq);
+  prefill::PrefillRequest core = std::move(it->second.core);
+  const uint32_t site = it->second.site;
+  inst.tier2.erase(it);
+  const uint32_t i = request_of(seq);
+  const ReqState& st = states_[i];
+  if (st.done || st.attempt != attempt_of(seq) || !st.at_prefill ||
+      st.prefill != static_cast<int32_t>(p)) {
+    return;
+  }
+  if (again && ask_tier2(p, core, static_cast<int32_t>(site))) return;
+  submit_prefill(p, std::move(core));
+}
+
+// Write-behind of a finished prompt's full blocks to its node's tier 2.
+void Sim::offer_tier2(uint32_t p, const prefill::PrefillDone& done) {
+  const size_t full = std::min(done.block_hashes.size(), done.block_table.size());
+  if (full == 0) return;
+  Tier2Site& site = sites_[p];
+  result_.tier2.offered_blocks += full;
+  const uint64_t dropped_before = site.core->counters().store_dropped_blocks;
+  auto grants = site.core->begin_store(tier2_key(p, done.request),
+                                       std::span<const kv::BlockHash>(done.block_hashes.data(), full));
+  result_.tier2.store_dropped_blocks += site.core->counters().store_dropped_blocks - dropped_before;
+  if (!grants || grants->empty()) return;
+  std::optional<std::vector<kv_offload::StoreWrite>> writes;
+  for (const kv_offload::StoreGrant& g : *grants) {
+    auto r = site.core->store_read_done(tier2_key(p, done.request), g.slot, true);
+    RT_ASSERT(r.ok(), r.ok() ? "" : r.error().describe());
+    if (r->has_value()) writes = std::move(r).value();
+  }
+  RT_ASSERT(writes.has_value(), done.request);
+  const double write_s = block_bytes_ / config_.tier2.write_bytes_per_s;
+  for (const kv_offload::StoreWrite& wr : *writes) {
+    site.writes.emplace(wr.slot, wr.hash);
+    site.disk_free_ns = std::max(now_ns_, site.disk_free_ns) + to_ns(write_s);
+    result_.tier2.disk_busy_s += write_s;
+    push(site.disk_free_ns, EventKind::tier2_written, p, wr.slot,
+         nodes_[prefill_node(p)].incarnation);
+  }
+}
+
+// A block's disk write ended: durable, then indexed and visible (the store's order), then the
+// router hears of it. A torn write (fault) is indexed but fails its checksum when read.
+void Sim::on_tier2_written(uint32_t s, kv_offload::Slot staging) {
+  Tier2Site& site = sites_[s];
+  auto it = site.writes.find(staging);
+  RT_ASSERT(it != site.writes.end(), staging);
+  const kv::BlockHash hash = it->second;
+  site.writes.erase(it);
+  if (site.slots->find(hash)) {  // held already (a restart's snapshot raced the offer)
+    RT_ASSERT(site.core->store_written(staging, true).ok(), staging);
+    return;
+  }
+  auto reserved = site.slots->reserve(hash);
+  if (!reserved) {  // every slot pinned or being written: the block is dropped
+    RT_ASSERT(site.core->store_written(staging, false).ok(), staging);
+    ++result_.tier2.store_dropped_blocks;
+    return;
+  }
+  if (reserved->evicted) {
+    site.core->note_removed(reserved->evicted->hash);
+    router_.tier2_removed(s, std::span<const kv::BlockHash>(&reserved->evicted->hash, 1));
+    ++result_.tier2.evicted_blocks;
+  }
+  kv::tier2::SlotMeta meta;
+  meta.length_bytes = 1;
+  meta.generation = ++site.generation;
+  meta.last_use_tick = ++site.tick;
+  site.slots->commit(reserved->slot, meta);
+  const double torn = fault_mode_ ? fault_value(FaultKind::torn, prefill_node(s)) : 0.0;
+  site.corrupt[reserved->slot] =
+      torn > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < torn ? 1 : 0;
+  RT_ASSERT(site.core->store_written(staging, true).ok(), staging);
+  ++result_.tier2.stored_blocks;
+  result_.tier2.bytes_written += static_cast<uint64_t>(block_bytes_);
+  (void)router_.tier2_stored(s, std::span<const kv::BlockHash>(&hash, 1));
+}
+
 // The gateway hears that the request's attempt failed: the retry policy decides.
 void Sim::gateway_failure(uint32_t request_index, ErrorKind kind, const std::string& label) {
   ReqState& st = states_[request_index];
@@ -1245,6 +1765,7 @@ void Sim::on_fault(uint32_t index, bool begin) {
       ++result_.fault_counters.crashes;
       if (prefill) {
         reset_prefill(k);
+        if (!sites_.empty()) reset_site(k);  // its tier 2's index survives; staging does not
       } else {
         reset_decode(k);
       }
@@ -1329,6 +1850,8 @@ void Sim::peer_down(const Detector& det) {
   if (det.observer == 1) {  // the router excludes it (and forgets its prefix index)
     router_down_[peer] = true;
     if (!config_.bugs.router_not_told) RT_ASSERT(router_.set_up({peer - 2}, false).ok(), peer);
+    // The router drops a lost node's tier-2 view (kv_sequence: node lost) until its snapshot.
+    if (!sites_.empty() && peer < 2 + config_.prefill_count) router_.tier2_clear(peer - 2);
     return;
   }
   std::vector<uint32_t> affected;
@@ -1357,6 +1880,8 @@ void Sim::peer_up(const Detector& det) {
   if (det.observer != 1) return;
   router_down_[det.peer] = false;
   RT_ASSERT(router_.set_up({det.peer - 2}, true).ok(), det.peer);
+  // The router asks a node it hears again for its tier-2 snapshot (KvResync).
+  if (!sites_.empty() && det.peer < 2 + config_.prefill_count) announce_site(det.peer - 2);
 }
 
 // The shells' 100 ms tick: prefill holds expire, decode's prefill timeouts, the gateway's
@@ -1366,6 +1891,24 @@ void Sim::on_tick() {
     if (!nodes_[prefill_node(p)].alive) continue;
     if (!prefill_[p].sched->expire_holds(Nanos(now_ns_)).empty()) sync_prefill(p);
     kick_prefill(p);
+  }
+  // Tier 2: lookups not answered in time are computed (a late answer is released when it
+  // comes); staged blocks nobody released expire at their site.
+  const int64_t lookup_timeout_ns = to_ns(config_.tier2.lookup_timeout_ms / 1e3);
+  for (uint32_t p = 0; p < sites_.size(); ++p) {
+    if (nodes_[prefill_node(p)].alive) {
+      std::vector<uint64_t> late;
+      for (const auto& [seq, w] : prefill_[p].tier2) {
+        if (!w.reading && now_ns_ - w.sent_ns > lookup_timeout_ns) late.push_back(seq);
+      }
+      for (uint64_t seq : late) {
+        ++result_.tier2.lookup_timeouts;
+        end_tier2_wait(p, seq);
+      }
+      for (const kv_offload::RequestKey& key : sites_[p].core->expire(Nanos(now_ns_))) {
+        sites_[p].lookups.erase(key.request);
+      }
+    }
   }
   std::vector<uint32_t> late_prefill, late_request;
   const int64_t timeout_ns = to_ns(config_.request_timeout_ms / 1e3);
@@ -1405,6 +1948,7 @@ void Sim::on_tick() {
   }
   bool held = false;
   for (const PrefillInst& p : prefill_) held |= p.sched->held_count() > 0;
+  for (const Tier2Site& site : sites_) held |= !site.lookups.empty();  // until they expire
   if (work_pending_ > 0 || !in_flight_.empty() || held || lost_left) {
     push(now_ns_ + tick_ns_, EventKind::tick, 0, 0);
   }
@@ -1464,7 +2008,20 @@ void Sim::check_at_end() {
   };
   for (const PrefillInst& p : prefill_) {
     leak(p.stats.name, p.cache->blocks_used_count(), p.sched->queued_count() +
-         p.sched->running_count(), p.sched->held_count());
+         p.sched->running_count() + p.tier2.size(), p.sched->held_count());
+  }
+  for (uint32_t s = 0; s < sites_.size(); ++s) {  // every staging slot back, nothing pinned
+    const Tier2Site& site = sites_[s];
+    const auto& counts = site.slots->counts();
+    if (site.core->slots_free_count() != config_.tier2.staging_blocks || counts.pinned_count != 0 ||
+        !site.writes.empty()) {
+      violate("tier-2 leak: " + prefill_[s].stats.name + "'s node ends with " +
+              std::to_string(config_.tier2.staging_blocks - site.core->slots_free_count()) +
+              " staging slots taken, " + std::to_string(counts.pinned_count) +
+              " store slots pinned, " + std::to_string(site.writes.size()) + " writes");
+    }
+    site.slots->check_invariants();
+    site.core->check_invariants();
   }
   for (const DecodeInst& d : decode_) {
     leak(d.stats.name, d.cache->blocks_used_count(), d.sched->waiting_count(),
@@ -1476,6 +2033,7 @@ ClusterSimResult Sim::take_result() {
   ClusterSimResult r = std::move(result_);
   r.seed = config_.seed;
   r.mode = config_.prefill_count > 0 ? "pd" : "aggregated";
+  r.tier2_enabled = !sites_.empty();
   r.policy = std::string(router::to_string(config_.router.policy));
   std::vector<workload::RequestTimeline> sent;
   sent.reserve(r.sent_count);
@@ -1614,6 +2172,26 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
   j["hit_rate"] = r.hit_rate;
   j["kv_transfer_bytes"] = r.kv_transfer_bytes;
   j["pd_requests"] = r.pd_requests_count;
+  if (r.tier2_enabled) {
+    const auto& t = r.tier2;
+    j["tier2"] = {{"eligible", t.eligible},
+                  {"declined", t.declined},
+                  {"lookups", t.lookups},
+                  {"remote_lookups", t.remote_lookups},
+                  {"lookup_timeouts", t.lookup_timeouts},
+                  {"hit_blocks", t.hit_blocks},
+                  {"loaded_blocks", t.loaded_blocks},
+                  {"loaded_tokens", t.loaded_tokens},
+                  {"offered_blocks", t.offered_blocks},
+                  {"stored_blocks", t.stored_blocks},
+                  {"store_dropped_blocks", t.store_dropped_blocks},
+                  {"evicted_blocks", t.evicted_blocks},
+                  {"corrupt_dropped_blocks", t.corrupt_dropped_blocks},
+                  {"read_errors", t.read_errors},
+                  {"bytes_read", t.bytes_read},
+                  {"bytes_written", t.bytes_written},
+                  {"disk_busy_s", t.disk_busy_s}};
+  }
   j["summary"] = summary_json(r.summary);
   nlohmann::ordered_json instances = nlohmann::ordered_json::array();
   for (const InstanceStats& s : r.instances) {

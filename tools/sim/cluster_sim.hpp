@@ -87,6 +87,22 @@ struct ClusterSimConfig {
   uint32_t heartbeat_miss_max = 5;
   double prefill_timeout_ms = 30000;
   double request_timeout_ms = 600000;
+  // Tier 2 (issue 13): one kv-offload per prefill instance's node (site p holds prefill-p,
+  // as target-4p4d puts prefill-i and decode-i on node i). The real pure cores run it: the
+  // store's slot map (kvstore/tier2 SlotTable: capacity, LRU eviction, pins), kv-offload's
+  // staging and beliefs (OffloadCore), prefill's cost rule and rate book (tier2_policy.hpp)
+  // and the router's tier-2 index and credit (RouterCore). Each site's disk is one FIFO
+  // queue for reads and writes (the real kv-offload's I/O actor takes them in order).
+  struct Tier2 {
+    bool enabled = false;
+    uint32_t capacity_blocks = 0;     // per site; >= 1 when enabled
+    double read_bytes_per_s = 7e9;    // the site's disk (one NVMe Gen4 drive's sequential read)
+    double write_bytes_per_s = 5e9;
+    double lookup_rtt_ms = 0.2;       // a lookup's round trip with nothing to read
+    uint32_t staging_blocks = 64, stores_max = 256, lookups_max = 64, lookup_blocks_max = 1024;
+    double lookup_timeout_ms = 2000;  // prefill waits this long for an answer, then computes
+    double hold_timeout_ms = 10000;   // staged blocks nobody released are freed after this
+  } tier2;
   // Test-only: each flag plants one deliberate bug, so a test can show that the invariant
   // checker meant to catch it does (a checker that cannot fail is worthless).
   struct Bugs {
@@ -96,6 +112,8 @@ struct ClusterSimConfig {
     bool leak_block = false;       // a decode instance keeps one KV block after a completion
     bool router_not_told = false;  // the router is never told an instance is down
     bool unbounded = false;        // ended requests stay in the gateway's in-flight map
+    bool serve_corrupt = false;    // tier 2 serves blocks without verifying their checksum
+    bool no_cost_rule = false;     // prefill asks tier 2 even when computing is faster
   } bugs;
   // Errors: invalid, naming the field.
   Status validate() const;
@@ -127,6 +145,26 @@ struct ClusterSimResult {
   double hit_rate = 0;
   uint64_t kv_transfer_bytes = 0;
   uint64_t pd_requests_count = 0;                    // routed through a prefill instance
+  bool tier2_enabled = false;
+  // Tier 2 (config.tier2.enabled): what prefill asked and loaded, what the sites stored.
+  struct Tier2Counters {
+    uint64_t eligible = 0;          // prompts whose prefill pool lacked blocks
+    uint64_t declined = 0;          // ... for which the cost rule chose to compute
+    uint64_t lookups = 0;           // lookups sent (remote: to another node's tier 2)
+    uint64_t remote_lookups = 0;
+    uint64_t lookup_timeouts = 0;   // no answer within lookup_timeout_ms: computed
+    uint64_t hit_blocks = 0;        // staged by a site
+    uint64_t loaded_blocks = 0;     // read into a prefill pool and committed to its cache
+    uint64_t loaded_tokens = 0;
+    uint64_t offered_blocks = 0;    // write-behind offers
+    uint64_t stored_blocks = 0;     // written and indexed
+    uint64_t store_dropped_blocks = 0;  // no staging slot / too many offers / no room
+    uint64_t evicted_blocks = 0;
+    uint64_t corrupt_dropped_blocks = 0;  // failed verification on a read: a miss
+    uint64_t read_errors = 0;       // disk reads that failed (faults): a miss
+    uint64_t bytes_read = 0, bytes_written = 0;
+    double disk_busy_s = 0;         // over all sites
+  } tier2;
   std::vector<workload::RequestTimeline> timelines;  // one per sent request, request order
   std::vector<uint32_t> sent_request_indexes;        // timelines[i] is of requests[this[i]]
   workload::BenchSummary summary;

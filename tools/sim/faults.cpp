@@ -18,6 +18,8 @@ std::string_view to_string(FaultKind kind) {
     case FaultKind::delay: return "delay";
     case FaultKind::slow: return "slow";
     case FaultKind::hang: return "hang";
+    case FaultKind::ioerr: return "ioerr";
+    case FaultKind::torn: return "torn";
   }
   return "?";
 }
@@ -55,7 +57,7 @@ bool parse_time(std::string_view text, double* ms) {
 
 bool known_kind(std::string_view name, FaultKind* kind) {
   for (auto k : {FaultKind::crash, FaultKind::partition, FaultKind::loss, FaultKind::delay,
-                 FaultKind::slow, FaultKind::hang}) {
+                 FaultKind::slow, FaultKind::hang, FaultKind::ioerr, FaultKind::torn}) {
     if (to_string(k) == name) {
       *kind = k;
       return true;
@@ -111,7 +113,7 @@ Result<FaultPlan> parse_faults(std::string_view spec) {
       FaultKind k{};
       if (eq == std::string_view::npos || !known_kind(rest.substr(0, eq), &k)) {
         return bad("expected random:KIND=RATE, KIND one of crash, partition, loss, delay, slow, "
-                   "hang");
+                   "hang, ioerr, torn");
       }
       std::string_view rate = rest.substr(eq + 1);
       if (rate.size() > 2 && rate.substr(rate.size() - 2) == "/s") rate.remove_suffix(2);
@@ -123,7 +125,7 @@ Result<FaultPlan> parse_faults(std::string_view spec) {
     Fault f;
     if (!known_kind(kind_name, &f.kind)) {
       return bad("unknown kind '" + std::string(kind_name) +
-                 "' (crash, partition, loss, delay, slow, hang, random)");
+                 "' (crash, partition, loss, delay, slow, hang, ioerr, torn, random)");
     }
     size_t at = rest.rfind('@');
     if (at == std::string_view::npos) return bad("expected @TIME");
@@ -159,6 +161,18 @@ Result<FaultPlan> parse_faults(std::string_view spec) {
       if (f.a == f.b) return bad("a link joins two different nodes");
     } else {
       std::string_view node = target;
+      if (f.kind == FaultKind::ioerr || f.kind == FaultKind::torn) {
+        size_t eq = target.rfind('=');
+        if (eq == std::string_view::npos || !parse_number(target.substr(eq + 1), &f.value) ||
+            f.value < 0 || f.value > 1) {
+          return bad("expected " + std::string(to_string(f.kind)) +
+                     ":NODE=P, P a probability in [0, 1]");
+        }
+        node = target.substr(0, eq);
+        if (node.substr(0, 8) != "prefill-") {
+          return bad("tier 2 lives on prefill instances' nodes: expected prefill-N");
+        }
+      }
       if (f.kind == FaultKind::slow) {
         size_t x = target.rfind('x');
         if (x == std::string_view::npos || !parse_number(target.substr(x + 1), &f.value) ||
@@ -190,10 +204,16 @@ std::vector<Fault> expand_faults(const FaultPlan& plan, const std::vector<std::s
   auto pick = [&](const std::vector<std::string>& from) {
     return from[static_cast<size_t>(rng() % from.size())];
   };
-  for (int k = 0; k < 6; ++k) {
+  std::vector<std::string> prefills;  // tier-2 faults' nodes
+  for (const std::string& n : instances) {
+    if (n.rfind("prefill-", 0) == 0) prefills.push_back(n);
+  }
+  for (int k = 0; k < fault_kinds_count; ++k) {
     double rate = plan.random_per_s[k];
     if (!(rate > 0) || instances.empty() || nodes.size() < 2) continue;
     auto kind = static_cast<FaultKind>(k);
+    bool tier2 = kind == FaultKind::ioerr || kind == FaultKind::torn;
+    if (tier2 && prefills.empty()) continue;
     double t = 0;
     for (size_t n = 0; n < 4096; ++n) {  // bounded: at most 4096 faults of one kind
       t += -std::log(1.0 - uniform(0, 1)) / rate * 1e3;  // exponential gaps
@@ -207,6 +227,9 @@ std::vector<Fault> expand_faults(const FaultPlan& plan, const std::vector<std::s
         do f.b = pick(nodes); while (f.b == f.a);
         if (kind == FaultKind::loss) f.value = std::floor(uniform(1, 100)) / 100;
         if (kind == FaultKind::delay) f.value = std::floor(uniform(1, 500));
+      } else if (tier2) {
+        f.a = pick(prefills);
+        f.value = std::floor(uniform(1, 100)) / 100;
       } else {
         f.a = pick(instances);
         if (kind == FaultKind::slow) f.value = std::floor(uniform(2, 20));
@@ -231,6 +254,8 @@ std::string describe(const Fault& f) {
     case FaultKind::loss:
     case FaultKind::delay: s += f.a + "/" + f.b + "=" + format_number(f.value); break;
     case FaultKind::slow: s += f.a + "x" + format_number(f.value); break;
+    case FaultKind::ioerr:
+    case FaultKind::torn: s += f.a + "=" + format_number(f.value); break;
     default: s += f.a;
   }
   s += "@" + format_ms(f.at_ms);

@@ -9,7 +9,11 @@
 //   delay:A/B=MS@T+D          each message / KV transfer between A and B takes MS ms longer
 //   slow:NODExF@T+D           NODE's executor steps take F (>= 1) times longer
 //   hang:NODE@T+D             NODE's executor makes no progress for D (steps resume after)
-//   random:KIND=RATE[/s]      KIND (crash, partition, loss, delay, slow, hang) faults at
+//   ioerr:NODE=P@T+D          each tier-2 disk read on NODE (a prefill instance's node: its
+//                             kv-offload) fails with probability P: a miss
+//   torn:NODE=P@T+D           each tier-2 block written on NODE is torn with probability P:
+//                             indexed, but fails its checksum when read
+//   random:KIND=RATE[/s]      KIND (crash, partition, loss, delay, slow, hang, ioerr, torn) faults at
 //                             RATE per simulated second over the whole cluster, at seeded
 //                             times, on seeded nodes (a link: an instance and any other
 //                             node), with seeded durations (0.2-8 s) and values
@@ -27,7 +31,8 @@
 
 namespace tandem::sim {
 
-enum class FaultKind : uint8_t { crash, partition, loss, delay, slow, hang };
+enum class FaultKind : uint8_t { crash, partition, loss, delay, slow, hang, ioerr, torn };
+inline constexpr int fault_kinds_count = 8;
 std::string_view to_string(FaultKind kind);
 
 struct Fault {
@@ -35,12 +40,12 @@ struct Fault {
   std::string a, b;     // node names (b: link faults only)
   double at_ms = 0;     // >= 0
   double for_ms = -1;   // > 0; crash only: < 0 = never restarts
-  double value = 0;     // loss: probability; delay: ms; slow: factor
+  double value = 0;     // loss, ioerr, torn: probability; delay: ms; slow: factor
 };
 
 struct FaultPlan {
   std::vector<Fault> faults;    // explicit terms, in SPEC order
-  double random_per_s[6] = {};  // by FaultKind
+  double random_per_s[fault_kinds_count] = {};  // by FaultKind
   bool has_random() const;
 };
 

@@ -40,8 +40,8 @@ Result<SwarmCase> make_swarm_case(uint64_t seed) {
   c.prefill_timeout_ms = static_cast<double>(pick(500, 10000));
   c.request_timeout_ms = static_cast<double>(pick(2000, 20000));
   // Fault mix: each kind present with probability 1/2, at 0.01 .. 0.3 per simulated second.
-  for (double& rate : c.faults.random_per_s) {
-    rate = chance(0.5) ? static_cast<double>(pick(1, 30)) / 100 : 0;
+  for (int k = 0; k <= static_cast<int>(FaultKind::hang); ++k) {
+    c.faults.random_per_s[k] = chance(0.5) ? static_cast<double>(pick(1, 30)) / 100 : 0;
   }
   if (!c.faults.has_random()) c.faults.random_per_s[static_cast<int>(FaultKind::crash)] = 0.05;
   // A small agentic workload (short prompts and outputs: many requests per simulated second).
@@ -63,16 +63,36 @@ Result<SwarmCase> make_swarm_case(uint64_t seed) {
   w.think_time_ms_median = static_cast<double>(pick(10, 1000));
   w.session_start_stagger_ms = static_cast<double>(pick(0, 500));
   w.context_tokens_max = c.max_model_tokens;
+  // Tier 2 (drawn last, so the cases without it stay as they were): on in half the P/D
+  // cases, small (a few contexts), slow or fast disks, its own faults.
+  if (c.prefill_count > 0 && chance(0.5)) {
+    ClusterSimConfig::Tier2& t = c.tier2;
+    t.enabled = true;
+    t.capacity_blocks = per_seq * static_cast<uint32_t>(pick(1, 4));
+    t.read_bytes_per_s = static_cast<double>(pick(1, 40)) * 1e9;
+    t.write_bytes_per_s = static_cast<double>(pick(1, 40)) * 1e9;
+    t.staging_blocks = static_cast<uint32_t>(pick(1, 2 * per_seq));
+    t.stores_max = static_cast<uint32_t>(pick(1, 16));
+    t.lookups_max = static_cast<uint32_t>(pick(1, 16));
+    t.lookup_blocks_max = static_cast<uint32_t>(pick(1, per_seq));
+    t.lookup_timeout_ms = static_cast<double>(pick(100, 3000));
+    t.hold_timeout_ms = static_cast<double>(pick(200, 10000));
+    c.router.tier2_remote_weight = c.router.tier2_weight * static_cast<double>(pick(0, 10)) / 10;
+    for (FaultKind k : {FaultKind::ioerr, FaultKind::torn}) {
+      c.faults.random_per_s[static_cast<int>(k)] =
+          chance(0.5) ? static_cast<double>(pick(1, 30)) / 100 : 0;
+    }
+  }
   auto requests = workload::generate_agentic(w);
   if (!requests) return requests.error();
   sc.requests = std::move(requests).value();
   char shape[256];
   std::snprintf(shape, sizeof shape,
-                "%s %up+%ud %s block %u kv %u seqs %u wait %u queue %u sessions %u %.0fs",
+                "%s %up+%ud %s block %u kv %u seqs %u wait %u queue %u sessions %u %.0fs%s",
                 c.prefill_count == 0 ? "agg" : "pd", c.prefill_count, c.decode_count,
                 std::string(router::to_string(c.router.policy)).c_str(), c.block_tokens,
                 c.kv_blocks, c.decode_seqs_max, c.decode_waiting_max, c.prefill_queue_max,
-                c.sessions_in_flight, c.duration_ms / 1e3);
+                c.sessions_in_flight, c.duration_ms / 1e3, c.tier2.enabled ? " tier2" : "");
   sc.shape = shape;
   return sc;
 }
