@@ -17,7 +17,7 @@ int cmd_node(cli::Args args) {
                    "this for every local node.");
   flags.flag("manifest", "FILE", "the cluster manifest (TOML)")
       .flag("node", "NAME", "which [[node]] of the manifest this process is")
-      .flag("test-hooks", "", "TESTS ONLY: answer the admin command debug-crash");
+      .flag("test-hooks", "", "TESTS ONLY: answer the admin commands debug-crash and debug-drop-kv-events");
   int code = 0;
   if (!flags.parse(args, &code)) return code;
   if (!flags.has("manifest") || !flags.has("node")) {

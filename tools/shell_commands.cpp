@@ -186,6 +186,16 @@ int cmd_debug_crash(ShellContext& ctx, const std::vector<std::string>& args) {
   return print_answer(ctx.client->admin(args[0], "debug-crash", {args[1]}, ctx.timeout), false);
 }
 
+// TEST HOOK: answered only by nodes started with `tandem node --test-hooks`.
+int cmd_debug_drop_kv_events(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.size() != 2) {
+    std::printf("usage: debug-drop-kv-events NODE N\n");
+    return 1;
+  }
+  return print_answer(ctx.client->admin(args[0], "debug-drop-kv-events", {args[1]}, ctx.timeout),
+                      false);
+}
+
 int cmd_help(ShellContext&, const std::vector<std::string>&) {
   for (const auto& c : shell_commands()) {
     std::printf("  %-28s %s\n", c.usage.c_str(), c.summary.c_str());
@@ -217,6 +227,9 @@ const std::vector<ShellCommand>& shell_commands() {
       {"tier2", "tier2 drop NODE", "remove every tier-2 block of NODE (durable)", cmd_tier2},
       {"debug-crash", "debug-crash NODE ACTOR",
        "TEST HOOK (nodes run with --test-hooks): crash a supervised actor", cmd_debug_crash},
+      {"debug-drop-kv-events", "debug-drop-kv-events NODE N",
+       "TEST HOOK (nodes run with --test-hooks): lose NODE's next N tier-2 KV event frames",
+       cmd_debug_drop_kv_events},
       {"help", "help", "this list", cmd_help},
       {"quit", "quit", "leave the shell (also: exit, Ctrl-D)", cmd_quit},
       {"exit", "exit", "leave the shell", cmd_quit},

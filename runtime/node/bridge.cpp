@@ -154,6 +154,19 @@ Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correla
   if (!fabric_) return make_error(ErrorKind::disconnected, "node is stopping");
   envelope.setSourceAddress(fabric_->address());
   fill(envelope);
+  if (envelope.getBody().which() == wire::Envelope::Body::KV_EVENTS &&
+      drop_kv_events_.load(std::memory_order_relaxed) > 0) {
+    auto ev = envelope.getBody().getKvEvents();
+    bool numbered = ev.getTier() == 2 && (ev.getAllCleared() || ev.getStored().size() > 0 ||
+                                          ev.getRemoved().size() > 0);  // not a keepalive
+    uint32_t left = numbered ? drop_kv_events_.load(std::memory_order_relaxed) : 0;
+    while (left > 0 && !drop_kv_events_.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left > 0) {  // the test hook: lost on the way
+      counters_.kv_events_dropped.fetch_add(1, std::memory_order_relaxed);
+      return {};
+    }
+  }
   messages::FrameBytes words = messages::encode_frame(message);
   if (to.node == node_) {
     auto it = actors_.find(to);

@@ -37,6 +37,7 @@ struct BridgeCounters {
   std::atomic<uint64_t> frames_local{0};          // delivered without the fabric
   std::atomic<uint64_t> sends_failed{0};
   std::atomic<uint64_t> frames_before_ready{0};
+  std::atomic<uint64_t> kv_events_dropped{0};     // TEST HOOK drop_next_kv_events
 };
 
 class Bridge {
@@ -71,6 +72,12 @@ class Bridge {
   // Forget connection state for a node that restarted or went down.
   void reset_peer(const std::string& node);
 
+  // TEST HOOK (`debug-drop-kv-events`, nodes run with --test-hooks): the next `frames`
+  // numbered tier-2 KvEvents envelopes this node sends (not keepalives) are lost, as a
+  // network would lose them (send() reports success). Lets a test show that the router finds
+  // the gap and resyncs.
+  void drop_next_kv_events(uint32_t frames) { drop_kv_events_.store(frames); }
+
   const std::string& node() const { return node_; }
   uint64_t incarnation() const { return incarnation_; }
   std::string address() const;
@@ -100,6 +107,7 @@ class Bridge {
   std::vector<std::string> client_order_;
   std::atomic<uint64_t> warnings_{0};
   std::atomic<bool> ready_{false};
+  std::atomic<uint32_t> drop_kv_events_{0};
   BridgeCounters counters_;
 };
 

@@ -113,7 +113,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   caf::actor node_actor = spawn_node_actor(system, std::move(deps));
   actors.push_back(node_actor);
   actors.push_back(supervisor);  // stops the replacements it spawned when it exits
-  if (options.test_hooks) log->warn("TEST HOOKS are on (debug-crash); not for production");
+  if (options.test_hooks) log->warn("TEST HOOKS are on (debug-crash, debug-drop-kv-events); not for production");
   NodeEnv env{&bridge, &registry, log, supervisor, health};
   std::unique_ptr<NodeServices> services = make_services ? make_services(manifest, node_name, env)
                                                          : nullptr;

@@ -209,6 +209,31 @@ void debug_crash(NodeActor* self, const AdminCaller& caller, const std::vector<s
       });
 }
 
+// TEST HOOK `debug-drop-kv-events N`: the next N numbered tier-2 KvEvents frames this node
+// sends are lost (Bridge::drop_next_kv_events).
+void debug_drop_kv_events(NodeActor* self, const AdminCaller& caller,
+                          const std::vector<std::string>& args) {
+  auto& st = self->state;
+  uint32_t frames = 0;
+  bool number = args.size() == 1 && !args[0].empty() && args[0].size() <= 6 &&
+                args[0].find_first_not_of("0123456789") == std::string::npos;
+  if (number) frames = static_cast<uint32_t>(std::stoul(args[0]));
+  if (!st.deps.test_hooks_supervisor || !number) {
+    std::string why = !st.deps.test_hooks_supervisor
+                          ? "debug-drop-kv-events is a test hook; this node runs without "
+                            "--test-hooks\n"
+                          : "usage: debug-drop-kv-events N (0 .. 999999 frames)\n";
+    return reply_admin(st, caller, AdminResult{false, why, {}});
+  }
+  st.deps.bridge->drop_next_kv_events(frames);
+  st.deps.log->warn("TEST HOOK debug-drop-kv-events: the next {} tier-2 KV event frames are lost",
+                    frames);
+  reply_admin(st, caller,
+              AdminResult{true, "the next " + std::to_string(frames) +
+                                    " numbered tier-2 KV event frames this node sends are "
+                                    "lost\n", {}});
+}
+
 // Admin commands answered by this node's actors of one role (LocalAdmin).
 struct Forwarded {
   std::string_view command;
@@ -305,6 +330,8 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
     return st.diagnostics->rma_release(caller, args);
   } else if (command == "debug-crash") {
     return debug_crash(self, caller, args);
+  } else if (command == "debug-drop-kv-events") {
+    return debug_drop_kv_events(self, caller, args);
   } else if (auto f = std::find_if(std::begin(forwarded_commands), std::end(forwarded_commands),
                                    [&command](const Forwarded& c) { return c.command == command; });
              f != std::end(forwarded_commands)) {

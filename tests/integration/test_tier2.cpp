@@ -488,10 +488,10 @@ class RemoteTier2 {
       : dir_(dir), http_port_(free_port()), admin_{free_port(), free_port()} {
     write_file(dir_ + "/cluster.toml", manifest_text());
     for (const char* node : {"a", "b"}) {
-      nodes_.push_back(std::make_unique<Child>(
-          std::vector<std::string>{tandem_bin(), "node", "--manifest", dir_ + "/cluster.toml",
-                                   "--node", node},
-          dir_ + "/" + node + ".log"));
+      std::vector<std::string> argv{tandem_bin(), "node", "--manifest", dir_ + "/cluster.toml",
+                                    "--node", node};
+      if (std::string(node) == "b") argv.push_back("--test-hooks");  // debug-drop-kv-events
+      nodes_.push_back(std::make_unique<Child>(std::move(argv), dir_ + "/" + node + ".log"));
     }
   }
   ~RemoteTier2() {
@@ -499,6 +499,15 @@ class RemoteTier2 {
     for (auto& node : nodes_) node->wait(10000ms);
   }
   uint16_t port() const { return http_port_; }
+  RunResult shell(const std::string& command) {
+    return run({tandem_bin(), "shell", "--manifest", dir_ + "/cluster.toml", "-c", command},
+               30000ms);
+  }
+  // The router's tier-2 view equals what both stores hold, and holds at least `blocks_min`.
+  bool router_view_exact(double blocks_min) {
+    double used = metric("tandem:tier2_blocks_used");
+    return used >= blocks_min && metric("tandem_router_tier2_blocks") == used;
+  }
   // `series` summed over both nodes' /metrics.
   double metric(const std::string& series) {
     double sum = 0;
@@ -595,6 +604,28 @@ TEST_CASE("tier 2: a prefill instance reads a prompt's blocks from another node'
     // ... and the greedy answer is the one computing it gave.
     CHECK(again.text == first.text);
     CHECK(cluster.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
+
+    // A numbered event frame lost over the real fabric: node b loses its next tier-2 frame
+    // to the router on a. The router finds the gap at b's next frame (or its keepalive),
+    // drops b's view, asks for a snapshot, and its view equals both stores again.
+    double gaps = cluster.metric("tandem_router_kv_event_gaps_total");
+    double resyncs = cluster.metric("tandem_router_kv_resyncs_total");
+    double used_before = cluster.metric("tandem:tier2_blocks_used");
+    RunResult armed = cluster.shell("debug-drop-kv-events b 1");
+    REQUIRE_MESSAGE(armed.exit_code == 0, armed.output);
+    CHECK(armed.output.find("the next 1 numbered tier-2") != std::string::npos);
+    RunResult refused = cluster.shell("debug-drop-kv-events a 1");  // a runs without hooks
+    CHECK(refused.exit_code != 0);
+    CHECK(refused.output.find("runs without --test-hooks") != std::string::npos);
+    // New prompts (round-robin: half of them prefilled on b, whose store takes their blocks).
+    for (int seed = 20; seed < 26; ++seed) (void)complete(cluster.port(), story(seed, 180));
+    bool healed = eventually(20s, [&] {
+      return cluster.metric("tandem_router_kv_event_gaps_total") > gaps &&
+             cluster.router_view_exact(used_before + 1);
+    });
+    CHECK_MESSAGE(healed, cluster.logs());
+    CHECK(cluster.metric("tandem_router_kv_resyncs_total") > resyncs);
+    CHECK(cluster.logs().find("out of sequence") != std::string::npos);
   }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
