@@ -74,6 +74,9 @@ struct OffloadLookup {
   requestId @0 :UInt64;
   blockHashes @1 :List(Data);
   layout @2 :KvLayout;        # of the asker's pool: another layout never matches
+  # What computing the asked blocks would cost the asker; kv-offload stages only the blocks
+  # its disk reads within it, behind its queue (0: no budget).
+  budgetNs @3 :UInt64;
 }
 
 struct OffloadLookupReply {

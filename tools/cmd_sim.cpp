@@ -56,12 +56,13 @@ void print_result(const sim::ClusterSimResult& r) {
                                                     static_cast<double>(r.prompt_tokens_count);
     std::printf(
         "  tier 2: %llu prompts lacked blocks, cost rule declined %llu; %llu lookups (%llu "
-        "remote, %llu timed out); %llu blocks loaded (%.4f of prompt tokens); stored %llu of "
-        "%llu offered (%llu dropped), evicted %llu; corrupt dropped %llu, read errors %llu; disk "
-        "%.1f GB read, %.1f GB written, busy %.1f s\n",
+        "remote, %llu timed out, %llu blocks over budget); %llu blocks loaded (%.4f of prompt "
+        "tokens); %llu blocks "
+        "offered: %llu held already, %llu stored, %llu dropped; evicted %llu; corrupt dropped "
+        "%llu, read errors %llu; disk %.1f GB read, %.1f GB written, busy %.1f s\n",
         u(t.eligible), u(t.declined), u(t.lookups), u(t.remote_lookups), u(t.lookup_timeouts),
-        u(t.loaded_blocks), share, u(t.stored_blocks), u(t.offered_blocks),
-        u(t.store_dropped_blocks), u(t.evicted_blocks), u(t.corrupt_dropped_blocks),
+        u(t.over_budget_blocks), u(t.loaded_blocks), share, u(t.offered_blocks), u(t.offered_held_blocks),
+        u(t.stored_blocks), u(t.store_dropped_blocks), u(t.evicted_blocks), u(t.corrupt_dropped_blocks),
         u(t.read_errors), static_cast<double>(t.bytes_read) / 1e9,
         static_cast<double>(t.bytes_written) / 1e9, t.disk_busy_s);
   }

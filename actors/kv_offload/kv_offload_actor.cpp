@@ -9,6 +9,7 @@
 
 #include "actors/kv_offload/offload_core.hpp"
 #include "actors/kv_offload/tier2_report.hpp"
+#include "actors/prefill/tier2_policy.hpp"  // ewma (header-only, pure)
 #include "kvstore/tier2/tier2_store.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/node_actor.hpp"
@@ -255,6 +256,9 @@ struct Tier2Metrics {
     written_bytes = c("tandem:tier2_written_bytes_total", "bytes written to the data file");
     corrupt = c("tandem:tier2_corrupt_blocks_dropped_total",
                 "entries dropped because their bytes failed the checksum or length check");
+    over_budget = c("tandem:tier2_lookup_over_budget_blocks_total",
+                    "asked blocks not staged: behind the disk's queue they would have been read "
+                    "later than the asker could compute them (OffloadLookup.budgetNs)");
     used = g("tandem:tier2_blocks_used", "blocks tier 2 holds");
     capacity = g("tandem:tier2_blocks_capacity", "blocks tier 2 can hold");
     read_seconds = make_histogram(r, "tandem:tier2_read_seconds",
@@ -268,7 +272,7 @@ struct Tier2Metrics {
             read_bytes->value(),    written_bytes->value()};
   }
   obs::Counter *hit_blocks, *miss_blocks, *lookups, *stored_blocks, *dropped_blocks, *read_bytes,
-      *written_bytes, *corrupt;
+      *written_bytes, *corrupt, *over_budget;
   obs::Gauge *used, *capacity;
   obs::Histogram* read_seconds;
   kv::tier2::Tier2Stats seen;  // the store's counters already added
@@ -302,6 +306,10 @@ struct OffloadState {
   std::string io_mode;                         // of the open store
   std::string maintenance;  // "verify" or "drop" while one runs (one at a time), else ""
   kv_offload::RateWindow rates{std::chrono::seconds(5)};  // `tier2`'s per-second rates
+  // The disk's queue, for lookup budgets: bytes sent to the I/O actor not answered yet, and
+  // the measured read rate (bytes over each block read's own time, host cache hits included).
+  uint64_t io_queued_bytes = 0;
+  double read_bytes_per_s = 0;
   static inline const char* name = "tandem.kv-offload";
 };
 using OffloadActor = caf::stateful_actor<OffloadState>;
@@ -499,10 +507,13 @@ void write_slots(OffloadActor* self, std::vector<kv_offload::StoreWrite> writes)
     return;
   }
   auto slots = std::make_shared<std::vector<kv_offload::StoreWrite>>(writes);
+  const uint64_t queued = slots->size() * st.staging->block_bytes;
+  st.io_queued_bytes += queued;
   self->request(st.io, io_timeout, Write{std::move(writes)})
       .then(
-          [self, slots](const IoDone& done) {
+          [self, slots, queued](const IoDone& done) {
             auto& st = self->state;
+            st.io_queued_bytes -= std::min(st.io_queued_bytes, queued);
             RT_ASSERT(done.ok.size() == slots->size(), done.ok.size(), slots->size());
             for (size_t i = 0; i < slots->size(); ++i) {
               Status s = st.core->store_written((*slots)[i].slot, done.ok[i]);
@@ -635,10 +646,18 @@ void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& fro
   for (const auto& g : grants) hashes.push_back(asked[g.position]);
   auto kept = std::make_shared<std::vector<kv_offload::LookupGrant>>(grants);
   auto all = std::make_shared<std::vector<kv::BlockHash>>(std::move(asked));
+  const uint64_t queued = kept->size() * st.staging->block_bytes;
+  st.io_queued_bytes += queued;
   self->request(st.io, io_timeout, Read{std::move(grants), std::move(hashes)})
       .then(
-          [self, key, from, kept, all](const IoDone& done) {
+          [self, key, from, kept, all, queued](const IoDone& done) {
             auto& st = self->state;
+            st.io_queued_bytes -= std::min(st.io_queued_bytes, queued);
+            for (double seconds : done.read_seconds) {
+              st.read_bytes_per_s = prefill::ewma(
+                  st.read_bytes_per_s,
+                  static_cast<double>(st.staging->block_bytes) / std::max(seconds, 1e-9));
+            }
             RT_ASSERT(done.ok.size() == kept->size(), done.ok.size(), kept->size());
             std::optional<std::vector<kv_offload::LookupGrant>> staged;
             for (size_t i = 0; i < kept->size(); ++i) {
@@ -676,6 +695,14 @@ void on_lookup(OffloadActor* self, const runtime::InboundFrame& in,
   }
   auto hashes = messages::get_hashes(req.getBlockHashes());
   if (!hashes.ok()) return send_error(st.ctx, st.self_name, from, id, hashes.error());
+  // Only what the disk reads, behind its queue, before the asker could compute it.
+  auto asked = static_cast<uint32_t>(hashes->size());
+  uint32_t within = kv_offload::blocks_within_budget(
+      asked, st.staging->block_bytes, static_cast<double>(req.getBudgetNs()) / 1e9,
+      static_cast<double>(st.io_queued_bytes), st.read_bytes_per_s);
+  st.metrics->over_budget->inc(asked - within);
+  hashes->resize(within);
+  if (within == 0) return reply_lookup(self, from, id, {}, {});
   RequestKey key{from.to_string(), id};
   auto grants = st.core->begin_lookup(key, *hashes, now_ns());
   if (!grants.ok() || grants->empty()) return reply_lookup(self, from, id, {}, {});

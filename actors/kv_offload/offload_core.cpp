@@ -229,6 +229,16 @@ std::vector<RequestKey> OffloadCore::expire(std::chrono::nanoseconds now) {
 
 void OffloadCore::note_removed(const kv::BlockHash& hash) { known_.erase(hash); }
 
+uint32_t blocks_within_budget(uint32_t asked, uint64_t block_bytes, double budget_s,
+                              double queued_bytes, double disk_bytes_per_s) {
+  if (!(budget_s > 0.0) || !(disk_bytes_per_s > 0.0) || block_bytes == 0) return asked;
+  double left_s = budget_s - std::max(0.0, queued_bytes) / disk_bytes_per_s;
+  if (!(left_s > 0.0)) return 0;
+  double blocks = left_s * disk_bytes_per_s / static_cast<double>(block_bytes);
+  if (!(blocks < static_cast<double>(asked))) return asked;  // also catches +inf
+  return static_cast<uint32_t>(blocks);
+}
+
 void OffloadCore::note_held(const kv::BlockHash& hash) { remember(hash); }
 
 void OffloadCore::check_invariants() const {

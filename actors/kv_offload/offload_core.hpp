@@ -84,6 +84,15 @@ struct OffloadCounters {
   uint64_t holds_expired = 0;
 };
 
+// How many of `asked` blocks a lookup may stage: those whose disk reads end within the
+// asker's budget (what computing them would cost it: OffloadLookup.budgetNs), behind
+// `queued_bytes` already waiting for the disk, which serves `disk_bytes_per_s`. A read that
+// would end later than computing loses: the asker computes those blocks instead. No budget
+// (<= 0) or an unmeasured disk (<= 0): all of them. (`tandem sim`, target-4p4d at 128
+// sessions: without it, bursts of 50-block lookups queued on one disk for 20-40 s.)
+uint32_t blocks_within_budget(uint32_t asked, uint64_t block_bytes, double budget_s,
+                              double queued_bytes, double disk_bytes_per_s);
+
 class OffloadCore {
  public:
   explicit OffloadCore(OffloadConfig config);  // config must validate (asserted)

@@ -284,6 +284,8 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
     q.setRequestId(id);
     messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(asked.size())), asked);
     fill_kv_layout(q.initLayout(), layout);
+    q.setBudgetNs(static_cast<uint64_t>(
+        prefill::tier2_budget_s(ask, layout.block_tokens, rates) * 1e9));
   });
   if (!sent.ok()) return false;
   if (remote) st.tier2_remote_lookups->inc();

@@ -60,6 +60,14 @@ inline bool tier2_reads_pay(uint64_t block_bytes, uint32_t block_tokens, const T
          static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
 }
 
+// A lookup's budget: the modelled time to compute its `blocks` blocks (kv-offload stages only
+// the blocks its disk can read within it, behind its queue: blocks_within_budget). 0 when the
+// compute rate is unmeasured: no budget.
+inline double tier2_budget_s(uint32_t blocks, uint32_t block_tokens, const Tier2Rates& r) {
+  if (!(r.prefill_tokens_per_s > 0.0)) return 0.0;
+  return static_cast<double>(blocks) * static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
+}
+
 // Whether tier 2 is asked at all (tier2_blocks_to_ask > 0).
 inline bool tier2_lookup_pays(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
                               const Tier2Rates& r, uint32_t waiting) {

@@ -379,3 +379,20 @@ TEST_CASE("tier2 report: verify and drop answers count what was checked and drop
   CHECK(tier2_drop_text(d).find("kvo: dropped 40 blocks in 0.003 s (2 of them pinned") !=
         std::string::npos);
 }
+
+TEST_CASE("offload: a lookup stages only the blocks its disk reads within the asker's budget") {
+  constexpr uint64_t block = 100;  // bytes; the disk serves 1000 B/s: 0.1 s a block
+  // An idle disk and 1 s of budget: 10 blocks; asked fewer: all of them.
+  CHECK(blocks_within_budget(64, block, 1.0, 0, 1000) == 10);
+  CHECK(blocks_within_budget(4, block, 1.0, 0, 1000) == 4);
+  // 0.5 s of queue ahead: 5 blocks; a queue past the budget: none (the asker computes).
+  CHECK(blocks_within_budget(64, block, 1.0, 500, 1000) == 5);
+  CHECK(blocks_within_budget(64, block, 1.0, 1000, 1000) == 0);
+  CHECK(blocks_within_budget(64, block, 1.0, 5000, 1000) == 0);
+  // No budget, or a disk not measured yet: no limit.
+  CHECK(blocks_within_budget(64, block, 0.0, 5000, 1000) == 64);
+  CHECK(blocks_within_budget(64, block, 1.0, 5000, 0) == 64);
+  // Nonsense never grants more than asked.
+  CHECK(blocks_within_budget(3, block, 1e300, 0, 1e300) == 3);
+  CHECK(blocks_within_budget(3, 0, 1.0, 0, 1000) == 3);
+}

@@ -136,6 +136,7 @@ struct Tier2Wait {
   prefill::PrefillRequest core;   // submitted to the scheduler when the wait ends
   uint32_t device_hit = 0;        // blocks the pool held when asked
   uint32_t asked_blocks = 0;      // blocks after those asked for (a probe asks fewer)
+  double budget_s = 0;            // computing them would take this long (0: unmeasured)
   int64_t sent_ns = 0;
   std::vector<kv::BlockIndex> head, fresh;  // held while the staged blocks are read
   bool reading = false;
@@ -1366,6 +1367,7 @@ bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site)
   w.core = std::move(pr);
   w.device_hit = hit;
   w.asked_blocks = ask;
+  w.budget_s = prefill::tier2_budget_s(ask, config_.block_tokens, rates);
   w.sent_ns = now_ns_;
   inst.tier2.emplace(seq, std::move(w));
   const uint32_t pn = prefill_node(p), sn = prefill_node(s);
@@ -1384,8 +1386,17 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
   if (!nodes_[sn].alive || nodes_[sn].incarnation != w.site_incarnation) return;  // lost
   Tier2Site& site = sites_[w.site];
   if (site.lookups.count(seq)) return;  // a duplicate (cannot happen: one wait per seq)
-  std::span<const kv::BlockHash> asked(w.core.block_hashes.data() + w.device_hit,
-                                       w.asked_blocks);
+  // Only what the disk can read, behind its queue, before computing would have ended.
+  const double read_rate = config_.tier2.read_bytes_per_s;
+  const double queued_bytes =
+      static_cast<double>(std::max<int64_t>(0, site.disk_free_ns - now_ns_)) / 1e9 * read_rate;
+  const uint32_t within =
+      config_.bugs.no_lookup_budget
+          ? w.asked_blocks
+          : kv_offload::blocks_within_budget(w.asked_blocks, static_cast<uint64_t>(block_bytes_),
+                                             w.budget_s, queued_bytes, read_rate);
+  result_.tier2.over_budget_blocks += w.asked_blocks - within;
+  std::span<const kv::BlockHash> asked(w.core.block_hashes.data() + w.device_hit, within);
   SiteLookup sl;
   sl.asker = p;
   auto grants = site.core->begin_lookup(tier2_key(p, seq), asked, Nanos(now_ns_));
@@ -1584,10 +1595,12 @@ void Sim::offer_tier2(uint32_t p, const prefill::PrefillDone& done) {
   if (full == 0) return;
   Tier2Site& site = sites_[p];
   result_.tier2.offered_blocks += full;
-  const uint64_t dropped_before = site.core->counters().store_dropped_blocks;
+  const kv_offload::OffloadCounters before = site.core->counters();
   auto grants = site.core->begin_store(tier2_key(p, done.request),
                                        std::span<const kv::BlockHash>(done.block_hashes.data(), full));
-  result_.tier2.store_dropped_blocks += site.core->counters().store_dropped_blocks - dropped_before;
+  const kv_offload::OffloadCounters& after = site.core->counters();
+  result_.tier2.store_dropped_blocks += after.store_dropped_blocks - before.store_dropped_blocks;
+  result_.tier2.offered_held_blocks += after.store_known_blocks - before.store_known_blocks;
   if (!grants || grants->empty()) return;
   std::optional<std::vector<kv_offload::StoreWrite>> writes;
   for (const kv_offload::StoreGrant& g : *grants) {
@@ -2179,10 +2192,12 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
                   {"lookups", t.lookups},
                   {"remote_lookups", t.remote_lookups},
                   {"lookup_timeouts", t.lookup_timeouts},
+                  {"over_budget_blocks", t.over_budget_blocks},
                   {"hit_blocks", t.hit_blocks},
                   {"loaded_blocks", t.loaded_blocks},
                   {"loaded_tokens", t.loaded_tokens},
                   {"offered_blocks", t.offered_blocks},
+                  {"offered_held_blocks", t.offered_held_blocks},
                   {"stored_blocks", t.stored_blocks},
                   {"store_dropped_blocks", t.store_dropped_blocks},
                   {"evicted_blocks", t.evicted_blocks},

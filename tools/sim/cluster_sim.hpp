@@ -114,6 +114,7 @@ struct ClusterSimConfig {
     bool unbounded = false;        // ended requests stay in the gateway's in-flight map
     bool serve_corrupt = false;    // tier 2 serves blocks without verifying their checksum
     bool no_cost_rule = false;     // prefill asks tier 2 even when computing is faster
+    bool no_lookup_budget = false; // kv-offload stages blocks its disk queue reads too late
   } bugs;
   // Errors: invalid, naming the field.
   Status validate() const;
@@ -153,10 +154,12 @@ struct ClusterSimResult {
     uint64_t lookups = 0;           // lookups sent (remote: to another node's tier 2)
     uint64_t remote_lookups = 0;
     uint64_t lookup_timeouts = 0;   // no answer within lookup_timeout_ms: computed
+    uint64_t over_budget_blocks = 0;  // asked, but the disk's queue would read them too late
     uint64_t hit_blocks = 0;        // staged by a site
     uint64_t loaded_blocks = 0;     // read into a prefill pool and committed to its cache
     uint64_t loaded_tokens = 0;
     uint64_t offered_blocks = 0;    // write-behind offers
+    uint64_t offered_held_blocks = 0;   // ... tier 2 held already (or was writing): skipped
     uint64_t stored_blocks = 0;     // written and indexed
     uint64_t store_dropped_blocks = 0;  // no staging slot / too many offers / no room
     uint64_t evicted_blocks = 0;

@@ -114,6 +114,15 @@ std::string swarm_line(uint64_t seed, const SwarmCase& c, const ClusterSimResult
                 static_cast<unsigned long long>(k.request_timeouts),
                 static_cast<unsigned long long>(k.lost_streams));
   std::string s = line;
+  if (r.tier2_enabled) {
+    char t2[160];
+    std::snprintf(t2, sizeof t2, "tier2 loaded %llu stored %llu corrupt %llu ioerr %llu | ",
+                  static_cast<unsigned long long>(r.tier2.loaded_blocks),
+                  static_cast<unsigned long long>(r.tier2.stored_blocks),
+                  static_cast<unsigned long long>(r.tier2.corrupt_dropped_blocks),
+                  static_cast<unsigned long long>(r.tier2.read_errors));
+    s += t2;
+  }
   if (r.violation.empty()) return s + "ok";
   char at[64];
   std::snprintf(at, sizeof at, "VIOLATION at %.3f ms: ", r.violation_ms);
