@@ -82,4 +82,8 @@ struct OffloadLookup {
 struct OffloadLookupReply {
   requestId @0 :UInt64;
   blocks @1 :List(BlockDescriptor);   # the stored prefix, in order
+  # kv-offload's measured disk read rate (0: not measured yet). A read is never faster than
+  # the disk: prefill's cost rule takes it before its own first read of this source, so a
+  # slow disk is known from the first answer, even one that staged nothing.
+  diskBytesPerS @2 :Float64;
 }

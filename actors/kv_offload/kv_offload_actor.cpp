@@ -484,6 +484,7 @@ void reply_lookup(OffloadActor* self, const ActorName& to, uint64_t id,
   (void)st.ctx.bridge->send(st.self_name, to, id, [&](wire::Envelope::Builder b) {
     auto reply = b.getBody().initOffloadLookupReply();
     reply.setRequestId(id);
+    reply.setDiskBytesPerS(st.read_bytes_per_s);
     auto blocks = reply.initBlocks(static_cast<unsigned>(staged.size()));
     const auto& reg = *st.staging->region;
     runtime::RemoteRegionRef region{reg.remote_base(), reg.length_bytes(), reg.key()};

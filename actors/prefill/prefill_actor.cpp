@@ -365,6 +365,10 @@ void on_lookup_reply(PrefillActor* self, const ActorName& from,
   }
   Tier2Wait& w = it->second;
   w.replied = now_ns();
+  // A read is never faster than the source's disk (its own measurement, in the answer).
+  prefill::Tier2Rates& source_rates = st.rates.of(w.source.node != st.self_name.node);
+  source_rates.read_bytes_per_s =
+      prefill::at_most_disk(source_rates.read_bytes_per_s, reply.getDiskBytesPerS());
   if (blocks.size() == 0) {
     prefill::Tier2Rates& rates = st.rates.of(w.source.node != st.self_name.node);
     rates.lookup_overhead_s = prefill::ewma(

@@ -81,6 +81,14 @@ inline double ewma(double mean, double sample) {
   return mean <= 0.0 ? sample : mean + (sample - mean) / 8.0;
 }
 
+// The read rate after a lookup answer that reports the source's disk read rate: never faster
+// than the disk; the disk's when nothing was measured here yet (0 or non-finite: unknown).
+inline double at_most_disk(double read_bytes_per_s, double disk_bytes_per_s) {
+  if (!(disk_bytes_per_s > 0.0) || disk_bytes_per_s > 1e300) return read_bytes_per_s;
+  return read_bytes_per_s > 0.0 ? std::min(read_bytes_per_s, disk_bytes_per_s) : disk_bytes_per_s;
+}
+
+
 // The rates per kind of source: this node's kv-offload, or another node's (the router's
 // remote copy: its reads cross the network, so they are measured apart and a slow remote
 // read never makes a local one look slow, or the other way round). The compute rate is the

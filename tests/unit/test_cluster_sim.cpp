@@ -2,6 +2,9 @@
 // round-robin on the agentic workload (issue 5).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "tools/sim/cluster_sim.hpp"
 #include "tools/workload/workload.hpp"
 
@@ -480,14 +483,14 @@ TEST_CASE("tier 2 in the sim: a disk slower than computing is not read (the cost
   CHECK(a.tier2.loaded_blocks > 10 * slow.tier2.loaded_blocks);
   CHECK(a.summary.ttft_ms.p99 > 5 * slow.summary.ttft_ms.p99);
   CHECK(a.summary.ttft_ms.mean > 2 * slow.summary.ttft_ms.mean);
-  // The lookup budget alone protects as well: kv-offload stages nothing its disk cannot read
-  // before the asker would have computed it.
+  // The lookup budget alone protects too, once kv-offload measured its disk: it stages
+  // nothing the disk cannot read before the asker would have computed it.
   auto budget_only = always;
   budget_only.bugs.no_lookup_budget = false;
   auto b = run_ok(budget_only, t.requests);
   CHECK(b.tier2.over_budget_blocks > 0);
-  CHECK(b.tier2.loaded_blocks == 0);
-  CHECK(b.summary.ttft_ms.p99 < off.summary.ttft_ms.p99 * 1.05);
+  CHECK(4 * b.tier2.loaded_blocks < a.tier2.loaded_blocks);  // the reads before it measured
+  CHECK(b.summary.ttft_ms.p99 < a.summary.ttft_ms.p99);
 }
 
 TEST_CASE("tier 2 in the sim: torn writes and read errors are misses, never served") {
@@ -539,39 +542,21 @@ TEST_CASE("tier 2 in the sim: bad config and fault terms are named") {
   CHECK(no_p.error().message.find("term 1") != std::string::npos);
 }
 
-// target-4p4d as tandem sim --manifest config/examples/target-4p4d.toml models it (block 4096,
-// prefill PP, decode DP + EP), 128 agentic sessions, seed 2: the run that showed lookups
-// queueing on one disk (docs/benchmarks.md "Tier 2 in the simulator").
 TEST_CASE("tier 2 in the sim: lookups stage only what the disk reads before computing would end") {
-  workload::AgenticParams p;
-  p.seed = 2;
-  p.sessions_in_flight = 128;
-  p.sessions_count = 512;
-  p.context_tokens_max = 204800;
-  auto requests = workload::generate_agentic(p);
-  REQUIRE(requests.ok());
-  sim::ClusterSimConfig c;
-  c.block_tokens = 4096;
-  c.max_model_tokens = 204800;
-  c.prefill_step_tokens_max = 4096;
-  c.decode_device.parallel = devices::sim::ParallelMode::dp_ep;
-  c.sessions_in_flight = 128;
-  c.duration_ms = 600e3;
-  c.seed = 2;
-  c.router.seed = 2;
-  c.tier2.enabled = true;
-  c.tier2.capacity_blocks = 1923;  // 1000 GB of 520 MB blocks per node
-  auto budget = run_ok(c, *requests);
-  auto unbounded = c;
+  auto t = tier2_case(11);
+  t.config.tier2.enabled = true;
+  t.config.tier2.read_bytes_per_s = 2e9;  // a block in 33 ms: reads pay alone, not behind a queue
+  t.config.tier2.write_bytes_per_s = 2e9;
+  auto budget = run_ok(t.config, t.requests);
+  auto unbounded = t.config;
   unbounded.bugs.no_lookup_budget = true;
-  auto queued = run_ok(unbounded, *requests);
+  auto queued = run_ok(unbounded, t.requests);
   CHECK_MESSAGE(budget.violation.empty(), budget.violation);
   CHECK(budget.tier2.over_budget_blocks > 0);
-  CHECK(queued.tier2.over_budget_blocks == 0);
   CHECK(budget.tier2.loaded_blocks > 0);
-  // Without the budget, a burst of long lookups waits behind each other on one disk: the
-  // tail grows by more than 10x; with it, those blocks are computed instead.
-  CHECK(queued.summary.ttft_ms.p99 > 10 * budget.summary.ttft_ms.p99);
-  CHECK(queued.summary.ttft_ms.p90 > 4 * budget.summary.ttft_ms.p90);
-  CHECK(budget.hit_rate > queued.hit_rate);
+  // With the budget no staged block is read later than computing it would have ended (the
+  // sim's queue estimate is exact); without it, some are.
+  CHECK(budget.tier2.late_blocks == 0);
+  CHECK(queued.tier2.over_budget_blocks == 0);
+  CHECK(queued.tier2.late_blocks > 0);
 }

@@ -164,6 +164,7 @@ struct SiteLookup {
   uint32_t staged = 0;                  // the staged prefix, once every read ended
   std::vector<uint8_t> corrupt_served;  // per staged block: served though corrupt (bug only)
   bool read = false;                    // every disk read ended (pins released)
+  int64_t deadline_ns = 0;              // arrival + the asker's budget (0: none)
 };
 
 // One node's tier 2: the store's slot map (capacity, LRU, pins), kv-offload's core (staging,
@@ -175,6 +176,7 @@ struct Tier2Site {
   std::map<kv_offload::Slot, kv::BlockHash> writes;  // staging slot -> block being written
   std::map<uint64_t, SiteLookup> lookups;            // by seq id, <= lookups_max
   int64_t disk_free_ns = 0;
+  bool disk_measured = false;  // a disk read happened: answers report the disk's read rate
   uint64_t tick = 0;        // the slot map's logical use time
   uint64_t generation = 0;  // writes so far
 };
@@ -1386,10 +1388,11 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
   if (!nodes_[sn].alive || nodes_[sn].incarnation != w.site_incarnation) return;  // lost
   Tier2Site& site = sites_[w.site];
   if (site.lookups.count(seq)) return;  // a duplicate (cannot happen: one wait per seq)
-  // Only what the disk can read, behind its queue, before computing would have ended.
-  const double read_rate = config_.tier2.read_bytes_per_s;
-  const double queued_bytes =
-      static_cast<double>(std::max<int64_t>(0, site.disk_free_ns - now_ns_)) / 1e9 * read_rate;
+  // Only what the disk can read, behind its queue, before computing would have ended (as the
+  // real kv-offload: no limit until it measured its disk).
+  const double read_rate = site.disk_measured ? config_.tier2.read_bytes_per_s : 0.0;
+  const double queued_bytes = static_cast<double>(std::max<int64_t>(0, site.disk_free_ns - now_ns_)) /
+                              1e9 * config_.tier2.read_bytes_per_s;
   const uint32_t within =
       config_.bugs.no_lookup_budget
           ? w.asked_blocks
@@ -1399,6 +1402,7 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
   std::span<const kv::BlockHash> asked(w.core.block_hashes.data() + w.device_hit, within);
   SiteLookup sl;
   sl.asker = p;
+  if (w.budget_s > 0 && site.disk_measured) sl.deadline_ns = now_ns_ + to_ns(w.budget_s);
   auto grants = site.core->begin_lookup(tier2_key(p, seq), asked, Nanos(now_ns_));
   int64_t end_ns = now_ns_;
   if (!grants) {
@@ -1424,6 +1428,7 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
       sl.read_ok.push_back(ok ? 1 : 0);
     }
     site.disk_free_ns = std::max(now_ns_, site.disk_free_ns) + to_ns(read_s);
+    site.disk_measured |= read_s > 0;
     result_.tier2.disk_busy_s += read_s;
     end_ns = site.disk_free_ns;
   } else {
@@ -1467,6 +1472,7 @@ void Sim::on_tier2_staged(uint32_t s, uint64_t seq) {
     sl.staged = static_cast<uint32_t>(staged->size());
     sl.corrupt_served.assign(corrupt_read.begin(), corrupt_read.begin() + sl.staged);
     result_.tier2.hit_blocks += sl.staged;
+    if (sl.deadline_ns > 0 && now_ns_ > sl.deadline_ns + 1000) result_.tier2.late_blocks += sl.staged;
     result_.tier2.bytes_read += static_cast<uint64_t>(sl.staged * block_bytes_);
   }
   sl.read = true;
@@ -1506,6 +1512,10 @@ void Sim::on_tier2_reply(uint32_t p, uint64_t seq) {
   const bool same = nodes_[prefill_node(w.site)].incarnation == w.site_incarnation;
   const uint32_t n = l != site.lookups.end() && same ? l->second.staged : 0;
   prefill::Tier2Rates& rates = inst.rates.of(w.site != p);
+  if (!config_.bugs.no_disk_rate && site.disk_measured) {  // the answer reports the disk
+    rates.read_bytes_per_s =
+        prefill::at_most_disk(rates.read_bytes_per_s, config_.tier2.read_bytes_per_s);
+  }
   if (n == 0) {
     rates.lookup_overhead_s = prefill::ewma(rates.lookup_overhead_s,
                                             static_cast<double>(now_ns_ - w.sent_ns) / 1e9);
@@ -2193,6 +2203,7 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
                   {"remote_lookups", t.remote_lookups},
                   {"lookup_timeouts", t.lookup_timeouts},
                   {"over_budget_blocks", t.over_budget_blocks},
+                  {"late_blocks", t.late_blocks},
                   {"hit_blocks", t.hit_blocks},
                   {"loaded_blocks", t.loaded_blocks},
                   {"loaded_tokens", t.loaded_tokens},

@@ -115,6 +115,7 @@ struct ClusterSimConfig {
     bool serve_corrupt = false;    // tier 2 serves blocks without verifying their checksum
     bool no_cost_rule = false;     // prefill asks tier 2 even when computing is faster
     bool no_lookup_budget = false; // kv-offload stages blocks its disk queue reads too late
+    bool no_disk_rate = false;     // lookup answers do not report the site's disk read rate
   } bugs;
   // Errors: invalid, naming the field.
   Status validate() const;
@@ -155,6 +156,7 @@ struct ClusterSimResult {
     uint64_t remote_lookups = 0;
     uint64_t lookup_timeouts = 0;   // no answer within lookup_timeout_ms: computed
     uint64_t over_budget_blocks = 0;  // asked, but the disk's queue would read them too late
+    uint64_t late_blocks = 0;       // staged after the asker could have computed them
     uint64_t hit_blocks = 0;        // staged by a site
     uint64_t loaded_blocks = 0;     // read into a prefill pool and committed to its cache
     uint64_t loaded_tokens = 0;
