@@ -1,10 +1,12 @@
 #include "tools/sim_setup.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include "actors/router/router_actor.hpp"
@@ -229,6 +231,15 @@ bool tier2_flags(const cli::Flags& f, sim::ClusterSimConfig& c) {
   auto write = f.get_double("tier2-write-gb-per-s");
   auto rtt = f.get_double("tier2-lookup-rtt-ms");
   if (!read || !write || !rtt) return false;
+  for (auto [flag, v, zero_ok] : {std::tuple<const char*, double, bool>{"tier2-read-gb-per-s", *read, false},
+                                  {"tier2-write-gb-per-s", *write, false},
+                                  {"tier2-lookup-rtt-ms", *rtt, true}}) {
+    if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_ok)) {
+      std::fprintf(stderr, "tandem sim: --%s: expected a %s number, got %g\n", flag,
+                   zero_ok ? "finite, non-negative" : "positive", v);
+      return false;
+    }
+  }
   c.tier2.read_bytes_per_s = *read * 1e9;
   c.tier2.write_bytes_per_s = *write * 1e9;
   c.tier2.lookup_rtt_ms = *rtt;

@@ -540,6 +540,16 @@ TEST_CASE("tier 2 in the sim: bad config and fault terms are named") {
   auto no_p = sim::parse_faults("torn:prefill-0@1s+1s");
   REQUIRE_FALSE(no_p.ok());
   CHECK(no_p.error().message.find("term 1") != std::string::npos);
+  // Tier-2 faults on a cluster without tier 2 would do nothing: refused.
+  for (const char* spec : {"ioerr:prefill-0=0.5@1s+1s", "random:torn=0.1"}) {
+    CAPTURE(spec);
+    auto off = t.config;
+    off.tier2.enabled = false;
+    off.faults = sim::parse_faults(spec).value();
+    auto refused = sim::run_cluster_sim(off, t.requests);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().message.find("act on tier 2, which is off") != std::string::npos);
+  }
 }
 
 TEST_CASE("tier 2 in the sim: lookups stage only what the disk reads before computing would end") {

@@ -2108,6 +2108,17 @@ Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
   // Faults: draw the random terms, then resolve every node name (an error names the term).
   std::vector<std::string> nodes = node_names(config);
   std::vector<std::string> instances(nodes.begin() + 2, nodes.end());
+  if (!config.tier2.enabled) {  // tier-2 faults act on a tier 2: without one, say so
+    for (FaultKind k : {FaultKind::ioerr, FaultKind::torn}) {
+      bool named = config.faults.random_per_s[static_cast<int>(k)] > 0;
+      for (const Fault& f : config.faults.faults) named |= f.kind == k;
+      if (named) {
+        return make_error(ErrorKind::invalid, "--faults: " + std::string(to_string(k)) +
+                                                  " faults act on tier 2, which is off "
+                                                  "(--tier2 on, or [kv_offload] enabled)");
+      }
+    }
+  }
   std::vector<Fault> faults =
       expand_faults(config.faults, instances, nodes, config.duration_ms, config.seed);
   std::vector<std::pair<uint32_t, uint32_t>> fault_nodes;
