@@ -63,6 +63,7 @@ struct Changes {
 struct IoDone {  // one result per write or read, in order
   std::vector<bool> ok;
   std::vector<double> read_seconds;  // reads: how long each took (host cache or disk + check)
+  std::vector<bool> from_disk;       // reads: served by the disk (not the host cache), ok
   kv::tier2::Tier2Stats stats;
   std::vector<std::string> events;  // the store's noteworthy events since the last answer
   Changes changes;
@@ -210,9 +211,12 @@ caf::behavior io_behavior(IoActor* self, std::shared_ptr<Staging> staging) {
         RT_ASSERT(st.store != nullptr && r.grants.size() == r.hashes.size(), r.grants.size());
         for (size_t i = 0; i < r.grants.size(); ++i) {
           auto start = std::chrono::steady_clock::now();
+          uint64_t cache_hits = st.store->stats().cache_hits_count;
           auto got = st.store->get(r.hashes[i],
                                    st.staging->slot(r.grants[i].slot, st.staging->slot_bytes));
           done.ok.push_back(got.ok() && *got == st.staging->block_bytes);
+          done.from_disk.push_back(done.ok.back() &&
+                                   st.store->stats().cache_hits_count == cache_hits);
           done.read_seconds.push_back(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         }
@@ -307,7 +311,8 @@ struct OffloadState {
   std::string maintenance;  // "verify" or "drop" while one runs (one at a time), else ""
   kv_offload::RateWindow rates{std::chrono::seconds(5)};  // `tier2`'s per-second rates
   // The disk's queue, for lookup budgets: bytes sent to the I/O actor not answered yet, and
-  // the measured read rate (bytes over each block read's own time, host cache hits included).
+  // the measured read rate (bytes over each verified disk read's own time; host cache hits
+  // left out).
   uint64_t io_queued_bytes = 0;
   double read_bytes_per_s = 0;
   static inline const char* name = "tandem.kv-offload";
@@ -654,10 +659,14 @@ void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& fro
           [self, key, from, kept, all, queued](const IoDone& done) {
             auto& st = self->state;
             st.io_queued_bytes -= std::min(st.io_queued_bytes, queued);
-            for (double seconds : done.read_seconds) {
+            // The disk's rate: verified reads the disk served (host cache hits would make it
+            // look faster than it is).
+            for (size_t i = 0; i < done.read_seconds.size() && i < done.from_disk.size(); ++i) {
+              if (!done.from_disk[i]) continue;
               st.read_bytes_per_s = prefill::ewma(
                   st.read_bytes_per_s,
-                  static_cast<double>(st.staging->block_bytes) / std::max(seconds, 1e-9));
+                  static_cast<double>(st.staging->block_bytes) /
+                      std::max(done.read_seconds[i], 1e-9));
             }
             RT_ASSERT(done.ok.size() == kept->size(), done.ok.size(), kept->size());
             std::optional<std::vector<kv_offload::LookupGrant>> staged;
