@@ -227,9 +227,12 @@ class GatewayHarness {
   uint16_t http_port_;
   config::Manifest manifest_;
   caf::actor_system_config cfg_;
+  // Before the actor system: destroyed after it, once its destructor has joined every actor
+  // (a preparer still starting when a test ends creates its counters in it; ASan caught the
+  // registry destroyed first).
+  obs::Registry registry_;
   caf::actor_system system_;
   LocalBridge local_;
-  obs::Registry registry_;
   actors::ShellContext ctx_;
   caf::scoped_actor router_, decode_;
   std::unique_ptr<actors::GatewayService> service_;

@@ -52,8 +52,8 @@ namespace {
 
 struct Fixture {
   caf::actor_system_config cfg;
+  obs::Registry registry;  // outlives the actor system (its actors may still use it)
   caf::actor_system system{cfg};
-  obs::Registry registry;
   std::shared_ptr<NodeHealth> health = std::make_shared<NodeHealth>();
   std::atomic<int> spawned{0};
 
