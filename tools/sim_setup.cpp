@@ -128,7 +128,10 @@ std::optional<devices::sim::SimParams> role_sim_params(const config::Manifest& m
 }
 
 // Applies a manifest's sections; false (after printing why) on a bad manifest.
-bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
+// `tier2_capacity_bytes`: the manifest's kv_offload.capacity_bytes when tier 2 is on there
+// (tier2_flags turns it into blocks once the block size is final), else 0.
+bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c,
+                    double* tier2_capacity_bytes) {
   auto loaded = config::load_manifest(path);
   if (const auto* errors = std::get_if<config::ManifestErrors>(&loaded)) {
     std::fprintf(stderr, "tandem sim: %s", errors->describe().c_str());
@@ -159,10 +162,7 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c) {
   c.prefill_device = m.instances_of(config::Role::prefill).empty() ? *decode : *prefill;
   const config::KvOffloadSection& k = m.kv_offload;
   c.tier2.enabled = k.enabled;
-  double block_bytes = double(c.block_tokens) * c.prefill_device.kv_bytes_per_token;
-  c.tier2.capacity_blocks = k.enabled ? static_cast<uint32_t>(std::min(
-                                            double(k.capacity_bytes) / block_bytes, 16e6))
-                                      : 0;
+  *tier2_capacity_bytes = k.enabled ? static_cast<double>(k.capacity_bytes) : 0.0;
   c.tier2.staging_blocks = k.staging_blocks;
   c.tier2.stores_max = k.stores_max;
   c.tier2.lookups_max = k.lookups_max;
@@ -199,8 +199,9 @@ bool get_u32(const cli::Flags& f, const std::string& name, uint32_t lo, uint32_t
   return true;
 }
 
-// --tier2 and its bandwidths; the capacity in blocks of the config's block size.
-bool tier2_flags(const cli::Flags& f, sim::ClusterSimConfig& c) {
+// --tier2 and its bandwidths; the capacity (--tier2-capacity-gb, else the manifest's
+// `manifest_bytes`, else 1000 GB) in blocks of the config's final block size.
+bool tier2_flags(const cli::Flags& f, double manifest_bytes, sim::ClusterSimConfig& c) {
   if (f.has("tier2")) {
     std::string v = f.get("tier2");
     if (v != "on" && v != "off") {
@@ -210,19 +211,21 @@ bool tier2_flags(const cli::Flags& f, sim::ClusterSimConfig& c) {
     c.tier2.enabled = v == "on";
   }
   double block_bytes = double(c.block_tokens) * c.prefill_device.kv_bytes_per_token;
-  if (f.has("tier2-capacity-gb") || (c.tier2.enabled && c.tier2.capacity_blocks == 0)) {
-    double gb = 1000;
+  if (c.tier2.enabled) {
+    double bytes = manifest_bytes > 0 ? manifest_bytes : 1000e9;
+    std::string source = manifest_bytes > 0 ? "kv_offload.capacity_bytes" : "--tier2-capacity-gb";
     if (f.has("tier2-capacity-gb")) {
       auto given = f.get_double("tier2-capacity-gb");
       if (!given) return false;
-      gb = *given;
+      bytes = *given * 1e9;
+      source = "--tier2-capacity-gb";
     }
-    double blocks = gb * 1e9 / block_bytes;
+    double blocks = bytes / block_bytes;
     if (!(blocks >= 1) || blocks > 16e6) {
       std::fprintf(stderr,
-                   "tandem sim: --tier2-capacity-gb: %g GB is %.3g blocks of %.3g MB; expected "
-                   "1 .. 16e6 blocks\n",
-                   gb, blocks, block_bytes / 1e6);
+                   "tandem sim: %s: %g GB is %.3g blocks of %.3g MB; expected 1 .. 16e6 "
+                   "blocks\n",
+                   source.c_str(), bytes / 1e9, blocks, block_bytes / 1e6);
       return false;
     }
     c.tier2.capacity_blocks = static_cast<uint32_t>(blocks);
@@ -253,8 +256,9 @@ bool tier2_flags(const cli::Flags& f, sim::ClusterSimConfig& c) {
 
 bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
   c.block_tokens = 512;
+  double tier2_capacity_bytes = 0;
   if (f.has("manifest")) {
-    if (!apply_manifest(f.get("manifest"), c)) return false;
+    if (!apply_manifest(f.get("manifest"), c, &tier2_capacity_bytes)) return false;
   } else if (!get_u32(f, "prefill", 0, 65535, &c.prefill_count) ||
              !get_u32(f, "decode", 1, 65535, &c.decode_count)) {
     return false;
@@ -312,7 +316,7 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
   }
   c.duration_ms = *duration_s * 1e3;
   c.link_bytes_per_s = *link * 1e9;
-  if (!tier2_flags(f, c)) return false;
+  if (!tier2_flags(f, tier2_capacity_bytes, c)) return false;
   if (Status s = c.validate(); !s) {
     std::fprintf(stderr, "tandem sim: %s\n", s.error().message.c_str());
     return false;

@@ -68,12 +68,6 @@ inline double tier2_budget_s(uint32_t blocks, uint32_t block_tokens, const Tier2
   return static_cast<double>(blocks) * static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
 }
 
-// Whether tier 2 is asked at all (tier2_blocks_to_ask > 0).
-inline bool tier2_lookup_pays(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
-                              const Tier2Rates& r, uint32_t waiting) {
-  return tier2_blocks_to_ask(blocks, block_bytes, block_tokens, r, waiting) > 0;
-}
-
 // An exponentially weighted mean (weight 1/8 for the new sample); the first sample is taken
 // as is. Non-positive or non-finite samples are ignored.
 inline double ewma(double mean, double sample) {

@@ -9,7 +9,15 @@
 using tandem::prefill::ewma;
 using tandem::prefill::explore_every;
 using tandem::prefill::Tier2Rates;
-using tandem::prefill::tier2_lookup_pays;
+using tandem::prefill::tier2_blocks_to_ask;
+
+namespace {
+// Whether tier 2 is asked at all.
+bool tier2_lookup_pays(uint32_t blocks, uint64_t block_bytes, uint32_t block_tokens,
+                       const Tier2Rates& r, uint32_t waiting) {
+  return tier2_blocks_to_ask(blocks, block_bytes, block_tokens, r, waiting) > 0;
+}
+}  // namespace
 
 TEST_CASE("tier-2 cost rule: a read slower than computing is not asked; a faster one is") {
   // A block: 4096 tokens, 16 MiB. Compute at 4,096 tokens/s: 1 s per block.
@@ -51,7 +59,6 @@ TEST_CASE("tier-2 cost rule: every explore_every-th eligible prompt asks anyway"
 
 TEST_CASE("tier-2 cost rule: unmeasured or exploring, a one-block probe at a time") {
   using tandem::prefill::probe_blocks;
-  using tandem::prefill::tier2_blocks_to_ask;
   constexpr uint64_t bytes = 16u << 20;
   Tier2Rates unmeasured{.read_bytes_per_s = 0.0, .prefill_tokens_per_s = 4096.0,
                         .lookup_overhead_s = 0.0, .eligible_count = 1};
