@@ -96,9 +96,7 @@ BlockIndex PrefixCache::take_fresh() {
     RT_ASSERT(b != none_, "take_fresh with nothing free or evictable");
     RT_ASSERT(blocks_[b].cached && blocks_[b].ref_count == 0, b);
     lru_unlink(b);
-    by_hash_.erase(blocks_[b].hash);
-    note_event(blocks_[b].hash, -1);
-    blocks_[b].cached = false;
+    uncache_subtree(b);
     ++counters_.evictions_count;
   }
   RT_ASSERT(blocks_[b].ref_count == 0, b);
@@ -107,18 +105,34 @@ BlockIndex PrefixCache::take_fresh() {
   return b;
 }
 
-CommitOutcome PrefixCache::commit(BlockIndex block, const BlockHash& hash) {
+CommitOutcome PrefixCache::commit(BlockIndex block, const BlockHash& hash,
+                                  const std::optional<BlockHash>& parent) {
   RT_ASSERT(block < blocks_.size(), block);
   Block& b = blocks_[block];
   RT_ASSERT(b.ref_count > 0, "commit of an unreferenced block", block);
   RT_ASSERT(!b.cached, "commit of an already cached block", block);
-  auto [it, inserted] = by_hash_.emplace(hash, block);
-  if (!inserted) {
+  if (auto it = by_hash_.find(hash); it != by_hash_.end()) {
     RT_ASSERT(it->second != block, block);
     return CommitOutcome::duplicate;
   }
+  BlockIndex parent_block = none_;
+  if (parent) {
+    auto it = by_hash_.find(*parent);
+    if (it == by_hash_.end()) return CommitOutcome::orphan;
+    parent_block = it->second;
+  }
+  by_hash_.emplace(hash, block);
   b.cached = true;
   b.hash = hash;
+  b.parent = parent_block;
+  b.depth = 0;
+  if (parent_block != none_) {
+    Block& p = blocks_[parent_block];
+    b.depth = p.depth + 1;
+    b.next_sibling = p.first_child;
+    if (p.first_child != none_) blocks_[p.first_child].prev_sibling = block;
+    p.first_child = block;
+  }
   note_event(hash, +1);
   RT_ASSERT(by_hash_.size() <= blocks_.size(), by_hash_.size());
   return CommitOutcome::stored;
@@ -153,13 +167,91 @@ void PrefixCache::retain(std::span<const BlockIndex> blocks) {
   }
 }
 
+void PrefixCache::unlink_child(BlockIndex block) {
+  Block& b = blocks_[block];
+  if (b.parent == none_) return;
+  if (b.prev_sibling != none_)
+    blocks_[b.prev_sibling].next_sibling = b.next_sibling;
+  else
+    blocks_[b.parent].first_child = b.next_sibling;
+  if (b.next_sibling != none_) blocks_[b.next_sibling].prev_sibling = b.prev_sibling;
+  b.parent = b.prev_sibling = b.next_sibling = none_;
+}
+
+void PrefixCache::uncache_subtree(BlockIndex root) {
+  RT_ASSERT(blocks_[root].cached, root);
+  subtree_scratch_.clear();
+  subtree_scratch_.push_back(root);
+  for (size_t i = 0; i < subtree_scratch_.size(); ++i) {
+    for (BlockIndex c = blocks_[subtree_scratch_[i]].first_child; c != none_;
+         c = blocks_[c].next_sibling) {
+      subtree_scratch_.push_back(c);
+      RT_ASSERT(subtree_scratch_.size() <= blocks_.size(), "chain cycle", root);
+    }
+  }
+  unlink_child(root);
+  for (BlockIndex at : subtree_scratch_) {
+    Block& b = blocks_[at];
+    RT_ASSERT(b.cached, at);
+    by_hash_.erase(b.hash);
+    note_event(b.hash, -1);
+    b.cached = false;
+    b.parent = b.first_child = b.next_sibling = b.prev_sibling = none_;
+    b.depth = 0;
+    if (at == root) continue;
+    ++counters_.unreachable_count;
+    if (b.ref_count == 0) {  // evictable: unreachable now, so free
+      lru_unlink(at);
+      b.in_free = true;
+      free_.push_back(at);
+    }
+  }
+}
+
+void PrefixCache::fill_stored(std::vector<BlockHash> hashes, CacheEvents& out) const {
+  struct Item {
+    uint32_t depth;
+    BlockIndex block;
+  };
+  std::vector<Item> items;
+  items.reserve(hashes.size());
+  for (const auto& hash : hashes) {
+    auto it = by_hash_.find(hash);
+    RT_ASSERT(it != by_hash_.end(), "a stored event for a hash no longer cached");
+    items.push_back({blocks_[it->second].depth, it->second});
+  }
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return a.depth != b.depth ? a.depth < b.depth : a.block < b.block;
+  });
+  out.stored.reserve(items.size());
+  out.stored_parents.reserve(items.size());
+  for (const Item& item : items) {
+    const Block& b = blocks_[item.block];
+    out.stored.push_back(b.hash);
+    out.stored_parents.push_back(b.parent == none_ ? std::nullopt
+                                                    : std::optional(blocks_[b.parent].hash));
+  }
+}
+
 CacheEvents PrefixCache::drain_events() {
   CacheEvents out;
+  std::vector<BlockHash> stored;
   for (const auto& [hash, delta] : pending_events_) {
     RT_ASSERT(delta == 1 || delta == -1, delta);
-    (delta > 0 ? out.stored : out.removed).push_back(hash);
+    (delta > 0 ? stored : out.removed).push_back(hash);
   }
   pending_events_.clear();
+  fill_stored(std::move(stored), out);
+  return out;
+}
+
+CacheEvents PrefixCache::snapshot() {
+  pending_events_.clear();
+  std::vector<BlockHash> all;
+  all.reserve(by_hash_.size());
+  for (const auto& [hash, block] : by_hash_) all.push_back(hash);
+  CacheEvents out;
+  fill_stored(std::move(all), out);
   return out;
 }
 
@@ -208,6 +300,7 @@ bool PrefixCache::is_cached(BlockIndex block) const {
 
 void PrefixCache::check_invariants() const {
   uint32_t free_seen = 0, used_seen = 0, lru_seen = 0, cached_seen = 0;
+  uint32_t with_parent_seen = 0, listed_seen = 0;
   for (BlockIndex i = 0; i < blocks_.size(); ++i) {
     const Block& b = blocks_[i];
     bool evictable = b.cached && b.ref_count == 0;
@@ -220,6 +313,24 @@ void PrefixCache::check_invariants() const {
       ++cached_seen;
       auto it = by_hash_.find(b.hash);
       RT_ASSERT(it != by_hash_.end() && it->second == i, i);
+      // A cached block's chain is cached, and it is listed under its parent (counted below:
+      // every listed child names its lister, and as many are listed as have a parent).
+      if (b.parent != none_) {
+        const Block& p = blocks_[b.parent];
+        RT_ASSERT(p.cached && b.depth == p.depth + 1, i);
+        ++with_parent_seen;
+      } else {
+        RT_ASSERT(b.depth == 0 && b.prev_sibling == none_ && b.next_sibling == none_, i);
+      }
+      BlockIndex prev_child = none_;
+      for (BlockIndex c = b.first_child; c != none_; c = blocks_[c].next_sibling) {
+        RT_ASSERT(blocks_[c].cached && blocks_[c].parent == i, i, c);
+        RT_ASSERT(blocks_[c].prev_sibling == prev_child, i, c);
+        RT_ASSERT(++listed_seen <= blocks_.size(), "child list cycle", i);
+        prev_child = c;
+      }
+    } else {
+      RT_ASSERT(b.parent == none_ && b.first_child == none_ && b.next_sibling == none_, i);
     }
   }
   BlockIndex prev = none_;
@@ -235,6 +346,7 @@ void PrefixCache::check_invariants() const {
   RT_ASSERT(used_seen == used_count_, used_seen, used_count_);
   RT_ASSERT(lru_seen == evictable_count_, lru_seen, evictable_count_);
   RT_ASSERT(cached_seen == by_hash_.size(), cached_seen, by_hash_.size());
+  RT_ASSERT(with_parent_seen == listed_seen, with_parent_seen, listed_seen);
   RT_ASSERT(free_seen + used_seen + lru_seen == blocks_.size());
 }
 

@@ -10,11 +10,19 @@
 // Eviction takes the least recently released evictable block. release() walks a request's
 // blocks from last to first, so a prefix's tail is evicted before its head.
 //
+// Chains: a block committed with a parent hash hangs under the cached block of that hash, and
+// a cached block's parent is always cached (a block is reachable by match() only through its
+// whole chain). Evicting a block therefore uncaches its cached descendants too: unreferenced
+// ones go back to the free list, referenced ones become private (freed on release). So the
+// cached set is exactly what match() can reach, and the events below describe it exactly
+// (the router's precise index, issue 13).
+//
 // Owned by one actor (prefill or decode). Every map and list is bounded by blocks_count.
 // Cost: match O(hashes), acquire O(hashes + fresh), release O(blocks), commit O(1) average.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +40,7 @@ struct Allocation {
 enum class CommitOutcome {
   stored,     // the block is now cached under the hash
   duplicate,  // another block already holds this hash; this one stays private
+  orphan,     // its parent hash is not cached (evicted meanwhile): it stays private
 };
 
 struct PrefixCacheCounters {
@@ -42,14 +51,25 @@ struct PrefixCacheCounters {
   uint64_t query_tokens_count = 0;  // query_blocks_count x block_tokens
   uint64_t evictions_count = 0;     // evictable blocks reclaimed for fresh use
   uint64_t overloaded_count = 0;    // acquire() refused for lack of blocks
+  uint64_t unreachable_count = 0;   // cached descendants uncached with an evicted block
 };
 
 // Net change of the cached hash set since the last drain (stored and removed are disjoint:
-// a hash stored then removed in the same window appears in neither).
+// a hash stored then removed in the same window appears in neither). Applying `removed`
+// (each with its cached descendants) and then `stored` in order to the set as it was at the
+// last drain gives the set as it is: stored is in chain order (by depth: a block's parent is
+// cached before the drain or listed earlier), stored_parents[i] is stored[i]'s parent hash
+// (nullopt: the first block of a chain).
 struct CacheEvents {
   std::vector<BlockHash> stored;
+  std::vector<std::optional<BlockHash>> stored_parents;  // parallel to stored
   std::vector<BlockHash> removed;
 };
+
+// The parent hash of chain position `i` of a prompt's `hashes` (nullopt: the first block).
+inline std::optional<BlockHash> chain_parent(std::span<const BlockHash> hashes, size_t i) {
+  return i == 0 ? std::nullopt : std::optional<BlockHash>(hashes[i - 1]);
+}
 
 class PrefixCache {
  public:
@@ -72,9 +92,11 @@ class PrefixCache {
   Result<Allocation> acquire(std::span<const BlockHash> hashes, uint32_t fresh_count,
                              uint32_t query_blocks_count = 0, Query query = Query::prompt);
 
-  // A private block the caller owns has been filled with the full block `hash`: cache it.
+  // A private block the caller owns has been filled with the full block `hash`: cache it,
+  // under the cached block of `parent` (the previous block of its chain; nullopt: the first).
   // Preconditions (asserted): block is referenced and not cached.
-  CommitOutcome commit(BlockIndex block, const BlockHash& hash);
+  CommitOutcome commit(BlockIndex block, const BlockHash& hash,
+                       const std::optional<BlockHash>& parent = std::nullopt);
 
   // Drops one reference per listed block, from last to first. A block reaching ref_count 0
   // becomes evictable (cached) or free (private). Preconditions (asserted): each listed
@@ -87,6 +109,11 @@ class PrefixCache {
 
   CacheEvents drain_events();  // and starts a new window
   bool has_events() const { return !pending_events_.empty(); }
+  // Everything cached, as `stored` events in chain order (removed empty), and starts a new
+  // event window (what was pending is part of the snapshot). O(cached log cached).
+  CacheEvents snapshot();
+  // Whether `hash` is cached (reachable by match()).
+  bool holds(const BlockHash& hash) const { return by_hash_.contains(hash); }
 
   uint32_t blocks_count() const { return static_cast<uint32_t>(blocks_.size()); }
   uint32_t block_tokens() const { return block_tokens_; }
@@ -113,12 +140,25 @@ class PrefixCache {
     BlockHash hash{};
     BlockIndex lru_prev = none_;  // valid only while evictable
     BlockIndex lru_next = none_;
+    // While cached: the chain. parent: the cached block of the parent hash (none_: a first
+    // block); children: the cached blocks under this one, an intrusive sibling list.
+    BlockIndex parent = none_;
+    uint32_t depth = 0;  // 0 for a first block
+    BlockIndex first_child = none_;
+    BlockIndex next_sibling = none_;
+    BlockIndex prev_sibling = none_;
   };
 
   BlockIndex take_fresh();
   void lru_push_back(BlockIndex block);
   void lru_unlink(BlockIndex block);
   void note_event(const BlockHash& hash, int delta);
+  // Uncaches `block` and its cached descendants (events, chain links); descendants with no
+  // reference go back to the free list. `block` itself is left to the caller.
+  void uncache_subtree(BlockIndex block);
+  void unlink_child(BlockIndex block);
+  // The stored events for `hashes` (all cached), sorted by depth, with their parents.
+  void fill_stored(std::vector<BlockHash> hashes, CacheEvents& out) const;
 
   std::vector<Block> blocks_;
   std::vector<BlockIndex> free_;  // stack
@@ -130,7 +170,7 @@ class PrefixCache {
   std::unordered_map<BlockHash, BlockIndex, BlockHashHasher> by_hash_;  // <= blocks_count
   std::unordered_map<BlockHash, int, BlockHashHasher> pending_events_;  // <= 2 x blocks_count
   // acquire()'s scratch (reused: no allocation once warm), each <= the hashes offered.
-  std::vector<BlockIndex> matched_scratch_, distinct_scratch_;
+  std::vector<BlockIndex> matched_scratch_, distinct_scratch_, subtree_scratch_;
   PrefixCacheCounters counters_;
 };
 

@@ -309,7 +309,9 @@ void DecodeScheduler::commit_prompt_blocks(Seq& s) {
   auto full = std::min<uint32_t>(s.computed_tokens_count / config_.block_tokens,
                                  static_cast<uint32_t>(s.input.block_hashes.size()));
   for (uint32_t i = s.committed_blocks_count; i < full; ++i) {
-    (void)cache_.commit(s.blocks[i], s.input.block_hashes[i]);  // duplicate: stays private
+    // duplicate or orphan: stays private
+    (void)cache_.commit(s.blocks[i], s.input.block_hashes[i],
+                        kv::chain_parent(s.input.block_hashes, i));
   }
   s.committed_blocks_count = std::max(s.committed_blocks_count, full);
   RT_ASSERT(s.committed_blocks_count <= s.blocks.size(), s.input.id);

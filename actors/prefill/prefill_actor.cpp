@@ -332,7 +332,8 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   size_t loaded = 0;
   while (in_time && loaded < w.fresh.size() && w.read_ok[loaded] == 1) ++loaded;
   for (size_t i = 0; i < loaded; ++i) {
-    (void)st.cache->commit(w.fresh[i], w.core.block_hashes[w.device_hit + i]);
+    (void)st.cache->commit(w.fresh[i], w.core.block_hashes[w.device_hit + i],
+                           kv::chain_parent(w.core.block_hashes, w.device_hit + i));
   }
   st.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
   st.cache->release(w.head);

@@ -147,7 +147,9 @@ void PrefillScheduler::commit_full_blocks(Request& r) {
   auto full = std::min<uint32_t>(r.computed_tokens_count / config_.block_tokens,
                                  static_cast<uint32_t>(r.input.block_hashes.size()));
   for (uint32_t i = r.committed_blocks_count; i < full; ++i) {
-    (void)cache_.commit(r.blocks[i], r.input.block_hashes[i]);  // duplicate: stays private
+    // duplicate or orphan: stays private
+    (void)cache_.commit(r.blocks[i], r.input.block_hashes[i],
+                        kv::chain_parent(r.input.block_hashes, i));
   }
   r.committed_blocks_count = std::max(r.committed_blocks_count, full);
   RT_ASSERT(r.committed_blocks_count <= r.blocks.size(), r.committed_blocks_count);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <span>
 #include <random>
 #include <set>
 #include <vector>
@@ -262,4 +264,182 @@ TEST_CASE("randomized: invariants hold after every operation and usage returns t
   CHECK(cache.counters().hit_blocks_count > 0);
   CHECK(cache.counters().evictions_count > 0);
   CHECK(cache.counters().overloaded_count > 0);
+}
+
+// ---- Chains (issue 13, precise events): a cached block's parent is always cached. ----
+
+namespace {
+
+// Acquires what `hashes` lacks and commits it in chain order, as the schedulers do.
+std::vector<BlockIndex> fill_chain(PrefixCache& cache, const std::vector<BlockHash>& hashes) {
+  uint32_t matched = cache.match(hashes);
+  auto a = cache.acquire(std::span(hashes).first(matched),
+                         static_cast<uint32_t>(hashes.size()) - matched);
+  REQUIRE(a.ok());
+  for (size_t i = matched; i < hashes.size(); ++i) {
+    (void)cache.commit(a->fresh[i - matched], hashes[i], tandem::kv::chain_parent(hashes, i));
+  }
+  std::vector<BlockIndex> all = a->cached;
+  all.insert(all.end(), a->fresh.begin(), a->fresh.end());
+  cache.check_invariants();
+  return all;
+}
+
+// What a receiver of the events rebuilds (the router's semantics): a removed hash drops its
+// subtree; a stored hash is kept when its parent is kept (or it is a first block).
+struct ShadowTree {
+  std::map<BlockHash, std::optional<BlockHash>> parent_of;
+  void apply(const tandem::kv::CacheEvents& ev) {
+    for (const auto& r : ev.removed) drop(r);
+    REQUIRE(ev.stored.size() == ev.stored_parents.size());
+    for (size_t i = 0; i < ev.stored.size(); ++i) {
+      const auto& parent = ev.stored_parents[i];
+      CHECK_FALSE(parent_of.contains(ev.stored[i]));
+      if (parent && !parent_of.contains(*parent)) {
+        FAIL_CHECK("a stored block listed before its parent");
+        continue;
+      }
+      parent_of[ev.stored[i]] = parent;
+    }
+  }
+  // (`removed` lists an evicted block's descendants too: the first drop took them.)
+  void drop(const BlockHash& hash) {
+    if (parent_of.erase(hash) == 0) return;
+    std::vector<BlockHash> children;
+    for (const auto& [child, parent] : parent_of) {
+      if (parent == hash) children.push_back(child);
+    }
+    for (const auto& c : children) drop(c);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a commit under a parent hash that is not cached is an orphan and stays private") {
+  PrefixCache cache(4, 16);
+  auto a = cache.acquire({}, 2);
+  REQUIRE(a.ok());
+  CHECK(cache.commit(a->fresh[1], h(2), h(1)) == CommitOutcome::orphan);
+  CHECK_FALSE(cache.is_cached(a->fresh[1]));
+  CHECK(cache.commit(a->fresh[0], h(1)) == CommitOutcome::stored);
+  CHECK(cache.drain_events().stored == std::vector<BlockHash>{h(1)});
+  cache.release(a->fresh);
+  CHECK(cache.blocks_free_count() == 3);  // the orphan went back to the free list
+  cache.check_invariants();
+}
+
+TEST_CASE("evicting a block uncaches its cached descendants: none is left unreachable") {
+  // Two prompts race on the same chain [1, 2]: y commits block 1 first, x's block 1 is a
+  // duplicate, x's block 2 is cached under y's block 1. y releases first, so its block 1 is
+  // older in the LRU than x's block 2.
+  PrefixCache cache(3, 16);
+  auto x = cache.acquire({}, 2);
+  auto y = cache.acquire({}, 1);
+  REQUIRE((x.ok() && y.ok()));
+  CHECK(cache.commit(y->fresh[0], h(1)) == CommitOutcome::stored);
+  CHECK(cache.commit(x->fresh[0], h(1)) == CommitOutcome::duplicate);
+  CHECK(cache.commit(x->fresh[1], h(2), h(1)) == CommitOutcome::stored);
+  (void)cache.drain_events();
+  cache.release(y->fresh);
+  cache.release(x->fresh);  // x's block 1 (a duplicate) is free; block 2 evictable
+  CHECK(cache.blocks_evictable_count() == 2);
+  auto z = cache.acquire({}, 2);  // the free block, then the LRU head (block 1)
+  REQUIRE(z.ok());
+  cache.check_invariants();
+  CHECK(cache.match(chain(1, 2)) == 0);
+  CHECK_FALSE(cache.holds(h(2)));  // not left cached without its parent
+  CHECK(cache.blocks_cached_count() == 0);
+  CHECK(cache.blocks_free_count() == 1);  // block 2 went back to the free list
+  CHECK(cache.counters().unreachable_count == 1);
+  auto ev = cache.drain_events();
+  CHECK(std::set<BlockHash>(ev.removed.begin(), ev.removed.end()) ==
+        std::set<BlockHash>{h(1), h(2)});
+}
+
+TEST_CASE("a referenced descendant of an evicted block turns private and is freed on release") {
+  PrefixCache cache(3, 16);
+  auto x = cache.acquire({}, 2);
+  auto y = cache.acquire({}, 1);
+  REQUIRE((x.ok() && y.ok()));
+  CHECK(cache.commit(y->fresh[0], h(1)) == CommitOutcome::stored);
+  CHECK(cache.commit(x->fresh[0], h(1)) == CommitOutcome::duplicate);
+  CHECK(cache.commit(x->fresh[1], h(2), h(1)) == CommitOutcome::stored);
+  cache.release(y->fresh);         // y's block 1: evictable; x still holds its block 2
+  auto z = cache.acquire({}, 1);  // nothing free: evicts y's block 1, under which x's 2 hangs
+  REQUIRE(z.ok());
+  CHECK_FALSE(cache.is_cached(x->fresh[1]));
+  CHECK(cache.ref_count(x->fresh[1]) == 1);
+  cache.check_invariants();
+  cache.release(x->fresh);
+  CHECK(cache.blocks_free_count() == 2);
+  cache.check_invariants();
+}
+
+TEST_CASE("events list stored blocks in chain order with their parents; snapshot lists all") {
+  PrefixCache cache(8, 16);
+  auto a = fill_chain(cache, chain(1, 3));
+  auto b = fill_chain(cache, {h(1), h(2), h(9)});  // shares [1, 2], adds 9 under 2
+  auto ev = cache.drain_events();
+  ShadowTree shadow;
+  shadow.apply(ev);
+  REQUIRE(ev.stored.size() == 4);
+  CHECK(ev.stored[0] == h(1));
+  CHECK_FALSE(ev.stored_parents[0].has_value());
+  CHECK(ev.stored[1] == h(2));
+  CHECK(ev.stored_parents[1] == h(1));
+  CHECK(ev.stored_parents[2] == h(2));
+  CHECK(ev.stored_parents[3] == h(2));
+  auto snap = cache.snapshot();
+  CHECK(snap.removed.empty());
+  ShadowTree rebuilt;
+  rebuilt.apply(snap);
+  CHECK(rebuilt.parent_of == shadow.parent_of);
+  CHECK_FALSE(cache.has_events());
+  cache.release(a);
+  cache.release(b);
+}
+
+TEST_CASE("randomized chains: events applied with subtree removal rebuild the cache exactly") {
+  for (uint32_t seed : {7u, 8u, 9u, 10u}) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    PrefixCache cache(24, 16);
+    std::vector<std::vector<BlockIndex>> held;
+    ShadowTree shadow;
+    for (int op = 0; op < 6000; ++op) {
+      uint32_t kind = rng() % 10;
+      if (kind < 5) {
+        // Documents share heads: doc d's chain is [d/3 * 100 .., then d's own blocks] (a
+        // hash names its whole chain, as chained hashes do: d's head length is fixed).
+        uint32_t doc = rng() % 9, blocks = 1 + rng() % 7;
+        std::vector<BlockHash> hashes = chain((doc / 3) * 100, 1 + doc % 2);
+        for (uint32_t i = 0; i < blocks; ++i) hashes.push_back(h(1000 + doc * 50 + i));
+        uint32_t matched = cache.match(hashes);
+        auto a = cache.acquire(std::span(hashes).first(matched),
+                               static_cast<uint32_t>(hashes.size()) - matched);
+        if (!a.ok()) continue;
+        // Commit a random-length prefix of the fresh blocks, sometimes out of a race's order.
+        size_t commit_to = matched + rng() % (hashes.size() - matched + 1);
+        for (size_t i = matched; i < commit_to; ++i) {
+          (void)cache.commit(a->fresh[i - matched], hashes[i],
+                             tandem::kv::chain_parent(hashes, i));
+        }
+        std::vector<BlockIndex> all = a->cached;
+        all.insert(all.end(), a->fresh.begin(), a->fresh.end());
+        held.push_back(all);
+      } else if (!held.empty()) {
+        size_t pick = rng() % held.size();
+        cache.release(held[pick]);
+        held.erase(held.begin() + static_cast<long>(pick));
+      }
+      cache.check_invariants();
+      if (op % 13 == 0) {
+        shadow.apply(cache.drain_events());
+        REQUIRE(shadow.parent_of.size() == cache.blocks_cached_count());
+        for (const auto& [hash, parent] : shadow.parent_of) CHECK(cache.holds(hash));
+      }
+    }
+    for (const auto& blocks : held) cache.release(blocks);
+    CHECK(cache.counters().evictions_count > 0);
+  }
 }

@@ -1560,7 +1560,8 @@ void Sim::on_tier2_read_done(uint32_t p, uint64_t seq) {
       return violate(inst.stats.name + " loaded a corrupt block from tier 2 (" +
                      nodes_[sn].name + "'s store served it without a passing checksum)");
     }
-    (void)inst.cache->commit(w.fresh[k], w.core.block_hashes[w.device_hit + k]);
+    (void)inst.cache->commit(w.fresh[k], w.core.block_hashes[w.device_hit + k],
+                             kv::chain_parent(w.core.block_hashes, w.device_hit + k));
   }
   inst.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
   inst.cache->release(w.head);
