@@ -276,6 +276,7 @@ constexpr std::array<std::string_view, 5> log_levels = {"trace", "debug", "info"
                                                         "error"};
 constexpr ChatFormat chat_formats_all[] = {ChatFormat::auto_detect, ChatFormat::plain,
                                            ChatFormat::chatml, ChatFormat::minimax_m2};
+constexpr KvIndexMode kv_index_modes_all[] = {KvIndexMode::approximate, KvIndexMode::precise};
 constexpr RouterPolicy router_policies_all[] = {RouterPolicy::prefix_aware,
                                                 RouterPolicy::round_robin, RouterPolicy::random};
 constexpr SpeculativeMethod speculative_methods_all[] = {
@@ -551,10 +552,12 @@ void Loader::read_router(const toml::table& table) {
                      {"policy", "weight_prefix", "weight_queue", "weight_kv_usage",
                       "prefix_index_blocks_max", "disaggregate_tokens_min", "load_imbalance_max",
                       "prefill_load_imbalance_max", "prefill_by_work", "tier2_weight",
-                      "tier2_remote_weight", "tier2_index_blocks_max", "kv_resync_interval_ms"});
+                      "tier2_remote_weight", "tier2_index_blocks_max", "kv_resync_interval_ms",
+                      "kv_index"});
   RouterSection& router = manifest_.router;
   constexpr double weight_max = 1e6;
   reader.read_enum("policy", router_policies_all, router.policy);
+  reader.read_enum("kv_index", kv_index_modes_all, router.kv_index);
   bool weights_ok = reader.read_double("weight_prefix", 0.0, weight_max, router.weight_prefix);
   weights_ok &= reader.read_double("weight_queue", 0.0, weight_max, router.weight_queue);
   weights_ok &= reader.read_double("weight_kv_usage", 0.0, weight_max, router.weight_kv_usage);

@@ -86,8 +86,16 @@ struct ModelSection {
 // Sections that later work fills in. They exist now so that unknown sections stay errors.
 enum class RouterPolicy { prefix_aware, round_robin, random };
 std::string_view to_string(RouterPolicy policy);  // "prefix-aware", "round-robin", "random"
+// How the router knows what each instance's device cache holds: `approximate` records its
+// own picks (the blocks a picked instance will hold) and drops what instances report evicted;
+// `precise` builds it only from the instances' numbered KV events (stored and removed), exact
+// up to the events in flight, with a resync from a snapshot after a gap or restart.
+enum class KvIndexMode { approximate, precise };
+std::string_view to_string(KvIndexMode mode);  // "approximate", "precise"
+
 struct RouterSection {
   RouterPolicy policy = RouterPolicy::prefix_aware;
+  KvIndexMode kv_index = KvIndexMode::approximate;
   double weight_prefix = 1.0;       // [0, inf)
   double weight_queue = 1.0;
   double weight_kv_usage = 1.0;

@@ -58,6 +58,15 @@ std::string_view to_string(ChatFormat format) {
   return {};
 }
 
+std::string_view to_string(KvIndexMode mode) {
+  switch (mode) {
+    case KvIndexMode::approximate: return "approximate";
+    case KvIndexMode::precise: return "precise";
+  }
+  RT_ASSERT(false, "unknown KvIndexMode", static_cast<int>(mode));
+  return {};
+}
+
 std::string_view to_string(RouterPolicy policy) {
   switch (policy) {
     case RouterPolicy::prefix_aware: return "prefix-aware";
@@ -222,7 +231,8 @@ std::string summarize(const Manifest& m) {
   out += "          block " + std::to_string(m.model.block_tokens) + " tokens, context " +
          std::to_string(m.model.max_model_tokens) + " tokens, chat format " +
          std::string(to_string(m.model.chat_format)) + "\n";
-  out += "router    " + std::string(to_string(m.router.policy)) + "; speculative " +
+  out += "router    " + std::string(to_string(m.router.policy)) + ", " +
+         std::string(to_string(m.router.kv_index)) + " KV index; speculative " +
          std::string(to_string(m.speculative.method)) + "\n";
   out += tier2_text(m.kv_offload);
   out += gateway_text(m.gateway);

@@ -29,6 +29,36 @@ void set_hashes(capnp::List<capnp::Data>::Builder list, const std::vector<kv::Bl
   }
 }
 
+Result<std::vector<std::optional<kv::BlockHash>>> get_parent_hashes(
+    capnp::List<capnp::Data>::Reader list) {
+  std::vector<std::optional<kv::BlockHash>> out;
+  out.reserve(list.size());
+  for (unsigned i = 0; i < list.size(); ++i) {
+    auto data = list[i];
+    if (data.size() == 0) {
+      out.emplace_back();
+      continue;
+    }
+    if (data.size() != sizeof(kv::BlockHash::bytes)) {
+      return make_error(ErrorKind::invalid, "storedParents[" + std::to_string(i) + "] has " +
+                                                std::to_string(data.size()) +
+                                                " bytes, expected 32 or 0");
+    }
+    kv::BlockHash hash;
+    std::memcpy(hash.bytes.data(), data.begin(), hash.bytes.size());
+    out.emplace_back(hash);
+  }
+  return out;
+}
+
+void set_parent_hashes(capnp::List<capnp::Data>::Builder list,
+                       std::span<const std::optional<kv::BlockHash>> parents) {
+  RT_ASSERT(list.size() == parents.size(), list.size(), parents.size());
+  for (unsigned i = 0; i < parents.size(); ++i) {
+    if (parents[i]) list.set(i, kj::arrayPtr(parents[i]->bytes.data(), parents[i]->bytes.size()));
+  }
+}
+
 capnp::List<capnp::Data>::Builder init_hashes(
     const std::function<capnp::List<capnp::Data>::Builder(unsigned)>& init,
     const std::vector<kv::BlockHash>& hashes) {

@@ -3,6 +3,7 @@
 // assertion.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,11 @@ namespace tandem::messages {
 
 Result<std::vector<kv::BlockHash>> get_hashes(capnp::List<capnp::Data>::Reader list);
 void set_hashes(capnp::List<capnp::Data>::Builder list, const std::vector<kv::BlockHash>& hashes);
+// Parent hashes (KvEvents.storedParents): an empty Data is nullopt (a chain's first block).
+Result<std::vector<std::optional<kv::BlockHash>>> get_parent_hashes(
+    capnp::List<capnp::Data>::Reader list);
+void set_parent_hashes(capnp::List<capnp::Data>::Builder list,
+                       std::span<const std::optional<kv::BlockHash>> parents);
 capnp::List<capnp::Data>::Builder init_hashes(
     const std::function<capnp::List<capnp::Data>::Builder(unsigned)>& init,
     const std::vector<kv::BlockHash>& hashes);

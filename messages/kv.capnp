@@ -37,20 +37,24 @@ struct KvPullDone {
   ok @1 :Bool;
 }
 
-# Prefill/decode/kv-offload -> router: blocks entered or left an instance's cache (tier 1:
-# prefill and decode send `removed` only, unnumbered) or a node's tier 2 (kv-offload; precise:
-# numbered frames, see actors/router/kv_sequence.hpp).
+# Prefill/decode/kv-offload -> router: blocks entered or left an instance's cache (tier 1)
+# or a node's tier 2 (kv-offload). Precise: numbered frames, see actors/router/kv_sequence.hpp;
+# a frame's `removed` applies before its `stored`, and `stored` is in chain order.
 struct KvEvents {
   instance @0 :Text;
   stored @1 :List(Data);      # block hashes
   removed @2 :List(Data);
   allCleared @3 :Bool;        # the source's view starts over (a snapshot's first frame)
   tier @4 :UInt8;             # 0 or 1: a device cache; 2: tier 2
-  sequence @5 :UInt64;        # tier 2: 1, 2, 3, ... per source incarnation (the envelope's)
+  sequence @5 :UInt64;        # 1, 2, 3, ... per source incarnation (the envelope's)
+  # Tier 1: stored[i]'s parent hash (the previous block of its chain), parallel to stored;
+  # an empty Data: the first block of a chain.
+  storedParents @6 :List(Data);
 }
 
-# Router -> kv-offload: the router lost track of this source's events (a gap, a restart, or
-# it never heard them): send a snapshot (allCleared, then what tier 2 holds, numbered).
+# Router -> kv-offload, prefill or decode: the router lost track of this source's events (a
+# gap, a restart, or it never heard them): send a snapshot (allCleared, then what the source
+# holds, numbered).
 struct KvResync {
   reason @0 :Text;
 }

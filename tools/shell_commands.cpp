@@ -188,11 +188,12 @@ int cmd_debug_crash(ShellContext& ctx, const std::vector<std::string>& args) {
 
 // TEST HOOK: answered only by nodes started with `tandem node --test-hooks`.
 int cmd_debug_drop_kv_events(ShellContext& ctx, const std::vector<std::string>& args) {
-  if (args.size() != 2) {
-    std::printf("usage: debug-drop-kv-events NODE N\n");
+  if (args.size() != 2 && args.size() != 3) {
+    std::printf("usage: debug-drop-kv-events NODE N [tier2|device]\n");
     return 1;
   }
-  return print_answer(ctx.client->admin(args[0], "debug-drop-kv-events", {args[1]}, ctx.timeout),
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  return print_answer(ctx.client->admin(args[0], "debug-drop-kv-events", rest, ctx.timeout),
                       false);
 }
 
@@ -227,8 +228,8 @@ const std::vector<ShellCommand>& shell_commands() {
       {"tier2", "tier2 drop NODE", "remove every tier-2 block of NODE (durable)", cmd_tier2},
       {"debug-crash", "debug-crash NODE ACTOR",
        "TEST HOOK (nodes run with --test-hooks): crash a supervised actor", cmd_debug_crash},
-      {"debug-drop-kv-events", "debug-drop-kv-events NODE N",
-       "TEST HOOK (nodes run with --test-hooks): lose NODE's next N tier-2 KV event frames",
+      {"debug-drop-kv-events", "debug-drop-kv-events NODE N [tier2|device]",
+       "TEST HOOK (nodes run with --test-hooks): lose NODE's next N KV event frames",
        cmd_debug_drop_kv_events},
       {"help", "help", "this list", cmd_help},
       {"quit", "quit", "leave the shell (also: exit, Ctrl-D)", cmd_quit},

@@ -139,12 +139,15 @@ InstanceMetrics::InstanceMetrics(obs::Registry& registry, const std::string& ins
                                  "prompt tokens looked up in the prefix cache", labels_);
   hits_tokens_ = make_counter(registry, "tandem:prefix_cache_hits_total",
                               "prompt tokens found in the prefix cache", labels_);
+  cached_blocks_ = make_gauge(registry, "tandem:prefix_cache_blocks",
+                              "blocks the prefix cache holds (reachable by a prompt)", labels_);
 }
 
 void InstanceMetrics::refresh(const kv::PrefixCache& cache, uint32_t waiting, uint32_t running) {
   waiting_->set(waiting);
   running_->set(running);
   kv_usage_->set(double(cache.blocks_used_count()) / cache.blocks_count());
+  cached_blocks_->set(cache.blocks_cached_count());
   const auto& c = cache.counters();
   RT_ASSERT(c.query_tokens_count >= queries_seen_ && c.hit_tokens_count >= hits_seen_);
   queries_tokens_->inc(c.query_tokens_count - queries_seen_);
@@ -165,11 +168,17 @@ KvEventReporter::KvEventReporter(const ShellContext& ctx, messages::ActorName se
   hashes_per_frame_ = std::max<size_t>(1, (frame > 1024 ? frame - 1024 : 0) / 40);
 }
 
-void KvEventReporter::send_frame(bool stored_list, std::span<const kv::BlockHash> hashes,
-                                 uint8_t tier, bool all_cleared, uint64_t sequence) {
-  RT_ASSERT(hashes.size() <= hashes_per_frame_, hashes.size());
+void KvEventReporter::send_frame(uint8_t tier, bool all_cleared, uint64_t sequence,
+                                 std::span<const kv::BlockHash> stored,
+                                 std::span<const std::optional<kv::BlockHash>> parents,
+                                 std::span<const kv::BlockHash> removed) {
+  RT_ASSERT(parents.empty() || parents.size() == stored.size(), parents.size(), stored.size());
+  RT_ASSERT(stored.size() + parents.size() + removed.size() <= hashes_per_frame_,
+            stored.size(), removed.size());
+  sent_at_ = std::chrono::steady_clock::now();
   std::string instance = self_.to_string();
-  std::vector<kv::BlockHash> part(hashes.begin(), hashes.end());
+  std::vector<kv::BlockHash> stored_part(stored.begin(), stored.end());
+  std::vector<kv::BlockHash> removed_part(removed.begin(), removed.end());
   for (const auto& router : routers_) {
     Status sent = ctx_.bridge->send(self_, router, 0, [&](wire::Envelope::Builder b) {
       auto ev = b.getBody().initKvEvents();
@@ -177,9 +186,18 @@ void KvEventReporter::send_frame(bool stored_list, std::span<const kv::BlockHash
       ev.setTier(tier);
       ev.setSequence(sequence);
       ev.setAllCleared(all_cleared);
-      auto list = stored_list ? ev.initStored(static_cast<unsigned>(part.size()))
-                              : ev.initRemoved(static_cast<unsigned>(part.size()));
-      messages::set_hashes(list, part);
+      if (!stored_part.empty()) {
+        messages::set_hashes(ev.initStored(static_cast<unsigned>(stored_part.size())),
+                             stored_part);
+      }
+      if (!parents.empty()) {
+        messages::set_parent_hashes(ev.initStoredParents(static_cast<unsigned>(parents.size())),
+                                    parents);
+      }
+      if (!removed_part.empty()) {
+        messages::set_hashes(ev.initRemoved(static_cast<unsigned>(removed_part.size())),
+                             removed_part);
+      }
     });
     if (!sent.ok()) {
       ctx_.log->debug("{}: KV events for {} not sent: {}", instance, router.to_string(),
@@ -188,20 +206,48 @@ void KvEventReporter::send_frame(bool stored_list, std::span<const kv::BlockHash
   }
 }
 
-void KvEventReporter::flush(kv::PrefixCache& cache) {
-  if (!cache.has_events()) return;
-  kv::CacheEvents events = cache.drain_events();
-  if (events.removed.empty() || routers_.empty()) return;
+void KvEventReporter::send_device(const kv::CacheEvents& events, bool snapshot) {
+  bool cleared = snapshot;
   std::span<const kv::BlockHash> removed(events.removed);
+  std::span<const kv::BlockHash> stored(events.stored);
+  std::span<const std::optional<kv::BlockHash>> parents(events.stored_parents);
+  RT_ASSERT(stored.size() == parents.size(), stored.size(), parents.size());
+  RT_ASSERT(!snapshot || removed.empty(), removed.size());
+  // A snapshot of nothing is still a frame: it tells the router this source holds nothing.
+  if (snapshot && stored.empty()) {
+    send_frame(1, true, ++sequence_, {}, {}, {});
+    return;
+  }
   for (size_t at = 0; at < removed.size(); at += hashes_per_frame_) {
     size_t n = std::min(hashes_per_frame_, removed.size() - at);
-    send_frame(false, removed.subspan(at, n), 1, false, 0);
+    send_frame(1, false, ++sequence_, {}, {}, removed.subspan(at, n));
   }
-  removed_count_ += events.removed.size();
+  size_t per_frame = std::max<size_t>(1, hashes_per_frame_ / 2);  // a hash and its parent
+  for (size_t at = 0; at < stored.size(); at += per_frame) {
+    size_t n = std::min(per_frame, stored.size() - at);
+    send_frame(1, cleared, ++sequence_, stored.subspan(at, n), parents.subspan(at, n), {});
+    cleared = false;
+  }
+}
+
+void KvEventReporter::flush(kv::PrefixCache& cache) {
+  if (snapshot_due_ || cache.has_events()) {
+    bool snapshot = snapshot_due_;
+    snapshot_due_ = false;
+    kv::CacheEvents events = snapshot ? cache.snapshot() : cache.drain_events();
+    removed_count_ += events.removed.size();
+    stored_count_ += events.stored.size();
+    if (!routers_.empty()) send_device(events, snapshot);
+    return;
+  }
+  auto idle = std::chrono::milliseconds(ctx_.manifest->router.kv_resync_interval_ms) / 2;
+  if (!routers_.empty() && std::chrono::steady_clock::now() - sent_at_ >= idle) {
+    send_frame(1, false, sequence_, {}, {}, {});  // keepalive
+  }
 }
 
 void KvEventReporter::send_tier2_keepalive() {
-  if (!routers_.empty()) send_frame(true, {}, 2, false, sequence_);
+  if (!routers_.empty()) send_frame(2, false, sequence_, {}, {}, {});
 }
 
 void KvEventReporter::send_tier2(std::span<const kv::BlockHash> stored,
@@ -210,17 +256,17 @@ void KvEventReporter::send_tier2(std::span<const kv::BlockHash> stored,
   bool cleared = snapshot;
   // A snapshot of nothing is still a frame: it tells the router this source holds nothing.
   if (snapshot && stored.empty()) {
-    send_frame(true, {}, 2, true, ++sequence_);
+    send_frame(2, true, ++sequence_, {}, {}, {});
     cleared = false;
   }
   for (size_t at = 0; at < stored.size(); at += hashes_per_frame_) {
     size_t n = std::min(hashes_per_frame_, stored.size() - at);
-    send_frame(true, stored.subspan(at, n), 2, cleared, ++sequence_);
+    send_frame(2, cleared, ++sequence_, stored.subspan(at, n), {}, {});
     cleared = false;
   }
   for (size_t at = 0; at < removed.size(); at += hashes_per_frame_) {
     size_t n = std::min(hashes_per_frame_, removed.size() - at);
-    send_frame(false, removed.subspan(at, n), 2, false, ++sequence_);
+    send_frame(2, false, ++sequence_, {}, {}, removed.subspan(at, n));
   }
   RT_ASSERT(!cleared, "a snapshot sends its allCleared frame");
 }

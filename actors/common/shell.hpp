@@ -127,22 +127,29 @@ class InstanceMetrics {
   obs::Gauge* kv_usage_;
   obs::Counter* queries_tokens_;
   obs::Counter* hits_tokens_;
+  obs::Gauge* cached_blocks_;
   uint64_t queries_seen_ = 0, hits_seen_ = 0;
 };
 
-// Tells every router of the cluster which blocks left this instance's prefix cache since the
-// last flush (evictions), so their prefix index stops counting them. Without it a router keeps
-// believing an evicted prefix is cached: it sends the prompt's next turn to an instance that
-// recomputes it, and skips P/D for it. Blocks that entered are not sent (the router recorded
-// them when it picked the instance). A router that cannot be reached misses the events; one
-// that restarts starts with an empty index. `tandem sim` applies the same removals.
+// Tells every router of the cluster what this instance's prefix cache holds: numbered frames
+// of stored (with parents) and removed blocks, so a router in precise mode ([router] kv_index)
+// keeps an exact index of it, and one in approximate mode stops counting evicted blocks
+// (it records stored ones from its own picks). A router that misses a frame or restarts asks
+// for a snapshot (KvResync). `tandem sim` applies the same events.
 class KvEventReporter {
  public:
   KvEventReporter(const ShellContext& ctx, messages::ActorName self);
-  // Drains the cache's events and sends the removals, in frames that fit the manifest's
-  // frame_bytes_max. Costs nothing when the cache has no events.
+  // Tier 1 (prefill, decode): precise events of the instance's prefix cache. Drains the
+  // cache's events and sends them to every router as numbered frames (1, 2, ... in this
+  // process) that fit the manifest's frame_bytes_max: removals, then stored blocks in chain
+  // order with their parents. The first flush, and the first after request_snapshot(), sends
+  // a snapshot instead (allCleared, then everything cached). With nothing to send for half of
+  // router.kv_resync_interval_ms it sends a keepalive (unnumbered, naming the last frame),
+  // so a router that lost the last frame finds out. Call it after each change and on a tick.
   void flush(kv::PrefixCache& cache);
-  uint64_t removed_count() const { return removed_count_; }  // hashes sent, per router
+  void request_snapshot() { snapshot_due_ = true; }  // a router asked (KvResync)
+  uint64_t removed_count() const { return removed_count_; }  // hashes drained as removed
+  uint64_t stored_count() const { return stored_count_; }    // ... as stored (snapshots too)
 
   // Precise tier-2 events (kv-offload): numbered frames (1, 2, ... in this process) to every
   // router, stored and removed in separate frames, in that order. snapshot: the first frame
@@ -155,16 +162,22 @@ class KvEventReporter {
   uint64_t sequence() const { return sequence_; }
 
  private:
-  // One frame to every router; stored_list false: the hashes are removals.
-  void send_frame(bool stored_list, std::span<const kv::BlockHash> hashes, uint8_t tier,
-                  bool all_cleared, uint64_t sequence);
+  // One frame to every router. parents: empty, or parallel to stored (tier 1).
+  void send_frame(uint8_t tier, bool all_cleared, uint64_t sequence,
+                  std::span<const kv::BlockHash> stored,
+                  std::span<const std::optional<kv::BlockHash>> parents,
+                  std::span<const kv::BlockHash> removed);
+  void send_device(const kv::CacheEvents& events, bool snapshot);
 
   ShellContext ctx_;
   messages::ActorName self_;
   std::vector<messages::ActorName> routers_;
   size_t hashes_per_frame_ = 0;
   uint64_t removed_count_ = 0;
+  uint64_t stored_count_ = 0;
   uint64_t sequence_ = 0;
+  bool snapshot_due_ = true;  // the first flush tells the routers where this source starts
+  std::chrono::steady_clock::time_point sent_at_{};  // the last frame (keepalive cadence)
 };
 
 // Whether a prefill instance's tier-2 cost rule reads from its node's / another node's tier 2

@@ -97,7 +97,7 @@ struct DecodeState {
   uint64_t seqs_created = 0;  // Seq::serial
   bool stepping = false;
   std::unique_ptr<DecodeMetrics> metrics;
-  std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
+  std::unique_ptr<KvEventReporter> kv_events;  // precise cache events to the routers
   // Requests cancelled because their tokens could not be sent: the error for the gateway is
   // retried every tick until it goes out (the gateway may be reachable again) or gives up.
   struct LostStream {
@@ -661,6 +661,12 @@ void on_frame(DecodeActor* self, const runtime::InboundFrame& in) {
       return prefill_failed(self, body.getError().getRequestId(), body.getError().getMessage());
     case wire::Envelope::Body::CANCEL:
       return on_cancel(self, body.getCancel().getRequestId());
+    case wire::Envelope::Body::KV_RESYNC:  // a router lost track of this cache's events
+      st.ctx.log->info("decode {}: KV snapshot for {} ({})", st.self_name.instance,
+                       messages::get_name(envelope.getSource()).to_string(),
+                       std::string(body.getKvResync().getReason()));
+      st.kv_events->request_snapshot();
+      return update_metrics(st);
     case wire::Envelope::Body::PING:
       return runtime::answer_ping(st.ctx.bridge, st.self_name, envelope);
     default:

@@ -76,7 +76,7 @@ struct PrefillState {
   std::unordered_map<uint64_t, Pending> pending;
   bool stepping = false;
   std::unique_ptr<InstanceMetrics> metrics;
-  std::unique_ptr<KvEventReporter> kv_events;  // evictions to the routers
+  std::unique_ptr<KvEventReporter> kv_events;  // precise cache events to the routers
   // Tier 2 (issue 13): this node's kv-offload instance when kv_offload.enabled.
   std::optional<ActorName> offload;
   obs::Counter* tier2_remote_lookups = nullptr;  // lookups sent to another node's kv-offload
@@ -516,6 +516,12 @@ void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
       update_metrics(st);
       return pump(self);
     }
+    case wire::Envelope::Body::KV_RESYNC:  // a router lost track of this cache's events
+      st.ctx.log->info("prefill {}: KV snapshot for {} ({})", st.self_name.instance,
+                       messages::get_name(envelope.getSource()).to_string(),
+                       std::string(body.getKvResync().getReason()));
+      st.kv_events->request_snapshot();
+      return update_metrics(st);
     case wire::Envelope::Body::PING:
       return runtime::answer_ping(st.ctx.bridge, st.self_name, envelope);
     default:

@@ -26,6 +26,11 @@ struct Known {
   // tandem_router_instance_eligible{instance=<router>, target=<node/role/instance>}: 1 while
   // this router may pick it (what an operator or a test waits for), 0 otherwise.
   obs::Gauge* eligible = nullptr;
+  // Precise KV index ([router] kv_index = "precise"): the instance's event stream.
+  std::optional<router::KvSequence> sequence;
+  obs::Counter* resyncs = nullptr;     // tandem_router_kv_resyncs_total{instance, source}
+  obs::Counter* gaps = nullptr;        // tandem_router_kv_event_gaps_total{instance, source}
+  obs::Gauge* index_blocks = nullptr;  // tandem_router_kv_index_blocks{instance, target}
 };
 
 // A node's tier 2 as a source of precise KV events: the first kv-offload instance of the node
@@ -55,6 +60,7 @@ struct RouterState {
   obs::Counter* tier2_remote = nullptr;    // ... of which on another node's tier 2
   std::vector<Tier2Source> tier2_sources;
   std::map<std::string, size_t> source_by_name;  // "node/kv-offload/instance" -> index
+  bool precise = false;  // [router] kv_index: the device index from events only
   static inline const char* name = "tandem.router";
 };
 
@@ -141,8 +147,22 @@ void add_instances(RouterState& st) {
           "1 while the router may pick the instance (its node is up and it reported ready)",
           {{"instance", st.self_name.instance}, {"target", name.to_string()}});
       eligible->set(0.0);
-      st.instances.push_back(
-          {name, core_role, node->name == st.ctx.bridge->node(), false, false, eligible});
+      Known known{name, core_role, node->name == st.ctx.bridge->node(), false, false, eligible};
+      if (st.precise) {
+        obs::Labels source = {{"instance", st.self_name.instance}, {"source", name.to_string()}};
+        known.sequence.emplace(std::chrono::milliseconds(m.router.kv_resync_interval_ms));
+        known.resyncs = make_counter(
+            *st.ctx.metrics, "tandem_router_kv_resyncs_total",
+            "snapshots asked of a KV event source (out of sync: gap, restart, new)", source);
+        known.gaps = make_counter(*st.ctx.metrics, "tandem_router_kv_event_gaps_total",
+                                  "numbered KV event frames that broke a synced stream", source);
+        known.index_blocks = make_gauge(
+            *st.ctx.metrics, "tandem_router_kv_index_blocks",
+            "blocks the router's index holds for a device cache (precise KV events)",
+            {{"instance", st.self_name.instance}, {"target", name.to_string()}});
+        known.index_blocks->set(0.0);
+      }
+      st.instances.push_back(std::move(known));
     }
   }
 }
@@ -180,7 +200,40 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
     }
   });
   // Reply first, then record where the blocks will be (same behavior: nothing in between).
-  st.core->record(request, *pick);
+  // Precise: the instances' events say what they hold, once they hold it.
+  if (!st.precise) st.core->record(request, *pick);
+}
+
+// Sends KvResync to `to` when its stream is out of sync and was not asked within the interval.
+void ask_resync(RouterState& st, const ActorName& to, router::KvSequence& sequence,
+                obs::Counter* resyncs, const std::string& reason) {
+  auto now = router::KvSequence::Clock::now();
+  if (!sequence.resync_due(now)) return;
+  sequence.resync_sent(now);
+  resyncs->inc();
+  Status sent = st.ctx.bridge->send(st.self_name, to, 0, [&](wire::Envelope::Builder b) {
+    b.getBody().initKvResync().setReason(reason);
+  });
+  if (!sent.ok()) {
+    st.ctx.log->debug("router: KvResync to {} not sent: {}", to.to_string(),
+                      sent.error().describe());
+  }
+}
+
+void ask_resync(RouterState& st, Tier2Source& source, const std::string& reason) {
+  ask_resync(st, source.name, source.sequence, source.resyncs, reason);
+}
+
+// A precise device source that is eligible but out of sync is asked for a snapshot.
+void ask_resync(RouterState& st, uint32_t i, const std::string& reason) {
+  Known& k = st.instances[i];
+  if (!k.sequence || !k.node_up || !k.ready || k.sequence->synced()) return;
+  ask_resync(st, k.name, *k.sequence, k.resyncs, reason);
+}
+
+void refresh_index_gauge(RouterState& st, uint32_t i) {
+  Known& k = st.instances[i];
+  if (k.index_blocks) k.index_blocks->set(static_cast<double>(st.core->index_blocks_count({i})));
 }
 
 // Applies a change of node state or readiness to the core; the core's view changes only
@@ -196,21 +249,13 @@ void set_eligibility(RouterState& st, uint32_t i, bool node_up, bool ready) {
   if (was != now) {
     Status s = st.core->set_up({i}, now);
     RT_ASSERT(s.ok(), i);
-  }
-}
-
-// Sends KvResync when the source is out of sync and was not asked within the interval.
-void ask_resync(RouterState& st, Tier2Source& source, const std::string& reason) {
-  auto now = router::KvSequence::Clock::now();
-  if (!source.sequence.resync_due(now)) return;
-  source.sequence.resync_sent(now);
-  source.resyncs->inc();
-  Status sent = st.ctx.bridge->send(st.self_name, source.name, 0, [&](wire::Envelope::Builder b) {
-    b.getBody().initKvResync().setReason(reason);
-  });
-  if (!sent.ok()) {
-    st.ctx.log->debug("router: KvResync to {} not sent: {}", source.name.to_string(),
-                      sent.error().describe());
+    // Precise: events that came while it was not eligible were not applied (and going down
+    // cleared its index): start over from a snapshot.
+    if (k.sequence) {
+      k.sequence->lost();
+      refresh_index_gauge(st, i);
+      if (now) ask_resync(st, i, k.name.to_string() + " became eligible");
+    }
   }
 }
 
@@ -255,24 +300,69 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
                               r.tier2_local_reads, r.tier2_remote_reads});
 }
 
-// Blocks evicted from an instance's prefix cache (KvEventReporter): the index drops them and
-// every deeper block of their chains for that instance. `stored` lists are not sent (the
-// index learns stored blocks from its own picks).
-void on_device_events(RouterState& st, wire::KvEvents::Reader ev) {
+// Events of an instance's prefix cache (KvEventReporter). Approximate: the index drops the
+// removed blocks and every deeper block of their chains (it learns stored blocks from its own
+// picks). Precise: numbered frames, applied only while they continue the stream (KvSequence):
+// removed, then stored in chain order under their parents; out of sync, the router forgets
+// the instance's index and asks it for a snapshot.
+void on_device_events(RouterState& st, wire::Envelope::Reader envelope) {
+  auto ev = envelope.getBody().getKvEvents();
   auto it = st.by_name.find(ev.getInstance());
   if (it == st.by_name.end()) {
     st.ctx.log->debug("router: KV events from unknown instance {}", std::string(ev.getInstance()));
     return;
   }
+  const uint32_t i = it->second;
+  Known& k = st.instances[i];
   auto removed = messages::get_hashes(ev.getRemoved());
-  if (!removed.ok()) {
-    st.ctx.log->warn("router: bad KV events from {}: {}", std::string(ev.getInstance()),
-                     removed.error().describe());
-    return;
+  auto stored = removed.ok() ? messages::get_hashes(ev.getStored()) : removed;
+  auto parents = messages::get_parent_hashes(ev.getStoredParents());
+  Status bad;
+  if (!removed.ok()) bad = removed.error();
+  else if (!stored.ok()) bad = stored.error();
+  else if (!parents.ok()) bad = parents.error();
+  else if (k.sequence && parents->size() != stored->size()) {
+    bad = make_error(ErrorKind::invalid, "storedParents has " + std::to_string(parents->size()) +
+                                             " entries for " + std::to_string(stored->size()) +
+                                             " stored blocks");
   }
-  Status applied = st.core->kv_removed({it->second}, *removed);
-  RT_ASSERT(applied.ok(), it->second);
-  st.kv_removed->inc(removed->size());
+  if (!bad.ok()) {
+    st.ctx.log->warn("router: bad KV events from {}: {}", std::string(ev.getInstance()),
+                     bad.error().describe());
+    if (!k.sequence) return;
+    // A frame it cannot read is a frame lost: the index is no longer exact.
+    k.sequence->lost();
+    RT_ASSERT(st.core->kv_clear({i}).ok(), i);
+  } else if (!k.sequence) {
+    Status applied = st.core->kv_removed({i}, *removed);
+    RT_ASSERT(applied.ok(), i);
+    st.kv_removed->inc(removed->size());
+    return;
+  } else {
+    using V = router::KvSequence::Verdict;
+    bool keepalive = !ev.getAllCleared() && stored->empty() && removed->empty();
+    V verdict = k.sequence->on_frame(envelope.getSourceIncarnation(), ev.getSequence(),
+                                     ev.getAllCleared(), keepalive);
+    if (verdict == V::reset_apply || verdict == V::drop_lost) {
+      RT_ASSERT(st.core->kv_clear({i}).ok(), i);
+    }
+    if (verdict == V::drop_lost) {
+      k.gaps->inc();
+      st.ctx.log->info("router: KV events from {} out of sequence (frame {}): resync",
+                       k.name.to_string(), ev.getSequence());
+    }
+    if (verdict == V::apply || verdict == V::reset_apply) {
+      RT_ASSERT(st.core->kv_removed({i}, *removed).ok(), i);
+      st.kv_removed->inc(removed->size());
+      for (size_t n = 0; n < stored->size(); ++n) {
+        RT_ASSERT(st.core->kv_stored({i}, (*parents)[n], std::span(*stored).subspan(n, 1)).ok(),
+                  i);
+      }
+    }
+  }
+  refresh_index_gauge(st, i);
+  ask_resync(st, i, k.sequence->synced() ? "" : "frame " + std::to_string(ev.getSequence()) +
+                                                    " out of sequence or not in sync yet");
 }
 
 // Precise tier-2 events from a node's kv-offload: numbered frames, applied only while they
@@ -322,7 +412,7 @@ void on_tier2_events(RouterState& st, wire::Envelope::Reader envelope) {
 
 void on_kv_events(RouterState& st, wire::Envelope::Reader envelope) {
   if (envelope.getBody().getKvEvents().getTier() == 2) return on_tier2_events(st, envelope);
-  on_device_events(st, envelope.getBody().getKvEvents());
+  on_device_events(st, envelope);
 }
 
 // Every kv_resync_interval_ms: sources of up nodes still out of sync are asked again.
@@ -330,6 +420,7 @@ void on_resync_tick(RouterState& st) {
   for (Tier2Source& source : st.tier2_sources) {
     if (source.node_up) ask_resync(st, source, "no snapshot yet");
   }
+  for (uint32_t i = 0; i < st.instances.size(); ++i) ask_resync(st, i, "no snapshot yet");
 }
 
 }  // namespace
@@ -343,6 +434,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     st.self_name = name;
     st.guard.emplace(ctx, "router");
     st.core = std::make_unique<router::RouterCore>(router_config(*ctx.manifest));
+    st.precise = ctx.manifest->router.kv_index == config::KvIndexMode::precise;
     add_instances(st);
     obs::Labels l = {{"instance", name.instance}};
     st.picks_disaggregated = make_counter(*ctx.metrics, "tandem_router_picks_total",
@@ -366,7 +458,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
                                    "from another node's tier 2 (RouteReply.tier2Source)",
                                    {{"instance", name.instance}});
     auto resync_interval = std::chrono::milliseconds(ctx.manifest->router.kv_resync_interval_ms);
-    if (!st.tier2_sources.empty()) {
+    if (!st.tier2_sources.empty() || st.precise) {
       self->delayed_send(self, resync_interval, runtime::atoms::tick::value);
     }
     if (ctx.node_actor) {

@@ -930,6 +930,14 @@ Status RouterCore::kv_removed(InstanceId id, std::span<const kv::BlockHash> hash
   return {};
 }
 
+Status RouterCore::kv_clear(InstanceId id) {
+  if (find(id) == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  clear_slot_index(slot_of_.at(id.value));
+  return {};
+}
+
 void RouterCore::check_invariants() const {
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];

@@ -156,6 +156,9 @@ class RouterCore {
   Status kv_stored(InstanceId id, std::optional<kv::BlockHash> parent,
                    std::span<const kv::BlockHash> hashes);
   Status kv_removed(InstanceId id, std::span<const kv::BlockHash> hashes);
+  // Forgets what the index holds for the instance (a precise source out of sync: its snapshot
+  // rebuilds it). Error: not_found.
+  Status kv_clear(InstanceId id);
 
   // Tier-2 events of a node's kv-offload (`site` as given to add_instance): the prefill
   // instances of that node are credited for those blocks (RouterConfig::tier2_weight).

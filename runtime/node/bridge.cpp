@@ -157,8 +157,10 @@ Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correla
   if (envelope.getBody().which() == wire::Envelope::Body::KV_EVENTS &&
       drop_kv_events_.load(std::memory_order_relaxed) > 0) {
     auto ev = envelope.getBody().getKvEvents();
-    bool numbered = ev.getTier() == 2 && (ev.getAllCleared() || ev.getStored().size() > 0 ||
-                                          ev.getRemoved().size() > 0);  // not a keepalive
+    bool tier2 = ev.getTier() == 2;
+    bool numbered = tier2 == (drop_kv_tier_.load(std::memory_order_relaxed) == 2) &&
+                    (ev.getAllCleared() || ev.getStored().size() > 0 ||
+                     ev.getRemoved().size() > 0);  // not a keepalive
     uint32_t left = numbered ? drop_kv_events_.load(std::memory_order_relaxed) : 0;
     while (left > 0 && !drop_kv_events_.compare_exchange_weak(left, left - 1)) {
     }

@@ -73,10 +73,13 @@ class Bridge {
   void reset_peer(const std::string& node);
 
   // TEST HOOK (`debug-drop-kv-events`, nodes run with --test-hooks): the next `frames`
-  // numbered tier-2 KvEvents envelopes this node sends (not keepalives) are lost, as a
-  // network would lose them (send() reports success). Lets a test show that the router finds
-  // the gap and resyncs.
-  void drop_next_kv_events(uint32_t frames) { drop_kv_events_.store(frames); }
+  // numbered KvEvents envelopes of `tier` (2: tier 2; 1: device caches) this node sends (not
+  // keepalives) are lost, as a network would lose them (send() reports success). Lets a test
+  // show that the router finds the gap and resyncs.
+  void drop_next_kv_events(uint32_t frames, uint8_t tier = 2) {
+    drop_kv_tier_.store(tier);
+    drop_kv_events_.store(frames);
+  }
 
   const std::string& node() const { return node_; }
   uint64_t incarnation() const { return incarnation_; }
@@ -107,6 +110,7 @@ class Bridge {
   std::vector<std::string> client_order_;
   std::atomic<uint64_t> warnings_{0};
   std::atomic<bool> ready_{false};
+  std::atomic<uint8_t> drop_kv_tier_{2};
   std::atomic<uint32_t> drop_kv_events_{0};
   BridgeCounters counters_;
 };

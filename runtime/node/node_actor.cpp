@@ -209,29 +209,31 @@ void debug_crash(NodeActor* self, const AdminCaller& caller, const std::vector<s
       });
 }
 
-// TEST HOOK `debug-drop-kv-events N`: the next N numbered tier-2 KvEvents frames this node
-// sends are lost (Bridge::drop_next_kv_events).
+// TEST HOOK `debug-drop-kv-events N [tier2|device]`: the next N numbered KvEvents frames of
+// that tier (default tier2) this node sends are lost (Bridge::drop_next_kv_events).
 void debug_drop_kv_events(NodeActor* self, const AdminCaller& caller,
                           const std::vector<std::string>& args) {
   auto& st = self->state;
   uint32_t frames = 0;
-  bool number = args.size() == 1 && !args[0].empty() && args[0].size() <= 6 &&
-                args[0].find_first_not_of("0123456789") == std::string::npos;
+  bool number = (args.size() == 1 || args.size() == 2) && !args[0].empty() &&
+                args[0].size() <= 6 && args[0].find_first_not_of("0123456789") == std::string::npos;
+  bool tier_ok = args.size() < 2 || args[1] == "tier2" || args[1] == "device";
+  bool device = args.size() == 2 && args[1] == "device";
   if (number) frames = static_cast<uint32_t>(std::stoul(args[0]));
-  if (!st.deps.test_hooks_supervisor || !number) {
+  if (!st.deps.test_hooks_supervisor || !number || !tier_ok) {
     std::string why = !st.deps.test_hooks_supervisor
                           ? "debug-drop-kv-events is a test hook; this node runs without "
                             "--test-hooks\n"
-                          : "usage: debug-drop-kv-events N (0 .. 999999 frames)\n";
+                          : "usage: debug-drop-kv-events N [tier2|device] (0 .. 999999 frames)\n";
     return reply_admin(st, caller, AdminResult{false, why, {}});
   }
-  st.deps.bridge->drop_next_kv_events(frames);
-  st.deps.log->warn("TEST HOOK debug-drop-kv-events: the next {} tier-2 KV event frames are lost",
-                    frames);
+  const char* tier = device ? "device-cache" : "tier-2";
+  st.deps.bridge->drop_next_kv_events(frames, device ? 1 : 2);
+  st.deps.log->warn("TEST HOOK debug-drop-kv-events: the next {} {} KV event frames are lost",
+                    frames, tier);
   reply_admin(st, caller,
-              AdminResult{true, "the next " + std::to_string(frames) +
-                                    " numbered tier-2 KV event frames this node sends are "
-                                    "lost\n", {}});
+              AdminResult{true, "the next " + std::to_string(frames) + " numbered " + tier +
+                                    " KV event frames this node sends are lost\n", {}});
 }
 
 // Admin commands answered by this node's actors of one role (LocalAdmin).

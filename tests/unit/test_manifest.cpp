@@ -177,6 +177,7 @@ level = "debug"
 
 [router]
 policy = "round-robin"
+kv_index = "precise"
 weight_prefix = 2
 weight_queue = 0.5
 weight_kv_usage = 0.0
@@ -217,6 +218,7 @@ draft_tokens_max = 16
   CHECK(m.supervisor.restart_delay_ms == 0);
   CHECK(m.logging.level == "debug");
   CHECK(m.router.policy == RouterPolicy::round_robin);
+  CHECK(m.router.kv_index == tandem::config::KvIndexMode::precise);
   CHECK(m.router.weight_prefix == 2.0);
   CHECK(m.router.weight_queue == 0.5);
   CHECK(m.router.weight_kv_usage == 0.0);
@@ -342,6 +344,7 @@ TEST_CASE("router.tier2_remote_weight: at most tier2_weight; unset, it follows a
   CHECK(lower.router.tier2_remote_weight == 0.3);
   Manifest defaults = parse_ok(base_manifest);
   CHECK(defaults.router.tier2_weight == 0.8);
+  CHECK(defaults.router.kv_index == tandem::config::KvIndexMode::approximate);
   CHECK(defaults.router.tier2_remote_weight == 0.5);
   std::string text = base_manifest + "[router]\ntier2_weight = 0.4\ntier2_remote_weight = 0.6\n";
   auto issues = parse_bad(text);
@@ -368,9 +371,12 @@ TEST_CASE("model keys: power-of-two blocks, context at least one block, known fo
 TEST_CASE("enumerated strings list what is accepted") {
   std::string text = base_manifest +
                      "[fabric]\nprovider = \"udp\"\n[logging]\nlevel = \"loud\"\n"
-                     "[router]\npolicy = \"best\"\n[speculative]\nmethod = \"medusa\"\n";
+                     "[router]\npolicy = \"best\"\nkv_index = \"exact\"\n"
+                     "[speculative]\nmethod = \"medusa\"\n";
   auto issues = parse_bad(text);
-  CHECK(issues.size() == 4);
+  CHECK(issues.size() == 5);
+  auto mode = find_issue(issues, "router.kv_index", "unknown value 'exact'; accepted: approximate, precise");
+  CHECK(mode.line == line_of(text, "kv_index"));
   auto provider =
       find_issue(issues, "fabric.provider", "unknown value 'udp'; accepted: tcp;ofi_rxm, shm");
   CHECK(provider.line == line_of(text, "provider"));
