@@ -893,3 +893,135 @@ TEST_CASE("router: the tier-2 index is bounded per node and refuses past it") {
   core.tier2_removed(9, a);  // an unknown node: nothing to do
   CHECK(core.tier2().blocks_count(9) == 0);
 }
+
+// ---- Precise device-tier events (issue 13): the index rebuilt from a cache's events. ----
+
+#include <memory>
+#include <random>
+#include <set>
+
+#include "actors/router/kv_sequence.hpp"
+#include "kvstore/prefix_cache.hpp"
+
+namespace {
+
+// One numbered frame as the shells send it (actors/common/shell KvEventReporter::flush).
+struct DeviceFrame {
+  uint64_t incarnation = 0;
+  uint64_t sequence = 0;
+  bool all_cleared = false;
+  bool keepalive = false;
+  tandem::kv::CacheEvents events;
+};
+
+// The router's side of a precise device stream (router_actor on_device_events), on the core.
+void apply_frame(RouterCore& core, InstanceId id, tandem::router::KvSequence& seq,
+                 const DeviceFrame& f) {
+  using V = tandem::router::KvSequence::Verdict;
+  V verdict = seq.on_frame(f.incarnation, f.sequence, f.all_cleared, f.keepalive);
+  if (verdict == V::reset_apply || verdict == V::drop_lost) REQUIRE(core.kv_clear(id).ok());
+  if (verdict != V::apply && verdict != V::reset_apply) return;
+  REQUIRE(core.kv_removed(id, f.events.removed).ok());
+  for (size_t i = 0; i < f.events.stored.size(); ++i) {
+    REQUIRE(core.kv_stored(id, f.events.stored_parents[i],
+                           std::span(f.events.stored).subspan(i, 1))
+                .ok());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("precise events: the router's index equals the cache over a lossy channel with restarts") {
+  using namespace std::chrono_literals;
+  uint32_t checked = 0, gaps = 0, restarts = 0;
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    RouterCore core = make_core(RouterConfig{}, {d0});
+    tandem::router::KvSequence seq(100ms);
+    auto now = tandem::router::KvSequence::Clock::time_point{} + 1s;
+    uint64_t incarnation = 1, sequence = 0;
+    bool snapshot_due = true;
+    auto cache = std::make_unique<tandem::kv::PrefixCache>(24, 16);
+    std::vector<std::vector<uint32_t>> held;
+    std::vector<std::vector<BlockHash>> heads = {chain(900, 2), chain(901, 2), chain(902, 2)};
+    std::set<BlockHash> universe;
+    auto send = [&](DeviceFrame f) {
+      if (rng() % 10 == 0) return;  // lost on the way (10%)
+      apply_frame(core, d0, seq, f);
+    };
+    for (int round = 0; round < 300; ++round) {
+      // Some cache activity: prompts of 9 documents sharing 3 heads, and releases.
+      for (int op = 0; op < 6; ++op) {
+        if (rng() % 2 == 0) {
+          uint32_t doc = rng() % 9;
+          auto hashes = chain(doc, 2 + rng() % 7, &heads[doc / 3], 2);
+          universe.insert(hashes.begin(), hashes.end());
+          uint32_t matched = cache->match(hashes);
+          auto a = cache->acquire(std::span(hashes).first(matched),
+                                  static_cast<uint32_t>(hashes.size()) - matched);
+          if (!a.ok()) continue;
+          size_t commit_to = matched + rng() % (hashes.size() - matched + 1);
+          for (size_t i = matched; i < commit_to; ++i) {
+            (void)cache->commit(a->fresh[i - matched], hashes[i],
+                                tandem::kv::chain_parent(hashes, i));
+          }
+          std::vector<uint32_t> all = a->cached;
+          all.insert(all.end(), a->fresh.begin(), a->fresh.end());
+          held.push_back(all);
+        } else if (!held.empty()) {
+          size_t pick = rng() % held.size();
+          cache->release(held[pick]);
+          held.erase(held.begin() + static_cast<long>(pick));
+        }
+      }
+      if (rng() % 60 == 0) {  // the instance restarts: a new process, an empty cache
+        cache = std::make_unique<tandem::kv::PrefixCache>(24, 16);
+        held.clear();
+        ++incarnation;
+        sequence = 0;
+        snapshot_due = true;
+        ++restarts;
+      }
+      // The source's flush: a snapshot when due, else its events (removed, then stored).
+      if (snapshot_due) {
+        snapshot_due = false;
+        send({incarnation, ++sequence, true, false, cache->snapshot()});
+      } else if (cache->has_events()) {
+        auto ev = cache->drain_events();
+        tandem::kv::CacheEvents removed, stored;
+        removed.removed = std::move(ev.removed);
+        stored.stored = std::move(ev.stored);
+        stored.stored_parents = std::move(ev.stored_parents);
+        if (!removed.removed.empty()) send({incarnation, ++sequence, false, false, removed});
+        if (!stored.stored.empty()) send({incarnation, ++sequence, false, false, stored});
+      }
+      // A keepalive (never lost here: the check below needs one) names the last frame.
+      apply_frame(core, d0, seq, {incarnation, sequence, false, true, {}});
+      now += 100ms;
+      if (!seq.synced()) {
+        if (seq.resync_due(now)) {
+          seq.resync_sent(now);
+          snapshot_due = true;  // KvResync reached the source
+        }
+        continue;
+      }
+      // Confirmed in sync: the index holds exactly what the cache can match.
+      ++checked;
+      CHECK(core.index_blocks_count(d0) == cache->blocks_cached_count());
+      for (const auto& h : universe) {
+        if (core.holds(d0, h) != cache->holds(h)) {
+          FAIL_CHECK("index and cache differ on a block, round " << round);
+          break;
+        }
+      }
+    }
+    gaps += static_cast<uint32_t>(seq.gaps_count());
+    core.check_invariants();
+  }
+  MESSAGE("checked " << checked << " synced rounds, " << gaps << " gaps, " << restarts
+                     << " restarts");
+  CHECK(checked > 2000);
+  CHECK(gaps > 20);
+  CHECK(restarts > 20);
+}
