@@ -65,11 +65,16 @@ struct Received {
   std::multiset<kv::BlockHash> removed;
   std::string instance;
   bool stored_listed = false;
+  size_t stored_count = 0;
+  bool first_cleared = false;      // the first frame said allCleared (a snapshot)
+  bool numbered_in_order = true;   // sequences 1, 2, 3, ... continuing from `after`
+  uint64_t last_sequence = 0;
 };
 
 // Reads what arrived at one router's stand-in until `quiet` passes without a frame.
-Received drain(caf::scoped_actor& router, std::chrono::milliseconds quiet) {
+Received drain(caf::scoped_actor& router, std::chrono::milliseconds quiet, uint64_t after = 0) {
   Received got;
+  got.last_sequence = after;
   bool more = true;
   while (more) {
     router->receive(
@@ -77,6 +82,10 @@ Received drain(caf::scoped_actor& router, std::chrono::milliseconds quiet) {
           auto body = in.frame->envelope().getBody();
           REQUIRE(body.which() == wire::Envelope::Body::KV_EVENTS);
           auto ev = body.getKvEvents();
+          if (got.frames == 0) got.first_cleared = ev.getAllCleared();
+          got.numbered_in_order = got.numbered_in_order && ev.getSequence() == got.last_sequence + 1;
+          got.last_sequence = ev.getSequence();
+          got.stored_count += ev.getStored().size();
           ++got.frames;
           got.largest_frame_bytes = std::max(got.largest_frame_bytes, in.frame->size_bytes());
           got.instance = ev.getInstance();
@@ -92,7 +101,7 @@ Received drain(caf::scoped_actor& router, std::chrono::milliseconds quiet) {
 
 }  // namespace
 
-TEST_CASE("KvEventReporter sends evictions to every router, in frames that fit") {
+TEST_CASE("KvEventReporter sends a snapshot, then evictions, to every router, in frames that fit") {
   std::string text = manifest_text;
   text.replace(text.find("FABRIC_PORT"), 11, std::to_string(testing::free_port()));
   config::Manifest manifest = testing::parse_manifest_or_fail(text);
@@ -108,7 +117,7 @@ TEST_CASE("KvEventReporter sends evictions to every router, in frames that fit")
   messages::ActorName self{"a", "decode", "dec"};
   actors::KvEventReporter reporter(ctx, self);
 
-  // 300 blocks enter the cache and become evictable: stored events only, nothing is sent.
+  // 300 blocks enter the cache and become evictable; the first flush is a snapshot of them.
   constexpr uint32_t blocks = 300;
   kv::PrefixCache cache(blocks, 16);
   auto first = cache.acquire({}, blocks);
@@ -119,7 +128,16 @@ TEST_CASE("KvEventReporter sends evictions to every router, in frames that fit")
   cache.release(first->fresh);
   reporter.flush(cache);
   CHECK_FALSE(cache.has_events());
-  CHECK(drain(r1, 200ms).frames == 0);
+  uint64_t snapshot_last = 0;
+  for (caf::scoped_actor* router : {&r1, &r2}) {
+    Received snap = drain(*router, 200ms);
+    CHECK(snap.first_cleared);
+    CHECK(snap.stored_count == blocks);
+    CHECK(snap.removed.empty());
+    CHECK(snap.numbered_in_order);
+    CHECK(snap.largest_frame_bytes <= manifest.fabric.frame_bytes_max);
+    snapshot_last = snap.last_sequence;
+  }
   CHECK(reporter.removed_count() == 0);
 
   // A request takes 250 fresh blocks: 250 cached blocks are evicted and reported.
@@ -128,7 +146,9 @@ TEST_CASE("KvEventReporter sends evictions to every router, in frames that fit")
   reporter.flush(cache);
   CHECK(reporter.removed_count() == 250);
   for (caf::scoped_actor* router : {&r1, &r2}) {
-    Received got = drain(*router, 300ms);
+    Received got = drain(*router, 300ms, snapshot_last);
+    CHECK(got.numbered_in_order);
+    CHECK_FALSE(got.first_cleared);
     CHECK(got.removed.size() == 250);
     CHECK(std::set<kv::BlockHash>(got.removed.begin(), got.removed.end()).size() == 250);
     for (const auto& h : got.removed) CHECK(h.bytes[31] == 0x5a);
