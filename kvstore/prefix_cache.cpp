@@ -7,50 +7,76 @@
 
 namespace tandem::kv {
 
-PrefixCache::PrefixCache(uint32_t blocks_count, uint32_t block_tokens)
+std::vector<BlockHash> block_hashes_of(std::span<const BlockHash> q, uint32_t k) {
+  RT_ASSERT(k >= 1, k);
+  std::vector<BlockHash> out;
+  out.reserve(q.size() / k);
+  for (size_t i = k; i <= q.size(); i += k) out.push_back(q[i - 1]);
+  return out;
+}
+
+PrefixCache::PrefixCache(uint32_t blocks_count, uint32_t block_tokens, uint32_t sub_block_tokens)
     : blocks_(blocks_count), block_tokens_(block_tokens) {
   RT_ASSERT(blocks_count >= 1, blocks_count);
   RT_ASSERT(block_tokens >= 1, block_tokens);
+  if (sub_block_tokens == 0) sub_block_tokens = block_tokens;
+  RT_ASSERT(sub_block_tokens <= block_tokens && block_tokens % sub_block_tokens == 0,
+            block_tokens, sub_block_tokens);
+  k_ = block_tokens / sub_block_tokens;
+  slot_hashes_.resize(size_t{blocks_count} * k_);
   free_.reserve(blocks_count);
   // Stack: block 0 is handed out first.
   for (uint32_t i = blocks_count; i > 0; --i) {
     free_.push_back(i - 1);
     blocks_[i - 1].in_free = true;
   }
-  by_hash_.reserve(blocks_count);
+  by_hash_.reserve(size_t{blocks_count} * k_);
+}
+
+void PrefixCache::walk(std::span<const BlockHash> hashes,
+                       std::vector<BlockIndex>& holders) const {
+  holders.clear();
+  for (size_t t = 0; t < hashes.size(); ++t) {
+    auto it = by_hash_.find(hashes[t]);
+    // A hash cached at another slot than its position's (a malformed list): no match.
+    if (it == by_hash_.end() || it->second.slot != t % k_) break;
+    RT_ASSERT(blocks_[it->second.block].cached(), it->second.block);
+    holders.push_back(it->second.block);
+  }
 }
 
 uint32_t PrefixCache::match(std::span<const BlockHash> hashes) const {
   uint32_t matched = 0;
-  for (const auto& hash : hashes) {
-    auto it = by_hash_.find(hash);
-    if (it == by_hash_.end()) break;
-    RT_ASSERT(blocks_[it->second].cached && blocks_[it->second].hash == hash, it->second);
+  for (size_t t = 0; t < hashes.size(); ++t) {
+    auto it = by_hash_.find(hashes[t]);
+    if (it == by_hash_.end() || it->second.slot != t % k_) break;
     ++matched;
   }
-  RT_ASSERT(matched <= hashes.size());
   return matched;
 }
 
 Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint32_t fresh_count,
                                         uint32_t query_blocks_count, Query query) {
-  // The leading cached hashes' blocks, looked up once (match() without a second pass).
-  matched_scratch_.clear();
-  for (const auto& hash : hashes) {
-    auto it = by_hash_.find(hash);
-    if (it == by_hash_.end()) break;
-    RT_ASSERT(blocks_[it->second].cached && blocks_[it->second].hash == hash, it->second);
-    matched_scratch_.push_back(it->second);
-  }
+  // The blocks holding the leading cached hashes, looked up once.
+  walk(hashes, matched_scratch_);
   auto matched = static_cast<uint32_t>(matched_scratch_.size());
-  // Distinct evictable blocks: a (malformed) hash list may repeat a hash.
+  uint32_t full = matched / k_;
+  uint32_t partial = matched % k_;
+  // The blocks to reference: each full block position's holder of its last slot, and the
+  // holder of the last matched entry when the match ends inside a block.
   distinct_scratch_.clear();
-  for (BlockIndex b : matched_scratch_) {
-    if (blocks_[b].ref_count == 0) distinct_scratch_.push_back(b);
+  for (uint32_t i = 0; i < full; ++i) distinct_scratch_.push_back(matched_scratch_[k_ * i + k_ - 1]);
+  if (partial > 0) distinct_scratch_.push_back(matched_scratch_[matched - 1]);
+  const size_t referenced = distinct_scratch_.size();
+  // Distinct evictable ones: a (malformed) hash list may repeat a hash.
+  std::vector<BlockIndex>& evictable = subtree_scratch_;
+  evictable.clear();
+  for (BlockIndex b : distinct_scratch_) {
+    if (blocks_[b].ref_count == 0) evictable.push_back(b);
   }
-  std::sort(distinct_scratch_.begin(), distinct_scratch_.end());
+  std::sort(evictable.begin(), evictable.end());
   auto matched_evictable = static_cast<uint32_t>(
-      std::unique(distinct_scratch_.begin(), distinct_scratch_.end()) - distinct_scratch_.begin());
+      std::unique(evictable.begin(), evictable.end()) - evictable.begin());
   RT_ASSERT(matched_evictable <= evictable_count_, matched_evictable, evictable_count_);
   uint64_t available = uint64_t{free_.size()} + evictable_count_ - matched_evictable;
   if (fresh_count > available) {
@@ -61,15 +87,21 @@ Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint3
                           std::to_string(blocks_.size()));
   }
   Allocation out;
-  out.cached.reserve(matched);
+  out.cached.reserve(full);
   out.fresh.reserve(fresh_count);
-  for (BlockIndex b : matched_scratch_) {
+  for (size_t i = 0; i < referenced; ++i) {
+    BlockIndex b = distinct_scratch_[i];
     if (blocks_[b].ref_count == 0) {
       lru_unlink(b);
       ++used_count_;
     }
     ++blocks_[b].ref_count;
-    out.cached.push_back(b);
+    if (i < full) {
+      out.cached.push_back(b);
+    } else {
+      out.partial_source = b;
+      out.partial_sub_blocks = partial;
+    }
   }
   for (uint32_t i = 0; i < fresh_count; ++i) out.fresh.push_back(take_fresh());
   RT_ASSERT(out.fresh.size() == fresh_count, out.fresh.size());
@@ -77,9 +109,10 @@ Result<Allocation> PrefixCache::acquire(std::span<const BlockHash> hashes, uint3
   ++counters_.queries_count;
   uint64_t query_blocks = std::max<uint64_t>(hashes.size(), query_blocks_count);
   counters_.query_blocks_count += query_blocks;
-  counters_.query_tokens_count += query_blocks * block_tokens_;
+  counters_.query_tokens_count += query_blocks * sub_block_tokens();
   counters_.hit_blocks_count += matched;
-  counters_.hit_tokens_count += uint64_t{matched} * block_tokens_;
+  counters_.hit_tokens_count += uint64_t{matched} * sub_block_tokens();
+  if (partial > 0) ++counters_.partial_hits_count;
   RT_ASSERT(used_count_ <= blocks_.size(), used_count_);
   return out;
 }
@@ -94,7 +127,7 @@ BlockIndex PrefixCache::take_fresh() {
   } else {
     b = lru_head_;
     RT_ASSERT(b != none_, "take_fresh with nothing free or evictable");
-    RT_ASSERT(blocks_[b].cached && blocks_[b].ref_count == 0, b);
+    RT_ASSERT(blocks_[b].cached() && blocks_[b].ref_count == 0, b);
     lru_unlink(b);
     uncache_subtree(b);
     ++counters_.evictions_count;
@@ -107,35 +140,102 @@ BlockIndex PrefixCache::take_fresh() {
 
 CommitOutcome PrefixCache::commit(BlockIndex block, const BlockHash& hash,
                                   const std::optional<BlockHash>& parent) {
+  RT_ASSERT(k_ == 1, "whole-block commit with sub-blocks", k_);
+  return commit(block, std::span<const BlockHash>(&hash, 1), parent);
+}
+
+CommitOutcome PrefixCache::commit(BlockIndex block, std::span<const BlockHash> slots,
+                                  const std::optional<BlockHash>& parent) {
   RT_ASSERT(block < blocks_.size(), block);
   Block& b = blocks_[block];
   RT_ASSERT(b.ref_count > 0, "commit of an unreferenced block", block);
-  RT_ASSERT(!b.cached, "commit of an already cached block", block);
-  if (auto it = by_hash_.find(hash); it != by_hash_.end()) {
-    RT_ASSERT(it->second != block, block);
-    return CommitOutcome::duplicate;
+  RT_ASSERT(!slots.empty() && slots.size() <= k_, slots.size(), k_);
+  const auto n = static_cast<uint32_t>(slots.size());
+  uint32_t s = 0;
+  if (b.cached()) {
+    for (uint32_t i = b.first; i < b.fill && i < n; ++i) {
+      RT_ASSERT(slot_hash(block, i) == slots[i], "commit changes a cached entry", block, i);
+    }
+    if (n <= b.fill) return CommitOutcome::duplicate;
+    s = b.fill;
+  } else {
+    // The leading slots other blocks hold (the KV was copied from them, or computed twice).
+    while (s < n) {
+      auto it = by_hash_.find(slots[s]);
+      if (it == by_hash_.end()) break;
+      if (it->second.slot != s || it->second.block == block) return CommitOutcome::duplicate;
+      ++s;
+    }
+    if (s == n) return CommitOutcome::duplicate;
+    BlockIndex parent_block = none_;
+    uint32_t base = 0;
+    if (s > 0) {
+      const EntryAt& at = by_hash_.at(slots[s - 1]);
+      parent_block = at.block;
+      base = blocks_[parent_block].base_depth;
+    } else if (parent) {
+      auto it = by_hash_.find(*parent);
+      if (it == by_hash_.end() || it->second.slot != k_ - 1) return CommitOutcome::orphan;
+      parent_block = it->second.block;
+      base = blocks_[parent_block].base_depth + k_;
+    }
+    b.first = b.fill = s;
+    b.base_depth = base;
+    if (parent_block != none_) link_child(parent_block, block);
+    ++cached_count_;
   }
-  BlockIndex parent_block = none_;
-  if (parent) {
-    auto it = by_hash_.find(*parent);
-    if (it == by_hash_.end()) return CommitOutcome::orphan;
-    parent_block = it->second;
+  // Register in chain order while no other block holds the slot (one that does starts a
+  // branch of its own under this block: this block stops there).
+  const uint32_t registered_from = s;
+  while (s < n && !by_hash_.contains(slots[s])) {
+    by_hash_.emplace(slots[s], EntryAt{block, s});
+    slot_hashes_[size_t{block} * k_ + s] = slots[s];
+    note_event(slots[s], +1);
+    ++s;
   }
-  by_hash_.emplace(hash, block);
-  b.cached = true;
-  b.hash = hash;
-  b.parent = parent_block;
-  b.depth = 0;
-  if (parent_block != none_) {
-    Block& p = blocks_[parent_block];
-    b.depth = p.depth + 1;
-    b.next_sibling = p.first_child;
-    if (p.first_child != none_) blocks_[p.first_child].prev_sibling = block;
-    p.first_child = block;
-  }
-  note_event(hash, +1);
-  RT_ASSERT(by_hash_.size() <= blocks_.size(), by_hash_.size());
+  b.fill = s;
+  RT_ASSERT(b.cached(), block);
+  RT_ASSERT(by_hash_.size() <= size_t{blocks_.size()} * k_, by_hash_.size());
+  if (s == registered_from) return CommitOutcome::duplicate;
+  take_over_dominated(block);
   return CommitOutcome::stored;
+}
+
+void PrefixCache::take_over_dominated(BlockIndex block) {
+  Block& z = blocks_[block];
+  while (z.first > 0) {
+    BlockIndex pi = z.parent;
+    RT_ASSERT(pi != none_, block);
+    Block& p = blocks_[pi];
+    RT_ASSERT(p.cached() && p.first < z.first && p.base_depth == z.base_depth, block, pi);
+    if (p.fill != z.first) break;  // p holds a diverging slot: not dominated
+    for (uint32_t slot = p.first; slot < p.fill; ++slot) {
+      const BlockHash& hash = slot_hash(pi, slot);
+      by_hash_.at(hash) = EntryAt{block, slot};
+      slot_hashes_[size_t{block} * k_ + slot] = hash;
+    }
+    z.first = p.first;
+    unlink_child(block);
+    // p's other children hang off entries this block holds now.
+    while (p.first_child != none_) {
+      BlockIndex c = p.first_child;
+      unlink_child(c);
+      link_child(block, c);
+    }
+    BlockIndex grand = p.parent;
+    unlink_child(pi);
+    if (grand != none_) link_child(grand, block);
+    p.first = p.fill = 0;
+    p.base_depth = 0;
+    RT_ASSERT(cached_count_ > 0);
+    --cached_count_;
+    ++counters_.merged_count;
+    if (p.ref_count == 0) {  // evictable before: nothing holds it now
+      lru_unlink(pi);
+      p.in_free = true;
+      free_.push_back(pi);
+    }
+  }
 }
 
 void PrefixCache::release(std::span<const BlockIndex> blocks) {
@@ -147,7 +247,7 @@ void PrefixCache::release(std::span<const BlockIndex> blocks) {
     if (--b.ref_count > 0) continue;
     RT_ASSERT(used_count_ > 0);
     --used_count_;
-    if (b.cached) {
+    if (b.cached()) {
       lru_push_back(block);
     } else {
       b.in_free = true;
@@ -167,6 +267,16 @@ void PrefixCache::retain(std::span<const BlockIndex> blocks) {
   }
 }
 
+void PrefixCache::link_child(BlockIndex parent, BlockIndex block) {
+  Block& b = blocks_[block];
+  Block& p = blocks_[parent];
+  RT_ASSERT(b.parent == none_ && b.prev_sibling == none_ && b.next_sibling == none_, block);
+  b.parent = parent;
+  b.next_sibling = p.first_child;
+  if (p.first_child != none_) blocks_[p.first_child].prev_sibling = block;
+  p.first_child = block;
+}
+
 void PrefixCache::unlink_child(BlockIndex block) {
   Block& b = blocks_[block];
   if (b.parent == none_) return;
@@ -179,7 +289,7 @@ void PrefixCache::unlink_child(BlockIndex block) {
 }
 
 void PrefixCache::uncache_subtree(BlockIndex root) {
-  RT_ASSERT(blocks_[root].cached, root);
+  RT_ASSERT(blocks_[root].cached(), root);
   subtree_scratch_.clear();
   subtree_scratch_.push_back(root);
   for (size_t i = 0; i < subtree_scratch_.size(); ++i) {
@@ -192,12 +302,16 @@ void PrefixCache::uncache_subtree(BlockIndex root) {
   unlink_child(root);
   for (BlockIndex at : subtree_scratch_) {
     Block& b = blocks_[at];
-    RT_ASSERT(b.cached, at);
-    by_hash_.erase(b.hash);
-    note_event(b.hash, -1);
-    b.cached = false;
+    RT_ASSERT(b.cached(), at);
+    for (uint32_t slot = b.first; slot < b.fill; ++slot) {
+      by_hash_.erase(slot_hash(at, slot));
+      note_event(slot_hash(at, slot), -1);
+    }
+    b.first = b.fill = 0;
+    b.base_depth = 0;
     b.parent = b.first_child = b.next_sibling = b.prev_sibling = none_;
-    b.depth = 0;
+    RT_ASSERT(cached_count_ > 0);
+    --cached_count_;
     if (at == root) continue;
     ++counters_.unreachable_count;
     if (b.ref_count == 0) {  // evictable: unreachable now, so free
@@ -208,28 +322,34 @@ void PrefixCache::uncache_subtree(BlockIndex root) {
   }
 }
 
+std::optional<BlockHash> PrefixCache::entry_parent(BlockIndex block, uint32_t slot) const {
+  const Block& b = blocks_[block];
+  if (slot > b.first) return slot_hash(block, slot - 1);
+  if (b.parent == none_) return std::nullopt;
+  return slot_hash(b.parent, slot > 0 ? slot - 1 : k_ - 1);
+}
+
 void PrefixCache::fill_stored(std::vector<BlockHash> hashes, CacheEvents& out) const {
   struct Item {
     uint32_t depth;
-    BlockIndex block;
+    EntryAt at;
   };
   std::vector<Item> items;
   items.reserve(hashes.size());
   for (const auto& hash : hashes) {
     auto it = by_hash_.find(hash);
     RT_ASSERT(it != by_hash_.end(), "a stored event for a hash no longer cached");
-    items.push_back({blocks_[it->second].depth, it->second});
+    items.push_back({blocks_[it->second.block].base_depth + it->second.slot, it->second});
   }
   std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.depth != b.depth ? a.depth < b.depth : a.block < b.block;
+    if (a.depth != b.depth) return a.depth < b.depth;
+    return a.at.block != b.at.block ? a.at.block < b.at.block : a.at.slot < b.at.slot;
   });
   out.stored.reserve(items.size());
   out.stored_parents.reserve(items.size());
   for (const Item& item : items) {
-    const Block& b = blocks_[item.block];
-    out.stored.push_back(b.hash);
-    out.stored_parents.push_back(b.parent == none_ ? std::nullopt
-                                                    : std::optional(blocks_[b.parent].hash));
+    out.stored.push_back(slot_hash(item.at.block, item.at.slot));
+    out.stored_parents.push_back(entry_parent(item.at.block, item.at.slot));
   }
 }
 
@@ -249,7 +369,7 @@ CacheEvents PrefixCache::snapshot() {
   pending_events_.clear();
   std::vector<BlockHash> all;
   all.reserve(by_hash_.size());
-  for (const auto& [hash, block] : by_hash_) all.push_back(hash);
+  for (const auto& [hash, at] : by_hash_) all.push_back(hash);
   CacheEvents out;
   fill_stored(std::move(all), out);
   return out;
@@ -260,7 +380,7 @@ void PrefixCache::note_event(const BlockHash& hash, int delta) {
   net += delta;
   RT_ASSERT(net >= -1 && net <= 1, net);
   if (net == 0) pending_events_.erase(hash);
-  RT_ASSERT(pending_events_.size() <= 2 * blocks_.size(), pending_events_.size());
+  RT_ASSERT(pending_events_.size() <= 2 * slot_hashes_.size(), pending_events_.size());
 }
 
 void PrefixCache::lru_push_back(BlockIndex block) {
@@ -295,36 +415,49 @@ uint32_t PrefixCache::ref_count(BlockIndex block) const {
 
 bool PrefixCache::is_cached(BlockIndex block) const {
   RT_ASSERT(block < blocks_.size(), block);
-  return blocks_[block].cached;
+  return blocks_[block].cached();
 }
 
 void PrefixCache::check_invariants() const {
   uint32_t free_seen = 0, used_seen = 0, lru_seen = 0, cached_seen = 0;
   uint32_t with_parent_seen = 0, listed_seen = 0;
+  size_t entries_seen = 0;
   for (BlockIndex i = 0; i < blocks_.size(); ++i) {
     const Block& b = blocks_[i];
-    bool evictable = b.cached && b.ref_count == 0;
+    bool evictable = b.cached() && b.ref_count == 0;
     // Exactly one state.
     RT_ASSERT(int{b.in_free} + int{evictable} + int{b.ref_count > 0} == 1, i);
-    RT_ASSERT(!(b.in_free && b.cached), i);
+    RT_ASSERT(!(b.in_free && b.cached()), i);
+    RT_ASSERT(b.first <= b.fill && b.fill <= k_, i, b.first, b.fill);
     if (b.in_free) ++free_seen;
     if (b.ref_count > 0) ++used_seen;
-    if (b.cached) {
+    if (b.cached()) {
       ++cached_seen;
-      auto it = by_hash_.find(b.hash);
-      RT_ASSERT(it != by_hash_.end() && it->second == i, i);
+      RT_ASSERT(b.base_depth % k_ == 0, i, b.base_depth);
+      for (uint32_t slot = b.first; slot < b.fill; ++slot) {
+        auto it = by_hash_.find(slot_hash(i, slot));
+        RT_ASSERT(it != by_hash_.end() && it->second.block == i && it->second.slot == slot, i,
+                  slot);
+        ++entries_seen;
+      }
       // A cached block's chain is cached, and it is listed under its parent (counted below:
       // every listed child names its lister, and as many are listed as have a parent).
       if (b.parent != none_) {
         const Block& p = blocks_[b.parent];
-        RT_ASSERT(p.cached && b.depth == p.depth + 1, i);
+        RT_ASSERT(p.cached(), i);
+        if (b.first > 0) {  // the parent holds the slot before, at the same position
+          RT_ASSERT(p.base_depth == b.base_depth && p.first < b.first && p.fill >= b.first, i);
+        } else {  // the parent is the previous position's full block
+          RT_ASSERT(p.fill == k_ && b.base_depth == p.base_depth + k_, i);
+        }
         ++with_parent_seen;
       } else {
-        RT_ASSERT(b.depth == 0 && b.prev_sibling == none_ && b.next_sibling == none_, i);
+        RT_ASSERT(b.first == 0 && b.base_depth == 0, i);
+        RT_ASSERT(b.prev_sibling == none_ && b.next_sibling == none_, i);
       }
       BlockIndex prev_child = none_;
       for (BlockIndex c = b.first_child; c != none_; c = blocks_[c].next_sibling) {
-        RT_ASSERT(blocks_[c].cached && blocks_[c].parent == i, i, c);
+        RT_ASSERT(blocks_[c].cached() && blocks_[c].parent == i, i, c);
         RT_ASSERT(blocks_[c].prev_sibling == prev_child, i, c);
         RT_ASSERT(++listed_seen <= blocks_.size(), "child list cycle", i);
         prev_child = c;
@@ -335,7 +468,7 @@ void PrefixCache::check_invariants() const {
   }
   BlockIndex prev = none_;
   for (BlockIndex at = lru_head_; at != none_; at = blocks_[at].lru_next) {
-    RT_ASSERT(blocks_[at].cached && blocks_[at].ref_count == 0, at);
+    RT_ASSERT(blocks_[at].cached() && blocks_[at].ref_count == 0, at);
     RT_ASSERT(blocks_[at].lru_prev == prev, at);
     RT_ASSERT(++lru_seen <= blocks_.size(), "LRU cycle");
     prev = at;
@@ -345,7 +478,8 @@ void PrefixCache::check_invariants() const {
   RT_ASSERT(free_seen == free_.size(), free_seen, free_.size());
   RT_ASSERT(used_seen == used_count_, used_seen, used_count_);
   RT_ASSERT(lru_seen == evictable_count_, lru_seen, evictable_count_);
-  RT_ASSERT(cached_seen == by_hash_.size(), cached_seen, by_hash_.size());
+  RT_ASSERT(cached_seen == cached_count_, cached_seen, cached_count_);
+  RT_ASSERT(entries_seen == by_hash_.size(), entries_seen, by_hash_.size());
   RT_ASSERT(with_parent_seen == listed_seen, with_parent_seen, listed_seen);
   RT_ASSERT(free_seen + used_seen + lru_seen == blocks_.size());
 }

@@ -443,3 +443,202 @@ TEST_CASE("randomized chains: events applied with subtree removal rebuild the ca
     CHECK(cache.counters().evictions_count > 0);
   }
 }
+
+// ---- Sub-blocks (issue 13): 16-token blocks matched at 4-token sub-blocks (k = 4). ----
+namespace {
+
+// Prefix hashes of a token stream at 4-token sub-blocks: q_t names tokens [0, 4 (t + 1)).
+std::vector<BlockHash> prefix_hashes(const std::vector<uint32_t>& tokens) {
+  std::vector<BlockHash> out;
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (size_t t = 0; t + 4 <= tokens.size(); t += 4) {
+    for (size_t i = t; i < t + 4; ++i) state = (state ^ tokens[i]) * 0x100000001b3ull + 17;
+    BlockHash hash;
+    for (int b = 0; b < 8; ++b) hash.bytes[b] = static_cast<uint8_t>(state >> (8 * b));
+    hash.bytes[31] = 0x5b;
+    out.push_back(hash);
+  }
+  return out;
+}
+
+std::vector<uint32_t> tokens_of(uint32_t doc, uint32_t count) {
+  std::vector<uint32_t> out;
+  for (uint32_t i = 0; i < count; ++i) out.push_back(doc * 1000 + i);
+  return out;
+}
+
+// Serves `q` as a prefill does: match, acquire, copy the partial holder into the first fresh
+// block (`content` models every block's KV: the prefix hash each slot holds), compute the
+// rest, commit each block's slots, release the copy's source. Returns the request's blocks.
+std::vector<BlockIndex> serve(PrefixCache& cache, const std::vector<BlockHash>& q,
+                              std::map<BlockIndex, std::vector<BlockHash>>& content,
+                              size_t commit_sub_blocks = SIZE_MAX) {
+  const uint32_t k = cache.sub_blocks_per_block();
+  uint32_t matched = cache.match(q);
+  uint32_t full = matched / k;
+  auto needed = static_cast<uint32_t>((q.size() + k - 1) / k);
+  auto a = cache.acquire(std::span(q).first(matched), needed - full);
+  if (!a.ok()) return {};  // overloaded (the randomized test's full pool)
+  REQUIRE(a->cached.size() == full);
+  // Whatever the cache hands out holds exactly the prompt's KV.
+  for (uint32_t i = 0; i < full; ++i) {
+    for (uint32_t s = 0; s < k; ++s) REQUIRE(content[a->cached[i]][s] == q[k * i + s]);
+  }
+  std::vector<BlockIndex> blocks = a->cached;
+  blocks.insert(blocks.end(), a->fresh.begin(), a->fresh.end());
+  for (BlockIndex f : a->fresh) content[f].assign(k, BlockHash{});  // garbage
+  uint32_t from = full * k;
+  if (a->partial_source) {
+    REQUIRE(a->partial_sub_blocks == matched % k);
+    for (uint32_t s = 0; s < a->partial_sub_blocks; ++s) {
+      REQUIRE(content[*a->partial_source][s] == q[from + s]);
+      content[a->fresh[0]][s] = content[*a->partial_source][s];  // the device's copy
+    }
+  } else {
+    REQUIRE(matched % k == 0);
+  }
+  size_t done = std::min(q.size(), commit_sub_blocks);
+  for (size_t t = from + matched % k; t < q.size(); ++t) content[blocks[t / k]][t % k] = q[t];
+  tandem::kv::PrefixHashes ph{q, k};
+  for (size_t i = full; i * k < done; ++i) {
+    size_t n = std::min<size_t>(k, done - i * k);
+    (void)cache.commit(blocks[i], ph.slots(i, n), ph.parent(i));
+  }
+  if (a->partial_source) cache.release(std::span(&*a->partial_source, 1));
+  cache.check_invariants();
+  return blocks;
+}
+
+}  // namespace
+
+TEST_CASE("sub-blocks: a prompt's partial last block is cached and matched sub-block by sub-block") {
+  PrefixCache cache(8, 16, 4);
+  CHECK(cache.sub_blocks_per_block() == 4);
+  std::map<BlockIndex, std::vector<BlockHash>> content;
+  auto turn1 = tokens_of(1, 24);  // one full block + 2 sub-blocks
+  auto q1 = prefix_hashes(turn1);
+  REQUIRE(q1.size() == 6);
+  auto a = serve(cache, q1, content);
+  CHECK(cache.entries_count() == 6);
+  CHECK(cache.blocks_cached_count() == 2);
+  cache.release(a);
+  // The next turn extends it: 6 sub-blocks reused, the tail block copied from its holder.
+  auto turn2 = tokens_of(1, 40);
+  auto q2 = prefix_hashes(turn2);
+  CHECK(cache.match(q2) == 6);
+  auto before = cache.counters();
+  auto b = serve(cache, q2, content);
+  CHECK(cache.counters().hit_tokens_count - before.hit_tokens_count == 24);
+  CHECK(cache.counters().partial_hits_count == 1);
+  // Its block 1 holds everything the old partial block held: it took it over.
+  CHECK(cache.counters().merged_count == 1);
+  CHECK(cache.entries_count() == 10);
+  CHECK(cache.blocks_cached_count() == 3);
+  CHECK_FALSE(cache.is_cached(a[1]));
+  CHECK(cache.blocks_free_count() == 5);  // the dominated block went back to the free list
+  // The merge is no event: the hashes stayed cached.
+  auto ev = cache.drain_events();
+  CHECK(ev.removed.empty());
+  CHECK(ev.stored.size() == 10);
+  cache.release(b);
+  cache.check_invariants();
+}
+
+TEST_CASE("sub-blocks: a prompt diverging inside a block reuses the shared sub-blocks only") {
+  PrefixCache cache(8, 16, 4);
+  std::map<BlockIndex, std::vector<BlockHash>> content;
+  auto x = tokens_of(1, 32);
+  auto y = x;
+  y[21] = 7;  // block 1, sub-block 1 differs
+  auto qx = prefix_hashes(x), qy = prefix_hashes(y);
+  auto a = serve(cache, qx, content);
+  CHECK(cache.match(qy) == 5);
+  auto b = serve(cache, qy, content);
+  // Block 1 of y: sub-block 0 held by x's block, 1..3 its own (a branch, not dominated).
+  CHECK(cache.counters().merged_count == 0);
+  CHECK(cache.entries_count() == 8 + 3);
+  cache.release(a);
+  cache.release(b);  // LRU: x's block 1, y's block 1, block 0
+  // Evicting x's block 1 (the branch point) cascades to y's branch: the cache shrinks to
+  // what match() reaches, and the events say so.
+  (void)cache.drain_events();
+  auto fresh = cache.acquire({}, 6);  // 5 free, then the oldest evictable
+  REQUIRE(fresh.ok());
+  auto ev = cache.drain_events();
+  CHECK(cache.entries_count() == 4);  // block 0 only
+  CHECK(ev.removed.size() == 7);
+  CHECK(cache.counters().unreachable_count == 1);
+  CHECK(cache.blocks_free_count() == 1);  // y's block 1, unreachable, freed
+  cache.release(fresh->fresh);
+  cache.check_invariants();
+}
+
+TEST_CASE("sub-blocks: a fully cached prompt and a hash at the wrong slot") {
+  PrefixCache cache(4, 16, 4);
+  std::map<BlockIndex, std::vector<BlockHash>> content;
+  auto q = prefix_hashes(tokens_of(3, 32));
+  cache.release(serve(cache, q, content));
+  CHECK(cache.match(q) == 8);
+  // A malformed list: a cached hash at a position whose slot differs matches nothing.
+  std::vector<BlockHash> shifted(q.begin() + 1, q.end());
+  CHECK(cache.match(shifted) == 0);
+  auto a = cache.acquire(shifted, 0);
+  REQUIRE(a.ok());
+  CHECK(a->cached.empty());
+  CHECK_FALSE(a->partial_source.has_value());
+  // The whole-block overload is for k == 1 only; committing again is a duplicate.
+  auto b = cache.acquire({}, 1);
+  REQUIRE(b.ok());
+  CHECK(cache.commit(b->fresh[0], std::span(q).first(4), std::nullopt) ==
+        CommitOutcome::duplicate);
+  CHECK_FALSE(cache.is_cached(b->fresh[0]));
+  cache.release(b->fresh);
+  cache.check_invariants();
+}
+
+TEST_CASE("sub-blocks randomized: no request is ever handed KV that is not its own, and events "
+          "rebuild the cache's entries exactly") {
+  for (uint32_t seed : {11u, 12u, 13u, 14u, 15u}) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    PrefixCache cache(20, 16, 4);
+    std::map<BlockIndex, std::vector<BlockHash>> content;
+    std::vector<std::vector<BlockIndex>> held;
+    ShadowTree shadow;
+    uint64_t partial_hits = 0;
+    for (int op = 0; op < 5000; ++op) {
+      uint32_t kind = rng() % 10;
+      if (kind < 5) {
+        // Six documents; a request takes a random-length prefix (whole sub-blocks) of one,
+        // sometimes with a token changed at a random place (a branch inside a block).
+        uint32_t doc = rng() % 6;
+        auto tokens = tokens_of(doc / 2, 4 * (1 + rng() % 16));
+        if (doc % 2 == 1) tokens[rng() % tokens.size()] += 500;
+        auto q = prefix_hashes(tokens);
+        uint32_t k = cache.sub_blocks_per_block();
+        uint32_t matched = cache.match(q);
+        size_t commit_to = rng() % 4 == 0 ? rng() % (q.size() + 1) : q.size();
+        auto blocks = serve(cache, q, content, commit_to);
+        if (blocks.empty()) continue;
+        if (matched % k != 0) ++partial_hits;
+        held.push_back(std::move(blocks));
+      } else if (!held.empty()) {
+        size_t pick = rng() % held.size();
+        cache.release(held[pick]);
+        held.erase(held.begin() + static_cast<long>(pick));
+      }
+      if (op % 11 == 0) {
+        shadow.apply(cache.drain_events());
+        REQUIRE(shadow.parent_of.size() == cache.entries_count());
+        for (const auto& [hash, parent] : shadow.parent_of) CHECK(cache.holds(hash));
+      }
+    }
+    for (const auto& blocks : held) cache.release(blocks);
+    cache.check_invariants();
+    CHECK(cache.blocks_used_count() == 0);
+    CHECK(partial_hits > 50);
+    CHECK(cache.counters().merged_count > 0);
+    CHECK(cache.counters().evictions_count > 0);
+    CHECK(cache.counters().unreachable_count > 0);
+  }
+}
