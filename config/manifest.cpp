@@ -480,8 +480,8 @@ void Loader::read_logging(const toml::table& table) {
 
 void Loader::read_model(const toml::table& table) {
   TableReader reader(sink_, table, "model",
-                     {"name", "served_names", "path", "block_tokens", "max_model_tokens",
-                      "chat_format"});
+                     {"name", "served_names", "path", "block_tokens", "sub_block_tokens",
+                      "max_model_tokens", "chat_format"});
   ModelSection& model = manifest_.model;
   reader.read_string("name", model.name, true);
   read_served_names(reader);
@@ -495,6 +495,16 @@ void Loader::read_model(const toml::table& table) {
     reader.issue("block_tokens",
                  "value " + std::to_string(model.block_tokens) + " is not a power of two");
     block_ok = false;
+  }
+  model.sub_block_tokens = model.block_tokens > 512 ? 512 : model.block_tokens;
+  if (reader.read_int("sub_block_tokens", 1, 65536, model.sub_block_tokens) && block_ok) {
+    uint32_t sub = model.sub_block_tokens;
+    if ((sub & (sub - 1)) != 0 || sub > model.block_tokens) {
+      reader.issue("sub_block_tokens", "value " + std::to_string(sub) +
+                                           " must be a power of two at most block_tokens (" +
+                                           std::to_string(model.block_tokens) + ")");
+      model.sub_block_tokens = model.block_tokens;
+    }
   }
   bool max_ok = reader.read_int("max_model_tokens", 1, 1 << 24, model.max_model_tokens);
   block_tokens_ok_ = block_ok;

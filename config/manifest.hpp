@@ -75,6 +75,11 @@ struct ModelSection {
   std::vector<std::string> served_names;
   std::string path;                   // model file or directory; absolute once loaded
   uint32_t block_tokens = 16;         // KV block size, tokens
+  // Prefix-cache match granularity, tokens (issue 13): a power of two dividing block_tokens.
+  // Default: 512 (the reference design's) when block_tokens is larger, else block_tokens
+  // (whole blocks). The gateway hashes every full sub-block; the device caches, the router
+  // and `tandem sim` match them.
+  uint32_t sub_block_tokens = 16;
   uint32_t max_model_tokens = 256;    // context length, tokens
   ChatFormat chat_format = ChatFormat::auto_detect;
 

@@ -1,7 +1,10 @@
 #include "devices/device.hpp"
 
+#include <cstring>
 #include <string>
 #include <thread>
+
+#include "runtime/base/assert.hpp"
 
 namespace tandem::devices {
 
@@ -93,6 +96,40 @@ uint64_t KvLayout::slot_offset_bytes(uint32_t block, uint32_t layer, KvPart part
   RT_ASSERT(slot < block_tokens, "slot", slot, "block_tokens", block_tokens);
   return offset_bytes(block, layer, part) +
          uint64_t{slot} * kv_heads * head_dim * element_bytes;
+}
+
+}  // namespace tandem::devices
+
+namespace tandem::devices {
+
+Status check_copies(std::span<const PrefillSeq> batch, const KvLayout& layout) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    for (const BlockCopy& c : batch[i].copies) {
+      if (c.src >= layout.blocks_total || c.dst >= layout.blocks_total || c.src == c.dst) {
+        return make_error(ErrorKind::invalid,
+                          "prefill seq " + std::to_string(i) + " (id " +
+                              std::to_string(batch[i].seq_id) + "): block copy " +
+                              std::to_string(c.src) + " -> " + std::to_string(c.dst) +
+                              " is not between two distinct blocks of [0, " +
+                              std::to_string(layout.blocks_total) + ")");
+      }
+    }
+  }
+  return {};
+}
+
+void apply_copies(std::span<const PrefillSeq> batch, const KvLayout& layout,
+                  MemoryRegion region) {
+  const uint64_t bytes = layout.block_bytes();
+  for (const PrefillSeq& s : batch) {
+    for (const BlockCopy& c : s.copies) {
+      RT_ASSERT(c.src < layout.blocks_total && c.dst < layout.blocks_total && c.src != c.dst);
+      RT_ASSERT((uint64_t{c.src} + 1) * bytes <= region.length_bytes, c.src);
+      RT_ASSERT((uint64_t{c.dst} + 1) * bytes <= region.length_bytes, c.dst);
+      std::memcpy(region.base + uint64_t{c.dst} * bytes, region.base + uint64_t{c.src} * bytes,
+                  bytes);
+    }
+  }
 }
 
 }  // namespace tandem::devices

@@ -100,6 +100,12 @@ struct MemoryRegion {
   uint64_t length_bytes = 0;
 };
 
+// Copies block `src` of the pool into block `dst` (every layer, whole block).
+struct BlockCopy {
+  uint32_t src = 0;
+  uint32_t dst = 0;
+};
+
 // One sequence in a prefill pass (chunked prefill: start_pos > 0 continues earlier chunks,
 // whose KV must already be in the blocks). block_table must cover start_pos + tokens.size()
 // positions. Output: one logits row, for the last token.
@@ -108,7 +114,15 @@ struct PrefillSeq {
   std::vector<uint32_t> block_table;
   uint32_t start_pos = 0;
   std::vector<int32_t> tokens;  // not empty
+  // Done before any sequence of the pass is computed: a prefix hit that ends inside a block
+  // (sub-block matching) brings that block's KV into the sequence's own block this way.
+  std::vector<BlockCopy> copies;
 };
+
+// The copies of a prefill batch, checked (ids < blocks_total, src != dst; invalid naming
+// the sequence) before anything is written, then applied within `region`.
+Status check_copies(std::span<const PrefillSeq> batch, const KvLayout& layout);
+void apply_copies(std::span<const PrefillSeq> batch, const KvLayout& layout, MemoryRegion region);
 
 // One sequence in a decode pass. tokens = {last accepted token, draft_1, ..., draft_k}; the
 // last token sits at position start_pos. Output: k+1 logits rows, row i predicts the token

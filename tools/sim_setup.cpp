@@ -21,7 +21,7 @@ cli::Flags sim_flags() {
                "times from the sim device's timing model. Same seed, same output.");
   f.flag("manifest", "FILE",
          "take instance counts, [router], [prefill], [decode], [sim] and "
-         "[model] block_tokens / max_model_tokens from this manifest")
+         "[model] block_tokens / sub_block_tokens / max_model_tokens from this manifest")
       .flag("prefill", "N", "prefill instances (without --manifest)", "4")
       .flag("decode", "N", "decode instances (without --manifest)", "4")
       .flag("aggregated", "", "every instance prefills and decodes (prefill + decode of them)")
@@ -46,6 +46,9 @@ cli::Flags sim_flags() {
             "instances report load to the router every MS (the real shells: 100); "
             "0 = after every change", "100")
       .flag("block-tokens", "N", "KV block tokens (default: manifest's, else 512)")
+      .flag("sub-block-tokens", "N",
+            "prefix-cache match granularity, dividing the block (default: manifest's, else "
+            "the block; 0 = the block)")
       .flag("kv-blocks", "N", "KV pool blocks per instance (0: from the timing model)", "0")
       .flag("json", "FILE", "write the result as JSON (deterministic) to FILE")
       .flag("timelines", "", "include every request's timeline in the JSON")
@@ -142,6 +145,7 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c,
   c.decode_count = static_cast<uint32_t>(m.instances_of(config::Role::decode).size());
   c.router = actors::router_config(m);  // the sim sets its seed and block size itself
   c.block_tokens = m.model.block_tokens;
+  c.sub_block_tokens = m.model.sub_block_tokens;
   c.max_model_tokens = m.model.max_model_tokens;
   c.prefill_queue_max = m.prefill.queue_max;
   c.prefill_running_max = m.prefill.running_max;
@@ -284,8 +288,17 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
     if (!imbalance) return false;
     c.router.prefill_load_imbalance_max = *imbalance;
   }
-  if (f.has("block-tokens") && !get_u32(f, "block-tokens", 1, 1u << 20, &c.block_tokens)) {
-    return false;
+  if (f.has("block-tokens")) {
+    if (!get_u32(f, "block-tokens", 1, 1u << 20, &c.block_tokens)) return false;
+    c.sub_block_tokens = std::min(c.hash_tokens(), c.block_tokens);
+  }
+  if (f.has("sub-block-tokens")) {
+    if (!get_u32(f, "sub-block-tokens", 0, 1u << 20, &c.sub_block_tokens)) return false;
+    if (c.hash_tokens() > c.block_tokens || c.block_tokens % c.hash_tokens() != 0) {
+      std::fprintf(stderr, "tandem sim: --sub-block-tokens %u must divide the block size (%u)\n",
+                   c.sub_block_tokens, c.block_tokens);
+      return false;
+    }
   }
   if (!get_u32(f, "kv-blocks", 0, 1u << 24, &c.kv_blocks)) return false;
   if (!get_u32(f, "sessions", 1, 1u << 20, &c.sessions_in_flight)) return false;

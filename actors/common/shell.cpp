@@ -141,6 +141,10 @@ InstanceMetrics::InstanceMetrics(obs::Registry& registry, const std::string& ins
                               "prompt tokens found in the prefix cache", labels_);
   cached_blocks_ = make_gauge(registry, "tandem:prefix_cache_blocks",
                               "blocks the prefix cache holds (reachable by a prompt)", labels_);
+  cached_entries_ = make_gauge(registry, "tandem:prefix_cache_entries",
+                               "prefix hashes (sub-blocks) the prefix cache holds: what a "
+                               "precise router index mirrors",
+                               labels_);
 }
 
 void InstanceMetrics::refresh(const kv::PrefixCache& cache, uint32_t waiting, uint32_t running) {
@@ -148,6 +152,7 @@ void InstanceMetrics::refresh(const kv::PrefixCache& cache, uint32_t waiting, ui
   running_->set(running);
   kv_usage_->set(double(cache.blocks_used_count()) / cache.blocks_count());
   cached_blocks_->set(cache.blocks_cached_count());
+  cached_entries_->set(cache.entries_count());
   const auto& c = cache.counters();
   RT_ASSERT(c.query_tokens_count >= queries_seen_ && c.hit_tokens_count >= hits_seen_);
   queries_tokens_->inc(c.query_tokens_count - queries_seen_);

@@ -128,6 +128,7 @@ class InstanceMetrics {
   obs::Counter* queries_tokens_;
   obs::Counter* hits_tokens_;
   obs::Gauge* cached_blocks_;
+  obs::Gauge* cached_entries_;
   uint64_t queries_seen_ = 0, hits_seen_ = 0;
 };
 

@@ -569,7 +569,9 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
     // A model that emits BOS starts a new document (llama2.c models end stories this way).
     core.stop_token_ids.push_back(st.info.model.bos_id);
   }
-  uint32_t cached = st.cache->match(*hashes) * st.info.layout.block_tokens;
+  // Decode reuses whole blocks (a pull reads whole blocks).
+  uint32_t cached = st.cache->match(*hashes) / st.cache->sub_blocks_per_block() *
+                    st.info.layout.block_tokens;
   if (Status s = st.scheduler->submit(std::move(core)); !s.ok()) {
     return send_error(st.ctx, st.self_name, *reply_to, id, s.error());
   }
@@ -776,8 +778,9 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
             self->send(self, runtime::atoms::tick::value);
             return;
           }
-          st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
-                                                       info.layout.block_tokens);
+          st.cache = std::make_unique<kv::PrefixCache>(
+              info.layout.blocks_total, info.layout.block_tokens,
+              std::min(st.ctx.manifest->model.sub_block_tokens, info.layout.block_tokens));
           st.scheduler = std::make_unique<decode::DecodeScheduler>(config, *st.cache);
           st.metrics = std::make_unique<DecodeMetrics>(*st.ctx.metrics, st.self_name.instance);
           st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);

@@ -73,11 +73,12 @@ Status DecodeScheduler::submit(DecodeRequest request) {
                 std::to_string(config_.max_model_tokens));
   }
   if (request.max_tokens == 0) return fail("max_tokens must be at least 1");
-  size_t full_blocks = request.prompt.size() / config_.block_tokens;
-  if (request.block_hashes.size() != full_blocks) {
-    return fail(std::to_string(request.block_hashes.size()) + " block hashes for " +
-                std::to_string(request.prompt.size()) + " tokens (" + std::to_string(full_blocks) +
-                " full blocks expected)");
+  size_t full_sub_blocks = request.prompt.size() / cache_.sub_block_tokens();
+  if (request.prefix_hashes.size() != full_sub_blocks) {
+    return fail(std::to_string(request.prefix_hashes.size()) + " prefix hashes for " +
+                std::to_string(request.prompt.size()) + " tokens (" +
+                std::to_string(full_sub_blocks) + " full " +
+                std::to_string(cache_.sub_block_tokens()) + "-token sub-blocks expected)");
   }
   if (waiting_new_count_ >= config_.waiting_max) {
     return make_error(ErrorKind::overloaded,
@@ -195,7 +196,8 @@ void DecodeScheduler::preempt(Seq& victim, DecodePlan& plan) {
   victim.stage = SeqStage::waiting;
   victim.source = KvSource::local;  // recompute locally: the prefill hold is gone
   victim.computed_tokens_count = 0;
-  victim.committed_blocks_count = 0;
+  victim.cached_blocks_count = 0;
+  victim.committed_sub_blocks = 0;
   waiting_.push_front(victim.input.id);
   --active_count_;
   ++counters_.preemptions_count;
@@ -237,16 +239,20 @@ bool DecodeScheduler::try_admit(Seq& s, DecodePlan& plan) {
   RT_ASSERT(s.stage == SeqStage::waiting && s.blocks.empty(), s.input.id);
   auto tokens = static_cast<uint32_t>(s.tokens.size());
   uint32_t needed = blocks_for(tokens);
-  std::span<const kv::BlockHash> hashes(s.input.block_hashes);
-  uint32_t matched = cache_.match(hashes);
+  const uint32_t k = cache_.sub_blocks_per_block();
+  std::span<const kv::BlockHash> hashes(s.input.prefix_hashes);
+  // Whole blocks only: a pull reads whole blocks (a partial block would be read anyway).
+  uint32_t matched = cache_.match(hashes) / k;
   // A local prefill must compute at least the last block to sample from it.
   if (s.source == KvSource::local && matched == needed) --matched;
-  auto alloc = cache_.acquire(hashes.first(matched), needed - matched,
+  auto alloc = cache_.acquire(hashes.first(size_t{matched} * k), needed - matched,
                               static_cast<uint32_t>(hashes.size()));
   if (!alloc) return false;
+  RT_ASSERT(!alloc->partial_source, s.input.id);
   s.blocks = std::move(alloc->cached);
   s.blocks.insert(s.blocks.end(), alloc->fresh.begin(), alloc->fresh.end());
-  s.committed_blocks_count = matched;
+  s.cached_blocks_count = matched;
+  s.committed_sub_blocks = matched * k;
   active_insert(s);
   if (s.source == KvSource::pull) {
     s.stage = SeqStage::pulling;
@@ -306,15 +312,18 @@ std::optional<FinishReason> DecodeScheduler::append_tokens(Seq& s, std::span<con
 }
 
 void DecodeScheduler::commit_prompt_blocks(Seq& s) {
-  auto full = std::min<uint32_t>(s.computed_tokens_count / config_.block_tokens,
-                                 static_cast<uint32_t>(s.input.block_hashes.size()));
-  for (uint32_t i = s.committed_blocks_count; i < full; ++i) {
-    // duplicate or orphan: stays private
-    (void)cache_.commit(s.blocks[i], s.input.block_hashes[i],
-                        kv::chain_parent(s.input.block_hashes, i));
+  const uint32_t k = cache_.sub_blocks_per_block();
+  auto done = std::min<uint32_t>(s.computed_tokens_count / cache_.sub_block_tokens(),
+                                 static_cast<uint32_t>(s.input.prefix_hashes.size()));
+  kv::PrefixHashes q{s.input.prefix_hashes, k};
+  for (uint32_t i = s.committed_sub_blocks / k; i * k < done; ++i) {
+    uint32_t n = std::min(k, done - i * k);
+    if (i * k + n <= s.committed_sub_blocks) continue;
+    // duplicate or orphan: nothing registered
+    (void)cache_.commit(s.blocks[i], q.slots(i, n), q.parent(i));
   }
-  s.committed_blocks_count = std::max(s.committed_blocks_count, full);
-  RT_ASSERT(s.committed_blocks_count <= s.blocks.size(), s.input.id);
+  s.committed_sub_blocks = std::max(s.committed_sub_blocks, done);
+  RT_ASSERT(s.committed_sub_blocks <= s.blocks.size() * k, s.input.id);
 }
 
 std::vector<SeqUpdate> DecodeScheduler::on_step_result(uint64_t step_id,
@@ -410,7 +419,7 @@ Result<SeqUpdate> DecodeScheduler::on_pull_done(SeqId seq, bool ok, TokenId firs
     ++counters_.pull_failures_count;
     s.stage = SeqStage::prefilling;
     s.source = KvSource::local;
-    s.computed_tokens_count = s.committed_blocks_count * config_.block_tokens;
+    s.computed_tokens_count = s.cached_blocks_count * config_.block_tokens;
     if (s.computed_tokens_count == s.tokens.size()) s.computed_tokens_count -= config_.block_tokens;
     return update;
   }

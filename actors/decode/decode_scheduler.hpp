@@ -71,7 +71,10 @@ std::string_view to_string(FinishReason reason);
 struct DecodeRequest {
   SeqId id = 0;
   std::vector<TokenId> prompt;              // >= 1 token, < max_model_tokens
-  std::vector<kv::BlockHash> block_hashes;  // one per FULL block of the prompt
+  // One per FULL sub-block of the prompt (the cache's sub_block_tokens; one per block when
+  // it matches whole blocks): kvstore/prefix_cache.hpp. Decode reuses whole cached blocks
+  // (a pull reads whole blocks) and caches every full sub-block of the prompt.
+  std::vector<kv::BlockHash> prefix_hashes;
   uint32_t max_tokens = 16;                 // tokens to generate, >= 1
   std::optional<TokenId> eos_token;
   std::vector<TokenId> stop_token_ids;
@@ -166,7 +169,8 @@ class DecodeScheduler {
     uint32_t generated_count = 0;
     std::vector<kv::BlockIndex> blocks;
     uint32_t computed_tokens_count = 0;  // KV present for tokens [0, n)
-    uint32_t committed_blocks_count = 0;
+    uint32_t cached_blocks_count = 0;    // leading blocks reused from the cache
+    uint32_t committed_sub_blocks = 0;   // prompt sub-blocks [0, n) cached or committed
     uint32_t in_flight_tokens_count = 0;
     bool in_flight_sample = false;
     uint32_t in_flight_drafts_count = 0;  // draft tokens fed this step (0: none yet)

@@ -810,7 +810,8 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
   auto max_tokens = gateway::check_context_length(
       spec.value(), static_cast<int64_t>(prompt.size()), model_tokens_max);
   if (!max_tokens.ok()) return reply_error(api.value(), *call.out, max_tokens.error());
-  uint32_t block_tokens = st.ctx.manifest->model.block_tokens;
+  // One prefix hash per full sub-block: the granularity the caches and the router match at.
+  uint32_t block_tokens = st.ctx.manifest->model.sub_block_tokens;
   std::vector<kv::BlockHash> hashes;
   if (spec.value().cache_salt.empty()) {
     if (!st.unsalted) {

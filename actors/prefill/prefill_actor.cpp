@@ -42,10 +42,11 @@ struct Tier2Wait {
   ActorName requester;
   ActorName source;  // the kv-offload asked (this node's, or the router's remote copy)
   prefill::PrefillRequest core;
+  std::vector<kv::BlockHash> block_hashes;  // the prompt's full blocks' (every k-th prefix hash)
   devices::SamplingParams sampling;
   std::vector<int32_t> prompt;
   uint64_t serial = 0;
-  uint32_t device_hit = 0;           // leading blocks the pool already had when asked
+  uint32_t device_hit = 0;           // leading whole blocks the pool already had when asked
   uint32_t asked = 0;                // blocks asked for after those
   bool probe = false;                // fewer than the prompt lacks (tier2_blocks_to_ask)
   std::chrono::nanoseconds sent{0};  // lookup sent
@@ -108,6 +109,7 @@ void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t c
   Pending& p = it->second;
   RT_ASSERT(p.first.has_value(), "the final chunk sampled the first token", done.request);
   const auto& layout = st.info.layout;
+  const auto hashes = prefill::block_hashes(done, st.cache->sub_blocks_per_block());
   Status sent = st.ctx.bridge->send(st.self_name, p.requester, done.request,
                                     [&](wire::Envelope::Builder b) {
     auto r = b.getBody().initPrefillResult();
@@ -123,8 +125,7 @@ void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t c
     for (unsigned i = 0; i < done.block_table.size(); ++i) {
       fill_block_descriptor(blocks[i], st.info.fabric_address, st.info.region,
                             uint64_t(done.block_table[i]) * layout.block_bytes(),
-                            i < done.block_hashes.size() ? &done.block_hashes[i] : nullptr,
-                            layout);
+                            i < hashes.size() ? &hashes[i] : nullptr, layout);
     }
   });
   if (!sent.ok()) {
@@ -192,6 +193,7 @@ void pump(PrefillActor* self) {
   for (const auto& c : plan->chunks) {
     batch->push_back({c.request, {c.block_table.begin(), c.block_table.end()}, c.start_position,
                       c.tokens});
+    if (c.copy) batch->back().copies.push_back({c.copy->src, c.copy->dst});
   }
   st.stepping = true;
   auto kept = std::make_shared<prefill::PrefillPlan>(std::move(*plan));
@@ -210,7 +212,8 @@ void pump(PrefillActor* self) {
 // offers in flight, or no fabric, nothing is offered.
 void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done) {
   auto& st = self->state;
-  size_t full = std::min(done.block_hashes.size(), done.block_table.size());
+  const auto hashes = prefill::block_hashes(done, st.cache->sub_blocks_per_block());
+  size_t full = std::min(hashes.size(), done.block_table.size());
   if (!st.offload || full == 0 || st.pins.count(done.request) ||
       st.pins.size() >= st.ctx.manifest->kv_offload.stores_max) {
     return;
@@ -224,8 +227,7 @@ void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done) {
     auto list = offer.initBlocks(static_cast<unsigned>(full));
     for (unsigned i = 0; i < full; ++i) {
       fill_block_descriptor(list[i], st.info.fabric_address, st.info.region,
-                            uint64_t(blocks[i]) * layout.block_bytes(), &done.block_hashes[i],
-                            layout);
+                            uint64_t(blocks[i]) * layout.block_bytes(), &hashes[i], layout);
     }
   });
   if (!sent.ok()) return;
@@ -264,8 +266,11 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
                const std::optional<ActorName>& source) {
   auto& st = self->state;
   if (!source || st.ctx.bridge->fabric() == nullptr || st.info.local == nullptr) return false;
-  uint32_t hit = st.cache->match(core.block_hashes);
-  auto lacking = static_cast<uint32_t>(core.block_hashes.size()) - hit;
+  // Tier 2 holds whole blocks: the pool's whole-block hit, then the blocks after it.
+  const uint32_t k = st.cache->sub_blocks_per_block();
+  std::vector<kv::BlockHash> block_hashes = kv::block_hashes_of(core.prefix_hashes, k);
+  uint32_t hit = st.cache->match(core.prefix_hashes) / k;
+  auto lacking = static_cast<uint32_t>(block_hashes.size()) - hit;
   if (lacking == 0 || st.tier2.size() >= st.ctx.manifest->prefill.queue_max) return false;
   bool remote = source->node != st.self_name.node;
   prefill::Tier2Rates& rates = st.rates.of(remote);
@@ -277,8 +282,7 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
                                               rates, waiting);
   if (ask == 0) return false;
   uint64_t id = core.id;
-  std::vector<kv::BlockHash> asked(core.block_hashes.begin() + hit,
-                                   core.block_hashes.begin() + hit + ask);
+  std::vector<kv::BlockHash> asked(block_hashes.begin() + hit, block_hashes.begin() + hit + ask);
   Status sent = st.ctx.bridge->send(st.self_name, *source, id, [&](wire::Envelope::Builder b) {
     auto q = b.getBody().initOffloadLookup();
     q.setRequestId(id);
@@ -289,7 +293,8 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   });
   if (!sent.ok()) return false;
   if (remote) st.tier2_remote_lookups->inc();
-  Tier2Wait w{from, *source, std::move(core), sampling, std::move(prompt)};
+  Tier2Wait w{from, *source, std::move(core), std::move(block_hashes), sampling,
+              std::move(prompt)};
   w.serial = ++st.tier2_serial;
   w.device_hit = hit;
   w.asked = ask;
@@ -331,9 +336,10 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   bool in_time = now_ns() - w.replied <= half;
   size_t loaded = 0;
   while (in_time && loaded < w.fresh.size() && w.read_ok[loaded] == 1) ++loaded;
+  kv::PrefixHashes q{w.core.prefix_hashes, st.cache->sub_blocks_per_block()};
   for (size_t i = 0; i < loaded; ++i) {
-    (void)st.cache->commit(w.fresh[i], w.core.block_hashes[w.device_hit + i],
-                           kv::chain_parent(w.core.block_hashes, w.device_hit + i));
+    size_t at = w.device_hit + i;
+    (void)st.cache->commit(w.fresh[i], q.slots(at, q.k), q.parent(at));
   }
   st.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
   st.cache->release(w.head);
@@ -381,16 +387,17 @@ void on_lookup_reply(PrefillActor* self, const ActorName& from,
   size_t usable = 0;
   for (auto d : blocks) {
     size_t at = w.device_hit + usable;
-    if (at >= w.core.block_hashes.size() || d.getLengthBytes() != block_bytes) break;
+    if (at >= w.block_hashes.size() || d.getLengthBytes() != block_bytes) break;
     auto h = d.getBlockHash();
-    if (h.size() != 32 || std::memcmp(h.begin(), w.core.block_hashes[at].bytes.data(), 32) != 0) {
+    if (h.size() != 32 || std::memcmp(h.begin(), w.block_hashes[at].bytes.data(), 32) != 0) {
       break;
     }
     ++usable;
   }
   // Fresh blocks for the staged ones, holding the pool's cached head of the prompt meanwhile
   // (else the fresh blocks could evict that head, and the prompt would match nothing).
-  std::span<const kv::BlockHash> head(w.core.block_hashes.data(), w.device_hit);
+  std::span<const kv::BlockHash> head(w.core.prefix_hashes.data(),
+                                      size_t{w.device_hit} * st.cache->sub_blocks_per_block());
   auto alloc = usable > 0 ? st.cache->acquire(head, static_cast<uint32_t>(usable), 0,
                                               kv::PrefixCache::Query::internal)
                           : Result<kv::Allocation>(make_error(ErrorKind::overloaded, "none"));
@@ -618,8 +625,9 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
             return;
           }
           auto config = scheduler_config(*st.ctx.manifest);
-          st.cache = std::make_unique<kv::PrefixCache>(info.layout.blocks_total,
-                                                       info.layout.block_tokens);
+          st.cache = std::make_unique<kv::PrefixCache>(
+              info.layout.blocks_total, info.layout.block_tokens,
+              std::min(st.ctx.manifest->model.sub_block_tokens, info.layout.block_tokens));
           st.scheduler = std::make_unique<prefill::PrefillScheduler>(config, *st.cache);
           st.metrics = std::make_unique<InstanceMetrics>(*st.ctx.metrics, st.self_name.instance);
           st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);

@@ -27,6 +27,10 @@ Status PrefillConfig::validate() const {
   return {};
 }
 
+std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k) {
+  return kv::block_hashes_of(done.prefix_hashes, k);
+}
+
 PrefillScheduler::PrefillScheduler(const PrefillConfig& config, kv::PrefixCache& cache)
     : config_(config), cache_(cache) {
   RT_ASSERT(config_.validate().ok(), config_.validate().error().describe());
@@ -46,12 +50,14 @@ Status PrefillScheduler::submit(PrefillRequest request) {
     return make_error(ErrorKind::invalid, where + "id already in use");
   }
   if (request.tokens.empty()) return make_error(ErrorKind::invalid, where + "empty prompt");
-  size_t full_blocks = request.tokens.size() / config_.block_tokens;
-  if (request.block_hashes.size() != full_blocks) {
+  const uint32_t sub_tokens = cache_.sub_block_tokens();
+  size_t full_sub_blocks = request.tokens.size() / sub_tokens;
+  if (request.prefix_hashes.size() != full_sub_blocks) {
     return make_error(ErrorKind::invalid,
-                      where + std::to_string(request.block_hashes.size()) + " block hashes for " +
-                          std::to_string(request.tokens.size()) + " tokens (" +
-                          std::to_string(full_blocks) + " full blocks expected)");
+                      where + std::to_string(request.prefix_hashes.size()) +
+                          " prefix hashes for " + std::to_string(request.tokens.size()) +
+                          " tokens (" + std::to_string(full_sub_blocks) + " full " +
+                          std::to_string(sub_tokens) + "-token sub-blocks expected)");
   }
   size_t needed = (request.tokens.size() + config_.block_tokens - 1) / config_.block_tokens;
   if (needed > cache_.blocks_count()) {
@@ -75,19 +81,25 @@ Status PrefillScheduler::submit(PrefillRequest request) {
 
 bool PrefillScheduler::try_admit(Request& r) {
   RT_ASSERT(r.stage == PrefillStage::queued && r.blocks.empty(), r.input.id);
+  const uint32_t k = cache_.sub_blocks_per_block();
+  const uint32_t sub_tokens = cache_.sub_block_tokens();
   uint32_t needed = blocks_needed(r);
-  std::span<const kv::BlockHash> hashes(r.input.block_hashes);
-  uint32_t matched = cache_.match(hashes);
-  // Fully cached prompt: recompute the last block to get the first token's logits.
-  if (matched == needed) --matched;
-  auto alloc = cache_.acquire(hashes.first(matched), needed - matched,
+  std::span<const kv::BlockHash> hashes(r.input.prefix_hashes);
+  // A fully cached prompt recomputes its last sub-block for the first token's logits.
+  auto tokens = static_cast<uint32_t>(r.input.tokens.size());
+  uint32_t matched = std::min(cache_.match(hashes), (tokens - 1) / sub_tokens);
+  auto alloc = cache_.acquire(hashes.first(matched), needed - matched / k,
                               static_cast<uint32_t>(hashes.size()));
   if (!alloc) return false;  // overloaded: wait for blocks to come back
   r.blocks = std::move(alloc->cached);
   r.blocks.insert(r.blocks.end(), alloc->fresh.begin(), alloc->fresh.end());
-  r.cached_blocks_count = matched;
-  r.committed_blocks_count = matched;
-  r.computed_tokens_count = matched * config_.block_tokens;
+  if (alloc->partial_source) {
+    RT_ASSERT(!alloc->fresh.empty(), r.input.id);
+    r.copy_source = alloc->partial_source;
+  }
+  r.committed_sub_blocks = matched;
+  r.computed_tokens_count = matched * sub_tokens;
+  r.cached_tokens_count = r.computed_tokens_count;
   r.stage = PrefillStage::running;
   counters_.cached_tokens_count += r.computed_tokens_count;
   RT_ASSERT(r.blocks.size() == needed, r.blocks.size(), needed);
@@ -106,6 +118,11 @@ void PrefillScheduler::add_chunk(Request& r, uint32_t tokens_count, PrefillPlan&
   chunk.tokens.assign(r.input.tokens.begin() + start,
                       r.input.tokens.begin() + start + tokens_count);
   chunk.last = start + tokens_count == r.input.tokens.size();
+  if (r.copy_source && !r.copy_in_flight) {
+    // The partial hit's KV goes into the prompt's own block before anything is computed.
+    chunk.copy = BlockCopy{*r.copy_source, r.blocks[start / config_.block_tokens]};
+    r.copy_in_flight = true;
+  }
   r.in_flight_tokens_count = tokens_count;
   plan.tokens_count += tokens_count;
   plan.chunks.push_back(std::move(chunk));
@@ -143,16 +160,26 @@ std::optional<PrefillPlan> PrefillScheduler::plan_step() {
   return plan;
 }
 
-void PrefillScheduler::commit_full_blocks(Request& r) {
-  auto full = std::min<uint32_t>(r.computed_tokens_count / config_.block_tokens,
-                                 static_cast<uint32_t>(r.input.block_hashes.size()));
-  for (uint32_t i = r.committed_blocks_count; i < full; ++i) {
-    // duplicate or orphan: stays private
-    (void)cache_.commit(r.blocks[i], r.input.block_hashes[i],
-                        kv::chain_parent(r.input.block_hashes, i));
+void PrefillScheduler::commit_sub_blocks(Request& r) {
+  const uint32_t k = cache_.sub_blocks_per_block();
+  auto done = std::min<uint32_t>(r.computed_tokens_count / cache_.sub_block_tokens(),
+                                 static_cast<uint32_t>(r.input.prefix_hashes.size()));
+  kv::PrefixHashes q{r.input.prefix_hashes, k};
+  // Every block position with sub-blocks newly complete (duplicate or orphan: nothing).
+  for (uint32_t i = r.committed_sub_blocks / k; i * k < done; ++i) {
+    uint32_t n = std::min(k, done - i * k);
+    if (i * k + n <= r.committed_sub_blocks) continue;
+    (void)cache_.commit(r.blocks[i], q.slots(i, n), q.parent(i));
   }
-  r.committed_blocks_count = std::max(r.committed_blocks_count, full);
-  RT_ASSERT(r.committed_blocks_count <= r.blocks.size(), r.committed_blocks_count);
+  r.committed_sub_blocks = std::max(r.committed_sub_blocks, done);
+  RT_ASSERT(r.committed_sub_blocks <= r.blocks.size() * k, r.committed_sub_blocks);
+}
+
+void PrefillScheduler::release_copy_source(Request& r) {
+  if (!r.copy_source) return;
+  cache_.release(std::span<const kv::BlockIndex>(&*r.copy_source, 1));
+  r.copy_source.reset();
+  r.copy_in_flight = false;
 }
 
 std::vector<PrefillDone> PrefillScheduler::on_step_done(uint64_t step_id, Nanos now) {
@@ -167,16 +194,18 @@ std::vector<PrefillDone> PrefillScheduler::on_step_done(uint64_t step_id, Nanos 
     r.computed_tokens_count += r.in_flight_tokens_count;
     counters_.computed_tokens_count += r.in_flight_tokens_count;
     r.in_flight_tokens_count = 0;
-    commit_full_blocks(r);
+    // The copy is done: the prompt's block holds the partial hit's KV, committed below.
+    if (r.copy_in_flight) release_copy_source(r);
+    commit_sub_blocks(r);
     if (r.computed_tokens_count < r.input.tokens.size()) continue;
     r.stage = PrefillStage::held;
     r.hold_deadline = now + std::chrono::duration_cast<Nanos>(config_.hold_timeout_ms);
     erase_running(id);
     ++held_count_;
     ++counters_.completed_count;
-    done.push_back(PrefillDone{id, r.blocks, r.input.block_hashes,
+    done.push_back(PrefillDone{id, r.blocks, r.input.prefix_hashes,
                                static_cast<uint32_t>(r.input.tokens.size()),
-                               r.cached_blocks_count * config_.block_tokens, r.hold_deadline});
+                               r.cached_tokens_count, r.hold_deadline});
   }
   in_flight_ids_.clear();
   in_flight_ = false;
@@ -185,6 +214,10 @@ std::vector<PrefillDone> PrefillScheduler::on_step_done(uint64_t step_id, Nanos 
 }
 
 void PrefillScheduler::release(Request& r) {
+  // A copy in flight is still reading its source: only a cancel while the step runs can get
+  // here with one, and the device finished the step before any later plan reuses a block
+  // (the header's rule), so releasing now is safe.
+  release_copy_source(r);
   cache_.release(r.blocks);
   r.blocks.clear();
 }
@@ -278,6 +311,10 @@ void PrefillScheduler::check_invariants() const {
       RT_ASSERT(r.computed_tokens_count == r.input.tokens.size(), id);
     }
     for (kv::BlockIndex b : r.blocks) ++refs[b];
+    if (r.copy_source) {
+      RT_ASSERT(r.stage == PrefillStage::running, id);
+      ++refs[*r.copy_source];
+    }
   }
   RT_ASSERT(queued == queue_.size() && running == running_.size() && held == held_count_);
   RT_ASSERT(queue_.size() <= config_.queue_max && running_.size() <= config_.running_max);

@@ -3,7 +3,9 @@
 // It decides, step by step, which prompt tokens the device computes next:
 //   queued   submitted, waiting in FIFO order (at most queue_max), no blocks yet;
 //   running  admitted: every block of the prompt is allocated up front (the leading blocks
-//            already in the prefix cache are reused and never computed); the rest is computed
+//            already in the prefix cache are reused and never computed; when the cached
+//            prefix ends inside a block, at sub-block granularity, the first chunk copies
+//            that block's holder into the prompt's own block first); the rest is computed
 //            in chunks, at most step_tokens_max tokens per step across all requests
 //            (chunked prefill: a long prompt spans several steps); oldest admitted first;
 //   held     the whole prompt is computed (the final chunk sampled the first token); its
@@ -13,8 +15,8 @@
 //
 // Admission is FIFO: when the head of the queue does not fit in the pool (free + evictable
 // blocks), nothing behind it is admitted either, so a long prompt is never starved.
-// A prompt whose every block is cached still recomputes its last block (the device must
-// produce logits for the first token).
+// A prompt whose every sub-block is cached still recomputes its last sub-block (the device
+// must produce logits for the first token).
 //
 // Protocol with the shell (the prefill actor), one step at a time:
 //   plan = plan_step();  -> the Device runs it (chunks with block tables and positions)
@@ -57,8 +59,17 @@ struct PrefillConfig {
 
 struct PrefillRequest {
   RequestId id = 0;
-  std::vector<TokenId> tokens;              // the prompt, >= 1 token
-  std::vector<kv::BlockHash> block_hashes;  // one per FULL block of tokens, in order
+  std::vector<TokenId> tokens;  // the prompt, >= 1 token
+  // One per FULL sub-block of tokens (the cache's sub_block_tokens; one per block when it
+  // matches whole blocks), in order: kvstore/prefix_cache.hpp.
+  std::vector<kv::BlockHash> prefix_hashes;
+};
+
+// Copy block `src` into `dst` (whole blocks, on the device) before computing the chunk.
+struct BlockCopy {
+  kv::BlockIndex src = 0;
+  kv::BlockIndex dst = 0;
+  friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
 };
 
 struct PrefillChunk {
@@ -67,6 +78,7 @@ struct PrefillChunk {
   uint32_t start_position = 0;              // position of tokens[0] in the prompt
   std::vector<TokenId> tokens;              // prompt[start_position, +size)
   bool last = false;                        // the prompt's final chunk: sample a token
+  std::optional<BlockCopy> copy;            // the request's first chunk after a partial hit
 };
 
 struct PrefillPlan {
@@ -79,11 +91,14 @@ struct PrefillPlan {
 struct PrefillDone {
   RequestId request = 0;
   std::vector<kv::BlockIndex> block_table;
-  std::vector<kv::BlockHash> block_hashes;
+  std::vector<kv::BlockHash> prefix_hashes;  // as submitted
   uint32_t prompt_tokens_count = 0;
   uint32_t cached_tokens_count = 0;  // reused from the prefix cache, not computed
   Nanos hold_deadline{0};
 };
+
+// Every k-th prefix hash of a done request: its full blocks' hashes (tier 2's keys).
+std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k);
 
 enum class PrefillStage { queued, running, held };
 
@@ -134,17 +149,21 @@ class PrefillScheduler {
     PrefillRequest input;
     PrefillStage stage = PrefillStage::queued;
     std::vector<kv::BlockIndex> blocks;  // empty while queued
-    uint32_t cached_blocks_count = 0;
+    uint32_t cached_tokens_count = 0;     // reused from the cache (sub-blocks x their size)
     uint32_t computed_tokens_count = 0;   // includes cached tokens
-    uint32_t committed_blocks_count = 0;  // blocks [0, n) are cached or committed
+    uint32_t committed_sub_blocks = 0;    // sub-blocks [0, n) are cached or committed
     uint32_t in_flight_tokens_count = 0;
+    // A partial hit's holder, referenced until the step copying it is done.
+    std::optional<kv::BlockIndex> copy_source;
+    bool copy_in_flight = false;
     Nanos hold_deadline{0};
   };
 
   uint32_t blocks_needed(const Request& r) const;
   bool try_admit(Request& r);
   void add_chunk(Request& r, uint32_t tokens_count, PrefillPlan& plan);
-  void commit_full_blocks(Request& r);
+  void commit_sub_blocks(Request& r);
+  void release_copy_source(Request& r);
   void release(Request& r);
   void erase_running(RequestId id);
 

@@ -76,7 +76,10 @@ router::RouterConfig router_config(const config::Manifest& m) {
   c.weight_prefix = m.router.weight_prefix;
   c.weight_queue = m.router.weight_queue;
   c.weight_kv_usage = m.router.weight_kv_usage;
-  c.prefix_index_blocks_max = m.router.prefix_index_blocks_max;
+  // The index holds sub-blocks; the key counts blocks.
+  const uint32_t k = m.model.block_tokens / m.model.sub_block_tokens;
+  c.prefix_index_blocks_max = static_cast<uint32_t>(
+      std::min<uint64_t>(uint64_t{m.router.prefix_index_blocks_max} * k, uint64_t{1} << 31));
   c.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
   c.load_imbalance_max = m.router.load_imbalance_max;
   c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
@@ -84,7 +87,8 @@ router::RouterConfig router_config(const config::Manifest& m) {
   c.tier2_weight = m.router.tier2_weight;
   c.tier2_remote_weight = m.router.tier2_remote_weight;
   c.tier2_index_blocks_max = m.router.tier2_index_blocks_max;
-  c.block_tokens = m.model.block_tokens;
+  c.block_tokens = m.model.sub_block_tokens;
+  c.sub_blocks_per_block = k;
   // Only the manifest's instances are ever added; the index keeps one holder bit per
   // instance per block (instances_max / 64 words), so size it to them, not to the maximum.
   size_t instances = m.instances_of(config::Role::prefill).size() +

@@ -57,6 +57,7 @@ Status validate(const RouterConfig& config) {
   }
   if (config.prefix_index_blocks_max < 1) return bad("prefix_index_blocks_max must be >= 1");
   if (config.block_tokens < 1) return bad("block_tokens must be >= 1");
+  if (config.sub_blocks_per_block < 1) return bad("sub_blocks_per_block must be >= 1");
   if (!std::isfinite(config.tier2_weight) || config.tier2_weight < 0.0 ||
       config.tier2_weight > 1.0) {
     return bad("tier2_weight must be in [0, 1]");
@@ -506,15 +507,27 @@ void RouterCore::tier2_runs(std::span<const kv::BlockHash> hashes,
   if (config_.tier2_weight <= 0.0) return;
   std::vector<uint32_t> sites;
   if (config_.tier2_remote_weight > 0.0) sites = tier2_.sites_holding();
+  // Tier 2 holds whole blocks: every k-th prefix hash. A run starts at the block holding the
+  // first sub-block the device lacks and is counted in sub-blocks past the device's.
+  const uint32_t k = config_.sub_blocks_per_block;
+  std::vector<kv::BlockHash> every_kth;
+  std::span<const kv::BlockHash> blocks = hashes;
+  if (k > 1) {
+    every_kth.reserve(hashes.size() / k);
+    for (size_t i = k; i <= hashes.size(); i += k) every_kth.push_back(hashes[i - 1]);
+    blocks = every_kth;
+  }
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
-    Tier2Run best{s.load.tier2_local_reads ? tier2_.run(s.site, hashes, lengths[slot]) : 0,
+    const uint32_t from = lengths[slot] / k;
+    auto past_device = [&](uint32_t run) { return run == 0 ? 0 : (from + run) * k - lengths[slot]; };
+    Tier2Run best{s.load.tier2_local_reads ? past_device(tier2_.run(s.site, blocks, from)) : 0,
                   s.site, false, config_.tier2_weight};
     // Another node's copy when it is worth more (ties: this node's, read without the network).
     for (uint32_t site : sites) {
       if (site == s.site || !s.load.tier2_remote_reads) continue;
-      Tier2Run remote{tier2_.run(site, hashes, lengths[slot]), site, true,
+      Tier2Run remote{past_device(tier2_.run(site, blocks, from)), site, true,
                       config_.tier2_remote_weight};
       if (remote.credit() > best.credit() + tie_epsilon) best = remote;
     }

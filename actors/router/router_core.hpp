@@ -41,7 +41,12 @@ struct RouterConfig {
   double weight_kv_usage = 1.0;               // >= 0
   uint32_t prefix_index_blocks_max = 100000;  // per-instance LRU capacity, blocks, >= 1
   uint32_t disaggregate_tokens_min = 256;     // uncached tokens at/above which P/D is used
-  uint32_t block_tokens = 16;                 // tokens per KV block, >= 1
+  // Tokens per prefix hash, >= 1: the manifest's [model] sub_block_tokens (hashes, match
+  // lengths and the index count sub-blocks; = blocks when they are whole blocks).
+  uint32_t block_tokens = 16;
+  // Sub-blocks per KV block ([model] block_tokens / sub_block_tokens), >= 1: tier 2 holds
+  // whole blocks, every sub_blocks_per_block-th prefix hash.
+  uint32_t sub_blocks_per_block = 1;
   uint32_t instances_max = 64;                // instances known at once, 1 .. 65536
   // Bounded load (prefix-aware only): an instance whose load (waiting + running + picks
   // since its last heartbeat) is at or above (1 + load_imbalance_max) x the mean load of its

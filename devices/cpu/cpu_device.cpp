@@ -112,6 +112,10 @@ class CpuDevice final : public Device {
     for (const auto& s : batch) {
       views_.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
     }
+    // Nothing is written unless the whole pass is valid.
+    if (auto st = check_copies(batch, layout_); !st) return st.error();
+    if (auto st = validate(views_, "prefill"); !st) return st.error();
+    apply_copies(batch, layout_, kv_region());
     return run(views_, false, "prefill");
   }
   Result<StepOutput> decode(std::span<const DecodeSeq> batch) override {

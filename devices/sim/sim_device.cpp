@@ -297,6 +297,12 @@ void SimDevice::evict_if_full() {
 Result<StepOutput> SimDevice::prefill(std::span<const PrefillSeq> batch) {
   std::vector<Pass> passes;
   for (const auto& s : batch) passes.push_back({s.seq_id, s.block_table, s.start_pos, s.tokens});
+  // Nothing is written unless the whole pass is valid.
+  if (Status st = check_copies(batch, layout_); !st) return st.error();
+  if (std::any_of(batch.begin(), batch.end(), [](const auto& s) { return !s.copies.empty(); })) {
+    if (Status st = validate_batch(passes); !st) return st.error();
+    apply_copies(batch, layout_, kv_region());
+  }
   return run(passes, true);
 }
 

@@ -369,6 +369,45 @@ TEST_CASE("cpu device: chunked prefill equals one-shot prefill") {
   }
 }
 
+TEST_CASE("cpu device: a prefix hit inside a block, copied, continues like a full prefill") {
+  for (Subject& s : subjects()) {
+    CAPTURE(s.name);
+    auto dev = open_device(s.path);  // 4-token blocks
+    const ModelConfig& c = dev->model_config();
+    auto toks = random_tokens(c, 15, 31);
+    Blocks blocks(96);
+    auto one_shot = prefill_last(*dev, blocks, toks);
+    // Another prompt shares the first 10 tokens (blocks 0, 1 and half of block 2) and was
+    // computed into its own blocks; this one reuses blocks 0 and 1, copies block 2 into its
+    // own and computes from token 10.
+    auto other = toks;
+    other[11] = other[11] == 3 ? 4 : 3;
+    auto held = blocks.take(blocks_for(uint32_t(other.size()), 4));
+    PrefillSeq first{1, held, 0, other};
+    REQUIRE(dev->prefill(std::span(&first, 1)).ok());
+    auto own = blocks.take(2);
+    std::vector<uint32_t> table{held[0], held[1], own[0], own[1]};
+    PrefillSeq next{2, table, 10, {toks.begin() + 10, toks.end()}};
+    next.copies.push_back({held[2], own[0]});
+    auto out = dev->prefill(std::span(&next, 1));
+    REQUIRE_MESSAGE(out.ok(), (out.ok() ? "" : out.error().describe()));
+    CHECK(close(row(out->seqs[0], 0, c.vocab_size), one_shot, 1e-4));
+    // Without the copy the context is wrong (the fresh block holds other KV).
+    PrefillSeq stale{3, {held[0], held[1], own[1], own[0]}, 10, {toks.begin() + 10, toks.end()}};
+    auto wrong = dev->prefill(std::span(&stale, 1));
+    REQUIRE(wrong.ok());
+    CHECK_FALSE(close(row(wrong->seqs[0], 0, c.vocab_size), one_shot, 1e-4));
+    // Bad copies are errors and nothing is written.
+    PrefillSeq bad = next;
+    bad.copies = {{own[0], own[0]}};
+    CHECK_FALSE(dev->prefill(std::span(&bad, 1)).ok());
+    bad.copies = {{96, own[0]}};
+    auto err = dev->prefill(std::span(&bad, 1));
+    REQUIRE_FALSE(err.ok());
+    CHECK(err.error().message.find("block copy 96 -> ") != std::string::npos);
+  }
+}
+
 TEST_CASE("cpu device: a batch of 8 mixed-length sequences equals each alone") {
   for (Subject& s : subjects()) {
     CAPTURE(s.name);

@@ -45,7 +45,7 @@ DecodeRequest make_request(SeqId id, size_t prompt_tokens, uint32_t max_tokens,
   DecodeRequest r;
   r.id = id;
   for (size_t i = 0; i < prompt_tokens; ++i) r.prompt.push_back(first + static_cast<TokenId>(i));
-  r.block_hashes = fake_hashes(r.prompt);
+  r.prefix_hashes = fake_hashes(r.prompt);
   r.max_tokens = max_tokens;
   r.eos_token = 0;
   r.stop_token_ids = {-1};
@@ -311,8 +311,8 @@ TEST_CASE("bad requests and malformed results are errors, not crashes") {
   CHECK(ctx.error().message.find("no room in the context of 32") != std::string::npos);
   CHECK(s.submit(make_request(3, 4, 0)).error().message.find("max_tokens") != std::string::npos);
   auto wrong = make_request(4, 8, 5);
-  wrong.block_hashes.pop_back();
-  CHECK(s.submit(wrong).error().message.find("1 block hashes for 8 tokens") != std::string::npos);
+  wrong.prefix_hashes.pop_back();
+  CHECK(s.submit(wrong).error().message.find("1 prefix hashes for 8 tokens") != std::string::npos);
   for (SeqId id = 10; id < 18; ++id) REQUIRE(s.submit(make_request(id, 2, 5)).ok());
   CHECK(s.submit(make_request(10, 2, 5)).error().kind == ErrorKind::invalid);
   CHECK(s.submit(make_request(30, 2, 5)).error().kind == ErrorKind::overloaded);

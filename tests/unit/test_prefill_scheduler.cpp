@@ -1,5 +1,6 @@
 #include <doctest.h>
 
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
@@ -101,7 +102,7 @@ TEST_CASE("a long prompt is chunked across steps under the token budget, then he
   CHECK(done[0].request == 1);
   CHECK(done[0].prompt_tokens_count == 100);
   CHECK(done[0].cached_tokens_count == 0);
-  CHECK(done[0].block_hashes.size() == 6);
+  CHECK(done[0].prefix_hashes.size() == 6);
   CHECK(done[0].hold_deadline == Nanos(1000) + 100ms);
   CHECK(s.stage(1) == PrefillStage::held);
   CHECK(cache.blocks_used_count() == 7);
@@ -250,10 +251,10 @@ TEST_CASE("bad requests and a full queue are errors") {
   PrefillScheduler s(small_config(), cache);
   CHECK(s.submit(make_request(1, {})).error().kind == ErrorKind::invalid);
   auto wrong = make_request(2, seq_tokens(40, 1));
-  wrong.block_hashes.pop_back();
+  wrong.prefix_hashes.pop_back();
   auto e = s.submit(wrong);
   REQUIRE_FALSE(e.ok());
-  CHECK(e.error().message.find("1 block hashes for 40 tokens (2 full blocks expected)") !=
+  CHECK(e.error().message.find("1 prefix hashes for 40 tokens (2 full 16-token sub-blocks expected)") !=
         std::string::npos);
   auto huge = s.submit(make_request(3, seq_tokens(65, 1)));  // 5 blocks > pool of 4
   REQUIRE_FALSE(huge.ok());
@@ -287,17 +288,110 @@ TEST_CASE("admission is FIFO: a head that does not fit blocks those behind it") 
   s.check_invariants();
 }
 
-TEST_CASE("randomized: invariants after every operation, pool returns to baseline") {
+namespace {
+
+// The device as the scheduler drives it: every block's content (the token at each slot),
+// copies applied before the chunk, then the chunk's tokens written. Checks that every
+// chunk's context (positions before it) holds the request's own tokens: no request ever
+// computes on another's KV.
+struct DeviceModel {
+  std::map<tandem::kv::BlockIndex, std::vector<TokenId>> blocks;
+  std::map<uint64_t, std::vector<TokenId>> prompts;  // by request id
+  uint64_t copies = 0;
+  void run(const PrefillPlan& plan, uint32_t block_tokens) {
+    for (const auto& c : plan.chunks) {
+      if (c.copy) {
+        blocks[c.copy->dst] = blocks[c.copy->src];
+        ++copies;
+      }
+      const auto& prompt = prompts.at(c.request);
+      for (uint32_t pos = 0; pos < c.start_position; ++pos) {
+        auto& b = blocks[c.block_table.at(pos / block_tokens)];
+        b.resize(block_tokens, -1);
+        REQUIRE(b[pos % block_tokens] == prompt[pos]);
+      }
+      for (size_t i = 0; i < c.tokens.size(); ++i) {
+        uint32_t pos = c.start_position + static_cast<uint32_t>(i);
+        auto& b = blocks[c.block_table.at(pos / block_tokens)];
+        b.resize(block_tokens, -1);
+        b[pos % block_tokens] = c.tokens[i];
+      }
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("sub-blocks: the next turn reuses the last turn's partial block through a copy") {
+  PrefixCache cache(16, 16, 4);
+  PrefillScheduler s(small_config(), cache);
+  DeviceModel device;
+  auto run_all = [&] {
+    std::vector<tandem::prefill::PrefillDone> done;
+    while (auto plan = s.plan_step()) {
+      device.run(*plan, 16);
+      for (auto& d : s.on_step_done(plan->step_id, Nanos(0))) done.push_back(std::move(d));
+    }
+    return done;
+  };
+  auto turn1 = seq_tokens(24, 100);  // a block and 2 sub-blocks
+  device.prompts[1] = turn1;
+  REQUIRE(s.submit(make_request(1, turn1, 4)).ok());
+  auto done1 = run_all();
+  REQUIRE(done1.size() == 1);
+  CHECK(done1[0].cached_tokens_count == 0);
+  REQUIRE(s.pull_done(1).ok());
+  auto turn2 = turn1;
+  for (TokenId t : seq_tokens(16, 900)) turn2.push_back(t);
+  device.prompts[2] = turn2;
+  REQUIRE(s.submit(make_request(2, turn2, 4)).ok());
+  auto plan = s.plan_step();
+  REQUIRE(plan);
+  REQUIRE(plan->chunks.size() == 1);
+  const auto& chunk = plan->chunks[0];
+  CHECK(chunk.start_position == 24);  // 6 sub-blocks reused, the copy brings 2 of them
+  REQUIRE(chunk.copy.has_value());
+  CHECK(chunk.copy->src == done1[0].block_table[1]);
+  CHECK(chunk.copy->dst == chunk.block_table[1]);
+  CHECK(cache.ref_count(chunk.copy->src) == 1);  // held for the copy
+  s.check_invariants();
+  device.run(*plan, 16);
+  auto done2 = s.on_step_done(plan->step_id, Nanos(0));  // 16 tokens: one step
+  s.check_invariants();
+  REQUIRE(done2.size() == 1);
+  CHECK(done2[0].cached_tokens_count == 24);
+  CHECK(cache.counters().merged_count == 1);  // the old partial block was taken over
+  CHECK_FALSE(cache.is_cached(done1[0].block_table[1]));
+  REQUIRE(s.pull_done(2).ok());
+  // The same prompt again: everything is cached, the last sub-block is recomputed.
+  device.prompts[3] = turn2;
+  REQUIRE(s.submit(make_request(3, turn2, 4)).ok());
+  auto again = s.plan_step();
+  REQUIRE(again);
+  CHECK(again->chunks[0].start_position == 36);
+  CHECK(again->chunks[0].copy.has_value());  // block 2 is the prompt's last, partial
+  // Cancelled while the copy runs: the source's reference goes with it.
+  REQUIRE(s.cancel(3).ok());
+  s.check_invariants();
+  (void)s.on_step_done(again->step_id, Nanos(0));
+  CHECK(cache.blocks_used_count() == 0);
+}
+
+TEST_CASE("randomized: invariants after every operation, pool returns to baseline, and every "
+          "chunk computes on its own prompt's KV") {
+  for (uint32_t sub_tokens : {16u, 4u}) {
+  CAPTURE(sub_tokens);
   const uint32_t seed = 4242;
   MESSAGE("seed " << seed);
   std::mt19937 rng(seed);
-  PrefixCache cache(24, 16);
+  PrefixCache cache(24, 16, sub_tokens);
   auto c = small_config();
   c.queue_max = 8;
   c.running_max = 3;
   c.held_max = 5;
   c.step_tokens_max = 48;
   PrefillScheduler s(c, cache);
+  DeviceModel device;
   std::set<uint64_t> live;
   uint64_t next_id = 1;
   int64_t now_ms = 0;
@@ -307,11 +401,13 @@ TEST_CASE("randomized: invariants after every operation, pool returns to baselin
     Nanos now = std::chrono::milliseconds(now_ms);
     switch (rng() % 6) {
       case 0: {  // prompts from 4 shared documents plus a private tail
-        auto tokens = seq_tokens(16 * (rng() % 5), 1000 * static_cast<TokenId>(rng() % 4));
+        auto tokens = seq_tokens(16 * (rng() % 5) + 4 * (rng() % 4),
+                                 1000 * static_cast<TokenId>(rng() % 4));
         for (TokenId t : seq_tokens(1 + rng() % 40, static_cast<TokenId>(next_id) * 100000)) {
           tokens.push_back(t);
         }
-        if (s.submit(make_request(next_id, tokens)).ok()) live.insert(next_id);
+        device.prompts[next_id] = tokens;
+        if (s.submit(make_request(next_id, tokens, sub_tokens)).ok()) live.insert(next_id);
         ++next_id;
         break;
       }
@@ -319,7 +415,10 @@ TEST_CASE("randomized: invariants after every operation, pool returns to baselin
       case 2:
         if (!in_flight) {
           in_flight = s.plan_step();
-          if (in_flight) CHECK(in_flight->tokens_count <= c.step_tokens_max);
+          if (in_flight) {
+            CHECK(in_flight->tokens_count <= c.step_tokens_max);
+            device.run(*in_flight, 16);
+          }
         } else {
           (void)s.on_step_done(in_flight->step_id, now);
           in_flight.reset();
@@ -351,4 +450,9 @@ TEST_CASE("randomized: invariants after every operation, pool returns to baselin
   CHECK(s.counters().completed_count > 100);
   CHECK(s.counters().cached_tokens_count > 0);
   CHECK(s.counters().expired_count > 0);
+  if (sub_tokens < 16) {
+    CHECK(device.copies > 20);
+    CHECK(cache.counters().partial_hits_count > 20);
+  }
+  }
 }

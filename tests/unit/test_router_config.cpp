@@ -36,7 +36,11 @@ TEST_CASE("router_config takes [router] and sizes the index to the manifest's in
   CHECK(c.tier2_remote_weight == m.router.tier2_remote_weight);
   CHECK(c.tier2_index_blocks_max == m.router.tier2_index_blocks_max);
   CHECK(c.disaggregate_tokens_min == m.router.disaggregate_tokens_min);
-  CHECK(c.block_tokens == 4096);
+  // The router matches 512-token sub-blocks of the 4096-token blocks ([model] default).
+  CHECK(m.model.sub_block_tokens == 512);
+  CHECK(c.block_tokens == 512);
+  CHECK(c.sub_blocks_per_block == 8);
+  CHECK(c.prefix_index_blocks_max == 8 * m.router.prefix_index_blocks_max);
   // 4 prefill + 4 decode instances: one 64-bit holder word per indexed block, not 1024.
   CHECK(c.instances_max == 8);
   CHECK(router::validate(c).ok());

@@ -31,6 +31,9 @@ Status ClusterSimConfig::validate() const {
   if (decode_count < 1) return bad("decode_count must be >= 1");
   if (prefill_count + decode_count > 65536) return bad("at most 65536 instances");
   if (block_tokens < 1) return bad("block_tokens must be >= 1");
+  if (hash_tokens() > block_tokens || block_tokens % hash_tokens() != 0) {
+    return bad("sub_block_tokens must divide block_tokens");
+  }
   if (!(link_bytes_per_s > 0)) return bad("link_bytes_per_s must be > 0");
   if (sessions_in_flight < 1) return bad("sessions_in_flight must be >= 1");
   if (!(duration_ms > 0)) return bad("duration_ms must be > 0");
@@ -121,10 +124,10 @@ struct Later {
   }
 };
 
-// A session's block-hash chain: hashes of every full block so far plus the open block.
+// A session's prefix-hash chain: hashes of every full sub-block so far plus the open one.
 struct Chain {
   std::vector<kv::BlockHash> hashes;
-  std::vector<kv::TokenId> tail;  // < block_tokens tokens
+  std::vector<kv::TokenId> tail;  // < sub_block_tokens tokens
   uint64_t tokens_count = 0;
   size_t segments_count = 0;  // leading segments of the last prompt already hashed
 };
@@ -134,7 +137,8 @@ struct Tier2Wait {
   uint32_t site = 0;              // whose tier 2 it asked
   uint32_t site_incarnation = 0;  // of the site's node when asked
   prefill::PrefillRequest core;   // submitted to the scheduler when the wait ends
-  uint32_t device_hit = 0;        // blocks the pool held when asked
+  std::vector<kv::BlockHash> block_hashes;  // the prompt's full blocks' (every k-th prefix hash)
+  uint32_t device_hit = 0;        // whole blocks the pool held when asked
   uint32_t asked_blocks = 0;      // blocks after those asked for (a probe asks fewer)
   double budget_s = 0;            // computing them would take this long (0: unmeasured)
   int64_t sent_ns = 0;
@@ -383,7 +387,8 @@ kv::BlockHasher make_hasher(uint32_t block_tokens) {
 
 router::RouterConfig router_config(const ClusterSimConfig& c) {
   router::RouterConfig r = c.router;
-  r.block_tokens = c.block_tokens;
+  r.block_tokens = c.hash_tokens();
+  r.sub_blocks_per_block = c.block_tokens / c.hash_tokens();
   r.instances_max = std::max(r.instances_max, c.prefill_count + c.decode_count);
   return r;
 }
@@ -419,7 +424,7 @@ Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& r
     : config_(config),
       requests_(requests),
       router_(router_config(config)),
-      hasher_(make_hasher(config.block_tokens)),
+      hasher_(make_hasher(config.hash_tokens())),
       prefill_config_(prefill_config(config)),
       decode_config_(decode_config(config)),
       faults_(std::move(faults)),
@@ -529,7 +534,7 @@ void Sim::reset_prefill(uint32_t p) {
   inst.rates = {};
   inst.link_free_ns = now_ns_;
   inst.cache = std::make_unique<kv::PrefixCache>(pool_blocks(config_, config_.prefill_device),
-                                                 config_.block_tokens);
+                                                 config_.block_tokens, config_.hash_tokens());
   inst.sched = std::make_unique<prefill::PrefillScheduler>(prefill_config_, *inst.cache);
   inst.step_id = 0;
 }
@@ -538,7 +543,7 @@ void Sim::reset_decode(uint32_t d) {
   DecodeInst& inst = decode_[d];
   inst.sched.reset();
   inst.cache = std::make_unique<kv::PrefixCache>(pool_blocks(config_, config_.decode_device),
-                                                 config_.block_tokens);
+                                                 config_.block_tokens, config_.hash_tokens());
   inst.sched = std::make_unique<decode::DecodeScheduler>(decode_config_, *inst.cache);
   inst.step_id = 0;
   inst.link_free_ns = now_ns_;
@@ -743,9 +748,9 @@ Status Sim::run() {
   return {};
 }
 
-// Appends tokens to the chain, hashing every block they complete.
+// Appends tokens to the chain, hashing every sub-block they complete.
 void Sim::extend(Chain& chain, std::span<const uint32_t> tokens) {
-  const uint32_t bt = config_.block_tokens;
+  const uint32_t bt = config_.hash_tokens();
   for (uint32_t token : tokens) {
     chain.tail.push_back(static_cast<kv::TokenId>(token));
     if (chain.tail.size() == bt) {
@@ -964,7 +969,7 @@ void Sim::on_deliver(uint64_t seq) {
   prefill::PrefillRequest pr;
   pr.id = seq;
   pr.tokens.assign(result_.timelines[i].prompt_tokens, 0);
-  pr.block_hashes = s.chain.hashes;
+  pr.prefix_hashes = s.chain.hashes;
   if (!sites_.empty() && ask_tier2(p, pr, st.tier2_site)) return;
   submit_prefill(p, std::move(pr));
 }
@@ -1010,7 +1015,7 @@ bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
   dr.prompt.reserve(result_.timelines[request_index].prompt_tokens +
                     requests_[request_index].expected_output_tokens);
   dr.prompt.assign(result_.timelines[request_index].prompt_tokens, 0);
-  dr.block_hashes = std::move(hashes);
+  dr.prefix_hashes = std::move(hashes);
   dr.max_tokens = requests_[request_index].expected_output_tokens;
   dr.source = source;
   if (Status submitted = decode_[st.decode].sched->submit(std::move(dr)); !submitted) {
@@ -1134,7 +1139,7 @@ void Sim::on_prefill_done(uint32_t p) {
     st.at_prefill = false;
     st.cached_known = true;
     st.cached_tokens = d.cached_tokens_count;
-    if (submit_decode(i, decode::KvSource::pull, std::move(d.block_hashes))) {
+    if (submit_decode(i, decode::KvSource::pull, std::move(d.prefix_hashes))) {
       kick_decode(st.decode);
     } else {
       RT_ASSERT(inst.sched->cancel(d.request).ok(), d.request);
@@ -1339,8 +1344,11 @@ double Sim::fault_value(FaultKind kind, uint32_t node) const {
 bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site) {
   PrefillInst& inst = prefill_[p];
   auto& counters = result_.tier2;
-  const uint32_t hit = inst.cache->match(pr.block_hashes);
-  const auto lacking = static_cast<uint32_t>(pr.block_hashes.size()) - hit;
+  // Tier 2 holds whole blocks: the pool's whole-block hit, then the blocks after it.
+  const uint32_t k = inst.cache->sub_blocks_per_block();
+  std::vector<kv::BlockHash> block_hashes = kv::block_hashes_of(pr.prefix_hashes, k);
+  const uint32_t hit = inst.cache->match(pr.prefix_hashes) / k;
+  const auto lacking = static_cast<uint32_t>(block_hashes.size()) - hit;
   if (lacking == 0 || inst.tier2.size() >= config_.prefill_queue_max) return false;
   const uint32_t s = named_site >= 0 && static_cast<uint32_t>(named_site) < sites_.size()
                          ? static_cast<uint32_t>(named_site)
@@ -1367,6 +1375,7 @@ bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site)
   w.site = s;
   w.site_incarnation = nodes_[prefill_node(s)].incarnation;
   w.core = std::move(pr);
+  w.block_hashes = std::move(block_hashes);
   w.device_hit = hit;
   w.asked_blocks = ask;
   w.budget_s = prefill::tier2_budget_s(ask, config_.block_tokens, rates);
@@ -1399,7 +1408,7 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
           : kv_offload::blocks_within_budget(w.asked_blocks, static_cast<uint64_t>(block_bytes_),
                                              w.budget_s, queued_bytes, read_rate);
   result_.tier2.over_budget_blocks += w.asked_blocks - within;
-  std::span<const kv::BlockHash> asked(w.core.block_hashes.data() + w.device_hit, within);
+  std::span<const kv::BlockHash> asked(w.block_hashes.data() + w.device_hit, within);
   SiteLookup sl;
   sl.asker = p;
   if (w.budget_s > 0 && site.disk_measured) sl.deadline_ns = now_ns_ + to_ns(w.budget_s);
@@ -1523,7 +1532,8 @@ void Sim::on_tier2_reply(uint32_t p, uint64_t seq) {
     return end_tier2_wait(p, seq);
   }
   // Fresh blocks for the staged ones, holding the pool's cached head of the prompt meanwhile.
-  std::span<const kv::BlockHash> head(w.core.block_hashes.data(), w.device_hit);
+  std::span<const kv::BlockHash> head(w.core.prefix_hashes.data(),
+                                      size_t{w.device_hit} * inst.cache->sub_blocks_per_block());
   auto alloc = inst.cache->acquire(head, n, 0, kv::PrefixCache::Query::internal);
   if (!alloc.ok() || alloc->cached.size() < w.device_hit) {
     if (alloc.ok()) {
@@ -1560,8 +1570,9 @@ void Sim::on_tier2_read_done(uint32_t p, uint64_t seq) {
       return violate(inst.stats.name + " loaded a corrupt block from tier 2 (" +
                      nodes_[sn].name + "'s store served it without a passing checksum)");
     }
-    (void)inst.cache->commit(w.fresh[k], w.core.block_hashes[w.device_hit + k],
-                             kv::chain_parent(w.core.block_hashes, w.device_hit + k));
+    kv::PrefixHashes q{w.core.prefix_hashes, inst.cache->sub_blocks_per_block()};
+    (void)inst.cache->commit(w.fresh[k], q.slots(w.device_hit + k, q.k),
+                             q.parent(w.device_hit + k));
   }
   inst.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
   inst.cache->release(w.head);
@@ -1574,7 +1585,7 @@ void Sim::on_tier2_read_done(uint32_t p, uint64_t seq) {
     prefill::Tier2Rates& rates = inst.rates.of(w.site != p);
     rates.read_bytes_per_s = prefill::ewma(rates.read_bytes_per_s, loaded * block_bytes_ / seconds);
   }
-  const bool again = w.asked_blocks < w.core.block_hashes.size() - w.device_hit &&
+  const bool again = w.asked_blocks < w.block_hashes.size() - w.device_hit &&
                      loaded == w.asked_blocks;  // a probe that read all it asked for
   if (staged_there) release_lookup(w.site, seq);
   end_tier2_wait(p, seq, again);
@@ -1602,13 +1613,15 @@ void Sim::end_tier2_wait(uint32_t p, uint64_t seq, bool again) {
 
 // Write-behind of a finished prompt's full blocks to its node's tier 2.
 void Sim::offer_tier2(uint32_t p, const prefill::PrefillDone& done) {
-  const size_t full = std::min(done.block_hashes.size(), done.block_table.size());
+  const std::vector<kv::BlockHash> hashes =
+      prefill::block_hashes(done, prefill_[p].cache->sub_blocks_per_block());
+  const size_t full = std::min(hashes.size(), done.block_table.size());
   if (full == 0) return;
   Tier2Site& site = sites_[p];
   result_.tier2.offered_blocks += full;
   const kv_offload::OffloadCounters before = site.core->counters();
   auto grants = site.core->begin_store(tier2_key(p, done.request),
-                                       std::span<const kv::BlockHash>(done.block_hashes.data(), full));
+                                       std::span<const kv::BlockHash>(hashes.data(), full));
   const kv_offload::OffloadCounters& after = site.core->counters();
   result_.tier2.store_dropped_blocks += after.store_dropped_blocks - before.store_dropped_blocks;
   result_.tier2.offered_held_blocks += after.store_known_blocks - before.store_known_blocks;

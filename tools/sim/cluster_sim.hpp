@@ -64,7 +64,10 @@ struct ClusterSimConfig {
   // aggregated mode every instance is a decode instance). A manifest may give the roles'
   // executors different values (e.g. prefill PP, decode DP + EP).
   devices::sim::SimParams prefill_device, decode_device;
-  uint32_t block_tokens = 512;     // KV block, tokens (hash granularity), >= 1
+  uint32_t block_tokens = 512;     // KV block, tokens, >= 1
+  // Prefix-hash (cache match) granularity, tokens: divides block_tokens; 0 = block_tokens.
+  uint32_t sub_block_tokens = 0;
+  uint32_t hash_tokens() const { return sub_block_tokens == 0 ? block_tokens : sub_block_tokens; }
   uint32_t kv_blocks = 0;          // per instance; 0 = kv_capacity_tokens(its device) / block_tokens
   double link_bytes_per_s = 25e9;  // prefill -> decode KV transfer bandwidth, > 0
   // Scheduler limits (the manifest's [prefill] and [decode]).
