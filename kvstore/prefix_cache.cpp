@@ -129,7 +129,8 @@ BlockIndex PrefixCache::take_fresh() {
     RT_ASSERT(b != none_, "take_fresh with nothing free or evictable");
     RT_ASSERT(blocks_[b].cached() && blocks_[b].ref_count == 0, b);
     lru_unlink(b);
-    uncache_subtree(b);
+    // Slots a branch below also holds go to it; the rest (and what hangs off it) goes.
+    if (!hand_over(b)) uncache_subtree(b);
     ++counters_.evictions_count;
   }
   RT_ASSERT(blocks_[b].ref_count == 0, b);
@@ -201,34 +202,48 @@ CommitOutcome PrefixCache::commit(BlockIndex block, std::span<const BlockHash> s
   return CommitOutcome::stored;
 }
 
+void PrefixCache::move_entries(BlockIndex from, BlockIndex to, uint32_t begin, uint32_t end) {
+  for (uint32_t slot = begin; slot < end; ++slot) {
+    const BlockHash& hash = slot_hash(from, slot);
+    by_hash_.at(hash) = EntryAt{to, slot};
+    slot_hashes_[size_t{to} * k_ + slot] = hash;
+  }
+}
+
+void PrefixCache::uncache_empty(BlockIndex block) {
+  Block& b = blocks_[block];
+  RT_ASSERT(b.first_child == none_ && b.parent == none_, block);
+  b.first = b.fill = 0;
+  b.base_depth = 0;
+  RT_ASSERT(cached_count_ > 0);
+  --cached_count_;
+}
+
 void PrefixCache::take_over_dominated(BlockIndex block) {
   Block& z = blocks_[block];
   while (z.first > 0) {
-    BlockIndex pi = z.parent;
+    const BlockIndex pi = z.parent;
     RT_ASSERT(pi != none_, block);
     Block& p = blocks_[pi];
-    RT_ASSERT(p.cached() && p.first < z.first && p.base_depth == z.base_depth, block, pi);
-    if (p.fill != z.first) break;  // p holds a diverging slot: not dominated
-    for (uint32_t slot = p.first; slot < p.fill; ++slot) {
-      const BlockHash& hash = slot_hash(pi, slot);
-      by_hash_.at(hash) = EntryAt{block, slot};
-      slot_hashes_[size_t{block} * k_ + slot] = hash;
-    }
-    z.first = p.first;
+    RT_ASSERT(p.cached() && p.first < z.first && z.first <= p.fill &&
+                  p.base_depth == z.base_depth,
+              block, pi);
+    // p holds a diverging slot too (a branch): it stays, this block stays below it; an
+    // eviction of p hands its shared slots over (hand_over).
+    if (p.fill != z.first) break;
+    move_entries(pi, block, p.first, p.fill);
     unlink_child(block);
     // p's other children hang off entries this block holds now.
     while (p.first_child != none_) {
-      BlockIndex c = p.first_child;
+      const BlockIndex c = p.first_child;
       unlink_child(c);
       link_child(block, c);
     }
-    BlockIndex grand = p.parent;
+    const BlockIndex grand = p.parent;
     unlink_child(pi);
     if (grand != none_) link_child(grand, block);
-    p.first = p.fill = 0;
-    p.base_depth = 0;
-    RT_ASSERT(cached_count_ > 0);
-    --cached_count_;
+    z.first = p.first;
+    uncache_empty(pi);
     ++counters_.merged_count;
     if (p.ref_count == 0) {  // evictable before: nothing holds it now
       lru_unlink(pi);
@@ -236,6 +251,47 @@ void PrefixCache::take_over_dominated(BlockIndex block) {
       free_.push_back(pi);
     }
   }
+}
+
+bool PrefixCache::hand_over(BlockIndex block) {
+  Block& b = blocks_[block];
+  RT_ASSERT(b.cached(), block);
+  // The child at this block position that branched off last holds the KV of every slot
+  // before its branch point.
+  BlockIndex heir = none_;
+  for (BlockIndex c = b.first_child; c != none_; c = blocks_[c].next_sibling) {
+    const Block& cb = blocks_[c];
+    if (cb.first > 0 && (heir == none_ || cb.first > blocks_[heir].first)) heir = c;
+  }
+  if (heir == none_) return false;
+  Block& h = blocks_[heir];
+  const uint32_t r = h.first;
+  RT_ASSERT(b.first < r && r <= b.fill && h.base_depth == b.base_depth, block, heir);
+  move_entries(block, heir, b.first, r);
+  unlink_child(heir);
+  // Children hanging off the slots the heir holds now follow them.
+  for (BlockIndex c = b.first_child; c != none_;) {
+    const BlockIndex next = blocks_[c].next_sibling;
+    const uint32_t parent_slot = blocks_[c].first > 0 ? blocks_[c].first - 1 : k_ - 1;
+    if (parent_slot < r) {
+      unlink_child(c);
+      link_child(heir, c);
+    }
+    c = next;
+  }
+  const BlockIndex parent = b.parent;
+  unlink_child(block);
+  if (parent != none_) link_child(parent, heir);
+  h.first = b.first;
+  ++counters_.handed_over_count;
+  if (r == b.fill) {  // the heir took everything: nothing left to uncache
+    uncache_empty(block);
+    return true;
+  }
+  // This block keeps its own branch [r, fill), now below the heir.
+  b.first = r;
+  link_child(heir, block);
+  return false;
 }
 
 void PrefixCache::release(std::span<const BlockIndex> blocks) {

@@ -24,7 +24,10 @@
 // When a block registers entries right after those of a partial block whose range ends where
 // its own begins, it holds everything that block holds: it takes over that block's entries
 // (no event: the hashes stay cached) and the dominated block is uncached (freed when
-// unreferenced), so a session's growing last block costs one block, not one per turn.
+// unreferenced), so a session's growing last block costs one block, not one per turn. A
+// block that branches off inside another's range stays below it; when the other is evicted,
+// the branch takes over the shared slots (it holds their KV) instead of losing them, so an
+// old block is never an ancestor whose eviction takes a newer session's blocks with it.
 //
 // Chains: an entry's parent is the previous q of its chain, and a cached entry's parent is
 // always cached (an entry is reachable by match() only through its whole chain). Evicting a
@@ -73,6 +76,7 @@ struct PrefixCacheCounters {
   uint64_t query_tokens_count = 0;  // query_blocks_count x sub_block_tokens
   uint64_t partial_hits_count = 0;  // acquires whose match ended inside a block (a copy)
   uint64_t merged_count = 0;        // partial blocks taken over by a block holding more
+  uint64_t handed_over_count = 0;   // evictions whose shared slots a branch below took over
   uint64_t evictions_count = 0;     // evictable blocks reclaimed for fresh use
   uint64_t overloaded_count = 0;    // acquire() refused for lack of blocks
   uint64_t unreachable_count = 0;   // cached descendants uncached with an evicted block
@@ -135,8 +139,8 @@ class PrefixCache {
   // A block the caller owns holds valid KV for sub-blocks [0, slots.size()) of its block
   // position, whose prefix hashes are `slots` (<= k of them); `parent` is the prefix hash
   // before slot 0 (nullopt: block position 0). Registers the entries no other block holds
-  // (those before are held by blocks the KV was copied from), in chain order, and takes over
-  // a dominated partial block (see above). Calling it again as the block fills registers
+  // (those before are held by blocks the KV was copied from), in chain order, then takes
+  // over the slots before them (see above). Calling it again as the block fills registers
   // the new slots. Preconditions (asserted): block is referenced, 1 <= slots.size() <= k;
   // when it is cached, slots extend the hashes it holds.
   CommitOutcome commit(BlockIndex block, std::span<const BlockHash> slots,
@@ -220,6 +224,11 @@ class PrefixCache {
   void link_child(BlockIndex parent, BlockIndex block);
   void unlink_child(BlockIndex block);
   void take_over_dominated(BlockIndex block);
+  // Before evicting `block`: its same-position child that branched off last takes over the
+  // slots before its branch point (it holds their KV). Returns whether nothing is left.
+  bool hand_over(BlockIndex block);
+  void move_entries(BlockIndex from, BlockIndex to, uint32_t begin, uint32_t end);
+  void uncache_empty(BlockIndex block);
   const BlockHash& slot_hash(BlockIndex block, uint32_t slot) const {
     return slot_hashes_[size_t{block} * k_ + slot];
   }

@@ -40,6 +40,12 @@ struct InstanceLoad {
   # another node's; the router credits tier-2 copies only where they would be read.
   tier2LocalReads @8 :Bool = true;
   tier2RemoteReads @9 :Bool = true;
+  # Prefill: prompt tokens it still has to compute (queued + running), when reported.
+  pendingTokens @10 :UInt64;
+  pendingTokensKnown @11 :Bool = false;
+  # Blocks on the free list (neither referenced nor cached), when reported.
+  kvBlocksFree @12 :UInt32;
+  kvBlocksFreeKnown @13 :Bool = false;
 }
 
 # Sent by every node to every peer node each heartbeat interval. Not answered; a peer that

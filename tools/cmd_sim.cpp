@@ -213,7 +213,7 @@ int cmd_sim(cli::Args args) {
   if (!result->faults.empty()) std::printf("faults: %s\n", result->faults.c_str());
   print_result(*result);
   bool violated = print_violation(*result, replay);
-  print_hit_bound(*result, run->requests, run->config.block_tokens);
+  print_hit_bound(*result, run->requests, run->config.hash_tokens());
   if (f.has("json")) {
     std::ofstream out(f.get("json"), std::ios::binary);
     out << sim::to_json(*result, f.has("timelines"));

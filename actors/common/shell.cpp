@@ -278,12 +278,14 @@ void KvEventReporter::send_tier2(std::span<const kv::BlockHash> stored,
 
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                  const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
-                 uint32_t running, Tier2Reads tier2) {
+                 uint32_t running, PrefillLoadExtras extras) {
   if (!ctx.node_actor) return;
   runtime::InstanceLoadReport report{name.to_string(), waiting, running,
                                      cache.blocks_used_count(), cache.blocks_count()};
-  report.tier2_local_reads = tier2.local;
-  report.tier2_remote_reads = tier2.remote;
+  report.tier2_local_reads = extras.tier2.local;
+  report.tier2_remote_reads = extras.tier2.remote;
+  report.pending_tokens = extras.pending_tokens;
+  report.kv_blocks_free = cache.blocks_free_count();
   self->send(ctx.node_actor, std::move(report));
 }
 

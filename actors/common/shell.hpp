@@ -187,11 +187,16 @@ struct Tier2Reads {
   bool local = true;
   bool remote = true;
 };
+// Prefill's extras in its load report.
+struct PrefillLoadExtras {
+  Tier2Reads tier2;
+  std::optional<uint64_t> pending_tokens;  // PrefillScheduler::pending_tokens
+};
 
 // Sends this instance's load to its node actor, which carries it in heartbeats to the router.
 void report_load(caf::event_based_actor* self, const ShellContext& ctx,
                  const messages::ActorName& name, const kv::PrefixCache& cache, uint32_t waiting,
-                 uint32_t running, Tier2Reads tier2 = {});
+                 uint32_t running, PrefillLoadExtras extras = {});
 
 // Reports that this instance cannot serve (no device yet, or its executor failed), with
 // the reason the gateway shows in /health. Sent every tick while not ready, like report_load.

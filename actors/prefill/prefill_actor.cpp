@@ -596,8 +596,11 @@ caf::behavior running(PrefillActor* self) {
         Tier2Reads reads{
             prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.local),
             prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.remote)};
+        // Prompts waiting for tier 2 are work in front of a new prompt too.
+        uint64_t pending = st.scheduler->pending_tokens();
+        for (const auto& [id, w] : st.tier2) pending += w.core.tokens.size();
         report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->queued_count(),
-                    st.scheduler->held_count(), reads);
+                    st.scheduler->held_count(), PrefillLoadExtras{reads, pending});
         self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
       },
   };

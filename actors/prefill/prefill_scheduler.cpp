@@ -71,7 +71,10 @@ Status PrefillScheduler::submit(PrefillRequest request) {
   }
   RequestId id = request.id;
   Request r;
+  auto tokens = static_cast<uint32_t>(request.tokens.size());
+  uint32_t hit = std::min(cache_.match(request.prefix_hashes), (tokens - 1) / sub_tokens);
   r.input = std::move(request);
+  set_pending(r, tokens - hit * sub_tokens);
   requests_.emplace(id, std::move(r));
   queue_.push_back(id);
   ++counters_.submitted_count;
@@ -101,6 +104,7 @@ bool PrefillScheduler::try_admit(Request& r) {
   r.computed_tokens_count = matched * sub_tokens;
   r.cached_tokens_count = r.computed_tokens_count;
   r.stage = PrefillStage::running;
+  set_pending(r, tokens - r.computed_tokens_count);
   counters_.cached_tokens_count += r.computed_tokens_count;
   RT_ASSERT(r.blocks.size() == needed, r.blocks.size(), needed);
   RT_ASSERT(r.computed_tokens_count < r.input.tokens.size(), r.input.id);
@@ -175,6 +179,12 @@ void PrefillScheduler::commit_sub_blocks(Request& r) {
   RT_ASSERT(r.committed_sub_blocks <= r.blocks.size() * k, r.committed_sub_blocks);
 }
 
+void PrefillScheduler::set_pending(Request& r, uint32_t tokens) {
+  RT_ASSERT(pending_tokens_ >= r.pending_tokens_count, pending_tokens_, r.pending_tokens_count);
+  pending_tokens_ = pending_tokens_ - r.pending_tokens_count + tokens;
+  r.pending_tokens_count = tokens;
+}
+
 void PrefillScheduler::release_copy_source(Request& r) {
   if (!r.copy_source) return;
   cache_.release(std::span<const kv::BlockIndex>(&*r.copy_source, 1));
@@ -193,6 +203,7 @@ std::vector<PrefillDone> PrefillScheduler::on_step_done(uint64_t step_id, Nanos 
     RT_ASSERT(r.stage == PrefillStage::running && r.in_flight_tokens_count > 0, id);
     r.computed_tokens_count += r.in_flight_tokens_count;
     counters_.computed_tokens_count += r.in_flight_tokens_count;
+    set_pending(r, static_cast<uint32_t>(r.input.tokens.size()) - r.computed_tokens_count);
     r.in_flight_tokens_count = 0;
     // The copy is done: the prompt's block holds the partial hit's KV, committed below.
     if (r.copy_in_flight) release_copy_source(r);
@@ -283,6 +294,7 @@ Status PrefillScheduler::cancel(RequestId id) {
       release(r);
       break;
   }
+  set_pending(r, 0);
   requests_.erase(it);
   ++counters_.cancelled_count;
   return {};
@@ -324,6 +336,15 @@ void PrefillScheduler::check_invariants() const {
     RT_ASSERT(cache_.ref_count(block) == count, block, count);
   }
   RT_ASSERT(refs.size() == cache_.blocks_used_count(), refs.size());
+  uint64_t pending = 0;
+  for (const auto& [id, r] : requests_) {
+    RT_ASSERT(r.stage != PrefillStage::held || r.pending_tokens_count == 0, id);
+    if (r.stage == PrefillStage::running) {
+      RT_ASSERT(r.pending_tokens_count == r.input.tokens.size() - r.computed_tokens_count, id);
+    }
+    pending += r.pending_tokens_count;
+  }
+  RT_ASSERT(pending == pending_tokens_, pending, pending_tokens_);
   cache_.check_invariants();
 }
 

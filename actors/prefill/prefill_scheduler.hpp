@@ -139,6 +139,10 @@ class PrefillScheduler {
   uint32_t queued_count() const { return static_cast<uint32_t>(queue_.size()); }
   uint32_t running_count() const { return static_cast<uint32_t>(running_.size()); }
   uint32_t held_count() const { return held_count_; }
+  // Prompt tokens still to compute for the queued and running requests (a queued one counts
+  // what its cache match was when submitted): the work in front of a new prompt, which the
+  // router weighs against this instance's cache hit (prefill by work).
+  uint64_t pending_tokens() const { return pending_tokens_; }
   bool step_in_flight() const { return in_flight_; }
   const PrefillCounters& counters() const { return counters_; }
   // O(requests + blocks) consistency check (RT_ASSERT); for tests.
@@ -153,6 +157,7 @@ class PrefillScheduler {
     uint32_t computed_tokens_count = 0;   // includes cached tokens
     uint32_t committed_sub_blocks = 0;    // sub-blocks [0, n) are cached or committed
     uint32_t in_flight_tokens_count = 0;
+    uint32_t pending_tokens_count = 0;  // its share of pending_tokens_
     // A partial hit's holder, referenced until the step copying it is done.
     std::optional<kv::BlockIndex> copy_source;
     bool copy_in_flight = false;
@@ -164,6 +169,7 @@ class PrefillScheduler {
   void add_chunk(Request& r, uint32_t tokens_count, PrefillPlan& plan);
   void commit_sub_blocks(Request& r);
   void release_copy_source(Request& r);
+  void set_pending(Request& r, uint32_t tokens);
   void release(Request& r);
   void erase_running(RequestId id);
 
@@ -173,6 +179,7 @@ class PrefillScheduler {
   std::deque<RequestId> queue_;                      // <= queue_max
   std::vector<RequestId> running_;                   // admission order, <= running_max
   uint32_t held_count_ = 0;                          // running + held <= held_max
+  uint64_t pending_tokens_ = 0;                      // sum of the requests' shares
   std::vector<RequestId> in_flight_ids_;
   bool in_flight_ = false;
   uint64_t step_id_ = 0;

@@ -301,7 +301,8 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
   if (!r.ready) return;
   (void)st.core->update_load({it->second},
                              {r.waiting, r.running, r.kv_blocks_used, r.kv_blocks_total,
-                              r.tier2_local_reads, r.tier2_remote_reads});
+                              r.tier2_local_reads, r.tier2_remote_reads, r.pending_tokens,
+                              r.kv_blocks_free});
 }
 
 // Events of an instance's prefix cache (KvEventReporter). Approximate: the index drops the

@@ -158,6 +158,7 @@ Status RouterCore::update_load(InstanceId id, const InstanceLoad& load) {
   }
   s->load = load;
   s->inflight_count = 0;  // the heartbeat now counts what was picked before it
+  s->inflight_tokens = 0;
   RT_ASSERT(s->used, id.value);
   return {};
 }
@@ -455,7 +456,18 @@ std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& 
       double uncached = static_cast<double>(request.prompt_tokens) -
                         (static_cast<double>(lengths[slot]) + tier2[slot].credit()) *
                             config_.block_tokens;
-      double work = static_cast<double>(score.load_count) * per_request + uncached;
+      // The work in front of this prompt: what the instance reported it has to compute plus
+      // what was picked for it since; without a report, its load x the recent mean.
+      double queued = s.load.pending_tokens
+                          ? static_cast<double>(*s.load.pending_tokens + s.inflight_tokens)
+                          : static_cast<double>(score.load_count) * per_request;
+      double evicting = 0.0;
+      if (s.load.kv_blocks_free) {
+        double room = static_cast<double>(*s.load.kv_blocks_free) * config_.block_tokens *
+                      config_.sub_blocks_per_block;
+        evicting = std::max(0.0, uncached - room);
+      }
+      double work = queued + uncached + evicting;
       bool tie = best && std::abs(work - best_work) <= 1e-9 * std::max(1.0, best_work);
       if (!best || (!tie && work < best_work) || (tie && score.kv_usage > best_kv + tie_epsilon)) {
         best = slot;
@@ -575,6 +587,7 @@ void RouterCore::decide_prefill(const PickRequest& request, Pick& pick) {
                     (static_cast<double>(pick.prefill_cached_blocks) +
                      pick_tier2_[*prefill].credit()) *
                         config_.block_tokens;
+  slots_[*prefill].inflight_tokens += static_cast<uint64_t>(std::max(0.0, uncached));
   prefill_tokens_mean_ = prefill_tokens_mean_ < 0.0
                              ? uncached
                              : prefill_tokens_mean_ + (uncached - prefill_tokens_mean_) / 32.0;

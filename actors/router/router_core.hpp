@@ -89,6 +89,15 @@ struct InstanceLoad {
   // copies a slow disk's prefill then computes anyway cost 1.5x TTFT p90).
   bool tier2_local_reads = true;
   bool tier2_remote_reads = true;
+  // Prefill: the prompt tokens it still has to compute (PrefillScheduler::pending_tokens),
+  // when it reports them; prefill by work then counts them, plus what was picked since,
+  // instead of estimating its queue as load x the mean uncached tokens of recent picks.
+  std::optional<uint64_t> pending_tokens;
+  // Blocks on its free list (neither referenced nor cached), when reported: a prompt whose
+  // uncached tokens need more evicts cached blocks, work that comes back as misses, so
+  // prefill by work counts the tokens beyond the free room twice (an idle instance with room
+  // takes new sessions before a busy one's pool is churned).
+  std::optional<uint64_t> kv_blocks_free;
 };
 
 struct PickRequest {
@@ -237,6 +246,7 @@ class RouterCore {
     uint32_t site = 0;  // its node (tier 2)
     InstanceLoad load;
     uint32_t inflight_count = 0;  // picks since the last update_load
+    uint64_t inflight_tokens = 0;  // their uncached tokens (prefill)
     HeldMap held;                 // node -> index into entries
     std::vector<Held> entries;    // pool: grows to the capacity once, then reused
     std::vector<uint32_t> free_entries;

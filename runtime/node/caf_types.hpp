@@ -6,6 +6,7 @@
 #include <caf/all.hpp>
 
 #include <memory>
+#include <optional>
 
 #include "messages/envelope.hpp"
 #include "runtime/node/diagnostics.hpp"
@@ -30,6 +31,8 @@ struct InstanceLoadReport {
   // Prefill: its tier-2 cost rule reads from its node's / another node's tier 2.
   bool tier2_local_reads = true;
   bool tier2_remote_reads = true;
+  std::optional<uint64_t> pending_tokens;  // prefill: prompt tokens still to compute
+  std::optional<uint64_t> kv_blocks_free;  // blocks on the free list
 };
 
 // One received envelope for this actor. The actor converts it inside its handler and never

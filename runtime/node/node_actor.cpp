@@ -133,6 +133,14 @@ void heartbeat_tick(NodeActor* self) {
                                    l.setNotReadyReason(r.not_ready_reason);
                                    l.setTier2LocalReads(r.tier2_local_reads);
                                    l.setTier2RemoteReads(r.tier2_remote_reads);
+                                   if (r.pending_tokens) {
+                                     l.setPendingTokens(*r.pending_tokens);
+                                     l.setPendingTokensKnown(true);
+                                   }
+                                   if (r.kv_blocks_free) {
+                                     l.setKvBlocksFree(static_cast<uint32_t>(*r.kv_blocks_free));
+                                     l.setKvBlocksFreeKnown(true);
+                                   }
                                  }
                                });
   }
@@ -393,6 +401,8 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
                                   l.getKvBlocksUsed(), l.getKvBlocksTotal(), l.getReady(),
                                   l.getNotReadyReason(), l.getTier2LocalReads(),
                                   l.getTier2RemoteReads()};
+        if (l.getPendingTokensKnown()) report.pending_tokens = l.getPendingTokens();
+        if (l.getKvBlocksFreeKnown()) report.kv_blocks_free = l.getKvBlocksFree();
         for (const auto& sub : st.subscribers) self->send(sub, report);
       }
       if (auto event = st.membership->heard(source_node, hb.getIncarnation(),

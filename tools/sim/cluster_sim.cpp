@@ -901,6 +901,7 @@ void Sim::route(uint32_t request_index) {
                    ", which it had declared down");
   }
   if (pick->prefill) {
+
     st.prefill = static_cast<int32_t>(pick->prefill->value);
     RT_ASSERT(st.prefill >= 0 && static_cast<uint32_t>(st.prefill) < prefill_.size(), st.prefill);
     if (router_down_[prefill_node(static_cast<uint32_t>(st.prefill))]) {
@@ -1049,6 +1050,11 @@ router::InstanceLoad Sim::prefill_load(uint32_t p) const {
   const PrefillInst& inst = prefill_[p];
   router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
                             inst.cache->blocks_used_count(), inst.cache->blocks_count()};
+  // As the prefill shell reports: the scheduler's pending tokens plus the tier-2 waits'.
+  uint64_t pending = inst.sched->pending_tokens();
+  for (const auto& [seq, w] : inst.tier2) pending += w.core.tokens.size();
+  load.pending_tokens = pending;
+  load.kv_blocks_free = inst.cache->blocks_free_count();
   if (!sites_.empty()) {
     const auto bytes = static_cast<uint64_t>(block_bytes_);
     load.tier2_local_reads = prefill::tier2_reads_pay(bytes, config_.block_tokens, inst.rates.local);
@@ -1083,6 +1089,7 @@ void Sim::on_load_report() {
                               inst.cache->blocks_used_count(), inst.cache->blocks_count()};
     RT_ASSERT(router_.update_load(decode_id(d), load).ok(), d);
   }
+
   if (work_pending_ > 0 || !in_flight_.empty()) {
     push(now_ns_ + to_ns(config_.load_report_interval_ms / 1e3), EventKind::load_report, 0, 0);
   }
@@ -2067,6 +2074,7 @@ void Sim::check_at_end() {
 }
 
 ClusterSimResult Sim::take_result() {
+
   ClusterSimResult r = std::move(result_);
   r.seed = config_.seed;
   r.mode = config_.prefill_count > 0 ? "pd" : "aggregated";
