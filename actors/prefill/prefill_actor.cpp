@@ -596,9 +596,13 @@ caf::behavior running(PrefillActor* self) {
         Tier2Reads reads{
             prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.local),
             prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.remote)};
-        // Prompts waiting for tier 2 are work in front of a new prompt too.
+        // Prompts waiting for tier 2 are work in front of a new prompt too: what they will
+        // compute once their blocks are read.
         uint64_t pending = st.scheduler->pending_tokens();
-        for (const auto& [id, w] : st.tier2) pending += w.core.tokens.size();
+        for (const auto& [id, w] : st.tier2) {
+          pending += prefill::tokens_after_tier2(w.core.tokens.size(), w.device_hit + w.asked,
+                                                 st.info.layout.block_tokens);
+        }
         report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->queued_count(),
                     st.scheduler->held_count(), PrefillLoadExtras{reads, pending});
         self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);

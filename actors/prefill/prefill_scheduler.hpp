@@ -97,6 +97,13 @@ struct PrefillDone {
   Nanos hold_deadline{0};
 };
 
+// A prompt of `tokens` waiting for tier 2 with `blocks` whole blocks in hand (the pool's and
+// those asked for): the tokens it will compute, at least its last one.
+inline uint64_t tokens_after_tier2(uint64_t tokens, uint64_t blocks, uint32_t block_tokens) {
+  uint64_t held = blocks * block_tokens;
+  return held < tokens ? tokens - held : 1;
+}
+
 // Every k-th prefix hash of a done request: its full blocks' hashes (tier 2's keys).
 std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k);
 

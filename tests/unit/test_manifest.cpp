@@ -1690,3 +1690,29 @@ connections_per_client_max = 0
   CHECK(typed.key == "gateway.body_timeout_ms");
   CHECK(typed.message.find("expected an integer") != std::string::npos);
 }
+
+TEST_CASE("model.sub_block_tokens: 512 under larger blocks, whole blocks otherwise, checked") {
+  Manifest small = parse_ok(base_manifest);
+  CHECK(small.model.sub_block_tokens == small.model.block_tokens);
+  std::string big = replace(base_manifest, "path = \"models/tiny\"",
+                            "path = \"models/tiny\"\nblock_tokens = 4096\nmax_model_tokens = 8192");
+  big += "[prefill]\nstep_tokens_max = 4096\n";
+  Manifest m = parse_ok(big);
+  CHECK(m.model.block_tokens == 4096);
+  CHECK(m.model.sub_block_tokens == 512);
+  std::string set = replace(big, "block_tokens = 4096\n", "block_tokens = 4096\nsub_block_tokens = 1024\n");
+  CHECK(parse_ok(set).model.sub_block_tokens == 1024);
+  std::string whole = replace(big, "block_tokens = 4096\n", "block_tokens = 4096\nsub_block_tokens = 4096\n");
+  CHECK(parse_ok(whole).model.sub_block_tokens == 4096);
+  for (const char* bad : {"sub_block_tokens = 384", "sub_block_tokens = 8192"}) {
+    CAPTURE(bad);
+    std::string text = replace(big, "block_tokens = 4096\n", std::string("block_tokens = 4096\n") + bad + "\n");
+    auto issue = only_issue(text);
+    CHECK(issue.key == "model.sub_block_tokens");
+    CHECK(issue.line == line_of(text, "sub_block_tokens"));
+    CHECK(issue.message.find("must be a power of two at most block_tokens (4096)") !=
+          std::string::npos);
+  }
+  auto zero = only_issue(replace(big, "block_tokens = 4096\n", "block_tokens = 4096\nsub_block_tokens = 0\n"));
+  CHECK(zero.key == "model.sub_block_tokens");
+}

@@ -728,6 +728,69 @@ TEST_CASE("router: prefill by work weighs the cache against the queue in tokens"
   CHECK(*weighted.decide(request_for(session)).value().prefill == p0);
 }
 
+TEST_CASE("router: prefill by work counts the tokens an instance reports pending, and room") {
+  RouterConfig config;
+  config.disaggregate_tokens_min = 16;
+  RouterCore core = make_core(config, {d0}, {p0, p1});
+  auto session = chain(90, 64);  // 1029 tokens, 60 blocks cached on p0: 69 uncached there
+  REQUIRE(core.kv_stored(p0, std::nullopt, std::span(session).first(60)).ok());
+  auto load = [](uint32_t waiting, uint64_t pending) {
+    InstanceLoad l{waiting, 0, 0, 0};
+    l.pending_tokens = pending;
+    return l;
+  };
+  // Twenty queued requests, but only 500 tokens left to compute: the cache wins (500 + 69 <
+  // 1029), where load x mean would have moved the session.
+  REQUIRE(core.update_load(p0, load(20, 500)).ok());
+  REQUIRE(core.update_load(p1, load(0, 0)).ok());
+  CHECK(*core.decide(request_for(session)).value().prefill == p0);
+  // The pick's own uncached tokens count until the next report: 500 + 69 + 69 < 1029 ...
+  CHECK(*core.decide(request_for(session)).value().prefill == p0);
+  // ... and a long queue in tokens moves it: 2000 + 69 > 1029.
+  REQUIRE(core.update_load(p0, load(1, 2000)).ok());
+  CHECK(*core.decide(request_for(session)).value().prefill == p1);
+  // Room: a cold prompt (1029 tokens = 65 blocks of 16) on a full pool evicts cached blocks:
+  // those tokens count twice, so the instance with free blocks takes it.
+  RouterCore cold = make_core(config, {d0}, {p0, p1});
+  auto with_room = [](uint64_t pending, uint64_t free_blocks) {
+    InstanceLoad l{0, 0, 100, 200};
+    l.pending_tokens = pending;
+    l.kv_blocks_free = free_blocks;
+    return l;
+  };
+  REQUIRE(cold.update_load(p0, with_room(0, 0)).ok());
+  REQUIRE(cold.update_load(p1, with_room(800, 100)).ok());
+  CHECK(*cold.decide(request_for(chain(91, 64))).value().prefill == p1);  // 1829 < 2058
+  REQUIRE(cold.update_load(p1, with_room(1100, 100)).ok());
+  CHECK(*cold.decide(request_for(chain(92, 64))).value().prefill == p0);  // 2058 < 2129
+}
+
+TEST_CASE("router: sub-blocks: matches count sub-blocks, tier 2 is credited by whole blocks") {
+  RouterConfig config;
+  config.block_tokens = 4;          // tokens per prefix hash
+  config.sub_blocks_per_block = 4;  // 16-token blocks
+  config.disaggregate_tokens_min = 4;
+  RouterCore core = tier2_core(config);
+  auto q = chain(93, 40);  // 40 sub-blocks = 10 blocks
+  REQUIRE(core.kv_stored(p0, std::nullopt, std::span(q).first(22)).ok());  // 5.5 blocks
+  // Tier 2 on p1's node holds blocks 0..7 (every 4th prefix hash).
+  std::vector<BlockHash> blocks;
+  for (size_t i = 3; i < 32; i += 4) blocks.push_back(q[i]);
+  REQUIRE(core.tier2_stored(2, blocks) == 0);
+  auto request = request_for(q, 4);
+  auto scores = core.scores(request, InstanceRole::prefill);
+  REQUIRE(scores.ok());
+  REQUIRE(scores->size() == 2);
+  CHECK((*scores)[0].cached_blocks == 22);
+  // p0: tier 2 (remote) from block 5, the one holding sub-block 22: blocks 5..7 = sub-blocks
+  // 22..31, 10 past the device's 22.
+  CHECK((*scores)[0].tier2_blocks == 10);
+  CHECK((*scores)[0].tier2_remote);
+  CHECK((*scores)[1].cached_blocks == 0);
+  CHECK((*scores)[1].tier2_blocks == 32);  // its own node's, blocks 0..7
+  CHECK_FALSE((*scores)[1].tier2_remote);
+}
+
 TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited below a device hit") {
   RouterConfig config;
   config.disaggregate_tokens_min = 16;

@@ -901,7 +901,6 @@ void Sim::route(uint32_t request_index) {
                    ", which it had declared down");
   }
   if (pick->prefill) {
-
     st.prefill = static_cast<int32_t>(pick->prefill->value);
     RT_ASSERT(st.prefill >= 0 && static_cast<uint32_t>(st.prefill) < prefill_.size(), st.prefill);
     if (router_down_[prefill_node(static_cast<uint32_t>(st.prefill))]) {
@@ -1050,9 +1049,13 @@ router::InstanceLoad Sim::prefill_load(uint32_t p) const {
   const PrefillInst& inst = prefill_[p];
   router::InstanceLoad load{inst.sched->queued_count(), inst.sched->running_count(),
                             inst.cache->blocks_used_count(), inst.cache->blocks_count()};
-  // As the prefill shell reports: the scheduler's pending tokens plus the tier-2 waits'.
+  // As the prefill shell reports: the scheduler's pending tokens plus what the tier-2 waits
+  // will compute once their blocks are read.
   uint64_t pending = inst.sched->pending_tokens();
-  for (const auto& [seq, w] : inst.tier2) pending += w.core.tokens.size();
+  for (const auto& [seq, w] : inst.tier2) {
+    pending += prefill::tokens_after_tier2(w.core.tokens.size(), w.device_hit + w.asked_blocks,
+                                           config_.block_tokens);
+  }
   load.pending_tokens = pending;
   load.kv_blocks_free = inst.cache->blocks_free_count();
   if (!sites_.empty()) {
@@ -1089,7 +1092,6 @@ void Sim::on_load_report() {
                               inst.cache->blocks_used_count(), inst.cache->blocks_count()};
     RT_ASSERT(router_.update_load(decode_id(d), load).ok(), d);
   }
-
   if (work_pending_ > 0 || !in_flight_.empty()) {
     push(now_ns_ + to_ns(config_.load_report_interval_ms / 1e3), EventKind::load_report, 0, 0);
   }
@@ -2074,7 +2076,6 @@ void Sim::check_at_end() {
 }
 
 ClusterSimResult Sim::take_result() {
-
   ClusterSimResult r = std::move(result_);
   r.seed = config_.seed;
   r.mode = config_.prefill_count > 0 ? "pd" : "aggregated";
