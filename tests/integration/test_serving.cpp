@@ -52,10 +52,12 @@ class ServeCluster {
  public:
   // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default);
   // fabric_toml: extra lines for the [fabric] section (they may open further sections).
+  // model_toml: extra lines for the [model] section.
   ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
-               std::string fabric_toml = "")
+               std::string fabric_toml = "", std::string model_toml = "")
       : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
-        decode_kv_blocks_(decode_kv_blocks), fabric_toml_(std::move(fabric_toml)) {
+        decode_kv_blocks_(decode_kv_blocks), fabric_toml_(std::move(fabric_toml)),
+        model_toml_(std::move(model_toml)) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -137,7 +139,8 @@ class ServeCluster {
                        fabric_toml_ +
                        "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
                        "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
-                       "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
+                       "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" +
+                       model_toml_ +
                        "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
                        std::to_string(disaggregate_tokens_min) + "\n";
     std::string front_roles = instance("gateway", "gateway") + instance("router", "router");
@@ -162,7 +165,7 @@ class ServeCluster {
   std::string dir_, manifest_path_;
   uint16_t http_port_;
   uint32_t decode_kv_blocks_;
-  std::string fabric_toml_;
+  std::string fabric_toml_, model_toml_;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
   std::string warm_up_answer_ = "(none)";
@@ -544,6 +547,43 @@ TEST_CASE("serving: the same long prompt twice hits the prefix cache and starts 
   // assertion; the TTFT comparison is printed for the log.
   MESSAGE("median TTFT cold ", median(cold_ms), " ms, warm ", median(warm_ms), " ms",
           median(warm_ms) < median(cold_ms) ? " (warm sooner)" : " (warm NOT sooner)");
+}
+
+TEST_CASE("serving: sub-blocks: a prompt extending a cached one inside a block reuses its "
+          "sub-blocks, with the same greedy text" *
+          doctest::timeout(300)) {
+  // 16-token blocks matched at 4 tokens: prefill reuses the cached prompt to the sub-block and
+  // copies the partial block on the device; the router scores sub-blocks.
+  ServeCluster c(Layout::loopback3, 8, 0, "", "sub_block_tokens = 4\n");
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  auto cached_of = [](const Completion& r) {
+    return r.usage.value("prompt_tokens_details", json::object()).value("cached_tokens", -1);
+  };
+  int inside_a_block = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::string first = long_prompt("Tale" + std::to_string(rep) + ":", 60 + 7 * rep) + ".";
+    Completion a = complete(c.http_port(), first, 2);
+    REQUIRE_MESSAGE(a.error.empty(), a.error);
+    int first_tokens = a.usage["prompt_tokens"].get<int>();
+    std::string second = first + " Then the dog ran home to eat a big red apple.";
+    Completion b = complete(c.http_port(), second, 8);
+    REQUIRE_MESSAGE(b.error.empty(), b.error);
+    int cached = cached_of(b);
+    MESSAGE("rep ", rep, ": first ", first_tokens, " tokens, second ",
+            b.usage["prompt_tokens"].get<int>(), ", cached ", cached);
+    // Every full sub-block of the first prompt, its partial last block's too (whole blocks
+    // alone would stop at first_tokens / 16 * 16).
+    CHECK_MESSAGE(cached == first_tokens / 4 * 4, b.usage.dump());
+    if (cached > first_tokens / 16 * 16) ++inside_a_block;
+    // The same prompt computed from nothing (another cache salt) gives the same greedy text.
+    Completion cold = complete(c.http_port(), second, 8, "cold-" + std::to_string(rep));
+    REQUIRE_MESSAGE(cold.error.empty(), cold.error);
+    CHECK(cached_of(cold) == 0);
+    CHECK(cold.text == b.text);
+  }
+  CHECK(inside_a_block >= 1);
+  CHECK(c.metric("prefill", "tandem:prefix_cache_entries") >
+        c.metric("prefill", "tandem:prefix_cache_blocks"));
 }
 
 TEST_CASE("serving: blocks evicted on decode leave the router's index (KV events)" *
