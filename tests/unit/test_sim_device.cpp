@@ -485,3 +485,29 @@ TEST_CASE("KV pools vs host memory: sizes, the budget and the startup error") {
   CHECK_FALSE(check_kv_pools_fit("node1", pools, 80 * gib).has_value());
   CHECK_FALSE(check_kv_pools_fit("node1", pools, 0).has_value());  // memory unknown
 }
+
+TEST_CASE("a prefill that copies a cached block first continues inside it; bad copies are errors") {
+  auto d = make(small_spec());
+  auto p = prompt(40);
+  auto reference = generate(*make(small_spec()), p, 0, table(0, 3));
+  PrefillSeq first{3, table(0, 3), 0, p};
+  REQUIRE(d->prefill(std::span(&first, 1)).ok());
+  // Another sequence reuses block 0, copies block 1 (tokens 16..31) into its own block 5 and
+  // computes from token 24: the context it reads is the copied one.
+  PrefillSeq next{9, {0, 5, 6}, 24, {p.begin() + 24, p.end()}};
+  next.copies.push_back({1, 5});
+  auto r = d->prefill(std::span(&next, 1));
+  REQUIRE_MESSAGE(r.ok(), r.error().describe());
+  CHECK(r->seqs[0].tokens[0] == reference[0]);
+  // Without the copy the pool does not hold that context.
+  PrefillSeq stale{10, {0, 7, 8}, 24, {p.begin() + 24, p.end()}};
+  auto missing = d->prefill(std::span(&stale, 1));
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().kind == tandem::ErrorKind::failed);
+  PrefillSeq bad = next;
+  bad.seq_id = 11;
+  bad.copies = {{1, 64}};
+  auto out_of_range = d->prefill(std::span(&bad, 1));
+  REQUIRE_FALSE(out_of_range.ok());
+  CHECK(has(out_of_range.error().message, "block copy 1 -> 64"));
+}
