@@ -46,6 +46,9 @@ cli::Flags sim_flags() {
             "instances report load to the router every MS (the real shells: 100); "
             "0 = after every change", "100")
       .flag("block-tokens", "N", "KV block tokens (default: manifest's, else 512)")
+      .flag("kv-index", "MODE",
+            "router device index: approximate (records picks) or precise (from the caches' "
+            "events, checked against every cache at the end); default: manifest's")
       .flag("sub-block-tokens", "N",
             "prefix-cache match granularity, dividing the block (default: manifest's, else "
             "the block; 0 = the block)")
@@ -146,6 +149,7 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c,
   c.router = actors::router_config(m);  // the sim sets its seed and block size itself
   c.block_tokens = m.model.block_tokens;
   c.sub_block_tokens = m.model.sub_block_tokens;
+  c.precise_index = m.router.kv_index == config::KvIndexMode::precise;
   c.max_model_tokens = m.model.max_model_tokens;
   c.prefill_queue_max = m.prefill.queue_max;
   c.prefill_running_max = m.prefill.running_max;
@@ -291,6 +295,15 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
   if (f.has("block-tokens")) {
     if (!get_u32(f, "block-tokens", 1, 1u << 20, &c.block_tokens)) return false;
     c.sub_block_tokens = std::min(c.hash_tokens(), c.block_tokens);
+  }
+  if (f.has("kv-index")) {
+    std::string mode = f.get("kv-index");
+    if (mode != "approximate" && mode != "precise") {
+      std::fprintf(stderr, "tandem sim: --kv-index %s: expected approximate or precise\n",
+                   mode.c_str());
+      return false;
+    }
+    c.precise_index = mode == "precise";
   }
   if (f.has("sub-block-tokens")) {
     if (!get_u32(f, "sub-block-tokens", 0, 1u << 20, &c.sub_block_tokens)) return false;

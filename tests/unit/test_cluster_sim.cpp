@@ -317,6 +317,33 @@ TEST_CASE("a crashed decode: its requests are retried elsewhere, the run replays
   CHECK(sim::to_json(x, true) != sim::to_json(y, true));
 }
 
+TEST_CASE("precise index: built from the caches' events only, it equals every cache at the "
+          "end, through evictions, sub-blocks and restarts") {
+  auto requests = short_agentic(5);
+  auto c = faulty_cluster("crash:prefill-0@5s+4s,crash:decode-1@12s+3s", 2, 2);
+  c.precise_index = true;
+  c.block_tokens = 64;
+  c.sub_block_tokens = 16;
+  c.kv_blocks = 160;  // small pools: evictions and cascades
+  c.max_model_tokens = 8192;
+  auto r = run_ok(c, requests);
+  CHECK_MESSAGE(r.violation.empty(), r.violation);
+  CHECK(r.fault_counters.restarts == 2);
+  CHECK(r.completed_count > 0);
+  CHECK(r.precise_checked_entries > 100);
+  CHECK(r.hit_rate > 0.5);
+  // The end check catches an index that misses the caches' removals.
+  c.bugs.precise_no_removed = true;
+  auto bad = run_ok(c, requests);
+  CHECK(bad.violation.find("precise index") != std::string::npos);
+  // Approximate mode on the same run: no end check, comparable hit rate.
+  c.bugs.precise_no_removed = false;
+  c.precise_index = false;
+  auto approx = run_ok(c, requests);
+  CHECK(approx.precise_checked_entries == 0);
+  MESSAGE("hit rate precise ", r.hit_rate, ", approximate ", approx.hit_rate);
+}
+
 TEST_CASE("a request that already streamed tokens ends with an explicit error when its decode dies") {
   auto requests = short_agentic(5);
   for (auto& q : requests) q.expected_output_tokens = 400;  // long streams: crashes hit mid-way

@@ -295,6 +295,7 @@ class Sim {
   void finish(uint32_t request_index, const std::string& error_kind,
               std::optional<ErrorKind> cause = std::nullopt);
   void sync_prefill(uint32_t p);
+  void apply_events(router::InstanceId id, const kv::CacheEvents& ev);
   void sync_decode(uint32_t d);
   void on_load_report();
   void start_pulls(uint32_t d, const std::vector<decode::PullOrder>& pulls);
@@ -537,6 +538,8 @@ void Sim::reset_prefill(uint32_t p) {
                                                  config_.block_tokens, config_.hash_tokens());
   inst.sched = std::make_unique<prefill::PrefillScheduler>(prefill_config_, *inst.cache);
   inst.step_id = 0;
+  // A restarted source's events start from an empty cache (the real router resyncs).
+  if (config_.precise_index) (void)router_.kv_clear({p});
 }
 
 void Sim::reset_decode(uint32_t d) {
@@ -546,6 +549,7 @@ void Sim::reset_decode(uint32_t d) {
                                                  config_.block_tokens, config_.hash_tokens());
   inst.sched = std::make_unique<decode::DecodeScheduler>(decode_config_, *inst.cache);
   inst.step_id = 0;
+  if (config_.precise_index) (void)router_.kv_clear(decode_id(d));
   inst.link_free_ns = now_ns_;
   inst.sampled_count = 0;
   inst.lost = decode::LostStreams<LostItem>(4096, 50);
@@ -887,7 +891,8 @@ void Sim::route(uint32_t request_index) {
     push(now_ns_ + to_ns(5), EventKind::router_timeout, 0, seq);
     return;
   }
-  auto pick = router_.pick({s.chain.hashes, t.prompt_tokens});
+  const router::PickRequest pick_request{s.chain.hashes, t.prompt_tokens};
+  auto pick = config_.precise_index ? router_.decide(pick_request) : router_.pick(pick_request);
   if (!pick) {
     finish(request_index, "router_" + std::string(to_string(pick.error().kind)));
     return;
@@ -1036,10 +1041,22 @@ bool Sim::submit_decode(uint32_t request_index, decode::KvSource source,
 // (load_report_interval_ms == 0) or at the next periodic report (on_load_report), as the
 // real shells do: each reports its load every 100 ms, and pick()'s own waiting + 1 on the
 // chosen instances lasts until then.
+// The router's index from one cache's drained events: removed (with their subtrees), then, in
+// precise mode, stored in chain order under their parents (as the router actor applies them).
+void Sim::apply_events(router::InstanceId id, const kv::CacheEvents& ev) {
+  if (!ev.removed.empty() && !(config_.precise_index && config_.bugs.precise_no_removed)) {
+    RT_ASSERT(router_.kv_removed(id, ev.removed).ok(), id.value);
+  }
+  if (!config_.precise_index) return;
+  for (size_t n = 0; n < ev.stored.size(); ++n) {
+    RT_ASSERT(router_.kv_stored(id, ev.stored_parents[n], std::span(ev.stored).subspan(n, 1)).ok(),
+              id.value);
+  }
+}
+
 void Sim::sync_prefill(uint32_t p) {
   PrefillInst& inst = prefill_[p];
-  kv::CacheEvents ev = inst.cache->drain_events();
-  if (!ev.removed.empty()) RT_ASSERT(router_.kv_removed({p}, ev.removed).ok(), p);
+  apply_events({p}, inst.cache->drain_events());
   if (config_.load_report_interval_ms > 0) return;
   RT_ASSERT(router_.update_load({p}, prefill_load(p)).ok(), p);
 }
@@ -1069,8 +1086,7 @@ router::InstanceLoad Sim::prefill_load(uint32_t p) const {
 
 void Sim::sync_decode(uint32_t d) {
   DecodeInst& inst = decode_[d];
-  kv::CacheEvents ev = inst.cache->drain_events();
-  if (!ev.removed.empty()) RT_ASSERT(router_.kv_removed(decode_id(d), ev.removed).ok(), d);
+  apply_events(decode_id(d), inst.cache->drain_events());
   if (config_.load_report_interval_ms > 0) return;
   router::InstanceLoad load{inst.sched->waiting_count(), inst.sched->active_count(),
                             inst.cache->blocks_used_count(), inst.cache->blocks_count()};
@@ -2056,6 +2072,23 @@ void Sim::check_at_end() {
     leak(p.stats.name, p.cache->blocks_used_count(), p.sched->queued_count() +
          p.sched->running_count() + p.tier2.size(), p.sched->held_count());
   }
+  if (config_.precise_index) {  // the index built from events equals every cache
+    auto same = [&](router::InstanceId id, kv::PrefixCache& cache, const std::string& name) {
+      apply_events(id, cache.drain_events());
+      kv::CacheEvents all = cache.snapshot();
+      size_t missing = 0;
+      for (const auto& hash : all.stored) missing += !router_.holds(id, hash);
+      if (missing > 0 || router_.index_blocks_count(id) != all.stored.size()) {
+        violate("precise index: the router holds " +
+                std::to_string(router_.index_blocks_count(id)) + " entries for " + name +
+                ", whose cache holds " + std::to_string(all.stored.size()) + " (" +
+                std::to_string(missing) + " of them missing)");
+      }
+      result_.precise_checked_entries += all.stored.size();
+    };
+    for (uint32_t p = 0; p < prefill_.size(); ++p) same({p}, *prefill_[p].cache, prefill_[p].stats.name);
+    for (uint32_t d = 0; d < decode_.size(); ++d) same(decode_id(d), *decode_[d].cache, decode_[d].stats.name);
+  }
   for (uint32_t s = 0; s < sites_.size(); ++s) {  // every staging slot back, nothing pinned
     const Tier2Site& site = sites_[s];
     const auto& counts = site.slots->counts();
@@ -2227,6 +2260,7 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
   j["prompt_tokens"] = r.prompt_tokens_count;
   j["prompt_cached_tokens"] = r.prompt_cached_tokens_count;
   j["hit_rate"] = r.hit_rate;
+  if (r.precise_checked_entries > 0) j["precise_checked_entries"] = r.precise_checked_entries;
   j["kv_transfer_bytes"] = r.kv_transfer_bytes;
   j["pd_requests"] = r.pd_requests_count;
   if (r.tier2_enabled) {

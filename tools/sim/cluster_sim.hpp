@@ -68,6 +68,11 @@ struct ClusterSimConfig {
   // Prefix-hash (cache match) granularity, tokens: divides block_tokens; 0 = block_tokens.
   uint32_t sub_block_tokens = 0;
   uint32_t hash_tokens() const { return sub_block_tokens == 0 ? block_tokens : sub_block_tokens; }
+  // The router's device index ([router] kv_index): false records its own picks and drops
+  // what caches report removed; true builds it from the caches' events only (removed, then
+  // stored with their parents), cleared when an instance restarts, and checks at the end that
+  // it equals every cache (a violation otherwise).
+  bool precise_index = false;
   uint32_t kv_blocks = 0;          // per instance; 0 = kv_capacity_tokens(its device) / block_tokens
   double link_bytes_per_s = 25e9;  // prefill -> decode KV transfer bandwidth, > 0
   // Scheduler limits (the manifest's [prefill] and [decode]).
@@ -119,6 +124,7 @@ struct ClusterSimConfig {
     bool no_cost_rule = false;     // prefill asks tier 2 even when computing is faster
     bool no_lookup_budget = false; // kv-offload stages blocks its disk queue reads too late
     bool no_disk_rate = false;     // lookup answers do not report the site's disk read rate
+    bool precise_no_removed = false;  // precise_index: removed events are not applied
   } bugs;
   // Errors: invalid, naming the field.
   Status validate() const;
@@ -134,6 +140,7 @@ struct InstanceStats {
 };
 
 struct ClusterSimResult {
+  uint64_t precise_checked_entries = 0;  // precise_index: cache entries the end check compared
   uint64_t seed = 0;
   std::string mode;              // "pd" | "aggregated"
   std::string policy;            // router policy
