@@ -52,12 +52,15 @@ class ServeCluster {
  public:
   // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default);
   // fabric_toml: extra lines for the [fabric] section (they may open further sections).
-  // model_toml: extra lines for the [model] section.
+  // model_toml / router_toml: extra lines for the [model] / [router] section; test_hooks:
+  // every node runs with --test-hooks.
   ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
-               std::string fabric_toml = "", std::string model_toml = "")
+               std::string fabric_toml = "", std::string model_toml = "",
+               std::string router_toml = "", bool test_hooks = false)
       : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
         decode_kv_blocks_(decode_kv_blocks), fabric_toml_(std::move(fabric_toml)),
-        model_toml_(std::move(model_toml)) {
+        model_toml_(std::move(model_toml)), router_toml_(std::move(router_toml)),
+        test_hooks_(test_hooks) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -85,6 +88,9 @@ class ServeCluster {
     start(name);
   }
 
+  RunResult shell(const std::string& command) {
+    return run({tandem_bin(), "shell", "--manifest", manifest_path_, "-c", command}, 30000ms);
+  }
   // The node's admin /metrics text ("" when it does not answer).
   std::string metrics(const std::string& name) {
     auto r = http::get(ports_.at(name).admin, "/metrics", 3000ms);
@@ -121,10 +127,10 @@ class ServeCluster {
 
  private:
   void start(const std::string& name) {
-    nodes_[name] = std::make_unique<Child>(
-        std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest_path_, "--node",
-                                 name},
-        dir_ + "/" + name + ".log");
+    std::vector<std::string> argv{tandem_bin(), "node", "--manifest", manifest_path_, "--node",
+                                  name};
+    if (test_hooks_) argv.push_back("--test-hooks");
+    nodes_[name] = std::make_unique<Child>(std::move(argv), dir_ + "/" + name + ".log");
   }
   std::string node_text(const std::string& name, const std::string& body) {
     NodePorts p = ports_.at(name);
@@ -142,7 +148,7 @@ class ServeCluster {
                        "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" +
                        model_toml_ +
                        "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
-                       std::to_string(disaggregate_tokens_min) + "\n";
+                       std::to_string(disaggregate_tokens_min) + "\n" + router_toml_;
     std::string front_roles = instance("gateway", "gateway") + instance("router", "router");
     if (layout_ == Layout::one_node) {
       return text + node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
@@ -165,7 +171,8 @@ class ServeCluster {
   std::string dir_, manifest_path_;
   uint16_t http_port_;
   uint32_t decode_kv_blocks_;
-  std::string fabric_toml_, model_toml_;
+  std::string fabric_toml_, model_toml_, router_toml_;
+  bool test_hooks_ = false;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
   std::string warm_up_answer_ = "(none)";
@@ -584,6 +591,55 @@ TEST_CASE("serving: sub-blocks: a prompt extending a cached one inside a block r
   CHECK(inside_a_block >= 1);
   CHECK(c.metric("prefill", "tandem:prefix_cache_entries") >
         c.metric("prefill", "tandem:prefix_cache_blocks"));
+}
+
+TEST_CASE("serving: precise KV index: the router's index equals the device caches after a "
+          "run, a lost event frame and a restart" *
+          doctest::timeout(300)) {
+  ServeCluster c(Layout::loopback3, 8, 40, "", "sub_block_tokens = 4\n",
+                 "kv_index = \"precise\"\n", true);
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  // The router's index (both targets) against what the two caches hold, as entries.
+  auto exact = [&] {
+    double router = c.metric("front", "tandem_router_kv_index_blocks");
+    double caches = c.metric("prefill", "tandem:prefix_cache_entries") +
+                    c.metric("decode", "tandem:prefix_cache_entries");
+    return caches > 0 && router == caches;
+  };
+  auto traffic = [&](int first, int count) {
+    for (int i = first; i < first + count; ++i) {
+      // Some prompts repeat and extend earlier ones; the small decode pool (40 blocks) evicts.
+      std::string prompt = long_prompt("Run" + std::to_string(i % 5) + ":", 40 + 9 * (i % 7));
+      Completion r = complete(c.http_port(), prompt, 3);
+      CHECK_MESSAGE(r.error.empty(), r.error);
+    }
+  };
+  traffic(0, 12);
+  CHECK_MESSAGE(eventually(10s, exact), c.logs());
+  // A device event frame lost: the router finds the gap, resyncs from a snapshot, exact again.
+  double gaps = c.metric("front", "tandem_router_kv_event_gaps_total");
+  RunResult armed = c.shell("debug-drop-kv-events decode 1 device");
+  REQUIRE_MESSAGE(armed.exit_code == 0, armed.output);
+  traffic(12, 6);
+  CHECK_MESSAGE(eventually(20s, [&] {
+                  return c.metric("front", "tandem_router_kv_event_gaps_total") > gaps && exact();
+                }),
+                c.logs());
+  // The prefill node restarts with an empty cache: the router drops what it held there and
+  // rebuilds it from the new incarnation's events.
+  double resyncs = c.metric("front", "tandem_router_kv_resyncs_total");
+  c.node("prefill").signal(SIGKILL);
+  (void)c.node("prefill").wait(5000ms);
+  c.restart("prefill");
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  traffic(18, 8);
+  CHECK_MESSAGE(eventually(20s, exact), c.logs());
+  CHECK(c.metric("front", "tandem_router_kv_resyncs_total") > resyncs);
+  MESSAGE("router index ", c.metric("front", "tandem_router_kv_index_blocks"), " entries; caches ",
+          c.metric("prefill", "tandem:prefix_cache_entries"), " + ",
+          c.metric("decode", "tandem:prefix_cache_entries"), "; gaps ",
+          c.metric("front", "tandem_router_kv_event_gaps_total"), ", resyncs ",
+          c.metric("front", "tandem_router_kv_resyncs_total"));
 }
 
 TEST_CASE("serving: blocks evicted on decode leave the router's index (KV events)" *
