@@ -606,21 +606,21 @@ TEST_CASE("serving: precise KV index: the router's index equals the device cache
                     c.metric("decode", "tandem:prefix_cache_entries");
     return caches > 0 && router == caches;
   };
-  auto traffic = [&](int first, int count) {
+  auto traffic = [&](const std::string& tag, int first, int count) {
     for (int i = first; i < first + count; ++i) {
       // Some prompts repeat and extend earlier ones; the small decode pool (40 blocks) evicts.
-      std::string prompt = long_prompt("Run" + std::to_string(i % 5) + ":", 40 + 9 * (i % 7));
+      std::string prompt = long_prompt(tag + std::to_string(i % 5) + ":", 40 + 9 * (i % 7));
       Completion r = complete(c.http_port(), prompt, 3);
       CHECK_MESSAGE(r.error.empty(), r.error);
     }
   };
-  traffic(0, 12);
+  traffic("Run", 0, 12);
   CHECK_MESSAGE(eventually(10s, exact), c.logs());
   // A device event frame lost: the router finds the gap, resyncs from a snapshot, exact again.
   double gaps = c.metric("front", "tandem_router_kv_event_gaps_total");
   RunResult armed = c.shell("debug-drop-kv-events decode 1 device");
   REQUIRE_MESSAGE(armed.exit_code == 0, armed.output);
-  traffic(12, 6);
+  traffic("Run", 12, 6);
   CHECK_MESSAGE(eventually(20s, [&] {
                   return c.metric("front", "tandem_router_kv_event_gaps_total") > gaps && exact();
                 }),
@@ -632,8 +632,11 @@ TEST_CASE("serving: precise KV index: the router's index equals the device cache
   (void)c.node("prefill").wait(5000ms);
   c.restart("prefill");
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
-  traffic(18, 8);
-  CHECK_MESSAGE(eventually(20s, exact), c.logs());
+  traffic("Fresh", 0, 8);  // new prompts: prefill computes (and caches) them
+  CHECK_MESSAGE(eventually(20s, [&] {
+                  return exact() && c.metric("prefill", "tandem:prefix_cache_entries") > 0;
+                }),
+                c.logs());
   CHECK(c.metric("front", "tandem_router_kv_resyncs_total") > resyncs);
   MESSAGE("router index ", c.metric("front", "tandem_router_kv_index_blocks"), " entries; caches ",
           c.metric("prefill", "tandem:prefix_cache_entries"), " + ",
