@@ -228,7 +228,12 @@ std::string summarize(const Manifest& m) {
     }
     out += "          also served as " + aliases + "\n";
   }
-  out += "          block " + std::to_string(m.model.block_tokens) + " tokens, context " +
+  out += "          block " + std::to_string(m.model.block_tokens) + " tokens";
+  if (m.model.sub_block_tokens < m.model.block_tokens) {
+    out += ", prefix matched per " + std::to_string(m.model.sub_block_tokens) +
+           "-token sub-block";
+  }
+  out += ", context " +
          std::to_string(m.model.max_model_tokens) + " tokens, chat format " +
          std::string(to_string(m.model.chat_format)) + "\n";
   out += "router    " + std::string(to_string(m.router.policy)) + ", " +

@@ -1414,6 +1414,11 @@ TEST_CASE("tandem check: exit 1 with file:line:column issues, exit 0 with a summ
   CHECK(good.output.find("cluster   local") != std::string::npos);
   CHECK(good.output.find("127.0.0.1:17100") != std::string::npos);
   CHECK(good.output.find("tier 2    off") != std::string::npos);
+  CHECK(good.output.find("block 16 tokens, context 256 tokens") != std::string::npos);
+  RunResult target = run_tandem("check " + source_root() + "/config/examples/target-4p4d.toml");
+  CHECK_MESSAGE(target.output.find("block 4096 tokens, prefix matched per 512-token sub-block, "
+                                   "context 204800 tokens") != std::string::npos,
+                target.output);
   fs::path tiered = dir / "tier2.toml";
   std::ofstream(tiered) << base_manifest + "[kv_offload]\nenabled = true\npath = \"/srv/kv\"\n"
                                            "capacity_bytes = 8192\nstaging_blocks = 3\n";
