@@ -119,6 +119,7 @@ Status RouterCore::add_instance(InstanceId id, InstanceRole role, uint32_t site)
   s.site = site;
   s.load = {};
   s.inflight_count = 0;
+  s.inflight_tokens = 0;
   slot_of_[id.value] = slot;
   return {};
 }
@@ -145,6 +146,7 @@ Status RouterCore::set_up(InstanceId id, bool up) {
     clear_slot_index(slot_of_[id.value]);
     if (s->up) s->load = {};
     s->inflight_count = 0;
+    s->inflight_tokens = 0;
   }
   s->up = up;
   RT_ASSERT(up || s->held.empty(), id.value);
