@@ -202,6 +202,21 @@ CommitOutcome PrefixCache::commit(BlockIndex block, std::span<const BlockHash> s
   return CommitOutcome::stored;
 }
 
+uint32_t PrefixCache::commit_prefix(std::span<const BlockIndex> blocks,
+                                    std::span<const BlockHash> hashes, uint32_t committed,
+                                    uint32_t computed_tokens) {
+  const auto done = std::min<uint32_t>(computed_tokens / sub_block_tokens(),
+                                       static_cast<uint32_t>(hashes.size()));
+  PrefixHashes q{hashes, k_};
+  for (uint32_t i = committed / k_; i * k_ < done; ++i) {
+    const uint32_t n = std::min(k_, done - i * k_);
+    if (i * k_ + n <= committed) continue;
+    RT_ASSERT(i < blocks.size(), i, blocks.size());
+    (void)commit(blocks[i], q.slots(i, n), q.parent(i));
+  }
+  return std::max(committed, done);
+}
+
 void PrefixCache::move_entries(BlockIndex from, BlockIndex to, uint32_t begin, uint32_t end) {
   for (uint32_t slot = begin; slot < end; ++slot) {
     const BlockHash& hash = slot_hash(from, slot);

@@ -145,6 +145,12 @@ class PrefixCache {
   // when it is cached, slots extend the hashes it holds.
   CommitOutcome commit(BlockIndex block, std::span<const BlockHash> slots,
                        const std::optional<BlockHash>& parent);
+  // A prompt's blocks (`blocks[i]` holds block position i) now hold valid KV for its first
+  // `computed_tokens` tokens; sub-blocks [0, committed) were committed before. Commits every
+  // block position with sub-blocks newly complete (duplicate or orphan: nothing) and returns
+  // the new `committed` (<= hashes.size()). Precondition (asserted): blocks cover them.
+  uint32_t commit_prefix(std::span<const BlockIndex> blocks, std::span<const BlockHash> hashes,
+                         uint32_t committed, uint32_t computed_tokens);
   // Whole blocks (k == 1, asserted): the full block `hash`.
   CommitOutcome commit(BlockIndex block, const BlockHash& hash,
                        const std::optional<BlockHash>& parent = std::nullopt);

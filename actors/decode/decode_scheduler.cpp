@@ -312,18 +312,8 @@ std::optional<FinishReason> DecodeScheduler::append_tokens(Seq& s, std::span<con
 }
 
 void DecodeScheduler::commit_prompt_blocks(Seq& s) {
-  const uint32_t k = cache_.sub_blocks_per_block();
-  auto done = std::min<uint32_t>(s.computed_tokens_count / cache_.sub_block_tokens(),
-                                 static_cast<uint32_t>(s.input.prefix_hashes.size()));
-  kv::PrefixHashes q{s.input.prefix_hashes, k};
-  for (uint32_t i = s.committed_sub_blocks / k; i * k < done; ++i) {
-    uint32_t n = std::min(k, done - i * k);
-    if (i * k + n <= s.committed_sub_blocks) continue;
-    // duplicate or orphan: nothing registered
-    (void)cache_.commit(s.blocks[i], q.slots(i, n), q.parent(i));
-  }
-  s.committed_sub_blocks = std::max(s.committed_sub_blocks, done);
-  RT_ASSERT(s.committed_sub_blocks <= s.blocks.size() * k, s.input.id);
+  s.committed_sub_blocks = cache_.commit_prefix(s.blocks, s.input.prefix_hashes,
+                                                s.committed_sub_blocks, s.computed_tokens_count);
 }
 
 std::vector<SeqUpdate> DecodeScheduler::on_step_result(uint64_t step_id,

@@ -165,18 +165,8 @@ std::optional<PrefillPlan> PrefillScheduler::plan_step() {
 }
 
 void PrefillScheduler::commit_sub_blocks(Request& r) {
-  const uint32_t k = cache_.sub_blocks_per_block();
-  auto done = std::min<uint32_t>(r.computed_tokens_count / cache_.sub_block_tokens(),
-                                 static_cast<uint32_t>(r.input.prefix_hashes.size()));
-  kv::PrefixHashes q{r.input.prefix_hashes, k};
-  // Every block position with sub-blocks newly complete (duplicate or orphan: nothing).
-  for (uint32_t i = r.committed_sub_blocks / k; i * k < done; ++i) {
-    uint32_t n = std::min(k, done - i * k);
-    if (i * k + n <= r.committed_sub_blocks) continue;
-    (void)cache_.commit(r.blocks[i], q.slots(i, n), q.parent(i));
-  }
-  r.committed_sub_blocks = std::max(r.committed_sub_blocks, done);
-  RT_ASSERT(r.committed_sub_blocks <= r.blocks.size() * k, r.committed_sub_blocks);
+  r.committed_sub_blocks = cache_.commit_prefix(r.blocks, r.input.prefix_hashes,
+                                                r.committed_sub_blocks, r.computed_tokens_count);
 }
 
 void PrefillScheduler::set_pending(Request& r, uint32_t tokens) {
