@@ -40,6 +40,7 @@
 // Cost: match O(hashes), acquire O(hashes + fresh), release O(blocks), commit O(k) average.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -108,6 +109,20 @@ struct PrefixHashes {
   // Block i's slots [0, n) and the hash before slot 0 (nullopt for block 0).
   std::span<const BlockHash> slots(size_t i, size_t n) const { return q.subspan(k * i, n); }
   std::optional<BlockHash> parent(size_t i) const { return chain_parent(q, k * i); }
+  // Sub-blocks of block position i the prompt has (k for a full block; fewer for its
+  // trailing partial block; 0 past it).
+  uint32_t sub_blocks(size_t i) const {
+    return k * i >= q.size() ? 0 : static_cast<uint32_t>(std::min<size_t>(k, q.size() - k * i));
+  }
+  // Whether `h` is block i's prefix hash of its first m < k sub-blocks (a partial block of
+  // this prompt): that m, else 0.
+  uint32_t partial_of(size_t i, const BlockHash& h) const {
+    const uint32_t n = sub_blocks(i);
+    for (uint32_t j = 0; j < n && j + 1 < k; ++j) {
+      if (q[k * i + j] == h) return j + 1;
+    }
+    return 0;
+  }
 };
 // Every k-th prefix hash: the full blocks' hashes.
 std::vector<BlockHash> block_hashes_of(std::span<const BlockHash> q, uint32_t k);

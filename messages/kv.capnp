@@ -81,6 +81,13 @@ struct OffloadLookup {
   # What computing the asked blocks would cost the asker; kv-offload stages only the blocks
   # its disk reads within it, behind its queue (0: no budget).
   budgetNs @3 :UInt64;
+  # Sub-blocks (sub_block_tokens below block_tokens): the prompt's prefix hashes of the asked
+  # positions, subBlocks per position (the last may have fewer: the prompt's trailing partial
+  # block); every subBlocks-th is blockHashes[i]. Where the whole blocks stop, kv-offload
+  # stages the longest partial block of that position it holds (its hash: the prefix hash of
+  # its last sub-block). Empty: whole blocks only.
+  subBlockHashes @4 :List(Data);
+  subBlocks @5 :UInt32;
 }
 
 struct OffloadLookupReply {

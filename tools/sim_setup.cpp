@@ -73,6 +73,10 @@ cli::Flags sim_flags() {
       .flag("tier2-write-gb-per-s", "GB", "tier-2 disk write bandwidth per node", "5")
       .flag("tier2-lookup-rtt-ms", "MS", "a tier-2 lookup's round trip with nothing to read",
             "0.2")
+      .flag("tier2-sub-blocks", "on|off",
+            "tier 2 keeps prompts' trailing partial blocks (with sub-blocks; off: whole blocks "
+            "only, for comparison)",
+            "on")
       .flag("swarm", "K", "run K seeds (from --seed), each a random cluster, workload and faults")
       .flag("swarm-case", "", "run the swarm's case of --seed (the replay of a swarm seed)");
   return f;
@@ -237,6 +241,13 @@ bool tier2_flags(const cli::Flags& f, double manifest_bytes, sim::ClusterSimConf
       return false;
     }
     c.tier2.capacity_blocks = static_cast<uint32_t>(blocks);
+  }
+  if (std::string v = f.get("tier2-sub-blocks"); v != "on" && v != "off") {
+    std::fprintf(stderr, "tandem sim: --tier2-sub-blocks: expected on or off, got '%s'\n",
+                 v.c_str());
+    return false;
+  } else {
+    c.tier2.sub_blocks = v == "on";
   }
   auto read = f.get_double("tier2-read-gb-per-s");
   auto write = f.get_double("tier2-write-gb-per-s");

@@ -249,6 +249,9 @@ struct Tier2Metrics {
     auto c = [&](const char* name, const char* help) { return make_counter(r, name, help, l); };
     auto g = [&](const char* name, const char* help) { return make_gauge(r, name, help, l); };
     hit_blocks = c("tandem:tier2_hit_blocks_total", "blocks a lookup found and staged");
+    partial_blocks = c("tandem:tier2_partial_hit_blocks_total",
+                       "of those, partial blocks: a prompt's sub-block prefix of a block "
+                       "(sub_block_tokens below block_tokens)");
     miss_blocks = c("tandem:tier2_miss_blocks_total",
                     "blocks believed stored whose read missed (corrupt, I/O error, evicted)");
     lookups = c("tandem:tier2_lookups_total", "lookups asked");
@@ -276,7 +279,7 @@ struct Tier2Metrics {
             read_bytes->value(),    written_bytes->value()};
   }
   obs::Counter *hit_blocks, *miss_blocks, *lookups, *stored_blocks, *dropped_blocks, *read_bytes,
-      *written_bytes, *corrupt, *over_budget;
+      *written_bytes, *corrupt, *over_budget, *partial_blocks;
   obs::Gauge *used, *capacity;
   obs::Histogram* read_seconds;
   kv::tier2::Tier2Stats seen;  // the store's counters already added
@@ -483,8 +486,7 @@ void reply_store_done(OffloadActor* self, const ActorName& to, uint64_t id, uint
 }
 
 void reply_lookup(OffloadActor* self, const ActorName& to, uint64_t id,
-                  const std::vector<kv_offload::LookupGrant>& staged,
-                  const std::vector<kv::BlockHash>& hashes) {
+                  const std::vector<kv_offload::LookupGrant>& staged) {
   auto& st = self->state;
   (void)st.ctx.bridge->send(st.self_name, to, id, [&](wire::Envelope::Builder b) {
     auto reply = b.getBody().initOffloadLookupReply();
@@ -496,7 +498,7 @@ void reply_lookup(OffloadActor* self, const ActorName& to, uint64_t id,
     for (unsigned i = 0; i < staged.size(); ++i) {
       fill_block_descriptor(blocks[i], st.ctx.bridge->fabric()->address(), region,
                             uint64_t{staged[i].slot} * st.staging->slot_bytes,
-                            &hashes[staged[i].position], st.layout);
+                            &staged[i].hash, st.layout);
     }
   });
 }
@@ -646,17 +648,16 @@ void on_store(OffloadActor* self, const runtime::InboundFrame& in,
 }
 
 void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& from,
-                 std::vector<kv_offload::LookupGrant> grants, std::vector<kv::BlockHash> asked) {
+                 std::vector<kv_offload::LookupGrant> grants) {
   auto& st = self->state;
   std::vector<kv::BlockHash> hashes;
-  for (const auto& g : grants) hashes.push_back(asked[g.position]);
+  for (const auto& g : grants) hashes.push_back(g.hash);
   auto kept = std::make_shared<std::vector<kv_offload::LookupGrant>>(grants);
-  auto all = std::make_shared<std::vector<kv::BlockHash>>(std::move(asked));
   const uint64_t queued = kept->size() * st.staging->block_bytes;
   st.io_queued_bytes += queued;
   self->request(st.io, io_timeout, Read{std::move(grants), std::move(hashes)})
       .then(
-          [self, key, from, kept, all, queued](const IoDone& done) {
+          [self, key, from, kept, queued](const IoDone& done) {
             auto& st = self->state;
             st.io_queued_bytes -= std::min(st.io_queued_bytes, queued);
             // The disk's rate: verified reads the disk served (host cache hits would make it
@@ -678,11 +679,12 @@ void read_staged(OffloadActor* self, const RequestKey& key, const ActorName& fro
             }
             RT_ASSERT(staged.has_value(), "every read ended", key.request);
             st.metrics->hit_blocks->inc(staged->size());
+            if (!staged->empty() && staged->back().sub_blocks > 0) st.metrics->partial_blocks->inc();
             for (double seconds : done.read_seconds) st.metrics->read_seconds->observe(seconds);
             add_stats(st, done.stats);
             log_events(st, done.events);
             report_changes(self, done.changes);
-            reply_lookup(self, from, key.request, *staged, *all);
+            reply_lookup(self, from, key.request, *staged);
           },
           [self](caf::error& e) {
             auto& st = self->state;
@@ -700,23 +702,29 @@ void on_lookup(OffloadActor* self, const runtime::InboundFrame& in,
   st.metrics->lookups->inc();
   bool queued = false;
   if (!ready_for(self, in, req.getLayout(), queued)) {
-    if (!queued) reply_lookup(self, from, id, {}, {});
+    if (!queued) reply_lookup(self, from, id, {});
     return;
   }
   auto hashes = messages::get_hashes(req.getBlockHashes());
   if (!hashes.ok()) return send_error(st.ctx, st.self_name, from, id, hashes.error());
+  auto sub = messages::get_hashes(req.getSubBlockHashes());
+  if (!sub.ok()) return send_error(st.ctx, st.self_name, from, id, sub.error());
+  const uint32_t k = sub->empty() ? 1 : req.getSubBlocks();
+  if (Status valid = kv_offload::check_partial_ask(*hashes, {*sub, k}); !valid.ok()) {
+    return send_error(st.ctx, st.self_name, from, id, valid.error());
+  }
   // Only what the disk reads, behind its queue, before the asker could compute it.
-  auto asked = static_cast<uint32_t>(hashes->size());
+  const uint32_t asked = kv_offload::lookup_positions(*hashes, {*sub, k});
   uint32_t within = kv_offload::blocks_within_budget(
       asked, st.staging->block_bytes, static_cast<double>(req.getBudgetNs()) / 1e9,
       static_cast<double>(st.io_queued_bytes), st.read_bytes_per_s);
   st.metrics->over_budget->inc(asked - within);
-  hashes->resize(within);
-  if (within == 0) return reply_lookup(self, from, id, {}, {});
+  kv_offload::truncate_ask(*hashes, *sub, k, within);
+  if (within == 0) return reply_lookup(self, from, id, {});
   RequestKey key{from.to_string(), id};
-  auto grants = st.core->begin_lookup(key, *hashes, now_ns());
-  if (!grants.ok() || grants->empty()) return reply_lookup(self, from, id, {}, {});
-  read_staged(self, key, from, std::move(grants).value(), std::move(hashes).value());
+  auto grants = st.core->begin_lookup(key, *hashes, now_ns(), {*sub, k});
+  if (!grants.ok() || grants->empty()) return reply_lookup(self, from, id, {});
+  read_staged(self, key, from, std::move(grants).value());
 }
 
 void on_frame(OffloadActor* self, const runtime::InboundFrame& in) {

@@ -136,13 +136,47 @@ Status OffloadCore::store_written(Slot slot, bool ok) {
   return {};
 }
 
+uint32_t lookup_positions(std::span<const kv::BlockHash> hashes, const PartialAsk& partial) {
+  if (partial.q.empty() || partial.k <= 1) return static_cast<uint32_t>(hashes.size());
+  return static_cast<uint32_t>((partial.q.size() + partial.k - 1) / partial.k);
+}
+
+Status check_partial_ask(std::span<const kv::BlockHash> hashes, const PartialAsk& partial) {
+  if (partial.q.empty()) return {};
+  const size_t k = partial.k;
+  if (k < 1) return make_error(ErrorKind::invalid, "kv-offload: a lookup's sub-blocks per block is 0");
+  if (partial.q.size() / k != hashes.size()) {
+    return make_error(ErrorKind::invalid,
+                      "kv-offload: a lookup's " + std::to_string(partial.q.size()) +
+                          " sub-block hashes make " + std::to_string(partial.q.size() / k) +
+                          " whole blocks of " + std::to_string(k) + ", not the " +
+                          std::to_string(hashes.size()) + " block hashes it asks for");
+  }
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (partial.q[k * i + k - 1] != hashes[i]) {
+      return make_error(ErrorKind::invalid, "kv-offload: a lookup's sub-block hash " +
+                                                std::to_string(k * i + k - 1) +
+                                                " is not its block hash " + std::to_string(i));
+    }
+  }
+  return {};
+}
+
+void truncate_ask(std::vector<kv::BlockHash>& hashes, std::vector<kv::BlockHash>& q, uint32_t k,
+                  uint32_t positions) {
+  hashes.resize(std::min<size_t>(hashes.size(), positions));
+  q.resize(std::min<size_t>(q.size(), size_t{k} * positions));
+}
+
 Result<std::vector<LookupGrant>> OffloadCore::begin_lookup(const RequestKey& key,
                                                            std::span<const kv::BlockHash> hashes,
-                                                           std::chrono::nanoseconds now) {
+                                                           std::chrono::nanoseconds now,
+                                                           const PartialAsk& partial) {
   if (lookups_.count(key)) {
     return make_error(ErrorKind::invalid, "kv-offload: lookup " + std::to_string(key.request) +
                                               " from " + key.requester + " is already in flight");
   }
+  RT_ASSERT(check_partial_ask(hashes, partial).ok(), hashes.size(), partial.q.size());
   ++counters_.lookups;
   if (lookups_.size() >= config_.lookups_max) {
     ++counters_.lookup_refused;
@@ -151,12 +185,31 @@ Result<std::vector<LookupGrant>> OffloadCore::begin_lookup(const RequestKey& key
   }
   Lookup lookup;
   lookup.since = now;
-  size_t limit = std::min<size_t>(hashes.size(), config_.lookup_blocks_max);
-  for (uint32_t i = 0; i < limit && known_.count(hashes[i]); ++i) {
+  const size_t limit = std::min<size_t>(lookup_positions(hashes, partial), config_.lookup_blocks_max);
+  bool out_of_slots = false;
+  uint32_t i = 0;
+  for (; i < limit && i < hashes.size() && known_.count(hashes[i]); ++i) {
     auto slot = take_slot();
-    if (!slot) break;
-    lookup.grants.push_back({i, *slot});
+    if (!slot) {
+      out_of_slots = true;
+      break;
+    }
+    lookup.grants.push_back({i, *slot, hashes[i], 0});
     lookup.hashes.push_back(hashes[i]);
+  }
+  if (!out_of_slots && i < limit && !partial.q.empty() && partial.k > 1) {
+    // Position i's sub-block prefixes other than the whole block, longest first.
+    const size_t k = partial.k;
+    const size_t have = std::min(k - 1, partial.q.size() - k * i);
+    for (size_t j = have; j-- > 0;) {
+      const kv::BlockHash& h = partial.q[k * i + j];
+      if (!known_.count(h)) continue;
+      if (auto slot = take_slot()) {
+        lookup.grants.push_back({i, *slot, h, static_cast<uint32_t>(j + 1)});
+        lookup.hashes.push_back(h);
+      }
+      break;
+    }
   }
   lookup.state.assign(lookup.grants.size(), 0);
   lookup.reading_count = static_cast<uint32_t>(lookup.grants.size());
@@ -194,6 +247,7 @@ Result<std::optional<std::vector<LookupGrant>>> OffloadCore::lookup_read_done(
   l.hashes.resize(prefix);
   l.state.resize(prefix);
   counters_.lookup_hit_blocks += prefix;
+  if (prefix > 0 && l.grants[prefix - 1].sub_blocks > 0) ++counters_.lookup_partial_blocks;
   l.staged = true;
   std::vector<LookupGrant> staged = l.grants;
   if (staged.empty()) lookups_.erase(it);  // nothing staged: nothing to release

@@ -68,7 +68,33 @@ struct StoreWrite {  // a slot read from the offerer, to be written to disk
 struct LookupGrant {
   uint32_t position = 0;  // position in the asked hashes (0, 1, ... the staged prefix)
   Slot slot = 0;
+  kv::BlockHash hash;     // what is staged there: the whole block's hash, or a partial's
+  // 0: the whole block. Else a partial block (always the last grant): the first sub_blocks
+  // sub-blocks of the position, under the prefix hash of the last of them (see PartialAsk).
+  uint32_t sub_blocks = 0;
 };
+
+// Sub-blocks in tier 2 (issue 13). With sub_block_tokens S below block_tokens B (k = B / S),
+// a prompt's last block is usually partial; prefill writes it behind too, under the prefix
+// hash of its last full sub-block (that hash names exactly the tokens it holds, so it can
+// never be mistaken for the whole block or another prompt's). A lookup may carry the prompt's
+// prefix hashes of the asked positions (`q`: k per position, from the first asked one; the
+// last position may have fewer: the prompt's trailing partial block). Where the whole blocks
+// stop (a miss, or the trailing position), the longest sub-block prefix of that position held
+// is staged as the lookup's last block: a prompt that shares 3,900 tokens of a 4096-token
+// block reads the 3,584 of them tier 2 holds instead of computing them.
+struct PartialAsk {
+  std::span<const kv::BlockHash> q;  // empty: whole blocks only
+  uint32_t k = 1;                    // sub-blocks per block
+};
+// The positions a lookup asks for: hashes.size(), or ceil(q.size() / k) with a PartialAsk.
+uint32_t lookup_positions(std::span<const kv::BlockHash> hashes, const PartialAsk& partial);
+// A PartialAsk that does not describe `hashes` (q's every k-th hash must be hashes[i], and q
+// may extend past them by less than one block) is invalid, naming what differs.
+Status check_partial_ask(std::span<const kv::BlockHash> hashes, const PartialAsk& partial);
+// Cuts an ask to its first `positions` positions (both lists).
+void truncate_ask(std::vector<kv::BlockHash>& hashes, std::vector<kv::BlockHash>& q, uint32_t k,
+                  uint32_t positions);
 
 struct OffloadCounters {
   uint64_t store_offered_blocks = 0;
@@ -80,6 +106,7 @@ struct OffloadCounters {
   uint64_t lookups = 0;
   uint64_t lookup_refused = 0;         // lookups_max in flight
   uint64_t lookup_hit_blocks = 0;      // staged and answered
+  uint64_t lookup_partial_blocks = 0;  // of those, partial blocks (sub-blocks)
   uint64_t lookup_miss_blocks = 0;     // believed held, but the disk read missed
   uint64_t holds_expired = 0;
 };
@@ -113,11 +140,14 @@ class OffloadCore {
 
   // A lookup of `hashes` (a prompt's chained block hashes, in order, from the first block
   // the asker lacks). Grants slots for the longest prefix believed held, capped by free
-  // slots and lookup_blocks_max (an empty grant: a miss, nothing held). invalid: the key is
-  // in flight; overloaded: lookups_max in flight.
+  // slots and lookup_blocks_max (an empty grant: a miss, nothing held); with `partial`
+  // (checked by check_partial_ask, asserted), then the longest partial of the position where
+  // the whole blocks stopped, longest first (not when slots or lookup_blocks_max stopped
+  // them). invalid: the key is in flight; overloaded: lookups_max in flight.
   Result<std::vector<LookupGrant>> begin_lookup(const RequestKey& key,
                                                 std::span<const kv::BlockHash> hashes,
-                                                std::chrono::nanoseconds now);
+                                                std::chrono::nanoseconds now,
+                                                const PartialAsk& partial = {});
   // The disk read of grant `position` ended; ok = verified bytes are in its slot. When all
   // ended, returns the staged prefix (positions 0..n-1 that all succeeded; slots after the
   // first miss are freed and their hashes forgotten), else nullopt.

@@ -47,7 +47,8 @@ struct Tier2Wait {
   std::vector<int32_t> prompt;
   uint64_t serial = 0;
   uint32_t device_hit = 0;           // leading whole blocks the pool already had when asked
-  uint32_t asked = 0;                // blocks asked for after those
+  uint32_t asked = 0;                // block positions asked for after those
+  uint32_t partial = 0;              // sub-blocks of the last fresh block (0: all whole)
   bool probe = false;                // fewer than the prompt lacks (tier2_blocks_to_ask)
   std::chrono::nanoseconds sent{0};  // lookup sent
   std::chrono::nanoseconds replied{0};
@@ -207,13 +208,14 @@ void pump(PrefillActor* self) {
 
 // --- Tier 2 (issue 13) ---
 
-// Write-behind: offers the request's full blocks to tier 2 (kv-offload skips those it holds),
+// Write-behind: offers the request's full blocks to tier 2, and with sub-blocks its trailing
+// partial block under its last full sub-block's prefix hash (kv-offload skips those it holds),
 // pinned by one more reference until OffloadStoreDone. Never waits: with kv_offload.stores_max
 // offers in flight, or no fabric, nothing is offered.
 void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done) {
   auto& st = self->state;
-  const auto hashes = prefill::block_hashes(done, st.cache->sub_blocks_per_block());
-  size_t full = std::min(hashes.size(), done.block_table.size());
+  const auto hashes = prefill::tier2_offer_hashes(done, st.cache->sub_blocks_per_block());
+  size_t full = hashes.size();
   if (!st.offload || full == 0 || st.pins.count(done.request) ||
       st.pins.size() >= st.ctx.manifest->kv_offload.stores_max) {
     return;
@@ -266,11 +268,14 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
                const std::optional<ActorName>& source) {
   auto& st = self->state;
   if (!source || st.ctx.bridge->fabric() == nullptr || st.info.local == nullptr) return false;
-  // Tier 2 holds whole blocks: the pool's whole-block hit, then the blocks after it.
+  // Tier 2 holds whole blocks and partial ones: from the pool's whole-block hit, the blocks
+  // after it, then the trailing partial one.
   const uint32_t k = st.cache->sub_blocks_per_block();
   std::vector<kv::BlockHash> block_hashes = kv::block_hashes_of(core.prefix_hashes, k);
-  uint32_t hit = st.cache->match(core.prefix_hashes) / k;
-  auto lacking = static_cast<uint32_t>(block_hashes.size()) - hit;
+  const prefill::Tier2Lack lack =
+      prefill::tier2_lack(core.prefix_hashes, k, st.cache->match(core.prefix_hashes));
+  const uint32_t hit = lack.first;
+  const uint32_t lacking = lack.positions();
   if (lacking == 0 || st.tier2.size() >= st.ctx.manifest->prefill.queue_max) return false;
   bool remote = source->node != st.self_name.node;
   prefill::Tier2Rates& rates = st.rates.of(remote);
@@ -282,11 +287,17 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
                                               rates, waiting);
   if (ask == 0) return false;
   uint64_t id = core.id;
-  std::vector<kv::BlockHash> asked(block_hashes.begin() + hit, block_hashes.begin() + hit + ask);
+  const prefill::Tier2Ask asked = prefill::tier2_ask(core.prefix_hashes, k, lack, ask);
   Status sent = st.ctx.bridge->send(st.self_name, *source, id, [&](wire::Envelope::Builder b) {
     auto q = b.getBody().initOffloadLookup();
     q.setRequestId(id);
-    messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(asked.size())), asked);
+    messages::set_hashes(q.initBlockHashes(static_cast<unsigned>(asked.block_hashes.size())),
+                         asked.block_hashes);
+    if (!asked.sub_hashes.empty()) {
+      messages::set_hashes(q.initSubBlockHashes(static_cast<unsigned>(asked.sub_hashes.size())),
+                           asked.sub_hashes);
+      q.setSubBlocks(k);
+    }
     fill_kv_layout(q.initLayout(), layout);
     q.setBudgetNs(static_cast<uint64_t>(
         prefill::tier2_budget_s(ask, layout.block_tokens, rates) * 1e9));
@@ -339,7 +350,8 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   kv::PrefixHashes q{w.core.prefix_hashes, st.cache->sub_blocks_per_block()};
   for (size_t i = 0; i < loaded; ++i) {
     size_t at = w.device_hit + i;
-    (void)st.cache->commit(w.fresh[i], q.slots(at, q.k), q.parent(at));
+    const bool partial = w.partial > 0 && i + 1 == w.fresh.size();
+    (void)st.cache->commit(w.fresh[i], q.slots(at, partial ? w.partial : q.k), q.parent(at));
   }
   st.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
   st.cache->release(w.head);
@@ -351,7 +363,7 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
         rates.read_bytes_per_s,
         static_cast<double>(loaded * st.info.layout.block_bytes()) / std::max(seconds, 1e-9));
   }
-  end_wait(self, it, true, w.probe && in_time && loaded == w.asked);
+  end_wait(self, it, true, w.probe && in_time && w.partial == 0 && loaded == w.asked);
 }
 
 // `from`: the kv-offload that answered (this node's or a remote one).
@@ -382,17 +394,25 @@ void on_lookup_reply(PrefillActor* self, const ActorName& from,
         rates.lookup_overhead_s, static_cast<double>((w.replied - w.sent).count()) / 1e9);
     return end_wait(self, it, false);
   }
-  // Only the staged blocks that continue the prompt's chain, in order, of our block size.
+  // Only the staged blocks that continue the prompt's chain, in order, of our block size: whole
+  // blocks, then at most one partial block of the prompt's (its last).
   uint64_t block_bytes = st.info.layout.block_bytes();
+  kv::PrefixHashes q{w.core.prefix_hashes, st.cache->sub_blocks_per_block()};
   size_t usable = 0;
+  w.partial = 0;
   for (auto d : blocks) {
     size_t at = w.device_hit + usable;
-    if (at >= w.block_hashes.size() || d.getLengthBytes() != block_bytes) break;
     auto h = d.getBlockHash();
-    if (h.size() != 32 || std::memcmp(h.begin(), w.block_hashes[at].bytes.data(), 32) != 0) {
-      break;
+    if (d.getLengthBytes() != block_bytes || h.size() != 32) break;
+    kv::BlockHash hash;
+    std::memcpy(hash.bytes.data(), h.begin(), 32);
+    if (at < w.block_hashes.size() && hash == w.block_hashes[at]) {
+      ++usable;
+      continue;
     }
-    ++usable;
+    w.partial = q.partial_of(at, hash);
+    usable += w.partial > 0;
+    break;
   }
   // Fresh blocks for the staged ones, holding the pool's cached head of the prompt meanwhile
   // (else the fresh blocks could evict that head, and the prompt would match nothing).

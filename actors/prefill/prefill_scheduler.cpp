@@ -31,6 +31,39 @@ std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k) {
   return kv::block_hashes_of(done.prefix_hashes, k);
 }
 
+std::vector<kv::BlockHash> tier2_offer_hashes(const PrefillDone& done, uint32_t k) {
+  std::vector<kv::BlockHash> out = kv::block_hashes_of(done.prefix_hashes, k);
+  const size_t rest = done.prefix_hashes.size() % k;
+  if (k > 1 && rest > 0) out.push_back(done.prefix_hashes.back());
+  if (out.size() > done.block_table.size()) out.resize(done.block_table.size());
+  return out;
+}
+
+Tier2Lack tier2_lack(std::span<const kv::BlockHash> q, uint32_t k, uint32_t matched) {
+  RT_ASSERT(k >= 1 && matched <= q.size(), k, matched, q.size());
+  Tier2Lack lack;
+  lack.first = matched / k;
+  const auto full = static_cast<uint32_t>(q.size() / k);
+  lack.whole = full - std::min(full, lack.first);
+  lack.trailing = k > 1 && q.size() % k != 0 && matched < q.size();
+  return lack;
+}
+
+Tier2Ask tier2_ask(std::span<const kv::BlockHash> q, uint32_t k, const Tier2Lack& lack,
+                   uint32_t ask) {
+  RT_ASSERT(ask <= lack.positions(), ask, lack.positions());
+  Tier2Ask out;
+  kv::PrefixHashes p{q, k};
+  for (uint32_t i = 0; i < std::min(ask, lack.whole); ++i) out.block_hashes.push_back(p.block(lack.first + i));
+  if (k > 1 && ask > 0) {
+    const size_t from = size_t{k} * lack.first;
+    const size_t to = std::min(q.size(), size_t{k} * (lack.first + ask));
+    out.sub_hashes.assign(q.begin() + static_cast<std::ptrdiff_t>(from),
+                          q.begin() + static_cast<std::ptrdiff_t>(to));
+  }
+  return out;
+}
+
 PrefillScheduler::PrefillScheduler(const PrefillConfig& config, kv::PrefixCache& cache)
     : config_(config), cache_(cache) {
   RT_ASSERT(config_.validate().ok(), config_.validate().error().describe());

@@ -106,6 +106,32 @@ inline uint64_t tokens_after_tier2(uint64_t tokens, uint64_t blocks, uint32_t bl
 
 // Every k-th prefix hash of a done request: its full blocks' hashes (tier 2's keys).
 std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k);
+// What a done request offers tier 2 (write-behind): its full blocks' hashes, then (k > 1)
+// its trailing partial block's, the prefix hash of the block's last full sub-block (a prompt
+// ending inside a block past at least one sub-block). At most block_table.size() of them;
+// hash i names block_table[i].
+std::vector<kv::BlockHash> tier2_offer_hashes(const PrefillDone& done, uint32_t k);
+
+// The block positions a prompt could read from tier 2, given its prefix hashes (k per block)
+// and the `matched` sub-blocks its pool holds: from `first` (the first block the pool does
+// not wholly hold), `whole` full blocks, then its trailing partial block when the prompt ends
+// inside a block past what the pool holds of it (`trailing`; k > 1 only).
+struct Tier2Lack {
+  uint32_t first = 0;
+  uint32_t whole = 0;
+  bool trailing = false;
+  uint32_t positions() const { return whole + (trailing ? 1 : 0); }
+};
+Tier2Lack tier2_lack(std::span<const kv::BlockHash> q, uint32_t k, uint32_t matched);
+// A lookup of `ask` (<= positions()) of those positions: their whole blocks' hashes, and
+// (k > 1) their prefix hashes, k per position (the trailing one's fewer), so kv-offload can
+// stage a partial block where the whole ones stop (OffloadLookup.subBlockHashes).
+struct Tier2Ask {
+  std::vector<kv::BlockHash> block_hashes;
+  std::vector<kv::BlockHash> sub_hashes;  // empty when k == 1
+};
+Tier2Ask tier2_ask(std::span<const kv::BlockHash> q, uint32_t k, const Tier2Lack& lack,
+                   uint32_t ask);
 
 enum class PrefillStage { queued, running, held };
 

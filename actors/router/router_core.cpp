@@ -521,28 +521,23 @@ void RouterCore::tier2_runs(std::span<const kv::BlockHash> hashes,
   if (config_.tier2_weight <= 0.0) return;
   std::vector<uint32_t> sites;
   if (config_.tier2_remote_weight > 0.0) sites = tier2_.sites_holding();
-  // Tier 2 holds whole blocks: every k-th prefix hash. A run starts at the block holding the
-  // first sub-block the device lacks and is counted in sub-blocks past the device's.
+  // A run starts at the block holding the first sub-block the device lacks (tier 2 holds whole
+  // blocks and partial ones: Tier2Index::reach) and is counted in sub-blocks past the device's.
   const uint32_t k = config_.sub_blocks_per_block;
-  std::vector<kv::BlockHash> every_kth;
-  std::span<const kv::BlockHash> blocks = hashes;
-  if (k > 1) {
-    every_kth.reserve(hashes.size() / k);
-    for (size_t i = k; i <= hashes.size(); i += k) every_kth.push_back(hashes[i - 1]);
-    blocks = every_kth;
-  }
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
     if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
     const uint32_t from = lengths[slot] / k;
-    auto past_device = [&](uint32_t run) { return run == 0 ? 0 : (from + run) * k - lengths[slot]; };
-    Tier2Run best{s.load.tier2_local_reads ? past_device(tier2_.run(s.site, blocks, from)) : 0,
-                  s.site, false, config_.tier2_weight};
+    auto past_device = [&](uint32_t site) {
+      const uint32_t reached = size_t{from} * k + tier2_.reach(site, hashes, k, from);
+      return reached > lengths[slot] ? reached - lengths[slot] : 0u;
+    };
+    Tier2Run best{s.load.tier2_local_reads ? past_device(s.site) : 0, s.site, false,
+                  config_.tier2_weight};
     // Another node's copy when it is worth more (ties: this node's, read without the network).
     for (uint32_t site : sites) {
       if (site == s.site || !s.load.tier2_remote_reads) continue;
-      Tier2Run remote{past_device(tier2_.run(site, blocks, from)), site, true,
-                      config_.tier2_remote_weight};
+      Tier2Run remote{past_device(site), site, true, config_.tier2_remote_weight};
       if (remote.credit() > best.credit() + tie_epsilon) best = remote;
     }
     if (best.blocks == 0) best = Tier2Run{};

@@ -43,17 +43,25 @@ void Tier2Index::removed(uint32_t site, std::span<const kv::BlockHash> hashes) {
 
 void Tier2Index::clear(uint32_t site) { sites_.erase(site); }
 
-uint32_t Tier2Index::run(uint32_t site, std::span<const kv::BlockHash> hashes,
-                         uint32_t from) const {
+uint32_t Tier2Index::reach(uint32_t site, std::span<const kv::BlockHash> q, uint32_t k,
+                           uint32_t from) const {
+  RT_ASSERT(k >= 1 && size_t{k} * from <= q.size(), k, from, q.size());
   auto it = sites_.find(site);
   if (it == sites_.end() || it->second.empty()) return 0;
-  uint32_t count = 0;
-  for (size_t i = from; i < hashes.size(); ++i) {
-    if (it->second.find(hashes[i]) == nullptr) break;
-    ++count;
+  const BlockTable& held = it->second;
+  size_t b = from;
+  while (k * b + k <= q.size() && held.find(q[k * b + k - 1]) != nullptr) ++b;
+  uint32_t partial = 0;
+  const size_t have = std::min<size_t>(k - 1, q.size() - k * b);
+  for (size_t j = have; j-- > 0;) {
+    if (held.find(q[k * b + j]) != nullptr) {
+      partial = static_cast<uint32_t>(j + 1);
+      break;
+    }
   }
-  RT_ASSERT(from + count <= hashes.size(), from, count);
-  return count;
+  const auto reached = static_cast<uint32_t>((b - from) * k + partial);
+  RT_ASSERT(size_t{k} * from + reached <= q.size(), from, reached);
+  return reached;
 }
 
 bool Tier2Index::holds(uint32_t site, const kv::BlockHash& hash) const {

@@ -5,7 +5,8 @@
 // to the others (tier2_remote_weight; RouterCore).
 //
 // Per site, a set of block hashes; the hashes are chained (hash i identifies blocks 0..i), so
-// a hit at position i means the same prefix, whatever tier 2 holds before it. Bounded:
+// a hit at position i means the same prefix, whatever tier 2 holds before it. With sub-blocks
+// a partial block's hash (a sub-block prefix hash) is one more member of the set. Bounded:
 // blocks_max per site; a stored event past it is refused (counted), never grown into.
 // Pure, not thread-safe.
 #pragma once
@@ -27,8 +28,13 @@ class Tier2Index {
   size_t stored(uint32_t site, std::span<const kv::BlockHash> hashes);
   void removed(uint32_t site, std::span<const kv::BlockHash> hashes);
   void clear(uint32_t site);
-  // How many consecutive blocks from position `from` of `hashes` the site holds.
-  uint32_t run(uint32_t site, std::span<const kv::BlockHash> hashes, uint32_t from) const;
+  // A prompt's prefix hashes `q` (k per block, chained: q[k i + k - 1] names block i): how
+  // many of its sub-blocks past block `from`'s start the site holds, as kv-offload would stage
+  // them: consecutive whole blocks from `from`, then the longest partial block of the next
+  // position (k > 1: tier 2 keeps a prompt's trailing partial block under its last full
+  // sub-block's hash). k == 1: consecutive whole blocks. Precondition: k * from <= q.size().
+  uint32_t reach(uint32_t site, std::span<const kv::BlockHash> q, uint32_t k,
+                 uint32_t from) const;
   bool holds(uint32_t site, const kv::BlockHash& hash) const;
   size_t blocks_count(uint32_t site) const;
   // Sites that hold at least one block, ascending.

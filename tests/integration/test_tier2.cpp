@@ -40,11 +40,12 @@ namespace {
 
 class Tier2Node {
  public:
+  // `model_extra`: more [model] keys (e.g. sub_block_tokens).
   Tier2Node(const std::string& dir, uint16_t http_port, uint16_t admin_port, uint16_t fabric_port,
-            uint64_t capacity_bytes = 64u << 20)
+            uint64_t capacity_bytes = 64u << 20, const std::string& model_extra = "")
       : dir_(dir), http_port_(http_port), admin_port_(admin_port) {
     std::string manifest = dir_ + "/cluster.toml";
-    write_file(manifest, manifest_text(fabric_port, capacity_bytes));
+    write_file(manifest, manifest_text(fabric_port, capacity_bytes, model_extra));
     node_ = std::make_unique<Child>(
         std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest, "--node", "solo"},
         dir_ + "/solo.log");
@@ -97,7 +98,8 @@ class Tier2Node {
   }
 
  private:
-  std::string manifest_text(uint16_t fabric_port, uint64_t capacity_bytes) {
+  std::string manifest_text(uint16_t fabric_port, uint64_t capacity_bytes,
+                            const std::string& model_extra) {
     auto inst = [](const std::string& role, const std::string& name, const std::string& extra) {
       return "[[node.instance]]\nrole = \"" + role + "\"\nname = \"" + name + "\"\n" + extra;
     };
@@ -107,7 +109,7 @@ class Tier2Node {
     return "[cluster]\nname = \"tier2-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n"
            "[logging]\nlevel = \"info\"\n"
            "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
-           "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
+           "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" + model_extra +
            "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = 1\n"
            "[kv_offload]\nenabled = true\npath = \"" + dir_ + "/tier2\"\n"
            "capacity_bytes = " + std::to_string(capacity_bytes) + "\nstaging_blocks = 32\n"
@@ -159,6 +161,28 @@ std::optional<Answer> try_complete(uint16_t port, const std::string& prompt, std
   }
   return Answer{j["choices"][0]["text"].get<std::string>(),
                 j["usage"]["prompt_tokens"].get<int>() / 16};
+}
+
+// A prompt of exactly these token ids (the completions API takes them): lengths to the token.
+Answer complete_ids(uint16_t port, const std::vector<int>& ids) {
+  json body = {{"model", "stories15M"}, {"prompt", ids}, {"max_tokens", 16}, {"temperature", 0}};
+  auto r = http::post(port, "/v1/completions", body.dump(), 60000ms);
+  json j = json::parse(r.body, nullptr, false);
+  REQUIRE_MESSAGE((r.ok() && r.status == 200 && !j.is_discarded() && j.contains("choices")),
+                  r.status, " ", r.error, " ", r.body);
+  CHECK(j["usage"]["prompt_tokens"].get<size_t>() == ids.size());
+  return Answer{j["choices"][0]["text"].get<std::string>(),
+                j["usage"]["prompt_tokens"].get<int>() / 16};
+}
+
+std::vector<int> token_ids(uint32_t seed, size_t count) {
+  std::vector<int> ids;
+  uint32_t x = seed * 2654435761u + 11;
+  for (size_t i = 0; i < count; ++i) {
+    x = x * 1664525u + 1013904223u;
+    ids.push_back(static_cast<int>(300 + (x >> 16) % 20000));  // plain word pieces of stories15M
+  }
+  return ids;
 }
 
 Answer complete(uint16_t port, const std::string& prompt) {
@@ -627,6 +651,58 @@ TEST_CASE("tier 2: a prefill instance reads a prompt's blocks from another node'
     CHECK(cluster.metric("tandem_router_kv_resyncs_total") > resyncs);
     CHECK(cluster.logs().find("out of sequence") != std::string::npos);
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+// Sub-blocks in tier 2: with 4-token sub-blocks of 16-token blocks, a prompt's trailing
+// partial block is written behind under its last full sub-block's prefix hash, and the next
+// turn (the same prompt and more, as an agent's next request) reads it back after the pools
+// evicted everything: whole blocks, then that partial block, which the prefill copies into
+// the block it computes the rest in. Greedy answers are the ones computing gives.
+TEST_CASE("tier 2: a prompt's trailing partial block comes back for its next turn (sub-blocks)" *
+          doctest::timeout(300)) {
+  std::string dir = make_temp_dir("tier2-sub");
+  uint16_t http_port = free_port(), admin_port = free_port(), fabric_port = free_port();
+  Tier2Node node(dir, http_port, admin_port, fabric_port, 64u << 20, "sub_block_tokens = 4\n");
+  REQUIRE_MESSAGE(node.wait_ready(90s), node.log());
+  // Turn 1: 188 tokens = 11 blocks and 12 tokens (3 sub-blocks of block 11).
+  std::vector<int> turn1 = token_ids(1, 188);
+  (void)complete_ids(node.port(), turn1);
+  bool stored = eventually(10s, [&] {
+    return node.metric("tandem:tier2_stored_blocks_total") >= 12;  // 11 whole + the partial
+  });
+  REQUIRE_MESSAGE(stored, node.metrics(), node.log());
+  // Evict both pools (prefill 40 blocks, decode 16).
+  auto evict = [&](uint32_t from) {
+    for (uint32_t seed = from; seed < from + 4; ++seed) (void)complete_ids(node.port(), token_ids(seed, 180));
+  };
+  evict(10);
+  REQUIRE(writes_settled(node));
+  // Turn 2: turn 1 and 8 more tokens = 196 tokens: block 11 is now full (its whole hash is
+  // new), so tier 2 has blocks 0..10 whole and block 11's first 3 sub-blocks.
+  std::vector<int> turn2 = turn1;
+  for (int id : token_ids(99, 8)) turn2.push_back(id);
+  double partial_before = node.metric("tandem:tier2_partial_hit_blocks_total");
+  double loaded_before = node.metric("tandem:prefill_tier2_loaded_blocks_total");
+  double hits_before = node.metric("tandem:prefix_cache_hits_total");
+  Answer read_back = complete_ids(node.port(), turn2);
+  {
+    INFO(node.metrics(), node.log());
+    CHECK(node.metric("tandem:tier2_partial_hit_blocks_total") == partial_before + 1);
+    CHECK(node.metric("tandem:prefill_tier2_loaded_blocks_total") - loaded_before == 12);
+    // The prompt matched 11 blocks and 3 sub-blocks: 188 tokens not computed.
+    CHECK(node.metric("tandem:prefix_cache_hits_total") - hits_before >= 188);
+    CHECK(node.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
+  }
+  // The same turn computed from nothing: tier 2 dropped, the pools evicted again.
+  RunResult dropped = node.shell("tier2 drop solo");
+  REQUIRE_MESSAGE(dropped.exit_code == 0, dropped.output);
+  evict(20);
+  double loaded_mid = node.metric("tandem:prefill_tier2_loaded_blocks_total");
+  Answer computed = complete_ids(node.port(), turn2);
+  CHECK(node.metric("tandem:prefill_tier2_loaded_blocks_total") == loaded_mid);
+  CHECK(read_back.text == computed.text);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
 }

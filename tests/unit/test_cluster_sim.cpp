@@ -488,6 +488,30 @@ TEST_CASE("tier 2 in the sim: evicted prefixes are read back instead of computed
   CHECK(sim::to_json(off, false).find("\"tier2\"") == std::string::npos);
 }
 
+TEST_CASE("tier 2 in the sim: with sub-blocks prompts' trailing partial blocks are read back") {
+  auto t = tier2_case(11);
+  t.config.block_tokens = 2048;
+  t.config.sub_block_tokens = 256;
+  t.config.kv_blocks = 24;  // the same 49,152 tokens per instance
+  t.config.tier2.capacity_blocks = 1024;
+  t.config.tier2.enabled = true;
+  auto on = run_ok(t.config, t.requests);
+  CHECK_MESSAGE(on.violation.empty(), on.violation);
+  CHECK(on.completed_count == on.sent_count);
+  CHECK(on.tier2.loaded_partial_blocks > 0);
+  CHECK(on.tier2.loaded_partial_blocks <= on.tier2.loaded_blocks);
+  // Fewer tokens loaded than whole blocks would hold: partial blocks are counted by sub-block.
+  CHECK(on.tier2.loaded_tokens < on.tier2.loaded_blocks * 2048);
+  auto whole = t.config;
+  whole.tier2.sub_blocks = false;
+  auto off = run_ok(whole, t.requests);
+  CHECK_MESSAGE(off.violation.empty(), off.violation);
+  CHECK(off.tier2.loaded_partial_blocks == 0);
+  CHECK(on.tier2.loaded_tokens > off.tier2.loaded_tokens);
+  CHECK(on.hit_rate > off.hit_rate);
+  CHECK(sim::to_json(on, false).find("\"loaded_partial_blocks\"") != std::string::npos);
+}
+
 TEST_CASE("tier 2 in the sim: a disk slower than computing is not read (the cost rule)") {
   auto t = tier2_case(11);
   auto off = run_ok(t.config, t.requests);

@@ -396,3 +396,91 @@ TEST_CASE("offload: a lookup stages only the blocks its disk reads within the as
   CHECK(blocks_within_budget(3, block, 1e300, 0, 1e300) == 3);
   CHECK(blocks_within_budget(3, 0, 1.0, 0, 1000) == 3);
 }
+
+// Sub-blocks (issue 13): a prompt's prefix hashes q, k per block; q[k i + k - 1] is block i's.
+TEST_CASE("offload: with sub-blocks a lookup stages the longest held partial where whole blocks stop") {
+  const uint32_t k = 4;
+  std::vector<kv::BlockHash> q = hashes(100, 4 * k + 3);  // 4 full blocks and 3 sub-blocks
+  auto block = [&](uint32_t i) { return q[k * i + k - 1]; };
+  std::vector<kv::BlockHash> whole;
+  for (uint32_t i = 0; i < 4; ++i) whole.push_back(block(i));
+
+  SUBCASE("a miss inside the asked blocks: its longest held sub-block prefix, longest first") {
+    OffloadCore core(small(8));
+    // Held: blocks 0 and 1, and block 2's prefixes of 1 and 2 sub-blocks (two turns of a
+    // session that ended inside block 2), and block 3's whole block (unreachable: 2 lacks).
+    store_all(core, {"p", 1}, {block(0), block(1), q[k * 2 + 0], q[k * 2 + 1], block(3)});
+    auto grants = core.begin_lookup({"q", 1}, whole, 0ns, {q, k});
+    REQUIRE(grants.ok());
+    REQUIRE(grants->size() == 3);
+    CHECK((*grants)[0].sub_blocks == 0);
+    CHECK((*grants)[1].hash == block(1));
+    CHECK((*grants)[2].position == 2);
+    CHECK((*grants)[2].sub_blocks == 2);  // the longer of the two
+    CHECK((*grants)[2].hash == q[k * 2 + 1]);
+    for (uint32_t i = 0; i < 3; ++i) REQUIRE(core.lookup_read_done({"q", 1}, i, true).ok());
+    CHECK(core.counters().lookup_partial_blocks == 1);
+    CHECK(core.counters().lookup_hit_blocks == 3);
+    CHECK(core.lookup_released({"q", 1}).ok());
+    core.check_invariants();
+  }
+  SUBCASE("the trailing partial block after every whole one") {
+    OffloadCore core(small(8));
+    store_all(core, {"p", 1}, {block(0), block(1), block(2), block(3), q[k * 4 + 2], q[k * 4 + 0]});
+    auto grants = core.begin_lookup({"q", 1}, whole, 0ns, {q, k});
+    REQUIRE(grants.ok());
+    REQUIRE(grants->size() == 5);
+    CHECK((*grants)[4].position == 4);
+    CHECK((*grants)[4].sub_blocks == 3);  // all three of the prompt's sub-blocks there
+    CHECK(lookup_positions(whole, {q, k}) == 5);
+    core.check_invariants();
+  }
+  SUBCASE("no partial when slots or lookup_blocks_max stopped the whole blocks") {
+    OffloadCore core(small(2));  // two slots
+    store_all(core, {"p", 1}, {block(0), block(1), block(2), q[k * 2 + 1]});
+    auto grants = core.begin_lookup({"q", 1}, whole, 0ns, {q, k});
+    REQUIRE(grants.ok());
+    CHECK(grants->size() == 2);
+    for (const auto& g : *grants) CHECK(g.sub_blocks == 0);
+    // Cut to two positions (a budget): block 2's partial is not asked either.
+    OffloadCore cut(small(8));
+    store_all(cut, {"p", 1}, {block(0), q[k * 1 + 2]});
+    std::vector<kv::BlockHash> w2 = whole, q2 = q;
+    truncate_ask(w2, q2, k, 1);
+    CHECK(w2.size() == 1);
+    CHECK(q2.size() == k);
+    auto one = cut.begin_lookup({"q", 2}, w2, 0ns, {q2, k});
+    REQUIRE(one.ok());
+    CHECK(one->size() == 1);
+    core.check_invariants();
+  }
+  SUBCASE("a partial after a miss is cut with the whole blocks") {
+    OffloadCore core(small(8));
+    store_all(core, {"p", 1}, {block(0), q[k * 1 + 0]});
+    auto grants = core.begin_lookup({"q", 1}, whole, 0ns, {q, k});
+    REQUIRE(grants.ok());
+    REQUIRE(grants->size() == 2);
+    REQUIRE(core.lookup_read_done({"q", 1}, 1, true).ok());
+    auto staged = core.lookup_read_done({"q", 1}, 0, false);  // block 0 corrupt
+    REQUIRE(staged.ok());
+    REQUIRE(staged->has_value());
+    CHECK((*staged)->empty());
+    CHECK(core.counters().lookup_partial_blocks == 0);
+    core.check_invariants();
+  }
+  SUBCASE("an ask whose sub-block hashes do not describe its blocks is invalid") {
+    CHECK(check_partial_ask(whole, {q, k}).ok());
+    CHECK(check_partial_ask(whole, {}).ok());
+    std::vector<kv::BlockHash> wrong = whole;
+    wrong[1] = q[k * 1];  // not block 1's hash
+    auto bad = check_partial_ask(wrong, {q, k});
+    REQUIRE_FALSE(bad.ok());
+    CHECK(bad.error().kind == ErrorKind::invalid);
+    CHECK(bad.error().message.find("block hash 1") != std::string::npos);
+    std::vector<kv::BlockHash> short_q(q.begin(), q.begin() + 3 * k);  // 3 blocks, 4 asked
+    CHECK_FALSE(check_partial_ask(whole, {short_q, k}).ok());
+    std::vector<kv::BlockHash> long_q = q;
+    long_q.push_back(hash_of(999));  // a fifth whole block the ask does not name
+    CHECK_FALSE(check_partial_ask(whole, {long_q, k}).ok());
+  }
+}

@@ -377,6 +377,82 @@ TEST_CASE("sub-blocks: the next turn reuses the last turn's partial block throug
   CHECK(cache.blocks_used_count() == 0);
 }
 
+TEST_CASE("sub-blocks: tier 2 is offered the trailing partial block, and asked for it") {
+  PrefixCache cache(16, 16, 4);
+  PrefillScheduler s(small_config(), cache);
+  DeviceModel device;
+  auto turn1 = seq_tokens(24, 100);  // a block and 2 sub-blocks
+  device.prompts[1] = turn1;
+  REQUIRE(s.submit(make_request(1, turn1, 4)).ok());
+  std::vector<tandem::prefill::PrefillDone> done;
+  while (auto plan = s.plan_step()) {
+    device.run(*plan, 16);
+    for (auto& d : s.on_step_done(plan->step_id, Nanos(0))) done.push_back(std::move(d));
+  }
+  REQUIRE(done.size() == 1);
+  const auto& q = done[0].prefix_hashes;
+  REQUIRE(q.size() == 6);
+  // Offered: block 0 under its block hash, block 1 under its second sub-block's prefix hash.
+  auto offered = tandem::prefill::tier2_offer_hashes(done[0], 4);
+  REQUIRE(offered.size() == 2);
+  CHECK(offered[0] == q[3]);
+  CHECK(offered[1] == q[5]);
+  CHECK(tandem::prefill::block_hashes(done[0], 4).size() == 1);
+  CHECK(tandem::prefill::tier2_offer_hashes(done[0], 1).size() == 2);  // k = 1: 6 blocks, 2 held
+  auto whole_only = done[0];
+  whole_only.prefix_hashes.resize(4);  // a prompt ending on a block boundary: no partial
+  CHECK(tandem::prefill::tier2_offer_hashes(whole_only, 4).size() == 1);
+
+  // What another instance lacks of the next turn (28 tokens: 7 sub-blocks).
+  auto turn2 = turn1;
+  for (TokenId t : seq_tokens(4, 900)) turn2.push_back(t);
+  auto q2 = make_request(2, turn2, 4).prefix_hashes;
+  REQUIRE(q2.size() == 7);
+  auto lack = tandem::prefill::tier2_lack(q2, 4, 0);
+  CHECK(lack.first == 0);
+  CHECK(lack.whole == 1);
+  CHECK(lack.trailing);
+  CHECK(lack.positions() == 2);
+  auto ask = tandem::prefill::tier2_ask(q2, 4, lack, 2);
+  CHECK(ask.block_hashes == std::vector<BlockHash>{q2[3]});
+  CHECK(ask.sub_hashes.size() == 7);
+  CHECK(tandem::prefill::tier2_ask(q2, 4, lack, 1).sub_hashes.size() == 4);
+  CHECK(tandem::prefill::tier2_ask(q2, 1, tandem::prefill::tier2_lack(q2, 1, 0), 3)
+            .sub_hashes.empty());
+  // The pool holds 5 sub-blocks: block 0 and one of block 1; block 1 (trailing) is still lacked.
+  auto partly = tandem::prefill::tier2_lack(q2, 4, 5);
+  CHECK(partly.first == 1);
+  CHECK(partly.whole == 0);
+  CHECK(partly.trailing);
+  CHECK_FALSE(tandem::prefill::tier2_lack(q2, 4, 7).trailing);  // all of it held
+  // The staged partial (turn 1's block 1) is recognized as 2 sub-blocks of position 1.
+  tandem::kv::PrefixHashes p2{q2, 4};
+  CHECK(p2.partial_of(1, offered[1]) == 2);
+  CHECK(p2.partial_of(1, offered[0]) == 0);
+  CHECK(p2.partial_of(0, q2[3]) == 0);  // a whole block is not a partial
+  CHECK(p2.sub_blocks(1) == 3);
+  CHECK(p2.sub_blocks(2) == 0);
+
+  // Read into another instance's pool: committed as a partial block, its next prompt copies
+  // it and computes from sub-block 6.
+  PrefixCache other(16, 16, 4);
+  PrefillScheduler s2(small_config(), other);
+  auto alloc = other.acquire({}, 2, 0, PrefixCache::Query::internal);
+  REQUIRE(alloc.ok());
+  tandem::kv::PrefixHashes pq{q2, 4};
+  CHECK(other.commit(alloc->fresh[0], pq.slots(0, 4), pq.parent(0)) == tandem::kv::CommitOutcome::stored);
+  CHECK(other.commit(alloc->fresh[1], pq.slots(1, 2), pq.parent(1)) == tandem::kv::CommitOutcome::stored);
+  other.release(alloc->fresh);
+  CHECK(other.match(q2) == 6);
+  REQUIRE(s2.submit(make_request(2, turn2, 4)).ok());
+  auto plan = s2.plan_step();
+  REQUIRE(plan);
+  CHECK(plan->chunks[0].start_position == 24);
+  REQUIRE(plan->chunks[0].copy.has_value());
+  CHECK(plan->chunks[0].copy->src == alloc->fresh[1]);
+  s2.check_invariants();
+}
+
 TEST_CASE("randomized: invariants after every operation, pool returns to baseline, and every "
           "chunk computes on its own prompt's KV") {
   for (uint32_t sub_tokens : {16u, 4u}) {

@@ -791,6 +791,38 @@ TEST_CASE("router: sub-blocks: matches count sub-blocks, tier 2 is credited by w
   CHECK_FALSE((*scores)[1].tier2_remote);
 }
 
+TEST_CASE("router: sub-blocks: a tier-2 partial block is credited after the whole ones") {
+  RouterConfig config;
+  config.block_tokens = 4;
+  config.sub_blocks_per_block = 4;
+  config.disaggregate_tokens_min = 4;
+  RouterCore core = tier2_core(config);
+  auto q = chain(94, 39);  // 9 full blocks and 3 sub-blocks of a tenth
+  // p1's node holds blocks 0..3 and block 4's first 2 sub-blocks (a turn that ended there),
+  // and block 5 whole (unreachable past the partial).
+  std::vector<BlockHash> held{q[3], q[7], q[11], q[15], q[17], q[23]};
+  REQUIRE(core.tier2_stored(2, held) == 0);
+  auto scores = core.scores(request_for(q, 4), InstanceRole::prefill);
+  REQUIRE(scores.ok());
+  CHECK((*scores)[1].tier2_blocks == 18);  // 16 whole sub-blocks + 2 of block 4
+  CHECK(core.tier2().reach(2, q, 4, 0) == 18);
+  CHECK(core.tier2().reach(2, q, 4, 4) == 2);   // from block 4: its partial only
+  CHECK(core.tier2().reach(2, q, 4, 5) == 4);   // block 5 whole, then block 6 has nothing
+  // p0's device holds 17 sub-blocks (one of block 4): the partial adds one past it.
+  REQUIRE(core.kv_stored(p0, std::nullopt, std::span(q).first(17)).ok());
+  auto with_device = core.scores(request_for(q, 4), InstanceRole::prefill).value();
+  CHECK(with_device[0].cached_blocks == 17);
+  CHECK(with_device[0].tier2_blocks == 1);
+  CHECK(with_device[0].tier2_remote);
+  // The prompt's trailing partial block: held as its 3-sub-block prefix.
+  std::vector<BlockHash> rest{q[19], q[23], q[27], q[31], q[35], q[38]};
+  REQUIRE(core.tier2_stored(2, rest) == 0);
+  CHECK(core.tier2().reach(2, q, 4, 0) == 39);  // every sub-block of the prompt
+  // k == 1: consecutive whole blocks.
+  CHECK(core.tier2().reach(2, std::span(q).first(4), 1, 0) == 0);     // q[0] is not held
+  CHECK(core.tier2().reach(2, std::span(q).subspan(3, 5), 1, 0) == 1);  // q[3], not q[4]
+}
+
 TEST_CASE("router: a tier-2 copy on the prefill instance's node is credited below a device hit") {
   RouterConfig config;
   config.disaggregate_tokens_min = 16;
@@ -950,9 +982,9 @@ TEST_CASE("router: the tier-2 index is bounded per node and refuses past it") {
   CHECK(core.tier2_stored(4, b) == 0);  // another node has its own bound
   core.tier2_removed(3, std::span(a).first(4));
   CHECK(core.tier2().blocks_count(3) == 6);
-  CHECK(core.tier2().run(3, a, 0) == 0);
-  CHECK(core.tier2().run(3, a, 4) == 4);
-  CHECK(core.tier2().run(4, b, 0) == 8);
+  CHECK(core.tier2().reach(3, a, 1, 0) == 0);
+  CHECK(core.tier2().reach(3, a, 1, 4) == 4);
+  CHECK(core.tier2().reach(4, b, 1, 0) == 8);
   core.tier2_removed(9, a);  // an unknown node: nothing to do
   CHECK(core.tier2().blocks_count(9) == 0);
 }

@@ -139,7 +139,10 @@ struct Tier2Wait {
   prefill::PrefillRequest core;   // submitted to the scheduler when the wait ends
   std::vector<kv::BlockHash> block_hashes;  // the prompt's full blocks' (every k-th prefix hash)
   uint32_t device_hit = 0;        // whole blocks the pool held when asked
-  uint32_t asked_blocks = 0;      // blocks after those asked for (a probe asks fewer)
+  uint32_t asked_blocks = 0;      // block positions after those asked for (a probe asks fewer)
+  uint32_t lacking = 0;           // block positions the prompt could read (Tier2Lack)
+  prefill::Tier2Ask ask;          // the lookup's hashes
+  uint32_t partial = 0;           // sub-blocks of the last staged block (0: all whole)
   double budget_s = 0;            // computing them would take this long (0: unmeasured)
   int64_t sent_ns = 0;
   std::vector<kv::BlockIndex> head, fresh;  // held while the staged blocks are read
@@ -1369,11 +1372,15 @@ double Sim::fault_value(FaultKind kind, uint32_t node) const {
 bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site) {
   PrefillInst& inst = prefill_[p];
   auto& counters = result_.tier2;
-  // Tier 2 holds whole blocks: the pool's whole-block hit, then the blocks after it.
+  // Tier 2 holds whole blocks and partial ones: from the pool's whole-block hit, the blocks
+  // after it, then the trailing partial one (the prefill shell's ask_tier2).
   const uint32_t k = inst.cache->sub_blocks_per_block();
   std::vector<kv::BlockHash> block_hashes = kv::block_hashes_of(pr.prefix_hashes, k);
-  const uint32_t hit = inst.cache->match(pr.prefix_hashes) / k;
-  const auto lacking = static_cast<uint32_t>(block_hashes.size()) - hit;
+  prefill::Tier2Lack lack =
+      prefill::tier2_lack(pr.prefix_hashes, k, inst.cache->match(pr.prefix_hashes));
+  if (!config_.tier2.sub_blocks) lack.trailing = false;
+  const uint32_t hit = lack.first;
+  const uint32_t lacking = lack.positions();
   if (lacking == 0 || inst.tier2.size() >= config_.prefill_queue_max) return false;
   const uint32_t s = named_site >= 0 && static_cast<uint32_t>(named_site) < sites_.size()
                          ? static_cast<uint32_t>(named_site)
@@ -1403,6 +1410,9 @@ bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site)
   w.block_hashes = std::move(block_hashes);
   w.device_hit = hit;
   w.asked_blocks = ask;
+  w.lacking = lacking;
+  w.ask = prefill::tier2_ask(w.core.prefix_hashes, k, lack, ask);
+  if (!config_.tier2.sub_blocks) w.ask.sub_hashes.clear();
   w.budget_s = prefill::tier2_budget_s(ask, config_.block_tokens, rates);
   w.sent_ns = now_ns_;
   inst.tier2.emplace(seq, std::move(w));
@@ -1433,11 +1443,14 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
           : kv_offload::blocks_within_budget(w.asked_blocks, static_cast<uint64_t>(block_bytes_),
                                              w.budget_s, queued_bytes, read_rate);
   result_.tier2.over_budget_blocks += w.asked_blocks - within;
-  std::span<const kv::BlockHash> asked(w.block_hashes.data() + w.device_hit, within);
+  std::vector<kv::BlockHash> asked = w.ask.block_hashes, sub = w.ask.sub_hashes;
+  const uint32_t k = prefill_[p].cache->sub_blocks_per_block();
+  kv_offload::truncate_ask(asked, sub, k, within);
   SiteLookup sl;
   sl.asker = p;
   if (w.budget_s > 0 && site.disk_measured) sl.deadline_ns = now_ns_ + to_ns(w.budget_s);
-  auto grants = site.core->begin_lookup(tier2_key(p, seq), asked, Nanos(now_ns_));
+  auto grants = site.core->begin_lookup(tier2_key(p, seq), asked, Nanos(now_ns_),
+                                        {sub, sub.empty() ? 1 : k});
   int64_t end_ns = now_ns_;
   if (!grants) {
     sl.refused = true;
@@ -1447,7 +1460,7 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
     const double io_error = fault_mode_ ? fault_value(FaultKind::ioerr, sn) : 0.0;
     double read_s = 0;
     for (const kv_offload::LookupGrant& g : sl.grants) {
-      std::optional<kv::tier2::SlotIndex> slot = site.slots->find(asked[g.position]);
+      std::optional<kv::tier2::SlotIndex> slot = site.slots->find(g.hash);
       bool ok = slot.has_value();
       if (slot) {
         site.slots->pin(*slot);
@@ -1545,6 +1558,7 @@ void Sim::on_tier2_reply(uint32_t p, uint64_t seq) {
   auto l = site.lookups.find(seq);
   const bool same = nodes_[prefill_node(w.site)].incarnation == w.site_incarnation;
   const uint32_t n = l != site.lookups.end() && same ? l->second.staged : 0;
+  w.partial = n > 0 ? l->second.grants[n - 1].sub_blocks : 0;
   prefill::Tier2Rates& rates = inst.rates.of(w.site != p);
   if (!config_.bugs.no_disk_rate && site.disk_measured) {  // the answer reports the disk
     rates.read_bytes_per_s =
@@ -1590,27 +1604,36 @@ void Sim::on_tier2_read_done(uint32_t p, uint64_t seq) {
          (!fault_mode_ || (linked(pn, sn) && !lose(pn, sn)))) {
     ++loaded;
   }
+  uint64_t loaded_sub_blocks = 0;
+  kv::PrefixHashes q{w.core.prefix_hashes, inst.cache->sub_blocks_per_block()};
   for (size_t k = 0; k < loaded; ++k) {
     if (l->second.corrupt_served[k]) {
       return violate(inst.stats.name + " loaded a corrupt block from tier 2 (" +
                      nodes_[sn].name + "'s store served it without a passing checksum)");
     }
-    kv::PrefixHashes q{w.core.prefix_hashes, inst.cache->sub_blocks_per_block()};
-    (void)inst.cache->commit(w.fresh[k], q.slots(w.device_hit + k, q.k),
-                             q.parent(w.device_hit + k));
+    const bool partial = w.partial > 0 && k + 1 == w.fresh.size();
+    const uint32_t n = partial ? w.partial : q.k;
+    // What is read is what the prompt asked: a block of its chain (a foreign one never is).
+    const kv::BlockHash& got = l->second.grants[k].hash;
+    if (got != q.q[q.k * (w.device_hit + k) + n - 1]) {
+      return violate(inst.stats.name + " loaded a block from tier 2 that is not its prompt's");
+    }
+    (void)inst.cache->commit(w.fresh[k], q.slots(w.device_hit + k, n), q.parent(w.device_hit + k));
+    loaded_sub_blocks += n;
+    result_.tier2.loaded_partial_blocks += partial;
   }
   inst.cache->release(w.fresh);  // committed ones stay cached (evictable), the rest are free
   inst.cache->release(w.head);
   w.head.clear();
   w.fresh.clear();
   result_.tier2.loaded_blocks += loaded;
-  result_.tier2.loaded_tokens += loaded * config_.block_tokens;
+  result_.tier2.loaded_tokens += loaded_sub_blocks * (config_.block_tokens / q.k);
   if (loaded > 0) {
     double seconds = std::max(static_cast<double>(now_ns_ - w.sent_ns) / 1e9, 1e-9);
     prefill::Tier2Rates& rates = inst.rates.of(w.site != p);
     rates.read_bytes_per_s = prefill::ewma(rates.read_bytes_per_s, loaded * block_bytes_ / seconds);
   }
-  const bool again = w.asked_blocks < w.block_hashes.size() - w.device_hit &&
+  const bool again = w.asked_blocks < w.lacking && w.partial == 0 &&
                      loaded == w.asked_blocks;  // a probe that read all it asked for
   if (staged_there) release_lookup(w.site, seq);
   end_tier2_wait(p, seq, again);
@@ -1638,8 +1661,10 @@ void Sim::end_tier2_wait(uint32_t p, uint64_t seq, bool again) {
 
 // Write-behind of a finished prompt's full blocks to its node's tier 2.
 void Sim::offer_tier2(uint32_t p, const prefill::PrefillDone& done) {
-  const std::vector<kv::BlockHash> hashes =
-      prefill::block_hashes(done, prefill_[p].cache->sub_blocks_per_block());
+  const uint32_t k = prefill_[p].cache->sub_blocks_per_block();
+  const std::vector<kv::BlockHash> hashes = config_.tier2.sub_blocks
+                                                ? prefill::tier2_offer_hashes(done, k)
+                                                : prefill::block_hashes(done, k);
   const size_t full = std::min(hashes.size(), done.block_table.size());
   if (full == 0) return;
   Tier2Site& site = sites_[p];
@@ -2275,6 +2300,7 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
                   {"hit_blocks", t.hit_blocks},
                   {"loaded_blocks", t.loaded_blocks},
                   {"loaded_tokens", t.loaded_tokens},
+                  {"loaded_partial_blocks", t.loaded_partial_blocks},
                   {"offered_blocks", t.offered_blocks},
                   {"offered_held_blocks", t.offered_held_blocks},
                   {"stored_blocks", t.stored_blocks},

@@ -110,6 +110,10 @@ struct ClusterSimConfig {
     uint32_t staging_blocks = 64, stores_max = 256, lookups_max = 64, lookup_blocks_max = 1024;
     double lookup_timeout_ms = 2000;  // prefill waits this long for an answer, then computes
     double hold_timeout_ms = 10000;   // staged blocks nobody released are freed after this
+    // With sub-blocks (sub_block_tokens < block_tokens): prompts' trailing partial blocks are
+    // written behind and read back (as the real cluster always does); off: whole blocks only,
+    // for comparison.
+    bool sub_blocks = true;
   } tier2;
   // Test-only: each flag plants one deliberate bug, so a test can show that the invariant
   // checker meant to catch it does (a checker that cannot fail is worthless).
@@ -170,6 +174,7 @@ struct ClusterSimResult {
     uint64_t hit_blocks = 0;        // staged by a site
     uint64_t loaded_blocks = 0;     // read into a prefill pool and committed to its cache
     uint64_t loaded_tokens = 0;
+    uint64_t loaded_partial_blocks = 0;  // of loaded_blocks, partial (a prompt's trailing block)
     uint64_t offered_blocks = 0;    // write-behind offers
     uint64_t offered_held_blocks = 0;   // ... tier 2 held already (or was writing): skipped
     uint64_t stored_blocks = 0;     // written and indexed
