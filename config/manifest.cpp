@@ -604,7 +604,7 @@ void Loader::read_kv_offload(const toml::table& table) {
   TableReader reader(sink_, table, "kv_offload",
                      {"enabled", "path", "capacity_bytes", "host_cache_bytes", "staging_blocks",
                       "stores_max", "lookups_max", "lookup_blocks_max", "hold_timeout_ms",
-                      "lookup_timeout_ms"});
+                      "lookup_timeout_ms", "partial_blocks"});
   KvOffloadSection& kv = manifest_.kv_offload;
   constexpr int64_t bytes_max = std::numeric_limits<int64_t>::max();
   reader.read_bool("enabled", kv.enabled);
@@ -626,6 +626,7 @@ void Loader::read_kv_offload(const toml::table& table) {
   reader.read_int("lookup_blocks_max", 1, 1000000, kv.lookup_blocks_max);
   reader.read_int("hold_timeout_ms", 100, 3600000, kv.hold_timeout_ms);
   reader.read_int("lookup_timeout_ms", 10, 600000, kv.lookup_timeout_ms);
+  reader.read_bool("partial_blocks", kv.partial_blocks);
 }
 
 void Loader::read_speculative(const toml::table& table) {

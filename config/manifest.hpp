@@ -126,6 +126,7 @@ struct KvOffloadSection {
   uint32_t lookup_blocks_max = 1024;  // blocks one lookup may bring back
   uint32_t hold_timeout_ms = 10000;   // pins on offered / staged blocks
   uint32_t lookup_timeout_ms = 2000;  // prefill waits this long for a lookup, then computes
+  bool partial_blocks = true;  // with sub-blocks: prompts' trailing partial blocks too
 };
 
 enum class SpeculativeMethod { none, ngram, suffix, eagle3 };

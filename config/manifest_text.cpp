@@ -195,7 +195,8 @@ std::string tier2_text(const KvOffloadSection& kv) {
          " bytes, staging " + std::to_string(kv.staging_blocks) + " blocks, " +
          std::to_string(kv.stores_max) + " stores / " + std::to_string(kv.lookups_max) +
          " lookups in flight, hold " + std::to_string(kv.hold_timeout_ms) + " ms, lookup wait " +
-         std::to_string(kv.lookup_timeout_ms) + " ms\n";
+         std::to_string(kv.lookup_timeout_ms) + " ms, partial blocks " +
+         (kv.partial_blocks ? "on" : "off") + "\n";
 }
 
 std::string gateway_text(const GatewaySection& g) {

@@ -88,6 +88,12 @@ struct OffloadLookup {
   # its last sub-block). Empty: whole blocks only.
   subBlockHashes @4 :List(Data);
   subBlocks @5 :UInt32;
+  # Sub-blocks of the first asked position the asker already holds: a partial block there is
+  # staged only if longer (a shorter one would be read for nothing).
+  subBlocksHeld @6 :UInt32;
+  # And it must add at least this many sub-blocks past them (its read costs a whole block's;
+  # prefill's tier2_partial_gain_min). 0: 1.
+  partialGainMin @7 :UInt32;
 }
 
 struct OffloadLookupReply {

@@ -75,8 +75,7 @@ cli::Flags sim_flags() {
             "0.2")
       .flag("tier2-sub-blocks", "on|off",
             "tier 2 keeps prompts' trailing partial blocks (with sub-blocks; off: whole blocks "
-            "only, for comparison)",
-            "on")
+            "only; default: the manifest's kv_offload.partial_blocks, else on)")
       .flag("swarm", "K", "run K seeds (from --seed), each a random cluster, workload and faults")
       .flag("swarm-case", "", "run the swarm's case of --seed (the replay of a swarm seed)");
   return f;
@@ -181,6 +180,7 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c,
   c.tier2.lookup_blocks_max = k.lookup_blocks_max;
   c.tier2.lookup_timeout_ms = k.lookup_timeout_ms;
   c.tier2.hold_timeout_ms = k.hold_timeout_ms;
+  c.tier2.sub_blocks = k.partial_blocks;
   return true;
 }
 
@@ -242,7 +242,8 @@ bool tier2_flags(const cli::Flags& f, double manifest_bytes, sim::ClusterSimConf
     }
     c.tier2.capacity_blocks = static_cast<uint32_t>(blocks);
   }
-  if (std::string v = f.get("tier2-sub-blocks"); v != "on" && v != "off") {
+  if (!f.has("tier2-sub-blocks")) {
+  } else if (std::string v = f.get("tier2-sub-blocks"); v != "on" && v != "off") {
     std::fprintf(stderr, "tandem sim: --tier2-sub-blocks: expected on or off, got '%s'\n",
                  v.c_str());
     return false;

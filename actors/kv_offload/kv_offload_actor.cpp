@@ -710,11 +710,13 @@ void on_lookup(OffloadActor* self, const runtime::InboundFrame& in,
   auto sub = messages::get_hashes(req.getSubBlockHashes());
   if (!sub.ok()) return send_error(st.ctx, st.self_name, from, id, sub.error());
   const uint32_t k = sub->empty() ? 1 : req.getSubBlocks();
-  if (Status valid = kv_offload::check_partial_ask(*hashes, {*sub, k}); !valid.ok()) {
+  const kv_offload::PartialAsk partial{*sub, k, sub->empty() ? 0 : req.getSubBlocksHeld(),
+                                       req.getPartialGainMin()};
+  if (Status valid = kv_offload::check_partial_ask(*hashes, partial); !valid.ok()) {
     return send_error(st.ctx, st.self_name, from, id, valid.error());
   }
   // Only what the disk reads, behind its queue, before the asker could compute it.
-  const uint32_t asked = kv_offload::lookup_positions(*hashes, {*sub, k});
+  const uint32_t asked = kv_offload::lookup_positions(*hashes, partial);
   uint32_t within = kv_offload::blocks_within_budget(
       asked, st.staging->block_bytes, static_cast<double>(req.getBudgetNs()) / 1e9,
       static_cast<double>(st.io_queued_bytes), st.read_bytes_per_s);
@@ -722,7 +724,8 @@ void on_lookup(OffloadActor* self, const runtime::InboundFrame& in,
   kv_offload::truncate_ask(*hashes, *sub, k, within);
   if (within == 0) return reply_lookup(self, from, id, {});
   RequestKey key{from.to_string(), id};
-  auto grants = st.core->begin_lookup(key, *hashes, now_ns(), {*sub, k});
+  auto grants =
+      st.core->begin_lookup(key, *hashes, now_ns(), {*sub, k, partial.held, partial.gain_min});
   if (!grants.ok() || grants->empty()) return reply_lookup(self, from, id, {});
   read_staged(self, key, from, std::move(grants).value());
 }

@@ -145,6 +145,12 @@ Status check_partial_ask(std::span<const kv::BlockHash> hashes, const PartialAsk
   if (partial.q.empty()) return {};
   const size_t k = partial.k;
   if (k < 1) return make_error(ErrorKind::invalid, "kv-offload: a lookup's sub-blocks per block is 0");
+  if (partial.held >= k) {
+    return make_error(ErrorKind::invalid, "kv-offload: a lookup holds " +
+                                              std::to_string(partial.held) +
+                                              " sub-blocks of its first block, not below its " +
+                                              std::to_string(k) + " sub-blocks per block");
+  }
   if (partial.q.size() / k != hashes.size()) {
     return make_error(ErrorKind::invalid,
                       "kv-offload: a lookup's " + std::to_string(partial.q.size()) +
@@ -201,7 +207,9 @@ Result<std::vector<LookupGrant>> OffloadCore::begin_lookup(const RequestKey& key
     // Position i's sub-block prefixes other than the whole block, longest first.
     const size_t k = partial.k;
     const size_t have = std::min(k - 1, partial.q.size() - k * i);
-    for (size_t j = have; j-- > 0;) {
+    // The asker has `held` of position 0; a partial must add gain_min past what it has.
+    const size_t least = (i == 0 ? partial.held : 0) + std::max<uint32_t>(1, partial.gain_min);
+    for (size_t j = have; j-- > 0 && j + 1 >= least;) {
       const kv::BlockHash& h = partial.q[k * i + j];
       if (!known_.count(h)) continue;
       if (auto slot = take_slot()) {

@@ -86,11 +86,14 @@ struct LookupGrant {
 struct PartialAsk {
   std::span<const kv::BlockHash> q;  // empty: whole blocks only
   uint32_t k = 1;                    // sub-blocks per block
+  uint32_t held = 0;  // sub-blocks of the first position the asker holds: a partial there must
+                      // be longer
+  uint32_t gain_min = 1;  // and add at least this many sub-blocks (0: 1)
 };
 // The positions a lookup asks for: hashes.size(), or ceil(q.size() / k) with a PartialAsk.
 uint32_t lookup_positions(std::span<const kv::BlockHash> hashes, const PartialAsk& partial);
 // A PartialAsk that does not describe `hashes` (q's every k-th hash must be hashes[i], and q
-// may extend past them by less than one block) is invalid, naming what differs.
+// may extend past them by less than one block; held below k) is invalid, naming what differs.
 Status check_partial_ask(std::span<const kv::BlockHash> hashes, const PartialAsk& partial);
 // Cuts an ask to its first `positions` positions (both lists).
 void truncate_ask(std::vector<kv::BlockHash>& hashes, std::vector<kv::BlockHash>& q, uint32_t k,

@@ -214,14 +214,20 @@ void pump(PrefillActor* self) {
 // offers in flight, or no fabric, nothing is offered.
 void offer_to_tier2(PrefillActor* self, const prefill::PrefillDone& done) {
   auto& st = self->state;
-  const auto hashes = prefill::tier2_offer_hashes(done, st.cache->sub_blocks_per_block());
+  const uint32_t k = st.cache->sub_blocks_per_block();
+  const auto& layout = st.info.layout;
+  const auto hashes = prefill::tier2_offer_hashes(
+      done, k,
+      st.ctx.manifest->kv_offload.partial_blocks
+          ? prefill::tier2_partial_gain_min(layout.block_bytes(), layout.block_tokens / k, k,
+                                            st.rates.of(false))
+          : k);  // no partial has k sub-blocks
   size_t full = hashes.size();
   if (!st.offload || full == 0 || st.pins.count(done.request) ||
       st.pins.size() >= st.ctx.manifest->kv_offload.stores_max) {
     return;
   }
   std::vector<kv::BlockIndex> blocks(done.block_table.begin(), done.block_table.begin() + full);
-  const auto& layout = st.info.layout;
   Status sent = st.ctx.bridge->send(st.self_name, *st.offload, done.request,
                                     [&](wire::Envelope::Builder b) {
     auto offer = b.getBody().initOffloadStore();
@@ -273,7 +279,8 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
   const uint32_t k = st.cache->sub_blocks_per_block();
   std::vector<kv::BlockHash> block_hashes = kv::block_hashes_of(core.prefix_hashes, k);
   const prefill::Tier2Lack lack =
-      prefill::tier2_lack(core.prefix_hashes, k, st.cache->match(core.prefix_hashes));
+      prefill::tier2_lack(core.prefix_hashes, k, st.cache->match(core.prefix_hashes),
+                          st.ctx.manifest->kv_offload.partial_blocks);
   const uint32_t hit = lack.first;
   const uint32_t lacking = lack.positions();
   if (lacking == 0 || st.tier2.size() >= st.ctx.manifest->prefill.queue_max) return false;
@@ -297,6 +304,9 @@ bool ask_tier2(PrefillActor* self, const ActorName& from, prefill::PrefillReques
       messages::set_hashes(q.initSubBlockHashes(static_cast<unsigned>(asked.sub_hashes.size())),
                            asked.sub_hashes);
       q.setSubBlocks(k);
+      q.setSubBlocksHeld(asked.held);
+      q.setPartialGainMin(prefill::tier2_partial_gain_min(
+          layout.block_bytes(), layout.block_tokens / k, k, rates));
     }
     fill_kv_layout(q.initLayout(), layout);
     q.setBudgetNs(static_cast<uint64_t>(

@@ -31,21 +31,25 @@ std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k) {
   return kv::block_hashes_of(done.prefix_hashes, k);
 }
 
-std::vector<kv::BlockHash> tier2_offer_hashes(const PrefillDone& done, uint32_t k) {
+std::vector<kv::BlockHash> tier2_offer_hashes(const PrefillDone& done, uint32_t k,
+                                              uint32_t partial_min) {
   std::vector<kv::BlockHash> out = kv::block_hashes_of(done.prefix_hashes, k);
   const size_t rest = done.prefix_hashes.size() % k;
-  if (k > 1 && rest > 0) out.push_back(done.prefix_hashes.back());
+  if (k > 1 && rest > 0 && rest >= partial_min) out.push_back(done.prefix_hashes.back());
   if (out.size() > done.block_table.size()) out.resize(done.block_table.size());
   return out;
 }
 
-Tier2Lack tier2_lack(std::span<const kv::BlockHash> q, uint32_t k, uint32_t matched) {
+Tier2Lack tier2_lack(std::span<const kv::BlockHash> q, uint32_t k, uint32_t matched,
+                     bool partials) {
   RT_ASSERT(k >= 1 && matched <= q.size(), k, matched, q.size());
   Tier2Lack lack;
   lack.first = matched / k;
+  lack.held = matched % k;
   const auto full = static_cast<uint32_t>(q.size() / k);
   lack.whole = full - std::min(full, lack.first);
-  lack.trailing = k > 1 && q.size() % k != 0 && matched < q.size();
+  lack.partials = partials && k > 1;
+  lack.trailing = lack.partials && q.size() % k != 0 && lack.whole > 0;
   return lack;
 }
 
@@ -55,11 +59,12 @@ Tier2Ask tier2_ask(std::span<const kv::BlockHash> q, uint32_t k, const Tier2Lack
   Tier2Ask out;
   kv::PrefixHashes p{q, k};
   for (uint32_t i = 0; i < std::min(ask, lack.whole); ++i) out.block_hashes.push_back(p.block(lack.first + i));
-  if (k > 1 && ask > 0) {
+  if (lack.partials && ask > 0) {
     const size_t from = size_t{k} * lack.first;
     const size_t to = std::min(q.size(), size_t{k} * (lack.first + ask));
     out.sub_hashes.assign(q.begin() + static_cast<std::ptrdiff_t>(from),
                           q.begin() + static_cast<std::ptrdiff_t>(to));
+    out.held = lack.held;
   }
   return out;
 }

@@ -109,26 +109,39 @@ std::vector<kv::BlockHash> block_hashes(const PrefillDone& done, uint32_t k);
 // What a done request offers tier 2 (write-behind): its full blocks' hashes, then (k > 1)
 // its trailing partial block's, the prefix hash of the block's last full sub-block (a prompt
 // ending inside a block past at least one sub-block). At most block_table.size() of them;
-// hash i names block_table[i].
-std::vector<kv::BlockHash> tier2_offer_hashes(const PrefillDone& done, uint32_t k);
+// hash i names block_table[i]. A partial block of fewer than `partial_min` sub-blocks is not
+// offered (tier2_partial_gain_min: its read would not pay).
+std::vector<kv::BlockHash> tier2_offer_hashes(const PrefillDone& done, uint32_t k,
+                                              uint32_t partial_min = 1);
 
 // The block positions a prompt could read from tier 2, given its prefix hashes (k per block)
 // and the `matched` sub-blocks its pool holds: from `first` (the first block the pool does
-// not wholly hold), `whole` full blocks, then its trailing partial block when the prompt ends
-// inside a block past what the pool holds of it (`trailing`; k > 1 only).
+// not wholly hold; `held` of its sub-blocks it does), `whole` full blocks, then its trailing
+// partial block when the prompt ends inside a block (`trailing`; k > 1 only) and whole blocks
+// are lacked too: the partial rides on a lookup made for them. A prompt that lacks only its
+// trailing partial block asks nothing: that block is almost always the turn's new tokens,
+// which no tier 2 holds, and a lookup for it would put a round trip before every warm turn
+// (`tandem sim`, target-4p4d: p50 TTFT 170 -> 265 ms; docs/benchmarks.md "Sub-blocks in
+// tier 2").
+// `partials` false ([kv_offload] partial_blocks = false): whole blocks only.
 struct Tier2Lack {
   uint32_t first = 0;
+  uint32_t held = 0;
   uint32_t whole = 0;
   bool trailing = false;
+  bool partials = true;
   uint32_t positions() const { return whole + (trailing ? 1 : 0); }
 };
-Tier2Lack tier2_lack(std::span<const kv::BlockHash> q, uint32_t k, uint32_t matched);
+Tier2Lack tier2_lack(std::span<const kv::BlockHash> q, uint32_t k, uint32_t matched,
+                     bool partials = true);
 // A lookup of `ask` (<= positions()) of those positions: their whole blocks' hashes, and
-// (k > 1) their prefix hashes, k per position (the trailing one's fewer), so kv-offload can
-// stage a partial block where the whole ones stop (OffloadLookup.subBlockHashes).
+// (k > 1, with partials) their prefix hashes, k per position (the trailing one's fewer), so kv-offload can
+// stage a partial block where the whole ones stop (OffloadLookup.subBlockHashes), longer than
+// the `held` sub-blocks of the first position the pool has (OffloadLookup.subBlocksHeld).
 struct Tier2Ask {
   std::vector<kv::BlockHash> block_hashes;
   std::vector<kv::BlockHash> sub_hashes;  // empty when k == 1
+  uint32_t held = 0;
 };
 Tier2Ask tier2_ask(std::span<const kv::BlockHash> q, uint32_t k, const Tier2Lack& lack,
                    uint32_t ask);

@@ -60,6 +60,26 @@ inline bool tier2_reads_pay(uint64_t block_bytes, uint32_t block_tokens, const T
          static_cast<double>(block_tokens) / r.prefill_tokens_per_s;
 }
 
+// The fewest sub-blocks (of `sub_tokens` each, k per block) a partial block must add to be
+// worth reading: it costs a whole block's read (its layout is a block's) but saves only the
+// tokens it adds, so it pays when gain x sub_tokens / prefill rate > block_bytes / read rate.
+// 1 when unmeasured (like tier2_reads_pay); k when no partial pays (at most k - 1 sub-blocks).
+// Prefill offers a trailing partial block only with this many sub-blocks, and asks tier 2 for
+// partials that add at least this many (OffloadLookup.partialGainMin). `tandem sim`,
+// target-4p4d (4096-token blocks of ~1 GB, 7 GB/s): 4 of 8 sub-blocks; without it partials
+// tripled tier 2's writes and p90 TTFT rose up to 1.10x (docs/benchmarks.md "Sub-blocks in
+// tier 2").
+inline uint32_t tier2_partial_gain_min(uint64_t block_bytes, uint32_t sub_tokens, uint32_t k,
+                                       const Tier2Rates& r) {
+  RT_ASSERT(sub_tokens > 0 && k >= 1, sub_tokens, k);
+  if (r.read_bytes_per_s <= 0.0 || r.prefill_tokens_per_s <= 0.0) return 1;
+  const double read_s = static_cast<double>(block_bytes) / r.read_bytes_per_s;
+  const double sub_s = static_cast<double>(sub_tokens) / r.prefill_tokens_per_s;
+  const double even = read_s / sub_s;  // sub-blocks whose compute equals the read
+  if (!(even < static_cast<double>(k))) return k;
+  return std::min<uint32_t>(k, static_cast<uint32_t>(even) + 1);
+}
+
 // A lookup's budget: the modelled time to compute its `blocks` blocks (kv-offload stages only
 // the blocks its disk can read within it, behind its queue: blocks_within_budget). 0 when the
 // compute rate is unmeasured: no budget.

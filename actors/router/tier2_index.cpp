@@ -52,7 +52,9 @@ uint32_t Tier2Index::reach(uint32_t site, std::span<const kv::BlockHash> q, uint
   size_t b = from;
   while (k * b + k <= q.size() && held.find(q[k * b + k - 1]) != nullptr) ++b;
   uint32_t partial = 0;
-  const size_t have = std::min<size_t>(k - 1, q.size() - k * b);
+  // Prefill asks for a trailing partial block only with whole blocks (prefill::tier2_lack).
+  const bool whole_lacked = size_t{k} * from + k <= q.size();
+  const size_t have = whole_lacked ? std::min<size_t>(k - 1, q.size() - k * b) : 0;
   for (size_t j = have; j-- > 0;) {
     if (held.find(q[k * b + j]) != nullptr) {
       partial = static_cast<uint32_t>(j + 1);

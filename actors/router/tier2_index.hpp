@@ -32,7 +32,9 @@ class Tier2Index {
   // many of its sub-blocks past block `from`'s start the site holds, as kv-offload would stage
   // them: consecutive whole blocks from `from`, then the longest partial block of the next
   // position (k > 1: tier 2 keeps a prompt's trailing partial block under its last full
-  // sub-block's hash). k == 1: consecutive whole blocks. Precondition: k * from <= q.size().
+  // sub-block's hash), unless `from` is already the trailing position: prefill asks for it
+  // only with whole blocks (prefill::tier2_lack). k == 1: consecutive whole blocks.
+  // Precondition: k * from <= q.size().
   uint32_t reach(uint32_t site, std::span<const kv::BlockHash> q, uint32_t k,
                  uint32_t from) const;
   bool holds(uint32_t site, const kv::BlockHash& hash) const;

@@ -42,10 +42,11 @@ class Tier2Node {
  public:
   // `model_extra`: more [model] keys (e.g. sub_block_tokens).
   Tier2Node(const std::string& dir, uint16_t http_port, uint16_t admin_port, uint16_t fabric_port,
-            uint64_t capacity_bytes = 64u << 20, const std::string& model_extra = "")
+            uint64_t capacity_bytes = 64u << 20, const std::string& model_extra = "",
+            const std::string& kv_extra = "")
       : dir_(dir), http_port_(http_port), admin_port_(admin_port) {
     std::string manifest = dir_ + "/cluster.toml";
-    write_file(manifest, manifest_text(fabric_port, capacity_bytes, model_extra));
+    write_file(manifest, manifest_text(fabric_port, capacity_bytes, model_extra, kv_extra));
     node_ = std::make_unique<Child>(
         std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest, "--node", "solo"},
         dir_ + "/solo.log");
@@ -99,7 +100,7 @@ class Tier2Node {
 
  private:
   std::string manifest_text(uint16_t fabric_port, uint64_t capacity_bytes,
-                            const std::string& model_extra) {
+                            const std::string& model_extra, const std::string& kv_extra) {
     auto inst = [](const std::string& role, const std::string& name, const std::string& extra) {
       return "[[node.instance]]\nrole = \"" + role + "\"\nname = \"" + name + "\"\n" + extra;
     };
@@ -112,7 +113,8 @@ class Tier2Node {
            "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" + model_extra +
            "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = 1\n"
            "[kv_offload]\nenabled = true\npath = \"" + dir_ + "/tier2\"\n"
-           "capacity_bytes = " + std::to_string(capacity_bytes) + "\nstaging_blocks = 32\n"
+           "capacity_bytes = " + std::to_string(capacity_bytes) + "\nstaging_blocks = 32\n" +
+           kv_extra +
            "[[node]]\nname = \"solo\"\nhost = \"127.0.0.1\"\nfabric_port = " +
            std::to_string(fabric_port) + "\nadmin_port = " + std::to_string(admin_port_) +
            "\nhttp_port = " + std::to_string(http_port_) + "\n" +
@@ -660,19 +662,26 @@ TEST_CASE("tier 2: a prefill instance reads a prompt's blocks from another node'
 // turn (the same prompt and more, as an agent's next request) reads it back after the pools
 // evicted everything: whole blocks, then that partial block, which the prefill copies into
 // the block it computes the rest in. Greedy answers are the ones computing gives.
-TEST_CASE("tier 2: a prompt's trailing partial block comes back for its next turn (sub-blocks)" *
-          doctest::timeout(300)) {
+namespace {
+// Turn 1 of 188 tokens, both pools evicted, turn 2 extending it by 8 tokens: with partial
+// blocks (the default) tier 2 brings back 11 whole blocks and block 11's first 3 sub-blocks;
+// with `[kv_offload] partial_blocks = false` the 11 whole blocks only.
+void trailing_partial_turn(bool partials) {
   std::string dir = make_temp_dir("tier2-sub");
   uint16_t http_port = free_port(), admin_port = free_port(), fabric_port = free_port();
-  Tier2Node node(dir, http_port, admin_port, fabric_port, 64u << 20, "sub_block_tokens = 4\n");
+  Tier2Node node(dir, http_port, admin_port, fabric_port, 64u << 20, "sub_block_tokens = 4\n",
+                 partials ? "" : "partial_blocks = false\n");
   REQUIRE_MESSAGE(node.wait_ready(90s), node.log());
   // Turn 1: 188 tokens = 11 blocks and 12 tokens (3 sub-blocks of block 11).
   std::vector<int> turn1 = token_ids(1, 188);
   (void)complete_ids(node.port(), turn1);
+  const double offered = partials ? 12 : 11;  // 11 whole + the partial
   bool stored = eventually(10s, [&] {
-    return node.metric("tandem:tier2_stored_blocks_total") >= 12;  // 11 whole + the partial
+    return node.metric("tandem:tier2_stored_blocks_total") >= offered;
   });
   REQUIRE_MESSAGE(stored, node.metrics(), node.log());
+  REQUIRE(writes_settled(node));
+  CHECK(node.metric("tandem:tier2_stored_blocks_total") == offered);  // no partial when off
   // Evict both pools (prefill 40 blocks, decode 16).
   auto evict = [&](uint32_t from) {
     for (uint32_t seed = from; seed < from + 4; ++seed) (void)complete_ids(node.port(), token_ids(seed, 180));
@@ -689,10 +698,10 @@ TEST_CASE("tier 2: a prompt's trailing partial block comes back for its next tur
   Answer read_back = complete_ids(node.port(), turn2);
   {
     INFO(node.metrics(), node.log());
-    CHECK(node.metric("tandem:tier2_partial_hit_blocks_total") == partial_before + 1);
-    CHECK(node.metric("tandem:prefill_tier2_loaded_blocks_total") - loaded_before == 12);
-    // The prompt matched 11 blocks and 3 sub-blocks: 188 tokens not computed.
-    CHECK(node.metric("tandem:prefix_cache_hits_total") - hits_before >= 188);
+    CHECK(node.metric("tandem:tier2_partial_hit_blocks_total") == partial_before + partials);
+    CHECK(node.metric("tandem:prefill_tier2_loaded_blocks_total") - loaded_before == offered);
+    // The prompt matched 11 blocks and 3 sub-blocks: 188 tokens not computed (176 without).
+    CHECK(node.metric("tandem:prefix_cache_hits_total") - hits_before >= (partials ? 188 : 176));
     CHECK(node.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
   }
   // The same turn computed from nothing: tier 2 dropped, the pools evicted again.
@@ -705,4 +714,15 @@ TEST_CASE("tier 2: a prompt's trailing partial block comes back for its next tur
   CHECK(read_back.text == computed.text);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
+}
+}  // namespace
+
+TEST_CASE("tier 2: a prompt's trailing partial block comes back for its next turn (sub-blocks)" *
+          doctest::timeout(300)) {
+  trailing_partial_turn(true);
+}
+
+TEST_CASE("tier 2: [kv_offload] partial_blocks = false keeps whole blocks only" *
+          doctest::timeout(300)) {
+  trailing_partial_turn(false);
 }

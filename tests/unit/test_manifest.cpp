@@ -715,6 +715,13 @@ TEST_CASE("kv_offload.enabled needs a path; tier-2 bounds are checked by key") {
   CHECK(m.kv_offload.staging_blocks == 8);
   CHECK(m.kv_offload.hold_timeout_ms == 500);
   CHECK(m.kv_offload.lookup_timeout_ms == 2000);
+  CHECK(m.kv_offload.partial_blocks);
+  CHECK_FALSE(parse_ok(base_manifest + "[kv_offload]\npartial_blocks = false\n")
+                  .kv_offload.partial_blocks);
+  std::string word = base_manifest + "[kv_offload]\npartial_blocks = \"no\"\n";
+  auto not_bool = only_issue(word);
+  CHECK(not_bool.key == "kv_offload.partial_blocks");
+  CHECK(not_bool.line == line_of(word, "partial_blocks = "));
   std::string bad = base_manifest + "[kv_offload]\nstaging_blocks = 0\n";
   auto zero = only_issue(bad);
   CHECK(zero.key == "kv_offload.staging_blocks");
@@ -1426,6 +1433,8 @@ TEST_CASE("tandem check: exit 1 with file:line:column issues, exit 0 with a summ
   CHECK(on.exit_code == 0);
   CHECK_MESSAGE(on.output.find("tier 2    on: /srv/kv/NODE, capacity 8192 bytes per node, "
                                "host cache 0 bytes, staging 3 blocks") != std::string::npos,
+                on.output);
+  CHECK_MESSAGE(on.output.find("lookup wait 2000 ms, partial blocks on\n") != std::string::npos,
                 on.output);
   RunResult help = run_tandem("check --help");
   CHECK(help.exit_code == 0);

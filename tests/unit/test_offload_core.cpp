@@ -454,6 +454,45 @@ TEST_CASE("offload: with sub-blocks a lookup stages the longest held partial whe
     CHECK(one->size() == 1);
     core.check_invariants();
   }
+  SUBCASE("a partial of the first position must be longer than what the asker holds of it") {
+    OffloadCore core(small(8));
+    // The asker's pool holds 2 sub-blocks of block 0; tier 2 holds 2 and 3 of it.
+    store_all(core, {"p", 1}, {q[1], q[2]});
+    auto longer = core.begin_lookup({"q", 1}, whole, 0ns, {q, k, 2});
+    REQUIRE(longer.ok());
+    REQUIRE(longer->size() == 1);
+    CHECK((*longer)[0].sub_blocks == 3);
+    // Holding 3 already: tier 2's 3 and 2 would be read for nothing.
+    auto none = core.begin_lookup({"q", 2}, whole, 0ns, {q, k, 3});
+    REQUIRE(none.ok());
+    CHECK(none->empty());
+    // `held` is of the first position only: past a whole block any partial helps.
+    OffloadCore later(small(8));
+    store_all(later, {"p", 1}, {block(0), q[k + 0]});
+    auto after = later.begin_lookup({"q", 3}, whole, 0ns, {q, k, 3});
+    REQUIRE(after.ok());
+    REQUIRE(after->size() == 2);
+    CHECK((*after)[1].sub_blocks == 1);
+    // A partial must also add gain_min sub-blocks (its read costs a whole block's).
+    REQUIRE(core.lookup_read_done({"q", 1}, 0, true).ok());
+    REQUIRE(core.lookup_released({"q", 1}).ok());  // lookups_max: 2 in flight
+    auto enough = core.begin_lookup({"q", 4}, whole, 0ns, {q, k, 1, 2});
+    REQUIRE(enough.ok());
+    REQUIRE(enough->size() == 1);
+    CHECK((*enough)[0].sub_blocks == 3);  // adds 2
+    REQUIRE(core.lookup_read_done({"q", 4}, 0, true).ok());
+    REQUIRE(core.lookup_released({"q", 4}).ok());
+    auto short_gain = core.begin_lookup({"q", 5}, whole, 0ns, {q, k, 2, 2});
+    REQUIRE(short_gain.ok());
+    CHECK(short_gain->empty());  // 3 adds only 1
+    auto later_gain = later.begin_lookup({"q", 6}, whole, 0ns, {q, k, 0, 2});
+    REQUIRE(later_gain.ok());
+    CHECK(later_gain->size() == 1);  // block 1's 1-sub-block partial adds too little
+    CHECK_FALSE(check_partial_ask(whole, {q, k, k}).ok());  // holding a whole block is no partial
+    CHECK(check_partial_ask(whole, {q, k, k - 1}).ok());
+    core.check_invariants();
+    later.check_invariants();
+  }
   SUBCASE("a partial after a miss is cut with the whole blocks") {
     OffloadCore core(small(8));
     store_all(core, {"p", 1}, {block(0), q[k * 1 + 0]});

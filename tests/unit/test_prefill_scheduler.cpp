@@ -399,6 +399,9 @@ TEST_CASE("sub-blocks: tier 2 is offered the trailing partial block, and asked f
   CHECK(offered[1] == q[5]);
   CHECK(tandem::prefill::block_hashes(done[0], 4).size() == 1);
   CHECK(tandem::prefill::tier2_offer_hashes(done[0], 1).size() == 2);  // k = 1: 6 blocks, 2 held
+  // A partial of 2 sub-blocks is offered when 2 pay (tier2_partial_gain_min), not when 3 do.
+  CHECK(tandem::prefill::tier2_offer_hashes(done[0], 4, 2).size() == 2);
+  CHECK(tandem::prefill::tier2_offer_hashes(done[0], 4, 3) == std::vector<BlockHash>{q[3]});
   auto whole_only = done[0];
   whole_only.prefix_hashes.resize(4);  // a prompt ending on a block boundary: no partial
   CHECK(tandem::prefill::tier2_offer_hashes(whole_only, 4).size() == 1);
@@ -410,6 +413,7 @@ TEST_CASE("sub-blocks: tier 2 is offered the trailing partial block, and asked f
   REQUIRE(q2.size() == 7);
   auto lack = tandem::prefill::tier2_lack(q2, 4, 0);
   CHECK(lack.first == 0);
+  CHECK(lack.held == 0);
   CHECK(lack.whole == 1);
   CHECK(lack.trailing);
   CHECK(lack.positions() == 2);
@@ -419,12 +423,30 @@ TEST_CASE("sub-blocks: tier 2 is offered the trailing partial block, and asked f
   CHECK(tandem::prefill::tier2_ask(q2, 4, lack, 1).sub_hashes.size() == 4);
   CHECK(tandem::prefill::tier2_ask(q2, 1, tandem::prefill::tier2_lack(q2, 1, 0), 3)
             .sub_hashes.empty());
-  // The pool holds 5 sub-blocks: block 0 and one of block 1; block 1 (trailing) is still lacked.
-  auto partly = tandem::prefill::tier2_lack(q2, 4, 5);
-  CHECK(partly.first == 1);
-  CHECK(partly.whole == 0);
-  CHECK(partly.trailing);
-  CHECK_FALSE(tandem::prefill::tier2_lack(q2, 4, 7).trailing);  // all of it held
+  // [kv_offload] partial_blocks = false: the whole block only, no prefix hashes.
+  auto whole_lack = tandem::prefill::tier2_lack(q2, 4, 0, false);
+  CHECK_FALSE(whole_lack.trailing);
+  CHECK(whole_lack.positions() == 1);
+  auto whole_ask = tandem::prefill::tier2_ask(q2, 4, whole_lack, 1);
+  CHECK(whole_ask.block_hashes == std::vector<BlockHash>{q2[3]});
+  CHECK(whole_ask.sub_hashes.empty());
+  CHECK(ask.held == 0);
+  // The pool holds 2 sub-blocks of block 0: asked from block 0, a partial there must be longer.
+  auto head = tandem::prefill::tier2_lack(q2, 4, 2);
+  CHECK(head.first == 0);
+  CHECK(head.held == 2);
+  CHECK(head.positions() == 2);
+  CHECK(tandem::prefill::tier2_ask(q2, 4, head, 2).held == 2);
+  CHECK(tandem::prefill::tier2_ask(q2, 1, tandem::prefill::tier2_lack(q2, 1, 2), 1).held == 0);
+  // The pool holds block 0 and one sub-block of block 1: only the trailing partial block is
+  // lacked, and that is not asked for (a warm turn's new tokens: no round trip for them).
+  for (uint32_t matched : {4u, 5u, 6u, 7u}) {
+    auto partly = tandem::prefill::tier2_lack(q2, 4, matched);
+    CHECK(partly.first == 1);
+    CHECK(partly.whole == 0);
+    CHECK_FALSE(partly.trailing);
+    CHECK(partly.positions() == 0);
+  }
   // The staged partial (turn 1's block 1) is recognized as 2 sub-blocks of position 1.
   tandem::kv::PrefixHashes p2{q2, 4};
   CHECK(p2.partial_of(1, offered[1]) == 2);

@@ -818,6 +818,10 @@ TEST_CASE("router: sub-blocks: a tier-2 partial block is credited after the whol
   std::vector<BlockHash> rest{q[19], q[23], q[27], q[31], q[35], q[38]};
   REQUIRE(core.tier2_stored(2, rest) == 0);
   CHECK(core.tier2().reach(2, q, 4, 0) == 39);  // every sub-block of the prompt
+  CHECK(core.tier2().reach(2, q, 4, 8) == 7);   // block 8, then the partial rides along
+  // A device that holds every whole block: prefill does not ask for the trailing partial
+  // alone (prefill::tier2_lack), so it is not credited.
+  CHECK(core.tier2().reach(2, q, 4, 9) == 0);
   // k == 1: consecutive whole blocks.
   CHECK(core.tier2().reach(2, std::span(q).first(4), 1, 0) == 0);     // q[0] is not held
   CHECK(core.tier2().reach(2, std::span(q).subspan(3, 5), 1, 0) == 1);  // q[3], not q[4]

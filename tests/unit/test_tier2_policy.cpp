@@ -116,3 +116,29 @@ TEST_CASE("tier-2 cost rule: local and remote reads are measured apart; compute 
   CHECK(book.local.prefill_tokens_per_s > 1e6);
   CHECK_FALSE(tier2_lookup_pays(4, bytes, tokens, book.of(false), 0));
 }
+
+TEST_CASE("tier-2 cost rule: a partial block pays only by the sub-blocks it adds") {
+  using tandem::prefill::tier2_partial_gain_min;
+  // A 4096-token block of 8 sub-blocks (512 tokens), 1 GiB. Compute at 4,096 tokens/s: 125 ms
+  // per sub-block.
+  constexpr uint64_t bytes = 1ull << 30;
+  Tier2Rates r{.read_bytes_per_s = 0.0, .prefill_tokens_per_s = 4096.0,
+               .lookup_overhead_s = 0.0, .eligible_count = 1};
+  CHECK(tier2_partial_gain_min(bytes, 512, 8, r) == 1);  // unmeasured: any partial
+  // Read at 2 GiB/s: 500 ms, the compute of 4 sub-blocks: break-even is no win, 5 pay.
+  r.read_bytes_per_s = double(2ull << 30);
+  CHECK(tier2_partial_gain_min(bytes, 512, 8, r) == 5);
+  // 4.5 sub-blocks' compute: 5.
+  r.read_bytes_per_s = double(bytes) / 0.5625;
+  CHECK(tier2_partial_gain_min(bytes, 512, 8, r) == 5);
+  // A fast disk (50 ms): one sub-block pays.
+  r.read_bytes_per_s = double(bytes) / 0.05;
+  CHECK(tier2_partial_gain_min(bytes, 512, 8, r) == 1);
+  // Reading costs more than 7 sub-blocks' compute: no partial pays (k).
+  r.read_bytes_per_s = double(bytes) / 0.9;
+  CHECK(tier2_partial_gain_min(bytes, 512, 8, r) == 8);
+  r.read_bytes_per_s = double(bytes) / 100.0;
+  CHECK(tier2_partial_gain_min(bytes, 512, 8, r) == 8);
+  // Whole blocks only (k = 1): 1, never below.
+  CHECK(tier2_partial_gain_min(bytes, 4096, 1, r) == 1);
+}

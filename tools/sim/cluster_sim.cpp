@@ -142,6 +142,7 @@ struct Tier2Wait {
   uint32_t asked_blocks = 0;      // block positions after those asked for (a probe asks fewer)
   uint32_t lacking = 0;           // block positions the prompt could read (Tier2Lack)
   prefill::Tier2Ask ask;          // the lookup's hashes
+  uint32_t gain_min = 1;          // sub-blocks a staged partial must add (tier2_partial_gain_min)
   uint32_t partial = 0;           // sub-blocks of the last staged block (0: all whole)
   double budget_s = 0;            // computing them would take this long (0: unmeasured)
   int64_t sent_ns = 0;
@@ -324,6 +325,11 @@ class Sim {
   router::InstanceId decode_id(uint32_t d) const { return {config_.prefill_count + d}; }
   // Faults.
   uint32_t prefill_node(uint32_t p) const { return 2 + p; }
+  uint32_t partial_gain_min(const prefill::Tier2Rates& rates, uint32_t k) const {
+    return prefill::tier2_partial_gain_min(static_cast<uint64_t>(block_bytes_),
+                                           std::max<uint32_t>(1, config_.block_tokens / k), k,
+                                           rates);
+  }
   uint32_t decode_node(uint32_t d) const { return 2 + config_.prefill_count + d; }
   void reset_prefill(uint32_t p);
   void reset_decode(uint32_t d);
@@ -1376,9 +1382,8 @@ bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site)
   // after it, then the trailing partial one (the prefill shell's ask_tier2).
   const uint32_t k = inst.cache->sub_blocks_per_block();
   std::vector<kv::BlockHash> block_hashes = kv::block_hashes_of(pr.prefix_hashes, k);
-  prefill::Tier2Lack lack =
-      prefill::tier2_lack(pr.prefix_hashes, k, inst.cache->match(pr.prefix_hashes));
-  if (!config_.tier2.sub_blocks) lack.trailing = false;
+  const prefill::Tier2Lack lack = prefill::tier2_lack(
+      pr.prefix_hashes, k, inst.cache->match(pr.prefix_hashes), config_.tier2.sub_blocks);
   const uint32_t hit = lack.first;
   const uint32_t lacking = lack.positions();
   if (lacking == 0 || inst.tier2.size() >= config_.prefill_queue_max) return false;
@@ -1412,7 +1417,7 @@ bool Sim::ask_tier2(uint32_t p, prefill::PrefillRequest& pr, int32_t named_site)
   w.asked_blocks = ask;
   w.lacking = lacking;
   w.ask = prefill::tier2_ask(w.core.prefix_hashes, k, lack, ask);
-  if (!config_.tier2.sub_blocks) w.ask.sub_hashes.clear();
+  w.gain_min = partial_gain_min(rates, k);
   w.budget_s = prefill::tier2_budget_s(ask, config_.block_tokens, rates);
   w.sent_ns = now_ns_;
   inst.tier2.emplace(seq, std::move(w));
@@ -1450,7 +1455,8 @@ void Sim::on_tier2_lookup(uint32_t p, uint64_t seq) {
   sl.asker = p;
   if (w.budget_s > 0 && site.disk_measured) sl.deadline_ns = now_ns_ + to_ns(w.budget_s);
   auto grants = site.core->begin_lookup(tier2_key(p, seq), asked, Nanos(now_ns_),
-                                        {sub, sub.empty() ? 1 : k});
+                                        {sub, sub.empty() ? 1 : k, sub.empty() ? 0 : w.ask.held,
+                                         w.gain_min});
   int64_t end_ns = now_ns_;
   if (!grants) {
     sl.refused = true;
@@ -1662,9 +1668,8 @@ void Sim::end_tier2_wait(uint32_t p, uint64_t seq, bool again) {
 // Write-behind of a finished prompt's full blocks to its node's tier 2.
 void Sim::offer_tier2(uint32_t p, const prefill::PrefillDone& done) {
   const uint32_t k = prefill_[p].cache->sub_blocks_per_block();
-  const std::vector<kv::BlockHash> hashes = config_.tier2.sub_blocks
-                                                ? prefill::tier2_offer_hashes(done, k)
-                                                : prefill::block_hashes(done, k);
+  const std::vector<kv::BlockHash> hashes = prefill::tier2_offer_hashes(
+      done, k, config_.tier2.sub_blocks ? partial_gain_min(prefill_[p].rates.of(false), k) : k);
   const size_t full = std::min(hashes.size(), done.block_table.size());
   if (full == 0) return;
   Tier2Site& site = sites_[p];
