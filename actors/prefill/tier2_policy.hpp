@@ -66,8 +66,8 @@ inline bool tier2_reads_pay(uint64_t block_bytes, uint32_t block_tokens, const T
 // 1 when unmeasured (like tier2_reads_pay); k when no partial pays (at most k - 1 sub-blocks).
 // Prefill offers a trailing partial block only with this many sub-blocks, and asks tier 2 for
 // partials that add at least this many (OffloadLookup.partialGainMin). `tandem sim`,
-// target-4p4d (4096-token blocks of ~1 GB, 7 GB/s): 4 of 8 sub-blocks; without it partials
-// tripled tier 2's writes and p90 TTFT rose up to 1.10x (docs/benchmarks.md "Sub-blocks in
+// target-4p4d: without it partials made tier 2 write 2.9x the blocks of whole-only and p90
+// TTFT 0.98-1.10x of it; with it 2.3x and 0.87-1.08x (docs/benchmarks.md "Sub-blocks in
 // tier 2").
 inline uint32_t tier2_partial_gain_min(uint64_t block_bytes, uint32_t sub_tokens, uint32_t k,
                                        const Tier2Rates& r) {
