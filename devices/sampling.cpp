@@ -101,8 +101,7 @@ double Sampler::next_unit() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // 53 random bits, [0, 1)
 }
 
-Result<SampledToken> Sampler::sample(std::span<const float> logits,
-                                     std::span<const int32_t> history) {
+Status Sampler::prepare(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) return make_error(ErrorKind::invalid, "sampling: logits row is empty");
   auto vocab = static_cast<int64_t>(logits.size());
   for (size_t i = 0; i < history.size(); ++i) {
@@ -131,6 +130,13 @@ Result<SampledToken> Sampler::sample(std::span<const float> logits,
   for (size_t i = 0; i < work_.size(); ++i) {
     weight_[i] = std::exp((static_cast<double>(work_[i]) - max_logit) * inv_t);  // in [0, 1]
   }
+  return {};
+}
+
+Result<SampledToken> Sampler::sample(std::span<const float> logits,
+                                     std::span<const int32_t> history) {
+  if (Status ready = prepare(logits, history); !ready.ok()) return ready.error();
+  const auto vocab = static_cast<int64_t>(logits.size());
   SampledToken out = params_.temperature == 0.0f ? sample_greedy() : sample_random();
   RT_ASSERT(out.token >= 0 && out.token < vocab, "sampled token out of range", out.token);
   RT_ASSERT(out.logprob <= 1e-6f, "logprob must be <= 0", out.logprob);
@@ -198,11 +204,10 @@ void Sampler::keep_head() {
   order_.resize(keep);
 }
 
-SampledToken Sampler::sample_random() {
-  bool sorted = params_.top_k > 0 || params_.top_p < 1.0f;
+void Sampler::keep_filtered() {
   order_.resize(weight_.size());
   std::iota(order_.begin(), order_.end(), 0);
-  if (sorted) keep_head();
+  if (params_.top_k > 0 || params_.top_p < 1.0f) keep_head();
   if (params_.min_p > 0.0f) {
     // p / p_max == weight / 1, so the min_p cut is on the weights directly. The max token
     // (weight 1) always survives. Erasing keeps the order (sorted or by index).
@@ -210,6 +215,30 @@ SampledToken Sampler::sample_random() {
     std::erase_if(order_, [this, cut](int32_t t) { return weight_[static_cast<size_t>(t)] < cut; });
   }
   RT_ASSERT(!order_.empty(), "filters kept no token");
+}
+
+Status Sampler::distribution(std::span<const float> logits, std::span<const int32_t> history,
+                             std::vector<float>& out) {
+  if (Status ready = prepare(logits, history); !ready.ok()) return ready;
+  out.assign(weight_.size(), 0.0f);
+  if (params_.temperature == 0.0f) {
+    out[static_cast<size_t>(std::max_element(weight_.begin(), weight_.end()) -
+                            weight_.begin())] = 1.0f;
+    return {};
+  }
+  keep_filtered();
+  double total = 0.0;
+  for (int32_t t : order_) total += weight_[static_cast<size_t>(t)];
+  RT_ASSERT(total > 0.0, "kept mass must be positive", total);
+  for (int32_t t : order_) {
+    out[static_cast<size_t>(t)] = static_cast<float>(weight_[static_cast<size_t>(t)] / total);
+  }
+  return {};
+}
+
+SampledToken Sampler::sample_random() {
+  bool sorted = params_.top_k > 0 || params_.top_p < 1.0f;
+  keep_filtered();
   double total = 0.0;
   for (int32_t t : order_) total += weight_[static_cast<size_t>(t)];
   RT_ASSERT(total > 0.0, "kept mass must be positive", total);

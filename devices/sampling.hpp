@@ -84,6 +84,15 @@ class Sampler {
   // Errors (invalid): empty logits, a NaN logit, a history token outside [0, vocab).
   // Cost: O(vocab) plus a sort of the kept head when top_k / top_p are on.
   Result<SampledToken> sample(std::span<const float> logits, std::span<const int32_t> history);
+  // The processed distribution `sample` draws from (steps 1-4), one probability per token
+  // into `out` (resized to the vocab): filtered tokens 0; greedy: 1 at the argmax (whose
+  // reported logprob stays the unfiltered log-softmax, step 3). What
+  // speculative verification tests drafts against (actors/decode/spec_verify.hpp). Errors as
+  // sample's. Draws nothing from the RNG.
+  Status distribution(std::span<const float> logits, std::span<const int32_t> history,
+                      std::vector<float>& out);
+  // A uniform draw in [0, 1) from this sequence's stream (verification's coins).
+  double unit() { return next_unit(); }
 
   const SamplingParams& params() const { return params_; }
 
@@ -96,6 +105,9 @@ class Sampler {
   std::vector<uint32_t> counts_;     // history counts, reused (cleared after each call)
 
   double next_unit();  // uniform in [0, 1)
+  // Checks the row and history, then work_ (penalized) and weight_ (exp((l - max) / T)).
+  Status prepare(std::span<const float> logits, std::span<const int32_t> history);
+  void keep_filtered();  // order_: the tokens the filters keep (top-k / top-p, then min-p)
   void fill_top(SampledToken& out, std::span<const int32_t> kept, bool kept_sorted,
                 double log_total);
   SampledToken sample_greedy();

@@ -318,3 +318,56 @@ TEST_CASE("top_p over a large vocab keeps exactly the sorted head (no full sort 
     CHECK(t.top[0].token == static_cast<int32_t>(idx[0]));
   }
 }
+
+TEST_CASE("distribution is what sample draws from: its support, sum and the sampled logprob") {
+  const std::vector<int32_t> history{1, 1, 3};
+  std::vector<SamplingParams> cases(6);
+  cases[0].temperature = 0.0f;
+  cases[1].temperature = 0.7f;
+  cases[2].top_k = 3;
+  cases[3].top_p = 0.6f;
+  cases[4].min_p = 0.3f;
+  cases[5].repetition_penalty = 1.5f;
+  cases[5].frequency_penalty = 0.5f;
+  cases[5].top_k = 5;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    CAPTURE(c);
+    Sampler dist(cases[c]), sampler(cases[c]);
+    std::vector<float> p;
+    REQUIRE(dist.distribution(kRow, history, p).ok());
+    REQUIRE(p.size() == kRow.size());
+    double total = 0;
+    for (float x : p) total += x;
+    CHECK(total == doctest::Approx(1.0));
+    for (int i = 0; i < 300; ++i) {
+      auto s = sampler.sample(kRow, history);
+      REQUIRE(s.ok());
+      // Only tokens it keeps are drawn, with the logprob of its probability (greedy reports
+      // the log-softmax instead, as documented).
+      REQUIRE(p[static_cast<size_t>(s->token)] > 0.0f);
+      if (c > 0) CHECK(s->logprob == doctest::Approx(std::log(p[static_cast<size_t>(s->token)])).epsilon(1e-4));
+    }
+  }
+  // Greedy: all the mass on the argmax (lowest index on ties: 1 over 5).
+  Sampler greedy(cases[0]);
+  std::vector<float> g;
+  REQUIRE(greedy.distribution(kRow, {}, g).ok());
+  CHECK(g[1] == 1.0f);
+  CHECK(g[5] == 0.0f);
+  // top_k = 3 keeps exactly three tokens.
+  Sampler top3(cases[2]);
+  std::vector<float> t3;
+  REQUIRE(top3.distribution(kRow, {}, t3).ok());
+  CHECK(std::count_if(t3.begin(), t3.end(), [](float x) { return x > 0; }) == 3);
+  // Errors as sample's, and no draw from the stream: the next sample is unchanged.
+  std::vector<float> bad;
+  CHECK_FALSE(top3.distribution({}, {}, bad).ok());
+  CHECK_FALSE(top3.distribution(kRow, std::vector<int32_t>{99}, bad).ok());
+  SamplingParams seeded;
+  seeded.seed = 7;
+  Sampler a(seeded), b(seeded);
+  std::vector<float> ignored;
+  REQUIRE(a.distribution(kRow, {}, ignored).ok());
+  CHECK(draw(a, kRow).token == draw(b, kRow).token);
+  CHECK(a.unit() == b.unit());
+}
