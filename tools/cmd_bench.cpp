@@ -14,6 +14,7 @@
 #include "bench/overhead_bench.hpp"
 #include "bench/router_bench.hpp"
 #include "bench/serve_bench.hpp"
+#include "bench/spec_bench.hpp"
 #include "bench/sweep_cli.hpp"
 #include "bench/tier2_bench.hpp"
 #include "bench/tokenize_bench.hpp"
@@ -100,6 +101,7 @@ int cmd_bench(cli::Args args) {
       {"admission", bench::run_admission_bench},
       {"sweep", bench::run_sweep_cli},
       {"tier2", bench::run_tier2_bench},
+      {"spec", bench::run_spec_bench},
       {"agent-turns", run_agent_turns},
       {"overload", run_overload},
       {"tier2-ttft", run_tier2_ttft},
