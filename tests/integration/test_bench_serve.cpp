@@ -221,3 +221,35 @@ TEST_CASE("bench admission: short requests alone and during long prompts, two ga
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("--big 1..64") != std::string::npos);
 }
+
+// `tandem bench spec`, small: both proposers on both workloads; on the repetitive one they
+// accept drafts, on the fresh one none (a proposer that drafted garbage would still show 0
+// accepted, but one that never drafted, or a replay that lost its verification, fails here).
+TEST_CASE("bench spec: proposers accept on repetitive requests and nothing on fresh ones") {
+  RunResult run = testing::run({tandem_bin(), "bench", "spec", "--requests", "3",
+                                "--file-tokens", "400"},
+                               60s);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  int rows = 0;
+  std::istringstream in(run.output);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream cells(line);
+    std::string workload, method;
+    double steps = 0, accepted = 0, per_step = 0;
+    if (!(cells >> workload >> method >> steps >> accepted >> per_step)) continue;
+    ++rows;
+    if (workload == "repetitive") {
+      CHECK(accepted > 1.0);  // ~98% of tokens are copies; k = 4
+      CHECK(per_step == doctest::Approx(accepted + 1).epsilon(0.01));
+    } else {
+      CHECK(workload == "fresh");
+      CHECK(accepted == 0.0);
+      CHECK(steps == 3 * 400);
+    }
+  }
+  CHECK(rows == 4);
+  RunResult bad = testing::run({tandem_bin(), "bench", "spec", "--draft-tokens", "0"}, 30s);
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--draft-tokens 1..16") != std::string::npos);
+}
