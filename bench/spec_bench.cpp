@@ -9,6 +9,7 @@
 
 #include "actors/decode/ngram_proposer.hpp"
 #include "actors/decode/suffix_tree.hpp"
+#include "bench/seconds_per_run.hpp"
 #include "devices/sampling.hpp"
 
 namespace tandem::bench {
@@ -91,17 +92,9 @@ double sample_seconds(uint32_t vocab, double seconds_min) {
   std::vector<float> row(vocab);
   for (float& x : row) x = normal(rng);
   devices::Sampler sampler(devices::SamplingParams{});
-  Tokens history;
-  uint64_t runs = 0;
-  auto t0 = Clock::now();
-  double elapsed = 0;
-  while (elapsed < seconds_min) {
-    auto s = sampler.sample(row, history);
-    if (!s.ok()) std::abort();
-    ++runs;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  return elapsed / static_cast<double>(runs);
+  return seconds_per_run(seconds_min, [&] {
+    if (!sampler.sample(row, {}).ok()) std::abort();
+  });
 }
 
 }  // namespace

@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/seconds_per_run.hpp"
 #include "kvstore/hashing.hpp"
 #include "runtime/text/tokenizer.hpp"
 
 namespace tandem::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 // Prose, indented code and a JSON tool result, repeated with a counter so that the text is
 // not one repeated word (the shape of an agent's context, not of a benchmark corpus).
@@ -30,19 +30,6 @@ std::string agent_text(size_t chars) {
     if (i % 4 == 3) text += "step " + std::to_string(i) + ". ";
   }
   return text;
-}
-
-template <class F>
-double seconds_per_run(double seconds_min, F&& run) {
-  auto start = Clock::now();
-  size_t runs = 0;
-  double elapsed = 0;
-  do {
-    run();
-    ++runs;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < seconds_min);
-  return elapsed / static_cast<double>(runs);
 }
 
 }  // namespace
