@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 
+#include "actors/kv_offload/offload_core.hpp"
 #include "messages/convert.hpp"
 #include "messages/envelope.hpp"
 
@@ -30,6 +31,27 @@ void require(bool condition) {
 void read_hashes(capnp::List<capnp::Data>::Reader list) {
   auto hashes = get_hashes(list);
   if (hashes.ok()) require(hashes.value().size() == list.size());
+}
+
+// What kv-offload's on_lookup does with a lookup before its core sees it: the block and
+// sub-block hashes converted, the ask checked, its positions counted and cut (a valid ask's
+// cut stays valid).
+void read_lookup(wire::OffloadLookup::Reader lookup) {
+  auto hashes = get_hashes(lookup.getBlockHashes());
+  auto sub = get_hashes(lookup.getSubBlockHashes());
+  if (!hashes.ok() || !sub.ok()) return;
+  const uint32_t k = sub->empty() ? 1 : lookup.getSubBlocks();
+  const kv_offload::PartialAsk ask{*sub, k, sub->empty() ? 0 : lookup.getSubBlocksHeld(),
+                                   lookup.getPartialGainMin()};
+  Status valid = kv_offload::check_partial_ask(*hashes, ask);
+  if (!valid.ok()) {
+    require(!valid.error().message.empty());
+    return;
+  }
+  const uint32_t positions = kv_offload::lookup_positions(*hashes, ask);
+  require(positions >= hashes->size() && positions <= hashes->size() + 1);
+  kv_offload::truncate_ask(*hashes, *sub, k, positions / 2);
+  require(kv_offload::check_partial_ask(*hashes, {*sub, k, ask.held, ask.gain_min}).ok());
 }
 
 void read_sampling(wire::SamplingParams::Reader sampling) {
@@ -110,7 +132,7 @@ void read_body(wire::Envelope::Body::Reader body) {
       break;
     case Body::KV_RESYNC: (void)body.getKvResync().getReason(); break;
     case Body::OFFLOAD_STORE: read_blocks(body.getOffloadStore().getBlocks()); break;
-    case Body::OFFLOAD_LOOKUP: read_hashes(body.getOffloadLookup().getBlockHashes()); break;
+    case Body::OFFLOAD_LOOKUP: read_lookup(body.getOffloadLookup()); break;
     case Body::OFFLOAD_LOOKUP_REPLY:
       read_blocks(body.getOffloadLookupReply().getBlocks());
       break;
