@@ -630,15 +630,55 @@ void Loader::read_kv_offload(const toml::table& table) {
 }
 
 void Loader::read_speculative(const toml::table& table) {
-  TableReader reader(sink_, table, "speculative", {"method", "draft_tokens_max"});
-  reader.read_enum("method", speculative_methods_all, manifest_.speculative.method);
-  // Refused until decode speculates (a key that does nothing is never accepted silently).
-  if (manifest_.speculative.method != SpeculativeMethod::none) {
-    reader.issue("method", "speculative decoding is not built yet (issue 14): only \"none\" "
-                           "is accepted, got \"" +
-                               std::string(to_string(manifest_.speculative.method)) + "\"");
+  static constexpr const char* ngram_keys[] = {"ngram_match_min", "ngram_match_max",
+                                               "ngram_candidates_max"};
+  static constexpr const char* suffix_keys[] = {
+      "suffix_depth_max",         "suffix_probability_min", "suffix_match_factor",
+      "suffix_request_nodes_max", "suffix_cache_nodes_max", "suffix_cache_tokens_max"};
+  std::vector<std::string_view> keys{"method", "draft_tokens_max", "batch_max"};
+  keys.insert(keys.end(), std::begin(ngram_keys), std::end(ngram_keys));
+  keys.insert(keys.end(), std::begin(suffix_keys), std::end(suffix_keys));
+  TableReader reader(sink_, table, "speculative", keys);
+  SpeculativeSection& spec = manifest_.speculative;
+  reader.read_enum("method", speculative_methods_all, spec.method);
+  // A key that does nothing is never accepted silently.
+  if (spec.method == SpeculativeMethod::eagle3) {
+    reader.issue("method", "EAGLE-3 is not built yet (issue 14): use \"ngram\" or \"suffix\"");
   }
-  reader.read_int("draft_tokens_max", 1, 16, manifest_.speculative.draft_tokens_max);
+  auto refuse_unless = [&](SpeculativeMethod owner, std::span<const char* const> owned) {
+    if (spec.method == owner) return;
+    for (const char* key : owned) {
+      if (reader.find(key)) {
+        reader.issue(key, std::string("applies to method \"") + std::string(to_string(owner)) +
+                              "\", and the method is \"" + std::string(to_string(spec.method)) +
+                              "\"");
+      }
+    }
+  };
+  refuse_unless(SpeculativeMethod::ngram, ngram_keys);
+  refuse_unless(SpeculativeMethod::suffix, suffix_keys);
+  reader.read_int("draft_tokens_max", 1, 16, spec.draft_tokens_max);
+  reader.read_int("batch_max", 1, 4096, spec.batch_max);
+  reader.read_int("ngram_match_min", 1, 64, spec.ngram_match_min);
+  if (reader.read_int("ngram_match_max", 1, 256, spec.ngram_match_max) &&
+      spec.ngram_match_max < spec.ngram_match_min) {
+    reader.issue("ngram_match_max", "ngram_match_max (" + std::to_string(spec.ngram_match_max) +
+                                        ") must not be below ngram_match_min (" +
+                                        std::to_string(spec.ngram_match_min) + ")");
+  }
+  reader.read_int("ngram_candidates_max", 1, 1024, spec.ngram_candidates_max);
+  reader.read_int("suffix_depth_max", 1, 256, spec.suffix_depth_max);
+  if (reader.read_double("suffix_probability_min", 0.0, 1.0, spec.suffix_probability_min) &&
+      spec.suffix_probability_min <= 0.0) {
+    reader.issue("suffix_probability_min", "must be above 0 (a draft stops below it)");
+  }
+  if (reader.read_double("suffix_match_factor", 0.0, 64.0, spec.suffix_match_factor) &&
+      spec.suffix_match_factor <= 0.0) {
+    reader.issue("suffix_match_factor", "must be above 0");
+  }
+  reader.read_int("suffix_request_nodes_max", 1, 1 << 26, spec.suffix_request_nodes_max);
+  reader.read_int("suffix_cache_nodes_max", 1, 1 << 28, spec.suffix_cache_nodes_max);
+  reader.read_int("suffix_cache_tokens_max", 1, int64_t{1} << 32, spec.suffix_cache_tokens_max);
 }
 
 void Loader::read_gateway(const toml::table& table) {

@@ -131,9 +131,22 @@ struct KvOffloadSection {
 
 enum class SpeculativeMethod { none, ngram, suffix, eagle3 };
 std::string_view to_string(SpeculativeMethod method);  // "none", "ngram", "suffix", "eagle3"
+// [speculative]: decode drafts with n-gram prompt lookup or suffix decoding (eagle3 is
+// refused: not built). Each method's keys are refused under another method. Meanings:
+// actors/decode/drafter.hpp, ngram_proposer.hpp, suffix_tree.hpp.
 struct SpeculativeSection {
   SpeculativeMethod method = SpeculativeMethod::none;
-  uint32_t draft_tokens_max = 4;
+  uint32_t draft_tokens_max = 4;   // 1..16
+  uint32_t batch_max = 32;         // speculation off above this many running sequences
+  uint32_t ngram_match_min = 2;    // n-gram: shortest suffix match
+  uint32_t ngram_match_max = 8;    // n-gram: longest suffix match considered
+  uint32_t ngram_candidates_max = 8;
+  uint32_t suffix_depth_max = 24;
+  double suffix_probability_min = 0.1;
+  double suffix_match_factor = 1.0;
+  uint32_t suffix_request_nodes_max = 1u << 17;
+  uint32_t suffix_cache_nodes_max = 1u << 20;
+  uint64_t suffix_cache_tokens_max = 1u << 18;
 };
 
 // [gateway]: the HTTP API's limits and keys.

@@ -236,6 +236,46 @@ Status Sampler::distribution(std::span<const float> logits, std::span<const int3
   return {};
 }
 
+Result<SampledToken> Sampler::score(std::span<const float> logits,
+                                    std::span<const int32_t> history, int32_t token) {
+  if (token < 0 || static_cast<size_t>(token) >= logits.size()) {
+    return make_error(ErrorKind::invalid, "sampling: token " + std::to_string(token) +
+                                              " is outside the vocabulary [0, " +
+                                              std::to_string(logits.size()) + ")");
+  }
+  if (Status ready = prepare(logits, history); !ready.ok()) return ready.error();
+  SampledToken out;
+  out.token = token;
+  bool sorted = false;
+  if (params_.temperature == 0.0f) {
+    order_.resize(weight_.size());
+    std::iota(order_.begin(), order_.end(), 0);
+  } else {
+    sorted = params_.top_k > 0 || params_.top_p < 1.0f;
+    keep_filtered();
+  }
+  double total = 0.0;
+  bool kept = false;
+  for (int32_t t : order_) {
+    total += weight_[static_cast<size_t>(t)];
+    kept = kept || t == token;
+  }
+  RT_ASSERT(total > 0.0, "kept mass must be positive", total);
+  double w = kept ? weight_[static_cast<size_t>(token)] : 0.0;
+  out.logprob = w > 0.0 ? static_cast<float>(std::log(w / total))
+                        : -std::numeric_limits<float>::infinity();
+  if (params_.logprobs_top_n > 0) fill_top(out, order_, sorted, std::log(total));
+  out.is_stop = std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(),
+                          token) != params_.stop_token_ids.end();
+  return out;
+}
+
+SamplingParams seeded_at(const SamplingParams& params, uint32_t position) {
+  SamplingParams seeded = params;
+  seeded.seed = params.seed * 0x9e3779b97f4a7c15ull + position + 1;
+  return seeded;
+}
+
 SampledToken Sampler::sample_random() {
   bool sorted = params_.top_k > 0 || params_.top_p < 1.0f;
   keep_filtered();

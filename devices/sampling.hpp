@@ -91,6 +91,13 @@ class Sampler {
   // sample's. Draws nothing from the RNG.
   Status distribution(std::span<const float> logits, std::span<const int32_t> history,
                       std::vector<float>& out);
+  // What `sample` would report had it drawn `token` from this row: its logprob under the
+  // processed distribution (greedy: the unfiltered log-softmax, as sample_greedy reports),
+  // the top-N and is_stop. A token the filters drop gets -inf. Speculation reports the
+  // target's logprobs of accepted drafts with it. Errors as sample's, plus a token outside
+  // the vocabulary. Draws nothing from the RNG.
+  Result<SampledToken> score(std::span<const float> logits, std::span<const int32_t> history,
+                             int32_t token);
   // A uniform draw in [0, 1) from this sequence's stream (verification's coins).
   double unit() { return next_unit(); }
 
@@ -114,6 +121,11 @@ class Sampler {
   SampledToken sample_random();
   void keep_head();  // top_k / top_p over order_ (sorted by weight, descending)
 };
+
+// The params of the sampler that draws output token `position` of a request: its own stream
+// per position, so a token does not depend on how many draws came before it (a retry, a
+// preemption or a speculative step cannot shift later tokens' streams).
+SamplingParams seeded_at(const SamplingParams& params, uint32_t position);
 
 // Exposed for tests and other backends: steps 1-2 in place (logits is the row to modify).
 // Precondition (asserted): every history token is in [0, logits.size()).

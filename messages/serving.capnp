@@ -25,6 +25,7 @@ struct Limits {
   deadlineUnixNs @1 :UInt64;        # 0 = none
   stopStrings @2 :List(Text);
   ignoreEos @3 :Bool;
+  noSpeculation @4 :Bool;           # the request turned speculative decoding off
 }
 
 # Gateway -> router: where should this go? Answered by RouteReply.

@@ -15,6 +15,7 @@
 #include "bench/router_bench.hpp"
 #include "bench/serve_bench.hpp"
 #include "bench/spec_bench.hpp"
+#include "bench/spec_decode_bench.hpp"
 #include "bench/sweep_cli.hpp"
 #include "bench/tier2_bench.hpp"
 #include "bench/tokenize_bench.hpp"
@@ -102,6 +103,7 @@ int cmd_bench(cli::Args args) {
       {"sweep", bench::run_sweep_cli},
       {"tier2", bench::run_tier2_bench},
       {"spec", bench::run_spec_bench},
+      {"spec-decode", bench::run_spec_decode_bench},
       {"agent-turns", run_agent_turns},
       {"overload", run_overload},
       {"tier2-ttft", run_tier2_ttft},

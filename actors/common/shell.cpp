@@ -111,9 +111,7 @@ Result<devices::SampledToken> sample_at(const devices::SamplingParams& params, u
   if (vocab_size == 0 || out.logits.size() < uint64_t(row + 1) * vocab_size) {
     return make_error(ErrorKind::failed, "device returned too few logits");
   }
-  devices::SamplingParams seeded = params;
-  seeded.seed = params.seed * 0x9e3779b97f4a7c15ull + position + 1;
-  devices::Sampler sampler(seeded);
+  devices::Sampler sampler(devices::seeded_at(params, position));
   return sampler.sample(
       std::span<const float>(out.logits.data() + uint64_t(row) * vocab_size, vocab_size), history);
 }

@@ -7,6 +7,7 @@
 
 #include "actors/decode/decode_scheduler.hpp"
 #include "actors/decode/pd_policy.hpp"
+#include "actors/decode/spec_step.hpp"
 #include "actors/executor/executor_actor.hpp"
 #include "messages/convert.hpp"
 #include "runtime/node/caf_types.hpp"
@@ -72,13 +73,38 @@ struct DecodeMetrics {
                                    "KV block reads from prefill that failed", common.labels())),
         cancelled(make_counter(r, "tandem:requests_cancelled_total",
                                "requests cancelled while decode held them (client gone)",
-                               common.labels())) {}
+                               common.labels())),
+        spec_drafts(make_counter(r, "tandem:spec_decode_num_drafts_total",
+                                 "decode entries that carried draft tokens and were verified",
+                                 common.labels())),
+        spec_draft_tokens(make_counter(r, "tandem:spec_decode_num_draft_tokens_total",
+                                       "draft tokens verified", common.labels())),
+        spec_accepted_tokens(make_counter(r, "tandem:spec_decode_num_accepted_tokens_total",
+                                          "draft tokens accepted", common.labels())) {}
+  // Per draft position (0-based, as vLLM's): drafts whose token at that position was
+  // accepted. Made on first use, so an instance shows the positions its k reaches.
+  obs::Counter* accepted_at(size_t position) {
+    while (spec_accepted_at.size() <= position) {
+      obs::Labels labels = common.labels();
+      labels.emplace_back("position", std::to_string(spec_accepted_at.size()));
+      spec_accepted_at.push_back(make_counter(
+          *registry, "tandem:spec_decode_num_accepted_tokens_per_pos_total",
+          "draft tokens accepted, by their position in the draft", std::move(labels)));
+    }
+    return spec_accepted_at[position];
+  }
   InstanceMetrics common;
   obs::Counter* fallbacks;
   obs::Counter* pulled_bytes;
   obs::Counter* pulled_blocks;
   obs::Counter* pull_failures;
   obs::Counter* cancelled;
+  obs::Counter* spec_drafts;
+  obs::Counter* spec_draft_tokens;
+  obs::Counter* spec_accepted_tokens;
+  std::vector<obs::Counter*> spec_accepted_at;  // <= DecodeCounters::spec_positions_max
+  obs::Registry* registry = nullptr;
+  decode::DecodeCounters exported;  // the scheduler's counters last exported
 };
 
 struct DecodeState {
@@ -127,8 +153,23 @@ struct DecodeState {
 
 using DecodeActor = caf::stateful_actor<DecodeState>;
 
+// The scheduler's speculation counters, as Prometheus counters (by their increase).
+void export_spec_counters(DecodeMetrics& m, const decode::DecodeCounters& now) {
+  auto& was = m.exported;
+  m.spec_drafts->inc(now.spec_drafts_count - was.spec_drafts_count);
+  m.spec_draft_tokens->inc(now.spec_draft_tokens_count - was.spec_draft_tokens_count);
+  m.spec_accepted_tokens->inc(now.spec_accepted_tokens_count - was.spec_accepted_tokens_count);
+  for (size_t i = 0; i < now.spec_accepted_at.size(); ++i) {
+    if (now.spec_accepted_at[i] != was.spec_accepted_at[i]) {
+      m.accepted_at(i)->inc(now.spec_accepted_at[i] - was.spec_accepted_at[i]);
+    }
+  }
+  was = now;
+}
+
 void update_metrics(DecodeState& st) {
   if (!st.metrics) return;
+  export_spec_counters(*st.metrics, st.scheduler->counters());
   st.metrics->common.refresh(*st.cache, st.scheduler->waiting_count(), st.scheduler->active_count());
   st.kv_events->flush(*st.cache);
 }
@@ -393,18 +434,37 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
     auto it = st.seqs.find(entry.seq);
     if (!entry.sample || it == st.seqs.end()) return;
     if (it->second.serial != run->serials[entry_index]) return;  // replaced meanwhile
-    auto token = sample_at(it->second.sampling, it->second.output_count, out, row,
-                           it->second.history, st.info.model.vocab_size);
+    Seq& s = it->second;
+    if (entry.draft_tokens_count > 0) {
+      // {last, drafts}: rows 0..d verify the drafts (spec_step.hpp).
+      std::span<const int32_t> drafts(entry.tokens.data() + 1, entry.draft_tokens_count);
+      auto emitted = decode::verify_step(s.sampling, s.output_count, {out.logits, out.tokens},
+                                         st.info.model.vocab_size, drafts, s.history);
+      if (!emitted.ok()) {
+        st.ctx.log->warn("decode {}: request {}: verification failed: {}",
+                         st.self_name.instance, entry.seq, emitted.error().describe());
+        return;
+      }
+      decode::SampledTokens one{entry.seq, {}};
+      for (auto& t : emitted->tokens) {
+        one.tokens.push_back(t.token);
+        if (wants_logprobs(s.sampling)) s.unsent_logprobs.push_back(std::move(t));
+      }
+      sampled.push_back(std::move(one));
+      return;
+    }
+    auto token = sample_at(s.sampling, s.output_count, out, row, s.history,
+                           st.info.model.vocab_size);
     if (!token.ok()) return;
     sampled.push_back({entry.seq, {token->token}});
-    if (wants_logprobs(it->second.sampling)) it->second.unsent_logprobs.push_back(*token);
+    if (wants_logprobs(s.sampling)) s.unsent_logprobs.push_back(*token);
   };
   if (error.empty()) {
     for (size_t i = 0; i < run->prefill_entries.size(); ++i)
       sample_entry(run->prefill_entries[i], run->prefill_out->seqs[i], 0);
     for (size_t i = 0; i < run->decode_entries.size(); ++i) {
       const auto& out = run->decode_out->seqs[i];
-      sample_entry(run->decode_entries[i], out, out.rows_count - 1);
+      sample_entry(run->decode_entries[i], out, 0);
     }
   } else {
     st.ctx.log->error("decode {}: step failed: {}", st.self_name.instance, error);
@@ -447,7 +507,8 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
     const auto& e = run->plan.entries[i];
     auto planned = st.seqs.find(e.seq);
     run->serials.push_back(planned == st.seqs.end() ? 0 : planned->second.serial);
-    bool is_decode = e.sample && e.tokens.size() == 1;
+    // One token (or a final one-token chunk), or a running sequence's {last, drafts}.
+    bool is_decode = e.sample && (e.tokens.size() == 1 || e.draft_tokens_count > 0);
     (is_decode ? run->decode_entries : run->prefill_entries).push_back(i);
     if (!is_decode) {
       if (auto it = st.seqs.find(e.seq); it != st.seqs.end() && !it->second.first_chunk_planned) {
@@ -564,6 +625,7 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   decode::DecodeRequest core{id, prompt, *hashes, std::max<uint32_t>(max_tokens, 1),
                              std::nullopt, sampling->stop_token_ids,
                              prefill_name.empty() ? decode::KvSource::local : decode::KvSource::pull};
+  core.speculate = !limits.getNoSpeculation();
   if (!limits.getIgnoreEos()) {
     core.eos_token = st.info.model.eos_id;
     // A model that emits BOS starts a new document (llama2.c models end stories this way).
@@ -709,6 +771,28 @@ void on_membership(DecodeActor* self, const runtime::MembershipEvent& event) {
   for (uint64_t id : orphaned) on_cancel(self, id);  // nobody left to stream to
 }
 
+decode::SpecConfig spec_config(const config::SpeculativeSection& m) {
+  decode::SpecConfig c;
+  switch (m.method) {
+    case config::SpeculativeMethod::ngram: c.method = decode::SpecMethod::ngram; break;
+    case config::SpeculativeMethod::suffix: c.method = decode::SpecMethod::suffix; break;
+    case config::SpeculativeMethod::none:
+    case config::SpeculativeMethod::eagle3:  // refused by the manifest
+      c.method = decode::SpecMethod::none;
+      break;
+  }
+  c.draft_tokens_max = m.draft_tokens_max;
+  c.batch_max = m.batch_max;
+  c.ngram = {m.ngram_match_min, m.ngram_match_max, m.ngram_candidates_max};
+  c.suffix.depth_max = m.suffix_depth_max;
+  c.suffix.probability_min = m.suffix_probability_min;
+  c.suffix.match_factor = m.suffix_match_factor;
+  c.suffix.request_nodes_max = m.suffix_request_nodes_max;
+  c.suffix.cache_nodes_max = m.suffix_cache_nodes_max;
+  c.suffix.cache_tokens_max = m.suffix_cache_tokens_max;
+  return c;
+}
+
 decode::DecodeConfig scheduler_config(const config::Manifest& m) {
   decode::DecodeConfig c;
   c.block_tokens = m.model.block_tokens;
@@ -716,6 +800,7 @@ decode::DecodeConfig scheduler_config(const config::Manifest& m) {
   c.seqs_max = m.decode.seqs_max;
   c.step_tokens_max = m.decode.step_tokens_max;
   c.max_model_tokens = m.model.max_model_tokens;
+  c.spec = spec_config(m.speculative);
   return c;
 }
 
@@ -783,6 +868,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
               std::min(st.ctx.manifest->model.sub_block_tokens, info.layout.block_tokens));
           st.scheduler = std::make_unique<decode::DecodeScheduler>(config, *st.cache);
           st.metrics = std::make_unique<DecodeMetrics>(*st.ctx.metrics, st.self_name.instance);
+          st.metrics->registry = st.ctx.metrics;
           st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);
           self->become(running(self));
         });

@@ -45,7 +45,7 @@ Status DecodeConfig::validate(uint32_t pool_blocks_count) const {
                        "one sequence at full context needs " + std::to_string(per_seq) +
                            " KV blocks, the pool has " + std::to_string(pool_blocks_count));
   }
-  return {};
+  return spec.validate();
 }
 
 DecodeScheduler::DecodeScheduler(const DecodeConfig& config, kv::PrefixCache& cache)
@@ -54,6 +54,9 @@ DecodeScheduler::DecodeScheduler(const DecodeConfig& config, kv::PrefixCache& ca
   RT_ASSERT(valid.ok(), valid.ok() ? "" : valid.error().describe());
   RT_ASSERT(cache_.block_tokens() == config_.block_tokens, cache_.block_tokens());
   seqs_.reserve(size_t{config_.waiting_max} + config_.seqs_max);
+  if (config_.spec.method != SpecMethod::none) {
+    spec_shared_ = std::make_unique<SpecShared>(config_.spec);
+  }
 }
 
 uint32_t DecodeScheduler::blocks_for(uint32_t tokens_count) const {
@@ -150,6 +153,7 @@ void DecodeScheduler::plan_running(DecodePlan& plan, uint32_t& budget) {
   // A snapshot: preemptions below take sequences out of active_.
   order_scratch_.clear();
   for (const auto& [arrival, id] : active_) order_scratch_.push_back(id);
+  size_t first_entry = plan.entries.size();
   for (SeqId id : order_scratch_) {
     if (budget == 0) break;
     auto it = seqs_.find(id);
@@ -159,6 +163,74 @@ void DecodeScheduler::plan_running(DecodePlan& plan, uint32_t& budget) {
     add_entry(s, 1, true, plan);
     budget -= 1;
   }
+  if (spec_shared_) plan_drafts(plan, first_entry, budget);
+}
+
+void DecodeScheduler::plan_drafts(DecodePlan& plan, size_t first_entry, uint32_t& budget) {
+  size_t running = plan.entries.size() - first_entry;
+  if (running == 0 || budget == 0) return;
+  if (running > config_.spec.batch_max) {
+    ++counters_.spec_batch_off_steps;
+    return;
+  }
+  for (size_t i = first_entry; i < plan.entries.size() && budget > 0; ++i) {
+    DecodeEntry& e = plan.entries[i];
+    Seq& s = seqs_.at(e.seq);
+    if (!s.input.speculate) continue;
+    if (!s.drafter) s.drafter = std::make_unique<Drafter>(config_.spec, *spec_shared_);
+    if (s.drafter->context_size() < s.tokens.size()) {
+      s.drafter->append(std::span<const TokenId>(s.tokens).subspan(s.drafter->context_size()));
+    }
+    // Never past max_tokens or the context: the step emits accepted + 1 tokens.
+    auto tokens = static_cast<uint32_t>(s.tokens.size());
+    uint32_t room = std::min(config_.max_model_tokens - tokens,
+                             s.input.max_tokens - s.generated_count);
+    if (room <= 1) continue;
+    std::vector<TokenId> drafts = s.drafter->propose(std::min(budget, room - 1));
+    if (!drafts.empty()) add_drafts(s, e, std::move(drafts), plan);
+    budget -= e.draft_tokens_count;
+  }
+}
+
+void DecodeScheduler::add_drafts(Seq& s, DecodeEntry& e, std::vector<TokenId> drafts,
+                                 DecodePlan& plan) {
+  RT_ASSERT(s.in_flight_tokens_count == 1 && e.tokens.size() == 1, s.input.id);
+  // Blocks for positions [computed, computed + 1 + d): free or evictable ones only.
+  auto d = static_cast<uint32_t>(drafts.size());
+  uint32_t needed = blocks_for(s.computed_tokens_count + 1 + d);
+  while (s.blocks.size() < needed) {
+    auto alloc = cache_.acquire({}, 1);
+    if (!alloc) break;
+    s.blocks.push_back(alloc->fresh[0]);
+    e.block_table.push_back(alloc->fresh[0]);
+  }
+  uint32_t fits = static_cast<uint32_t>(s.blocks.size()) * config_.block_tokens -
+                  (s.computed_tokens_count + 1);
+  drafts.resize(std::min(d, fits));
+  d = static_cast<uint32_t>(drafts.size());
+  if (d == 0) return;
+  e.tokens.insert(e.tokens.end(), drafts.begin(), drafts.end());
+  e.draft_tokens_count = d;
+  s.in_flight_tokens_count += d;
+  s.in_flight_drafts_count = d;
+  s.in_flight_drafts = std::move(drafts);
+  plan.tokens_count += d;
+}
+
+bool DecodeScheduler::on_verified(Seq& s, uint32_t d, std::span<const TokenId> found) {
+  RT_ASSERT(d > 0 && !found.empty() && found.size() <= size_t{d} + 1, s.input.id);
+  auto accepted = static_cast<uint32_t>(found.size()) - 1;
+  if (!std::equal(found.begin(), found.begin() + accepted, s.in_flight_drafts.begin())) {
+    return false;
+  }
+  ++counters_.spec_drafts_count;
+  counters_.spec_draft_tokens_count += d;
+  counters_.spec_accepted_tokens_count += accepted;
+  for (uint32_t i = 0; i < accepted && i < counters_.spec_accepted_at.size(); ++i) {
+    ++counters_.spec_accepted_at[i];
+  }
+  if (s.drafter) s.drafter->on_verified(d, accepted);
+  return true;
 }
 
 bool DecodeScheduler::grow_or_preempt(Seq& s, DecodePlan& plan) {
@@ -192,6 +264,7 @@ void DecodeScheduler::preempt(Seq& victim, DecodePlan& plan) {
   RT_ASSERT(victim.in_flight_tokens_count == 0, "preempting a planned sequence", victim.input.id);
   cache_.release(victim.blocks);
   victim.blocks.clear();
+  victim.drafter.reset();  // rebuilt when it runs again (drafters stay <= seqs_max)
   active_erase(victim);
   victim.stage = SeqStage::waiting;
   victim.source = KvSource::local;  // recompute locally: the prefill hold is gone
@@ -354,11 +427,13 @@ void DecodeScheduler::on_step_result(uint64_t step_id, std::span<const SampledTo
     Seq& s = it->second;
     uint32_t fed = s.in_flight_tokens_count;
     bool sample = s.in_flight_sample;
-    uint32_t sampled_max = 1 + s.in_flight_drafts_count;  // the next token + accepted drafts
+    uint32_t drafts = s.in_flight_drafts_count;
+    uint32_t sampled_max = 1 + drafts;  // the next token + accepted drafts
     s.in_flight_drafts_count = 0;
     s.in_flight_tokens_count = 0;
     s.in_flight_sample = false;
-    s.computed_tokens_count += fed;
+    // Drafts: the KV of the last token and of the accepted drafts is kept (below).
+    s.computed_tokens_count += fed - drafts;
     if (s.stage == SeqStage::prefilling) {
       counters_.prefill_tokens_count += fed;
       commit_prompt_blocks(s);
@@ -376,7 +451,21 @@ void DecodeScheduler::on_step_result(uint64_t step_id, std::span<const SampledTo
     update.seq = id;
     update.tokens.clear();
     update.finished.reset();
-    if (found == nullptr || found->tokens.empty() || found->tokens.size() > sampled_max) {
+    bool valid = found != nullptr && !found->tokens.empty() && found->tokens.size() <= sampled_max;
+    if (valid && drafts > 0) {
+      valid = on_verified(s, drafts, found->tokens);
+      if (valid) {
+        s.computed_tokens_count += static_cast<uint32_t>(found->tokens.size()) - 1;
+        // The blocks that hold only rejected positions go back to the pool.
+        uint32_t keep = blocks_for(s.computed_tokens_count + 1);
+        if (s.blocks.size() > keep) {
+          cache_.release(std::span<const kv::BlockIndex>(s.blocks).subspan(keep));
+          s.blocks.resize(keep);
+        }
+      }
+    }
+    s.in_flight_drafts.clear();
+    if (!valid) {
       ++counters_.bad_results_count;
       update.finished = FinishReason::failed;
     } else {
@@ -453,6 +542,10 @@ void DecodeScheduler::finish(SeqId id, FinishReason reason) {
     cache_.release(s.blocks);
     active_erase(s);
   }
+  if (spec_shared_ && reason != FinishReason::failed && s.generated_count > 0) {
+    spec_shared_->add_output(std::vector<TokenId>(s.tokens.begin() + s.prompt_tokens_count,
+                                                  s.tokens.end()));
+  }
   seqs_.erase(it);
   ++counters_.finished_count;
 }
@@ -488,8 +581,11 @@ void DecodeScheduler::check_invariants() const {
       case SeqStage::running:
         RT_ASSERT(s.computed_tokens_count + 1 == s.tokens.size(), id);
         RT_ASSERT(s.blocks.size() * config_.block_tokens >=
-                      s.computed_tokens_count + (in_flight ? 1u : 0u),
+                      s.computed_tokens_count + s.in_flight_tokens_count,
                   id);
+        RT_ASSERT(s.in_flight_drafts.size() == s.in_flight_drafts_count, id);
+        // Blocks beyond the next token's are drafts' only, and only while they are in flight.
+        RT_ASSERT(in_flight || s.blocks.size() <= blocks_for(s.computed_tokens_count + 1), id);
         break;
     }
     ++active;

@@ -10,13 +10,24 @@
 //   prefilling  (source local, a failed pull, or a preempted sequence being recomputed) the
 //               prompt (plus tokens generated before a preemption) is computed in chunks under
 //               the step token budget; the final chunk samples the next token -> running;
-//   running     one token per step (plus draft tokens, 0 for now); a new block is allocated
-//               when the sequence crosses a block boundary;
+//   running     one token per step, plus up to k draft tokens when speculating (below); a
+//               new block is allocated when the sequence crosses a block boundary;
 //   finished    EOS, a stop token id, max_tokens, the context length, a malformed step
 //               result, or cancel: its blocks are released and it is forgotten.
 // Stop STRINGS are the gateway's business (detokenized text): it cancels the sequence.
 //
-// Every step: running sequences first, oldest first (1 + drafts tokens each); then
+// Speculation (config.spec, drafter.hpp): after every running sequence has its one token, the
+// budget left goes to drafts, oldest sequence first, when at most spec.batch_max sequences
+// run and the request allows it. A sequence's draft (its Drafter's proposal, at most k, never
+// past max_tokens or the context) rides its entry: tokens = {last, d_1..d_d},
+// draft_tokens_count = d, and blocks are grown to hold them from the pool's free or evictable
+// blocks only (drafts never preempt; a draft is cut to the blocks it got). The result holds
+// the accepted drafts (they must equal the planned ones) and one more token; the KV of the
+// rejected positions is stale and the blocks holding only them go back to the pool at once.
+// A sequence's drafter is created when it first runs and dropped when it is preempted or
+// finishes, so drafters never outnumber seqs_max.
+//
+// Every step: running sequences first, oldest first (1 token each, then drafts); then
 // prefilling chunks, oldest first; then admission from the waiting queue while sequences
 // holding blocks < seqs_max and the budget lasts. Admission never preempts and is FIFO.
 // When a running sequence needs a block and the pool (free + evictable) is empty, the NEWEST
@@ -35,14 +46,17 @@
 // alone.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "actors/decode/drafter.hpp"
 #include "kvstore/block_hash.hpp"
 #include "kvstore/prefix_cache.hpp"
 #include "runtime/base/result.hpp"
@@ -58,8 +72,9 @@ struct DecodeConfig {
   uint32_t seqs_max = 64;           // sequences holding blocks (pulling + prefilling + running)
   uint32_t step_tokens_max = 512;   // tokens per step: decode tokens + local prefill chunks
   uint32_t max_model_tokens = 256;  // context length, tokens (prompt + generated)
-  // Errors: invalid, naming the key, when a limit is 0 or one sequence at full context would
-  // not fit in a pool of pool_blocks_count blocks.
+  SpecConfig spec;                  // method none: no speculation
+  // Errors: invalid, naming the key, when a limit is 0, one sequence at full context would
+  // not fit in a pool of pool_blocks_count blocks, or spec is invalid.
   Status validate(uint32_t pool_blocks_count) const;
 };
 
@@ -79,6 +94,7 @@ struct DecodeRequest {
   std::optional<TokenId> eos_token;
   std::vector<TokenId> stop_token_ids;
   KvSource source = KvSource::local;
+  bool speculate = true;  // false: never drafts (the request turned speculation off)
 };
 
 // Read these prompt blocks from the prefill instance into the given local blocks.
@@ -93,7 +109,7 @@ struct DecodeEntry {
   std::vector<kv::BlockIndex> block_table;
   uint32_t start_position = 0;      // position of tokens[0]
   std::vector<TokenId> tokens;      // decode: the last sampled token; prefill: a chunk
-  uint32_t draft_tokens_count = 0;  // trailing draft tokens in `tokens` (0: no speculation yet)
+  uint32_t draft_tokens_count = 0;  // trailing draft tokens in `tokens` (0: none this step)
   bool sample = false;              // sample after the last token (decode, or final chunk)
 };
 
@@ -125,6 +141,14 @@ struct DecodeCounters {
   uint64_t bad_results_count = 0;    // malformed or missing sampled tokens
   uint64_t generated_tokens_count = 0;
   uint64_t prefill_tokens_count = 0;  // computed locally, incl. recompute
+  // Speculation: entries that carried drafts and were verified, their draft tokens, the
+  // accepted ones, and per draft position i the entries whose draft i was accepted.
+  static constexpr size_t spec_positions_max = 16;
+  uint64_t spec_drafts_count = 0;
+  uint64_t spec_draft_tokens_count = 0;
+  uint64_t spec_accepted_tokens_count = 0;
+  std::array<uint64_t, spec_positions_max> spec_accepted_at{};
+  uint64_t spec_batch_off_steps = 0;  // steps with more than spec.batch_max running
 };
 
 class DecodeScheduler {
@@ -173,7 +197,9 @@ class DecodeScheduler {
     uint32_t committed_sub_blocks = 0;   // prompt sub-blocks [0, n) cached or committed
     uint32_t in_flight_tokens_count = 0;
     bool in_flight_sample = false;
-    uint32_t in_flight_drafts_count = 0;  // draft tokens fed this step (0: none yet)
+    uint32_t in_flight_drafts_count = 0;  // draft tokens fed this step
+    std::vector<TokenId> in_flight_drafts;  // they (checked against the result)
+    std::unique_ptr<Drafter> drafter;       // speculating and running (see above)
     bool cancel_pending = false;
     uint64_t arrival = 0;        // larger = newer
     bool admitted_once = false;  // false: counts against waiting_max
@@ -181,6 +207,11 @@ class DecodeScheduler {
 
   uint32_t blocks_for(uint32_t tokens_count) const;
   void plan_running(DecodePlan& plan, uint32_t& budget);
+  void plan_drafts(DecodePlan& plan, size_t first_entry, uint32_t& budget);
+  void add_drafts(Seq& s, DecodeEntry& entry, std::vector<TokenId> drafts, DecodePlan& plan);
+  // A running sequence's verified step: fed {last, d drafts}, `found` the shell's tokens.
+  // False when the result does not extend the drafts (a malformed result).
+  bool on_verified(Seq& s, uint32_t d, std::span<const TokenId> found);
   void plan_prefilling(DecodePlan& plan, uint32_t& budget);
   void admit(DecodePlan& plan, uint32_t& budget);
   bool try_admit(Seq& s, DecodePlan& plan);
@@ -197,6 +228,7 @@ class DecodeScheduler {
 
   DecodeConfig config_;
   kv::PrefixCache& cache_;
+  std::unique_ptr<SpecShared> spec_shared_;  // null when spec.method is none
   std::unordered_map<SeqId, Seq> seqs_;  // <= waiting_max + seqs_max
   std::deque<SeqId> waiting_;            // <= waiting_max + seqs_max (preempted in front)
   uint32_t waiting_new_count_ = 0;       // never-admitted ones in waiting_, <= waiting_max

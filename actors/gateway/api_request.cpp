@@ -94,6 +94,7 @@ void read_sampling(FieldReader& reader, const json& root, double temperature_max
   if (auto v = reader.number_in(root, "min_p", "", 0, 1)) s.min_p = *v;
   read_penalties(reader, root, s);
   if (auto v = reader.integer(root, "seed", "")) s.seed = static_cast<uint64_t>(*v);
+  if (auto v = reader.boolean(root, "speculative", "")) s.speculative = *v;
   if (auto n = reader.integer(root, "n", ""); n && *n != 1) {
     reader.fail(
         unsupported("n", "n must be 1 (one choice per request), got " + std::to_string(*n)));

@@ -115,6 +115,9 @@ struct SamplingSpec {
   std::vector<std::string> stop;  // stop strings (non-empty), at most stop_strings_max
   bool logprobs = false;
   int64_t top_logprobs = 0;  // [0, 20], only with logprobs
+  // Tandem's extension `"speculative": false`: this request never drafts (the manifest's
+  // [speculative] method applies otherwise). Greedy output is the same either way.
+  bool speculative = true;
   friend bool operator==(const SamplingSpec&, const SamplingSpec&) = default;
 };
 

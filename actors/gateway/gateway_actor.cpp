@@ -464,6 +464,7 @@ void send_generate(GatewayActor* self, uint64_t id) {
     sp.setLogprobsTopN(s.logprobs ? static_cast<uint32_t>(s.top_logprobs) : 0);
     sp.setLogprobs(s.logprobs);
     g.getLimits().setMaxTokens(static_cast<uint32_t>(r.max_tokens));
+    g.getLimits().setNoSpeculation(!s.speculative);
     g.setPrefillInstance(r.prefill);
     g.setTier2Source(r.tier2_source);
     g.setReplyTo(st.self_name.to_string());

@@ -344,6 +344,52 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     CHECK(blocks >= 1);
     CHECK(pulled == blocks * kBlockBytes);
   }
+  // Speculative decoding (issue 14): greedy text is byte-identical with each method on, each
+  // prompt asked twice (the second ask is what the suffix cache and n-gram can copy), and the
+  // drafts really ran: drafted and accepted tokens counted on decode.
+  auto speculating = [&](ServeCluster& c, const std::string& decode_node) {
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < prompts().size(); ++i) {
+        Completion r = complete(c.http_port(), prompts()[i], kTokens);
+        REQUIRE_MESSAGE(r.error.empty(), prompts()[i], ": ", r.error);
+        CHECK_MESSAGE(r.text == local[i], "round ", round, ": ", prompts()[i], "\nspec: [",
+                      r.text, "]\noff:  [", local[i], "]");
+      }
+    }
+    Completion s = stream_complete(c.http_port(), prompts()[0], kTokens);
+    REQUIRE_MESSAGE(s.error.empty(), s.error);
+    CHECK(s.text == local[0]);
+    double drafts = c.metric(decode_node, "tandem:spec_decode_num_drafts_total");
+    double drafted = c.metric(decode_node, "tandem:spec_decode_num_draft_tokens_total");
+    double accepted = c.metric(decode_node, "tandem:spec_decode_num_accepted_tokens_total");
+    double first = c.metric(decode_node, "tandem:spec_decode_num_accepted_tokens_per_pos_total",
+                            "position=\"0\"");
+    MESSAGE("drafts ", drafts, ", draft tokens ", drafted, ", accepted ", accepted,
+            " (position 0: ", first, ")");
+    CHECK(drafts > 0);
+    CHECK(accepted > 0);
+    CHECK(accepted <= drafted);
+    CHECK(first <= drafts);
+    CHECK(first > 0);
+  };
+  SUBCASE("speculative, one node: ngram and suffix give the same text as off") {
+    for (const char* method : {"ngram", "suffix"}) {
+      ServeCluster c(Layout::one_node, 32, 0, "", "",
+                     std::string("[speculative]\nmethod = \"") + method + "\"\n");
+      REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+      MESSAGE("method ", method);
+      speculating(c, "solo");
+    }
+  }
+  SUBCASE("speculative, loopback-3 P/D: suffix and ngram give the same text as off") {
+    for (const char* method : {"suffix", "ngram"}) {
+      ServeCluster c(Layout::loopback3, 1, 0, "", "",
+                     std::string("[speculative]\nmethod = \"") + method + "\"\n");
+      REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+      MESSAGE("method ", method);
+      speculating(c, "decode");
+    }
+  }
   SUBCASE("loopback-3, decode-only forced: same text; no disaggregated picks") {
     ServeCluster d(Layout::loopback3, 100000);
     REQUIRE_MESSAGE(d.wait_ready(30000ms), d.logs());

@@ -162,6 +162,8 @@ std::vector<BadCase> bad_cases() {
       {chat, "{" + M + U + R"(,"store":1})", "store", "must be a boolean"},
       {chat, "{" + M + U + R"(,"seed":1.5})", "seed", "must be an integer, got 1.5"},
       {chat, "{" + M + U + R"(,"seed":"7"})", "seed", "must be an integer, got string"},
+      {chat, "{" + M + U + R"(,"speculative":"off"})", "speculative",
+       "must be a boolean, got string"},
       {chat, "{" + M + U + R"(,"service_tier":1})", "service_tier", "must be a string"},
       {chat, "{" + M + U + R"(,"prompt_cache_key":[]})", "prompt_cache_key", "must be a string"},
       {chat, "{" + M + U + R"(,"response_format":"json"})", "response_format",
@@ -240,6 +242,26 @@ TEST_CASE("ignored fields with the right type are accepted; server tools are ski
                     R"({"name":"f","input_schema":{"type":"object"}}]})");
   REQUIRE(spec.ok());
   CHECK(spec.value().conversation.tools_json.size() == 1);  // the server tool is ignored
+}
+
+TEST_CASE("\"speculative\": false turns speculation off for the request, on every API") {
+  auto chat = parse_chat_request("{" + M + U + R"(,"speculative":false})");
+  REQUIRE(chat.ok());
+  CHECK_FALSE(chat.value().sampling.speculative);
+  auto plain = parse_chat_request("{" + M + U + "}");
+  REQUIRE(plain.ok());
+  CHECK(plain.value().sampling.speculative);
+  auto completions =
+      parse_request(ApiKind::completions, R"({"model":"m","prompt":"x","speculative":false})");
+  REQUIRE(completions.ok());
+  CHECK_FALSE(completions.value().sampling.speculative);
+  auto responses =
+      parse_request(ApiKind::responses, R"({"model":"m","input":"x","speculative":false})");
+  REQUIRE(responses.ok());
+  CHECK_FALSE(responses.value().sampling.speculative);
+  auto messages = parse_request(ApiKind::messages, "{" + AU + U + R"(,"speculative":false})");
+  REQUIRE(messages.ok());
+  CHECK_FALSE(messages.value().sampling.speculative);
 }
 
 TEST_CASE("count_tokens does not require max_tokens; messages does") {

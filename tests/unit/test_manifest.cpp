@@ -728,14 +728,52 @@ TEST_CASE("kv_offload.enabled needs a path; tier-2 bounds are checked by key") {
   CHECK(zero.line == line_of(bad, "staging_blocks = 0"));
 }
 
-TEST_CASE("keys that would do nothing yet are refused: speculative.method") {
-  for (const char* method : {"ngram", "suffix", "eagle3"}) {
-    std::string spec = base_manifest + "[speculative]\nmethod = \"" + method + "\"\n";
-    auto refused = only_issue(spec);
-    CHECK(refused.key == "speculative.method");
-    CHECK(refused.line == line_of(spec, "method = "));
-    CHECK(refused.message.find(std::string("got \"") + method + "\"") != std::string::npos);
-  }
+TEST_CASE("speculative: ngram and suffix with their keys; eagle3 and other methods' keys "
+          "refused") {
+  std::string ngram = base_manifest +
+                      "[speculative]\nmethod = \"ngram\"\ndraft_tokens_max = 6\nbatch_max = 8\n"
+                      "ngram_match_min = 3\nngram_match_max = 5\nngram_candidates_max = 2\n";
+  Manifest m = parse_ok(ngram);
+  CHECK(m.speculative.method == SpeculativeMethod::ngram);
+  CHECK(m.speculative.draft_tokens_max == 6);
+  CHECK(m.speculative.batch_max == 8);
+  CHECK(m.speculative.ngram_match_min == 3);
+  CHECK(m.speculative.ngram_match_max == 5);
+  CHECK(m.speculative.ngram_candidates_max == 2);
+  std::string suffix = base_manifest +
+                       "[speculative]\nmethod = \"suffix\"\nsuffix_depth_max = 32\n"
+                       "suffix_probability_min = 0.2\nsuffix_match_factor = 2.0\n"
+                       "suffix_cache_tokens_max = 100000\n";
+  Manifest ms = parse_ok(suffix);
+  CHECK(ms.speculative.method == SpeculativeMethod::suffix);
+  CHECK(ms.speculative.suffix_depth_max == 32);
+  CHECK(ms.speculative.suffix_probability_min == doctest::Approx(0.2));
+  CHECK(ms.speculative.suffix_match_factor == doctest::Approx(2.0));
+  CHECK(ms.speculative.suffix_cache_tokens_max == 100000);
+
+  std::string eagle = base_manifest + "[speculative]\nmethod = \"eagle3\"\n";
+  auto refused = only_issue(eagle);
+  CHECK(refused.key == "speculative.method");
+  CHECK(refused.line == line_of(eagle, "method = "));
+  CHECK(refused.message.find("EAGLE-3 is not built yet") != std::string::npos);
+  // A method's keys do nothing under another method: refused, naming both.
+  std::string mixed = base_manifest + "[speculative]\nmethod = \"ngram\"\nsuffix_depth_max = 8\n";
+  auto other = only_issue(mixed);
+  CHECK(other.key == "speculative.suffix_depth_max");
+  CHECK(other.line == line_of(mixed, "suffix_depth_max"));
+  CHECK(other.message.find("applies to method \"suffix\"") != std::string::npos);
+  CHECK(other.message.find("\"ngram\"") != std::string::npos);
+  auto none_key = only_issue(base_manifest + "[speculative]\nngram_match_min = 2\n");
+  CHECK(none_key.key == "speculative.ngram_match_min");
+  std::string inverted = base_manifest +
+                         "[speculative]\nmethod = \"ngram\"\nngram_match_min = 6\n"
+                         "ngram_match_max = 4\n";
+  auto order = only_issue(inverted);
+  CHECK(order.key == "speculative.ngram_match_max");
+  CHECK(order.message.find("must not be below ngram_match_min") != std::string::npos);
+  auto zero = only_issue(base_manifest +
+                         "[speculative]\nmethod = \"suffix\"\nsuffix_probability_min = 0.0\n");
+  CHECK(zero.key == "speculative.suffix_probability_min");
   CHECK(parse_ok(base_manifest + "[speculative]\nmethod = \"none\"\n").speculative.method ==
         SpeculativeMethod::none);
 }

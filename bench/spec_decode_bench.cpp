@@ -1,0 +1,322 @@
+#include "bench/spec_decode_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "actors/decode/decode_scheduler.hpp"
+#include "actors/decode/spec_step.hpp"
+#include "devices/cpu/cpu_device.hpp"
+#include "devices/cpu/weights.hpp"
+#include "devices/device.hpp"
+#include "kvstore/prefix_cache.hpp"
+#include "tools/text_codec.hpp"
+
+namespace tandem::bench {
+namespace {
+
+using Tokens = std::vector<int32_t>;
+using Clock = std::chrono::steady_clock;
+using decode::SpecMethod;
+
+const char* const kPrompts[] = {
+    "Once upon a time",          "The little dog",           "Tom and Sue went to the park",
+    "There was a big red ball",  "One day, a cat",           "Lily wanted to bake a cake",
+    "The sun was shining and",   "Ben had a toy car",        "In a small house lived",
+    "The bird sang a song",      "Mom said it was time for bed", "A little boy named Tim",
+    "The tree was very tall",    "Sam found a shiny rock",   "It was a rainy day",
+    "The girl liked to draw",    "Once there was a fish",    "The bear was hungry",
+    "Anna and her friend",       "The old man smiled",
+};
+
+// Chained per-block hashes of a prompt (the prefix cache's keys; any prefix-determined chain
+// does: repeated prompts hit, as on the served path).
+std::vector<kv::BlockHash> chain_hashes(const Tokens& tokens, uint32_t block_tokens) {
+  std::vector<kv::BlockHash> out;
+  uint64_t state = 1469598103934665603ull;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    state = (state ^ static_cast<uint32_t>(tokens[i])) * 1099511628211ull;
+    if ((i + 1) % block_tokens == 0) {
+      kv::BlockHash h;
+      for (int b = 0; b < 8; ++b) h.bytes[b] = static_cast<uint8_t>(state >> (8 * b));
+      out.push_back(h);
+    }
+  }
+  return out;
+}
+
+struct Totals {
+  double seconds = 0;
+  uint64_t generated = 0, seq_steps = 0;
+  decode::DecodeCounters counters;
+  std::vector<Tokens> outputs;  // per request, in input order
+};
+
+// One decode instance's engine over `prompts`, `streams` at a time, greedy.
+class Engine {
+ public:
+  Engine(devices::Device& device, SpecMethod method, uint32_t k, uint32_t max_model_tokens)
+      : device_(device),
+        cache_(device.kv_layout().blocks_total, device.kv_layout().block_tokens) {
+    decode::DecodeConfig c;
+    c.block_tokens = device.kv_layout().block_tokens;
+    c.waiting_max = 1024;
+    c.seqs_max = 64;
+    c.step_tokens_max = 512;
+    c.max_model_tokens = max_model_tokens;
+    c.spec.method = method;
+    c.spec.draft_tokens_max = k;
+    scheduler_ = std::make_unique<decode::DecodeScheduler>(c, cache_);
+  }
+
+  Result<Totals> run(const std::vector<Tokens>& prompts, uint32_t streams, uint32_t max_tokens) {
+    Totals t;
+    t.outputs.assign(prompts.size(), {});
+    std::map<decode::SeqId, size_t> live;  // seq -> request index
+    std::map<decode::SeqId, Tokens> history;
+    size_t next = 0;
+    const auto before = scheduler_->counters();
+    const auto start = Clock::now();
+    auto submit = [&]() -> Status {
+      decode::DecodeRequest r;
+      r.id = ++ids_;
+      r.prompt = prompts[next];
+      r.prefix_hashes = chain_hashes(r.prompt, cache_.sub_block_tokens());
+      r.max_tokens = max_tokens;
+      r.eos_token = device_.model_config().eos_id;
+      r.stop_token_ids = {device_.model_config().bos_id};
+      history[r.id] = r.prompt;
+      live[r.id] = next++;
+      return scheduler_->submit(std::move(r));
+    };
+    devices::SamplingParams greedy;
+    greedy.temperature = 0;
+    const uint32_t vocab = device_.model_config().vocab_size;
+    while (next < prompts.size() || !live.empty()) {
+      while (next < prompts.size() && live.size() < streams) {
+        if (Status s = submit(); !s.ok()) return s.error();
+      }
+      auto plan = scheduler_->plan_step();
+      if (plan.entries.empty()) return make_error(ErrorKind::failed, "the engine planned nothing");
+      std::vector<devices::PrefillSeq> prefill;
+      std::vector<devices::DecodeSeq> decodes;
+      std::vector<size_t> prefill_at, decode_at;
+      for (size_t i = 0; i < plan.entries.size(); ++i) {
+        const auto& e = plan.entries[i];
+        std::vector<uint32_t> table(e.block_table.begin(), e.block_table.end());
+        if (e.sample && (e.tokens.size() == 1 || e.draft_tokens_count > 0)) {
+          decodes.push_back({e.seq, std::move(table), e.start_position, e.tokens});
+          decode_at.push_back(i);
+        } else {
+          prefill.push_back({e.seq, std::move(table), e.start_position, e.tokens, {}});
+          prefill_at.push_back(i);
+        }
+      }
+      std::vector<decode::SampledTokens> sampled;
+      auto take = [&](const decode::DecodeEntry& e, const devices::SeqOutput& out) -> Status {
+        if (!e.sample) return {};
+        std::span<const int32_t> drafts(e.tokens.data() + e.tokens.size() - e.draft_tokens_count,
+                                        e.draft_tokens_count);
+        Tokens& h = history.at(e.seq);
+        auto emitted = decode::verify_step(greedy, 0, {out.logits, out.tokens}, vocab, drafts, h);
+        if (!emitted.ok()) return emitted.error();
+        decode::SampledTokens one{e.seq, {}};
+        for (const auto& tok : emitted->tokens) one.tokens.push_back(tok.token);
+        sampled.push_back(std::move(one));
+        return {};
+      };
+      if (!prefill.empty()) {
+        auto out = device_.prefill(prefill);
+        if (!out.ok()) return out.error();
+        for (size_t i = 0; i < prefill_at.size(); ++i) {
+          if (Status s = take(plan.entries[prefill_at[i]], out->seqs[i]); !s.ok()) return s.error();
+        }
+      }
+      if (!decodes.empty()) {
+        auto out = device_.decode(decodes);
+        if (!out.ok()) return out.error();
+        for (size_t i = 0; i < decode_at.size(); ++i) {
+          if (Status s = take(plan.entries[decode_at[i]], out->seqs[i]); !s.ok()) return s.error();
+        }
+        t.seq_steps += decodes.size();
+      }
+      for (const auto& u : scheduler_->on_step_result(plan.step_id, sampled)) {
+        Tokens& out = t.outputs[live.at(u.seq)];
+        out.insert(out.end(), u.tokens.begin(), u.tokens.end());
+        Tokens& h = history.at(u.seq);
+        h.insert(h.end(), u.tokens.begin(), u.tokens.end());
+        t.generated += u.tokens.size();
+        if (u.finished) {
+          if (*u.finished == decode::FinishReason::failed) {
+            return make_error(ErrorKind::failed, "a sequence failed in the engine");
+          }
+          live.erase(u.seq);
+          history.erase(u.seq);
+        }
+      }
+    }
+    t.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const auto& now = scheduler_->counters();
+    t.counters.spec_drafts_count = now.spec_drafts_count - before.spec_drafts_count;
+    t.counters.spec_draft_tokens_count = now.spec_draft_tokens_count - before.spec_draft_tokens_count;
+    t.counters.spec_accepted_tokens_count =
+        now.spec_accepted_tokens_count - before.spec_accepted_tokens_count;
+    return t;
+  }
+
+ private:
+  devices::Device& device_;
+  kv::PrefixCache cache_;
+  std::unique_ptr<decode::DecodeScheduler> scheduler_;
+  decode::SeqId ids_ = 0;
+};
+
+std::vector<uint32_t> parse_list(const std::string& text) {
+  std::vector<uint32_t> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    char* end = nullptr;
+    unsigned long v = std::strtoul(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v == 0 || v > 64) return {};
+    out.push_back(static_cast<uint32_t>(v));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_spec_decode_bench(cli::Args args) {
+  cli::Flags f("tandem bench spec-decode [--model PATH] [--streams 1,8] [--workloads W,...]",
+               "Speculative decoding on the cpu device, greedy: decode tok/s and tokens per\n"
+               "step for off, ngram and suffix on the same requests, side by side.");
+  f.flag("model", "PATH", "llama2.c model (its tokenizer.bin beside it)",
+         "models/stories15M/stories15M.bin")
+      .flag("streams", "LIST", "concurrent streams, comma-separated", "1,8")
+      .flag("workloads", "LIST", "fresh, again, echo (comma-separated)", "again,echo,fresh")
+      .flag("max-tokens", "N", "tokens generated per request", "96")
+      .flag("draft-tokens", "K", "draft tokens at most per step", "4")
+      .flag("prompts", "N", "prompts (of the 20 built in)", "20")
+      .flag("threads", "N", "BLAS threads", "1");
+  int code = 0;
+  if (!f.parse(args, &code)) return code;
+  auto max_tokens = f.get_int("max-tokens");
+  auto k = f.get_int("draft-tokens");
+  auto prompts_n = f.get_int("prompts");
+  auto threads = f.get_int("threads");
+  std::vector<uint32_t> streams = parse_list(f.get("streams"));
+  std::vector<std::string> workloads;
+  for (std::string w : {"fresh", "again", "echo"}) {
+    if (("," + f.get("workloads") + ",").find("," + w + ",") != std::string::npos) {
+      workloads.push_back(w);
+    }
+  }
+  if (!max_tokens || *max_tokens < 1 || *max_tokens > 200 || !k || *k < 1 || *k > 16 ||
+      !prompts_n || *prompts_n < 1 || *prompts_n > 20 || !threads || *threads < 1 ||
+      streams.empty() || workloads.empty()) {
+    std::fprintf(stderr, "tandem bench spec-decode: --max-tokens 1..200, --draft-tokens 1..16, "
+                         "--prompts 1..20, --threads >= 1, --streams a list of 1..64, "
+                         "--workloads of fresh, again, echo\n");
+    return 2;
+  }
+  std::string model = f.get("model");
+  std::string dir = model.substr(0, model.find_last_of('/') == std::string::npos
+                                        ? 0
+                                        : model.find_last_of('/'));
+  auto codec = tools::load_text_codec(dir.empty() ? "." : dir);
+  if (!codec.ok()) {
+    std::fprintf(stderr, "tandem bench spec-decode: tokenizer: %s\n",
+                 codec.error().describe().c_str());
+    return 1;
+  }
+  auto weights = devices::cpu::load_model(model);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "tandem bench spec-decode: model: %s\n", weights.error().describe().c_str());
+    return 1;
+  }
+  const uint32_t max_model = weights->config.max_position;
+  devices::cpu::CpuDeviceOptions options;
+  options.block_tokens = 16;
+  options.blocks_total = 64 * ((max_model + 15) / 16);
+  options.threads = static_cast<uint32_t>(*threads);
+  auto device = devices::cpu::make_cpu_device(std::move(*weights), options);
+  if (!device.ok()) {
+    std::fprintf(stderr, "tandem bench spec-decode: device: %s\n", device.error().describe().c_str());
+    return 1;
+  }
+  std::vector<Tokens> prompts;
+  for (int64_t i = 0; i < *prompts_n; ++i) prompts.push_back((*codec)->encode(kPrompts[i]));
+  const auto mt = static_cast<uint32_t>(*max_tokens);
+  std::printf("spec-decode bench: %s, %zu prompts x %u tokens, k = %lld, greedy, cpu device "
+              "(%lld BLAS threads)\n", model.c_str(), prompts.size(), mt,
+              static_cast<long long>(*k), static_cast<long long>(*threads));
+  std::printf("%-7s %-8s %-7s %9s %8s %10s %12s %10s %s\n", "stream", "workload", "method",
+              "tok/s", "x off", "tok/step", "acc/drafted", "drafted", "text");
+  int mismatches = 0;
+  for (uint32_t n : streams) {
+    for (const std::string& w : workloads) {
+      std::vector<Tokens> off_outputs;
+      double off_rate = 0;
+      for (SpecMethod m : {SpecMethod::none, SpecMethod::ngram, SpecMethod::suffix}) {
+        Engine engine(**device, m, static_cast<uint32_t>(*k), max_model);
+        std::vector<Tokens> timed = prompts;
+        if (w != "fresh") {
+          auto first = engine.run(prompts, n, mt);  // untimed: the first ask
+          if (!first.ok()) {
+            std::fprintf(stderr, "engine: %s\n", first.error().describe().c_str());
+            return 1;
+          }
+          if (w == "echo") {
+            for (size_t i = 0; i < prompts.size(); ++i) {
+              Tokens p = prompts[i];
+              p.insert(p.end(), first->outputs[i].begin(), first->outputs[i].end());
+              Tokens again = (*codec)->encode(std::string("\n") + kPrompts[i]);
+              p.insert(p.end(), again.begin() + 1, again.end());  // without its BOS
+              if (p.size() + mt >= max_model) p.resize(max_model - mt - 1);
+              timed[i] = std::move(p);
+            }
+          }
+        }
+        auto r = engine.run(timed, n, mt);
+        if (!r.ok()) {
+          std::fprintf(stderr, "engine: %s\n", r.error().describe().c_str());
+          return 1;
+        }
+        double rate = double(r->generated) / std::max(r->seconds, 1e-9);
+        bool same = true;
+        if (m == SpecMethod::none) {
+          off_outputs = r->outputs;
+          off_rate = rate;
+        } else {
+          same = r->outputs == off_outputs;
+          mismatches += same ? 0 : 1;
+        }
+        const auto& c = r->counters;
+        std::printf("%-7u %-8s %-7s %9.1f %8.2f %10.2f %12.2f %10llu %s\n", n, w.c_str(),
+                    m == SpecMethod::none ? "off" : std::string(decode::to_string(m)).c_str(),
+                    rate, rate / std::max(off_rate, 1e-9),
+                    double(r->generated - 0) / double(std::max<uint64_t>(r->seq_steps, 1)),
+                    c.spec_drafts_count == 0
+                        ? 0.0
+                        : double(c.spec_accepted_tokens_count) / double(c.spec_drafts_count),
+                    static_cast<unsigned long long>(c.spec_drafts_count),
+                    same ? "identical" : "DIFFERS");
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (mismatches > 0) {
+    std::fprintf(stderr, "tandem bench spec-decode: %d runs' text differs from off\n", mismatches);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,350 @@
+// The decode scheduler speculating (issue 14): drafts planned within the budget and the
+// blocks, verified results streamed and cut at EOS / stop / max_tokens, rejected positions'
+// blocks released, cancel and preemption mid-draft freeing exactly what was held.
+#include <doctest.h>
+
+#include <vector>
+
+#include "actors/decode/decode_scheduler.hpp"
+
+using tandem::decode::DecodeConfig;
+using tandem::decode::DecodePlan;
+using tandem::decode::DecodeRequest;
+using tandem::decode::DecodeScheduler;
+using tandem::decode::FinishReason;
+using tandem::decode::KvSource;
+using tandem::decode::SampledTokens;
+using tandem::decode::SeqId;
+using tandem::decode::SeqStage;
+using tandem::decode::SeqUpdate;
+using tandem::decode::SpecMethod;
+using tandem::decode::TokenId;
+using tandem::kv::BlockHash;
+using tandem::kv::PrefixCache;
+
+namespace {
+
+constexpr uint32_t bt = 4;
+
+std::vector<BlockHash> hashes_of(const std::vector<TokenId>& tokens) {
+  std::vector<BlockHash> out;
+  uint64_t state = 1469598103934665603ull;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    state = (state ^ static_cast<uint32_t>(tokens[i])) * 1099511628211ull;
+    if ((i + 1) % bt == 0) {
+      BlockHash h;
+      for (int b = 0; b < 8; ++b) h.bytes[b] = static_cast<uint8_t>(state >> (8 * b));
+      out.push_back(h);
+    }
+  }
+  return out;
+}
+
+// A prompt that repeats "10 11 12 13 14 15": an n-gram match proposes what followed.
+DecodeRequest repetitive(SeqId id, uint32_t max_tokens, uint32_t repeats = 2) {
+  DecodeRequest r;
+  r.id = id;
+  for (uint32_t k = 0; k < repeats; ++k) {
+    for (TokenId t = 10; t < 16; ++t) r.prompt.push_back(t);
+  }
+  r.prompt.push_back(10);
+  r.prompt.push_back(11);
+  r.prefix_hashes = hashes_of(r.prompt);
+  r.max_tokens = max_tokens;
+  r.eos_token = 0;
+  r.source = KvSource::local;
+  return r;
+}
+
+DecodeConfig spec_config(SpecMethod method = SpecMethod::ngram, uint32_t k = 4) {
+  DecodeConfig c;
+  c.block_tokens = bt;
+  c.waiting_max = 8;
+  c.seqs_max = 4;
+  c.step_tokens_max = 32;
+  c.max_model_tokens = 64;
+  c.spec.method = method;
+  c.spec.draft_tokens_max = k;
+  c.spec.ngram = {2, 4, 4};
+  return c;
+}
+
+// Prefills (one step) and takes the first sampled token: 12, continuing the pattern.
+void prefill(DecodeScheduler& s, TokenId first = 12) {
+  auto p = s.plan_step();
+  std::vector<SampledTokens> sampled;
+  for (const auto& e : p.entries) {
+    if (e.sample) sampled.push_back({e.seq, {first}});
+  }
+  s.on_step_result(p.step_id, sampled);
+  s.check_invariants();
+}
+
+std::vector<TokenId> drafts_of(const tandem::decode::DecodeEntry& e) {
+  return {e.tokens.end() - e.draft_tokens_count, e.tokens.end()};
+}
+
+}  // namespace
+
+TEST_CASE("a running sequence carries drafts; accepted ones and the next token stream") {
+  PrefixCache cache(32, bt);
+  DecodeScheduler s(spec_config(), cache);
+  REQUIRE(s.submit(repetitive(1, 20)).ok());
+  prefill(s);  // context ... 10 11 12
+  auto p = s.plan_step();
+  REQUIRE(p.entries.size() == 1);
+  const auto& e = p.entries[0];
+  CHECK(e.draft_tokens_count == 4);
+  CHECK(e.tokens == std::vector<TokenId>{12, 13, 14, 15, 10});
+  CHECK(p.tokens_count == 5);
+  CHECK(e.block_table.size() * bt >= e.start_position + e.tokens.size());
+  s.check_invariants();
+  // Accept all four and add the bonus token.
+  auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 14, 15, 10, 11}}});
+  s.check_invariants();
+  REQUIRE(u.size() == 1);
+  CHECK(u[0].tokens == std::vector<TokenId>{13, 14, 15, 10, 11});
+  CHECK_FALSE(u[0].finished);
+  CHECK(s.counters().spec_drafts_count == 1);
+  CHECK(s.counters().spec_draft_tokens_count == 4);
+  CHECK(s.counters().spec_accepted_tokens_count == 4);
+  CHECK(s.counters().spec_accepted_at[3] == 1);
+  // The next step starts after the five new tokens.
+  auto p2 = s.plan_step();
+  CHECK(p2.entries[0].start_position == e.start_position + 5);
+  CHECK(p2.entries[0].tokens[0] == 11);
+}
+
+TEST_CASE("rejected drafts: one token streams, the drafts' blocks go back, k shrinks") {
+  PrefixCache cache(32, bt);
+  DecodeScheduler s(spec_config(), cache);
+  REQUIRE(s.submit(repetitive(1, 20)).ok());
+  prefill(s);
+  uint32_t used_before = cache.blocks_used_count();
+  auto p = s.plan_step();
+  REQUIRE(p.entries[0].draft_tokens_count == 4);
+  CHECK(cache.blocks_used_count() > used_before);  // grown for the drafts
+  // None accepted: the target's own token.
+  auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {40}}});
+  s.check_invariants();  // holds: no block beyond the next token's
+  CHECK(u[0].tokens == std::vector<TokenId>{40});
+  CHECK(cache.blocks_used_count() == used_before);
+  CHECK(s.counters().spec_accepted_tokens_count == 0);
+  CHECK(s.counters().spec_accepted_at[0] == 0);
+  // 40 never occurred: nothing to propose, a one-token step.
+  auto p2 = s.plan_step();
+  CHECK(p2.entries[0].draft_tokens_count == 0);
+  s.on_step_result(p2.step_id, std::vector<SampledTokens>{{1, {10}}});
+  auto p3 = s.plan_step();  // "40 10" never occurred: nothing again
+  REQUIRE(p3.entries.size() == 1);
+  CHECK(p3.entries[0].draft_tokens_count == 0);
+  s.on_step_result(p3.step_id, std::vector<SampledTokens>{{1, {11}}});
+  // ... 40 10 11 -> "10 11" matches again, but k is 1 after a full rejection (accepted + 1).
+  auto p4 = s.plan_step();
+  REQUIRE(p4.entries.size() == 1);
+  CHECK(p4.entries[0].draft_tokens_count == 1);
+  CHECK(drafts_of(p4.entries[0]) == std::vector<TokenId>{12});
+  s.on_step_result(p4.step_id, std::vector<SampledTokens>{{1, {12, 13}}});
+  auto p5 = s.plan_step();  // all accepted: k grows by one
+  REQUIRE(p5.entries.size() == 1);
+  CHECK(p5.entries[0].draft_tokens_count == 2);
+  CHECK(drafts_of(p5.entries[0]) == std::vector<TokenId>{14, 15});
+  s.check_invariants();
+}
+
+TEST_CASE("a result that does not extend the drafts fails the sequence") {
+  PrefixCache cache(32, bt);
+  DecodeScheduler s(spec_config(), cache);
+  REQUIRE(s.submit(repetitive(1, 20)).ok());
+  prefill(s);
+  auto p = s.plan_step();
+  REQUIRE(p.entries[0].draft_tokens_count == 4);
+  // Claims two accepted drafts that were not the planned ones.
+  auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 99, 5}}});
+  REQUIRE(u[0].finished);
+  CHECK(*u[0].finished == FinishReason::failed);
+  CHECK(u[0].tokens.empty());
+  CHECK(s.counters().bad_results_count == 1);
+  CHECK(cache.blocks_used_count() == 0);
+  // More tokens than drafts + 1 fails too.
+  REQUIRE(s.submit(repetitive(2, 20)).ok());
+  prefill(s);
+  auto p2 = s.plan_step();
+  auto u2 = s.on_step_result(p2.step_id, std::vector<SampledTokens>{{2, {13, 14, 15, 10, 11, 12}}});
+  CHECK(*u2[0].finished == FinishReason::failed);
+  s.check_invariants();
+}
+
+TEST_CASE("EOS, a stop token and max_tokens inside an accepted run cut it there") {
+  SUBCASE("eos") {
+    PrefixCache cache(32, bt);
+    DecodeScheduler s(spec_config(), cache);
+    REQUIRE(s.submit(repetitive(1, 20)).ok());
+    prefill(s);
+    auto p = s.plan_step();
+    REQUIRE(p.entries[0].draft_tokens_count == 4);
+    // Pretend drafts 13, 14 were accepted and the target then chose EOS (0).
+    auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 14, 0}}});
+    CHECK(u[0].tokens == std::vector<TokenId>{13, 14, 0});
+    REQUIRE(u[0].finished);
+    CHECK(*u[0].finished == FinishReason::eos);
+    CHECK(cache.blocks_used_count() == 0);
+    s.check_invariants();
+  }
+  SUBCASE("stop token accepted as a draft") {
+    PrefixCache cache(32, bt);
+    DecodeScheduler s(spec_config(), cache);
+    auto r = repetitive(1, 20);
+    r.stop_token_ids = {14};
+    REQUIRE(s.submit(std::move(r)).ok());
+    prefill(s);
+    auto p = s.plan_step();
+    auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 14, 15, 10, 11}}});
+    CHECK(u[0].tokens == std::vector<TokenId>{13, 14});  // nothing after the stop token
+    CHECK(*u[0].finished == FinishReason::stop_token);
+    s.check_invariants();
+  }
+  SUBCASE("max_tokens: drafts never reach past it") {
+    PrefixCache cache(32, bt);
+    DecodeScheduler s(spec_config(), cache);
+    REQUIRE(s.submit(repetitive(1, 3)).ok());
+    prefill(s);  // 1 of 3 generated
+    auto p = s.plan_step();
+    CHECK(p.entries[0].draft_tokens_count == 1);  // 2 left: one draft + the next token
+    auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 14}}});
+    CHECK(u[0].tokens == std::vector<TokenId>{13, 14});
+    CHECK(*u[0].finished == FinishReason::max_tokens);
+    CHECK(cache.blocks_used_count() == 0);
+  }
+  SUBCASE("the context length bounds drafts") {
+    auto c = spec_config();
+    c.max_model_tokens = 17;  // the prompt is 14: tokens 14, 15, 16 left
+    PrefixCache cache(32, bt);
+    DecodeScheduler s(c, cache);
+    REQUIRE(s.submit(repetitive(1, 20)).ok());
+    prefill(s);  // 15 tokens
+    auto p = s.plan_step();
+    CHECK(p.entries[0].draft_tokens_count == 1);
+    auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 14}}});
+    CHECK(*u[0].finished == FinishReason::context_length);
+  }
+}
+
+TEST_CASE("cancel mid-draft frees every block, the drafts' too") {
+  PrefixCache cache(32, bt);
+  DecodeScheduler s(spec_config(), cache);
+  REQUIRE(s.submit(repetitive(1, 20)).ok());
+  prefill(s);
+  auto p = s.plan_step();
+  REQUIRE(p.entries[0].draft_tokens_count == 4);
+  REQUIRE(s.cancel(1).ok());
+  CHECK(cache.blocks_used_count() == 0);
+  auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13, 14}}});
+  CHECK(u.empty());
+  s.check_invariants();
+  CHECK(cache.blocks_used_count() == 0);
+}
+
+TEST_CASE("drafts never preempt: they are cut to the blocks the pool has") {
+  // 5 blocks: the prompt (14 tokens, 4 blocks) and its next token fill 4; one free block.
+  auto c = spec_config(SpecMethod::ngram, 8);
+  c.max_model_tokens = 20;
+  PrefixCache cache(5, bt);
+  DecodeScheduler s(c, cache);
+  REQUIRE(s.submit(repetitive(1, 20)).ok());
+  prefill(s);  // 15 tokens: positions 0..14 need 4 blocks
+  REQUIRE(s.submit(repetitive(2, 20, 1)).ok());  // waits: 8 tokens need 2 blocks, 1 is free
+  auto p = s.plan_step();
+  // Sequence 1: position 14 is the last slot of block 3, so drafts need block 4: 4 positions,
+  // but the context leaves 20 - 15 - 1 = 4 drafts, so it takes the last free block.
+  REQUIRE(p.entries.size() == 1);
+  CHECK(p.entries[0].draft_tokens_count == 4);
+  CHECK(p.preempted.empty());
+  CHECK(s.stage(2) == SeqStage::waiting);
+  s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {5}}});
+  s.check_invariants();
+  CHECK(cache.blocks_used_count() == 4);  // the draft block went back
+}
+
+TEST_CASE("speculation is off above batch_max running, and for a request that asks") {
+  auto c = spec_config();
+  c.spec.batch_max = 1;
+  PrefixCache cache(64, bt);
+  DecodeScheduler s(c, cache);
+  REQUIRE(s.submit(repetitive(1, 20)).ok());
+  REQUIRE(s.submit(repetitive(2, 20)).ok());
+  prefill(s);
+  auto p = s.plan_step();
+  REQUIRE(p.entries.size() == 2);
+  CHECK(p.entries[0].draft_tokens_count == 0);
+  CHECK(p.entries[1].draft_tokens_count == 0);
+  CHECK(s.counters().spec_batch_off_steps == 1);
+  s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {13}}, {2, {13}}});
+  REQUIRE(s.cancel(2).ok());
+  auto p2 = s.plan_step();  // one running: drafts again
+  CHECK(p2.entries[0].draft_tokens_count > 0);
+  s.on_step_result(p2.step_id, std::vector<SampledTokens>{{1, {5}}});
+
+  auto r = repetitive(3, 20);
+  r.speculate = false;
+  REQUIRE(s.cancel(1).ok());
+  REQUIRE(s.submit(std::move(r)).ok());
+  prefill(s);
+  auto p3 = s.plan_step();
+  CHECK(p3.entries[0].draft_tokens_count == 0);
+}
+
+TEST_CASE("drafts use only the budget left after every running sequence's token") {
+  auto c = spec_config(SpecMethod::ngram, 8);
+  c.step_tokens_max = 16;
+  PrefixCache cache(64, bt);
+  DecodeScheduler s(c, cache);
+  for (SeqId id = 1; id <= 3; ++id) REQUIRE(s.submit(repetitive(id, 40, 1)).ok());
+  // 8-token prompts: two prefill in the first step, the third in the next.
+  prefill(s);
+  prefill(s);
+  auto p = s.plan_step();
+  uint32_t total = 0;
+  for (const auto& e : p.entries) total += static_cast<uint32_t>(e.tokens.size());
+  CHECK(total == p.tokens_count);
+  CHECK(p.tokens_count <= 16);
+  // The oldest gets its drafts first.
+  CHECK(p.entries[0].draft_tokens_count >= p.entries.back().draft_tokens_count);
+  std::vector<SampledTokens> none;
+  for (const auto& e : p.entries) none.push_back({e.seq, {e.tokens[0] + 100}});
+  s.on_step_result(p.step_id, none);
+  s.check_invariants();
+}
+
+TEST_CASE("suffix: a finished output is proposed to the next request that repeats it") {
+  PrefixCache cache(64, bt);
+  auto c = spec_config(SpecMethod::suffix, 4);
+  DecodeScheduler s(c, cache);
+  DecodeRequest r;
+  r.id = 1;
+  r.prompt = {7, 8, 9};
+  r.max_tokens = 6;
+  r.eos_token = 0;
+  REQUIRE(s.submit(r).ok());
+  prefill(s, 30);
+  // Generates 30 31 32 33 34 35 one token at a time (drafts rejected or absent).
+  for (TokenId t = 31; t <= 35; ++t) {
+    auto p = s.plan_step();
+    REQUIRE(p.entries.size() == 1);
+    s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {t}}});
+    s.check_invariants();
+  }
+  REQUIRE_FALSE(s.stage(1));
+  r.id = 2;
+  REQUIRE(s.submit(r).ok());
+  prefill(s, 30);
+  auto p = s.plan_step();
+  REQUIRE(p.entries.size() == 1);
+  // The instance's cache holds "30 31 32 33 34 35": after 30 it proposes what followed, as
+  // many tokens as matched (match_factor 1).
+  CHECK(drafts_of(p.entries[0]) == std::vector<TokenId>{31});
+  s.on_step_result(p.step_id, std::vector<SampledTokens>{{2, {31, 32}}});
+  auto p2 = s.plan_step();  // "30 31 32" matched, and k grew to 2
+  CHECK(drafts_of(p2.entries[0]) == std::vector<TokenId>{33, 34});
+  s.check_invariants();
+}
