@@ -1,5 +1,7 @@
 #include "bench/spec_decode_bench.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -49,8 +51,16 @@ std::vector<kv::BlockHash> chain_hashes(const Tokens& tokens, uint32_t block_tok
   return out;
 }
 
+// CPU time of the calling thread (the engine runs on it; BLAS with 1 thread too): what the
+// work cost, less exposed than wall time to the other tenants of shared cores.
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
 struct Totals {
-  double seconds = 0;
+  double seconds = 0, cpu_seconds = 0;
   uint64_t generated = 0, seq_steps = 0;
   decode::DecodeCounters counters;
   std::vector<Tokens> outputs;  // per request, in input order
@@ -59,7 +69,8 @@ struct Totals {
 // One decode instance's engine over `prompts`, `streams` at a time, greedy.
 class Engine {
  public:
-  Engine(devices::Device& device, SpecMethod method, uint32_t k, uint32_t max_model_tokens)
+  Engine(devices::Device& device, SpecMethod method, uint32_t k, uint32_t max_model_tokens,
+         double row_cost)
       : device_(device),
         cache_(device.kv_layout().blocks_total, device.kv_layout().block_tokens) {
     decode::DecodeConfig c;
@@ -70,6 +81,7 @@ class Engine {
     c.max_model_tokens = max_model_tokens;
     c.spec.method = method;
     c.spec.draft_tokens_max = k;
+    c.spec.row_cost = row_cost;
     scheduler_ = std::make_unique<decode::DecodeScheduler>(c, cache_);
   }
 
@@ -81,6 +93,7 @@ class Engine {
     size_t next = 0;
     const auto before = scheduler_->counters();
     const auto start = Clock::now();
+    const double cpu_start = thread_seconds();
     auto submit = [&]() -> Status {
       decode::DecodeRequest r;
       r.id = ++ids_;
@@ -160,6 +173,7 @@ class Engine {
       }
     }
     t.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    t.cpu_seconds = thread_seconds() - cpu_start;
     const auto& now = scheduler_->counters();
     t.counters.spec_drafts_count = now.spec_drafts_count - before.spec_drafts_count;
     t.counters.spec_draft_tokens_count = now.spec_draft_tokens_count - before.spec_draft_tokens_count;
@@ -204,13 +218,17 @@ int run_spec_decode_bench(cli::Args args) {
       .flag("max-tokens", "N", "tokens generated per request", "96")
       .flag("draft-tokens", "K", "draft tokens at most per step", "4")
       .flag("prompts", "N", "prompts (of the 20 built in)", "20")
-      .flag("threads", "N", "BLAS threads", "1");
+      .flag("threads", "N", "BLAS threads", "1")
+      .flag("repeat", "N", "runs per method, interleaved; medians printed", "3")
+      .flag("row-cost", "C", "[speculative] row_cost the drafters size drafts with", "0.35");
   int code = 0;
   if (!f.parse(args, &code)) return code;
   auto max_tokens = f.get_int("max-tokens");
   auto k = f.get_int("draft-tokens");
   auto prompts_n = f.get_int("prompts");
   auto threads = f.get_int("threads");
+  auto repeat = f.get_int("repeat");
+  auto row_cost_flag = f.get_double("row-cost");
   std::vector<uint32_t> streams = parse_list(f.get("streams"));
   std::vector<std::string> workloads;
   for (std::string w : {"fresh", "again", "echo"}) {
@@ -220,10 +238,11 @@ int run_spec_decode_bench(cli::Args args) {
   }
   if (!max_tokens || *max_tokens < 1 || *max_tokens > 200 || !k || *k < 1 || *k > 16 ||
       !prompts_n || *prompts_n < 1 || *prompts_n > 20 || !threads || *threads < 1 ||
-      streams.empty() || workloads.empty()) {
+      !repeat || *repeat < 1 || *repeat > 50 || !row_cost_flag || !(*row_cost_flag > 0) ||
+      *row_cost_flag > 4 || streams.empty() || workloads.empty()) {
     std::fprintf(stderr, "tandem bench spec-decode: --max-tokens 1..200, --draft-tokens 1..16, "
-                         "--prompts 1..20, --threads >= 1, --streams a list of 1..64, "
-                         "--workloads of fresh, again, echo\n");
+                         "--prompts 1..20, --threads >= 1, --repeat 1..50, --row-cost (0, 4], "
+                         "--streams a list of 1..64, --workloads of fresh, again, echo\n");
     return 2;
   }
   std::string model = f.get("model");
@@ -254,55 +273,69 @@ int run_spec_decode_bench(cli::Args args) {
   std::vector<Tokens> prompts;
   for (int64_t i = 0; i < *prompts_n; ++i) prompts.push_back((*codec)->encode(kPrompts[i]));
   const auto mt = static_cast<uint32_t>(*max_tokens);
+  const double row_cost = *row_cost_flag;
   std::printf("spec-decode bench: %s, %zu prompts x %u tokens, k = %lld, greedy, cpu device "
               "(%lld BLAS threads)\n", model.c_str(), prompts.size(), mt,
               static_cast<long long>(*k), static_cast<long long>(*threads));
-  std::printf("%-7s %-8s %-7s %9s %8s %10s %12s %10s %s\n", "stream", "workload", "method",
-              "tok/s", "x off", "tok/step", "acc/drafted", "drafted", "text");
+  std::printf("%-7s %-8s %-7s %9s %8s %9s %8s %9s %11s %9s %s\n", "streams", "workload",
+              "method", "tok/s", "x off", "cpu tok/s", "x off", "tok/step", "acc/drafted",
+              "drafted", "text");
   int mismatches = 0;
+  const auto repeats = static_cast<uint32_t>(*repeat);
+  const SpecMethod methods[] = {SpecMethod::none, SpecMethod::ngram, SpecMethod::suffix};
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   for (uint32_t n : streams) {
     for (const std::string& w : workloads) {
-      std::vector<Tokens> off_outputs;
-      double off_rate = 0;
-      for (SpecMethod m : {SpecMethod::none, SpecMethod::ngram, SpecMethod::suffix}) {
-        Engine engine(**device, m, static_cast<uint32_t>(*k), max_model);
-        std::vector<Tokens> timed = prompts;
-        if (w != "fresh") {
-          auto first = engine.run(prompts, n, mt);  // untimed: the first ask
-          if (!first.ok()) {
-            std::fprintf(stderr, "engine: %s\n", first.error().describe().c_str());
-            return 1;
-          }
-          if (w == "echo") {
-            for (size_t i = 0; i < prompts.size(); ++i) {
-              Tokens p = prompts[i];
-              p.insert(p.end(), first->outputs[i].begin(), first->outputs[i].end());
-              Tokens again = (*codec)->encode(std::string("\n") + kPrompts[i]);
-              p.insert(p.end(), again.begin() + 1, again.end());  // without its BOS
-              if (p.size() + mt >= max_model) p.resize(max_model - mt - 1);
-              timed[i] = std::move(p);
+      // Each method `repeats` times, interleaved (off, ngram, suffix, off, ...): the
+      // machine's drift hits them alike; medians are printed.
+      std::map<SpecMethod, std::vector<double>> wall, cpu;
+      std::map<SpecMethod, Totals> last;
+      for (uint32_t rep = 0; rep < repeats; ++rep) {
+        for (SpecMethod m : methods) {
+          Engine engine(**device, m, static_cast<uint32_t>(*k), max_model, row_cost);
+          std::vector<Tokens> timed = prompts;
+          if (w != "fresh") {
+            auto first = engine.run(prompts, n, mt);  // untimed: the first ask
+            if (!first.ok()) {
+              std::fprintf(stderr, "engine: %s\n", first.error().describe().c_str());
+              return 1;
+            }
+            if (w == "echo") {
+              for (size_t i = 0; i < prompts.size(); ++i) {
+                Tokens p = prompts[i];
+                p.insert(p.end(), first->outputs[i].begin(), first->outputs[i].end());
+                Tokens again = (*codec)->encode(std::string("\n") + kPrompts[i]);
+                p.insert(p.end(), again.begin() + 1, again.end());  // without its BOS
+                if (p.size() + mt >= max_model) p.resize(max_model - mt - 1);
+                timed[i] = std::move(p);
+              }
             }
           }
+          auto r = engine.run(timed, n, mt);
+          if (!r.ok()) {
+            std::fprintf(stderr, "engine: %s\n", r.error().describe().c_str());
+            return 1;
+          }
+          wall[m].push_back(double(r->generated) / std::max(r->seconds, 1e-9));
+          cpu[m].push_back(double(r->generated) / std::max(r->cpu_seconds, 1e-9));
+          last[m] = std::move(r).value();
         }
-        auto r = engine.run(timed, n, mt);
-        if (!r.ok()) {
-          std::fprintf(stderr, "engine: %s\n", r.error().describe().c_str());
-          return 1;
-        }
-        double rate = double(r->generated) / std::max(r->seconds, 1e-9);
-        bool same = true;
-        if (m == SpecMethod::none) {
-          off_outputs = r->outputs;
-          off_rate = rate;
-        } else {
-          same = r->outputs == off_outputs;
-          mismatches += same ? 0 : 1;
-        }
-        const auto& c = r->counters;
-        std::printf("%-7u %-8s %-7s %9.1f %8.2f %10.2f %12.2f %10llu %s\n", n, w.c_str(),
-                    m == SpecMethod::none ? "off" : std::string(decode::to_string(m)).c_str(),
-                    rate, rate / std::max(off_rate, 1e-9),
-                    double(r->generated - 0) / double(std::max<uint64_t>(r->seq_steps, 1)),
+      }
+      const double off_wall = median(wall[SpecMethod::none]);
+      const double off_cpu = median(cpu[SpecMethod::none]);
+      for (SpecMethod m : methods) {
+        const Totals& r = last[m];
+        bool same = m == SpecMethod::none || r.outputs == last[SpecMethod::none].outputs;
+        mismatches += same ? 0 : 1;
+        const auto& c = r.counters;
+        std::printf("%-7u %-8s %-7s %9.1f %8.2f %9.1f %8.2f %9.2f %11.2f %9llu %s\n", n,
+                    w.c_str(), m == SpecMethod::none ? "off" : std::string(decode::to_string(m)).c_str(),
+                    median(wall[m]), median(wall[m]) / off_wall, median(cpu[m]),
+                    median(cpu[m]) / off_cpu,
+                    double(r.generated) / double(std::max<uint64_t>(r.seq_steps, 1)),
                     c.spec_drafts_count == 0
                         ? 0.0
                         : double(c.spec_accepted_tokens_count) / double(c.spec_drafts_count),

@@ -635,7 +635,7 @@ void Loader::read_speculative(const toml::table& table) {
   static constexpr const char* suffix_keys[] = {
       "suffix_depth_max",         "suffix_probability_min", "suffix_match_factor",
       "suffix_request_nodes_max", "suffix_cache_nodes_max", "suffix_cache_tokens_max"};
-  std::vector<std::string_view> keys{"method", "draft_tokens_max", "batch_max"};
+  std::vector<std::string_view> keys{"method", "draft_tokens_max", "batch_max", "row_cost"};
   keys.insert(keys.end(), std::begin(ngram_keys), std::end(ngram_keys));
   keys.insert(keys.end(), std::begin(suffix_keys), std::end(suffix_keys));
   TableReader reader(sink_, table, "speculative", keys);
@@ -659,6 +659,9 @@ void Loader::read_speculative(const toml::table& table) {
   refuse_unless(SpeculativeMethod::suffix, suffix_keys);
   reader.read_int("draft_tokens_max", 1, 16, spec.draft_tokens_max);
   reader.read_int("batch_max", 1, 4096, spec.batch_max);
+  if (reader.read_double("row_cost", 0.0, 4.0, spec.row_cost) && spec.row_cost <= 0.0) {
+    reader.issue("row_cost", "must be above 0 (the cost of one more row in a decode pass)");
+  }
   reader.read_int("ngram_match_min", 1, 64, spec.ngram_match_min);
   if (reader.read_int("ngram_match_max", 1, 256, spec.ngram_match_max) &&
       spec.ngram_match_max < spec.ngram_match_min) {

@@ -138,6 +138,7 @@ struct SpeculativeSection {
   SpeculativeMethod method = SpeculativeMethod::none;
   uint32_t draft_tokens_max = 4;   // 1..16
   uint32_t batch_max = 32;         // speculation off above this many running sequences
+  double row_cost = 0.35;          // one more row's cost in one-row passes (drafter.hpp)
   uint32_t ngram_match_min = 2;    // n-gram: shortest suffix match
   uint32_t ngram_match_max = 8;    // n-gram: longest suffix match considered
   uint32_t ngram_candidates_max = 8;

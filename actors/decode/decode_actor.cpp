@@ -435,8 +435,9 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
     if (!entry.sample || it == st.seqs.end()) return;
     if (it->second.serial != run->serials[entry_index]) return;  // replaced meanwhile
     Seq& s = it->second;
-    if (entry.draft_tokens_count > 0) {
-      // {last, drafts}: rows 0..d verify the drafts (spec_step.hpp).
+    if (entry.draft_tokens_count > 0 || s.sampling.temperature == 0.0f) {
+      // {last, drafts}: rows 0..d verify the drafts (spec_step.hpp); greedy without drafts is
+      // one argmax there (no softmax over the vocabulary).
       std::span<const int32_t> drafts(entry.tokens.data() + 1, entry.draft_tokens_count);
       auto emitted = decode::verify_step(s.sampling, s.output_count, {out.logits, out.tokens},
                                          st.info.model.vocab_size, drafts, s.history);
@@ -783,6 +784,7 @@ decode::SpecConfig spec_config(const config::SpeculativeSection& m) {
   }
   c.draft_tokens_max = m.draft_tokens_max;
   c.batch_max = m.batch_max;
+  c.row_cost = m.row_cost;
   c.ngram = {m.ngram_match_min, m.ngram_match_max, m.ngram_candidates_max};
   c.suffix.depth_max = m.suffix_depth_max;
   c.suffix.probability_min = m.suffix_probability_min;

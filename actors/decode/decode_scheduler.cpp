@@ -465,6 +465,9 @@ void DecodeScheduler::on_step_result(uint64_t step_id, std::span<const SampledTo
       }
     }
     s.in_flight_drafts.clear();
+    if (valid && drafts == 0 && s.drafter && s.stage == SeqStage::running) {
+      s.drafter->observe(found->tokens[0]);
+    }
     if (!valid) {
       ++counters_.bad_results_count;
       update.finished = FinishReason::failed;

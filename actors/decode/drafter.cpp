@@ -28,6 +28,17 @@ Status SpecConfig::validate() const {
     return bad("draft_tokens_max", draft_tokens_max, "is outside 1..16");
   }
   if (batch_max < 1) return bad("batch_max", batch_max, "is below 1");
+  auto bad_real = [](const char* key, double value, const char* rule) {
+    return make_error(ErrorKind::invalid, std::string("speculative.") + key + " = " +
+                                              std::to_string(value) + " " + rule);
+  };
+  if (!(row_cost > 0 && row_cost <= 4)) return bad_real("row_cost", row_cost, "is outside (0, 4]");
+  if (!(alpha_initial > 0 && alpha_initial < 1)) {
+    return bad_real("alpha_initial", alpha_initial, "is outside (0, 1)");
+  }
+  if (!(alpha_weight > 0 && alpha_weight <= 1)) {
+    return bad_real("alpha_weight", alpha_weight, "is outside (0, 1]");
+  }
   if (method == SpecMethod::ngram) {
     if (Status s = ngram.validate(); !s.ok()) return s;
   }
@@ -60,23 +71,57 @@ std::variant<NgramProposer, SuffixProposer> make_proposer(const SpecConfig& conf
 }  // namespace
 
 Drafter::Drafter(const SpecConfig& config, const SpecShared& shared)
-    : k_max_(config.draft_tokens_max), k_(config.draft_tokens_max),
-      proposer_(make_proposer(config, shared)) {}
+    : k_max_(config.draft_tokens_max), row_cost_(config.row_cost), alpha_(config.alpha_initial),
+      weight_(config.alpha_weight), proposer_(make_proposer(config, shared)) {}
+
+uint32_t Drafter::best_k(double alpha, double row_cost, uint32_t proposed) {
+  uint32_t best = 0;
+  double best_ratio = 1.0, tokens = 1.0, term = 1.0;
+  for (uint32_t k = 1; k <= proposed; ++k) {
+    term *= alpha;
+    tokens += term;
+    double ratio = tokens / (1.0 + row_cost * k);
+    if (ratio > best_ratio) {
+      best = k;
+      best_ratio = ratio;
+    }
+  }
+  return best;
+}
+
+void Drafter::learn(double outcome) { alpha_ += weight_ * (outcome - alpha_); }
 
 void Drafter::append(std::span<const int32_t> tokens) {
   std::visit([tokens](auto& p) { p.append(tokens); }, proposer_);
 }
 
-std::vector<int32_t> Drafter::propose(uint32_t limit) const {
-  uint32_t k = std::min(k_, limit);
+std::vector<int32_t> Drafter::propose(uint32_t limit) {
+  unsent_first_.reset();
+  uint32_t k = std::min(k_max_, limit);
   if (k == 0) return {};
-  if (const auto* ngram = std::get_if<NgramProposer>(&proposer_)) return ngram->propose(k);
-  return std::get<SuffixProposer>(proposer_).propose(k).tokens;
+  std::vector<int32_t> proposal;
+  if (const auto* ngram = std::get_if<NgramProposer>(&proposer_)) {
+    proposal = ngram->propose(k);
+  } else {
+    proposal = std::get<SuffixProposer>(proposer_).propose(k).tokens;
+  }
+  if (proposal.empty()) return proposal;
+  const int32_t first = proposal[0];
+  proposal.resize(best_k(alpha_, row_cost_, static_cast<uint32_t>(proposal.size())));
+  if (proposal.empty()) unsent_first_ = first;  // checked against the step's token
+  return proposal;
 }
 
 void Drafter::on_verified(uint32_t drafted, uint32_t accepted) {
   RT_ASSERT(drafted > 0 && accepted <= drafted, drafted, accepted);
-  k_ = accepted == drafted ? std::min(k_max_, drafted + 1) : accepted + 1;
+  for (uint32_t i = 0; i < accepted; ++i) learn(1.0);
+  if (accepted < drafted) learn(0.0);
+  unsent_first_.reset();
+}
+
+void Drafter::observe(int32_t next) {
+  if (unsent_first_) learn(*unsent_first_ == next ? 1.0 : 0.0);
+  unsent_first_.reset();
 }
 
 size_t Drafter::context_size() const {

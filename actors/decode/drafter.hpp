@@ -1,11 +1,17 @@
 // tandem/actors/decode: the drafter a decode sequence speculates with (issue 14). Pure: no
 // threads, clocks or I/O. It wraps one proposer (n-gram prompt lookup or suffix decoding),
-// fed the sequence's context token by token, and sizes its drafts:
+// fed the sequence's context token by token, and sizes its drafts so that they pay:
 //
-//   k (the draft length asked for) starts at draft_tokens_max and follows the sequence's
-//   recent acceptance: after a step that accepted a of d drafted tokens, k = d + 1 when all
-//   were accepted (at most draft_tokens_max), else a + 1. A draft that misses costs one
-//   pass's extra rows; a sequence whose drafts keep missing drafts 1 token a step.
+//   alpha, the sequence's per-token acceptance rate, is a moving average over the draft
+//   positions verification examined (accepted ones 1, the first rejected one 0), and over
+//   steps that sent no draft, by checking the proposal's first token against the token the
+//   step produced (so a sequence that stopped drafting notices when copying starts to pay).
+//   Modelling acceptance as geometric, k drafts yield 1 + alpha + ... + alpha^k tokens for a
+//   pass that costs 1 + row_cost * k one-row passes; the draft sent is the proposal's first k
+//   tokens for the k in 0..min(proposal, draft_tokens_max) that maximizes the ratio (k = 0:
+//   no draft this step). row_cost is the device's: about 0.35 for the cpu device here
+//   (`tandem bench spec-decode` measures it), far less for an accelerator whose one-token
+//   pass is memory-bound.
 //
 // The instance's shared state (the suffix cache of recent outputs) is SpecShared; a drafter
 // only reads it.
@@ -35,6 +41,9 @@ struct SpecConfig {
   // compute-bound, so extra rows cost about what they save. Drafts also use only the step's
   // token budget left after every running sequence's one token (DecodeScheduler).
   uint32_t batch_max = 32;        // >= 1
+  double row_cost = 0.35;         // (0, 4]: one more row's cost, in one-row passes
+  double alpha_initial = 0.5;     // (0, 1): a new sequence's acceptance rate
+  double alpha_weight = 0.2;      // (0, 1]: the moving average's weight of each observation
   NgramConfig ngram;
   SuffixConfig suffix;
   // invalid, naming the key (speculative.<key>), its value and its rule.
@@ -59,16 +68,24 @@ class Drafter {
   Drafter(const SpecConfig& config, const SpecShared& shared);
 
   void append(std::span<const int32_t> tokens);
-  // At most min(k, limit) tokens; may be empty.
-  std::vector<int32_t> propose(uint32_t limit) const;
+  // The draft to send (at most min(draft_tokens_max, limit) tokens; see above); may be empty.
+  // An empty draft with a non-empty proposal is remembered for observe().
+  std::vector<int32_t> propose(uint32_t limit);
   // After verification: `accepted` of `drafted` (> 0) drafts were accepted.
   void on_verified(uint32_t drafted, uint32_t accepted);
-  uint32_t k() const { return k_; }
+  // After a step that sent no draft: the token it produced.
+  void observe(int32_t next);
+  double alpha() const { return alpha_; }
   size_t context_size() const;
+  // The k in [0, proposed] maximizing (1 + alpha + ... + alpha^k) / (1 + row_cost * k).
+  static uint32_t best_k(double alpha, double row_cost, uint32_t proposed);
 
  private:
+  void learn(double outcome);
+
   uint32_t k_max_;
-  uint32_t k_;
+  double row_cost_, alpha_, weight_;
+  std::optional<int32_t> unsent_first_;  // the first token of a proposal not sent
   std::variant<NgramProposer, SuffixProposer> proposer_;
 };
 

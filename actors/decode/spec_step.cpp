@@ -1,10 +1,30 @@
 #include "actors/decode/spec_step.hpp"
 
+#include <cmath>
 #include <string>
 
 #include "actors/decode/spec_verify.hpp"
 
 namespace tandem::decode {
+namespace {
+
+// The sampler's greedy choice: the lowest index of the largest logit; a NaN or an all -inf row
+// is an error, as in Sampler::sample.
+Result<int32_t> argmax_checked(std::span<const float> row) {
+  size_t best = 0;
+  for (size_t t = 0; t < row.size(); ++t) {
+    if (std::isnan(row[t])) {
+      return make_error(ErrorKind::invalid, "sampling: logits[" + std::to_string(t) + "] is nan");
+    }
+    if (row[t] > row[best]) best = t;
+  }
+  if (row.empty() || !std::isfinite(row[best])) {
+    return make_error(ErrorKind::invalid, "sampling: the largest logit is not finite");
+  }
+  return static_cast<int32_t>(best);
+}
+
+}  // namespace
 
 Result<Emitted> verify_step(const devices::SamplingParams& params, uint32_t position,
                             const SpecRows& rows, uint32_t vocab, std::span<const int32_t> drafts,
@@ -34,30 +54,63 @@ Result<Emitted> verify_step(const devices::SamplingParams& params, uint32_t posi
     return make_error(ErrorKind::failed, "device returned too few logits for " +
                                              std::to_string(rows_count) + " rows");
   }
-  devices::Sampler sampler(devices::seeded_at(params, position));
+  auto row = [&](size_t i) { return rows.logits.subspan(i * vocab, vocab); };
+  // Row i's history: the drafts before it count for penalties.
   std::vector<int32_t> context(history.begin(), history.end());
   context.reserve(history.size() + rows_count);
-  auto row = [&](size_t i) { return rows.logits.subspan(i * vocab, vocab); };
-  // Each row processed over its own history: the drafts before it count for penalties.
-  std::vector<float> probs(rows_count * size_t{vocab});
-  std::vector<float> one;
-  for (size_t i = 0; i < rows_count; ++i) {
-    if (Status s = sampler.distribution(row(i), context, one); !s.ok()) return s.error();
-    std::copy(one.begin(), one.end(), probs.begin() + static_cast<ptrdiff_t>(i * vocab));
-    if (i < drafts.size()) context.push_back(drafts[i]);
+  auto context_for = [&](size_t i) {
+    context.resize(history.size());
+    context.insert(context.end(), drafts.begin(), drafts.begin() + static_cast<ptrdiff_t>(i));
+  };
+  devices::Sampler sampler(devices::seeded_at(params, position));
+  Verified verified;
+  if (params.temperature == 0.0f) {
+    // Greedy: the argmax of each penalized row, no softmax (what the sampler's greedy picks).
+    const bool penalized = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
+                           params.frequency_penalty != 0.0f;
+    std::vector<float> work;
+    std::vector<uint32_t> counts;
+    for (size_t i = 0;; ++i) {
+      std::span<const float> r = row(i);
+      if (penalized) {
+        context_for(i);
+        work.assign(r.begin(), r.end());
+        devices::apply_penalties(params, work, context, counts);
+        r = work;
+      }
+      auto best = argmax_checked(r);
+      if (!best.ok()) return best.error();
+      if (i < drafts.size() && *best == drafts[i]) continue;
+      verified.accepted = static_cast<uint32_t>(i);
+      verified.next = *best;
+      break;
+    }
+  } else {
+    std::vector<float> probs;
+    auto target = [&](size_t i) -> Result<std::span<const float>> {
+      context_for(i);
+      if (Status s = sampler.distribution(row(i), context, probs); !s.ok()) return s.error();
+      return std::span<const float>(probs);
+    };
+    auto v = verify_sampled_rows(target, vocab, drafts, {}, [&] { return sampler.unit(); });
+    if (!v.ok()) return v.error();
+    verified = *v;
   }
-  auto verified = params.temperature == 0.0f
-                      ? verify_greedy(probs, vocab, drafts)
-                      : verify_sampled(probs, vocab, drafts, {}, [&] { return sampler.unit(); });
-  if (!verified.ok()) return verified.error();
-  out.accepted = verified->accepted;
-  context.resize(history.size());
+  out.accepted = verified.accepted;
+  const bool logprobs = params.logprobs || params.logprobs_top_n > 0;
   for (uint32_t i = 0; i <= out.accepted; ++i) {
-    int32_t token = i < out.accepted ? drafts[i] : verified->next;
+    int32_t token = i < out.accepted ? drafts[i] : verified.next;
+    if (!logprobs) {
+      devices::SampledToken t;
+      t.token = token;
+      for (int32_t stop : params.stop_token_ids) t.is_stop = t.is_stop || stop == token;
+      out.tokens.push_back(std::move(t));
+      continue;
+    }
+    context_for(i);
     auto scored = sampler.score(row(i), context, token);
     if (!scored.ok()) return scored.error();
     out.tokens.push_back(std::move(scored).value());
-    context.push_back(token);
   }
   return out;
 }

@@ -1,16 +1,20 @@
 // tandem/actors/decode: one speculating sequence's verification, from a decode pass's output
 // to the tokens it emits (issue 14). Pure: no threads, clocks or I/O.
 //
-// Row i of the pass (i = 0..d) predicts the token after {history, d_1..d_i}; each row is
-// processed as the sampler processes it (penalties over that history, temperature, top-k/p,
-// min-p: Sampler::distribution), then spec_verify's rule runs: greedy (temperature 0) or
-// rejection sampling with the drafts as point masses. The coins come from the stream of the
-// first emitted token's position (devices::seeded_at), so a seeded request replays exactly.
+// Row i of the pass (i = 0..d) predicts the token after {history, d_1..d_i}. Greedy
+// (temperature 0): row i's argmax after penalties over that history (the sampler's greedy
+// choice; no softmax is computed), drafts accepted while they equal it. Sampled: each row
+// reached is processed as the sampler processes it (Sampler::distribution: penalties,
+// temperature, top-k/p, min-p) and spec_verify's rejection rule runs with the drafts as point
+// masses; a row after the first rejection is never processed. The coins come from the stream
+// of the first emitted token's position (devices::seeded_at), so a seeded request replays
+// exactly. With no drafts, greedy is one argmax: the decode shell's fast path for greedy.
 // Token-producing devices (sim) give one chosen token per row: a draft is accepted while it
 // equals the row's token (the device is its own argmax).
 //
-// Each emitted token carries the target's logprob (and top-N when asked): what sampling that
-// row alone would report for it (Sampler::score).
+// When the request asks for logprobs, each emitted token carries the target's logprob and top-N:
+// what sampling that row alone would report for it (Sampler::score); otherwise only the token
+// and is_stop.
 #pragma once
 
 #include <cstdint>

@@ -90,18 +90,48 @@ Result<Verified> verify_sampled(std::span<const float> rows, uint32_t vocab,
                                 std::span<const int32_t> drafts, std::span<const float> draft_q,
                                 const std::function<double()>& unit) {
   if (Status s = check_shape(rows, vocab, drafts); !s.ok()) return s.error();
+  if (Status s = check_probabilities(rows, vocab, "target"); !s.ok()) return s.error();
+  return verify_sampled_rows(
+      [&](size_t i) -> Result<std::span<const float>> { return rows.subspan(i * vocab, vocab); },
+      vocab, drafts, draft_q, unit);
+}
+
+Result<Verified> verify_sampled_rows(const TargetRow& row, uint32_t vocab,
+                                     std::span<const int32_t> drafts,
+                                     std::span<const float> draft_q,
+                                     const std::function<double()>& unit) {
+  if (vocab == 0) return make_error(ErrorKind::invalid, "verify: the vocabulary is empty");
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (drafts[i] < 0 || static_cast<uint32_t>(drafts[i]) >= vocab) {
+      return make_error(ErrorKind::invalid, "verify: draft " + std::to_string(i) + " is token " +
+                                                std::to_string(drafts[i]) + ", outside [0, " +
+                                                std::to_string(vocab) + ")");
+    }
+  }
   if (!draft_q.empty() && draft_q.size() != drafts.size() * size_t{vocab}) {
     return make_error(ErrorKind::invalid, "verify: " + std::to_string(draft_q.size()) +
                                               " draft probabilities for " +
                                               std::to_string(drafts.size()) + " drafts");
   }
-  if (Status s = check_probabilities(rows, vocab, "target"); !s.ok()) return s.error();
   if (Status s = check_probabilities(draft_q, vocab, "draft"); !s.ok()) return s.error();
+  auto target = [&](size_t i) -> Result<std::span<const float>> {
+    auto p = row(i);
+    if (!p.ok()) return p.error();
+    if (p->size() != vocab) {
+      return make_error(ErrorKind::invalid, "verify: target row " + std::to_string(i) + " has " +
+                                                std::to_string(p->size()) + " values, not " +
+                                                std::to_string(vocab));
+    }
+    if (Status s = check_probabilities(*p, vocab, "target"); !s.ok()) return s.error();
+    return p;
+  };
   std::vector<double> w(vocab);
   Verified v;
   for (; v.accepted < drafts.size(); ++v.accepted) {
     const size_t i = v.accepted;
-    auto p = rows.subspan(i * vocab, vocab);
+    auto got = target(i);
+    if (!got.ok()) return got.error();
+    auto p = *got;
     const int32_t d = drafts[i];
     const double q_d = draft_q.empty() ? 1.0 : draft_q[i * vocab + static_cast<size_t>(d)];
     if (!(q_d > 0)) {
@@ -129,10 +159,11 @@ Result<Verified> verify_sampled(std::span<const float> rows, uint32_t vocab,
     v.next = draw(w, total, unit());
     return v;
   }
-  auto bonus = rows.subspan(drafts.size() * vocab, vocab);
+  auto got = target(drafts.size());
+  if (!got.ok()) return got.error();
   double total = 0;
   for (size_t t = 0; t < vocab; ++t) {
-    w[t] = bonus[t];
+    w[t] = (*got)[t];
     total += w[t];
   }
   v.next = draw(w, total, unit());

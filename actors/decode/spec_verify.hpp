@@ -49,4 +49,14 @@ Result<Verified> verify_sampled(std::span<const float> rows, uint32_t vocab,
                                 std::span<const int32_t> drafts, std::span<const float> draft_q,
                                 const std::function<double()>& unit);
 
+// The same rule with the target rows made on demand: row(i) is asked for only once verification
+// reaches position i (at most accepted + 1 rows; a row is a vocab-sized processed distribution,
+// so computing only those a step reaches is what decode saves). row(i)'s errors are returned;
+// a row is checked as above when it arrives.
+using TargetRow = std::function<Result<std::span<const float>>(size_t i)>;
+Result<Verified> verify_sampled_rows(const TargetRow& row, uint32_t vocab,
+                                     std::span<const int32_t> drafts,
+                                     std::span<const float> draft_q,
+                                     const std::function<double()>& unit);
+
 }  // namespace tandem::decode

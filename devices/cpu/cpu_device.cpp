@@ -1,5 +1,7 @@
 #include "devices/cpu/cpu_device.hpp"
 
+#include "devices/cpu/small_gemm.hpp"
+
 #include <cblas.h>
 #include <sys/mman.h>
 
@@ -18,13 +20,15 @@ extern "C" __attribute__((weak)) void gotoblas_dynamic_quit(void);
 namespace tandem::devices::cpu {
 namespace {
 
-// C[M,N] = A[M,K] * W[N,K]^T + beta * C   (W row-major [out, in]). One row (batch-1 decode,
-// the lm head of one sequence) goes through sgemv: the weight sweep is the whole cost there,
-// and OpenBLAS's sgemm path packs W first, which sgemv does not.
+// C[M,N] = A[M,K] * W[N,K]^T + beta * C   (W row-major [out, in]). Up to 8 rows (decode
+// steps, speculative verification passes) go through small_gemm_nt: one sweep of W for all
+// rows, row-invariant (small_gemm.hpp). Without AVX2, one row goes through sgemv: the weight
+// sweep is the whole cost there, and OpenBLAS's sgemm path packs W first, which sgemv does not.
 void gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
              float beta = 0.0f) {
   RT_ASSERT(m > 0 && n > 0 && k > 0, "gemm dims", m, n, k);
   RT_ASSERT(a != nullptr && w != nullptr && c != nullptr, "gemm null operand");
+  if (small_gemm_nt(a, m, k, w, n, c, beta)) return;
   if (m == 1) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.0f, w,
                 static_cast<int>(k), a, 1, beta, c, 1);

@@ -377,7 +377,7 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
       ServeCluster c(Layout::one_node, 32, 0, "", "",
                      std::string("[speculative]\nmethod = \"") + method + "\"\n");
       REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
-      MESSAGE("method ", method);
+      MESSAGE("method ", std::string(method));
       speculating(c, "solo");
     }
   }
@@ -386,7 +386,7 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
       ServeCluster c(Layout::loopback3, 1, 0, "", "",
                      std::string("[speculative]\nmethod = \"") + method + "\"\n");
       REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
-      MESSAGE("method ", method);
+      MESSAGE("method ", std::string(method));
       speculating(c, "decode");
     }
   }

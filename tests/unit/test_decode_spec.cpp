@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "actors/decode/decode_scheduler.hpp"
+#include "actors/decode/drafter.hpp"
 
 using tandem::decode::DecodeConfig;
 using tandem::decode::DecodePlan;
@@ -65,6 +66,7 @@ DecodeConfig spec_config(SpecMethod method = SpecMethod::ngram, uint32_t k = 4) 
   c.max_model_tokens = 64;
   c.spec.method = method;
   c.spec.draft_tokens_max = k;
+  c.spec.row_cost = 0.01;  // extra rows nearly free: every proposal is sent whole
   c.spec.ngram = {2, 4, 4};
   return c;
 }
@@ -135,21 +137,57 @@ TEST_CASE("rejected drafts: one token streams, the drafts' blocks go back, k shr
   auto p2 = s.plan_step();
   CHECK(p2.entries[0].draft_tokens_count == 0);
   s.on_step_result(p2.step_id, std::vector<SampledTokens>{{1, {10}}});
-  auto p3 = s.plan_step();  // "40 10" never occurred: nothing again
-  REQUIRE(p3.entries.size() == 1);
-  CHECK(p3.entries[0].draft_tokens_count == 0);
-  s.on_step_result(p3.step_id, std::vector<SampledTokens>{{1, {11}}});
-  // ... 40 10 11 -> "10 11" matches again, but k is 1 after a full rejection (accepted + 1).
-  auto p4 = s.plan_step();
-  REQUIRE(p4.entries.size() == 1);
-  CHECK(p4.entries[0].draft_tokens_count == 1);
-  CHECK(drafts_of(p4.entries[0]) == std::vector<TokenId>{12});
-  s.on_step_result(p4.step_id, std::vector<SampledTokens>{{1, {12, 13}}});
-  auto p5 = s.plan_step();  // all accepted: k grows by one
-  REQUIRE(p5.entries.size() == 1);
-  CHECK(p5.entries[0].draft_tokens_count == 2);
-  CHECK(drafts_of(p5.entries[0]) == std::vector<TokenId>{14, 15});
   s.check_invariants();
+}
+
+TEST_CASE("drafter: k is what pays at the sequence's acceptance rate; it stops drafting when "
+          "drafts miss and resumes when its proposals would have been right") {
+  using tandem::decode::Drafter;
+  using tandem::decode::SpecConfig;
+  using tandem::decode::SpecShared;
+  CHECK(Drafter::best_k(0.5, 0.35, 4) == 1);   // 1.5 / 1.35 beats 1.75 / 1.70
+  CHECK(Drafter::best_k(0.95, 0.35, 4) == 4);
+  CHECK(Drafter::best_k(0.9, 0.35, 2) == 2);   // never beyond the proposal
+  CHECK(Drafter::best_k(0.2, 0.35, 4) == 0);   // 1.2 / 1.35 < 1: no draft pays
+  CHECK(Drafter::best_k(0.5, 0.01, 4) == 4);   // rows almost free: draft all
+  CHECK(Drafter::best_k(0.99, 0.35, 0) == 0);
+
+  SpecConfig c;
+  c.method = SpecMethod::ngram;
+  c.draft_tokens_max = 4;
+  c.row_cost = 0.35;
+  c.ngram = {2, 4, 4};
+  SpecShared shared(c);
+  Drafter d(c, shared);
+  std::vector<TokenId> context{1, 2, 3, 4, 5, 1, 2};
+  d.append(context);  // "1 2" occurred: proposes 3 4 5 1
+  CHECK(d.propose(8) == std::vector<TokenId>{3});  // alpha 0.5: one token pays
+  d.on_verified(1, 1);
+  d.on_verified(2, 2);
+  d.on_verified(3, 3);
+  CHECK(d.alpha() > 0.7);
+  CHECK(d.propose(8).size() >= 3);
+  CHECK(d.propose(2).size() <= 2);  // the step's limit
+  for (int i = 0; i < 8; ++i) d.on_verified(1, 0);
+  CHECK(d.alpha() < 0.2);
+  CHECK(d.propose(8).empty());  // drafting stopped...
+  // ... but each step checks the proposal's first token against what the step produced.
+  for (int i = 0; i < 8; ++i) {
+    CHECK(d.propose(8).empty() == (Drafter::best_k(d.alpha(), 0.35, 4) == 0));
+    d.observe(3);  // it would have been right
+  }
+  CHECK(d.alpha() > 0.35);  // where one draft token starts to pay at row_cost 0.35
+  CHECK_FALSE(d.propose(8).empty());
+  // A wrong token observed after an unsent proposal lowers alpha; one with no proposal
+  // pending changes nothing.
+  for (int i = 0; i < 20; ++i) d.on_verified(1, 0);
+  double low = d.alpha();
+  CHECK(d.propose(8).empty());
+  d.observe(99);
+  CHECK(d.alpha() < low);
+  double lower = d.alpha();
+  d.observe(3);  // no proposal pending since the last observe
+  CHECK(d.alpha() == lower);
 }
 
 TEST_CASE("a result that does not extend the drafts fails the sequence") {
@@ -294,26 +332,45 @@ TEST_CASE("speculation is off above batch_max running, and for a request that as
   CHECK(p3.entries[0].draft_tokens_count == 0);
 }
 
-TEST_CASE("drafts use only the budget left after every running sequence's token") {
-  auto c = spec_config(SpecMethod::ngram, 8);
+TEST_CASE("drafts use the budget left after every running sequence's token, before prefill "
+          "chunks") {
+  auto c = spec_config(SpecMethod::ngram, 4);
   c.step_tokens_max = 16;
   PrefixCache cache(64, bt);
   DecodeScheduler s(c, cache);
-  for (SeqId id = 1; id <= 3; ++id) REQUIRE(s.submit(repetitive(id, 40, 1)).ok());
-  // 8-token prompts: two prefill in the first step, the third in the next.
-  prefill(s);
-  prefill(s);
-  auto p = s.plan_step();
-  uint32_t total = 0;
-  for (const auto& e : p.entries) total += static_cast<uint32_t>(e.tokens.size());
-  CHECK(total == p.tokens_count);
-  CHECK(p.tokens_count <= 16);
-  // The oldest gets its drafts first.
-  CHECK(p.entries[0].draft_tokens_count >= p.entries.back().draft_tokens_count);
-  std::vector<SampledTokens> none;
-  for (const auto& e : p.entries) none.push_back({e.seq, {e.tokens[0] + 100}});
-  s.on_step_result(p.step_id, none);
+  for (SeqId id = 1; id <= 2; ++id) REQUIRE(s.submit(repetitive(id, 40, 1)).ok());
+  DecodeRequest other = repetitive(3, 40, 1);
+  for (TokenId& t : other.prompt) t += 40;  // nothing in common with the others' cache
+  other.prefix_hashes = hashes_of(other.prompt);
+  REQUIRE(s.submit(std::move(other)).ok());
+  auto p1 = s.plan_step();  // two 8-token prompts fill the budget
+  REQUIRE(p1.entries.size() == 2);
+  s.on_step_result(p1.step_id, std::vector<SampledTokens>{{1, {12}}, {2, {12}}});
+  auto p2 = s.plan_step();
+  REQUIRE(p2.entries.size() == 3);
+  CHECK(p2.entries[0].seq == 1);
+  CHECK(p2.entries[0].draft_tokens_count == 4);
+  CHECK(p2.entries[1].seq == 2);
+  CHECK(p2.entries[1].draft_tokens_count == 4);
+  CHECK(p2.entries[2].seq == 3);  // its prompt's first chunk: what the drafts left
+  CHECK(p2.entries[2].tokens.size() == 16 - 2 * 5);
+  CHECK(p2.tokens_count == 16);
+  s.on_step_result(p2.step_id, std::vector<SampledTokens>{{1, {13, 14, 15, 10, 11}},
+                                                          {2, {13, 40}}});
   s.check_invariants();
+  c.step_tokens_max = 3;  // a budget smaller than the drafts: cut to it, oldest first
+  PrefixCache small(64, bt);
+  DecodeScheduler t(c, small);
+  REQUIRE(t.submit(repetitive(1, 40, 1)).ok());
+  for (int i = 0; i < 3; ++i) {  // 8 tokens in chunks of 3
+    auto p = t.plan_step();
+    std::vector<SampledTokens> sampled;
+    if (p.entries[0].sample) sampled.push_back({1, {12}});
+    t.on_step_result(p.step_id, sampled);
+  }
+  auto p3 = t.plan_step();
+  CHECK(p3.entries[0].draft_tokens_count == 2);
+  CHECK(p3.tokens_count == 3);
 }
 
 TEST_CASE("suffix: a finished output is proposed to the next request that repeats it") {

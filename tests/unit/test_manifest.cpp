@@ -731,12 +731,13 @@ TEST_CASE("kv_offload.enabled needs a path; tier-2 bounds are checked by key") {
 TEST_CASE("speculative: ngram and suffix with their keys; eagle3 and other methods' keys "
           "refused") {
   std::string ngram = base_manifest +
-                      "[speculative]\nmethod = \"ngram\"\ndraft_tokens_max = 6\nbatch_max = 8\n"
+                      "[speculative]\nmethod = \"ngram\"\ndraft_tokens_max = 6\nbatch_max = 8\nrow_cost = 0.1\n"
                       "ngram_match_min = 3\nngram_match_max = 5\nngram_candidates_max = 2\n";
   Manifest m = parse_ok(ngram);
   CHECK(m.speculative.method == SpeculativeMethod::ngram);
   CHECK(m.speculative.draft_tokens_max == 6);
   CHECK(m.speculative.batch_max == 8);
+  CHECK(m.speculative.row_cost == doctest::Approx(0.1));
   CHECK(m.speculative.ngram_match_min == 3);
   CHECK(m.speculative.ngram_match_max == 5);
   CHECK(m.speculative.ngram_candidates_max == 2);

@@ -1,0 +1,30 @@
+// tandem/devices/cpu: C[M,N] = A[M,K] * W[N,K]^T + beta * C for few rows (M <= 8): a decode
+// step of a few sequences, or one sequence verifying k drafts in a k+1-row pass.
+//
+// Why not BLAS: OpenBLAS's sgemm packs W for every call, so at M = 5 a stories15M pass costs
+// ~4x a one-row sgemv, and speculation's verification pass would cost what it saves
+// (docs/benchmarks.md "Speculative decoding"). These kernels stream W once, two of its rows at a
+// time against all M rows of A held in registers, with AVX-512F or AVX2+FMA chosen at run
+// time (__builtin_cpu_supports).
+//
+// Row-invariant: row i of C is computed by the same operations in the same order whatever M
+// is, so a sequence's logits are bit-identical whether its pass has 1 row or 5, or shares the
+// step with other sequences (up to M = 8). Greedy output with speculation is then exactly the
+// output without it on this device.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::devices::cpu {
+
+inline constexpr uint32_t small_gemm_rows_max = 8;
+
+// False (nothing written) when the CPU has neither AVX-512F nor AVX2+FMA, or m is outside
+// [1, small_gemm_rows_max]: the caller uses BLAS.
+bool small_gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
+                   float beta);
+
+// "avx512f", "avx2" or "none" (the kernel small_gemm_nt uses here).
+const char* small_gemm_isa();
+
+}  // namespace tandem::devices::cpu
