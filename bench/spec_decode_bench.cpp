@@ -189,6 +189,31 @@ class Engine {
   decode::SeqId ids_ = 0;
 };
 
+// The device's cost of a decode pass of one sequence with r rows (r = 1 .. k + 1) after a
+// 64-token context, relative to one row: median thread CPU time of `runs` passes each.
+std::vector<double> pass_costs(devices::Device& device, uint32_t rows_max, int runs) {
+  const uint32_t bt = device.kv_layout().block_tokens;
+  std::vector<uint32_t> table;
+  for (uint32_t b = 0; b * bt < 64 + rows_max + bt; ++b) table.push_back(b);
+  Tokens context(64);
+  for (size_t i = 0; i < context.size(); ++i) context[i] = static_cast<int32_t>(1 + i * 7 % 300);
+  (void)device.prefill(std::vector<devices::PrefillSeq>{{1, table, 0, context, {}}});
+  std::vector<double> cost;
+  for (uint32_t r = 1; r <= rows_max; ++r) {
+    std::vector<double> t;
+    for (int i = 0; i < runs; ++i) {
+      Tokens fed(r, 5);
+      double s = thread_seconds();
+      (void)device.decode(std::vector<devices::DecodeSeq>{{1, table, 64, fed}});
+      t.push_back(thread_seconds() - s);
+    }
+    std::sort(t.begin(), t.end());
+    cost.push_back(t[t.size() / 2]);
+  }
+  for (size_t r = cost.size(); r-- > 0;) cost[r] /= cost[0];
+  return cost;
+}
+
 std::vector<uint32_t> parse_list(const std::string& text) {
   std::vector<uint32_t> out;
   size_t at = 0;
@@ -277,6 +302,11 @@ int run_spec_decode_bench(cli::Args args) {
   std::printf("spec-decode bench: %s, %zu prompts x %u tokens, k = %lld, greedy, cpu device "
               "(%lld BLAS threads)\n", model.c_str(), prompts.size(), mt,
               static_cast<long long>(*k), static_cast<long long>(*threads));
+  auto costs = pass_costs(**device, static_cast<uint32_t>(*k) + 1, 40);
+  std::printf("decode pass of one sequence, cost by rows (x one row):");
+  for (size_t r = 0; r < costs.size(); ++r) std::printf(" %zu: %.2f", r + 1, costs[r]);
+  std::printf("; row_cost at k = %lld: %.2f (the drafters use %.2f)\n",
+              static_cast<long long>(*k), (costs.back() - 1.0) / double(*k), row_cost);
   std::printf("%-7s %-8s %-7s %9s %8s %9s %8s %9s %11s %9s %s\n", "streams", "workload",
               "method", "tok/s", "x off", "cpu tok/s", "x off", "tok/step", "acc/drafted",
               "drafted", "text");

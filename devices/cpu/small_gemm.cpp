@@ -40,7 +40,7 @@ const Isa isa = detect();
         x[i] = ZERO();                                                                      \
         y[i] = ZERO();                                                                      \
       }                                                                                     \
-      for (uint32_t p = 0; p < kv; p += LANES) {                                            \
+      _Pragma("GCC unroll 2") for (uint32_t p = 0; p < kv; p += LANES) {                   \
         VEC v0 = LOAD(w0 + p), v1 = LOAD(w1 + p);                                           \
         _Pragma("GCC unroll 8") for (int i = 0; i < M; ++i) {                               \
           VEC av = LOAD(a + size_t(i) * k + p);                                             \
