@@ -1,11 +1,13 @@
 #include "bench/spec_decode_bench.hpp"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "devices/cpu/weights.hpp"
 #include "devices/device.hpp"
 #include "kvstore/prefix_cache.hpp"
+#include "tools/model_synth.hpp"
 #include "tools/text_codec.hpp"
 
 namespace tandem::bench {
@@ -122,7 +125,8 @@ class Engine {
         const auto& e = plan.entries[i];
         std::vector<uint32_t> table(e.block_table.begin(), e.block_table.end());
         if (e.sample && (e.tokens.size() == 1 || e.draft_tokens_count > 0)) {
-          decodes.push_back({e.seq, std::move(table), e.start_position, e.tokens});
+          // Greedy, no penalties, no logprobs: the rows' argmax is all the engine needs.
+          decodes.push_back({e.seq, std::move(table), e.start_position, e.tokens, true});
           decode_at.push_back(i);
         } else {
           prefill.push_back({e.seq, std::move(table), e.start_position, e.tokens, {}});
@@ -214,6 +218,73 @@ std::vector<double> pass_costs(devices::Device& device, uint32_t rows_max, int r
   return cost;
 }
 
+// What crosses the Device seam per decode step at MiniMax-M2's vocabulary (200,064): a
+// synthesized one-layer model of that vocabulary, `batch` sequences of k + 1 rows, the full
+// logits vs each row's argmax (DecodeSeq::argmax_only). Bytes are the output's payload
+// (floats and token ids); time is the pass's, median of `runs`.
+int seam_bench(uint32_t batch, uint32_t k, int runs) {
+  std::string dir = "/tmp/tandem-seam-bench-" + std::to_string(::getpid());
+  tools::SynthOptions o;
+  o.layers = 1;
+  o.hidden = 64;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.head_dim = 16;
+  o.ffn = 128;
+  o.vocab = 200064;
+  o.max_position = 64;
+  if (Status s = tools::synth_model(o, dir); !s.ok()) {
+    std::fprintf(stderr, "seam bench: %s\n", s.error().describe().c_str());
+    return 1;
+  }
+  auto weights = devices::cpu::load_model(dir);
+  std::filesystem::remove_all(dir);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "seam bench: %s\n", weights.error().describe().c_str());
+    return 1;
+  }
+  devices::cpu::CpuDeviceOptions options;
+  options.blocks_total = batch * 2;
+  options.threads = 1;
+  auto device = devices::cpu::make_cpu_device(std::move(*weights), options);
+  if (!device.ok()) {
+    std::fprintf(stderr, "seam bench: %s\n", device.error().describe().c_str());
+    return 1;
+  }
+  std::vector<devices::PrefillSeq> prompts;
+  std::vector<devices::DecodeSeq> steps;
+  for (uint32_t s = 0; s < batch; ++s) {
+    std::vector<uint32_t> table{2 * s, 2 * s + 1};
+    prompts.push_back({s, table, 0, Tokens(8, static_cast<int32_t>(300 + s)), {}});
+    steps.push_back({s, table, 8, Tokens(k + 1, 7), false});
+  }
+  if (auto p = (*device)->prefill(prompts); !p.ok()) return 1;
+  std::printf("Device seam at vocab %u: %u sequences x %u rows (k = %u) per decode step\n",
+              o.vocab, batch, k + 1, k);
+  std::printf("%-14s %14s %12s\n", "output", "bytes/step", "ms/step");
+  double full_bytes = 0;
+  for (bool argmax : {false, true}) {
+    for (auto& s : steps) s.argmax_only = argmax;
+    std::vector<double> t;
+    uint64_t bytes = 0;
+    for (int i = 0; i < runs; ++i) {
+      double t0 = thread_seconds();
+      auto out = (*device)->decode(steps);
+      t.push_back(thread_seconds() - t0);
+      if (!out.ok()) return 1;
+      bytes = 0;
+      for (const auto& so : out->seqs) bytes += 4 * (so.logits.size() + so.tokens.size());
+    }
+    std::sort(t.begin(), t.end());
+    if (!argmax) full_bytes = double(bytes);
+    std::printf("%-14s %14llu %12.1f%s\n", argmax ? "argmax rows" : "full logits",
+                static_cast<unsigned long long>(bytes), t[t.size() / 2] * 1e3,
+                argmax ? (" (" + std::to_string(full_bytes / double(bytes)) + "x fewer bytes)").c_str()
+                       : "");
+  }
+  return 0;
+}
+
 std::vector<uint32_t> parse_list(const std::string& text) {
   std::vector<uint32_t> out;
   size_t at = 0;
@@ -245,7 +316,9 @@ int run_spec_decode_bench(cli::Args args) {
       .flag("prompts", "N", "prompts (of the 20 built in)", "20")
       .flag("threads", "N", "BLAS threads", "1")
       .flag("repeat", "N", "runs per method, interleaved; medians printed", "3")
-      .flag("row-cost", "C", "[speculative] row_cost the drafters size drafts with", "0.35");
+      .flag("row-cost", "C", "[speculative] row_cost the drafters size drafts with", "0.35")
+      .flag("seam", "", "instead: bytes per step across the Device seam, full logits vs argmax "
+                        "rows, vocab 200,064, batch 64, k = --draft-tokens");
   int code = 0;
   if (!f.parse(args, &code)) return code;
   auto max_tokens = f.get_int("max-tokens");
@@ -270,6 +343,7 @@ int run_spec_decode_bench(cli::Args args) {
                          "--streams a list of 1..64, --workloads of fresh, again, echo\n");
     return 2;
   }
+  if (f.has("seam")) return seam_bench(64, static_cast<uint32_t>(*k), 5);
   std::string model = f.get("model");
   std::string dir = model.substr(0, model.find_last_of('/') == std::string::npos
                                         ? 0

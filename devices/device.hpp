@@ -133,12 +133,19 @@ struct DecodeSeq {
   std::vector<uint32_t> block_table;
   uint32_t start_pos = 0;
   std::vector<int32_t> tokens;  // not empty
+  // The caller needs only each row's argmax (greedy without penalties or logprobs: the token
+  // itself, and drafts verified by comparison): the device returns SeqOutput::tokens, the
+  // argmax of each row (lowest index wins ties), instead of rows x vocab logits. A row with a
+  // NaN comes back as logits (the sampler reports it). Devices that return tokens anyway
+  // (sim) ignore it.
+  bool argmax_only = false;
 };
 
 // Output for one input sequence, in input order. Exactly one of the two is filled:
 //   logits: rows_count * vocab_size floats, row-major (cpu, rbln). Sample with
 //           devices/sampling.hpp.
-//   tokens: rows_count token ids, already chosen (sim: it has no math).
+//   tokens: rows_count token ids, already chosen (sim: it has no math; cpu for a decode
+//           sequence with argmax_only: each row's argmax).
 struct SeqOutput {
   uint64_t seq_id = 0;
   uint32_t rows_count = 0;      // prefill: 1; decode: tokens.size() of the input

@@ -190,6 +190,13 @@ bool wants_logprobs(const devices::SamplingParams& p) {
   return p.logprobs || p.logprobs_top_n > 0;
 }
 
+// The token (and a draft's verdict) is the row's argmax: no penalty changes the row, no
+// logprob is reported.
+bool argmax_suffices(const devices::SamplingParams& p) {
+  return p.temperature == 0.0f && !wants_logprobs(p) && p.repetition_penalty == 1.0f &&
+         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+}
+
 void write_event(wire::StepEvent::Builder b, const DecodeState::OutEvent& e) {
   if (e.finish) {
     auto f = b.initFinish();
@@ -485,8 +492,11 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
   auto batch = std::make_shared<std::vector<devices::DecodeSeq>>();
   for (size_t i : run->decode_entries) {
     const auto& e = run->plan.entries[i];
+    // Greedy without penalties or logprobs needs only each row's argmax from the device.
+    auto it = st.seqs.find(e.seq);
+    bool argmax_only = it != st.seqs.end() && argmax_suffices(it->second.sampling);
     batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
-                      e.tokens});
+                      e.tokens, argmax_only});
   }
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::decode, nullptr, batch})

@@ -78,7 +78,18 @@ struct SeqView {
   const std::vector<uint32_t>* block_table;
   uint32_t start_pos;
   const std::vector<int32_t>* tokens;
+  bool argmax_only = false;  // decode: return each row's argmax, not its logits
 };
+
+// The lowest index of the largest value; -1 when the row holds a NaN.
+int32_t row_argmax(const float* row, uint32_t n) {
+  uint32_t best = 0;
+  for (uint32_t t = 0; t < n; ++t) {
+    if (std::isnan(row[t])) return -1;
+    if (row[t] > row[best]) best = t;
+  }
+  return static_cast<int32_t>(best);
+}
 
 // One new token of the batch.
 struct TokenSlot {
@@ -125,7 +136,7 @@ class CpuDevice final : public Device {
   Result<StepOutput> decode(std::span<const DecodeSeq> batch) override {
     views_.clear();
     for (const auto& s : batch) {
-      views_.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens});
+      views_.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens, s.argmax_only});
     }
     return run(views_, true, "decode");
   }
@@ -480,7 +491,16 @@ StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint
     so.seq_id = s.seq_id;
     so.rows_count = all_rows ? static_cast<uint32_t>(s.tokens->size()) : 1;
     auto begin = logits.begin() + static_cast<std::ptrdiff_t>(row * c.vocab_size);
-    so.logits.assign(begin, begin + static_cast<std::ptrdiff_t>(so.rows_count) * c.vocab_size);
+    bool argmax = s.argmax_only;
+    for (uint32_t i = 0; argmax && i < so.rows_count; ++i) {
+      int32_t best = row_argmax(&*begin + uint64_t{i} * c.vocab_size, c.vocab_size);
+      argmax = best >= 0;  // a NaN row: the logits go back, for the sampler to report
+      so.tokens.push_back(best);
+    }
+    if (!argmax) {
+      so.tokens.clear();
+      so.logits.assign(begin, begin + static_cast<std::ptrdiff_t>(so.rows_count) * c.vocab_size);
+    }
     row += so.rows_count;
     out.seqs.push_back(std::move(so));
   }
