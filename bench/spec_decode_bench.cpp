@@ -277,10 +277,10 @@ int seam_bench(uint32_t batch, uint32_t k, int runs) {
     }
     std::sort(t.begin(), t.end());
     if (!argmax) full_bytes = double(bytes);
+    char ratio[64] = "";
+    if (argmax) std::snprintf(ratio, sizeof ratio, " (%.0fx fewer bytes)", full_bytes / double(bytes));
     std::printf("%-14s %14llu %12.1f%s\n", argmax ? "argmax rows" : "full logits",
-                static_cast<unsigned long long>(bytes), t[t.size() / 2] * 1e3,
-                argmax ? (" (" + std::to_string(full_bytes / double(bytes)) + "x fewer bytes)").c_str()
-                       : "");
+                static_cast<unsigned long long>(bytes), t[t.size() / 2] * 1e3, ratio);
   }
   return 0;
 }

@@ -81,15 +81,7 @@ struct SeqView {
   bool argmax_only = false;  // decode: return each row's argmax, not its logits
 };
 
-// The lowest index of the largest value; -1 when the row holds a NaN.
-int32_t row_argmax(const float* row, uint32_t n) {
-  uint32_t best = 0;
-  for (uint32_t t = 0; t < n; ++t) {
-    if (std::isnan(row[t])) return -1;
-    if (row[t] > row[best]) best = t;
-  }
-  return static_cast<int32_t>(best);
-}
+
 
 // One new token of the batch.
 struct TokenSlot {
@@ -493,7 +485,8 @@ StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint
     auto begin = logits.begin() + static_cast<std::ptrdiff_t>(row * c.vocab_size);
     bool argmax = s.argmax_only;
     for (uint32_t i = 0; argmax && i < so.rows_count; ++i) {
-      int32_t best = row_argmax(&*begin + uint64_t{i} * c.vocab_size, c.vocab_size);
+      auto best = static_cast<int32_t>(row_argmax(&*begin + uint64_t{i} * c.vocab_size,
+                                                  c.vocab_size));
       argmax = best >= 0;  // a NaN row: the logits go back, for the sampler to report
       so.tokens.push_back(best);
     }

@@ -7,6 +7,8 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 
 namespace tandem::devices::cpu {
@@ -106,7 +108,48 @@ void run(Isa which, const float* a, uint32_t k, const float* w, uint32_t n, floa
   }
 }
 
+int64_t argmax_scalar(const float* x, uint32_t n) {
+  uint32_t best = 0;
+  for (uint32_t t = 0; t < n; ++t) {
+    if (std::isnan(x[t])) return -1;
+    if (x[t] > x[best]) best = t;
+  }
+  return best;
+}
+
+__attribute__((target("avx512f"))) int64_t argmax_avx512(const float* x, uint32_t n) {
+  const uint32_t nv = n - n % 16;
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (uint32_t i = 0; i < nv; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, v);
+  }
+  if (nan != 0) return -1;
+  float best = _mm512_reduce_max_ps(m);
+  for (uint32_t i = nv; i < n; ++i) {
+    if (std::isnan(x[i])) return -1;
+    best = std::max(best, x[i]);
+  }
+  const __m512 b = _mm512_set1_ps(best);
+  for (uint32_t i = 0; i < nv; i += 16) {
+    __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), b, _CMP_EQ_OQ);
+    if (eq != 0) return i + static_cast<uint32_t>(__builtin_ctz(eq));
+  }
+  for (uint32_t i = nv; i < n; ++i) {
+    if (x[i] == best) return i;
+  }
+  return 0;  // unreachable: best is one of x
+}
+
 }  // namespace
+
+int64_t row_argmax(const float* x, uint32_t n) {
+  if (n == 0) return -1;
+  if (isa == Isa::avx512) return argmax_avx512(x, n);
+  return argmax_scalar(x, n);
+}
 
 bool small_gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
                    float beta) {
