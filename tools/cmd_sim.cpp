@@ -42,6 +42,21 @@ void print_result(const sim::ClusterSimResult& r) {
   print_stats("E2E", s.e2e_ms);
   std::printf("  throughput %.2f req/s, %.0f output tok/s; prefix hit rate %.4f (token-weighted)\n",
               s.request_throughput_per_s, s.output_token_throughput_per_s, r.hit_rate);
+  uint64_t drafts = 0, drafted = 0, accepted = 0, steps = 0;
+  for (const auto& i : r.instances) {
+    if (i.name.rfind("decode", 0) != 0) continue;
+    drafts += i.spec_drafts_count;
+    drafted += i.spec_draft_tokens_count;
+    accepted += i.spec_accepted_tokens_count;
+    steps += i.steps_count;
+  }
+  if (drafts > 0) {
+    std::printf("  speculation: %llu drafts of %.2f tokens, %.2f accepted per draft (%.0f%%); "
+                "%llu decode steps\n",
+                static_cast<unsigned long long>(drafts), double(drafted) / double(drafts),
+                double(accepted) / double(drafts), 100.0 * double(accepted) / double(drafted),
+                static_cast<unsigned long long>(steps));
+  }
   std::printf(
       "  simulated %.1f s (%llu events); P/D requests %llu, KV moved "
       "%.3f GB\n",

@@ -1,5 +1,7 @@
 #include "tools/sim_setup.hpp"
 
+#include "actors/decode/spec_manifest.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +55,11 @@ cli::Flags sim_flags() {
             "prefix-cache match granularity, dividing the block (default: manifest's, else "
             "the block; 0 = the block)")
       .flag("kv-blocks", "N", "KV pool blocks per instance (0: from the timing model)", "0")
+      .flag("speculative", "METHOD",
+            "decode drafts with none, ngram or suffix (default: the manifest's [speculative])")
+      .flag("spec-acceptance", "P",
+            "each draft token is accepted with probability P (default: the decode device's "
+            "copy_probability)")
       .flag("json", "FILE", "write the result as JSON (deterministic) to FILE")
       .flag("timelines", "", "include every request's timeline in the JSON")
       .flag("svg-dir", "DIR", "write the TTFT plots (CDF, over time, vs context) as SVG to DIR")
@@ -170,6 +177,8 @@ bool apply_manifest(const std::string& path, sim::ClusterSimConfig& c,
   auto prefill = decode ? role_sim_params(m, config::Role::prefill, path) : std::nullopt;
   if (!decode || !prefill) return false;
   c.decode_device = *decode;
+  c.spec = decode::spec_config(m.speculative);
+  c.spec_acceptance = decode->copy_probability;
   c.prefill_device = m.instances_of(config::Role::prefill).empty() ? *decode : *prefill;
   const config::KvOffloadSection& k = m.kv_offload;
   c.tier2.enabled = k.enabled;
@@ -326,6 +335,28 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
     }
   }
   if (!get_u32(f, "kv-blocks", 0, 1u << 24, &c.kv_blocks)) return false;
+  if (f.has("speculative")) {
+    std::string method = f.get("speculative");
+    if (method == "none") {
+      c.spec.method = decode::SpecMethod::none;
+    } else if (method == "ngram") {
+      c.spec.method = decode::SpecMethod::ngram;
+    } else if (method == "suffix") {
+      c.spec.method = decode::SpecMethod::suffix;
+    } else {
+      std::fprintf(stderr, "tandem sim: --speculative %s: expected none, ngram or suffix\n",
+                   method.c_str());
+      return false;
+    }
+  }
+  if (f.has("spec-acceptance")) {
+    auto p = f.get_double("spec-acceptance");
+    if (!p || !(*p >= 0 && *p <= 1)) {
+      std::fprintf(stderr, "tandem sim: --spec-acceptance: a probability in [0, 1]\n");
+      return false;
+    }
+    c.spec_acceptance = *p;
+  }
   if (!get_u32(f, "sessions", 1, 1u << 20, &c.sessions_in_flight)) return false;
   auto duration_s = f.get_double("duration-s");
   auto link = f.get_double("link-gb-per-s");

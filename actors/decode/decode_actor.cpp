@@ -7,6 +7,7 @@
 
 #include "actors/decode/decode_scheduler.hpp"
 #include "actors/decode/pd_policy.hpp"
+#include "actors/decode/spec_manifest.hpp"
 #include "actors/decode/spec_step.hpp"
 #include "actors/executor/executor_actor.hpp"
 #include "messages/convert.hpp"
@@ -782,29 +783,6 @@ void on_membership(DecodeActor* self, const runtime::MembershipEvent& event) {
   for (uint64_t id : orphaned) on_cancel(self, id);  // nobody left to stream to
 }
 
-decode::SpecConfig spec_config(const config::SpeculativeSection& m) {
-  decode::SpecConfig c;
-  switch (m.method) {
-    case config::SpeculativeMethod::ngram: c.method = decode::SpecMethod::ngram; break;
-    case config::SpeculativeMethod::suffix: c.method = decode::SpecMethod::suffix; break;
-    case config::SpeculativeMethod::none:
-    case config::SpeculativeMethod::eagle3:  // refused by the manifest
-      c.method = decode::SpecMethod::none;
-      break;
-  }
-  c.draft_tokens_max = m.draft_tokens_max;
-  c.batch_max = m.batch_max;
-  c.row_cost = m.row_cost;
-  c.ngram = {m.ngram_match_min, m.ngram_match_max, m.ngram_candidates_max};
-  c.suffix.depth_max = m.suffix_depth_max;
-  c.suffix.probability_min = m.suffix_probability_min;
-  c.suffix.match_factor = m.suffix_match_factor;
-  c.suffix.request_nodes_max = m.suffix_request_nodes_max;
-  c.suffix.cache_nodes_max = m.suffix_cache_nodes_max;
-  c.suffix.cache_tokens_max = m.suffix_cache_tokens_max;
-  return c;
-}
-
 decode::DecodeConfig scheduler_config(const config::Manifest& m) {
   decode::DecodeConfig c;
   c.block_tokens = m.model.block_tokens;
@@ -812,7 +790,7 @@ decode::DecodeConfig scheduler_config(const config::Manifest& m) {
   c.seqs_max = m.decode.seqs_max;
   c.step_tokens_max = m.decode.step_tokens_max;
   c.max_model_tokens = m.model.max_model_tokens;
-  c.spec = spec_config(m.speculative);
+  c.spec = decode::spec_config(m.speculative);
   return c;
 }
 

@@ -186,7 +186,8 @@ void DecodeScheduler::plan_drafts(DecodePlan& plan, size_t first_entry, uint32_t
     uint32_t room = std::min(config_.max_model_tokens - tokens,
                              s.input.max_tokens - s.generated_count);
     if (room <= 1) continue;
-    std::vector<TokenId> drafts = s.drafter->propose(std::min(budget, room - 1));
+    std::vector<TokenId> drafts =
+        s.drafter->propose(std::min(budget, room - 1), static_cast<uint32_t>(running));
     if (!drafts.empty()) add_drafts(s, e, std::move(drafts), plan);
     budget -= e.draft_tokens_count;
   }

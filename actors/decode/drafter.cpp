@@ -95,7 +95,12 @@ void Drafter::append(std::span<const int32_t> tokens) {
   std::visit([tokens](auto& p) { p.append(tokens); }, proposer_);
 }
 
-std::vector<int32_t> Drafter::propose(uint32_t limit) {
+double Drafter::batch_row_cost(double row_cost, uint32_t batch) {
+  const double b = std::max<uint32_t>(batch, 1);
+  return b * row_cost / (1.0 + row_cost * (b - 1.0));
+}
+
+std::vector<int32_t> Drafter::propose(uint32_t limit, uint32_t batch) {
   unsent_first_.reset();
   uint32_t k = std::min(k_max_, limit);
   if (k == 0) return {};
@@ -107,7 +112,8 @@ std::vector<int32_t> Drafter::propose(uint32_t limit) {
   }
   if (proposal.empty()) return proposal;
   const int32_t first = proposal[0];
-  proposal.resize(best_k(alpha_, row_cost_, static_cast<uint32_t>(proposal.size())));
+  proposal.resize(best_k(alpha_, batch_row_cost(row_cost_, batch),
+                         static_cast<uint32_t>(proposal.size())));
   if (proposal.empty()) unsent_first_ = first;  // checked against the step's token
   return proposal;
 }

@@ -69,8 +69,15 @@ class Drafter {
 
   void append(std::span<const int32_t> tokens);
   // The draft to send (at most min(draft_tokens_max, limit) tokens; see above); may be empty.
-  // An empty draft with a non-empty proposal is remembered for observe().
-  std::vector<int32_t> propose(uint32_t limit);
+  // An empty draft with a non-empty proposal is remembered for observe(). batch: the running
+  // sequences the step holds; in a batch of b an extra row costs the others too, so k is
+  // sized with batch_row_cost(row_cost, b) instead of row_cost.
+  std::vector<int32_t> propose(uint32_t limit, uint32_t batch = 1);
+  // A step of R rows costs about 1 + row_cost (R - 1) one-row passes. In a step of b
+  // sequences, k more rows cost b * row_cost * k / (1 + row_cost (b - 1)) of the b tokens
+  // the step makes without them: the per-token row cost k is weighed against (= row_cost
+  // when b = 1; towards 1 as a large batch becomes compute-bound).
+  static double batch_row_cost(double row_cost, uint32_t batch);
   // After verification: `accepted` of `drafted` (> 0) drafts were accepted.
   void on_verified(uint32_t drafted, uint32_t accepted);
   // After a step that sent no draft: the token it produced.

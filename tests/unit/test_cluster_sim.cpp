@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "tools/sim/cluster_sim.hpp"
 #include "tools/workload/workload.hpp"
@@ -622,4 +623,59 @@ TEST_CASE("tier 2 in the sim: lookups stage only what the disk reads before comp
   CHECK(budget.tier2.late_blocks == 0);
   CHECK(queued.tier2.over_budget_blocks == 0);
   CHECK(queued.tier2.late_blocks > 0);
+}
+
+TEST_CASE("speculation: drafts accepted at the configured rate lower TPOT; none accepted costs "
+          "more; replays exactly") {
+  auto requests = agentic(11, 8, 16);
+  auto c = small_cluster(router::Policy::prefix_aware, 2, 2);
+  c.duration_ms = 1e9;
+  auto off = sim::run_cluster_sim(c, requests);
+  REQUIRE(off.ok());
+  auto spec_stats = [](const sim::ClusterSimResult& r) {
+    uint64_t drafts = 0, drafted = 0, accepted = 0;
+    for (const auto& i : r.instances) {
+      drafts += i.spec_drafts_count;
+      drafted += i.spec_draft_tokens_count;
+      accepted += i.spec_accepted_tokens_count;
+    }
+    return std::tuple{drafts, drafted, accepted};
+  };
+  CHECK(std::get<0>(spec_stats(*off)) == 0);
+  c.spec.method = decode::SpecMethod::suffix;
+  c.spec.row_cost = 0.05;  // an accelerator's memory-bound step: extra rows are cheap
+  c.spec_acceptance = 0.9;
+  auto good = sim::run_cluster_sim(c, requests);
+  REQUIRE(good.ok());
+  CHECK(good->completed_count == off->completed_count);
+  CHECK(good->failed_count == 0);
+  auto [drafts, drafted, accepted] = spec_stats(*good);
+  MESSAGE("drafts ", drafts, ", drafted ", drafted, ", accepted ", accepted, "; TPOT p50 ",
+          good->summary.tpot_ms.p50, " vs off ", off->summary.tpot_ms.p50);
+  REQUIRE(drafts > 0);
+  // Accepted in order with probability 0.9 each: a draft of d yields sum 0.9^i, i = 1..d.
+  double per_token = double(accepted) / double(drafted);
+  CHECK(per_token > 0.5);
+  CHECK(per_token < 0.95);
+  CHECK(good->summary.tpot_ms.p50 < off->summary.tpot_ms.p50);
+  // Every output token still arrives (the scheduler cuts runs at max_tokens).
+  uint64_t off_tokens = 0, good_tokens = 0;
+  for (const auto& t : off->timelines) off_tokens += t.output_tokens;
+  for (const auto& t : good->timelines) good_tokens += t.output_tokens;
+  CHECK(good_tokens == off_tokens);
+  auto again = sim::run_cluster_sim(c, requests);
+  REQUIRE(again.ok());
+  CHECK(sim::to_json(*again, true) == sim::to_json(*good, true));
+  // Nothing accepted: every draft is a cost. (The sim's outputs repeat one token, so the
+  // drafters' shadow check keeps finding that their proposals would have been right and they
+  // keep probing: the sim models acceptance by a coin, not by the tokens.)
+  c.spec_acceptance = 0.0;
+  auto bad = sim::run_cluster_sim(c, requests);
+  REQUIRE(bad.ok());
+  auto [bad_drafts, bad_drafted, bad_accepted] = spec_stats(*bad);
+  CHECK(bad_drafts > 0);
+  CHECK(bad_accepted == 0);
+  CHECK(bad->summary.tpot_ms.p50 >= off->summary.tpot_ms.p50);
+  c.spec_acceptance = 1.5;
+  CHECK_FALSE(sim::run_cluster_sim(c, requests).ok());
 }

@@ -29,6 +29,7 @@ namespace tandem::sim {
 Status ClusterSimConfig::validate() const {
   auto bad = [](std::string what) { return make_error(ErrorKind::invalid, "sim: " + what); };
   if (decode_count < 1) return bad("decode_count must be >= 1");
+  if (!(spec_acceptance >= 0 && spec_acceptance <= 1)) return bad("spec_acceptance outside [0, 1]");
   if (prefill_count + decode_count > 65536) return bad("at most 65536 instances");
   if (block_tokens < 1) return bad("block_tokens must be >= 1");
   if (hash_tokens() > block_tokens || block_tokens % hash_tokens() != 0) {
@@ -426,7 +427,7 @@ prefill::PrefillConfig prefill_config(const ClusterSimConfig& config) {
 
 decode::DecodeConfig decode_config(const ClusterSimConfig& config) {
   return {config.block_tokens, config.decode_waiting_max, config.decode_seqs_max,
-          config.decode_step_tokens_max, config.max_model_tokens};
+          config.decode_step_tokens_max, config.max_model_tokens, config.spec};
 }
 
 Sim::Sim(const ClusterSimConfig& config, const std::vector<workload::Request>& requests,
@@ -1244,7 +1245,21 @@ void Sim::kick_decode(uint32_t d) {
     if (e.sample) {  // reuse the entries' token vectors: no allocation once warm
       if (inst.sampled_count == inst.sampled.size()) inst.sampled.emplace_back();
       inst.sampled[inst.sampled_count].seq = e.seq;
-      inst.sampled[inst.sampled_count].tokens.assign(1, 1);
+      auto& tokens = inst.sampled[inst.sampled_count].tokens;
+      tokens.clear();
+      // Drafts: accepted in order, each with probability spec_acceptance; then the target's.
+      for (uint32_t i = 0; i < e.draft_tokens_count; ++i) {
+        uint64_t draw = devices::sim::mix64(config_.seed ^ (e.seq * 0x9e3779b97f4a7c15ull) ^
+                                            (plan.step_id << 8) ^ i);
+        if (double(draw >> 11) * 0x1.0p-53 >= config_.spec_acceptance) break;
+        tokens.push_back(e.tokens[1 + i]);
+      }
+      if (e.draft_tokens_count > 0) {
+        ++inst.stats.spec_drafts_count;
+        inst.stats.spec_draft_tokens_count += e.draft_tokens_count;
+        inst.stats.spec_accepted_tokens_count += tokens.size();
+      }
+      tokens.push_back(1);
       ++inst.sampled_count;
     }
   }
@@ -2176,8 +2191,7 @@ ClusterSimResult Sim::take_result() {
 Result<ClusterSimResult> run_cluster_sim(const ClusterSimConfig& config,
                                          const std::vector<workload::Request>& requests) {
   if (Status s = config.validate(); !s) return s.error();
-  decode::DecodeConfig dc{config.block_tokens, config.decode_waiting_max, config.decode_seqs_max,
-                          config.decode_step_tokens_max, config.max_model_tokens};
+  decode::DecodeConfig dc = decode_config(config);
   if (Status s = dc.validate(pool_blocks(config, config.decode_device)); !s) {
     return make_error(ErrorKind::invalid, "sim: decode: " + s.error().message);
   }
@@ -2325,7 +2339,10 @@ std::string to_json(const ClusterSimResult& r, bool with_timelines) {
                          {"busy_s", s.busy_s},
                          {"computed_tokens", s.computed_tokens_count},
                          {"cached_tokens", s.cached_tokens_count},
-                         {"preemptions", s.preemptions_count}});
+                         {"preemptions", s.preemptions_count},
+                         {"spec_drafts", s.spec_drafts_count},
+                         {"spec_draft_tokens", s.spec_draft_tokens_count},
+                         {"spec_accepted_tokens", s.spec_accepted_tokens_count}});
   }
   j["instances"] = instances;
   if (!r.faults.empty() || !r.violation.empty()) {

@@ -47,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/decode/drafter.hpp"
 #include "actors/router/router_core.hpp"
 #include "devices/sim/sim_model.hpp"
 #include "runtime/base/result.hpp"
@@ -80,6 +81,15 @@ struct ClusterSimConfig {
   uint32_t prefill_step_tokens_max = 512, prefill_hold_timeout_ms = 30000;
   uint32_t decode_waiting_max = 256, decode_seqs_max = 64, decode_step_tokens_max = 512;
   uint32_t max_model_tokens = 204800;  // context length, tokens
+  // Speculative decoding ([speculative]): decode's scheduler drafts as a node's does (the
+  // real Drafter on each request's tokens); verification is modelled: each draft token, in
+  // order, is accepted with probability spec_acceptance (an independent draw per token, from
+  // the seed), and the step's cost is the sim device's for the k + 1 tokens of each sequence.
+  // Outputs are one repeated token, so a drafter's shadow check (drafter.hpp) always finds
+  // its proposal would have been right: at a low spec_acceptance drafters keep probing, which
+  // a real model's outputs would not make them do.
+  decode::SpecConfig spec;
+  double spec_acceptance = 0.5;        // [0, 1]; tandem sim defaults it to copy_probability
   // How often every instance reports its load to the router, ms; 0 = after every change.
   // The real shells report every 100 ms (prefill and decode actors' ticks); between
   // reports the router knows only its own picks (waiting + 1 on the chosen instances).
@@ -141,6 +151,8 @@ struct InstanceStats {
   uint64_t computed_tokens_count = 0;
   uint64_t cached_tokens_count = 0;
   uint64_t preemptions_count = 0;
+  // Speculation (decode): entries that carried drafts, their draft tokens, the accepted ones.
+  uint64_t spec_drafts_count = 0, spec_draft_tokens_count = 0, spec_accepted_tokens_count = 0;
 };
 
 struct ClusterSimResult {
