@@ -371,6 +371,20 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     CHECK(accepted <= drafted);
     CHECK(first <= drafts);
     CHECK(first > 0);
+    // A request that turns speculation off drafts nothing and says the same. (The counters
+    // are exported right after a step's events go out: let the last one land first.)
+    std::this_thread::sleep_for(300ms);
+    drafts = c.metric(decode_node, "tandem:spec_decode_num_drafts_total");
+    json body = completion_body(prompts()[0], kTokens, false);
+    body["speculative"] = false;
+    auto r = http::post(c.http_port(), "/v1/completions", body.dump(), 60000ms);
+    REQUIRE(r.status == 200);
+    CHECK(json::parse(r.body)["choices"][0]["text"] == local[0]);
+    CHECK(c.metric(decode_node, "tandem:spec_decode_num_drafts_total") == drafts);
+    body["speculative"] = "no";
+    auto bad = http::post(c.http_port(), "/v1/completions", body.dump(), 60000ms);
+    CHECK(bad.status == 400);
+    CHECK(bad.body.find("speculative") != std::string::npos);
   };
   SUBCASE("speculative, one node: ngram and suffix give the same text as off") {
     for (const char* method : {"ngram", "suffix"}) {
