@@ -121,11 +121,13 @@ void SuffixTree::append(Cursor& cursor, int32_t token) {
 }
 
 void SuffixTree::insert(std::span<const int32_t> tokens) {
+  ++generation_;
   Cursor cursor;
   for (int32_t t : tokens) append(cursor, t);
 }
 
 void SuffixTree::remove(std::span<const int32_t> tokens) {
+  ++generation_;
   for (size_t s = 0; s < tokens.size(); ++s) {
     // The path of tokens[s, s + depth): decrement each node, deepest first (a node is freed
     // only once its children are).
@@ -177,11 +179,39 @@ SuffixDraft SuffixTree::extend(uint32_t node, uint32_t match_tokens, uint32_t dr
 
 SuffixDraft SuffixTree::propose(std::span<const int32_t> context, uint32_t draft_tokens,
                                 double probability_min, double match_factor) const {
-  SuffixDraft best;
+  Cursor at;
+  locate(context, at);
+  return propose_at(at.active, draft_tokens, probability_min, match_factor);
+}
+
+void SuffixTree::locate(std::span<const int32_t> context, Cursor& out) const {
+  out.active.clear();
   const size_t longest = std::min<size_t>(context.size(), depth_max_);
   for (size_t m = 1; m <= longest; ++m) {
     uint32_t node = find(context.subspan(context.size() - m));
     if (node == 0) break;  // no longer suffix can be there either
+    out.active.push_back(node);
+  }
+}
+
+void SuffixTree::advance(const Cursor& before, int32_t token, Cursor& after) const {
+  after.active.clear();
+  uint32_t first = child(0, token);
+  if (first == 0) return;
+  after.active.push_back(first);
+  for (uint32_t a : before.active) {
+    if (nodes_[a].depth >= depth_max_) break;
+    uint32_t c = child(a, token);
+    if (c == 0) break;  // every substring's suffixes are recorded: none longer either
+    after.active.push_back(c);
+  }
+}
+
+SuffixDraft SuffixTree::propose_at(std::span<const uint32_t> suffix_nodes, uint32_t draft_tokens,
+                                   double probability_min, double match_factor) const {
+  SuffixDraft best;
+  for (size_t m = 1; m <= suffix_nodes.size(); ++m) {
+    const uint32_t node = suffix_nodes[m - 1];
     const auto budget = static_cast<uint32_t>(
         std::min<double>(draft_tokens, std::floor(match_factor * static_cast<double>(m))));
     SuffixDraft d = extend(node, static_cast<uint32_t>(m), budget, probability_min);
@@ -241,6 +271,10 @@ SuffixProposer::SuffixProposer(const SuffixConfig& config, const SuffixCache* ca
 void SuffixProposer::append(int32_t token) {
   context_.push_back(token);
   tree_.append(cursor_, token);
+  if (cache_ != nullptr && cache_generation_ == cache_->tree().generation()) {
+    cache_->tree().advance(cache_cursor_, token, cache_scratch_);
+    std::swap(cache_cursor_, cache_scratch_);
+  }
 }
 
 void SuffixProposer::append(std::span<const int32_t> tokens) {
@@ -249,11 +283,17 @@ void SuffixProposer::append(std::span<const int32_t> tokens) {
 
 SuffixDraft SuffixProposer::propose(uint32_t draft_tokens) const {
   if (draft_tokens == 0) return {};
-  SuffixDraft own = tree_.propose(context_, draft_tokens, config_.probability_min,
-                                  config_.match_factor);
+  // The own tree's nodes of the context's suffixes are its cursor's (append keeps them).
+  SuffixDraft own = tree_.propose_at(cursor_.active, draft_tokens, config_.probability_min,
+                                     config_.match_factor);
   if (cache_ == nullptr) return own;
-  SuffixDraft shared = cache_->tree().propose(context_, draft_tokens, config_.probability_min,
-                                              config_.match_factor);
+  const SuffixTree& cache = cache_->tree();
+  if (cache_generation_ != cache.generation()) {
+    cache.locate(context_, cache_cursor_);
+    cache_generation_ = cache.generation();
+  }
+  SuffixDraft shared = cache.propose_at(cache_cursor_.active, draft_tokens,
+                                        config_.probability_min, config_.match_factor);
   // Ties: the request's own tree.
   return shared.score > own.score ? shared : own;
 }

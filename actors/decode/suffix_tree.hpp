@@ -64,6 +64,18 @@ class SuffixTree {
   // The best draft continuing `context` (see above); empty tokens when none.
   SuffixDraft propose(std::span<const int32_t> context, uint32_t draft_tokens,
                       double probability_min, double match_factor) const;
+  // The same from the nodes of the context's suffixes, by length - 1 (what a Cursor holds):
+  // no walk from the root, O(nodes x draft_tokens).
+  SuffixDraft propose_at(std::span<const uint32_t> suffix_nodes, uint32_t draft_tokens,
+                         double probability_min, double match_factor) const;
+  // A read-only cursor: the nodes of the context's suffixes after `token` is appended (the
+  // tree unchanged), from the nodes before it.
+  void advance(const Cursor& before, int32_t token, Cursor& after) const;
+  // The nodes of `context`'s suffixes found by walking from the root (O(depth^2)).
+  void locate(std::span<const int32_t> context, Cursor& out) const;
+  // Changes with every insert and remove: a read-only cursor taken at another generation may
+  // name freed nodes and is rebuilt (locate).
+  uint64_t generation() const { return generation_; }
   // Occurrences of `substring` recorded (0 past depth_max or unrecorded).
   uint32_t count(std::span<const int32_t> substring) const;
 
@@ -98,6 +110,7 @@ class SuffixTree {
   std::vector<uint32_t> free_;
   std::unordered_map<uint64_t, uint32_t> edges_;  // (parent, token) -> child
   uint64_t nodes_refused_ = 0;
+  uint64_t generation_ = 0;
 };
 
 // The instance's tree of recent outputs: added when a request ends, the oldest removed while
@@ -137,6 +150,10 @@ class SuffixProposer {
   SuffixTree tree_;
   SuffixTree::Cursor cursor_;
   std::vector<int32_t> context_;
+  // The context's suffixes in the cache's tree, advanced per token while the cache does not
+  // change, rebuilt when it did (its generation): proposals walk no tree from the root.
+  mutable SuffixTree::Cursor cache_cursor_, cache_scratch_;
+  mutable uint64_t cache_generation_ = ~uint64_t{0};
 };
 
 }  // namespace tandem::decode
