@@ -10,14 +10,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
+#include <string_view>
 
 namespace tandem::devices::cpu {
 namespace {
 
 enum class Isa { none, avx2, avx512 };
 
+// TANDEM_CPU_KERNELS=avx2 | blas narrows the choice (an operator's escape hatch, and how the
+// kernels are compared on one machine); unset or anything else: the best the CPU has.
 Isa detect() {
   __builtin_cpu_init();
+  const char* want = std::getenv("TANDEM_CPU_KERNELS");
+  std::string_view w = want == nullptr ? "" : want;
+  if (w == "blas") return Isa::none;
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (w == "avx2") return avx2 ? Isa::avx2 : Isa::none;
   if (__builtin_cpu_supports("avx512f")) return Isa::avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
   return Isa::none;
