@@ -635,15 +635,26 @@ void Loader::read_speculative(const toml::table& table) {
   static constexpr const char* suffix_keys[] = {
       "suffix_depth_max",         "suffix_probability_min", "suffix_match_factor",
       "suffix_request_nodes_max", "suffix_cache_nodes_max", "suffix_cache_tokens_max"};
-  std::vector<std::string_view> keys{"method", "draft_tokens_max", "batch_max", "row_cost"};
+  std::vector<std::string_view> keys{"method", "draft_tokens_max", "batch_max", "row_cost",
+                                     "draft_model"};
   keys.insert(keys.end(), std::begin(ngram_keys), std::end(ngram_keys));
   keys.insert(keys.end(), std::begin(suffix_keys), std::end(suffix_keys));
   TableReader reader(sink_, table, "speculative", keys);
   SpeculativeSection& spec = manifest_.speculative;
   reader.read_enum("method", speculative_methods_all, spec.method);
   // A key that does nothing is never accepted silently.
-  if (spec.method == SpeculativeMethod::eagle3) {
-    reader.issue("method", "EAGLE-3 is not built yet (issue 14): use \"ngram\" or \"suffix\"");
+  if (reader.read_string("draft_model", spec.draft_model) && !spec.draft_model.empty()) {
+    fs::path path(spec.draft_model);
+    if (path.is_relative()) path = fs::path(manifest_.dir) / path;
+    spec.draft_model = path.lexically_normal().string();
+  }
+  if (spec.method == SpeculativeMethod::eagle3 && !reader.find("draft_model")) {
+    reader.issue("method", "\"eagle3\" needs draft_model (the EAGLE-3 head's directory)");
+  } else if (spec.method == SpeculativeMethod::eagle3 && spec.draft_model.empty()) {
+    reader.issue("draft_model", "must not be empty");
+  } else if (spec.method != SpeculativeMethod::eagle3 && reader.find("draft_model")) {
+    reader.issue("draft_model", std::string("applies to method \"eagle3\", and the method is \"") +
+                                    std::string(to_string(spec.method)) + "\"");
   }
   auto refuse_unless = [&](SpeculativeMethod owner, std::span<const char* const> owned) {
     if (spec.method == owner) return;
@@ -1131,6 +1142,13 @@ void Loader::check_executor_use(size_t node_index, size_t instance_index,
     sink_.add(decl.executor_pos, key,
               who + "executor '" + user.executor + "' is on node '" + target_node->name +
                   "', not on this instance's node '" + node.name + "'");
+  } else if (user.role == Role::decode &&
+             manifest_.speculative.method == SpeculativeMethod::eagle3 &&
+             target->device != DeviceKind::cpu) {
+    sink_.add(decl.executor_pos, key,
+              who + "speculative.method = \"eagle3\" runs its draft model beside the decode "
+                    "instance's executor, and executor '" + user.executor + "' has device \"" +
+                  std::string(to_string(target->device)) + "\" (EAGLE-3 runs on \"cpu\")");
   } else if (auto [it, fresh] = served_by.emplace(user.executor, user.name); !fresh) {
     sink_.add(decl.executor_pos, key,
               who + "executor '" + user.executor + "' already serves '" + it->second +

@@ -131,9 +131,10 @@ struct KvOffloadSection {
 
 enum class SpeculativeMethod { none, ngram, suffix, eagle3 };
 std::string_view to_string(SpeculativeMethod method);  // "none", "ngram", "suffix", "eagle3"
-// [speculative]: decode drafts with n-gram prompt lookup or suffix decoding (eagle3 is
-// refused: not built). Each method's keys are refused under another method. Meanings:
-// actors/decode/drafter.hpp, ngram_proposer.hpp, suffix_tree.hpp.
+// [speculative]: decode drafts with n-gram prompt lookup, suffix decoding or an EAGLE-3 draft
+// head (draft_model, loaded beside each decode instance's executor; device cpu only). Each
+// method's keys are refused under another method. Meanings: actors/decode/drafter.hpp,
+// ngram_proposer.hpp, suffix_tree.hpp, devices/cpu/eagle3.hpp.
 struct SpeculativeSection {
   SpeculativeMethod method = SpeculativeMethod::none;
   uint32_t draft_tokens_max = 4;   // 1..16
@@ -148,6 +149,7 @@ struct SpeculativeSection {
   uint32_t suffix_request_nodes_max = 1u << 17;
   uint32_t suffix_cache_nodes_max = 1u << 20;
   uint64_t suffix_cache_tokens_max = 1u << 18;
+  std::string draft_model;  // eagle3: the head's HF directory (absolute after loading)
 };
 
 // [gateway]: the HTTP API's limits and keys.

@@ -41,6 +41,11 @@ bool holds_thread(config::DeviceKind kind) { return kind != config::DeviceKind::
 
 void wait_ready(const StepOutput& out) { std::this_thread::sleep_until(out.ready_at); }
 
+Result<std::vector<DraftOutput>> Device::draft(std::span<const DraftSeq>,
+                                               std::span<const uint64_t>) {
+  return make_error(ErrorKind::unimplemented, "this device has no draft model");
+}
+
 namespace {
 Error bad(const std::string& what) { return make_error(ErrorKind::invalid, "model config: " + what); }
 }  // namespace

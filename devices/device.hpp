@@ -153,6 +153,23 @@ struct SeqOutput {
   std::vector<int32_t> tokens;
 };
 
+// Speculation with a draft model beside the target (EAGLE-3, DeviceSpec::draft_model_path).
+// A device with one keeps, from its last decode pass, the target's states the draft model
+// reads (three layers' hidden states per row). After verifying that pass, the caller asks for
+// the next drafts of some of its sequences: `emitted` holds the tokens verification produced
+// for the sequence (1 + its accepted drafts, in order: the token after each of the pass's
+// first emitted.size() rows). The device feeds the draft model those positions with the kept
+// states, then drafts up to draft_tokens tokens, each the draft model's greedy choice.
+struct DraftSeq {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> emitted;  // >= 1, <= the sequence's rows in the last decode pass
+  uint32_t draft_tokens = 1;     // >= 1
+};
+struct DraftOutput {
+  uint64_t seq_id = 0;
+  std::vector<int32_t> tokens;  // <= draft_tokens (fewer near max_position)
+};
+
 struct StepOutput {
   std::vector<SeqOutput> seqs;  // same order as the input batch
   // When the pass is over. A device that computes (cpu, rbln) returns when it is and leaves
@@ -195,6 +212,9 @@ struct DeviceSpec {
   // sim: the clock a modelled pass's ready_at is measured on (the executor passes its actor
   // clock, virtual under CAF's test coordinator); empty = std::chrono::steady_clock::now.
   std::function<std::chrono::steady_clock::time_point()> clock;
+  // cpu: an EAGLE-3 draft head directory (devices/cpu/eagle3.hpp) for this target; empty:
+  // none. Other kinds refuse one (unimplemented).
+  std::string draft_model_path;
 };
 
 class Device {
@@ -221,6 +241,15 @@ class Device {
   virtual Status copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) = 0;
   virtual Status copy_blocks_in(std::span<const uint32_t> blocks,
                                 std::span<const std::byte> src) = 0;
+
+  // A draft model is loaded (see DraftSeq).
+  virtual bool has_draft_model() const { return false; }
+  // The next drafts, in batch order. `forget`: sequences that ended; the draft model's state
+  // for them (its KV) is released first. Errors: unimplemented (no draft model); invalid (a
+  // sequence that was not in the last decode pass, emitted empty or longer than its rows,
+  // draft_tokens 0, a token outside the vocabulary). Nothing is drafted on error.
+  virtual Result<std::vector<DraftOutput>> draft(std::span<const DraftSeq> batch,
+                                                 std::span<const uint64_t> forget);
 };
 
 // True when a device of this kind holds the calling thread for the length of a pass (cpu,

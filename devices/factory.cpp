@@ -10,6 +10,11 @@ Result<std::unique_ptr<Device>> make_device(const DeviceSpec& spec) {
     case config::DeviceKind::cpu:
       return cpu::make_cpu_device(spec);
     case config::DeviceKind::sim:
+      if (!spec.draft_model_path.empty()) {
+        return make_error(ErrorKind::unimplemented,
+                          "sim device: a draft model (" + spec.draft_model_path +
+                              ") is not supported; EAGLE-3 needs device \"cpu\"");
+      }
       return sim::make_sim_device(spec);
     case config::DeviceKind::rbln:
       return make_error(ErrorKind::unimplemented, "device kind 'rbln' is not built in");

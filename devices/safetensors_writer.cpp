@@ -47,8 +47,9 @@ uint16_t f32_to_f16(float value) {
   return sign | static_cast<uint16_t>(half);
 }
 
-Status SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<uint64_t> shape,
-                              std::span<const float> values) {
+Result<uint64_t> SafetensorsWriter::check_new(const std::string& name,
+                                              const std::vector<uint64_t>& shape,
+                                              uint64_t values_count) const {
   auto invalid = [&name](const std::string& why) {
     return make_error(ErrorKind::invalid, "safetensors: tensor '" + name + "': " + why);
   };
@@ -61,16 +62,26 @@ Status SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<
     if (d == 0) return invalid("a dimension is 0");
     elems *= d;
   }
-  if (elems != values.size()) {
+  if (elems != values_count) {
     return invalid("shape holds " + std::to_string(elems) + " elements, " +
-                   std::to_string(values.size()) + " given");
+                   std::to_string(values_count) + " given");
   }
-  if (dtype == DType::f8_e4m3) return invalid("F8_E4M3 is not supported for writing");
+  return elems;
+}
+
+Status SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<uint64_t> shape,
+                              std::span<const float> values) {
+  auto elems = check_new(name, shape, values.size());
+  if (!elems) return elems.error();
+  if (dtype == DType::f8_e4m3) {
+    return make_error(ErrorKind::invalid,
+                      "safetensors: tensor '" + name + "': F8_E4M3 is not supported for writing");
+  }
   uint64_t begin = data_.size();
   uint32_t width = dtype_bytes(dtype);
-  data_.resize(begin + elems * width);
+  data_.resize(begin + *elems * width);
   std::byte* out = data_.data() + begin;
-  for (uint64_t i = 0; i < elems; ++i) {
+  for (uint64_t i = 0; i < *elems; ++i) {
     if (dtype == DType::f32) {
       uint32_t bits = std::bit_cast<uint32_t>(values[i]);
       std::memcpy(out + i * 4, &bits, 4);  // little-endian host (x86_64, aarch64)
@@ -79,8 +90,20 @@ Status SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<
       std::memcpy(out + i * 2, &h, 2);
     }
   }
-  tensors_.push_back({name, dtype, std::move(shape), begin, data_.size()});
-  RT_ASSERT(tensors_.back().end_bytes - begin == elems * width, "tensor byte size");
+  tensors_.push_back({name, std::string(safetensors_dtype_name(dtype)), std::move(shape), begin,
+                      data_.size()});
+  RT_ASSERT(tensors_.back().end_bytes - begin == *elems * width, "tensor byte size");
+  return {};
+}
+
+Status SafetensorsWriter::add_i64(const std::string& name, std::vector<uint64_t> shape,
+                                  std::span<const int64_t> values) {
+  auto elems = check_new(name, shape, values.size());
+  if (!elems) return elems.error();
+  uint64_t begin = data_.size();
+  data_.resize(begin + *elems * 8);
+  std::memcpy(data_.data() + begin, values.data(), *elems * 8);  // little-endian host
+  tensors_.push_back({name, "I64", std::move(shape), begin, data_.size()});
   return {};
 }
 
@@ -95,7 +118,7 @@ std::string SafetensorsWriter::header_json(size_t first, size_t last) const {
   header["__metadata__"] = {{"format", "pt"}};
   for (size_t i = first; i < last; ++i) {
     const Tensor& t = tensors_[i];
-    header[t.name] = {{"dtype", std::string(safetensors_dtype_name(t.dtype))},
+    header[t.name] = {{"dtype", t.dtype_name},
                       {"shape", t.shape},
                       {"data_offsets", {t.begin_bytes - base_bytes, t.end_bytes - base_bytes}}};
   }

@@ -39,6 +39,9 @@ class SafetensorsWriter {
   // shape, dtype f8_e4m3 (not supported for writing).
   Status add(const std::string& name, DType dtype, std::vector<uint64_t> shape,
              std::span<const float> values);
+  // Adds an I64 tensor (e.g. an EAGLE-3 head's d2t table). Errors as add().
+  Status add_i64(const std::string& name, std::vector<uint64_t> shape,
+                 std::span<const int64_t> values);
   // Writes the file (replacing it). Errors: failed (cannot open or write; names the path).
   Status write(const std::string& path) const;
   // Writes a checkpoint into the existing directory `dir`: shard_count 1 -> model.safetensors;
@@ -59,11 +62,14 @@ class SafetensorsWriter {
  private:
   struct Tensor {
     std::string name;
-    DType dtype;
+    std::string dtype_name;  // "F32", "BF16", "F16", "I64"
     std::vector<uint64_t> shape;
     uint64_t begin_bytes, end_bytes;
   };
   std::string header_json(size_t first, size_t last) const;  // tensors [first, last)
+  // Checks name and shape (invalid naming the tensor); the element count on success.
+  Result<uint64_t> check_new(const std::string& name, const std::vector<uint64_t>& shape,
+                             uint64_t values_count) const;
   Status write_range(const std::string& path, size_t first, size_t last) const;
   std::vector<Tensor> tensors_;
   std::vector<std::byte> data_;

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <string>
 
+#include "devices/cpu/weights.hpp"
 #include "tools/commands.hpp"
 #include "tools/model_synth.hpp"
 
@@ -33,13 +34,54 @@ constexpr IntFlag kIntFlags[] = {
      "safetensors files; N > 1: model-0000i-of-0000N.safetensors + index.json (default 1)"},
 };
 
+// --arch eagle3: a draft head for the model at --target.
+int synth_eagle3_head(const cli::Flags& flags) {
+  auto fail = [](const std::string& why, int code) {
+    std::fprintf(stderr, "tandem model synth: %s\n", why.c_str());
+    return code;
+  };
+  if (flags.get("target").empty()) return fail("--arch eagle3 needs --target DIR (the model)", 2);
+  for (const IntFlag& f : kIntFlags) {
+    if (flags.has(f.name) && std::string(f.name) != "ffn") {
+      return fail(std::string("--") + f.name + " does not apply to --arch eagle3 (the head " +
+                      "takes the target's shape)",
+                  2);
+    }
+  }
+  auto target = devices::cpu::load_model(flags.get("target"));
+  if (!target) return fail("--target " + flags.get("target") + ": " + target.error().message, 1);
+  Eagle3SynthOptions o;
+  auto seed = flags.get_int("seed");
+  if (!seed) return 2;
+  o.seed = static_cast<uint64_t>(*seed);
+  for (auto [name, field] : {std::pair{"draft-vocab", &Eagle3SynthOptions::draft_vocab},
+                             std::pair{"ffn", &Eagle3SynthOptions::ffn}}) {
+    if (!flags.has(name)) continue;
+    auto v = flags.get_int(name);
+    if (!v) return 2;
+    if (*v <= 0 || *v > 0xffffffffLL) return fail(std::string("--") + name + " out of range", 2);
+    o.*field = static_cast<uint32_t>(*v);
+  }
+  if (flags.get("dtype") != "f32") return fail("--arch eagle3 writes f32 weights", 2);
+  if (Status st = synth_eagle3(target->config, o, flags.get("out")); !st) {
+    return fail(st.error().message, st.error().kind == ErrorKind::invalid ? 2 : 1);
+  }
+  std::printf("wrote %s (eagle3 head for %s, seed %llu)\n", flags.get("out").c_str(),
+              flags.get("target").c_str(), static_cast<unsigned long long>(o.seed));
+  return 0;
+}
+
 int synth(cli::Args args) {
-  cli::Flags flags("tandem model synth --arch llama|minimax-m2 --out DIR [flags]",
+  cli::Flags flags("tandem model synth --arch llama|minimax-m2|eagle3 --out DIR [flags]",
                    "Writes a small model with deterministic random weights as an HF-style\n"
                    "directory: config.json, model.safetensors, tokenizer.json (byte-level BPE),\n"
                    "tokenizer_config.json. Same flags and seed -> identical files.\n"
-                   "--shards N splits the weights as HF does (model.safetensors.index.json).");
-  flags.flag("arch", "ARCH", "llama or minimax-m2 (required)");
+                   "--shards N splits the weights as HF does (model.safetensors.index.json).\n"
+                   "--arch eagle3 --target DIR writes an EAGLE-3 draft head for that model\n"
+                   "(config.json, model.safetensors with fc, midlayer.*, lm_head, d2t).");
+  flags.flag("arch", "ARCH", "llama, minimax-m2 or eagle3 (required)");
+  flags.flag("target", "DIR", "eagle3: the target model (HF directory or llama2.c file)");
+  flags.flag("draft-vocab", "N", "eagle3: draft vocabulary (default: the target's / 4)");
   flags.flag("out", "DIR", "output directory, created if missing (required)");
   for (const IntFlag& f : kIntFlags) flags.flag(f.name, "N", f.help);
   flags.flag("seed", "S", "weight seed", "0");
@@ -57,10 +99,14 @@ int synth(cli::Args args) {
   } else if (arch == "minimax-m2") {
     o.arch = devices::Arch::minimax_m2;
     o.ffn = 32;
-  } else {
-    return fail("--arch must be llama or minimax-m2, got '" + arch + "'");
+  } else if (arch != "eagle3") {
+    return fail("--arch must be llama, minimax-m2 or eagle3, got '" + arch + "'");
   }
   if (flags.get("out").empty()) return fail("--out DIR is required");
+  if (arch == "eagle3") return synth_eagle3_head(flags);
+  for (const char* only : {"target", "draft-vocab"}) {
+    if (flags.has(only)) return fail(std::string("--") + only + " applies to --arch eagle3");
+  }
   for (const IntFlag& f : kIntFlags) {
     if (!flags.has(f.name)) continue;
     auto v = flags.get_int(f.name);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <random>
 
 #include "devices/safetensors_writer.hpp"
@@ -221,6 +222,70 @@ Status synth_model(const SynthOptions& o, const std::string& out_dir) {
                      {"model_max_length", c.max_position},
                      {"add_bos_token", false}, {"clean_up_tokenization_spaces", false}};
   return write_text(dir / "tokenizer_config.json", tc.dump(2) + "\n");
+}
+
+Status synth_eagle3(const devices::ModelConfig& target, const Eagle3SynthOptions& options,
+                    const std::string& out_dir) {
+  uint32_t vocab = target.vocab_size;
+  uint32_t draft_vocab = options.draft_vocab ? options.draft_vocab : std::max(1u, vocab / 4);
+  if (draft_vocab > vocab) {
+    return bad_flag("draft-vocab", "(" + std::to_string(draft_vocab) +
+                                       ") must not exceed the target's vocabulary (" +
+                                       std::to_string(vocab) + ")");
+  }
+  uint32_t ffn = options.ffn ? options.ffn : 2 * target.hidden;
+  SynthOptions o;
+  o.seed = options.seed;
+  o.dtype = options.dtype;
+  TensorSet t(o);
+  uint64_t h = target.hidden, q = uint64_t{target.heads} * target.head_dim,
+           kv = uint64_t{target.kv_heads} * target.head_dim;
+  SYNTH_TRY(t.matrix("fc.weight", h, 3 * h));
+  std::string p = "midlayer.";
+  SYNTH_TRY(t.vector(p + "input_layernorm.weight", h, 1.0f, 0.1f));
+  SYNTH_TRY(t.vector(p + "hidden_norm.weight", h, 1.0f, 0.1f));
+  SYNTH_TRY(t.matrix(p + "self_attn.q_proj.weight", q, 2 * h));
+  SYNTH_TRY(t.matrix(p + "self_attn.k_proj.weight", kv, 2 * h));
+  SYNTH_TRY(t.matrix(p + "self_attn.v_proj.weight", kv, 2 * h));
+  SYNTH_TRY(t.matrix(p + "self_attn.o_proj.weight", h, q));
+  SYNTH_TRY(t.vector(p + "post_attention_layernorm.weight", h, 1.0f, 0.1f));
+  SYNTH_TRY(t.matrix(p + "mlp.gate_proj.weight", ffn, h));
+  SYNTH_TRY(t.matrix(p + "mlp.up_proj.weight", ffn, h));
+  SYNTH_TRY(t.matrix(p + "mlp.down_proj.weight", h, ffn));
+  SYNTH_TRY(t.vector("norm.weight", h, 1.0f, 0.1f));
+  SYNTH_TRY(t.matrix("lm_head.weight", draft_vocab, h));
+  std::vector<int64_t> d2t(draft_vocab);
+  for (uint32_t i = 0; i < draft_vocab; ++i) {
+    d2t[i] = static_cast<int64_t>(uint64_t{i} * vocab / draft_vocab) - int64_t{i};
+  }
+  devices::SafetensorsWriter writer = t.writer();
+  SYNTH_TRY(writer.add_i64("d2t", {draft_vocab}, d2t));
+  ordered_json j;
+  j["architectures"] = {"LlamaForCausalLMEagle3"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = target.hidden;
+  j["target_hidden_size"] = target.hidden;
+  j["intermediate_size"] = ffn;
+  j["num_hidden_layers"] = 1;
+  j["num_attention_heads"] = target.heads;
+  j["num_key_value_heads"] = target.kv_heads;
+  j["head_dim"] = target.head_dim;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = std::round(double{target.rms_eps} * 1e9) / 1e9;
+  j["rope_theta"] = target.rope_theta;
+  j["max_position_embeddings"] = target.max_position;
+  j["vocab_size"] = vocab;
+  j["draft_vocab_size"] = draft_vocab;
+  j["tie_word_embeddings"] = false;
+  j["torch_dtype"] = dtype_torch_name(o.dtype);
+  // No eagle_aux_hidden_state_layer_ids: the loader's default (2, L / 2, L - 3) applies.
+  j["eagle_config"] = {{"use_aux_hidden_state", true}};
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return make_error(ErrorKind::failed, "cannot create " + out_dir + ": " + ec.message());
+  fs::path dir(out_dir);
+  SYNTH_TRY(writer.write_checkpoint(dir.string(), 1));
+  return write_text(dir / "config.json", j.dump(2) + "\n");
 }
 
 }  // namespace tandem::tools

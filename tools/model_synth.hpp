@@ -45,6 +45,23 @@ Result<devices::ModelConfig> synth_config(const SynthOptions& options);
 // Errors: invalid (as synth_config), failed (cannot create or write a file; names the path).
 Status synth_model(const SynthOptions& options, const std::string& out_dir);
 
+// `tandem model synth --arch eagle3 --target DIR`: an EAGLE-3 draft head for `target` in
+// the HF layout devices/cpu/eagle3.hpp loads (config.json + model.safetensors with fc,
+// midlayer.*, norm, lm_head and d2t; no embedding: the target's is shared). Weights are
+// random (seeded): its drafts are valid tokens but seldom right, which exercises the whole
+// path; a trained head is needed for acceptance.
+struct Eagle3SynthOptions {
+  uint32_t draft_vocab = 0;   // 0: the target's vocabulary / 4 (at least 1); <= vocab
+  uint32_t ffn = 0;           // 0: 2 x the target's hidden
+  uint64_t seed = 0;
+  devices::DType dtype = devices::DType::f32;
+};
+// The draft vocabulary: draft id i -> target id floor(i * vocab / draft_vocab) (d2t holds
+// the differences). Errors: invalid (draft_vocab above the vocabulary, named by flag), failed
+// (cannot write).
+Status synth_eagle3(const devices::ModelConfig& target, const Eagle3SynthOptions& options,
+                    const std::string& out_dir);
+
 struct AddedToken {
   std::string content;
   bool special = true;  // false: an added token that decodes as text (e.g. <think>)

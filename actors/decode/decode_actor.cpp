@@ -149,10 +149,18 @@ struct DecodeState {
     uint32_t prompt_tokens = 0, cached_tokens = 0, output_tokens = 0;  // finish
   };
   std::vector<OutEvent> outbox;
+  // EAGLE-3 (info.draft_model): the scheduler's wants (scratch), sequences that ended since
+  // the last draft request (their draft KV is released with it; at most kDraftForgetMax,
+  // the device's own LRU bound covers any dropped), and failed draft requests.
+  std::vector<decode::DecodeScheduler::DraftWant> draft_wants;
+  std::vector<uint64_t> draft_forget;
+  uint64_t draft_failures = 0;
   static inline const char* name = "tandem.decode";
 };
 
 using DecodeActor = caf::stateful_actor<DecodeState>;
+
+constexpr size_t kDraftForgetMax = 4096;
 
 // The scheduler's speculation counters, as Prometheus counters (by their increase).
 void export_spec_counters(DecodeMetrics& m, const decode::DecodeCounters& now) {
@@ -433,11 +441,16 @@ struct StepRun {
   std::shared_ptr<const devices::StepOutput> prefill_out, decode_out;
 };
 
+bool request_drafts(DecodeActor* self, const std::vector<decode::SampledTokens>& sampled,
+                    const std::vector<size_t>& decoded);
+
 void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const std::string& error) {
   auto& st = self->state;
   st.stepping = false;
   std::vector<decode::SampledTokens> sampled;
-  auto sample_entry = [&](size_t entry_index, const devices::SeqOutput& out, uint32_t row) {
+  std::vector<size_t> decoded;  // indexes into `sampled` of the decode pass's sequences
+  auto sample_entry = [&](size_t entry_index, const devices::SeqOutput& out, uint32_t row,
+                          bool in_decode_pass) {
     const auto& entry = run->plan.entries[entry_index];
     auto it = st.seqs.find(entry.seq);
     if (!entry.sample || it == st.seqs.end()) return;
@@ -460,31 +473,87 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
         if (wants_logprobs(s.sampling)) s.unsent_logprobs.push_back(std::move(t));
       }
       sampled.push_back(std::move(one));
+      if (in_decode_pass) decoded.push_back(sampled.size() - 1);
       return;
     }
     auto token = sample_at(s.sampling, s.output_count, out, row, s.history,
                            st.info.model.vocab_size);
     if (!token.ok()) return;
     sampled.push_back({entry.seq, {token->token}});
+    if (in_decode_pass) decoded.push_back(sampled.size() - 1);
     if (wants_logprobs(s.sampling)) s.unsent_logprobs.push_back(*token);
   };
   if (error.empty()) {
     for (size_t i = 0; i < run->prefill_entries.size(); ++i)
-      sample_entry(run->prefill_entries[i], run->prefill_out->seqs[i], 0);
+      sample_entry(run->prefill_entries[i], run->prefill_out->seqs[i], 0, false);
     for (size_t i = 0; i < run->decode_entries.size(); ++i) {
       const auto& out = run->decode_out->seqs[i];
-      sample_entry(run->decode_entries[i], out, 0);
+      sample_entry(run->decode_entries[i], out, 0, true);
     }
   } else {
     st.ctx.log->error("decode {}: step failed: {}", st.self_name.instance, error);
   }
   // Entries without a sampled token (a failed step) finish with reason `failed`.
   for (const auto& update : st.scheduler->on_step_result(run->plan.step_id, sampled)) {
+    if (update.finished && st.info.draft_model && st.draft_forget.size() < kDraftForgetMax) {
+      st.draft_forget.push_back(update.seq);
+    }
     emit(self, update);
   }
   flush_events(st);
   update_metrics(st);
+  if (st.info.draft_model && error.empty() && request_drafts(self, sampled, decoded)) return;
   pump(self);
+}
+
+// EAGLE-3: asks the executor's draft model for the next drafts of the running sequences the
+// scheduler wants them for that were in this step's decode pass (the device kept their
+// target states), giving each the tokens the step emitted for it. True when a request went
+// out: its answer resumes the loop (pump), and no step is planned meanwhile (`stepping`), so
+// the states the device kept stay the ones the request refers to.
+bool request_drafts(DecodeActor* self, const std::vector<decode::SampledTokens>& sampled,
+                    const std::vector<size_t>& decoded) {
+  auto& st = self->state;
+  st.scheduler->model_draft_wants(st.draft_wants);
+  std::unordered_map<uint64_t, const decode::SampledTokens*> emitted;
+  for (size_t i : decoded) {
+    if (i < sampled.size()) emitted.emplace(sampled[i].seq, &sampled[i]);
+  }
+  auto batch = std::make_shared<std::vector<devices::DraftSeq>>();
+  for (const auto& want : st.draft_wants) {
+    auto it = emitted.find(want.seq);
+    if (it == emitted.end() || it->second->tokens.empty()) continue;
+    batch->push_back({want.seq, it->second->tokens, want.tokens});
+  }
+  if (batch->empty()) return false;
+  auto forget = std::make_shared<std::vector<uint64_t>>(std::move(st.draft_forget));
+  st.draft_forget.clear();
+  st.stepping = true;
+  self->request(st.executor, caf::infinite, atoms::exec_run::value,
+                ExecBatch{ExecKind::draft, nullptr, nullptr, batch, forget})
+      .then(
+          [self](const ExecResult& r) {
+            auto& st = self->state;
+            st.stepping = false;
+            if (r.ok && r.drafts) {
+              for (const auto& d : *r.drafts) st.scheduler->set_model_drafts(d.seq_id, d.tokens);
+            } else if (st.draft_failures++ == 0) {  // once: the next steps would say the same
+              st.ctx.log->warn("decode {}: the draft model failed ({}); decoding without its "
+                               "drafts where it fails",
+                               st.self_name.instance, r.error);
+            }
+            pump(self);
+          },
+          [self](caf::error& e) {
+            auto& st = self->state;
+            st.stepping = false;
+            if (st.draft_failures++ == 0) {
+              st.ctx.log->warn("decode {}: draft request failed: {}", st.self_name.instance,
+                               to_string(e));
+            }
+            pump(self);
+          });
+  return true;
 }
 
 void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {

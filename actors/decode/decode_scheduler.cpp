@@ -193,6 +193,36 @@ void DecodeScheduler::plan_drafts(DecodePlan& plan, size_t first_entry, uint32_t
   }
 }
 
+void DecodeScheduler::model_draft_wants(std::vector<DraftWant>& out) {
+  out.clear();
+  if (config_.spec.method != SpecMethod::eagle3) return;
+  uint32_t running = 0;
+  for (const auto& [arrival, id] : active_) running += seqs_.at(id).stage == SeqStage::running;
+  if (running == 0 || running > config_.spec.batch_max) return;
+  for (const auto& [arrival, id] : active_) {
+    Seq& s = seqs_.at(id);
+    if (s.stage != SeqStage::running || !s.input.speculate) continue;
+    if (!s.drafter) s.drafter = std::make_unique<Drafter>(config_.spec, *spec_shared_);
+    auto tokens = static_cast<uint32_t>(s.tokens.size());
+    uint32_t room = std::min(config_.max_model_tokens - tokens,
+                             s.input.max_tokens - s.generated_count);
+    if (room <= 1) continue;
+    uint32_t want = s.drafter->model_tokens_wanted(room - 1, running);
+    if (want > 0) out.push_back({id, want});
+  }
+  RT_ASSERT(out.size() <= active_.size(), "one want per running sequence");
+}
+
+void DecodeScheduler::set_model_drafts(SeqId seq, std::vector<TokenId> drafts) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || it->second.stage != SeqStage::running || !it->second.drafter) return;
+  Seq& s = it->second;
+  if (s.drafter->context_size() < s.tokens.size()) {
+    s.drafter->append(std::span<const TokenId>(s.tokens).subspan(s.drafter->context_size()));
+  }
+  s.drafter->set_model_drafts(std::move(drafts));
+}
+
 void DecodeScheduler::add_drafts(Seq& s, DecodeEntry& e, std::vector<TokenId> drafts,
                                  DecodePlan& plan) {
   RT_ASSERT(s.in_flight_tokens_count == 1 && e.tokens.size() == 1, s.input.id);

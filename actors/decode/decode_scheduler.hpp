@@ -176,6 +176,19 @@ class DecodeScheduler {
   // Errors: not_found when unknown.
   Status cancel(SeqId seq);
 
+  // spec.method eagle3 (drafts from a draft model beside the device). After on_step_result:
+  // the running sequences that speculate, each with how many draft tokens to ask of the
+  // model for its next step (Drafter::model_tokens_wanted, within max_tokens and the
+  // context). Empty for other methods, and when more than spec.batch_max sequences run.
+  struct DraftWant {
+    SeqId seq = 0;
+    uint32_t tokens = 0;  // >= 1
+  };
+  void model_draft_wants(std::vector<DraftWant>& out);
+  // The draft model's tokens for `seq`, proposed for its next step (stale once it gets
+  // another token). Ignored unless seq is running with a drafter.
+  void set_model_drafts(SeqId seq, std::vector<TokenId> drafts);
+
   std::optional<SeqStage> stage(SeqId seq) const;
   uint32_t waiting_count() const { return static_cast<uint32_t>(waiting_.size()); }
   uint32_t active_count() const { return active_count_; }  // holding blocks

@@ -15,6 +15,8 @@ std::string_view to_string(SpecMethod method) {
       return "ngram";
     case SpecMethod::suffix:
       return "suffix";
+    case SpecMethod::eagle3:
+      return "eagle3";
   }
   return "?";
 }
@@ -58,14 +60,13 @@ void SpecShared::add_output(std::vector<int32_t> output) {
 
 namespace {
 
-std::variant<NgramProposer, SuffixProposer> make_proposer(const SpecConfig& config,
-                                                          const SpecShared& shared) {
+using Proposer = std::variant<NgramProposer, SuffixProposer, ModelDrafts>;
+
+Proposer make_proposer(const SpecConfig& config, const SpecShared& shared) {
   RT_ASSERT(config.validate().ok() && config.method != SpecMethod::none);
-  if (config.method == SpecMethod::ngram) {
-    return std::variant<NgramProposer, SuffixProposer>(std::in_place_index<0>, config.ngram);
-  }
-  return std::variant<NgramProposer, SuffixProposer>(std::in_place_index<1>, config.suffix,
-                                                     shared.suffix_cache());
+  if (config.method == SpecMethod::ngram) return Proposer(std::in_place_index<0>, config.ngram);
+  if (config.method == SpecMethod::eagle3) return Proposer(std::in_place_index<2>);
+  return Proposer(std::in_place_index<1>, config.suffix, shared.suffix_cache());
 }
 
 }  // namespace
@@ -107,6 +108,8 @@ std::vector<int32_t> Drafter::propose(uint32_t limit, uint32_t batch) {
   std::vector<int32_t> proposal;
   if (const auto* ngram = std::get_if<NgramProposer>(&proposer_)) {
     proposal = ngram->propose(k);
+  } else if (const auto* model = std::get_if<ModelDrafts>(&proposer_)) {
+    proposal = model->propose(k);
   } else {
     proposal = std::get<SuffixProposer>(proposer_).propose(k).tokens;
   }
@@ -131,7 +134,21 @@ void Drafter::observe(int32_t next) {
 }
 
 size_t Drafter::context_size() const {
-  return std::visit([](const auto& p) { return p.tokens().size(); }, proposer_);
+  if (const auto* model = std::get_if<ModelDrafts>(&proposer_)) return model->size();
+  if (const auto* ngram = std::get_if<NgramProposer>(&proposer_)) return ngram->tokens().size();
+  return std::get<SuffixProposer>(proposer_).tokens().size();
+}
+
+uint32_t Drafter::model_tokens_wanted(uint32_t limit, uint32_t batch) const {
+  uint32_t k = std::min(k_max_, limit);
+  if (k == 0) return 0;
+  return std::max(1u, best_k(alpha_, batch_row_cost(row_cost_, batch), k));
+}
+
+void Drafter::set_model_drafts(std::vector<int32_t> drafts) {
+  auto* model = std::get_if<ModelDrafts>(&proposer_);
+  RT_ASSERT(model != nullptr, "model drafts for a drafter of another method");
+  model->set(std::move(drafts));
 }
 
 }  // namespace tandem::decode

@@ -17,6 +17,7 @@
 // only reads it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,7 +32,9 @@
 
 namespace tandem::decode {
 
-enum class SpecMethod { none, ngram, suffix };
+// eagle3: the drafts come from a draft model beside the device (devices/device.hpp DraftSeq);
+// the shell hands them to the drafter after each step (ModelDrafts).
+enum class SpecMethod { none, ngram, suffix, eagle3 };
 std::string_view to_string(SpecMethod method);
 
 struct SpecConfig {
@@ -62,6 +65,25 @@ class SpecShared {
   std::unique_ptr<SuffixCache> cache_;
 };
 
+// A draft model's proposal for a sequence, valid for the context it was made at: the next
+// token appended makes it stale.
+class ModelDrafts {
+ public:
+  void append(std::span<const int32_t> tokens) {
+    size_ += tokens.size();
+    drafts_.clear();
+  }
+  void set(std::vector<int32_t> drafts) { drafts_ = std::move(drafts); }
+  std::vector<int32_t> propose(uint32_t k) const {
+    return {drafts_.begin(), drafts_.begin() + std::min<size_t>(k, drafts_.size())};
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+  std::vector<int32_t> drafts_;
+};
+
 class Drafter {
  public:
   // Precondition (asserted): config.validate() ok and method != none; `shared` outlives it.
@@ -84,6 +106,13 @@ class Drafter {
   void observe(int32_t next);
   double alpha() const { return alpha_; }
   size_t context_size() const;
+  // eagle3: how many tokens to ask of the draft model for the next step (<= limit): the k
+  // the sizing rule would send from a full proposal, but at least 1 (its first token also
+  // feeds the shadow check). 0 when limit is 0.
+  uint32_t model_tokens_wanted(uint32_t limit, uint32_t batch) const;
+  // eagle3: the draft model's proposal for the current context. Precondition (asserted): the
+  // method is eagle3.
+  void set_model_drafts(std::vector<int32_t> drafts);
   // The k in [0, proposed] maximizing (1 + alpha + ... + alpha^k) / (1 + row_cost * k).
   static uint32_t best_k(double alpha, double row_cost, uint32_t proposed);
 
@@ -93,7 +122,7 @@ class Drafter {
   uint32_t k_max_;
   double row_cost_, alpha_, weight_;
   std::optional<int32_t> unsent_first_;  // the first token of a proposal not sent
-  std::variant<NgramProposer, SuffixProposer> proposer_;
+  std::variant<NgramProposer, SuffixProposer, ModelDrafts> proposer_;
 };
 
 }  // namespace tandem::decode

@@ -12,10 +12,8 @@ inline SpecConfig spec_config(const config::SpeculativeSection& m) {
   switch (m.method) {
     case config::SpeculativeMethod::ngram: c.method = SpecMethod::ngram; break;
     case config::SpeculativeMethod::suffix: c.method = SpecMethod::suffix; break;
-    case config::SpeculativeMethod::none:
-    case config::SpeculativeMethod::eagle3:  // refused by the manifest
-      c.method = SpecMethod::none;
-      break;
+    case config::SpeculativeMethod::eagle3: c.method = SpecMethod::eagle3; break;
+    case config::SpeculativeMethod::none: c.method = SpecMethod::none; break;
   }
   c.draft_tokens_max = m.draft_tokens_max;
   c.batch_max = m.batch_max;

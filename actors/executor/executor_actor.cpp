@@ -22,6 +22,16 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.threads = instance.threads;
   spec.seed = std::hash<std::string>{}(instance.name);
   spec.sim = manifest.sim_params(instance);
+  // EAGLE-3: the draft head sits beside the executor of each decode instance.
+  if (manifest.speculative.method == config::SpeculativeMethod::eagle3) {
+    for (const auto& node : manifest.nodes) {
+      for (const auto& user : node.instances) {
+        if (user.role == config::Role::decode && user.executor == instance.name) {
+          spec.draft_model_path = manifest.speculative.draft_model;
+        }
+      }
+    }
+  }
   return spec;
 }
 
@@ -105,10 +115,33 @@ ExecInfo open_device(ExecutorState& st, const ShellContext& ctx, const config::I
                  st.registration->key()};
   info.fabric_address = fabric->address();
   info.local = st.registration.get();
+  info.draft_model = st.device->has_draft_model();
   return info;
 }
 
+ExecResult run_draft(devices::Device& device, const ExecBatch& batch) {
+  static const std::vector<uint64_t> none;
+  auto start = std::chrono::steady_clock::now();
+  auto drafts = device.draft(batch.draft ? std::span<const devices::DraftSeq>(*batch.draft)
+                                         : std::span<const devices::DraftSeq>(),
+                             batch.forget ? *batch.forget : none);
+  ExecResult result;
+  result.compute_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                           start)
+          .count());
+  if (!drafts.ok()) {
+    result.error = drafts.error().describe();
+    return result;
+  }
+  result.ok = true;
+  result.drafts =
+      std::make_shared<const std::vector<devices::DraftOutput>>(std::move(drafts).value());
+  return result;
+}
+
 ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
+  if (batch.kind == ExecKind::draft) return run_draft(device, batch);
   auto start = std::chrono::steady_clock::now();
   Result<devices::StepOutput> out =
       batch.kind == ExecKind::prefill
@@ -163,7 +196,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
           return ExecResult{false, "executor: too many passes in flight", nullptr, 0};
         }
         ExecResult result = run_batch(*st.device, batch);
-        if (!result.ok) return result;
+        if (!result.ok || !result.output) return result;  // drafts: computed, no modelled time
         auto ready_at = result.output->ready_at;
         auto now = self->clock().now();
         if (ready_at <= now && st.pending.empty()) return result;

@@ -30,14 +30,19 @@ struct ExecInfo {
   // The KV pool registration, for RMA reads INTO the pool. Owned by the executor and valid
   // while it lives (the node stops actors before it stops the fabric).
   const runtime::MemoryRegion* local = nullptr;
+  bool draft_model = false;  // the device drafts (EAGLE-3 head beside it): ExecKind::draft
 };
 
-enum class ExecKind { prefill, decode };
+// draft: the next drafts after a verified decode pass (Device::draft); its result's
+// `drafts`, not `output`.
+enum class ExecKind { prefill, decode, draft };
 
 struct ExecBatch {
   ExecKind kind = ExecKind::prefill;
   std::shared_ptr<const std::vector<devices::PrefillSeq>> prefill;  // when kind == prefill
   std::shared_ptr<const std::vector<devices::DecodeSeq>> decode;    // when kind == decode
+  std::shared_ptr<const std::vector<devices::DraftSeq>> draft;      // when kind == draft
+  std::shared_ptr<const std::vector<uint64_t>> forget;  // draft: sequences that ended
 };
 
 struct ExecResult {
@@ -45,6 +50,7 @@ struct ExecResult {
   std::string error;
   std::shared_ptr<const devices::StepOutput> output;
   uint64_t compute_ns = 0;
+  std::shared_ptr<const std::vector<devices::DraftOutput>> drafts;  // kind draft
 };
 
 // Builds the device spec for `instance` (an executor) from the manifest.

@@ -1,5 +1,7 @@
 #include "devices/cpu/cpu_device.hpp"
 
+#include "devices/cpu/eagle3.hpp"
+#include "devices/cpu/ops.hpp"
 #include "devices/cpu/small_gemm.hpp"
 
 #include <cblas.h>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <unordered_map>
 
 // OpenBLAS DYNAMIC_ARCH internals (exported by Debian's libopenblas0-pthread/-openmp): re-run
 // the kernel selection, which reads OPENBLAS_CORETYPE. Weak: absent in single-arch builds.
@@ -19,34 +22,6 @@ extern "C" __attribute__((weak)) void gotoblas_dynamic_quit(void);
 
 namespace tandem::devices::cpu {
 namespace {
-
-// C[M,N] = A[M,K] * W[N,K]^T + beta * C   (W row-major [out, in]). Up to 8 rows (decode
-// steps, speculative verification passes) go through small_gemm_nt: one sweep of W for all
-// rows, row-invariant (small_gemm.hpp). Without AVX2, one row goes through sgemv: the weight
-// sweep is the whole cost there, and OpenBLAS's sgemm path packs W first, which sgemv does not.
-void gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
-             float beta = 0.0f) {
-  RT_ASSERT(m > 0 && n > 0 && k > 0, "gemm dims", m, n, k);
-  RT_ASSERT(a != nullptr && w != nullptr && c != nullptr, "gemm null operand");
-  if (small_gemm_nt(a, m, k, w, n, c, beta)) return;
-  if (m == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n), static_cast<int>(k), 1.0f, w,
-                static_cast<int>(k), a, 1, beta, c, 1);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, a, static_cast<int>(k), w, static_cast<int>(k), beta, c,
-              static_cast<int>(n));
-}
-
-void rmsnorm(float* out, const float* x, const float* weight, uint32_t n, float eps) {
-  float ss = 0.0f;
-  for (uint32_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (uint32_t i = 0; i < n; ++i) out[i] = weight[i] * (scale * x[i]);
-}
-
-float silu(float v) { return v / (1.0f + std::exp(-v)); }
 
 // Anonymous page-aligned memory for the KV pool; zero-filled by the kernel.
 class PoolMemory {
@@ -71,6 +46,9 @@ class PoolMemory {
   std::byte* base_;
   uint64_t bytes_;
 };
+
+// Sequences whose draft KV the EAGLE-3 head keeps (least recently used out beyond).
+constexpr uint32_t kDraftContextsMax = 1024;
 
 // A sequence of either kind, as the forward pass sees it.
 struct SeqView {
@@ -136,7 +114,22 @@ class CpuDevice final : public Device {
   Status copy_blocks_in(std::span<const uint32_t> blocks,
                         std::span<const std::byte> src) override;
 
+  void set_draft_head(std::unique_ptr<Eagle3Head> head) { draft_ = std::move(head); }
+  bool has_draft_model() const override { return draft_ != nullptr; }
+  Result<std::vector<DraftOutput>> draft(std::span<const DraftSeq> batch,
+                                         std::span<const uint64_t> forget) override;
+
  private:
+  // A decode pass's rows as the draft head reads them: per row, the residual stream entering
+  // each of the head's aux layers (3 x hidden).
+  struct KeptRows {
+    uint32_t start_pos = 0;
+    uint32_t rows = 0;
+    std::vector<float> states;  // rows x 3 x hidden
+  };
+  void keep_aux_state(uint32_t layer, uint32_t tokens_count);
+  void keep_rows(const std::vector<SeqView>& seqs);
+
   Status validate(const std::vector<SeqView>& seqs, const char* what) const;
   Result<StepOutput> run(const std::vector<SeqView>& seqs, bool all_rows, const char* what);
   void attention_block(uint32_t layer, const std::vector<SeqView>& seqs,
@@ -173,6 +166,10 @@ class CpuDevice final : public Device {
   std::vector<TokenSlot> slots_;
   std::vector<uint32_t> rows_;
   RouteScratch route_;
+  std::unique_ptr<Eagle3Head> draft_;  // null: no draft model
+  std::vector<float> aux_;             // this pass's tokens x 3 x hidden (draft_ set)
+  std::unordered_map<uint64_t, KeptRows> kept_;  // the last decode pass's sequences
+  std::vector<float> draft_logits_, draft_prenorm_, draft_states_;
 };
 
 Status CpuDevice::validate(const std::vector<SeqView>& seqs, const char* what) const {
@@ -233,12 +230,106 @@ Result<StepOutput> CpuDevice::run(const std::vector<SeqView>& seqs, bool all_row
     std::memcpy(&x_[uint64_t{t} * c.hidden], w_.embed + uint64_t(id) * c.hidden,
                 sizeof(float) * c.hidden);
   }
+  bool keep = draft_ != nullptr && all_rows;  // decode: the draft head reads its states
+  if (keep) aux_.resize(uint64_t{n} * 3 * c.hidden);
   for (uint32_t l = 0; l < c.layers; ++l) {
+    if (keep) keep_aux_state(l, n);
     attention_block(l, seqs, slots);
     ffn_block(l, n);
   }
+  if (keep) keep_rows(seqs);
   StepOutput out = head(seqs, all_rows, n);
   RT_ASSERT(out.seqs.size() == seqs.size(), "one output per sequence");
+  return out;
+}
+
+void CpuDevice::keep_aux_state(uint32_t layer, uint32_t n) {
+  const ModelConfig& c = w_.config;
+  const auto& aux = draft_->config().aux_layers;
+  for (uint32_t a = 0; a < aux.size(); ++a) {
+    if (aux[a] != layer) continue;
+    for (uint32_t t = 0; t < n; ++t) {
+      std::memcpy(&aux_[(uint64_t{t} * 3 + a) * c.hidden], &x_[uint64_t{t} * c.hidden],
+                  sizeof(float) * c.hidden);
+    }
+  }
+}
+
+void CpuDevice::keep_rows(const std::vector<SeqView>& seqs) {
+  uint64_t width = 3 * uint64_t{w_.config.hidden};
+  kept_.clear();
+  uint64_t first = 0;
+  for (const SeqView& s : seqs) {
+    uint32_t rows = static_cast<uint32_t>(s.tokens->size());
+    KeptRows& k = kept_[s.seq_id];
+    k.start_pos = s.start_pos;
+    k.rows = rows;
+    k.states.assign(aux_.begin() + static_cast<std::ptrdiff_t>(first * width),
+                    aux_.begin() + static_cast<std::ptrdiff_t>((first + rows) * width));
+    first += rows;
+  }
+}
+
+Result<std::vector<DraftOutput>> CpuDevice::draft(std::span<const DraftSeq> batch,
+                                                  std::span<const uint64_t> forget) {
+  if (!draft_) return Device::draft(batch, forget);
+  for (uint64_t seq : forget) draft_->drop(seq);
+  const Eagle3Config& dc = draft_->config();
+  uint32_t limit = std::min(dc.max_position, w_.config.max_position);
+  std::vector<Eagle3Head::Row> rows;
+  std::vector<uint32_t> last_row(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const DraftSeq& d = batch[i];
+    std::string where = "cpu device draft: seq " + std::to_string(d.seq_id);
+    auto it = kept_.find(d.seq_id);
+    if (it == kept_.end()) {
+      return make_error(ErrorKind::invalid, where + " was not in the last decode pass");
+    }
+    const KeptRows& k = it->second;
+    if (d.emitted.empty() || d.emitted.size() > k.rows || d.draft_tokens == 0) {
+      return make_error(ErrorKind::invalid,
+                        where + ": " + std::to_string(d.emitted.size()) +
+                            " emitted tokens for a pass of " + std::to_string(k.rows) +
+                            " rows, " + std::to_string(d.draft_tokens) +
+                            " draft tokens wanted (needs 1..rows and >= 1)");
+    }
+    for (uint32_t r = 0; r < d.emitted.size(); ++r) {
+      rows.push_back({d.seq_id, k.start_pos + r, d.emitted[r],
+                      &k.states[uint64_t{r} * 3 * w_.config.hidden], true});
+    }
+    last_row[i] = static_cast<uint32_t>(rows.size() - 1);
+  }
+  std::vector<DraftOutput> out(batch.size());
+  if (batch.empty()) return out;
+  set_blas_threads(static_cast<uint32_t>(rows.size()));
+  uint32_t h = dc.hidden;
+  // Step 0 feeds the emitted positions (the target's states); each later step one position
+  // per sequence still drafting (the head's own state).
+  std::vector<size_t> drafting(batch.size());
+  std::iota(drafting.begin(), drafting.end(), size_t{0});
+  for (uint32_t step = 0; !drafting.empty(); ++step) {
+    if (auto st = draft_->forward(rows, draft_logits_, draft_prenorm_); !st) return st.error();
+    draft_states_.resize(uint64_t(drafting.size()) * h);
+    std::vector<size_t> next;
+    std::vector<Eagle3Head::Row> next_rows;
+    for (size_t j = 0; j < drafting.size(); ++j) {
+      size_t i = drafting[j];
+      uint32_t r = step == 0 ? last_row[i] : static_cast<uint32_t>(j);
+      int32_t token = draft_->argmax_target(&draft_logits_[uint64_t{r} * dc.draft_vocab]);
+      out[i].seq_id = batch[i].seq_id;
+      out[i].tokens.push_back(token);
+      std::memcpy(&draft_states_[uint64_t(next.size()) * h], &draft_prenorm_[uint64_t{r} * h],
+                  sizeof(float) * h);
+      uint32_t pos = rows[r].pos + 1;  // the drafted token sits at pos + 1
+      if (out[i].tokens.size() < batch[i].draft_tokens && pos + 1 < limit) {
+        next_rows.push_back({batch[i].seq_id, pos, token, nullptr, false});
+        next.push_back(i);
+      }
+    }
+    for (size_t j = 0; j < next_rows.size(); ++j) next_rows[j].state = &draft_states_[j * h];
+    rows = std::move(next_rows);
+    drafting = std::move(next);
+  }
   return out;
 }
 
@@ -267,25 +358,6 @@ void CpuDevice::qkv_project(const LayerWeights& lw, uint32_t n) {
   add_bias(v_, lw.bv, kv_out);
 }
 
-// Rotates the first rotary_dim dims of each head of `vec` (heads_count heads) at `pos`.
-void rope(float* vec, uint32_t heads_count, const ModelConfig& c, uint32_t pos) {
-  uint32_t half = c.rotary_dim / 2;
-  for (uint32_t j = 0; j < half; ++j) {
-    float freq = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * j) /
-                                                   static_cast<float>(c.rotary_dim));
-    float angle = static_cast<float>(pos) * freq;
-    float cs = std::cos(angle), sn = std::sin(angle);
-    for (uint32_t h = 0; h < heads_count; ++h) {
-      float* head = vec + uint64_t{h} * c.head_dim;
-      uint32_t a = c.rope_style == RopeStyle::interleaved ? 2 * j : j;
-      uint32_t b = c.rope_style == RopeStyle::interleaved ? 2 * j + 1 : j + half;
-      float x0 = head[a], x1 = head[b];
-      head[a] = x0 * cs - x1 * sn;
-      head[b] = x0 * sn + x1 * cs;
-    }
-  }
-}
-
 // In-place RMSNorm of `count` groups of `width` elements with a shared weight.
 void norm_groups(float* v, uint32_t count, uint32_t width, const float* weight, float eps) {
   for (uint32_t g = 0; g < count; ++g) rmsnorm(v + uint64_t{g} * width, v + uint64_t{g} * width,
@@ -303,8 +375,9 @@ void CpuDevice::qk_norm_rope(const LayerWeights& lw, const std::vector<TokenSlot
       norm_groups(q, q_out / lw.q_norm_elems, lw.q_norm_elems, lw.q_norm, c.rms_eps);
       norm_groups(k, kv_out / lw.k_norm_elems, lw.k_norm_elems, lw.k_norm, c.rms_eps);
     }
-    rope(q, c.heads, c, slots[t].pos);
-    rope(k, c.kv_heads, c, slots[t].pos);
+    RopeShape shape{c.head_dim, c.rotary_dim, c.rope_theta, c.rope_style};
+    rope(q, c.heads, shape, slots[t].pos);
+    rope(k, c.kv_heads, shape, slots[t].pos);
   }
 }
 
@@ -339,33 +412,10 @@ void CpuDevice::attend_one(uint32_t layer, const SeqView& seq, uint32_t pos, con
   const ModelConfig& c = w_.config;
   RT_ASSERT(pos < c.max_position, "pos", pos);
   RT_ASSERT(c.heads % c.kv_heads == 0, "GQA grouping");
-  uint32_t group = c.heads / c.kv_heads;
-  float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  scores_.resize(pos + 1);
-  for (uint32_t h = 0; h < c.heads; ++h) {
-    const float* qh = q + uint64_t{h} * c.head_dim;
-    uint64_t kv_off = uint64_t{h / group} * c.head_dim;
-    float max_score = -INFINITY;
-    for (uint32_t j = 0; j <= pos; ++j) {
-      const float* kj = kv_row(seq, j, layer, KvPart::k) + kv_off;
-      float dot = 0.0f;
-      for (uint32_t d = 0; d < c.head_dim; ++d) dot += qh[d] * kj[d];
-      scores_[j] = dot * scale;
-      max_score = std::max(max_score, scores_[j]);
-    }
-    float sum = 0.0f;
-    for (uint32_t j = 0; j <= pos; ++j) {
-      scores_[j] = std::exp(scores_[j] - max_score);
-      sum += scores_[j];
-    }
-    float* oh = out + uint64_t{h} * c.head_dim;
-    std::fill(oh, oh + c.head_dim, 0.0f);
-    for (uint32_t j = 0; j <= pos; ++j) {
-      const float* vj = kv_row(seq, j, layer, KvPart::v) + kv_off;
-      float p = scores_[j] / sum;
-      for (uint32_t d = 0; d < c.head_dim; ++d) oh[d] += p * vj[d];
-    }
-  }
+  attend(
+      q, c.heads, c.kv_heads, c.head_dim, pos + 1,
+      [&](uint32_t j) { return kv_row(seq, j, layer, KvPart::k); },
+      [&](uint32_t j) { return kv_row(seq, j, layer, KvPart::v); }, scores_, out);
 }
 
 void CpuDevice::ffn_block(uint32_t layer, uint32_t n) {
@@ -603,14 +653,25 @@ Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
   int threads = options.threads > 0 ? static_cast<int>(options.threads) : blas_threads_at_load;
   int single = options.single_token_threads > 0 ? static_cast<int>(options.single_token_threads)
                                                  : threads;
-  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(std::move(weights), layout,
-                                                             std::move(*pool), threads, single));
+  std::unique_ptr<Eagle3Head> head;
+  if (!options.draft_model_path.empty()) {
+    auto draft = load_eagle3_dir(options.draft_model_path, c);
+    if (!draft) {
+      return Error{draft.error().kind, "draft model: " + draft.error().message};
+    }
+    head = std::make_unique<Eagle3Head>(std::move(*draft), weights.embed, kDraftContextsMax);
+  }
+  auto device = std::make_unique<CpuDevice>(std::move(weights), layout, std::move(*pool), threads,
+                                            single);
+  device->set_draft_head(std::move(head));
+  return std::unique_ptr<Device>(std::move(device));
 }
 
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec) {
   auto weights = load_model(spec.model_path);
   if (!weights) return weights.error();
   CpuDeviceOptions options{spec.block_tokens, spec.blocks_total, spec.kv_bytes_max, spec.threads};
+  options.draft_model_path = spec.draft_model_path;
   return make_cpu_device(std::move(*weights), options);
 }
 

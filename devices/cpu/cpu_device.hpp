@@ -30,6 +30,8 @@ struct CpuDeviceOptions {
   // a 2-thread sgemv pays a thread handoff per projection (~45 per step), which costs a
   // scheduler slice each time the cores are shared (docs/benchmarks.md#device).
   uint32_t single_token_threads = 1;
+  // An EAGLE-3 head directory (eagle3.hpp) loaded beside the target; empty: none.
+  std::string draft_model_path;
 };
 
 // Builds a device from loaded weights. Errors: invalid (block_tokens 0, no KV size given,

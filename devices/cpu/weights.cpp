@@ -1,5 +1,7 @@
 #include "devices/cpu/weights.hpp"
 
+#include "devices/cpu/eagle3.hpp"
+
 #include <optional>
 
 #include <fcntl.h>
@@ -7,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -103,6 +106,7 @@ struct TensorRef {
   const std::byte* data = nullptr;
   uint64_t size_bytes = 0;
   const MappedFile* file = nullptr;
+  bool i64 = false;  // an I64 tensor (dtype is meaningless then): EAGLE-3's d2t
 };
 
 std::optional<DType> dtype_from_string(const std::string& s) {
@@ -126,8 +130,10 @@ Status parse_tensor_entry(const MappedFile& file, uint64_t data_start, const std
     return invalid(path + ": tensor '" + name + "': header entry lacks dtype/shape/data_offsets");
   }
   std::string dt = entry["dtype"].is_string() ? entry["dtype"].get<std::string>() : "?";
-  auto dtype = dtype_from_string(dt);
+  out->i64 = dt == "I64";
+  auto dtype = out->i64 ? std::optional<DType>(DType::f32) : dtype_from_string(dt);
   if (!dtype || *dtype == DType::f8_e4m3) return unsupported_dtype(path, name, dt);
+  uint32_t width = out->i64 ? 8 : dtype_bytes(*dtype);
   const auto& offs = entry["data_offsets"];
   if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
       !offs[1].is_number_unsigned()) {
@@ -147,7 +153,7 @@ Status parse_tensor_entry(const MappedFile& file, uint64_t data_start, const std
                    ", " + std::to_string(end) + ") outside the file's " +
                    std::to_string(data_bytes) + " data bytes (truncated file?)");
   }
-  if (end - begin != elems * dtype_bytes(*dtype)) {
+  if (end - begin != elems * width) {
     return invalid(path + ": tensor '" + name + "': " + std::to_string(end - begin) +
                    " bytes do not match its shape and dtype");
   }
@@ -195,8 +201,8 @@ Result<std::string> read_text(const std::string& path) {
 class Binder {
  public:
   // `source` names where the tensors came from, for the missing-tensor error.
-  Binder(std::map<std::string, TensorRef>* tensors, ModelWeights* w, std::string source)
-      : tensors_(tensors), w_(w), source_(std::move(source)) {}
+  Binder(std::map<std::string, TensorRef>* tensors, WeightStorage* storage, std::string source)
+      : tensors_(tensors), storage_(storage), source_(std::move(source)) {}
 
   // Binds a tensor of exactly `shape`; nullptr + error when missing or mismatched.
   const float* get(const std::string& name, std::vector<uint64_t> shape, bool optional = false) {
@@ -208,12 +214,24 @@ class Binder {
       return nullptr;
     }
     const TensorRef& t = it->second;
-    if (t.shape != shape) {
-      if (!error_) error_ = invalid(t.file->path() + ": tensor '" + name + "' has shape " +
-                                    shape_text(t.shape) + ", expected " + shape_text(shape));
-      return nullptr;
-    }
+    if (!check(t, name, shape, false)) return nullptr;
     return to_f32(t);
+  }
+  // An I64 tensor of exactly `shape`, copied; nullopt (+ error unless optional and missing).
+  std::optional<std::vector<int64_t>> get_i64(const std::string& name,
+                                              std::vector<uint64_t> shape, bool optional) {
+    auto it = tensors_->find(name);
+    if (it == tensors_->end()) {
+      if (!optional && !error_) {
+        error_ = invalid("missing tensor '" + name + "' (not in " + source_ + ")");
+      }
+      return std::nullopt;
+    }
+    const TensorRef& t = it->second;
+    if (!check(t, name, shape, true)) return std::nullopt;
+    std::vector<int64_t> out(t.size_bytes / 8);
+    std::memcpy(out.data(), t.data, t.size_bytes);
+    return out;
   }
   uint64_t elems_of(const std::string& name) const {
     auto it = tensors_->find(name);
@@ -226,6 +244,21 @@ class Binder {
   const std::optional<Error>& error() const { return error_; }
 
  private:
+  bool check(const TensorRef& t, const std::string& name, const std::vector<uint64_t>& shape,
+             bool want_i64) {
+    if (t.i64 != want_i64) {
+      if (!error_) error_ = invalid(t.file->path() + ": tensor '" + name + "' is " +
+                                    (t.i64 ? "I64" : "a float tensor") + ", expected " +
+                                    (want_i64 ? "I64" : "F32, BF16 or F16"));
+      return false;
+    }
+    if (t.shape != shape) {
+      if (!error_) error_ = invalid(t.file->path() + ": tensor '" + name + "' has shape " +
+                                    shape_text(t.shape) + ", expected " + shape_text(shape));
+      return false;
+    }
+    return true;
+  }
   static std::string shape_text(const std::vector<uint64_t>& s) {
     std::string out = "[";
     for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -246,11 +279,11 @@ class Binder {
         buf[i] = t.dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
       }
     }
-    w_->owned.push_back(std::move(buf));
-    return w_->owned.back().data();
+    storage_->owned.push_back(std::move(buf));
+    return storage_->owned.back().data();
   }
   std::map<std::string, TensorRef>* tensors_;
-  ModelWeights* w_;
+  WeightStorage* storage_;
   std::string source_;
   std::optional<Error> error_;
 };
@@ -457,7 +490,7 @@ Result<ShardIndex> read_shard_index(const std::string& index_path) {
 // Maps each shard the index names and takes from it exactly the tensors the index puts there
 // (the index is authoritative: other tensors in a shard are ignored).
 Status open_indexed_shards(const std::string& dir, const std::string& index_path,
-                           ModelWeights* w, std::map<std::string, TensorRef>* tensors) {
+                           WeightStorage* w, std::map<std::string, TensorRef>* tensors) {
   auto index = read_shard_index(index_path);
   if (!index) return index.error();
   for (const auto& f : index->files) {
@@ -486,7 +519,7 @@ Status open_indexed_shards(const std::string& dir, const std::string& index_path
 
 // Fills `tensors` from model.safetensors.index.json + its shards when the index exists,
 // else from model.safetensors. `*source` names where tensors were looked up (for errors).
-Status open_shards(const std::string& dir, ModelWeights* w,
+Status open_shards(const std::string& dir, WeightStorage* w,
                    std::map<std::string, TensorRef>* tensors, std::string* source) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;
@@ -512,12 +545,12 @@ Result<ModelWeights> load_hf_dir(const std::string& dir) {
   TRY_ASSIGN(w.config, parse_hf_config(*text, cfg_path.string()));
   std::map<std::string, TensorRef> tensors;
   std::string source;
-  if (auto st = open_shards(dir, &w, &tensors, &source); !st) return st.error();
+  if (auto st = open_shards(dir, &w.storage, &tensors, &source); !st) return st.error();
   const ModelConfig& c = w.config;
   if (auto it = tensors.find("model.embed_tokens.weight"); it != tensors.end()) {
     w.config.weight_dtype = it->second.dtype;
   }
-  Binder b(&tensors, &w, source);
+  Binder b(&tensors, &w.storage, source);
   w.embed = b.get("model.embed_tokens.weight", {c.vocab_size, c.hidden});
   w.final_norm = b.get("model.norm.weight", {c.hidden});
   w.lm_head = c.tie_embeddings ? w.embed : b.get("lm_head.weight", {c.vocab_size, c.hidden});
@@ -634,7 +667,7 @@ Result<ModelWeights> load_llama2c(const std::string& path) {
   }
   RT_ASSERT(reinterpret_cast<const std::byte*>(p) <= f.data() + f.size_bytes(), path);
   w.bytes_per_token = compute_bytes_per_token(c);
-  w.maps.push_back(std::move(*map));
+  w.storage.maps.push_back(std::move(*map));
   return w;
 }
 
@@ -660,6 +693,152 @@ Result<ModelWeights> load_model(const std::string& path) {
     return load_hf_dir(path);
   }
   return load_llama2c(path);
+}
+
+}  // namespace tandem::devices::cpu
+
+// ---- EAGLE-3 draft head (eagle3.hpp) ----
+
+namespace tandem::devices::cpu {
+
+std::array<uint32_t, 3> eagle3_default_aux_layers(uint32_t target_layers) {
+  RT_ASSERT(target_layers > 0, "a target has layers");
+  auto clamp = [target_layers](int64_t id) {
+    return static_cast<uint32_t>(std::clamp<int64_t>(id, 0, target_layers - 1));
+  };
+  int64_t l = target_layers;
+  return {clamp(2), clamp(l / 2), clamp(l - 3)};
+}
+
+namespace {
+
+Status parse_eagle3_config(const json& j, const std::string& file, const ModelConfig& target,
+                           Eagle3Config* c) {
+  uint32_t layers = 0;
+  TRY_ASSIGN(layers, get_u32(j, "num_hidden_layers", file, 1u));
+  if (layers != 1) {
+    return make_error(ErrorKind::unimplemented,
+                      file + ": num_hidden_layers is " + std::to_string(layers) +
+                          "; EAGLE-3 heads of one decoder layer are supported");
+  }
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    return make_error(ErrorKind::unimplemented, file + ": rope_scaling is not supported");
+  }
+  TRY_ASSIGN(c->hidden, get_u32(j, "hidden_size", file, std::nullopt));
+  TRY_ASSIGN(c->heads, get_u32(j, "num_attention_heads", file, std::nullopt));
+  TRY_ASSIGN(c->kv_heads, get_u32(j, "num_key_value_heads", file, c->heads));
+  TRY_ASSIGN(c->head_dim, get_u32(j, "head_dim", file, c->heads ? c->hidden / c->heads : 0));
+  TRY_ASSIGN(c->intermediate, get_u32(j, "intermediate_size", file, std::nullopt));
+  TRY_ASSIGN(c->vocab_size, get_u32(j, "vocab_size", file, std::nullopt));
+  TRY_ASSIGN(c->draft_vocab, get_u32(j, "draft_vocab_size", file, c->vocab_size));
+  TRY_ASSIGN(c->target_hidden, get_u32(j, "target_hidden_size", file, c->hidden));
+  TRY_ASSIGN(c->max_position, get_u32(j, "max_position_embeddings", file, target.max_position));
+  TRY_ASSIGN(c->rope_theta, get_float(j, "rope_theta", file, 10000.0f));
+  TRY_ASSIGN(c->rms_eps, get_float(j, "rms_norm_eps", file, 1e-6f));
+  c->norm_before_residual = j.value("norm_before_residual", false);
+  auto bad = [&file](const std::string& key, const std::string& why) {
+    return invalid(file + ": " + key + " " + why);
+  };
+  if (c->hidden == 0 || c->heads == 0 || c->kv_heads == 0 || c->head_dim == 0 ||
+      c->intermediate == 0 || c->draft_vocab == 0) {
+    return invalid(file + ": hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
+                          "intermediate_size and draft_vocab_size must be above 0");
+  }
+  if (c->heads % c->kv_heads != 0) {
+    return bad("num_attention_heads", "(" + std::to_string(c->heads) +
+                                          ") is not a multiple of num_key_value_heads (" +
+                                          std::to_string(c->kv_heads) + ")");
+  }
+  if (c->head_dim % 2 != 0) return bad("head_dim", "must be even (RoPE pairs)");
+  if (c->vocab_size != target.vocab_size) {
+    return bad("vocab_size", "is " + std::to_string(c->vocab_size) + ", the target's is " +
+                                 std::to_string(target.vocab_size));
+  }
+  if (c->draft_vocab > c->vocab_size) {
+    return bad("draft_vocab_size", "(" + std::to_string(c->draft_vocab) +
+                                       ") exceeds vocab_size (" +
+                                       std::to_string(c->vocab_size) + ")");
+  }
+  if (c->target_hidden != target.hidden) {
+    return bad("target_hidden_size", "is " + std::to_string(c->target_hidden) +
+                                         ", the target's hidden size is " +
+                                         std::to_string(target.hidden));
+  }
+  c->aux_layers = eagle3_default_aux_layers(target.layers);
+  const json* ids = nullptr;
+  if (j.contains("eagle_config") && j["eagle_config"].is_object() &&
+      j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+    ids = &j["eagle_config"]["eagle_aux_hidden_state_layer_ids"];
+  }
+  if (ids != nullptr) {
+    std::string key = "eagle_config.eagle_aux_hidden_state_layer_ids";
+    if (!ids->is_array() || ids->size() != 3) return bad(key, "must list 3 layer ids");
+    for (size_t i = 0; i < 3; ++i) {
+      const json& v = (*ids)[i];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+          v.get<int64_t>() >= int64_t{target.layers}) {
+        return bad(key + "[" + std::to_string(i) + "]",
+                   "must be a layer id in [0, " + std::to_string(target.layers) +
+                       ") of the target");
+      }
+      c->aux_layers[i] = v.get<uint32_t>();
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<Eagle3Weights> load_eagle3_dir(const std::string& dir, const ModelConfig& target) {
+  fs::path cfg_path = fs::path(dir) / "config.json";
+  auto text = read_text(cfg_path.string());
+  if (!text) return make_error(ErrorKind::not_found, cfg_path.string() + ": cannot open");
+  json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return invalid(cfg_path.string() + ": not a JSON object");
+  Eagle3Weights w;
+  if (auto st = parse_eagle3_config(j, cfg_path.string(), target, &w.config); !st) {
+    return st.error();
+  }
+  std::map<std::string, TensorRef> tensors;
+  std::string source;
+  if (auto st = open_shards(dir, &w.storage, &tensors, &source); !st) return st.error();
+  const Eagle3Config& c = w.config;
+  uint64_t h = c.hidden, q_out = uint64_t{c.heads} * c.head_dim,
+           kv_out = uint64_t{c.kv_heads} * c.head_dim;
+  Binder b(&tensors, &w.storage, source);
+  std::string p = b.has("midlayer.input_layernorm.weight") ? "midlayer." : "layers.0.";
+  w.embed = b.get("embed_tokens.weight", {c.vocab_size, h}, true);
+  if (w.embed == nullptr && c.hidden != target.hidden) {
+    return invalid(dir + ": the head has no embed_tokens.weight and its hidden_size (" +
+                   std::to_string(c.hidden) + ") differs from the target's (" +
+                   std::to_string(target.hidden) + "), so it cannot share the target's");
+  }
+  w.fc = b.get("fc.weight", {h, 3 * uint64_t{c.target_hidden}});
+  w.input_norm = b.get(p + "input_layernorm.weight", {h});
+  w.hidden_norm = b.get(p + "hidden_norm.weight", {h});
+  w.wq = b.get(p + "self_attn.q_proj.weight", {q_out, 2 * h});
+  w.wk = b.get(p + "self_attn.k_proj.weight", {kv_out, 2 * h});
+  w.wv = b.get(p + "self_attn.v_proj.weight", {kv_out, 2 * h});
+  w.wo = b.get(p + "self_attn.o_proj.weight", {h, q_out});
+  w.post_norm = b.get(p + "post_attention_layernorm.weight", {h});
+  w.w1 = b.get(p + "mlp.gate_proj.weight", {c.intermediate, h});
+  w.w3 = b.get(p + "mlp.up_proj.weight", {c.intermediate, h});
+  w.w2 = b.get(p + "mlp.down_proj.weight", {h, c.intermediate});
+  w.final_norm = b.get("norm.weight", {h});
+  w.lm_head = b.get("lm_head.weight", {c.draft_vocab, h});
+  auto d2t = b.get_i64("d2t", {c.draft_vocab}, c.draft_vocab == c.vocab_size);
+  if (b.error()) return Error{b.error()->kind, dir + ": " + b.error()->message};
+  w.draft_to_target.resize(c.draft_vocab);
+  for (uint32_t i = 0; i < c.draft_vocab; ++i) {
+    int64_t id = int64_t{i} + (d2t ? (*d2t)[i] : 0);
+    if (id < 0 || id >= int64_t{c.vocab_size}) {
+      return invalid(dir + ": d2t[" + std::to_string(i) + "] = " + std::to_string((*d2t)[i]) +
+                     " maps draft id " + std::to_string(i) + " to " + std::to_string(id) +
+                     ", outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    }
+    w.draft_to_target[i] = static_cast<int32_t>(id);
+  }
+  return w;
 }
 
 }  // namespace tandem::devices::cpu

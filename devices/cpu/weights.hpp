@@ -68,6 +68,13 @@ struct LayerWeights {
   std::vector<ExpertWeights> experts;
 };
 
+// The storage weight pointers point into: file mappings (fp32 tensors used in place) and
+// converted copies. Moving it keeps the pointers valid.
+struct WeightStorage {
+  std::vector<std::unique_ptr<MappedFile>> maps;
+  std::vector<std::vector<float>> owned;
+};
+
 struct ModelWeights {
   ModelConfig config;
   const float* embed = nullptr;       // [vocab, hidden]
@@ -75,9 +82,7 @@ struct ModelWeights {
   const float* lm_head = nullptr;     // [vocab, hidden]; == embed when tied
   std::vector<LayerWeights> layers;
   uint64_t bytes_per_token = 0;  // fp32 bytes a one-token step reads (MoE: router + top-k)
-  // Storage the pointers above point into; moving a ModelWeights keeps them valid.
-  std::vector<std::unique_ptr<MappedFile>> maps;
-  std::vector<std::vector<float>> owned;
+  WeightStorage storage;  // what the pointers above point into
 };
 
 // llama2.c checkpoint (7 int32 header: dim, hidden_dim, layers, heads, kv_heads, vocab, seq_len;

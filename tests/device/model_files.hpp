@@ -184,8 +184,9 @@ inline void write_hf_dir(const std::string& dir, const ModelConfig& c, const Ten
 }
 
 // Reads every tensor of an F32 safetensors file into `t` (by name). Independent of
-// devices/cpu. Returns false (with a message on stderr) on any other dtype or a bad file.
-inline bool read_safetensors_f32(const std::string& path, Tensors* t) {
+// devices/cpu. Returns false (with a message on stderr) on any other dtype (unless
+// skip_other: such tensors are left out) or a bad file.
+inline bool read_safetensors_f32(const std::string& path, Tensors* t, bool skip_other = false) {
   std::ifstream in(path, std::ios::binary);
   uint64_t header_bytes = 0;
   if (!in.read(reinterpret_cast<char*>(&header_bytes), 8)) return false;
@@ -196,6 +197,7 @@ inline bool read_safetensors_f32(const std::string& path, Tensors* t) {
   if (header.is_discarded()) return false;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
+    if (info["dtype"] != "F32" && skip_other) continue;
     if (info["dtype"] != "F32") {
       std::fprintf(stderr, "read_safetensors_f32: %s is %s\n", name.c_str(),
                    info["dtype"].dump().c_str());

@@ -24,6 +24,8 @@ struct RefModel {
   Tensors t;
   // Per-layer dense caches: [layer][pos * kv_width + i]
   std::vector<std::vector<double>> kc, vc;
+  // The last step's residual stream entering each layer (EAGLE-3's target states).
+  std::vector<std::vector<double>> layer_inputs;
 
   const std::vector<float>& at(const std::string& name) const {
     auto it = t.find(name);
@@ -162,7 +164,9 @@ struct RefModel {
     const auto& emb = at("model.embed_tokens.weight");
     std::vector<double> x(emb.begin() + long(token) * c.hidden,
                           emb.begin() + long(token + 1) * c.hidden);
+    layer_inputs.resize(c.layers);
     for (uint32_t l = 0; l < c.layers; ++l) {
+      layer_inputs[l] = x;
       auto a = attention(l, norm(x, at(L(l, "input_layernorm.weight")), 0, c.hidden), pos);
       for (uint32_t d = 0; d < c.hidden; ++d) x[d] += a[d];
       auto xn = norm(x, at(L(l, "post_attention_layernorm.weight")), 0, c.hidden);
