@@ -347,7 +347,10 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
   // Speculative decoding (issue 14): greedy text is byte-identical with each method on, each
   // prompt asked twice (the second ask is what the suffix cache and n-gram can copy), and the
   // drafts really ran: drafted and accepted tokens counted on decode.
-  auto speculating = [&](ServeCluster& c, const std::string& decode_node) {
+  // eagle3's head is synthesized (random weights): its drafts are seldom right, so only
+  // that they ran is checked, not that any was accepted.
+  auto speculating = [&](ServeCluster& c, const std::string& decode_node,
+                         bool expect_accepted = true) {
     for (int round = 0; round < 2; ++round) {
       for (size_t i = 0; i < prompts().size(); ++i) {
         Completion r = complete(c.http_port(), prompts()[i], kTokens);
@@ -367,10 +370,12 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
     MESSAGE("drafts ", drafts, ", draft tokens ", drafted, ", accepted ", accepted,
             " (position 0: ", first, ")");
     CHECK(drafts > 0);
-    CHECK(accepted > 0);
     CHECK(accepted <= drafted);
     CHECK(first <= drafts);
-    CHECK(first > 0);
+    if (expect_accepted) {
+      CHECK(accepted > 0);
+      CHECK(first > 0);
+    }
     // A request that turns speculation off drafts nothing and says the same. (The counters
     // are exported right after a step's events go out: let the last one land first.)
     std::this_thread::sleep_for(300ms);
@@ -403,6 +408,28 @@ TEST_CASE("serving: greedy outputs agree across one node, loopback-3 P/D and dec
       MESSAGE("method ", std::string(method));
       speculating(c, "decode");
     }
+  }
+  SUBCASE("speculative eagle3 (a synthesized head), one node and loopback-3 P/D: the same "
+          "text as off") {
+    std::string head = make_temp_dir("serve-eagle3");
+    auto made = run({tandem_bin(), "model", "synth", "--arch", "eagle3", "--target",
+                     model_dir(), "--out", head, "--seed", "3"},
+                    60000ms);
+    REQUIRE_MESSAGE(made.exit_code == 0, made.output);
+    std::string spec = "[speculative]\nmethod = \"eagle3\"\ndraft_model = \"" + head + "\"\n";
+    {
+      ServeCluster c(Layout::one_node, 32, 0, "", "", spec);
+      REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+      speculating(c, "solo", false);
+      CHECK(c.logs().find("draft model failed") == std::string::npos);
+    }
+    {
+      ServeCluster c(Layout::loopback3, 1, 0, "", "", spec);
+      REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+      speculating(c, "decode", false);
+      CHECK(c.logs().find("draft model failed") == std::string::npos);
+    }
+    std::filesystem::remove_all(head);
   }
   SUBCASE("loopback-3, decode-only forced: same text; no disaggregated picks") {
     ServeCluster d(Layout::loopback3, 100000);

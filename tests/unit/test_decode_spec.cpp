@@ -405,3 +405,95 @@ TEST_CASE("suffix: a finished output is proposed to the next request that repeat
   CHECK(drafts_of(p2.entries[0]) == std::vector<TokenId>{33, 34});
   s.check_invariants();
 }
+
+TEST_CASE("eagle3: the model's drafts, set after a step, ride the next one; stale ones never") {
+  PrefixCache cache(64, bt);
+  auto c = spec_config(SpecMethod::eagle3);
+  c.spec.batch_max = 2;
+  DecodeScheduler s(c, cache);
+  REQUIRE(s.submit(repetitive(1, 10)).ok());
+  std::vector<DecodeScheduler::DraftWant> wants;
+  s.model_draft_wants(wants);
+  CHECK(wants.empty());  // not running yet
+  prefill(s);
+  s.model_draft_wants(wants);
+  REQUIRE(wants.size() == 1);
+  CHECK(wants[0].seq == 1);
+  CHECK(wants[0].tokens == 4);  // row_cost 0.01: the whole k pays
+  // No drafts were set: a one-token step.
+  auto p0 = s.plan_step();
+  CHECK(p0.entries[0].draft_tokens_count == 0);
+  s.on_step_result(p0.step_id, std::vector<SampledTokens>{{1, {13}}});
+  // Set for the current context: the next step carries them.
+  s.set_model_drafts(1, {14, 15, 70, 71});
+  auto p = s.plan_step();
+  REQUIRE(p.entries.size() == 1);
+  CHECK(drafts_of(p.entries[0]) == std::vector<TokenId>{14, 15, 70, 71});
+  auto u = s.on_step_result(p.step_id, std::vector<SampledTokens>{{1, {14, 15, 9}}});
+  s.check_invariants();
+  CHECK(u[0].tokens == std::vector<TokenId>{14, 15, 9});
+  CHECK(s.counters().spec_accepted_tokens_count == 2);
+  // Room: max_tokens 10, 5 generated -> at most 5 more tokens, so 4 drafts.
+  s.model_draft_wants(wants);
+  REQUIRE(wants.size() == 1);
+  CHECK(wants[0].tokens == 4);
+  // Drafts set, then a token arrives before they are used (here: a step without them is not
+  // possible, so a stale set is simulated by setting for the old context and stepping twice).
+  s.set_model_drafts(1, {1, 2, 3});
+  auto p2 = s.plan_step();
+  CHECK(drafts_of(p2.entries[0]) == std::vector<TokenId>{1, 2, 3});
+  s.on_step_result(p2.step_id, std::vector<SampledTokens>{{1, {4}}});
+  auto p3 = s.plan_step();  // nothing set since the last token: none
+  CHECK(p3.entries[0].draft_tokens_count == 0);
+  s.on_step_result(p3.step_id, std::vector<SampledTokens>{{1, {5}}});
+  // Unknown or finished sequences are ignored.
+  s.set_model_drafts(77, {1});
+  s.check_invariants();
+
+  SUBCASE("above batch_max, no wants") {
+    REQUIRE(s.submit(repetitive(2, 10)).ok());
+    REQUIRE(s.submit(repetitive(3, 10)).ok());
+    prefill(s);
+    s.model_draft_wants(wants);
+    CHECK(wants.empty());
+  }
+  SUBCASE("a request that turned speculation off gets no wants") {
+    auto r = repetitive(4, 10);
+    r.speculate = false;
+    REQUIRE(s.cancel(1).ok());
+    REQUIRE(s.submit(std::move(r)).ok());
+    prefill(s);
+    s.model_draft_wants(wants);
+    CHECK(wants.empty());
+  }
+}
+
+TEST_CASE("eagle3 drafter: asks the model for the k that pays, and at least one") {
+  using tandem::decode::Drafter;
+  using tandem::decode::SpecShared;
+  auto c = spec_config(SpecMethod::eagle3).spec;
+  c.row_cost = 0.35;
+  SpecShared shared(c);
+  Drafter d(c, shared);
+  CHECK(d.model_tokens_wanted(0, 1) == 0);
+  uint32_t first = d.model_tokens_wanted(4, 1);
+  CHECK(first >= 1);
+  for (int i = 0; i < 30; ++i) d.on_verified(1, 0);  // every draft rejected
+  CHECK(d.model_tokens_wanted(4, 1) == 1);         // still one: the shadow check's token
+  d.append(std::vector<int32_t>{1, 2, 3});
+  d.set_model_drafts({8, 9});
+  CHECK(d.propose(4).empty());  // alpha ~0: not worth sending
+  d.observe(8);                 // ... but the model was right
+  for (int i = 0; i < 30; ++i) {
+    d.append(std::vector<int32_t>{8});
+    d.set_model_drafts({8, 8, 8, 8});
+    auto sent = d.propose(4);
+    if (sent.empty()) {
+      d.observe(8);
+    } else {
+      d.on_verified(static_cast<uint32_t>(sent.size()), static_cast<uint32_t>(sent.size()));
+    }
+  }
+  CHECK(d.model_tokens_wanted(4, 1) == 4);
+  CHECK(d.propose(4).size() == 4);
+}

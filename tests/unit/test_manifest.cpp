@@ -728,7 +728,7 @@ TEST_CASE("kv_offload.enabled needs a path; tier-2 bounds are checked by key") {
   CHECK(zero.line == line_of(bad, "staging_blocks = 0"));
 }
 
-TEST_CASE("speculative: ngram and suffix with their keys; eagle3 and other methods' keys "
+TEST_CASE("speculative: ngram, suffix and eagle3 with their keys; other methods' keys "
           "refused") {
   std::string ngram = base_manifest +
                       "[speculative]\nmethod = \"ngram\"\ndraft_tokens_max = 6\nbatch_max = 8\nrow_cost = 0.1\n"
@@ -756,7 +756,24 @@ TEST_CASE("speculative: ngram and suffix with their keys; eagle3 and other metho
   auto refused = only_issue(eagle);
   CHECK(refused.key == "speculative.method");
   CHECK(refused.line == line_of(eagle, "method = "));
-  CHECK(refused.message.find("EAGLE-3 is not built yet") != std::string::npos);
+  CHECK(refused.message.find("needs draft_model") != std::string::npos);
+  Manifest me = parse_ok(base_manifest +
+                         "[speculative]\nmethod = \"eagle3\"\ndraft_model = \"heads/e3\"\n");
+  CHECK(me.speculative.method == SpeculativeMethod::eagle3);
+  CHECK(me.speculative.draft_model.size() > std::string("heads/e3").size());  // made absolute
+  CHECK(me.speculative.draft_model.substr(me.speculative.draft_model.size() - 8) == "heads/e3");
+  std::string stray = base_manifest + "[speculative]\nmethod = \"suffix\"\ndraft_model = \"x\"\n";
+  auto unused = only_issue(stray);
+  CHECK(unused.key == "speculative.draft_model");
+  CHECK(unused.line == line_of(stray, "draft_model"));
+  CHECK(unused.message.find("applies to method \"eagle3\"") != std::string::npos);
+  // The draft head runs beside decode's executor, on the cpu device only.
+  std::string on_sim = replace(base_manifest, "device = \"cpu\"", "device = \"sim\"") +
+                       "[speculative]\nmethod = \"eagle3\"\ndraft_model = \"h\"\n";
+  auto sim = only_issue(on_sim);
+  CHECK(sim.key == "node[0].instance[2].executor");
+  CHECK(sim.line == line_of(on_sim, "executor = \"ex\""));
+  CHECK(sim.message.find("executor 'ex' has device \"sim\"") != std::string::npos);
   // A method's keys do nothing under another method: refused, naming both.
   std::string mixed = base_manifest + "[speculative]\nmethod = \"ngram\"\nsuffix_depth_max = 8\n";
   auto other = only_issue(mixed);
