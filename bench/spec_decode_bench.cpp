@@ -64,6 +64,7 @@ double thread_seconds() {
 
 struct Totals {
   double seconds = 0, cpu_seconds = 0;
+  double draft_seconds = 0;  // eagle3: thread time in the draft model
   uint64_t generated = 0, seq_steps = 0;
   decode::DecodeCounters counters;
   std::vector<Tokens> outputs;  // per request, in input order
@@ -175,9 +176,12 @@ class Engine {
           history.erase(u.seq);
         }
       }
+      if (Status s = model_drafts(decodes, sampled); !s.ok()) return s.error();
     }
     t.seconds = std::chrono::duration<double>(Clock::now() - start).count();
     t.cpu_seconds = thread_seconds() - cpu_start;
+    t.draft_seconds = draft_seconds_;
+    draft_seconds_ = 0;
     const auto& now = scheduler_->counters();
     t.counters.spec_drafts_count = now.spec_drafts_count - before.spec_drafts_count;
     t.counters.spec_draft_tokens_count = now.spec_draft_tokens_count - before.spec_draft_tokens_count;
@@ -187,7 +191,33 @@ class Engine {
   }
 
  private:
+  // eagle3: the next drafts of the sequences the step decoded, as the decode shell asks them.
+  Status model_drafts(const std::vector<devices::DecodeSeq>& decodes,
+                      const std::vector<decode::SampledTokens>& sampled) {
+    scheduler_->model_draft_wants(wants_);
+    if (wants_.empty()) return {};
+    std::map<decode::SeqId, const Tokens*> emitted;
+    for (const auto& s : sampled) emitted[s.seq] = &s.tokens;
+    std::vector<devices::DraftSeq> batch;
+    for (const auto& d : decodes) {
+      for (const auto& w : wants_) {
+        if (w.seq == d.seq_id && emitted.count(w.seq)) {
+          batch.push_back({w.seq, *emitted[w.seq], w.tokens});
+        }
+      }
+    }
+    if (batch.empty()) return {};
+    double s = thread_seconds();
+    auto drafts = device_.draft(batch, {});
+    draft_seconds_ += thread_seconds() - s;
+    if (!drafts.ok()) return drafts.error();
+    for (const auto& d : *drafts) scheduler_->set_model_drafts(d.seq_id, d.tokens);
+    return {};
+  }
+
   devices::Device& device_;
+  std::vector<decode::DecodeScheduler::DraftWant> wants_;
+  double draft_seconds_ = 0;
   kv::PrefixCache cache_;
   std::unique_ptr<decode::DecodeScheduler> scheduler_;
   decode::SeqId ids_ = 0;
@@ -317,6 +347,8 @@ int run_spec_decode_bench(cli::Args args) {
       .flag("threads", "N", "BLAS threads", "1")
       .flag("repeat", "N", "runs per method, interleaved; medians printed", "3")
       .flag("row-cost", "C", "[speculative] row_cost the drafters size drafts with", "0.35")
+      .flag("draft-model", "DIR", "EAGLE-3 head for --model (default: a synthesized one, "
+                                  "random weights: its cost, not its acceptance)", "")
       .flag("seam", "", "instead: bytes per step across the Device seam, full logits vs argmax "
                         "rows, vocab 200,064, batch 64, k = --draft-tokens");
   int code = 0;
@@ -364,7 +396,19 @@ int run_spec_decode_bench(cli::Args args) {
   options.block_tokens = 16;
   options.blocks_total = 64 * ((max_model + 15) / 16);
   options.threads = static_cast<uint32_t>(*threads);
+  options.draft_model_path = f.get("draft-model");
+  std::string synthesized;
+  if (options.draft_model_path.empty()) {
+    synthesized = "/tmp/tandem-spec-bench-eagle3-" + std::to_string(::getpid());
+    if (Status st = tools::synth_eagle3(weights->config, {}, synthesized); !st.ok()) {
+      std::fprintf(stderr, "tandem bench spec-decode: eagle3 head: %s\n",
+                   st.error().describe().c_str());
+      return 1;
+    }
+    options.draft_model_path = synthesized;
+  }
   auto device = devices::cpu::make_cpu_device(std::move(*weights), options);
+  if (!synthesized.empty()) std::filesystem::remove_all(synthesized);
   if (!device.ok()) {
     std::fprintf(stderr, "tandem bench spec-decode: device: %s\n", device.error().describe().c_str());
     return 1;
@@ -386,7 +430,11 @@ int run_spec_decode_bench(cli::Args args) {
               "drafted", "text");
   int mismatches = 0;
   const auto repeats = static_cast<uint32_t>(*repeat);
-  const SpecMethod methods[] = {SpecMethod::none, SpecMethod::ngram, SpecMethod::suffix};
+  const SpecMethod methods[] = {SpecMethod::none, SpecMethod::ngram, SpecMethod::suffix,
+                                SpecMethod::eagle3};
+  std::printf("eagle3: %s head (off, ngram and suffix run on the same device: its decode passes "
+              "keep the head's target states for all)\n",
+              f.get("draft-model").empty() ? "a synthesized (random)" : f.get("draft-model").c_str());
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -445,6 +493,10 @@ int run_spec_decode_bench(cli::Args args) {
                         : double(c.spec_accepted_tokens_count) / double(c.spec_drafts_count),
                     static_cast<unsigned long long>(c.spec_drafts_count),
                     same ? "identical" : "DIFFERS");
+        if (m == SpecMethod::eagle3) {
+          std::printf("%-7s %-8s %-7s draft model: %.1f%% of the run's thread time\n", "", "",
+                      "", 100.0 * r.draft_seconds / std::max(r.cpu_seconds, 1e-9));
+        }
         std::fflush(stdout);
       }
     }

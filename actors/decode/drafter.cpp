@@ -129,7 +129,11 @@ void Drafter::on_verified(uint32_t drafted, uint32_t accepted) {
 }
 
 void Drafter::observe(int32_t next) {
-  if (unsent_first_) learn(*unsent_first_ == next ? 1.0 : 0.0);
+  if (unsent_first_) {
+    bool hit = *unsent_first_ == next;
+    learn(hit ? 1.0 : 0.0);
+    if (hit) probe_interval_ = 1, probe_wait_ = 0;
+  }
   unsent_first_.reset();
 }
 
@@ -139,10 +143,21 @@ size_t Drafter::context_size() const {
   return std::get<SuffixProposer>(proposer_).tokens().size();
 }
 
-uint32_t Drafter::model_tokens_wanted(uint32_t limit, uint32_t batch) const {
+uint32_t Drafter::model_tokens_wanted(uint32_t limit, uint32_t batch) {
   uint32_t k = std::min(k_max_, limit);
   if (k == 0) return 0;
-  return std::max(1u, best_k(alpha_, batch_row_cost(row_cost_, batch), k));
+  if (uint32_t pays = best_k(alpha_, batch_row_cost(row_cost_, batch), k); pays > 0) {
+    probe_interval_ = 1;
+    probe_wait_ = 0;
+    return pays;
+  }
+  if (probe_wait_ > 0) {
+    --probe_wait_;
+    return 0;
+  }
+  probe_wait_ = probe_interval_ - 1;
+  probe_interval_ = std::min(probe_interval_ * 2, probe_interval_max);
+  return 1;
 }
 
 void Drafter::set_model_drafts(std::vector<int32_t> drafts) {

@@ -106,10 +106,14 @@ class Drafter {
   void observe(int32_t next);
   double alpha() const { return alpha_; }
   size_t context_size() const;
-  // eagle3: how many tokens to ask of the draft model for the next step (<= limit): the k
-  // the sizing rule would send from a full proposal, but at least 1 (its first token also
-  // feeds the shadow check). 0 when limit is 0.
-  uint32_t model_tokens_wanted(uint32_t limit, uint32_t batch) const;
+  // eagle3: how many tokens to ask of the draft model for the next step (<= limit; 0: do
+  // not ask). The k the sizing rule would send from a full proposal when that is > 0.
+  // When drafts do not pay (k = 0) the model still costs a pass per step, so it is only
+  // probed for one token (the shadow check's): every step at first, then at intervals that
+  // double after each probe that misses, up to probe_interval_max steps; a probe that hits
+  // (observe) brings it back to every step.
+  static constexpr uint32_t probe_interval_max = 32;
+  uint32_t model_tokens_wanted(uint32_t limit, uint32_t batch);
   // eagle3: the draft model's proposal for the current context. Precondition (asserted): the
   // method is eagle3.
   void set_model_drafts(std::vector<int32_t> drafts);
@@ -122,6 +126,7 @@ class Drafter {
   uint32_t k_max_;
   double row_cost_, alpha_, weight_;
   std::optional<int32_t> unsent_first_;  // the first token of a proposal not sent
+  uint32_t probe_interval_ = 1, probe_wait_ = 0;  // eagle3 (model_tokens_wanted)
   std::variant<NgramProposer, SuffixProposer, ModelDrafts> proposer_;
 };
 

@@ -479,11 +479,26 @@ TEST_CASE("eagle3 drafter: asks the model for the k that pays, and at least one"
   uint32_t first = d.model_tokens_wanted(4, 1);
   CHECK(first >= 1);
   for (int i = 0; i < 30; ++i) d.on_verified(1, 0);  // every draft rejected
-  CHECK(d.model_tokens_wanted(4, 1) == 1);         // still one: the shadow check's token
+  // Drafts do not pay: the model is probed for one token (the shadow check's), at intervals
+  // 1, 2, 4, ... steps, up to probe_interval_max.
+  std::vector<uint32_t> asked;
+  for (int step = 0; step < 200; ++step) {
+    uint32_t n = d.model_tokens_wanted(4, 1);
+    CHECK(n <= 1);
+    if (n == 1) asked.push_back(uint32_t(step));
+  }
+  REQUIRE(asked.size() >= 8);
+  CHECK(asked[0] == 0);
+  CHECK(asked[1] == 1);
+  CHECK(asked[2] == 3);
+  CHECK(asked[3] == 7);
+  CHECK(asked.back() - asked[asked.size() - 2] == Drafter::probe_interval_max);
   d.append(std::vector<int32_t>{1, 2, 3});
   d.set_model_drafts({8, 9});
   CHECK(d.propose(4).empty());  // alpha ~0: not worth sending
-  d.observe(8);                 // ... but the model was right
+  d.observe(8);                 // ... but the model was right: probed every step again
+  CHECK(d.model_tokens_wanted(4, 1) == 1);
+  CHECK(d.model_tokens_wanted(4, 1) == 1);
   for (int i = 0; i < 30; ++i) {
     d.append(std::vector<int32_t>{8});
     d.set_model_drafts({8, 8, 8, 8});
