@@ -293,8 +293,13 @@ int seam_bench(uint32_t batch, uint32_t k, int runs) {
               o.vocab, batch, k + 1, k);
   std::printf("%-14s %14s %12s\n", "output", "bytes/step", "ms/step");
   double full_bytes = 0;
-  for (bool argmax : {false, true}) {
-    for (auto& s : steps) s.argmax_only = argmax;
+  // full logits; argmax rows; argmax rows scored with logprobs top-5 (greedy + logprobs).
+  const char* names[] = {"full logits", "argmax rows", "argmax+top5"};
+  for (int mode = 0; mode < 3; ++mode) {
+    for (auto& s : steps) {
+      s.argmax_only = mode > 0;
+      s.logprobs_top_n = mode == 2 ? 5 : -1;
+    }
     std::vector<double> t;
     uint64_t bytes = 0;
     for (int i = 0; i < runs; ++i) {
@@ -303,14 +308,17 @@ int seam_bench(uint32_t batch, uint32_t k, int runs) {
       t.push_back(thread_seconds() - t0);
       if (!out.ok()) return 1;
       bytes = 0;
-      for (const auto& so : out->seqs) bytes += 4 * (so.logits.size() + so.tokens.size());
+      for (const auto& so : out->seqs) {
+        bytes += 4 * (so.logits.size() + so.tokens.size());
+        for (const auto& sc : so.scored) bytes += 4 + 8 * sc.top.size();  // logprob + pairs
+      }
     }
     std::sort(t.begin(), t.end());
-    if (!argmax) full_bytes = double(bytes);
+    if (mode == 0) full_bytes = double(bytes);
     char ratio[64] = "";
-    if (argmax) std::snprintf(ratio, sizeof ratio, " (%.0fx fewer bytes)", full_bytes / double(bytes));
-    std::printf("%-14s %14llu %12.1f%s\n", argmax ? "argmax rows" : "full logits",
-                static_cast<unsigned long long>(bytes), t[t.size() / 2] * 1e3, ratio);
+    if (mode > 0) std::snprintf(ratio, sizeof ratio, " (%.0fx fewer bytes)", full_bytes / double(bytes));
+    std::printf("%-14s %14llu %12.1f%s\n", names[mode], static_cast<unsigned long long>(bytes),
+                t[t.size() / 2] * 1e3, ratio);
   }
   return 0;
 }

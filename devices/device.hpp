@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config/manifest.hpp"
+#include "devices/sampling.hpp"
 #include "runtime/base/result.hpp"
 
 namespace tandem::devices {
@@ -139,6 +140,11 @@ struct DecodeSeq {
   // NaN comes back as logits (the sampler reports it). Devices that return tokens anyway
   // (sim) ignore it.
   bool argmax_only = false;
+  // With argmax_only, >= 0: the caller also reports logprobs (greedy, no penalties): the rows
+  // greedy verification emits (up to the first whose argmax is not the next input token)
+  // come back scored as Sampler::score scores their argmax at temperature 0 with this top-N
+  // (the token's log-softmax and the N most probable), in SeqOutput::scored. -1: tokens only.
+  int32_t logprobs_top_n = -1;
 };
 
 // Output for one input sequence, in input order. Exactly one of the two is filled:
@@ -151,6 +157,9 @@ struct SeqOutput {
   uint32_t rows_count = 0;      // prefill: 1; decode: tokens.size() of the input
   std::vector<float> logits;
   std::vector<int32_t> tokens;
+  // With tokens, when DecodeSeq::logprobs_top_n >= 0 (cpu): the emitted rows' tokens scored
+  // (their logprob and top-N; is_stop left false: stop ids are the caller's).
+  std::vector<SampledToken> scored;
 };
 
 // Speculation with a draft model beside the target (EAGLE-3, DeviceSpec::draft_model_path).

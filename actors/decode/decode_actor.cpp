@@ -201,9 +201,11 @@ bool wants_logprobs(const devices::SamplingParams& p) {
 
 // The token (and a draft's verdict) is the row's argmax: no penalty changes the row, no
 // logprob is reported.
+// Greedy without penalties: the device returns each row's argmax (and, when logprobs are
+// asked, each row scored beside it) instead of its logits.
 bool argmax_suffices(const devices::SamplingParams& p) {
-  return p.temperature == 0.0f && !wants_logprobs(p) && p.repetition_penalty == 1.0f &&
-         p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+  return p.temperature == 0.0f && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
 }
 
 void write_event(wire::StepEvent::Builder b, const DecodeState::OutEvent& e) {
@@ -460,7 +462,8 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
       // {last, drafts}: rows 0..d verify the drafts (spec_step.hpp); greedy without drafts is
       // one argmax there (no softmax over the vocabulary).
       std::span<const int32_t> drafts(entry.tokens.data() + 1, entry.draft_tokens_count);
-      auto emitted = decode::verify_step(s.sampling, s.output_count, {out.logits, out.tokens},
+      auto emitted = decode::verify_step(s.sampling, s.output_count,
+                                         {out.logits, out.tokens, out.scored},
                                          st.info.model.vocab_size, drafts, s.history);
       if (!emitted.ok()) {
         st.ctx.log->warn("decode {}: request {}: verification failed: {}",
@@ -565,8 +568,11 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
     // Greedy without penalties or logprobs needs only each row's argmax from the device.
     auto it = st.seqs.find(e.seq);
     bool argmax_only = it != st.seqs.end() && argmax_suffices(it->second.sampling);
+    int32_t top_n = argmax_only && wants_logprobs(it->second.sampling)
+                        ? it->second.sampling.logprobs_top_n
+                        : -1;
     batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
-                      e.tokens, argmax_only});
+                      e.tokens, argmax_only, top_n});
   }
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::decode, nullptr, batch})

@@ -41,11 +41,18 @@ Result<Emitted> verify_step(const devices::SamplingParams& params, uint32_t posi
     while (out.accepted < drafts.size() && rows.tokens[out.accepted] == drafts[out.accepted]) {
       ++out.accepted;
     }
+    const bool scored = rows.scored.size() > out.accepted;  // the emitted rows, scored
     for (uint32_t i = 0; i <= out.accepted; ++i) {
       devices::SampledToken t;
-      t.token = rows.tokens[i];
+      if (scored) {
+        t = rows.scored[i];
+        RT_ASSERT(t.token == rows.tokens[i], "a scored row's token is its token");
+      } else {
+        t.token = rows.tokens[i];
+        if (params.logprobs_top_n > 0) t.top.push_back({t.token, 0.0f});  // deterministic
+      }
+      t.is_stop = false;
       for (int32_t stop : params.stop_token_ids) t.is_stop = t.is_stop || stop == t.token;
-      if (params.logprobs_top_n > 0) t.top.push_back({t.token, 0.0f});  // deterministic
       out.tokens.push_back(std::move(t));
     }
     return out;

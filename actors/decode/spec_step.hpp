@@ -29,6 +29,9 @@ namespace tandem::decode {
 struct SpecRows {
   std::span<const float> logits;   // (d + 1) x vocab, or empty
   std::span<const int32_t> tokens;  // d + 1 chosen tokens (a token-producing device), or empty
+  // With tokens: the emitted rows' tokens scored beside the device (DecodeSeq::logprobs_top_n),
+  // the logprobs reported for them; empty: the device only chose (logprob 0, itself the top).
+  std::span<const devices::SampledToken> scored;
 };
 
 struct Emitted {

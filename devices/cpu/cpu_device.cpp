@@ -57,6 +57,7 @@ struct SeqView {
   uint32_t start_pos;
   const std::vector<int32_t>* tokens;
   bool argmax_only = false;  // decode: return each row's argmax, not its logits
+  int32_t logprobs_top_n = -1;  // with argmax_only, >= 0: each row scored too
 };
 
 
@@ -106,7 +107,8 @@ class CpuDevice final : public Device {
   Result<StepOutput> decode(std::span<const DecodeSeq> batch) override {
     views_.clear();
     for (const auto& s : batch) {
-      views_.push_back({s.seq_id, &s.block_table, s.start_pos, &s.tokens, s.argmax_only});
+      views_.push_back(
+          {s.seq_id, &s.block_table, s.start_pos, &s.tokens, s.argmax_only, s.logprobs_top_n});
     }
     return run(views_, true, "decode");
   }
@@ -540,8 +542,26 @@ StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint
       argmax = best >= 0;  // a NaN row: the logits go back, for the sampler to report
       so.tokens.push_back(best);
     }
+    if (argmax && s.logprobs_top_n >= 0) {
+      // The row's logprobs beside the device: what the caller's greedy sampler would report.
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      greedy.logprobs = true;
+      greedy.logprobs_top_n = std::min(s.logprobs_top_n, logprobs_top_n_max);
+      Sampler scorer(greedy);
+      // Only the rows greedy verification emits: up to the first whose argmax is not the
+      // next input token (the draft it verifies).
+      for (uint32_t i = 0; argmax && i < so.rows_count; ++i) {
+        std::span<const float> one(&*begin + uint64_t{i} * c.vocab_size, c.vocab_size);
+        auto scored = scorer.score(one, {}, so.tokens[i]);
+        argmax = scored.ok();
+        if (argmax) so.scored.push_back(std::move(scored).value());
+        if (i + 1 < so.rows_count && so.tokens[i] != (*s.tokens)[i + 1]) break;
+      }
+    }
     if (!argmax) {
       so.tokens.clear();
+      so.scored.clear();
       so.logits.assign(begin, begin + static_cast<std::ptrdiff_t>(so.rows_count) * c.vocab_size);
     }
     row += so.rows_count;

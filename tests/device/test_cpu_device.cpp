@@ -523,6 +523,48 @@ TEST_CASE("cpu device: verifying k draft tokens in one pass equals k single step
       auto best = static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin());
       CHECK(argmax->seqs[0].tokens[i] == best);
     }
+    CHECK(argmax->seqs[0].scored.empty());
+    // With logprobs: each row scored beside the device exactly as the host's greedy sampler
+    // scores it from the full row (Sampler::score), so the logits never cross the seam.
+    // The inputs after the first are the rows' own argmaxes (all drafts accepted), so every
+    // row is emitted and scored; with a wrong draft, scoring stops at the row it fails.
+    std::vector<int32_t> accepted_run{toks[10]};
+    while (accepted_run.size() < k + 1) {  // greedy continuation, one pass per token
+      DecodeSeq grow{3, t2, 10, accepted_run, true};
+      auto g = dev->decode(std::span(&grow, 1));
+      REQUIRE(g.ok());
+      accepted_run.push_back(g->seqs[0].tokens.back());
+    }
+    DecodeSeq verify{3, t2, 10, accepted_run};
+    auto full = dev->decode(std::span(&verify, 1));
+    REQUIRE(full.ok());
+    DecodeSeq scored{3, t2, 10, accepted_run, true, 5};
+    auto with_logprobs = dev->decode(std::span(&scored, 1));
+    REQUIRE(with_logprobs.ok());
+    CHECK(with_logprobs->seqs[0].logits.empty());
+    REQUIRE(with_logprobs->seqs[0].scored.size() == k + 1);
+    DecodeSeq wrong = scored;
+    wrong.tokens[2] = (wrong.tokens[2] + 1) % int32_t(c.vocab_size);  // row 1's draft misses
+    auto cut = dev->decode(std::span(&wrong, 1));
+    REQUIRE(cut.ok());
+    CHECK(cut->seqs[0].scored.size() == 2);
+    tandem::devices::SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    greedy.logprobs = true;
+    greedy.logprobs_top_n = 5;
+    tandem::devices::Sampler host(greedy);
+    for (uint32_t i = 0; i <= k; ++i) {
+      auto r = row(full->seqs[0], i, c.vocab_size);
+      auto want = host.score(r, {}, with_logprobs->seqs[0].tokens[i]);
+      REQUIRE(want.ok());
+      const auto& got = with_logprobs->seqs[0].scored[i];
+      CHECK(got.token == with_logprobs->seqs[0].tokens[i]);
+      CHECK(got.logprob == want->logprob);
+      CHECK(got.logprob <= 0.0f);
+      REQUIRE(got.top.size() == 5);
+      CHECK(got.top == want->top);
+      CHECK(got.top[0].token == got.token);
+    }
   }
 }
 

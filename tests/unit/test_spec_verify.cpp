@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "actors/decode/spec_step.hpp"
 #include "actors/decode/spec_verify.hpp"
 
 using tandem::decode::verify_greedy;
@@ -196,4 +197,40 @@ TEST_CASE("verify sampled: a draft the target rules out is always rejected") {
     CHECK(sure->next != 2);  // the bonus row rules token 2 out too
   }
   CHECK(ones == 200);
+}
+
+TEST_CASE("verify_step on rows the device chose and scored: the accepted run carries the "
+          "device's logprobs, stop ids marked") {
+  using tandem::devices::SampledToken;
+  tandem::devices::SamplingParams p;
+  p.temperature = 0.0f;
+  p.logprobs = true;
+  p.logprobs_top_n = 2;
+  p.stop_token_ids = {8};
+  std::vector<int32_t> tokens{5, 8, 9};  // rows' argmax: drafts {5, 7} -> 5 accepted, then 8
+  std::vector<SampledToken> scored;
+  for (int32_t t : tokens) {
+    SampledToken s;
+    s.token = t;
+    s.logprob = -0.25f * float(t);
+    s.top = {{t, s.logprob}, {t + 1, -3.0f}};
+    scored.push_back(s);
+  }
+  std::vector<int32_t> drafts{5, 7};
+  auto e = tandem::decode::verify_step(p, 0, {{}, tokens, scored}, 0, drafts, {});
+  REQUIRE(e.ok());
+  CHECK(e->accepted == 1);
+  REQUIRE(e->tokens.size() == 2);
+  CHECK(e->tokens[0].token == 5);
+  CHECK(e->tokens[0].logprob == -1.25f);
+  CHECK(e->tokens[0].top == scored[0].top);
+  CHECK(!e->tokens[0].is_stop);
+  CHECK(e->tokens[1].token == 8);
+  CHECK(e->tokens[1].logprob == -2.0f);
+  CHECK(e->tokens[1].is_stop);
+  // Without scores (a token-producing device such as sim): logprob 0, the token its own top.
+  auto bare = tandem::decode::verify_step(p, 0, {{}, tokens, {}}, 0, drafts, {});
+  REQUIRE(bare.ok());
+  CHECK(bare->tokens[1].logprob == 0.0f);
+  CHECK(bare->tokens[1].top.size() == 1);
 }
