@@ -61,14 +61,23 @@ Status Eagle3Head::forward(std::span<const Row> rows, std::vector<float>& logits
     if (r.state == nullptr) return make_error(ErrorKind::invalid, where + ": no state");
     auto [last, fresh] = last_pos_.emplace(r.seq, r.pos);
     if (!fresh && last->second + 1 != r.pos) {
+      uint32_t before = last->second;  // read before the map is cleared
       last_pos_.clear();
       return make_error(ErrorKind::invalid, where + ": position " + std::to_string(r.pos) +
-                                                " follows " + std::to_string(last->second) +
+                                                " follows " + std::to_string(before) +
                                                 " (a sequence's rows ascend by one)");
     }
     last->second = r.pos;
   }
+  // Contexts are evicted LRU when a new sequence arrives; one pass may not need more than the
+  // bound, or it would evict a context an earlier row of the same pass still points at.
+  size_t seqs = last_pos_.size();
   last_pos_.clear();
+  if (seqs > contexts_max_) {
+    return make_error(ErrorKind::invalid, "eagle3 draft pass: " + std::to_string(seqs) +
+                                              " sequences exceed the head's " +
+                                              std::to_string(contexts_max_) + " contexts");
+  }
   if (n == 0) return {};
   // h_: each row's state in the head's width (target layers fused by fc, or the head's own).
   h_.resize(uint64_t{n} * h);
