@@ -56,7 +56,8 @@ cli::Flags sim_flags() {
             "the block; 0 = the block)")
       .flag("kv-blocks", "N", "KV pool blocks per instance (0: from the timing model)", "0")
       .flag("speculative", "METHOD",
-            "decode drafts with none, ngram or suffix (default: the manifest's [speculative])")
+            "decode drafts with none, ngram, suffix or eagle3 (default: the manifest's "
+            "[speculative])")
       .flag("spec-acceptance", "P",
             "each draft token is accepted with probability P (default: the decode device's "
             "copy_probability)")
@@ -343,8 +344,10 @@ bool build_config(const cli::Flags& f, sim::ClusterSimConfig& c) {
       c.spec.method = decode::SpecMethod::ngram;
     } else if (method == "suffix") {
       c.spec.method = decode::SpecMethod::suffix;
+    } else if (method == "eagle3") {
+      c.spec.method = decode::SpecMethod::eagle3;
     } else {
-      std::fprintf(stderr, "tandem sim: --speculative %s: expected none, ngram or suffix\n",
+      std::fprintf(stderr, "tandem sim: --speculative %s: expected none, ngram, suffix or eagle3\n",
                    method.c_str());
       return false;
     }

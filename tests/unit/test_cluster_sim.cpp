@@ -678,4 +678,25 @@ TEST_CASE("speculation: drafts accepted at the configured rate lower TPOT; none 
   CHECK(bad->summary.tpot_ms.p50 >= off->summary.tpot_ms.p50);
   c.spec_acceptance = 1.5;
   CHECK_FALSE(sim::run_cluster_sim(c, requests).ok());
+
+  SUBCASE("eagle3: the model's drafts are asked after each step and cost a layer per token") {
+    c.spec.method = decode::SpecMethod::eagle3;
+    c.spec_acceptance = 0.9;
+    auto e3 = sim::run_cluster_sim(c, requests);
+    REQUIRE(e3.ok());
+    CHECK(e3->failed_count == 0);
+    auto [e_drafts, e_drafted, e_accepted] = spec_stats(*e3);
+    MESSAGE("eagle3: drafts ", e_drafts, ", drafted ", e_drafted, ", accepted ", e_accepted,
+            "; TPOT p50 ", e3->summary.tpot_ms.p50, " vs off ", off->summary.tpot_ms.p50);
+    REQUIRE(e_drafts > 0);
+    CHECK(double(e_accepted) / double(e_drafted) > 0.5);
+    CHECK(e3->summary.tpot_ms.p50 < off->summary.tpot_ms.p50);
+    uint64_t e3_tokens = 0, off_tokens2 = 0;
+    for (const auto& t : e3->timelines) e3_tokens += t.output_tokens;
+    for (const auto& t : off->timelines) off_tokens2 += t.output_tokens;
+    CHECK(e3_tokens == off_tokens2);
+    auto e3_again = sim::run_cluster_sim(c, requests);
+    REQUIRE(e3_again.ok());
+    CHECK(sim::to_json(*e3_again, true) == sim::to_json(*e3, true));
+  }
 }

@@ -216,6 +216,9 @@ struct DecodeInst {
   decode::LostStreams<LostItem> lost{4096, 50};
   std::map<uint64_t, PullSource> pull_sources;  // <= waiting_max + seqs_max
   bool leaked = false;                          // bugs.leak_block planted here
+  // eagle3: the scheduler's wants (scratch) and the draft model's time owed to the next step.
+  std::vector<decode::DecodeScheduler::DraftWant> draft_wants;
+  double draft_s = 0;
 };
 
 // One request as the gateway sees it; seq ids are request_index * 4 + attempt (the real
@@ -293,6 +296,7 @@ class Sim {
   void kick_decode(uint32_t d);
   void on_prefill_done(uint32_t p);
   void on_decode_done(uint32_t d);
+  void model_drafts(uint32_t d);
   void on_pull_done(uint32_t d, uint64_t seq);
   void apply_update(uint32_t d, const decode::SeqUpdate& update);
   void gateway_failure(uint32_t request_index, ErrorKind kind, const std::string& label);
@@ -1269,6 +1273,8 @@ void Sim::kick_decode(uint32_t d) {
   if (!prefill_shapes_.empty()) {
     step_s += devices::sim::prefill_time_s(config_.decode_device, prefill_shapes_);
   }
+  step_s += inst.draft_s;  // eagle3: the draft model ran between the steps
+  inst.draft_s = 0;
   RT_ASSERT(step_s > 0, step_s);
   if (fault_mode_) step_s *= slow_factor(decode_node(d));
   inst.step_id = plan.step_id;
@@ -1332,7 +1338,27 @@ void Sim::on_decode_done(uint32_t d) {
       inst.step_id, std::span<const decode::SampledTokens>(inst.sampled.data(), inst.sampled_count),
       inst.updates);
   for (const decode::SeqUpdate& u : inst.updates) apply_update(d, u);
+  if (config_.spec.method == decode::SpecMethod::eagle3) model_drafts(d);
   kick_decode(d);
+}
+
+// eagle3: the draft model's tokens for the sequences that want them (their values do not
+// matter: acceptance is a coin), and its cost: per asked token, one decoder layer's share of
+// a decode step of the asking sequences.
+void Sim::model_drafts(uint32_t d) {
+  DecodeInst& inst = decode_[d];
+  inst.sched->model_draft_wants(inst.draft_wants);
+  if (inst.draft_wants.empty()) return;
+  uint32_t tokens_max = 0;
+  shapes_.clear();
+  for (const auto& want : inst.draft_wants) {
+    inst.sched->set_model_drafts(want.seq, std::vector<decode::TokenId>(want.tokens, 1));
+    tokens_max = std::max(tokens_max, want.tokens);
+    shapes_.push_back({0, 1});
+  }
+  const double layer_share = 1.0 / std::max<uint32_t>(config_.decode_device.layers, 1);
+  inst.draft_s += tokens_max * layer_share *
+                  devices::sim::decode_step_time_s(config_.decode_device, shapes_);
 }
 
 // A pull's reads ended: each block read fails on a broken link or by loss, and all fail if

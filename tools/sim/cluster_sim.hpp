@@ -87,7 +87,10 @@ struct ClusterSimConfig {
   // the seed), and the step's cost is the sim device's for the k + 1 tokens of each sequence.
   // Outputs are one repeated token, so a drafter's shadow check (drafter.hpp) always finds
   // its proposal would have been right: at a low spec_acceptance drafters keep probing, which
-  // a real model's outputs would not make them do.
+  // a real model's outputs would not make them do. eagle3: the drafters ask for the model's
+  // drafts after each step as a node's do (DecodeScheduler::model_draft_wants); each asked
+  // token costs one pass of one decoder layer (1 / layers of a decode step of the asking
+  // sequences), added to the next step.
   decode::SpecConfig spec;
   double spec_acceptance = 0.5;        // [0, 1]; tandem sim defaults it to copy_probability
   // How often every instance reports its load to the router, ms; 0 = after every change.
