@@ -72,6 +72,14 @@ class Services final : public runtime::NodeServices {
   void stop() override {
     for (auto& g : gateways_) g->stop();
   }
+  void begin_drain() override {
+    for (auto& g : gateways_) g->begin_drain();
+  }
+  uint64_t open_requests() const override {
+    uint64_t open = 0;
+    for (const auto& g : gateways_) open += g->open_requests();
+    return open;
+  }
 
  private:
   // Spawns a prefill, decode, router or kv-offload shell and hands it to the supervisor.

@@ -197,13 +197,15 @@ class Runner {
          ServeBenchResult& result)
       : requests_(requests), o_(o), result_(result), replay_(plan_replay(requests, o)),
         client_(o.target, o.timeout_s * 1000.0), progress_(o.progress),
-        slot_of_(requests.size(), SIZE_MAX),
+        slot_of_(requests.size(), SIZE_MAX), attempts_(requests.size(), 0),
+        first_send_ms_(requests.size(), -1.0),
         stop_ms_(o.duration_s > 0 ? o.duration_s * 1000.0 : INFINITY) {}
 
   void run() {
     while (true) {
       double now = client_.now_ms();
       release_timers(now);
+      send_retries(now);
       issue(now);
       bool more = now < stop_ms_ && (!replay_.timers.empty() || !replay_.ready_new.empty() ||
                                      !replay_.ready_continuing.empty());
@@ -211,6 +213,7 @@ class Runner {
       double wait = replay_.timers.empty()
                         ? 50
                         : std::clamp(replay_.timers.begin()->first - now, 0.0, 50.0);
+      if (!retry_at_.empty()) wait = std::clamp(retry_at_.begin()->first - now, 0.0, wait);
       for (auto& [tag, outcome] : client_.poll(in_flight_ == 0 ? wait : std::min(wait, 20.0))) {
         on_finished(tag, outcome);
       }
@@ -231,13 +234,32 @@ class Runner {
     }
   }
 
+  // Refused before it started: nothing reached a model, so sending it again loses nothing.
+  static bool refused(const StreamOutcome& outcome) {
+    return outcome.error_kind == "connect" || outcome.error_kind == "http_503" ||
+           outcome.error_kind == "http_429";
+  }
+
+  void send_retries(double now) {
+    while (!retry_at_.empty() && retry_at_.begin()->first <= now) {
+      uint32_t index = retry_at_.begin()->second;
+      retry_at_.erase(retry_at_.begin());
+      send(index);
+    }
+  }
+
+  void send(uint32_t index) {
+    client_.start(index, StreamCall{o_.chat ? "/v1/chat/completions" : "/v1/completions",
+                                    request_body(requests_[index], o_, result_.model), o_.chat});
+  }
+
   void issue(double now) {
     uint32_t index = 0;
     while (now < stop_ms_ && in_flight_ < o_.concurrency &&
            take_ready(replay_, o_.concurrency, &index)) {
       RT_ASSERT(slot_of_[index] == SIZE_MAX, "a request is sent once", index);
-      client_.start(index, StreamCall{o_.chat ? "/v1/chat/completions" : "/v1/completions",
-                                      request_body(requests_[index], o_, result_.model), o_.chat});
+      first_send_ms_[index] = client_.now_ms();
+      send(index);
       slot_of_[index] = result_.timelines.size();
       result_.request_indexes.push_back(index);
       result_.timelines.emplace_back();
@@ -248,9 +270,21 @@ class Runner {
   void on_finished(uint64_t tag, const StreamOutcome& outcome) {
     RT_ASSERT(in_flight_ > 0, "a call finished with none in flight");
     RT_ASSERT(tag < slot_of_.size() && slot_of_[tag] != SIZE_MAX, "finished call started", tag);
+    if (refused(outcome) && attempts_[tag] < o_.retries_max) {
+      // Still in flight (its concurrency slot stays taken) until the retry's outcome.
+      double backoff_ms = std::min(4000.0, 250.0 * static_cast<double>(1u << std::min(attempts_[tag], 4u)));
+      ++attempts_[tag];
+      ++result_.retries;
+      ++result_.retried_by_kind[outcome.error_kind];
+      retry_at_.emplace(client_.now_ms() + backoff_ms, static_cast<uint32_t>(tag));
+      RT_ASSERT(retry_at_.size() <= in_flight_, retry_at_.size(), in_flight_);
+      return;
+    }
     --in_flight_;
     workload::RequestTimeline& t = result_.timelines[slot_of_[tag]];
     t = to_timeline(requests_[tag], outcome);
+    RT_ASSERT(first_send_ms_[tag] >= 0, tag);
+    t.send_ms = first_send_ms_[tag];  // the wait for retries counts in its latency
     if (!t.error_kind.empty()) result_.error_examples.emplace(t.error_kind, outcome.error_detail);
     if (t.error_kind.empty() && !t.chunk_ms.empty()) ttfts_ms_.push_back(t.chunk_ms[0] - t.send_ms);
     output_tokens_ += t.output_tokens;
@@ -272,6 +306,9 @@ class Runner {
   StreamClient client_;
   Progress progress_;
   std::vector<size_t> slot_of_;  // workload index -> timeline index
+  std::vector<uint32_t> attempts_;      // retries so far, per workload index
+  std::vector<double> first_send_ms_;   // per workload index; -1 before it is sent
+  std::multimap<double, uint32_t> retry_at_;  // due time -> workload index; <= in flight
   double stop_ms_;
   size_t in_flight_ = 0;
   std::vector<double> ttfts_ms_;

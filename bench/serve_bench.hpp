@@ -42,6 +42,11 @@ struct ServeBenchOptions {
   bool chain_sessions = true;
   bool use_think_time = true;
   double timeout_s = 600;      // per request
+  // A request the cluster refused without starting it (no connection: connect refused; or an
+  // HTTP 503/429 answer before any token, e.g. a draining gateway's 503 shutting_down) is
+  // sent again after 0.25 s, doubling up to 4 s, at most this many times (what the official
+  // SDKs do with their max_retries). Its timeline keeps the first send time.
+  uint32_t retries_max = 0;
   uint64_t seed = 1;           // Poisson arrivals
   bool progress = true;
   workload::SummaryOptions summary;
@@ -66,6 +71,8 @@ struct ServeBenchResult {
   // as `tandem sim`'s hit_rate. -1 when no request succeeded.
   double request_hit_rate = -1;
   std::map<std::string, std::string> error_examples;  // kind -> one detail
+  uint64_t retries = 0;                 // sends again after a refusal (retries_max)
+  std::map<std::string, uint64_t> retried_by_kind;  // what was retried: connect, http_503, ...
 };
 
 // Errors: invalid (empty workload, zero concurrency, no model found), disconnected (the

@@ -23,6 +23,10 @@ void declare_flags(cli::Flags& f) {
       .flag("duration", "S", "stop starting requests after S seconds; 0 = run all", "0")
       .flag("no-think-time", "", "send a session's next turn as soon as the last one ends")
       .flag("timeout", "S", "per-request timeout", "600")
+      .flag("retries", "N",
+            "send a request refused before it started (connect refused, HTTP 503/429) again "
+            "up to N times, 0.25 s doubling to 4 s apart, as the official SDKs do",
+            "0")
       .flag("slo-ttft-ms", "MS", "goodput SLO on TTFT")
       .flag("slo-tpot-ms", "MS", "goodput SLO on TPOT")
       .flag("slo-e2e-ms", "MS", "goodput SLO on end-to-end latency")
@@ -149,6 +153,7 @@ bool read_options(const cli::Flags& f, ServeBenchOptions& o) {
   uint32_t seed = 0;
   if (!get_u32(f, "concurrency", 1, 1 << 20, &o.concurrency) ||
       !get_u32(f, "requests", 0, 1 << 30, &o.requests_max) ||
+      !get_u32(f, "retries", 0, 100, &o.retries_max) ||
       !get_u32(f, "seed", 0, UINT32_MAX, &seed)) {
     return false;
   }

@@ -84,6 +84,15 @@ std::string describe(const ServeBenchResult& r) {
     out += "  error " + kind + ": " + std::to_string(count) +
            (example ? " (e.g. " + ex->second + ")" : "") + "\n";
   }
+  if (r.retries > 0) {
+    out += "  sent again after a refusal: " + std::to_string(r.retries) + " (";
+    bool first = true;
+    for (const auto& [kind, count] : r.retried_by_kind) {
+      out += (first ? "" : ", ") + kind + " " + std::to_string(count);
+      first = false;
+    }
+    out += ")\n";
+  }
   if (r.request_hit_rate >= 0) {
     char line[128];
     std::snprintf(line, sizeof(line),
@@ -115,6 +124,7 @@ std::string to_json(const ServeBenchResult& r, const ServeBenchOptions& o) {
                   {"chain_sessions", o.chain_sessions},
                   {"use_think_time", o.use_think_time}};
   j["summary"] = summary_json(r.summary);
+  j["retries"] = {{"total", r.retries}, {"by_kind", r.retried_by_kind}};
   j["prefix_cache"] = {{"hits_tokens", r.prefix_after.hits_tokens - r.prefix_before.hits_tokens},
                        {"queries_tokens",
                         r.prefix_after.queries_tokens - r.prefix_before.queries_tokens},

@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -291,6 +292,8 @@ class Loader {
     manifest_.dir = std::move(dir);
   }
   std::variant<Manifest, ManifestErrors> run(std::string_view text);
+  // `text` is the body of a [router] table alone: read by the manifest's own rules.
+  std::variant<RouterSection, ManifestErrors> run_router(std::string_view text);
 
  private:
   const toml::table* section(const toml::table& root, std::string_view name, bool required);
@@ -458,10 +461,12 @@ void Loader::read_fabric(const toml::table& table) {
 
 void Loader::read_supervisor(const toml::table& table) {
   TableReader reader(sink_, table, "supervisor",
-                     {"restarts_max", "restart_window_ms", "restart_delay_ms"});
+                     {"restarts_max", "restart_window_ms", "restart_delay_ms",
+                      "drain_timeout_ms"});
   reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
   reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
   reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
+  reader.read_int("drain_timeout_ms", 0, 3'600'000, manifest_.supervisor.drain_timeout_ms);
 }
 
 void Loader::read_membership(const toml::table& table) {
@@ -1228,6 +1233,115 @@ std::string manifest_dir(const std::string& file) {
 }
 
 }  // namespace
+
+std::variant<RouterSection, ManifestErrors> Loader::run_router(std::string_view text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string_view(sink_.file()));
+  } catch (const toml::parse_error& error) {
+    sink_.add(pos_of(error.source()), "syntax", std::string(error.description()));
+    return sink_.take();
+  }
+  read_router(root);
+  if (!sink_.empty()) return sink_.take();
+  return manifest_.router;
+}
+
+namespace {
+
+std::string toml_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string out = buf;
+  if (out.find_first_of(".eEn") == std::string::npos) out += ".0";
+  return out;
+}
+
+// The section as TOML lines, key -> value text.
+std::vector<std::pair<std::string, std::string>> router_values(const RouterSection& r) {
+  auto quoted = [](std::string_view v) { return "\"" + std::string(v) + "\""; };
+  return {{"policy", quoted(to_string(r.policy))},
+          {"weight_prefix", toml_double(r.weight_prefix)},
+          {"weight_queue", toml_double(r.weight_queue)},
+          {"weight_kv_usage", toml_double(r.weight_kv_usage)},
+          {"disaggregate_tokens_min", std::to_string(r.disaggregate_tokens_min)},
+          {"load_imbalance_max", toml_double(r.load_imbalance_max)},
+          {"prefill_load_imbalance_max", toml_double(r.prefill_load_imbalance_max)},
+          {"prefill_by_work", r.prefill_by_work ? "true" : "false"},
+          {"tier2_weight", toml_double(r.tier2_weight)},
+          {"tier2_remote_weight", toml_double(r.tier2_remote_weight)},
+          {"prefix_index_blocks_max", std::to_string(r.prefix_index_blocks_max)},
+          {"tier2_index_blocks_max", std::to_string(r.tier2_index_blocks_max)},
+          {"kv_resync_interval_ms", std::to_string(r.kv_resync_interval_ms)},
+          {"kv_index", quoted(to_string(r.kv_index))}};
+}
+
+constexpr std::string_view router_fixed_keys[] = {"prefix_index_blocks_max",
+                                                  "tier2_index_blocks_max",
+                                                  "kv_resync_interval_ms", "kv_index"};
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> router_settings(const RouterSection& router) {
+  auto all = router_values(router);
+  std::erase_if(all, [](const auto& kv) {
+    return std::find(std::begin(router_fixed_keys), std::end(router_fixed_keys), kv.first) !=
+           std::end(router_fixed_keys);
+  });
+  return all;
+}
+
+Result<RouterSection> set_router_key(const RouterSection& current, const std::string& key,
+                                     const std::string& value) {
+  auto all = router_values(current);
+  bool fixed = std::find(std::begin(router_fixed_keys), std::end(router_fixed_keys), key) !=
+               std::end(router_fixed_keys);
+  if (fixed) {
+    return make_error(ErrorKind::invalid,
+                      "router." + key + " is fixed when a router starts; change it in the "
+                                        "manifest and restart the router's node");
+  }
+  auto it = std::find_if(all.begin(), all.end(), [&](const auto& kv) { return kv.first == key; });
+  if (it == all.end()) {
+    std::string known;
+    for (const auto& [name, v] : router_settings(current)) known += (known.empty() ? "" : ", ") + name;
+    return make_error(ErrorKind::invalid,
+                      "router." + key + " is not a router setting; settable: " + known);
+  }
+  auto attempt = [&](const std::string& text) {
+    it->second = text;
+    std::string body;
+    for (const auto& [name, v] : all) body += name + " = " + v + "\n";
+    Loader loader("router set", "");
+    return loader.run_router(body);
+  };
+  auto read = attempt(value);
+  auto* errors = std::get_if<ManifestErrors>(&read);
+  // A bare word for a string setting (policy = round-robin) is taken as that string.
+  if (errors && errors->issues.size() == 1 && errors->issues[0].key == "syntax") {
+    read = attempt("\"" + value + "\"");
+    errors = std::get_if<ManifestErrors>(&read);
+    if (errors && errors->issues[0].key == "syntax") {
+      return make_error(ErrorKind::invalid, "router." + key + ": '" + value +
+                                                "' is not a value (a number, true/false or a word)");
+    }
+  }
+  if (errors) {
+    std::string why;
+    for (const auto& issue : errors->issues) {
+      why += (why.empty() ? "" : "; ") + issue.key + ": " + issue.message;
+    }
+    return make_error(ErrorKind::invalid, why);
+  }
+  return std::get<RouterSection>(std::move(read));
+}
+
+std::string router_setting_text(const RouterSection& router, const std::string& key) {
+  for (const auto& [name, v] : router_values(router)) {
+    if (name == key) return v;
+  }
+  return "";
+}
 
 std::variant<Manifest, ManifestErrors> parse_manifest(std::string_view text,
                                                       const std::string& file) {

@@ -58,6 +58,10 @@ struct SupervisorSection {
   uint32_t restarts_max = 5;
   uint32_t restart_window_ms = 60'000;
   uint32_t restart_delay_ms = 500;
+  // SIGTERM to a node: it stops taking new work (routers stop picking its prefill and decode
+  // instances; its gateway answers new requests 503 shutting_down) and waits up to this long
+  // for what it holds to end before it stops. 0: stop at once.
+  uint32_t drain_timeout_ms = 30'000;
 };
 
 struct LoggingSection {
@@ -290,6 +294,18 @@ std::variant<Manifest, ManifestErrors> load_manifest(const std::string& path);
 // Same, from text (file is used only in messages).
 std::variant<Manifest, ManifestErrors> parse_manifest(std::string_view text,
                                                       const std::string& file);
+
+// Live router settings (`tandem shell` router show / router set): the [router] keys a running
+// router may change, with their values as TOML text, in manifest order.
+std::vector<std::pair<std::string, std::string>> router_settings(const RouterSection& router);
+// `current` with `key` set to `value` (TOML text; a bare word is taken as a string), checked by
+// the manifest's own [router] rules against the other current values. Error (invalid): an
+// unknown key (naming the settable ones), a key fixed at start (naming it), or the rule's
+// message with the key ("router.weight_queue: must be in [0, 1000000], got -1").
+Result<RouterSection> set_router_key(const RouterSection& current, const std::string& key,
+                                     const std::string& value);
+// A key's value as TOML text ("" for an unknown key).
+std::string router_setting_text(const RouterSection& router, const std::string& key);
 
 // One-screen human summary (model, router, gateway limits, nodes, their addresses,
 // instances). Never prints API keys or the cache secret.

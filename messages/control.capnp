@@ -46,6 +46,9 @@ struct InstanceLoad {
   # Blocks on the free list (neither referenced nor cached), when reported.
   kvBlocksFree @12 :UInt32;
   kvBlocksFreeKnown @13 :Bool = false;
+  # The instance's node is draining it (`tandem shell` drain, SIGTERM): routers stop picking
+  # it; what it holds runs to its end.
+  draining @14 :Bool = false;
 }
 
 # Sent by every node to every peer node each heartbeat interval. Not answered; a peer that

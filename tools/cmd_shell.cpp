@@ -27,8 +27,23 @@ char* complete_word(const char* text, int state) {
       if (c.name.rfind(prefix, 0) == 0 && !listed) candidates.push_back(c.name);
     }
     if (completion_manifest) {
+      // Arguments: node names, prefill/decode instance names (drain, undrain), router words
+      // and the router's live settings (router set KEY).
+      std::vector<std::string> words = {"show", "set"};
       for (const auto& node : completion_manifest->nodes) {
-        if (node.name.rfind(prefix, 0) == 0) candidates.push_back(node.name);
+        words.push_back(node.name);
+        for (const auto& inst : node.instances) {
+          if (inst.role == config::Role::prefill || inst.role == config::Role::decode) {
+            words.push_back(inst.name);
+          }
+        }
+      }
+      for (const auto& [key, value] : config::router_settings(completion_manifest->router)) {
+        words.push_back(key);
+      }
+      for (const auto& w : words) {
+        bool listed = std::find(candidates.begin(), candidates.end(), w) != candidates.end();
+        if (w.rfind(prefix, 0) == 0 && !listed) candidates.push_back(w);
       }
     }
   }
@@ -72,12 +87,14 @@ int interactive(ShellContext& ctx) {
 }  // namespace
 
 int cmd_shell(cli::Args args) {
-  cli::Flags flags("tandem shell --manifest MANIFEST [-c COMMAND]",
+  cli::Flags flags("tandem shell --manifest MANIFEST [-c COMMAND] [--json]",
                    "An admin shell that joins the cluster as a client (not a member) over the\n"
                    "fabric. Interactive with line editing, history (~/.tandem_history) and tab\n"
                    "completion; or runs one command with -c and exits with its status.");
   flags.flag("manifest", "FILE", "the cluster manifest (TOML)")
       .flag("c", "COMMAND", "run one command and exit (for scripts)")
+      .flag("json", "", "answers as JSON (rows as objects keyed by their header; status as one "
+                        "object; several nodes' answers as an array)")
       .flag("bind", "HOST", "local address for the shell's endpoint (default: loopback when "
                             "the cluster has loopback nodes)")
       .flag("timeout-ms", "MS", "how long to wait for each answer", "1000");
@@ -112,6 +129,7 @@ int cmd_shell(cli::Args args) {
     return 1;
   }
   ShellContext ctx{&manifest, client->get(), std::chrono::milliseconds(*timeout)};
+  ctx.json = flags.has("json");
   if (flags.has("c")) {
     int rc = run_shell_line(ctx, flags.get("c"));
     std::fflush(stdout);

@@ -1,6 +1,7 @@
 // `tandem up MANIFEST`: starts every node of the manifest that lives on this machine as a
 // child process (`tandem node --manifest M --node NAME`), forwards their output prefixed with
-// the node name, and stops them all on Ctrl-C / SIGTERM or when one of them exits.
+// the node name, restarts one that exits (with backoff, bounded per window), and stops them
+// all on Ctrl-C / SIGTERM.
 #include <unistd.h>
 
 #include <climits>
@@ -65,17 +66,37 @@ int cmd_up(cli::Args args) {
   cli::Flags flags("tandem up MANIFEST [--only NODE]...",
                    "Starts every node of MANIFEST whose host is this machine (loopback, the\n"
                    "hostname, or an address of a local interface) as `tandem node`, prefixes\n"
-                   "their output with the node name, and stops them all on Ctrl-C/SIGTERM or\n"
-                   "when one exits (exit status 1 then).");
+                   "their output with the node name, and restarts a node that exits or dies\n"
+                   "(backoff from 0.5 s doubling to 30 s; at most --restarts per window, then\n"
+                   "it is given up on and the others keep serving). Ctrl-C/SIGTERM stops them\n"
+                   "all (exit status 1 if a node was given up on). --restarts 0: the first node\n"
+                   "to exit stops the cluster.");
   flags.positional("MANIFEST", "the cluster manifest (TOML)")
-      .flag("grace-ms", "MS", "how long nodes get to stop after SIGTERM before SIGKILL", "5000")
+      .flag("grace-ms", "MS",
+            "how long nodes get to stop after SIGTERM before SIGKILL (default: the manifest's "
+            "[supervisor] drain_timeout_ms + 10000: they drain first)",
+            "")
       .flag("bin", "PATH", "the tandem binary each node runs", "/proc/self/exe")
-      .flag("only", "NODE[,NODE...]", "start only these nodes (repeatable)");
+      .flag("only", "NODE[,NODE...]", "start only these nodes (repeatable)")
+      .flag("restarts", "N", "restarts of one node per window before it is given up on", "5")
+      .flag("restart-window-s", "S", "the window --restarts counts over", "60");
   int exit_code = 0;
   if (!flags.parse(args, &exit_code)) return exit_code;
-  std::optional<int64_t> grace_ms = flags.get_int("grace-ms");
-  if (!grace_ms) return 2;
-  if (*grace_ms < 0) return fail("--grace-ms must be >= 0, got " + flags.get("grace-ms"));
+  std::optional<int64_t> grace_ms;
+  if (!flags.get("grace-ms").empty()) {
+    grace_ms = flags.get_int("grace-ms");
+    if (!grace_ms) return 2;
+    if (*grace_ms < 0) return fail("--grace-ms must be >= 0, got " + flags.get("grace-ms"));
+  }
+  std::optional<int64_t> restarts = flags.get_int("restarts");
+  std::optional<int64_t> window_s = flags.get_int("restart-window-s");
+  if (!restarts || !window_s) return 2;
+  if (*restarts < 0 || *restarts > 1000) {
+    return fail("--restarts must be in [0, 1000], got " + flags.get("restarts"));
+  }
+  if (*window_s < 1 || *window_s > 86400) {
+    return fail("--restart-window-s must be in [1, 86400], got " + flags.get("restart-window-s"));
+  }
   UpRequest request{flags.get("MANIFEST"), resolve_bin(flags.get("bin")),
                     split_node_list(only_values(args))};
   if (::access(request.tandem_bin.c_str(), X_OK) != 0) {
@@ -101,8 +122,11 @@ int cmd_up(cli::Args args) {
   }
   std::fprintf(stderr, "tandem up: starting %zu node(s): %s\n", children->size(), names.c_str());
   LauncherOptions options;
-  options.grace = std::chrono::milliseconds(*grace_ms);
+  options.grace = std::chrono::milliseconds(
+      grace_ms ? *grace_ms : int64_t{manifest->supervisor.drain_timeout_ms} + 10000);
   options.color = want_color();
+  options.restart.restarts_max = static_cast<uint32_t>(*restarts);
+  options.restart.window_ms = std::chrono::seconds(*window_s);
   auto outcome = run_cluster(*children, options);
   if (!outcome) return fail(outcome.error().message);
   return outcome->exit_code;

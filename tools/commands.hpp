@@ -13,5 +13,6 @@ int cmd_bench(cli::Args args);     // benchmarks
 int cmd_generate(cli::Args args);  // run one model in-process
 int cmd_model(cli::Args args);     // model utilities (synth)
 int cmd_sim(cli::Args args);       // cluster simulator under virtual time
+int cmd_systemd(cli::Args args);   // a node's systemd unit
 
 }  // namespace tandem::tools

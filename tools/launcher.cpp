@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -75,6 +76,13 @@ void LinePrefixer::finish(std::string& out) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr Clock::time_point never = Clock::time_point::max();
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
 
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -91,12 +99,17 @@ void write_all(int fd, std::string_view data) {
 }
 
 struct Child {
+  const ChildSpec* spec = nullptr;
   std::string name;
   pid_t pid = -1;
   int fd = -1;  // read end of its stdout+stderr pipe; -1 once at EOF
   bool reaped = false;
   int wait_status = 0;
   LinePrefixer prefixer;
+  runtime::RestartBudget budget;
+  Clock::time_point started{};
+  Clock::time_point restart_at = never;  // restart on: when to start it again
+  bool given_up = false;
 };
 
 // Blocks SIGINT/SIGTERM/SIGCHLD, ignores SIGPIPE, and restores both on destruction.
@@ -134,13 +147,17 @@ class Supervisor {
   Supervisor(const LauncherOptions& options, const SignalScope& signals)
       : options_(options), signals_(signals) {}
 
-  Status spawn(const ChildSpec& spec, std::string prefix);
+  Status spawn(const ChildSpec& spec, std::string prefix);  // `spec` outlives the supervisor
   LaunchOutcome run();
   void kill_all_now();  // after a failed spawn: SIGKILL and reap everything started
 
  private:
+  Status start(Child& child);
   void on_signals();
   void reap();
+  void on_exit(Child& child);
+  void restart_due();
+  bool pending(const Child& child) const { return !stopping_ && child.restart_at != never; }
   void read_output(Child& child);
   void close_output(Child& child);
   void begin_stop();
@@ -162,6 +179,16 @@ class Supervisor {
 };
 
 Status Supervisor::spawn(const ChildSpec& spec, std::string prefix) {
+  children_.push_back(Child{&spec, spec.name, -1, -1, true, 0,
+                            LinePrefixer(std::move(prefix), options_.line_bytes_max),
+                            runtime::RestartBudget(options_.restart)});
+  Status started = start(children_.back());
+  if (!started.ok()) children_.pop_back();
+  return started;
+}
+
+Status Supervisor::start(Child& child) {
+  const ChildSpec& spec = *child.spec;
   std::vector<char*> argv;
   for (const auto& arg : spec.argv) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
@@ -194,8 +221,12 @@ Status Supervisor::spawn(const ChildSpec& spec, std::string prefix) {
   ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
   ::close(fds[1]);
   ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-  children_.push_back(Child{spec.name, pid, fds[0], false, 0,
-                            LinePrefixer(std::move(prefix), options_.line_bytes_max)});
+  child.pid = pid;
+  child.fd = fds[0];
+  child.reaped = false;
+  child.wait_status = 0;
+  child.started = Clock::now();
+  child.restart_at = never;
   return {};
 }
 
@@ -243,6 +274,7 @@ void Supervisor::begin_stop() {
   if (stopping_) return;
   stopping_ = true;
   kill_deadline_ = Clock::now() + options_.grace;
+  for (auto& child : children_) child.restart_at = never;  // pending restarts are cancelled
   for (auto& child : children_) {
     if (!child.reaped) ::kill(-child.pid, SIGTERM);
   }
@@ -287,23 +319,74 @@ void Supervisor::reap() {
     if (got != child.pid) continue;
     child.reaped = true;
     read_output(child);  // its last words come before our message
-    if (!stopping_) {
-      say(describe_exit(child.name, child.wait_status) + "; stopping the cluster");
-      outcome_.failed_node = child.name;
-      outcome_.failed_wait_status = child.wait_status;
-      begin_stop();
-    }
+    if (!stopping_) on_exit(child);
   }
-  bool all_reaped =
-      std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.reaped; });
+  bool all_reaped = std::all_of(children_.begin(), children_.end(),
+                                [&](const Child& c) { return c.reaped && !pending(c); });
   if (all_reaped && drain_deadline_ == Clock::time_point::max()) {
     // Grandchildren may hold a pipe open; give their output a moment, then stop reading.
     drain_deadline_ = Clock::now() + std::chrono::milliseconds(500);
   }
 }
 
+void Supervisor::on_exit(Child& child) {
+  std::string what = describe_exit(child.name, child.wait_status);
+  const runtime::RestartPolicy& policy = options_.restart;
+  if (policy.restarts_max == 0) {
+    say(what + "; stopping the cluster");
+    outcome_.failed_node = child.name;
+    outcome_.failed_wait_status = child.wait_status;
+    begin_stop();
+    return;
+  }
+  auto now = Clock::now();
+  auto ran_for = std::chrono::duration_cast<std::chrono::milliseconds>(now - child.started);
+  if (auto delay = child.budget.next_delay(now, ran_for)) {
+    child.restart_at = now + *delay;
+    say(what + "; restarting it in " + seconds_text(*delay) + " (restart " +
+        std::to_string(child.budget.restarts_in_window(now + *delay)) + " of at most " +
+        std::to_string(policy.restarts_max) + " per " + seconds_text(policy.window_ms) + ")");
+    return;
+  }
+  child.given_up = true;
+  outcome_.given_up_nodes.push_back(child.name);
+  say(what + "; it was restarted " + std::to_string(policy.restarts_max) + " times within " +
+      seconds_text(policy.window_ms) + ": giving up on it; the other nodes keep serving");
+  bool any_left = std::any_of(children_.begin(), children_.end(),
+                              [&](const Child& c) { return !c.reaped || pending(c); });
+  if (!any_left) {
+    say("no node is left running; stopping");
+    outcome_.failed_node = child.name;
+    outcome_.failed_wait_status = child.wait_status;
+    begin_stop();
+  }
+}
+
+void Supervisor::restart_due() {
+  auto now = Clock::now();
+  for (auto& child : children_) {
+    if (!pending(child) || now < child.restart_at) continue;
+    // What its previous run left in its process group (and the pipe they hold) goes first.
+    if (child.fd >= 0) ::kill(-child.pid, SIGKILL);
+    close_output(child);
+    Status started = start(child);
+    if (!started.ok()) {
+      child.restart_at = never;
+      child.given_up = true;
+      outcome_.given_up_nodes.push_back(child.name);
+      say("node '" + child.name + "' could not be restarted (" + started.error().message +
+          "): giving up on it");
+      continue;
+    }
+    ++outcome_.restarts;
+    drain_deadline_ = never;
+    say("node '" + child.name + "' restarted (pid " + std::to_string(child.pid) + ")");
+  }
+}
+
 bool Supervisor::done() const {
   for (const auto& child : children_) {
+    if (pending(child)) return false;
     if (!child.reaped) return false;
     if (child.fd >= 0 && Clock::now() < drain_deadline_) return false;
   }
@@ -313,6 +396,9 @@ bool Supervisor::done() const {
 int Supervisor::poll_timeout_ms() const {
   Clock::time_point next = drain_deadline_;
   if (stopping_ && !killed_) next = std::min(next, kill_deadline_);
+  for (const auto& child : children_) {
+    if (pending(child)) next = std::min(next, child.restart_at);
+  }
   if (next == Clock::time_point::max()) return 1000;  // SIGCHLD wakes us; this is a backstop
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
   return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1000));
@@ -335,10 +421,14 @@ LaunchOutcome Supervisor::run() {
     }
     if (fds[0].revents != 0) on_signals();
     reap();
+    restart_due();
     if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) kill_remaining();
   }
   for (auto& child : children_) close_output(child);
-  outcome_.exit_code = outcome_.failed_node.empty() && outcome_.stop_requested ? 0 : 1;
+  outcome_.exit_code =
+      outcome_.failed_node.empty() && outcome_.given_up_nodes.empty() && outcome_.stop_requested
+          ? 0
+          : 1;
   return outcome_;
 }
 

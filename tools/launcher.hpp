@@ -9,8 +9,14 @@
 //   - SIGINT or SIGTERM to the launcher: SIGTERM to every child's process group, wait up to
 //     `grace`, then SIGKILL what is left; the outcome's exit code is 0. A second SIGINT or
 //     SIGTERM while stopping kills at once;
-//   - a child that exits on its own (any status): "tandem up: node 'x' exited with status 1;
-//     stopping the cluster" on err_fd, the others are stopped as above, exit code 1.
+//   - a child that exits on its own (any status), with LauncherOptions::restart off
+//     (restarts_max == 0): "tandem up: node 'x' exited with status 1; stopping the cluster" on
+//     err_fd, the others are stopped as above, exit code 1;
+//   - with restart on: the child is started again after a backoff (runtime::RestartBudget, with backoff), the
+//     others keep running; a child that used up its restarts in the window is given up on
+//     ("... giving up on it; the other nodes keep serving"); when no child is left running or
+//     waiting to restart, the launcher ends with exit code 1. A stop signal cancels pending
+//     restarts; the outcome's exit code is 1 if any child was given up on.
 // Children also get PR_SET_PDEATHSIG=SIGTERM, so they stop if the launcher is killed.
 //
 // Preconditions: call from a single-threaded process (SIGINT, SIGTERM and SIGCHLD are
@@ -22,11 +28,13 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "runtime/base/result.hpp"
+#include "runtime/node/restart_budget.hpp"
 
 namespace tandem::tools {
 
@@ -41,14 +49,20 @@ struct LauncherOptions {
   int err_fd = STDERR_FILENO;             // the launcher's own messages
   bool color = false;                     // ANSI-coloured prefixes
   size_t line_bytes_max = 64 * 1024;      // longer lines are split at this many bytes
+  // restarts_max 0 (the default): a child's exit stops the cluster. `tandem up` sets
+  // 5 per 60 s, 0.5 s doubling to 30 s.
+  runtime::RestartPolicy restart{0, std::chrono::seconds(60), std::chrono::milliseconds(500),
+                                 std::chrono::seconds(30)};
 };
 
 struct LaunchOutcome {
-  int exit_code = 0;                      // 0: stopped on request; 1: a node exited on its own
+  int exit_code = 0;  // 0: stopped on request; 1: a node exited (restart off) or was given up on
   bool stop_requested = false;            // SIGINT/SIGTERM was received
   std::string failed_node;                // the node whose exit stopped the cluster, if any
   int failed_wait_status = 0;             // its raw waitpid() status
   std::vector<std::string> killed_nodes;  // nodes that needed SIGKILL after the grace period
+  std::vector<std::string> given_up_nodes;  // restart on: nodes that used up their restarts
+  uint32_t restarts = 0;                    // restart on: children started again, in all
 };
 
 // Runs the children until they have all exited (see the header comment).

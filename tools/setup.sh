@@ -25,6 +25,7 @@ packages=(
   nodejs npm                      # JS tokenizers + official SDKs used by tests
   curl procps iproute2            # tests talk HTTP, inspect processes and ports
   tmux                            # drives the interactive admin shell in a test
+  chromium                        # headless: the status page's browser test (loads, drain, screenshot)
   # clang + compiler-rt: libFuzzer and clang's ASan/UBSan runtimes for the fuzz targets
   # (tests/fuzz, fuzzed for a bounded time by `quickstart.sh test`). libFuzzer is in
   # libclang-rt-14-dev, which clang does not pull in. (g++'s ASan/UBSan runtimes for build-asan

@@ -16,6 +16,10 @@ struct ShellContext {
   runtime::ClusterClient* client;
   std::chrono::milliseconds timeout{1000};
   bool quit = false;
+  // --json: commands answer JSON documents here instead of text; run_shell_line prints them
+  // (one as itself, several as an array).
+  bool json = false;
+  std::vector<std::string> json_items;
 };
 
 struct ShellCommand {

@@ -18,6 +18,7 @@ const std::vector<tandem::cli::Command>& commands() {
       {"model", "model utilities (synth: write a small random model)", cmd_model},
       {"bench", "benchmarks (transport, device, ...)", cmd_bench},
       {"sim", "simulate a cluster under virtual time (real cores, sim timing)", cmd_sim},
+      {"systemd", "write the systemd unit that runs one node on this host", cmd_systemd},
   };
   return table;
 }

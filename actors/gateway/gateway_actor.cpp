@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -26,6 +27,7 @@
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
 #include "runtime/node/spawn.hpp"
+#include "runtime/obs/recent.hpp"
 #include "runtime/text/chat.hpp"
 #include "runtime/text/model_chat.hpp"
 #include "runtime/text/stream_decoder.hpp"
@@ -132,6 +134,35 @@ struct Metrics {
   obs::Gauge* running;
   obs::Gauge* waiting;
   obs::Counter* errors;
+  obs::Registry* registry;  // for errors_by_type's series (bounded: the API's error types)
+  obs::Labels labels;
+  // TTFT and ITL over the last minute (RecentHistogram), p50 and p90, for `status`.
+  obs::RecentHistogram recent_ttft, recent_itl;
+  obs::Gauge* ttft_recent_p50;
+  obs::Gauge* ttft_recent_p90;
+  obs::Gauge* itl_recent_p50;
+  obs::Gauge* itl_recent_p90;
+  obs::Gauge* ttft_recent_count;
+  // tandem:request_errors_by_type_total{type}: an error answer's OpenAI/Anthropic error type.
+  void count_error(const std::string& type) {
+    errors->inc();
+    auto labelled = labels;
+    labelled.emplace_back("type", type.empty() ? "api_error" : type);
+    make_counter(*registry, "tandem:request_errors_by_type_total",
+                 "requests that ended in an error, by the error's type", std::move(labelled))
+        ->inc();
+  }
+  // From the histograms into the recent windows and their gauges (the gateway's tick).
+  void refresh_recent(std::chrono::steady_clock::time_point now) {
+    recent_ttft.record(now, ttft->bucket_counts());
+    recent_itl.record(now, itl->bucket_counts());
+    double nan = std::numeric_limits<double>::quiet_NaN();
+    ttft_recent_p50->set(recent_ttft.quantile(0.5).value_or(nan));
+    ttft_recent_p90->set(recent_ttft.quantile(0.9).value_or(nan));
+    itl_recent_p50->set(recent_itl.quantile(0.5).value_or(nan));
+    itl_recent_p90->set(recent_itl.quantile(0.9).value_or(nan));
+    ttft_recent_count->set(static_cast<double>(recent_ttft.count()));
+  }
 };
 
 // Written by the gateway actor, read by the HTTP thread (/health, the admission check).
@@ -144,6 +175,9 @@ struct Shared {
   }
   std::atomic<bool> healthy{false};
   std::atomic<bool> draining{false};  // the node is stopping: new requests get 503
+  // The node drains (SIGTERM): new requests get 503 shutting_down and /health says so, while
+  // the requests already taken run to their end.
+  std::atomic<bool> closing{false};
   std::mutex mutex;
   std::string unhealthy_reason;  // guarded by mutex; "" when healthy
 
@@ -178,6 +212,14 @@ using GatewayActor = caf::stateful_actor<GatewayState>;
 Metrics make_metrics(obs::Registry& r, const std::string& instance) {
   obs::Labels l = {{"instance", instance}};
   auto latency = obs::exponential_buckets(0.001, 2.0, 18);
+  auto quantile = [&](const char* name, const char* help, const char* q) {
+    obs::Labels with = l;
+    with.emplace_back("quantile", q);
+    return make_gauge(r, name, help, with);
+  };
+  constexpr auto window = std::chrono::seconds(60), step = std::chrono::seconds(5);
+  constexpr const char* ttft_help = "time to first token over the last minute (NaN: none)";
+  constexpr const char* itl_help = "time between output tokens over the last minute (NaN: none)";
   return Metrics{
       make_histogram(r, "tandem:time_to_first_token_seconds", "time to first token", latency, l),
       make_histogram(r, "tandem:inter_token_latency_seconds", "time between output tokens",
@@ -188,7 +230,17 @@ Metrics make_metrics(obs::Registry& r, const std::string& instance) {
       make_gauge(r, "tandem:num_requests_running", "requests in flight at the gateway", l),
       make_gauge(r, "tandem:num_requests_waiting",
                  "requests waiting for admission at the gateway (gateway.queue_max)", l),
-      make_counter(r, "tandem:request_errors_total", "requests that ended in an error", l)};
+      make_counter(r, "tandem:request_errors_total", "requests that ended in an error", l),
+      &r,
+      l,
+      obs::RecentHistogram(latency, window, step),
+      obs::RecentHistogram(latency, window, step),
+      quantile("tandem:time_to_first_token_recent_seconds", ttft_help, "0.5"),
+      quantile("tandem:time_to_first_token_recent_seconds", ttft_help, "0.9"),
+      quantile("tandem:inter_token_latency_recent_seconds", itl_help, "0.5"),
+      quantile("tandem:inter_token_latency_recent_seconds", itl_help, "0.9"),
+      make_gauge(r, "tandem:time_to_first_token_recent_count",
+                 "first tokens sent over the last minute", l)};
 }
 
 void update_health(GatewayState& st) {
@@ -247,7 +299,7 @@ void fail(GatewayActor* self, uint64_t id, const ApiError& error) {
   auto it = st.requests.find(id);
   if (it == st.requests.end()) return;
   Req& r = it->second;
-  st.metrics->errors->inc();
+  st.metrics->count_error(error.type);
   if (r.decode && !r.finished) {
     (void)st.ctx.bridge->send(st.self_name, *r.decode, id, [&](wire::Envelope::Builder b) {
       b.getBody().initCancel().setRequestId(id);
@@ -436,7 +488,8 @@ void on_failure(GatewayActor* self, uint64_t id, ErrorKind kind, const std::stri
     // Decode refused it (full: another gateway's load, or a cancel it had not seen yet).
     // Nothing was sent: the client gets a 429 with Retry-After, never an in-stream error.
     return fail(self, id, api_error(429, "rate_limit_error",
-                                    "the decode instance is full (" + message + "); retry later",
+                                    "no decode instance can take it now (" + message +
+                                        "); retry later",
                                     "rate_limit_exceeded"));
   }
   fail(self, id, api_error(decision.http_status, std::string(decision.type), message));
@@ -645,10 +698,11 @@ std::optional<ApiError> unknown_model(const config::Manifest& m, const gateway::
                    "model_not_found");
 }
 
-std::string unhealthy_reason(const ShellContext& ctx, Shared& shared);
+std::string serving_reason(const ShellContext& ctx, Shared& shared);
 
+// A request taken before a drain began is still served: admission ignores `closing`.
 std::optional<ApiError> admit(GatewayState& st) {
-  std::string reason = unhealthy_reason(st.ctx, *st.shared);
+  std::string reason = serving_reason(st.ctx, *st.shared);
   if (!reason.empty()) return api_error(503, "overloaded_error", reason);
   return std::nullopt;
 }
@@ -925,7 +979,7 @@ void expire_queued(GatewayState& st, Clock::time_point now) {
   for (const auto& late : st.admission->expire(now)) {
     auto it = st.queued.find(late.id);
     RT_ASSERT(it != st.queued.end(), late.id);
-    st.metrics->errors->inc();
+    st.metrics->count_error(refusal_error(late.refusal).type);
     reply_busy(it->second.api, *it->second.call.out, refusal_error(late.refusal));
     st.queued.erase(it);
   }
@@ -989,6 +1043,7 @@ void on_membership(GatewayActor* self, const runtime::MembershipEvent& event) {
 void on_tick(GatewayActor* self) {
   auto& st = self->state;
   auto now = Clock::now();
+  st.metrics->refresh_recent(now);
   expire_queued(st, now);
   auto limit = std::chrono::milliseconds(st.ctx.manifest->gateway.request_timeout_ms);
   std::vector<uint64_t> late;
@@ -1018,12 +1073,18 @@ struct Preparers {
 
 // Why the gateway cannot serve now, "" when it can: an actor of this node is down (the
 // supervisor restarts it), or no decode instance is ready. Any thread.
-std::string unhealthy_reason(const ShellContext& ctx, Shared& shared) {
+// Why requests cannot be served now ("" when they can); /health adds a drain.
+std::string serving_reason(const ShellContext& ctx, Shared& shared) {
   std::string down = ctx.node_health ? ctx.node_health->reason() : "";
   if (shared.healthy.load()) return down;
   std::string decode = shared.reason();
   if (decode.empty()) decode = "the gateway is starting";  // never a 200 while not healthy
   return down.empty() ? decode : down + "; " + decode;
+}
+
+std::string unhealthy_reason(const ShellContext& ctx, Shared& shared) {
+  if (shared.closing.load()) return "the node is draining: it takes no new requests";
+  return serving_reason(ctx, shared);
 }
 
 // Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to a preparer (the
@@ -1079,7 +1140,9 @@ class Front final : public gateway::HttpHandler {
                                                "not_found"));
       return;
     }
-    if (shared_->draining.load()) return reply_busy(api, *out, shutdown_error());
+    if (shared_->draining.load() || shared_->closing.load()) {
+      return reply_busy(api, *out, shutdown_error());
+    }
     uint64_t cost = request.body.size() + 1;
     Preparers& to = request.body.size() > ctx_.manifest->gateway.long_prompt_bytes ? long_ : short_;
     auto slot = static_cast<uint32_t>(to.pool->pick(cost));
@@ -1135,6 +1198,9 @@ class Front final : public gateway::HttpHandler {
   ShellContext ctx_;
   std::shared_ptr<Shared> shared_;
   Preparers short_, long_;
+
+ public:
+  void close() { shared_->closing.store(true); }
 };
 
 class Service final : public GatewayService {
@@ -1161,6 +1227,10 @@ class Service final : public GatewayService {
   }
   std::vector<caf::actor> actors() const override { return actors_; }
   std::vector<runtime::Supervised> supervised() const override { return supervised_; }
+  void begin_drain() override { front_->close(); }
+  uint64_t open_requests() const override {
+    return server_ && !stopped_ ? server_->stats().responses_open : 0;
+  }
 
  private:
   void drain() {
@@ -1207,6 +1277,64 @@ void on_client_gone(GatewayActor* self, const ClientGone& gone) {
   }
   st.requests.erase(it);
   release(self, gone.request_id);
+}
+
+// --- Admin commands (`tandem shell` requests / cancel; LocalAdmin from the node) ---
+
+std::string age_text(Clock::duration age) {
+  return runtime::format_age(std::chrono::duration_cast<std::chrono::milliseconds>(age));
+}
+
+// `requests [INSTANCE]`: what this gateway has in flight (optionally only those on one decode or
+// prefill instance, by its name or node/role/instance), oldest first, and what waits for
+// admission; `cancel ID`: ends one with an error to its client and a cancel to its decode.
+runtime::AdminResult on_admin(GatewayActor* self, const runtime::LocalAdmin& cmd) {
+  auto& st = self->state;
+  const std::string who = st.self_name.to_string();
+  auto now = Clock::now();
+  if (cmd.command == "requests") {
+    if (cmd.args.size() > 1) return {false, who + ": usage: requests [INSTANCE]\n", {}};
+    auto on = [&](const std::string& full) {
+      if (cmd.args.empty()) return true;
+      return full == cmd.args[0] || (!full.empty() && full.substr(full.rfind('/') + 1) == cmd.args[0]);
+    };
+    runtime::AdminResult out{true, "", {{"gateway", "id", "state", "age", "prompt tokens",
+                                         "tokens", "decode", "prefill"}}};
+    std::vector<std::pair<Clock::time_point, std::vector<std::string>>> rows;
+    for (const auto& [id, r] : st.requests) {
+      std::string decode = r.decode ? r.decode->to_string() : "";
+      if (!on(decode) && !on(r.prefill)) continue;
+      std::string state = !r.decode ? "routing" : r.tokens_received == 0 ? "prefill" : "decoding";
+      rows.push_back({r.start, {who, std::to_string(id), state, age_text(now - r.start),
+                                std::to_string(r.prompt.size()), std::to_string(r.tokens_received),
+                                decode.empty() ? "-" : decode, r.prefill.empty() ? "-" : r.prefill}});
+    }
+    if (cmd.args.empty()) {
+      for (const auto& [id, q] : st.queued) {
+        (void)q;  // waiting for admission: listed after those in flight, in arrival (id) order
+        rows.push_back({Clock::time_point::max(), {who, std::to_string(id), "queued", "-",
+                                                   "-", "0", "-", "-"}});
+      }
+    }
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [at, row] : rows) out.rows.push_back(std::move(row));
+    return out;
+  }
+  if (cmd.command != "cancel" || cmd.args.size() != 1) {
+    return {false, who + ": usage: cancel ID\n", {}};
+  }
+  char* end = nullptr;
+  uint64_t id = std::strtoull(cmd.args[0].c_str(), &end, 10);
+  if (end == cmd.args[0].c_str() || *end != '\0') {
+    return {false, who + ": cancel: '" + cmd.args[0] + "' is not a request id\n", {}};
+  }
+  if (st.requests.count(id) == 0) return {false, who + ": no request " + cmd.args[0] + "\n", {}};
+  st.ctx.log->warn("gateway: request {} cancelled by an operator", id);
+  // Its client gets an explicit error (in-stream when the stream has begun); decode a cancel.
+  fail(self, id, api_error(503, "api_error", "cancelled by the cluster's operator", "cancelled"));
+  return {true, who + ": request " + cmd.args[0] + " cancelled\n",
+          {{"gateway", "id", "cancelled"}, {who, cmd.args[0], "yes"}}};
 }
 
 // A frame's handler failed (HandlerGuard): the request it was about (its correlation id)
@@ -1272,6 +1400,12 @@ caf::behavior gateway_behavior(GatewayActor* self) {
           update_health(st);
           admit_queued(self);  // an instance that became ready adds capacity
         });
+      },
+      [self, &guard](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
+        runtime::AdminResult out;
+        Status ran = guard.run("an admin command", [self, &cmd, &out] { out = on_admin(self, cmd); });
+        if (!ran.ok()) out = {false, ran.error().describe() + "\n", {}};
+        return out;
       },
       [self, &guard](const DrainRequest&) -> Drained {
         Drained out;

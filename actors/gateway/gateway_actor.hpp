@@ -29,6 +29,11 @@ class GatewayService {
  public:
   virtual ~GatewayService() = default;
   virtual void stop() = 0;
+  // Graceful: new requests get 503 shutting_down (with Retry-After) and /health 503, while
+  // the ones already taken go on. Any thread.
+  virtual void begin_drain() = 0;
+  // Requests whose response has not ended (HTTP exchanges open). Any thread.
+  virtual uint64_t open_requests() const = 0;
   // The gateway's actors: the gateway actor first, then its request preparers; the node
   // stops them at shutdown.
   virtual std::vector<caf::actor> actors() const = 0;

@@ -473,6 +473,7 @@ struct HttpServer::Shared {
   std::atomic<uint64_t> requests_total{0};
   std::atomic<uint64_t> requests_rejected{0};
   std::atomic<uint64_t> streams_cancelled{0};
+  std::atomic<uint64_t> responses_open{0};  // Exchanges alive
 };
 
 // One request's response on the loop: drains its Core into kj's Response. Owned by the
@@ -483,8 +484,9 @@ class Exchange {
   // that tells kj so while the headers are sent.
   Exchange(kj::HttpService::Response& response, const kj::HttpHeaderTable& table,
            kj::AsyncIoStream& connection, std::shared_ptr<ResponseStream::Core> core,
-           bool close_after, bool& close_hint)
-      : response_(response),
+           bool close_after, bool& close_hint, std::atomic<uint64_t>& open_count)
+      : open_count_(open_count),
+        response_(response),
         table_(table),
         connection_(connection),
         core_(std::move(core)),
@@ -492,11 +494,14 @@ class Exchange {
         close_hint_(close_hint) {
     RT_ASSERT(core_->exchange == nullptr, "stream already has an exchange");
     core_->exchange = this;
+    open_count_.fetch_add(1, std::memory_order_relaxed);
   }
   ~Exchange() {
     RT_ASSERT(core_->exchange == this, "exchange link broken");
     core_->exchange = nullptr;
     core_->detach();  // fires on_cancel when the stream did not finish
+    RT_ASSERT(open_count_.load(std::memory_order_relaxed) > 0, "responses_open underflow");
+    open_count_.fetch_sub(1, std::memory_order_relaxed);
   }
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
@@ -513,6 +518,7 @@ class Exchange {
   kj::Promise<void> apply(std::shared_ptr<std::vector<StreamOp>> ops, size_t index);
   kj::Own<kj::AsyncOutputStream> begin(const StreamOp& op);
 
+  std::atomic<uint64_t>& open_count_;  // HttpServer::Shared::responses_open
   kj::HttpService::Response& response_;
   const kj::HttpHeaderTable& table_;
   kj::AsyncIoStream& connection_;
@@ -1084,7 +1090,8 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
       loop_.shared.hub, loop_.limits.stream_buffer_bytes_max, loop_.shared.streams_cancelled);
   core->anthropic_errors = request->path.rfind("/v1/messages", 0) == 0;
   auto exchange = kj::heap<Exchange>(response, *loop_.table, connection_, core,
-                                     state_->guard->closing(), loop_.close_hint);
+                                     state_->guard->closing(), loop_.close_hint,
+                                     loop_.shared.responses_open);
   auto stream = std::make_shared<ResponseStream>(core);
   try {
     loop_.handler.on_request(*request, stream);
@@ -1359,6 +1366,7 @@ HttpServerStats HttpServer::stats() const {
   const Shared& s = *shared_;
   HttpServerStats out;
   out.connections_open = s.connections_open.load(std::memory_order_relaxed);
+  out.responses_open = s.responses_open.load(std::memory_order_relaxed);
   out.connections_total = s.connections_total.load(std::memory_order_relaxed);
   out.connections_rejected = s.connections_rejected.load(std::memory_order_relaxed);
   out.requests_total = s.requests_total.load(std::memory_order_relaxed);

@@ -181,6 +181,7 @@ struct HttpServerStats {
   uint64_t requests_total = 0;        // handed to the handler (lane /health included)
   uint64_t requests_rejected = 0;     // answered 400/408/413/431/503 by the server itself
   uint64_t streams_cancelled = 0;     // on_cancel-worthy cancellations
+  uint64_t responses_open = 0;        // requests handed to the handler whose response is not done
 };
 
 class HttpServer {

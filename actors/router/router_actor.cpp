@@ -31,6 +31,8 @@ struct Known {
   obs::Counter* resyncs = nullptr;     // tandem_router_kv_resyncs_total{instance, source}
   obs::Counter* gaps = nullptr;        // tandem_router_kv_event_gaps_total{instance, source}
   obs::Gauge* index_blocks = nullptr;  // tandem_router_kv_index_blocks{instance, target}
+  obs::Counter* picks = nullptr;  // tandem_router_instance_picks_total{instance, target}
+  bool draining = false;  // its node drains it (load reports): eligible, but not picked
 };
 
 // A node's tier 2 as a source of precise KV events: the first kv-offload instance of the node
@@ -47,6 +49,7 @@ struct Tier2Source {
 
 struct RouterState {
   ShellContext ctx;
+  config::RouterSection settings;  // the manifest's [router], as changed live (router set)
   ActorName self_name;
   std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   std::unique_ptr<router::RouterCore> core;
@@ -69,24 +72,28 @@ using RouterActor = caf::stateful_actor<RouterState>;
 }  // namespace
 
 router::RouterConfig router_config(const config::Manifest& m) {
+  return router_config(m, m.router);
+}
+
+router::RouterConfig router_config(const config::Manifest& m, const config::RouterSection& r) {
   router::RouterConfig c;
-  c.policy = m.router.policy == config::RouterPolicy::round_robin ? router::Policy::round_robin
-             : m.router.policy == config::RouterPolicy::random    ? router::Policy::random
-                                                                  : router::Policy::prefix_aware;
-  c.weight_prefix = m.router.weight_prefix;
-  c.weight_queue = m.router.weight_queue;
-  c.weight_kv_usage = m.router.weight_kv_usage;
+  c.policy = r.policy == config::RouterPolicy::round_robin ? router::Policy::round_robin
+             : r.policy == config::RouterPolicy::random    ? router::Policy::random
+                                                           : router::Policy::prefix_aware;
+  c.weight_prefix = r.weight_prefix;
+  c.weight_queue = r.weight_queue;
+  c.weight_kv_usage = r.weight_kv_usage;
   // The index holds sub-blocks; the key counts blocks.
   const uint32_t k = m.model.block_tokens / m.model.sub_block_tokens;
   c.prefix_index_blocks_max = static_cast<uint32_t>(
-      std::min<uint64_t>(uint64_t{m.router.prefix_index_blocks_max} * k, uint64_t{1} << 31));
-  c.disaggregate_tokens_min = m.router.disaggregate_tokens_min;
-  c.load_imbalance_max = m.router.load_imbalance_max;
-  c.prefill_load_imbalance_max = m.router.prefill_load_imbalance_max;
-  c.prefill_by_work = m.router.prefill_by_work;
-  c.tier2_weight = m.router.tier2_weight;
-  c.tier2_remote_weight = m.router.tier2_remote_weight;
-  c.tier2_index_blocks_max = m.router.tier2_index_blocks_max;
+      std::min<uint64_t>(uint64_t{r.prefix_index_blocks_max} * k, uint64_t{1} << 31));
+  c.disaggregate_tokens_min = r.disaggregate_tokens_min;
+  c.load_imbalance_max = r.load_imbalance_max;
+  c.prefill_load_imbalance_max = r.prefill_load_imbalance_max;
+  c.prefill_by_work = r.prefill_by_work;
+  c.tier2_weight = r.tier2_weight;
+  c.tier2_remote_weight = r.tier2_remote_weight;
+  c.tier2_index_blocks_max = r.tier2_index_blocks_max;
   c.block_tokens = m.model.sub_block_tokens;
   c.sub_blocks_per_block = k;
   // Only the manifest's instances are ever added; the index keeps one holder bit per
@@ -148,10 +155,14 @@ void add_instances(RouterState& st) {
       st.by_name[name.to_string()] = index;
       obs::Gauge* eligible = make_gauge(
           *st.ctx.metrics, "tandem_router_instance_eligible",
-          "1 while the router may pick the instance (its node is up and it reported ready)",
+          "1 while the router may pick the instance (its node is up, it reported ready, it is "
+          "not draining)",
           {{"instance", st.self_name.instance}, {"target", name.to_string()}});
       eligible->set(0.0);
       Known known{name, core_role, node->name == st.ctx.bridge->node(), false, false, eligible};
+      known.picks = make_counter(*st.ctx.metrics, "tandem_router_instance_picks_total",
+                                 "requests this router sent to the instance (decode or prefill)",
+                                 {{"instance", st.self_name.instance}, {"target", name.to_string()}});
       if (st.precise) {
         obs::Labels source = {{"instance", st.self_name.instance}, {"source", name.to_string()}};
         known.sequence.emplace(std::chrono::milliseconds(m.router.kv_resync_interval_ms));
@@ -190,6 +201,8 @@ void on_route(RouterActor* self, wire::Envelope::Reader envelope) {
   auto pick = st.core->decide(request);
   if (!pick.ok()) return send_error(st.ctx, st.self_name, from, id, pick.error());
   (pick->prefill ? st.picks_disaggregated : st.picks_local)->inc();
+  st.instances[pick->decode.value].picks->inc();
+  if (pick->prefill) st.instances[pick->prefill->value].picks->inc();
   if (pick->prefill_tier2_blocks > 0) st.tier2_credited->inc();
   (void)st.ctx.bridge->send(st.self_name, from, id, [&](wire::Envelope::Builder b) {
     auto reply = b.getBody().initRouteReply();
@@ -249,7 +262,7 @@ void set_eligibility(RouterState& st, uint32_t i, bool node_up, bool ready) {
   k.node_up = node_up;
   k.ready = ready;
   bool now = k.node_up && k.ready;
-  if (k.eligible) k.eligible->set(now ? 1.0 : 0.0);
+  if (k.eligible) k.eligible->set(now && !k.draining ? 1.0 : 0.0);
   if (was != now) {
     Status s = st.core->set_up({i}, now);
     RT_ASSERT(s.ok(), i);
@@ -297,6 +310,12 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
     st.ctx.log->warn("router: {} is not ready: {}", r.instance, r.not_ready_reason);
   }
   k.reported = true;
+  if (r.draining != k.draining) {
+    st.ctx.log->info("router: {} is {}", r.instance, r.draining ? "draining: not picked" : "undrained");
+    k.draining = r.draining;
+    Status s = st.core->set_draining({it->second}, r.draining);
+    RT_ASSERT(s.ok(), r.instance);
+  }
   set_eligibility(st, it->second, k.node_up, r.ready);
   if (!r.ready) return;
   (void)st.core->update_load({it->second},
@@ -428,6 +447,35 @@ void on_resync_tick(RouterState& st) {
   for (uint32_t i = 0; i < st.instances.size(); ++i) ask_resync(st, i, "no snapshot yet");
 }
 
+// `router-show`: the live settings; `router-set KEY VALUE`: one changed, checked by the
+// manifest's rules, applied to the core; rows: router, key, old, new.
+runtime::AdminResult on_admin(RouterState& st, const runtime::LocalAdmin& cmd) {
+  const std::string who = st.self_name.to_string();
+  if (cmd.command == "router-show") {
+    runtime::AdminResult out{true, "", {{"router", "key", "value"}}};
+    out.text = who + " (" + std::string(router::to_string(st.core->config().policy)) + ")\n";
+    for (const auto& [key, value] : config::router_settings(st.settings)) {
+      out.rows.push_back({who, key, value});
+      out.text += "  " + key + " = " + value + "\n";
+    }
+    return out;
+  }
+  if (cmd.command != "router-set" || cmd.args.size() != 2) {
+    return {false, who + ": usage: router-set KEY VALUE\n", {}};
+  }
+  const std::string& key = cmd.args[0];
+  auto changed = config::set_router_key(st.settings, key, cmd.args[1]);
+  if (!changed.ok()) return {false, who + ": " + changed.error().message + "\n", {}};
+  Status applied = st.core->set_config(router_config(*st.ctx.manifest, *changed));
+  if (!applied.ok()) return {false, who + ": " + applied.error().message + "\n", {}};
+  std::string before = config::router_setting_text(st.settings, key);
+  std::string after = config::router_setting_text(*changed, key);
+  st.settings = *changed;
+  st.ctx.log->info("router: {} set live: {} -> {}", key, before, after);
+  return {true, who + ": " + key + " = " + after + " (was " + before + ")\n",
+          {{"router", "key", "old", "new"}, {who, key, before, after}}};
+}
+
 }  // namespace
 
 caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
@@ -438,6 +486,7 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
     st.ctx = ctx;
     st.self_name = name;
     st.guard.emplace(ctx, "router");
+    st.settings = ctx.manifest->router;
     st.core = std::make_unique<router::RouterCore>(router_config(*ctx.manifest));
     st.precise = ctx.manifest->router.kv_index == config::KvIndexMode::precise;
     add_instances(st);
@@ -483,6 +532,13 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
         },
         [self](const runtime::MembershipEvent& event) { on_membership(self->state, event); },
         [self](const runtime::InstanceLoadReport& r) { on_load(self->state, r); },
+        [self](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
+          runtime::AdminResult out;
+          Status ran = self->state.guard->run("an admin command",
+                                              [self, &cmd, &out] { out = on_admin(self->state, cmd); });
+          if (!ran.ok()) out = {false, ran.error().describe() + "\n", {}};
+          return out;
+        },
         [self, resync_interval](runtime::atoms::tick) {
           on_resync_tick(self->state);
           self->delayed_send(self, resync_interval, runtime::atoms::tick::value);

@@ -18,6 +18,9 @@ namespace tandem::actors {
 // instance count. Used by the
 // router actor and by `tandem sim --manifest` (which overrides seed and block size).
 router::RouterConfig router_config(const config::Manifest& manifest);
+// The same with `router` in place of the manifest's [router] (live settings: router set).
+router::RouterConfig router_config(const config::Manifest& manifest,
+                                   const config::RouterSection& router);
 
 caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
                         const config::Instance& instance);

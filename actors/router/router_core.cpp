@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 namespace tandem::router {
 namespace {
@@ -89,6 +90,22 @@ RouterCore::RouterCore(const RouterConfig& config)
   RT_ASSERT(table_.empty());
 }
 
+Status RouterCore::set_config(const RouterConfig& config) {
+  if (Status valid = validate(config); !valid.ok()) return valid;
+  auto fixed = [](const RouterConfig& c) {
+    return std::tuple(c.prefix_index_blocks_max, c.block_tokens, c.sub_blocks_per_block,
+                      c.instances_max, c.tier2_index_blocks_max, c.seed);
+  };
+  if (fixed(config) != fixed(config_)) {
+    return make_error(ErrorKind::invalid,
+                      "router: only the policy, weights, P/D threshold, load bounds and tier-2 "
+                      "weights change live; capacities and block sizes are fixed at start");
+  }
+  config_ = config;
+  RT_ASSERT(validate(config_).ok());
+  return {};
+}
+
 RouterCore::Slot* RouterCore::find(InstanceId id) {
   auto it = slot_of_.find(id.value);
   if (it == slot_of_.end()) return nullptr;
@@ -114,6 +131,7 @@ Status RouterCore::add_instance(InstanceId id, InstanceRole role, uint32_t site)
   RT_ASSERT(s.held.empty() && s.oldest == none_, slot);
   s.used = true;
   s.up = true;
+  s.draining = false;
   s.id = id;
   s.role = role;
   s.site = site;
@@ -151,6 +169,21 @@ Status RouterCore::set_up(InstanceId id, bool up) {
   s->up = up;
   RT_ASSERT(up || s->held.empty(), id.value);
   return {};
+}
+
+Status RouterCore::set_draining(InstanceId id, bool draining) {
+  Slot* s = find(id);
+  if (s == nullptr) {
+    return make_error(ErrorKind::not_found, "router: unknown instance " + std::to_string(id.value));
+  }
+  s->draining = draining;
+  RT_ASSERT(s->draining == draining);
+  return {};
+}
+
+bool RouterCore::draining(InstanceId id) const {
+  auto it = slot_of_.find(id.value);
+  return it != slot_of_.end() && slots_[it->second].draining;
 }
 
 Status RouterCore::update_load(InstanceId id, const InstanceLoad& load) {
@@ -232,7 +265,7 @@ void RouterCore::role_mask(InstanceRole role, std::vector<uint64_t>& mask) const
   mask.assign(words_, 0);
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
-    if (s.used && s.up && s.role == role) mask[slot / 64] |= uint64_t{1} << (slot % 64);
+    if (pickable(s, role)) mask[slot / 64] |= uint64_t{1} << (slot % 64);
   }
   RT_ASSERT(mask.size() == words_);
 }
@@ -326,7 +359,7 @@ uint64_t RouterCore::load_count(const Slot& s) {
 RouterCore::RoleLoad RouterCore::role_load(InstanceRole role) const {
   RoleLoad out;
   for (const Slot& s : slots_) {
-    if (!s.used || !s.up || s.role != role) continue;
+    if (!pickable(s, role)) continue;
     ++out.candidates_count;
     out.load_sum += load_count(s);
   }
@@ -385,7 +418,7 @@ std::optional<uint32_t> RouterCore::choose_best(InstanceRole role,
     for (uint32_t k = 0; k < count; ++k) {
       uint32_t slot = (cursor + k) % count;  // ties go to the first after the last pick
       const Slot& s = slots_[slot];
-      if (!s.used || !s.up || s.role != role) continue;
+      if (!pickable(s, role)) continue;
       InstanceScore candidate =
           score_slot(slot, lengths[slot], blocks, loads, tier2 ? (*tier2)[slot] : Tier2Run{});
       if (pass == 0 && candidate.over_bound) continue;
@@ -412,7 +445,7 @@ std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<
     chosen = choose_best(role, lengths, blocks, cursor, score, tier2);
   } else {
     uint32_t eligible_count = 0;
-    for (const Slot& s : slots_) eligible_count += s.used && s.up && s.role == role ? 1 : 0;
+    for (const Slot& s : slots_) eligible_count += pickable(s, role) ? 1 : 0;
     if (eligible_count > 0) {
       uint32_t index = 0;
       if (config_.policy == Policy::random) {
@@ -423,7 +456,7 @@ std::optional<uint32_t> RouterCore::choose(InstanceRole role, const std::vector<
       for (uint32_t k = 0; k < count && !chosen; ++k) {
         uint32_t slot = (cursor + k) % count;
         const Slot& s = slots_[slot];
-        if (!s.used || !s.up || s.role != role) continue;
+        if (!pickable(s, role)) continue;
         if (index-- == 0) chosen = slot;
       }
     }
@@ -450,7 +483,7 @@ std::optional<uint32_t> RouterCore::choose_by_work(const std::vector<uint32_t>& 
     for (uint32_t k = 0; k < count; ++k) {
       uint32_t slot = (prefill_cursor_ + k) % count;
       const Slot& s = slots_[slot];
-      if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
+      if (!pickable(s, InstanceRole::prefill)) continue;
       InstanceScore score = score_slot(slot, lengths[slot], blocks, loads, tier2[slot]);
       if (pass == 0 && score.over_bound) continue;
       // Tier-2 blocks count as their weight of a device hit: (1 - weight) of their tokens
@@ -505,7 +538,7 @@ Result<std::vector<InstanceScore>> RouterCore::scores(const PickRequest& request
   std::vector<InstanceScore> out;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
-    if (!s.used || !s.up || s.role != role) continue;
+    if (!pickable(s, role)) continue;
     out.push_back(score_slot(slot, lengths[slot], request.block_hashes.size(), loads, tier2[slot]));
   }
   std::sort(out.begin(), out.end(),
@@ -526,7 +559,7 @@ void RouterCore::tier2_runs(std::span<const kv::BlockHash> hashes,
   const uint32_t k = config_.sub_blocks_per_block;
   for (uint32_t slot = 0; slot < slots_.size(); ++slot) {
     const Slot& s = slots_[slot];
-    if (!s.used || !s.up || s.role != InstanceRole::prefill) continue;
+    if (!pickable(s, InstanceRole::prefill)) continue;
     const uint32_t from = lengths[slot] / k;
     auto past_device = [&](uint32_t site) {
       const uint32_t reached = size_t{from} * k + tier2_.reach(site, hashes, k, from);
@@ -605,7 +638,15 @@ Result<Pick> RouterCore::decide(const PickRequest& request) {
   Pick pick;
   std::optional<uint32_t> decode =
       choose(InstanceRole::decode, lengths, blocks, decode_cursor_, &pick.decode_score);
-  if (!decode) return make_error(ErrorKind::overloaded, "router: every decode instance is down");
+  if (!decode) {
+    bool draining = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) {
+      return s.used && s.up && s.draining && s.role == InstanceRole::decode;
+    });
+    return make_error(ErrorKind::overloaded, draining
+                                                 ? "router: every decode instance is down or "
+                                                   "draining"
+                                                 : "router: every decode instance is down");
+  }
   pick.decode = slots_[*decode].id;
   pick.decode_cached_blocks = lengths[*decode];
   pick.uncached_tokens =

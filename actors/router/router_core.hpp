@@ -158,6 +158,12 @@ class RouterCore {
   // Down instances are never picked; going down clears the instance's prefix index (its
   // process most likely died with its KV). Error: not_found.
   Status set_up(InstanceId id, bool up);
+  // Draining instances (an operator's `drain`, a node stopping on SIGTERM) are never picked
+  // while they are; unlike going down, their prefix index and load stay, so undraining picks
+  // them again at once with their cache. When every decode instance is down or draining,
+  // decide() answers overloaded. Error: not_found.
+  Status set_draining(InstanceId id, bool draining);
+  bool draining(InstanceId id) const;  // false for an unknown instance
   // Replaces the load view (heartbeat). Error: not_found.
   Status update_load(InstanceId id, const InstanceLoad& load);
 
@@ -214,6 +220,11 @@ class RouterCore {
   // counts); RT_ASSERTs on a violation. O(held blocks): for tests.
   void check_invariants() const;
   const RouterConfig& config() const { return config_; }
+  // Live tuning (`tandem shell` router set): replaces the policy, weights, P/D threshold, load
+  // bounds and tier-2 weights; the next decide() uses them. Errors (invalid, nothing changed):
+  // validate() fails, or a field fixed at construction differs (index and tier-2 capacities,
+  // block_tokens, sub_blocks_per_block, instances_max, seed).
+  Status set_config(const RouterConfig& config);
 
  private:
   static constexpr uint32_t none_ = UINT32_MAX;
@@ -241,6 +252,7 @@ class RouterCore {
   struct Slot {
     bool used = false;
     bool up = true;
+    bool draining = false;  // up, index kept, not picked (set_draining)
     InstanceId id;
     InstanceRole role = InstanceRole::decode;
     uint32_t site = 0;  // its node (tier 2)
@@ -262,7 +274,11 @@ class RouterCore {
   // Leading-hit length of every slot set in `mask` (others: 0), into out[slot].
   void match_lengths(std::span<const kv::BlockHash> hashes, const std::vector<uint64_t>& mask,
                      std::vector<uint32_t>& out) const;
-  // Slots that are used, up and of `role`.
+  // Used, up, not draining and of `role`: a slot decide() may pick.
+  static bool pickable(const Slot& s, InstanceRole role) {
+    return s.used && s.up && !s.draining && s.role == role;
+  }
+  // Slots that are pickable for `role`.
   void role_mask(InstanceRole role, std::vector<uint64_t>& mask) const;
   void probe(std::span<const kv::BlockHash> hashes) const;
   uint32_t node_of(const kv::BlockHash& hash) const;  // none_ when absent

@@ -33,6 +33,9 @@ struct InstanceLoadReport {
   bool tier2_remote_reads = true;
   std::optional<uint64_t> pending_tokens;  // prefill: prompt tokens still to compute
   std::optional<uint64_t> kv_blocks_free;  // blocks on the free list
+  // Its node drains it: routers do not pick it (the node actor stamps this on the reports it
+  // passes on; the instance itself does not know).
+  bool draining = false;
 };
 
 // One received envelope for this actor. The actor converts it inside its handler and never
@@ -71,4 +74,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::runtime::AdminResult)
 namespace tandem::runtime::atoms {
 using tick = caf::atom_constant<caf::atom("tick")>;
 using subscribe = caf::atom_constant<caf::atom("subscribe")>;
+// (drain, bool on) to the node actor: drain (or undrain) every local prefill and decode
+// instance; answered with the requests they still hold (waiting + running, last reports).
+using drain = caf::atom_constant<caf::atom("drain")>;
 }  // namespace tandem::runtime::atoms

@@ -41,6 +41,60 @@ int wait_for_stop_signal() {
   return sig;
 }
 
+// A second SIGINT/SIGTERM within `wait`: the number, or 0.
+int poll_stop_signal(std::chrono::milliseconds wait) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  timespec ts{static_cast<time_t>(wait.count() / 1000),
+              static_cast<long>((wait.count() % 1000) * 1'000'000)};
+  int sig = sigtimedwait(&set, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+// The graceful part of a stop (see run_node): returns once this node holds nothing (twice in a
+// row, after two heartbeats so that every router has heard of the drain), at the deadline, or
+// on a second signal. Main thread; blocking is fine here.
+void drain_node(caf::actor_system& system, caf::actor node_actor, NodeServices* services,
+                const config::Manifest& manifest, const std::shared_ptr<spdlog::logger>& log) {
+  using Clock = std::chrono::steady_clock;
+  auto timeout = std::chrono::milliseconds(manifest.supervisor.drain_timeout_ms);
+  if (timeout.count() == 0) return;
+  log->info("draining: routers stop picking this node's instances and its gateway takes no new "
+            "requests; waiting up to {} ms for what it holds (a second signal stops at once)",
+            timeout.count());
+  if (services) services->begin_drain();
+  auto started = Clock::now();
+  auto settle = std::chrono::milliseconds(2 * manifest.membership.heartbeat_interval_ms);
+  caf::scoped_actor self{system};
+  int empty_in_a_row = 0;
+  while (true) {
+    uint64_t held = 0;
+    bool answered = false;
+    self->request(node_actor, std::chrono::seconds(1), atoms::drain::value, true)
+        .receive([&](uint64_t n) { held = n, answered = true; }, [](const caf::error&) {});
+    uint64_t open = services ? services->open_requests() : 0;
+    bool empty = answered && held == 0 && open == 0;
+    empty_in_a_row = empty ? empty_in_a_row + 1 : 0;
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    if (empty_in_a_row >= 2 && took >= settle) {
+      log->info("drained in {} ms", took.count());
+      return;
+    }
+    if (took >= timeout) {
+      log->warn("drain timeout ({} ms): stopping with {} request(s) held by its instances and {} "
+                "open at its gateway",
+                timeout.count(), held, open);
+      return;
+    }
+    if (int sig = poll_stop_signal(std::chrono::milliseconds(100)); sig != 0) {
+      log->warn("signal {} while draining: stopping now ({} held, {} open)", sig, held, open);
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 int run_node(const config::Manifest& manifest, const std::string& node_name) {
@@ -98,6 +152,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
           return health->whole() ? obs::HealthStatus{true, "node running"}
                                  : obs::HealthStatus{false, health->reason()};
         })};
+    routes.insert(routes.end(), options.admin_routes.begin(), options.admin_routes.end());
     admin = std::make_unique<obs::AdminHttpServer>(node->host, *node->admin_port, routes);
     if (Status s = admin->start(); !s.ok()) {
       log->error("cannot start the admin endpoint: {}", s.error().describe());
@@ -135,6 +190,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
               manifest.nodes.size());
     int sig = wait_for_stop_signal();
     log->info("stopping on signal {}", sig);
+    drain_node(system, node_actor, services.get(), manifest, log);
   }
   if (services) services->stop();
   if (admin) admin->stop();

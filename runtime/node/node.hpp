@@ -12,12 +12,16 @@
 #include "config/manifest.hpp"
 #include "runtime/node/bridge.hpp"
 #include "runtime/node/supervisor.hpp"
+#include "runtime/obs/admin_http.hpp"
 #include "runtime/obs/metrics.hpp"
 
 namespace tandem::runtime {
 
 // Runs until SIGINT or SIGTERM. The caller must have blocked both signals in every thread
 // (call block_stop_signals() first thing in main, before any thread starts).
+// On the signal the node drains first ([supervisor] drain_timeout_ms; 0 skips it): the routers
+// stop picking its prefill and decode instances, its gateway refuses new requests, and it
+// waits until what it holds has ended or the timeout passed; a second signal ends the wait.
 // Returns the process exit code: 0 after a requested stop, 1 on a startup fault (logged).
 int run_node(const config::Manifest& manifest, const std::string& node_name);
 
@@ -30,6 +34,11 @@ struct NodeServices {
   virtual Status spawn_all(caf::actor_system& system, caf::actor node_actor,
                            std::vector<caf::actor>& actors) = 0;
   virtual void stop() = 0;  // before actors exit: stop accepting outside work (HTTP)
+  // A graceful stop begins: refuse new outside work (the gateway's 503 shutting_down) while
+  // what was taken goes on. Main thread.
+  virtual void begin_drain() {}
+  // Outside requests taken and not answered yet (the gateway's open responses). Any thread.
+  virtual uint64_t open_requests() const { return 0; }
 };
 // What run_node built, handed to the services factory. All outlive the services.
 // The services hand every serving actor to `supervisor` (supervise()); `health` says what
@@ -42,6 +51,9 @@ struct NodeEnv {
   std::shared_ptr<NodeHealth> health;
 };
 struct NodeOptions {
+  // More routes for the admin HTTP endpoint (tools' status page); each handler runs on the
+  // admin server's thread and must outlive the node.
+  std::vector<obs::AdminRoute> admin_routes;
   // TEST HOOKS: the admin command `debug-crash ACTOR` (supervisor.hpp). Off in production;
   // `tandem node --test-hooks` turns it on. Never reachable from the HTTP API.
   bool test_hooks = false;

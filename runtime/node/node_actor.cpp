@@ -58,6 +58,9 @@ struct NodeState {
   std::unique_ptr<Diagnostics> diagnostics;
   std::set<caf::actor> subscribers;
   std::map<std::string, InstanceLoadReport> local_loads;  // <= instances on this node
+  // Local prefill/decode instances ("node/role/instance") being drained: every report of
+  // theirs this node passes on says so. A subset of the manifest's instances of this node.
+  std::set<std::string> draining;
   Clock::time_point started;
   uint64_t heartbeat_sequence = 0;
   size_t forwards_pending = 0;  // forwarded admin commands not yet answered
@@ -131,6 +134,7 @@ void heartbeat_tick(NodeActor* self) {
                                    l.setKvBlocksTotal(static_cast<uint32_t>(r.kv_blocks_total));
                                    l.setReady(r.ready);
                                    l.setNotReadyReason(r.not_ready_reason);
+                                   l.setDraining(st.draining.count(name) > 0);
                                    l.setTier2LocalReads(r.tier2_local_reads);
                                    l.setTier2RemoteReads(r.tier2_remote_reads);
                                    if (r.pending_tokens) {
@@ -145,6 +149,106 @@ void heartbeat_tick(NodeActor* self) {
                                });
   }
   publish(self, st.membership->tick(Clock::now()));
+}
+
+// A local report as this node passes it on: with its drain state.
+InstanceLoadReport stamped(const NodeState& st, InstanceLoadReport report) {
+  report.draining = st.draining.count(report.instance) > 0;
+  return report;
+}
+
+// This node's prefill and decode instances ("node/role/instance"), in manifest order.
+std::vector<std::string> serving_instances(const NodeState& st) {
+  std::vector<std::string> out;
+  const config::Node* node = st.deps.manifest->find_node(st.deps.bridge->node());
+  RT_ASSERT(node != nullptr, st.deps.bridge->node());
+  for (const auto& inst : node->instances) {
+    if (inst.role != config::Role::prefill && inst.role != config::Role::decode) continue;
+    out.push_back(ActorName{node->name, std::string(config::to_string(inst.role)), inst.name}
+                      .to_string());
+  }
+  return out;
+}
+
+// Requests the instance holds by its last report (waiting + running); 0 before any report.
+uint64_t held_count(const NodeState& st, const std::string& instance) {
+  auto it = st.local_loads.find(instance);
+  return it == st.local_loads.end() ? 0 : uint64_t{it->second.waiting} + it->second.running;
+}
+
+// Drains (or undrains) `instances`; subscribers (the local routers) hear it at once, peers
+// with the heartbeat sent right away.
+void set_draining(NodeActor* self, const std::vector<std::string>& instances, bool on) {
+  auto& st = self->state;
+  bool changed = false;
+  for (const auto& name : instances) {
+    bool was = st.draining.count(name) > 0;
+    if (was == on) continue;
+    changed = true;
+    if (on) {
+      st.draining.insert(name);
+    } else {
+      st.draining.erase(name);
+    }
+    st.deps.log->info("{} {}", on ? "draining" : "undrained", name);
+    auto it = st.local_loads.find(name);
+    if (it == st.local_loads.end()) continue;
+    for (const auto& sub : st.subscribers) self->send(sub, stamped(st, it->second));
+  }
+  RT_ASSERT(st.draining.size() <= serving_instances(st).size(), st.draining.size());
+  if (changed) heartbeat_tick(self);
+}
+
+// `instances`: what this node serves (prefill and decode), with drain state and load.
+std::vector<std::vector<std::string>> instances_rows(const NodeState& st) {
+  std::vector<std::vector<std::string>> rows = {
+      {"instance", "state", "waiting", "running", "kv blocks used", "kv blocks total"}};
+  for (const auto& name : serving_instances(st)) {
+    auto it = st.local_loads.find(name);
+    std::string state = st.draining.count(name) ? "draining" : "serving";
+    if (it == st.local_loads.end()) {
+      rows.push_back({name, state == "draining" ? state : "starting", "-", "-", "-", "-"});
+      continue;
+    }
+    const InstanceLoadReport& r = it->second;
+    if (!r.ready) state = "not ready: " + r.not_ready_reason;
+    if (!r.ready && st.draining.count(name)) state = "draining, " + state;
+    rows.push_back({name, state, std::to_string(r.waiting), std::to_string(r.running),
+                    std::to_string(r.kv_blocks_used), std::to_string(r.kv_blocks_total)});
+  }
+  return rows;
+}
+
+// `drain [INSTANCE]` / `undrain [INSTANCE]`: every local prefill/decode instance, or the one
+// named (its instance name or full "node/role/instance"); answers `instances`.
+AdminResult drain_command(NodeActor* self, bool on, const std::vector<std::string>& args) {
+  auto& st = self->state;
+  std::vector<std::string> all = serving_instances(st);
+  std::vector<std::string> chosen;
+  if (args.size() > 1) return AdminResult{false, "usage: drain|undrain [INSTANCE]\n", {}};
+  if (args.empty()) {
+    chosen = all;
+  } else {
+    for (const auto& name : all) {
+      auto parsed = ActorName::parse(name);
+      if (name == args[0] || (parsed.ok() && parsed->instance == args[0])) chosen.push_back(name);
+    }
+  }
+  if (chosen.empty()) {
+    std::string known;
+    for (const auto& name : all) known += (known.empty() ? "" : ", ") + name;
+    return AdminResult{false, args.empty() ? "node " + st.deps.bridge->node() +
+                                                 " runs no prefill or decode instance\n"
+                                           : "node " + st.deps.bridge->node() +
+                                                 " has no prefill or decode instance '" +
+                                                 args[0] + "' (it has: " +
+                                                 (known.empty() ? "none" : known) + ")\n",
+                       {}};
+  }
+  set_draining(self, chosen, on);
+  AdminResult result;
+  result.rows = instances_rows(st);
+  return result;
 }
 
 std::vector<std::vector<std::string>> nodes_rows(const NodeState& st) {
@@ -254,6 +358,10 @@ constexpr Forwarded forwarded_commands[] = {
     {"tier2", "kv-offload", admin_forward_timeout},
     {"tier2-verify", "kv-offload", admin_disk_timeout},
     {"tier2-drop", "kv-offload", admin_disk_timeout},
+    {"router-show", "router", admin_forward_timeout},
+    {"router-set", "router", admin_forward_timeout},
+    {"requests", "gateway", admin_forward_timeout},
+    {"cancel", "gateway", admin_forward_timeout},
 };
 
 // The answers to one forwarded command, merged into one reply when the last one is in: ok
@@ -330,6 +438,12 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
     result.text = render_rows(result.rows);
   } else if (command == "stats") {
     result.text = st.deps.render_metrics ? st.deps.render_metrics() : "";
+  } else if (command == "instances") {
+    result.rows = instances_rows(st);
+    result.text = render_rows(result.rows);
+  } else if (command == "drain" || command == "undrain") {
+    result = drain_command(self, command == "drain", args);
+    if (result.ok) result.text = render_rows(result.rows);
   } else if (command == "ping") {
     return st.diagnostics->ping(caller, args);
   } else if (command == "rma-expose") {
@@ -403,6 +517,7 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
                                   l.getTier2RemoteReads()};
         if (l.getPendingTokensKnown()) report.pending_tokens = l.getPendingTokens();
         if (l.getKvBlocksFreeKnown()) report.kv_blocks_free = l.getKvBlocksFree();
+        report.draining = l.getDraining();
         for (const auto& sub : st.subscribers) self->send(sub, report);
       }
       if (auto event = st.membership->heard(source_node, hb.getIncarnation(),
@@ -473,7 +588,7 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
         if (st.local_loads.size() < 4096 || st.local_loads.count(report.instance)) {
           st.local_loads[report.instance] = report;
         }
-        for (const auto& sub : st.subscribers) self->send(sub, report);
+        for (const auto& sub : st.subscribers) self->send(sub, stamped(st, report));
       },
       [self](atoms::subscribe, caf::actor subscriber) {
         // Subscribing is asynchronous: peers may have come up before this message arrived.
@@ -489,7 +604,16 @@ caf::behavior node_behavior(NodeActor* self, NodeActorDeps deps) {
         for (const auto& event : st.membership->current()) self->send(subscriber, event);
         // And the last load of every local instance: a router restarted by the supervisor
         // can route at once instead of after the next reports (it skips unreported ones).
-        for (const auto& [instance, report] : st.local_loads) self->send(subscriber, report);
+        for (const auto& [instance, report] : st.local_loads) {
+          self->send(subscriber, stamped(st, report));
+        }
+      },
+      [self](atoms::drain, bool on) -> uint64_t {
+        auto& st = self->state;
+        set_draining(self, serving_instances(st), on);
+        uint64_t held = 0;
+        for (const auto& name : serving_instances(st)) held += held_count(st, name);
+        return held;
       },
   };
 }

@@ -335,3 +335,121 @@ TEST_CASE("a second SIGTERM while stopping kills at once instead of waiting out 
   CHECK(s.read("err").find("stop signal while stopping; killing the cluster now") !=
         std::string::npos);
 }
+
+TEST_CASE("RestartBudget: doubling backoff, at most restarts_max per window, reset once settled") {
+  using namespace std::chrono_literals;
+  tandem::runtime::RestartPolicy policy{3, 10s, 100ms, 300ms};
+  tandem::runtime::RestartBudget budget(policy);
+  auto t = Clock::time_point{} + 1000s;
+  CHECK(budget.next_delay(t, 1s) == 100ms);
+  CHECK(budget.next_delay(t + 1s, 1s) == 200ms);
+  CHECK(budget.next_delay(t + 2s, 1s) == 300ms);  // capped at delay_max_ms
+  CHECK(budget.restarts_in_window(t + 3s) == 3);
+  CHECK_FALSE(budget.next_delay(t + 3s, 1s).has_value());  // three in the window: given up
+  // The window slides: the first restart (at t + 0.1 s) has left it 10 s later.
+  CHECK(budget.next_delay(t + 10s + 200ms, 1s) == 300ms);
+  // A child that ran a whole window before exiting starts over at the initial delay.
+  CHECK(budget.next_delay(t + 40s, 20s) == 100ms);
+  tandem::runtime::RestartPolicy off{0, 10s, 100ms, 300ms};  // restarts_max 0: never
+  CHECK_FALSE(tandem::runtime::RestartBudget(off).next_delay(t, 1s).has_value());
+  // delay_max_ms 0: a constant delay (what a node's actor supervisor uses).
+  tandem::runtime::RestartBudget constant(tandem::runtime::RestartPolicy{5, 10s, 50ms});
+  CHECK(constant.next_delay(t, 1s) == 50ms);
+  CHECK(constant.next_delay(t + 1s, 1s) == 50ms);
+}
+
+TEST_CASE("restart on: a child killed with SIGKILL is started again, the others never stop") {
+  Scratch s;
+  auto options = s.options(std::chrono::seconds(2));
+  options.restart.restarts_max = 3;
+  options.restart.delay_ms = std::chrono::milliseconds(50);
+  std::string starts = s.path("victim.starts");
+  std::vector<ChildSpec> children{
+      sh("steady", "echo $$ >> " + s.path("steady.starts") + "; exec sleep 30"),
+      sh("victim", "echo $$ >> " + starts + "; echo up; exec sleep 30"),
+      // SIGKILL the victim's first run, wait for its second, then stop the launcher.
+      sh("ctl", "while [ ! -s " + starts + " ]; do sleep 0.02; done; kill -9 $(head -n1 " +
+                    starts + "); while [ $(wc -l < " + starts +
+                    ") -lt 2 ]; do sleep 0.02; done; kill -TERM $PPID; exec sleep 30"),
+  };
+  auto outcome = tandem::tools::run_cluster(children, options);
+  REQUIRE(outcome.ok());
+  CHECK(outcome->exit_code == 0);
+  CHECK(outcome->stop_requested);
+  CHECK(outcome->restarts == 1);
+  CHECK(outcome->given_up_nodes.empty());
+  CHECK(outcome->failed_node.empty());
+  std::string err = s.read("err");
+  CHECK(err.find("node 'victim' was killed by signal 9; restarting it in 0.1 s (restart 1 of at "
+                 "most 3 per 60.0 s)") != std::string::npos);
+  CHECK(err.find("node 'victim' restarted (pid ") != std::string::npos);
+  CHECK(err.find("stopping the cluster (signal 15)") != std::string::npos);
+  std::ifstream victim(starts), steady(s.path("steady.starts"));
+  std::string a, b, c;
+  std::getline(victim, a);
+  std::getline(victim, b);
+  CHECK(!a.empty());
+  CHECK(!b.empty());
+  CHECK(a != b);  // a new process
+  int steady_starts = 0;
+  while (std::getline(steady, c)) ++steady_starts;
+  CHECK(steady_starts == 1);  // never restarted, never stopped before the end
+  std::string out = s.read("out");
+  size_t first = out.find("[victim] up\n");
+  REQUIRE(first != std::string::npos);
+  CHECK(out.find("[victim] up\n", first + 1) != std::string::npos);  // both runs' output
+}
+
+TEST_CASE("restart on: a child that keeps failing is given up on; the others keep serving") {
+  Scratch s;
+  auto options = s.options(std::chrono::seconds(2));
+  options.restart.restarts_max = 2;
+  options.restart.delay_ms = std::chrono::milliseconds(20);
+  std::string runs = s.path("flaky.runs");
+  std::vector<ChildSpec> children{
+      sh("steady", "echo $$ >> " + s.path("steady.starts") + "; exec sleep 30"),
+      sh("flaky", "echo run >> " + runs + "; echo 'cannot bind port'; exit 4"),
+      // Once flaky has run three times (1 + 2 restarts), give the launcher time to give up and
+      // show it does not stop steady, then stop it.
+      sh("ctl", "while [ ! -s " + runs + " ] || [ $(wc -l < " + runs +
+                    ") -lt 3 ]; do sleep 0.02; done; sleep 0.5; kill -TERM $PPID; exec sleep 30"),
+  };
+  auto outcome = tandem::tools::run_cluster(children, options);
+  REQUIRE(outcome.ok());
+  CHECK(outcome->exit_code == 1);  // a node was given up on
+  CHECK(outcome->stop_requested);
+  CHECK(outcome->restarts == 2);
+  REQUIRE(outcome->given_up_nodes.size() == 1);
+  CHECK(outcome->given_up_nodes[0] == "flaky");
+  CHECK(outcome->failed_node.empty());  // the cluster was stopped by the signal, not by flaky
+  std::string err = s.read("err");
+  CHECK(err.find("node 'flaky' exited with status 4; it was restarted 2 times within 60.0 s: "
+                 "giving up on it; the other nodes keep serving") != std::string::npos);
+  CHECK(err.find("stopping the cluster (signal 15)") != std::string::npos);
+  std::ifstream in(runs);
+  int run_count = 0;
+  for (std::string line; std::getline(in, line);) ++run_count;
+  CHECK(run_count == 3);  // no fourth start
+  std::ifstream steady(s.path("steady.starts"));
+  int steady_starts = 0;
+  for (std::string line; std::getline(steady, line);) ++steady_starts;
+  CHECK(steady_starts == 1);
+}
+
+TEST_CASE("restart on: when every child is given up on, the launcher ends with exit code 1") {
+  Scratch s;
+  auto options = s.options(std::chrono::seconds(1));
+  options.restart.restarts_max = 1;
+  options.restart.delay_ms = std::chrono::milliseconds(10);
+  auto outcome = tandem::tools::run_cluster(
+      {ChildSpec{"ghost", {s.path("no-such-binary")}}}, options);
+  REQUIRE(outcome.ok());
+  CHECK(outcome->exit_code == 1);
+  CHECK_FALSE(outcome->stop_requested);
+  CHECK(outcome->failed_node == "ghost");
+  CHECK(outcome->restarts == 1);
+  CHECK(WEXITSTATUS(outcome->failed_wait_status) == 127);
+  std::string err = s.read("err");
+  CHECK(err.find("giving up on it") != std::string::npos);
+  CHECK(err.find("no node is left running; stopping") != std::string::npos);
+}

@@ -1786,3 +1786,69 @@ TEST_CASE("model.sub_block_tokens: 512 under larger blocks, whole blocks otherwi
   auto zero = only_issue(replace(big, "block_tokens = 4096\n", "block_tokens = 4096\nsub_block_tokens = 0\n"));
   CHECK(zero.key == "model.sub_block_tokens");
 }
+
+TEST_CASE("router set: live settings validated by the manifest's own [router] rules") {
+  RouterSection current;
+  auto settings = router_settings(current);
+  REQUIRE(!settings.empty());
+  CHECK(settings[0].first == "policy");
+  CHECK(settings[0].second == "\"prefix-aware\"");
+  for (const auto& [key, value] : settings) CHECK(key != "kv_index");  // fixed at start
+
+  auto w = set_router_key(current, "weight_queue", "2.5");
+  REQUIRE(w.ok());
+  CHECK(w->weight_queue == 2.5);
+  CHECK(w->weight_prefix == current.weight_prefix);  // the others stay
+  CHECK(router_setting_text(*w, "weight_queue") == "2.5");
+  auto bare = set_router_key(current, "policy", "round-robin");  // a bare word is a string
+  REQUIRE(bare.ok());
+  CHECK(bare->policy == RouterPolicy::round_robin);
+  auto quoted = set_router_key(current, "policy", "\"random\"");
+  REQUIRE(quoted.ok());
+  CHECK(quoted->policy == RouterPolicy::random);
+  auto flag = set_router_key(current, "prefill_by_work", "false");
+  REQUIRE(flag.ok());
+  CHECK_FALSE(flag->prefill_by_work);
+  auto count = set_router_key(current, "disaggregate_tokens_min", "64");
+  REQUIRE(count.ok());
+  CHECK(count->disaggregate_tokens_min == 64);
+
+  auto negative = set_router_key(current, "weight_queue", "-1");
+  REQUIRE_FALSE(negative.ok());
+  CHECK(negative.error().message.find("router.weight_queue") != std::string::npos);
+  auto policy = set_router_key(current, "policy", "fastest");
+  REQUIRE_FALSE(policy.ok());
+  CHECK(policy.error().message.find("router.policy") != std::string::npos);
+  CHECK(policy.error().message.find("round-robin") != std::string::npos);  // what is allowed
+  auto unknown = set_router_key(current, "weight_magic", "1");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().message.find("router.weight_magic is not a router setting; settable: "
+                                     "policy, weight_prefix") != std::string::npos);
+  auto fixed = set_router_key(current, "kv_index", "precise");
+  REQUIRE_FALSE(fixed.ok());
+  CHECK(fixed.error().message.find("router.kv_index is fixed when a router starts") !=
+        std::string::npos);
+  auto not_value = set_router_key(current, "weight_queue", "1 2");
+  REQUIRE_FALSE(not_value.ok());
+  CHECK(not_value.error().message.find("router.weight_queue") != std::string::npos);
+  // Cross-key rules hold against the current values: all three weights zero is refused.
+  RouterSection two_zero = current;
+  two_zero.weight_prefix = 0;
+  two_zero.weight_kv_usage = 0;
+  auto all_zero = set_router_key(two_zero, "weight_queue", "0");
+  REQUIRE_FALSE(all_zero.ok());
+  CHECK(all_zero.error().message.find("all zero") != std::string::npos);
+  auto remote = set_router_key(current, "tier2_remote_weight", "0.9");  // above tier2_weight 0.8
+  REQUIRE_FALSE(remote.ok());
+  CHECK(remote.error().message.find("must not exceed tier2_weight") != std::string::npos);
+}
+
+TEST_CASE("supervisor.drain_timeout_ms: read, ranged") {
+  auto ok = parse_manifest(base_manifest + "[supervisor]\ndrain_timeout_ms = 1500\n", "m.toml");
+  REQUIRE(std::holds_alternative<Manifest>(ok));
+  CHECK(std::get<Manifest>(ok).supervisor.drain_timeout_ms == 1500);
+  auto bad = parse_manifest(base_manifest + "[supervisor]\ndrain_timeout_ms = -1\n", "m.toml");
+  REQUIRE(std::holds_alternative<ManifestErrors>(bad));
+  CHECK(std::get<ManifestErrors>(bad).describe().find("supervisor.drain_timeout_ms") !=
+        std::string::npos);
+}

@@ -1,11 +1,13 @@
 #include <doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <thread>
 #include <vector>
 
 #include "runtime/obs/metrics.hpp"
+#include "runtime/obs/recent.hpp"
 
 using tandem::ErrorKind;
 using tandem::obs::Registry;
@@ -199,4 +201,35 @@ TEST_CASE("format_value and name validators") {
   CHECK_FALSE(tandem::obs::valid_metric_name("a b"));
   CHECK(tandem::obs::valid_label_name("instance"));
   CHECK_FALSE(tandem::obs::valid_label_name("in:stance"));
+}
+
+TEST_CASE("RecentHistogram: quantiles over the last window only, interpolated in the bucket") {
+  using namespace std::chrono_literals;
+  using tandem::obs::RecentHistogram;
+  RecentHistogram recent({1.0, 2.0, 4.0}, 60s, 5s);
+  auto t = RecentHistogram::Clock::time_point{} + 1000s;
+  CHECK_FALSE(recent.quantile(0.5).has_value());
+  recent.record(t, {0, 0, 0, 0});
+  CHECK(recent.count() == 0);
+  // 10 observations in (1, 2]: the median interpolates to the middle of that bucket.
+  recent.record(t + 10s, {0, 10, 0, 0});
+  CHECK(recent.count() == 10);
+  CHECK(*recent.quantile(0.5) == doctest::Approx(1.5));
+  CHECK(*recent.quantile(1.0) == doctest::Approx(2.0));
+  // 10 more in (2, 4] later: p90 lands in the upper bucket, p25 in the lower.
+  recent.record(t + 40s, {0, 10, 10, 0});
+  CHECK(*recent.quantile(0.25) == doctest::Approx(1.5));
+  CHECK(*recent.quantile(0.9) == doctest::Approx(2.0 + 2.0 * 0.8));
+  // 75 s on: the first ten left the window (base = the snapshot at 10 s).
+  recent.record(t + 75s, {0, 10, 10, 0});
+  CHECK(recent.count() == 10);
+  CHECK(*recent.quantile(0.5) == doctest::Approx(3.0));
+  // Past the last bound: the +Inf bucket answers the last finite bound.
+  recent.record(t + 80s, {0, 10, 10, 30});
+  CHECK(*recent.quantile(0.9) == doctest::Approx(4.0));
+  // Nothing new for a whole window: no observations, no quantile.
+  recent.record(t + 200s, {0, 10, 10, 30});
+  recent.record(t + 270s, {0, 10, 10, 30});
+  CHECK(recent.count() == 0);
+  CHECK_FALSE(recent.quantile(0.5).has_value());
 }

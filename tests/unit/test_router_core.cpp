@@ -266,6 +266,72 @@ TEST_CASE("router: down instances are never picked, returning ones are") {
   CHECK(nobody.error().kind == ErrorKind::not_found);
 }
 
+TEST_CASE("router: draining instances are not picked but keep their index; undrain resumes") {
+  RouterCore core = make_core(RouterConfig{}, {d0, d1}, {p0, p1});
+  auto prompt = chain(5, 40);
+  REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
+  REQUIRE(core.kv_stored(p0, std::nullopt, prompt).ok());
+  Pick first = *core.pick(request_for(prompt));
+  CHECK(first.decode == d0);
+  REQUIRE(core.set_draining(d0, true).ok());
+  REQUIRE(core.set_draining(p0, true).ok());
+  CHECK(core.draining(d0));
+  CHECK_FALSE(core.draining(d1));
+  CHECK(core.index_blocks_count(d0) == prompt.size());  // kept, unlike going down
+  for (int i = 0; i < 5; ++i) {
+    Pick p = *core.pick(request_for(prompt));
+    CHECK(p.decode == d1);
+    if (p.prefill) CHECK(*p.prefill == p1);
+  }
+  // KV events still reach a draining instance's index.
+  auto other = chain(6, 4);
+  REQUIRE(core.kv_stored(d0, std::nullopt, other).ok());
+  CHECK(core.index_blocks_count(d0) == prompt.size() + other.size());
+  // Every decode instance draining: an overloaded error that says so.
+  REQUIRE(core.set_draining(d1, true).ok());
+  auto none = core.pick(request_for(prompt));
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().kind == ErrorKind::overloaded);
+  CHECK(none.error().message.find("draining") != std::string::npos);
+  // Undrained: picked again at once, by its cache.
+  REQUIRE(core.set_draining(d0, false).ok());
+  CHECK(core.pick(request_for(prompt))->decode == d0);
+  CHECK(core.set_draining(d3, true).error().kind == ErrorKind::not_found);
+  CHECK_FALSE(core.draining(d3));
+  // A re-added instance starts undrained.
+  REQUIRE(core.remove_instance(d1).ok());
+  REQUIRE(core.add_instance(d1, InstanceRole::decode).ok());
+  CHECK_FALSE(core.draining(d1));
+}
+
+TEST_CASE("router: set_config changes the policy and weights live; capacities are fixed") {
+  RouterCore core = make_core(RouterConfig{}, {d0, d1});
+  auto prompt = chain(7, 8);
+  REQUIRE(core.kv_stored(d0, std::nullopt, prompt).ok());
+  for (int i = 0; i < 4; ++i) {
+    CHECK(core.pick(request_for(prompt))->decode == d0);
+    REQUIRE(core.update_load(d0, InstanceLoad{}).ok());  // a heartbeat: no load
+  }
+  RouterConfig rr = core.config();
+  rr.policy = Policy::round_robin;
+  REQUIRE(core.set_config(rr).ok());
+  CHECK(core.config().policy == Policy::round_robin);
+  std::map<uint32_t, int> count;
+  for (int i = 0; i < 4; ++i) ++count[core.pick(request_for(prompt))->decode.value];
+  CHECK(count[d0.value] == 2);
+  CHECK(count[d1.value] == 2);
+  RouterConfig bad = core.config();
+  bad.weight_queue = -1;
+  CHECK(core.set_config(bad).error().kind == ErrorKind::invalid);
+  RouterConfig bigger = core.config();
+  bigger.prefix_index_blocks_max += 1;
+  auto fixed = core.set_config(bigger);
+  REQUIRE_FALSE(fixed.ok());
+  CHECK(fixed.error().message.find("fixed at start") != std::string::npos);
+  CHECK(core.config().policy == Policy::round_robin);  // unchanged by the refusals
+  CHECK(core.config().weight_queue == 1.0);
+}
+
 TEST_CASE("router: KV events correct the index") {
   RouterCore core = make_core(RouterConfig{}, {d0});
   auto prompt = chain(11, 10);

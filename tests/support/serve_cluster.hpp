@@ -1,0 +1,235 @@
+// Test support: a cluster of `tandem node` processes on loopback serving stories15M on the cpu
+// device (one node with every role, loopback-3's front/prefill/decode split, or loopback-3 with a
+// second decode node), each case with its own manifest and free ports in a temp dir; plus
+// small completion helpers. Requires $TANDEM_SOURCE_ROOT/models/stories15M (tools/setup.sh).
+#pragma once
+
+#include <doctest.h>
+
+#include <csignal>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/support/http_client.hpp"
+#include "tests/support/process.hpp"
+
+namespace tandem::testing {
+
+using namespace std::chrono_literals;
+
+// Which processes a cluster runs: every role in one node, the loopback-3 split, or loopback-3
+// with a second decode node ("decode2").
+enum class Layout { one_node, loopback3, two_decode };
+
+struct NodePorts {
+  uint16_t fabric = 0, admin = 0;
+};
+
+inline std::string instance(const std::string& role, const std::string& name,
+                     const std::string& executor = "") {
+  std::string text = "  [[node.instance]]\n  role = \"" + role + "\"\n  name = \"" + name + "\"\n";
+  if (!executor.empty()) text += "  executor = \"" + executor + "\"\n";
+  return text;
+}
+
+inline std::string executor(const std::string& name, int device_index = 0, uint32_t kv_blocks = 0) {
+  std::string text = instance("executor", name) + "  device = \"cpu\"\n  devices = [" +
+                     std::to_string(device_index) + "]\n";
+  if (kv_blocks > 0) text += "  kv_blocks = " + std::to_string(kv_blocks) + "\n";
+  return text;
+}
+
+// A running cluster; nodes are SIGTERMed (then SIGKILLed by ~Child) on destruction.
+class ServeCluster {
+ public:
+  // decode_kv_blocks: the decode executor's KV pool (0 = the manifest default);
+  // fabric_toml: extra lines for the [fabric] section (they may open further sections).
+  // model_toml / router_toml: extra lines for the [model] / [router] section; test_hooks:
+  // every node runs with --test-hooks.
+  ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
+               std::string fabric_toml = "", std::string model_toml = "",
+               std::string router_toml = "", bool test_hooks = false, bool start_nodes = true,
+               std::string sim_toml = "")
+      : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
+        decode_kv_blocks_(decode_kv_blocks), fabric_toml_(std::move(fabric_toml)),
+        model_toml_(std::move(model_toml)), router_toml_(std::move(router_toml)),
+        test_hooks_(test_hooks), sim_toml_(std::move(sim_toml)) {
+    for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
+    manifest_path_ = dir_ + "/cluster.toml";
+    write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
+    if (start_nodes) {
+      for (const auto& name : node_names()) start(name);
+    }
+  }
+  ~ServeCluster() {
+    for (auto& [name, child] : nodes_) child->signal(SIGTERM);
+    for (auto& [name, child] : nodes_) child->wait(5000ms);
+  }
+  ServeCluster(const ServeCluster&) = delete;
+
+  std::vector<std::string> node_names() const {
+    if (layout_ == Layout::one_node) return {"solo"};
+    if (layout_ == Layout::two_decode) return {"front", "prefill", "decode", "decode2"};
+    return {"front", "prefill", "decode"};
+  }
+  std::string front() const { return layout_ == Layout::one_node ? "solo" : "front"; }
+  std::string prefill() const { return layout_ == Layout::one_node ? "solo" : "prefill"; }
+  std::string decode() const { return layout_ == Layout::one_node ? "solo" : "decode"; }
+  uint16_t http_port() const { return http_port_; }
+  uint16_t admin_port(const std::string& name) const { return ports_.at(name).admin; }
+  const std::string& manifest_path() const { return manifest_path_; }
+  const std::string& dir() const { return dir_; }
+  Child& node(const std::string& name) { return *nodes_.at(name); }
+  // Starts a node again (after it was killed), with the same manifest and log file.
+  void restart(const std::string& name) {
+    nodes_.erase(name);
+    start(name);
+  }
+
+  RunResult shell(const std::string& command) {
+    return run({tandem_bin(), "shell", "--manifest", manifest_path_, "-c", command}, 30000ms);
+  }
+  // The node's admin /metrics text ("" when it does not answer).
+  std::string metrics(const std::string& name) {
+    auto r = http::get(ports_.at(name).admin, "/metrics", 3000ms);
+    return r.ok() && r.status == 200 ? r.body : "";
+  }
+  double metric(const std::string& node, const std::string& series,
+                const std::string& labels = "") {
+    return http::metric_sum(metrics(node), series, labels);
+  }
+  std::string logs() {
+    std::string out = "last warm-up answer: " + warm_up_answer_ + "\n";
+    for (auto& [name, child] : nodes_) out += "---- " + name + " ----\n" + child->log();
+    return out;
+  }
+  // /health is 200 and a warm-up completion succeeds (every role has joined).
+  bool wait_ready(std::chrono::milliseconds timeout) {
+    auto ok = eventually(timeout, [&] {
+      auto h = http::get(http_port_, "/health", 1000ms);
+      return h.ok() && h.status == 200;
+    });
+    if (!ok) return false;
+    return eventually(timeout, [&] {
+      nlohmann::json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},
+                   {"temperature", 0}};
+      auto started = std::chrono::steady_clock::now();
+      auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                            started).count();
+      warm_up_answer_ = std::to_string(r.status) + " after " + std::to_string(ms) + " ms " +
+                        r.error + " " + r.body.substr(0, 400);
+      return r.ok() && r.status == 200;
+    });
+  }
+
+ private:
+  void start(const std::string& name) {
+    std::vector<std::string> argv{tandem_bin(), "node", "--manifest", manifest_path_, "--node",
+                                  name};
+    if (test_hooks_) argv.push_back("--test-hooks");
+    nodes_[name] = std::make_unique<Child>(std::move(argv), dir_ + "/" + name + ".log");
+  }
+  std::string node_text(const std::string& name, const std::string& body) {
+    NodePorts p = ports_.at(name);
+    std::string text = "\n[[node]]\nname = \"" + name + "\"\nhost = \"127.0.0.1\"\n" +
+                       "fabric_port = " + std::to_string(p.fabric) + "\nadmin_port = " +
+                       std::to_string(p.admin) + "\n";
+    if (name == front()) text += "http_port = " + std::to_string(http_port_) + "\n";
+    return text + body;
+  }
+  std::string manifest_text(int disaggregate_tokens_min) {
+    std::string text = manifest_body(disaggregate_tokens_min);
+    if (sim_toml_.empty()) return text;
+    for (size_t at = text.find("device = \"cpu\""); at != std::string::npos;
+         at = text.find("device = \"cpu\"", at)) {
+      text.replace(at, 14, "device = \"sim\"");
+    }
+    return text;
+  }
+  std::string manifest_body(int disaggregate_tokens_min) {
+    std::string text = "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n" +
+                       fabric_toml_ +
+                       "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
+                       "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
+                       "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" +
+                       model_toml_ +
+                       "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
+                       std::to_string(disaggregate_tokens_min) + "\n" + router_toml_;
+    if (!sim_toml_.empty()) {
+      text += "[sim]\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\neos_id = 2\n"
+              "max_position = 256\n" + sim_toml_;
+    }
+    std::string front_roles = instance("gateway", "gateway") + instance("router", "router");
+    if (layout_ == Layout::one_node) {
+      return text + node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
+                                          instance("decode", "decode", "exec-d") +
+                                          executor("exec-p") +
+                                          executor("exec-d", 1, decode_kv_blocks_));
+    }
+    text += node_text("front", front_roles) +
+            node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
+            node_text("decode", instance("decode", "decode", "exec-d") +
+                                    executor("exec-d", 0, decode_kv_blocks_));
+    if (layout_ == Layout::two_decode) {
+      text += node_text("decode2", instance("decode", "decode2", "exec-d2") +
+                                       executor("exec-d2", 0, decode_kv_blocks_));
+    }
+    return text;
+  }
+
+  Layout layout_;
+  std::string dir_, manifest_path_;
+  uint16_t http_port_;
+  uint32_t decode_kv_blocks_;
+  std::string fabric_toml_, model_toml_, router_toml_;
+  bool test_hooks_ = false;
+  // Non-empty: every executor is on the sim device with these [sim] keys (slow, long outputs
+  // on demand, e.g. time_factor); the model's tokenizer is still stories15M's.
+  std::string sim_toml_;
+  std::map<std::string, NodePorts> ports_;
+  std::map<std::string, std::unique_ptr<Child>> nodes_;
+  std::string warm_up_answer_ = "(none)";
+};
+
+inline nlohmann::json completion_body(const std::string& prompt, int max_tokens, bool stream, int logprobs = 0) {
+  nlohmann::json body = {{"model", "stories15M"}, {"prompt", prompt}, {"max_tokens", max_tokens},
+               {"temperature", 0}};
+  if (logprobs > 0) body["logprobs"] = logprobs;
+  if (stream) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+  }
+  return body;
+}
+
+struct Completion {
+  std::string text, error;  // error: transport or HTTP failure, described
+  nlohmann::json usage;
+  double ttft_ms = 0;       // streaming only: request sent -> first non-empty text
+};
+
+inline Completion complete(uint16_t port, const std::string& prompt, int max_tokens,
+                    const std::string& cache_salt = "") {
+  nlohmann::json body = completion_body(prompt, max_tokens, false);
+  if (!cache_salt.empty()) body["cache_salt"] = cache_salt;
+  auto r = http::post(port, "/v1/completions", body.dump(), 60000ms);
+  Completion c;
+  if (!r.ok() || r.status != 200) {
+    c.error = "status " + std::to_string(r.status) + " " + r.error + " " + r.body;
+    return c;
+  }
+  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, false);
+  if (j.is_discarded() || !j.contains("choices")) {
+    c.error = "bad body: " + r.body;
+    return c;
+  }
+  c.text = j["choices"][0]["text"].get<std::string>();
+  c.usage = j.value("usage", nlohmann::json::object());
+  return c;
+}
+
+}  // namespace tandem::testing
