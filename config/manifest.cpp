@@ -1249,9 +1249,13 @@ std::variant<RouterSection, ManifestErrors> Loader::run_router(std::string_view 
 
 namespace {
 
+// The shortest text that reads back as `v` (0.8, not 0.80000000000000004).
 std::string toml_double(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   std::string out = buf;
   if (out.find_first_of(".eEn") == std::string::npos) out += ".0";
   return out;

@@ -157,7 +157,7 @@ ClusterStatus build_status(const std::string& cluster,
       } else if (s.name == "tandem:request_errors_by_type_total" && s.value > 0) {
         auto type = s.labels.find("type");
         st.errors_by_type[type == s.labels.end() ? "?" : type->second] += s.value;
-      } else if (s.name == "tandem:tier2_blocks_capacity") {
+      } else if (s.name == "tandem:tier2_blocks_capacity" && s.value > 0) {
         st.tier2.push_back({a.node, instance,
                             value("tandem:tier2_blocks_used", instance).value_or(0), s.value});
       }

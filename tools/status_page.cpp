@@ -132,7 +132,7 @@ function chart(id, title, unit, series) {
   el.appendChild(svg);
   if (pts.length === 0) { const n = document.createElement("div"); n.textContent = "no data yet"; el.appendChild(n); return; }
   const t0 = Math.min(...pts.map((p) => p[0])), t1 = Math.max(...pts.map((p) => p[0]), t0 + 1);
-  const vmax = Math.max(...pts.map((p) => p[1]), 1e-9);
+  const vmax = Math.max(...pts.map((p) => p[1])) || 1;  // all zero: a 0..1 axis
   const x = (tm) => L + (W - L - 6) * (tm - t0) / (t1 - t0);
   const y = (v) => H - B - (H - B - 6) * v / vmax;
   const text = (tx, ty, s) => { const e = document.createElementNS(svgns, "text"); e.setAttribute("x", tx); e.setAttribute("y", ty); e.setAttribute("font-size", "10"); e.textContent = s; svg.appendChild(e); };

@@ -1379,6 +1379,14 @@ caf::behavior gateway_behavior(GatewayActor* self) {
   self->delayed_send(self, std::chrono::milliseconds(200), runtime::atoms::tick::value);
   const HandlerGuard& guard = *self->state.guard;  // lives as long as the state
   return {
+      // First: placed after the InstanceLoadReport handler, CAF 0.17 answered LocalAdmin with
+      // unexpected_message (seen with `tandem shell -c requests`); here it matches.
+      [self, &guard](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
+        runtime::AdminResult out;
+        Status ran = guard.run("an admin command", [self, &cmd, &out] { out = on_admin(self, cmd); });
+        if (!ran.ok()) out = {false, ran.error().describe() + "\n", {}};
+        return out;
+      },
       [self, &guard](PreparedCall& p) {
         Status done = guard.run("admitting a request", [self, &p] { on_prepared(self, p); });
         if (!done.ok()) answer_internal_error(p.api, *p.call.out, done.error());
@@ -1400,12 +1408,6 @@ caf::behavior gateway_behavior(GatewayActor* self) {
           update_health(st);
           admit_queued(self);  // an instance that became ready adds capacity
         });
-      },
-      [self, &guard](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
-        runtime::AdminResult out;
-        Status ran = guard.run("an admin command", [self, &cmd, &out] { out = on_admin(self, cmd); });
-        if (!ran.ok()) out = {false, ran.error().describe() + "\n", {}};
-        return out;
       },
       [self, &guard](const DrainRequest&) -> Drained {
         Drained out;

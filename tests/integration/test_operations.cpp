@@ -73,7 +73,8 @@ TEST_CASE("operations: drain under steady load fails no request, empties the ins
   INFO(drained.output);
   INFO(c.logs());
   CHECK(drained.exit_code == 0);
-  CHECK(drained.output.find("drained decode on node decode: empty after") != std::string::npos);
+  CHECK(drained.output.find("drained every prefill and decode instance on node decode: empty "
+                            "after") != std::string::npos);
   RunResult listed = c.shell("instances decode");
   CHECK(listed.output.find("draining") != std::string::npos);
   // The one-screen status shows it, as text and as JSON for scripts.
@@ -259,10 +260,17 @@ TEST_CASE("operations: router set changes picks on the live router; bad keys and
   REQUIRE_MESSAGE(c.wait_ready(60000ms), c.logs());
   const std::string a = "decode/decode/decode", b = "decode2/decode/decode2";
   auto picks_of = [&] { return std::pair{picks(c, a), picks(c, b)}; };
-  // prefix-aware: the same prompt, one at a time, stays where its prefix is.
+  // Several KV blocks (16 tokens each) long, so the prefix index has something to match.
+  const std::string prompt =
+      "The little dog ran to the park and found a red ball under the big tree. He picked it up "
+      "and ran back home to show his friend the cat, who was sleeping in the warm sun by the "
+      "window. The cat opened one eye and";
+  // prefix-aware: the same prompt, one at a time (a heartbeat apart, so the bounded load sees
+  // the instance idle again), stays where its prefix is.
   auto before = picks_of();
   for (int i = 0; i < 6; ++i) {
-    REQUIRE(complete(c.http_port(), "The little dog ran to the park and", 2).error.empty());
+    REQUIRE(complete(c.http_port(), prompt, 2).error.empty());
+    std::this_thread::sleep_for(300ms);
   }
   auto affine = picks_of();
   double to_a = affine.first - before.first, to_b = affine.second - before.second;
@@ -279,7 +287,7 @@ TEST_CASE("operations: router set changes picks on the live router; bad keys and
         std::string::npos);
   CHECK(set.output.find("the manifest is unchanged") != std::string::npos);
   for (int i = 0; i < 6; ++i) {
-    REQUIRE(complete(c.http_port(), "The little dog ran to the park and", 2).error.empty());
+    REQUIRE(complete(c.http_port(), prompt, 2).error.empty());
   }
   auto spread = picks_of();
   CHECK(spread.first - affine.first == 3);
