@@ -296,6 +296,7 @@ class Loader {
   std::variant<RouterSection, ManifestErrors> run_router(std::string_view text);
 
  private:
+  bool parse(std::string_view text, toml::table& root);  // false: the syntax error is in sink_
   const toml::table* section(const toml::table& root, std::string_view name, bool required);
   const toml::array* table_array(const toml::node* node, Pos pos, const std::string& key);
   void read_sections(const toml::table& root);
@@ -345,14 +346,19 @@ class Loader {
   bool prefill_step_ok_ = true;                 // prefill.step_tokens_max (or its default)
 };
 
-std::variant<Manifest, ManifestErrors> Loader::run(std::string_view text) {
-  toml::table root;
+bool Loader::parse(std::string_view text, toml::table& root) {
   try {
     root = toml::parse(text, std::string_view(sink_.file()));
+    return true;
   } catch (const toml::parse_error& error) {
     sink_.add(pos_of(error.source()), "syntax", std::string(error.description()));
-    return sink_.take();
+    return false;
   }
+}
+
+std::variant<Manifest, ManifestErrors> Loader::run(std::string_view text) {
+  toml::table root;
+  if (!parse(text, root)) return sink_.take();
   read_sections(root);
   expand();
   check_names();
@@ -462,11 +468,13 @@ void Loader::read_fabric(const toml::table& table) {
 void Loader::read_supervisor(const toml::table& table) {
   TableReader reader(sink_, table, "supervisor",
                      {"restarts_max", "restart_window_ms", "restart_delay_ms",
-                      "drain_timeout_ms"});
+                      "drain_timeout_ms", "executor_step_timeout_ms"});
   reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
   reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
   reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
   reader.read_int("drain_timeout_ms", 0, 3'600'000, manifest_.supervisor.drain_timeout_ms);
+  reader.read_int("executor_step_timeout_ms", 100, 3'600'000,
+                  manifest_.supervisor.executor_step_timeout_ms);
 }
 
 void Loader::read_membership(const toml::table& table) {
@@ -1236,12 +1244,7 @@ std::string manifest_dir(const std::string& file) {
 
 std::variant<RouterSection, ManifestErrors> Loader::run_router(std::string_view text) {
   toml::table root;
-  try {
-    root = toml::parse(text, std::string_view(sink_.file()));
-  } catch (const toml::parse_error& error) {
-    sink_.add(pos_of(error.source()), "syntax", std::string(error.description()));
-    return sink_.take();
-  }
+  if (!parse(text, root)) return sink_.take();
   read_router(root);
   if (!sink_.empty()) return sink_.take();
   return manifest_.router;

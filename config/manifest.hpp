@@ -62,6 +62,10 @@ struct SupervisorSection {
   // instances; its gateway answers new requests 503 shutting_down) and waits up to this long
   // for what it holds to end before it stops. 0: stop at once.
   uint32_t drain_timeout_ms = 30'000;
+  // A prefill or decode instance's executor request (one device step) that takes longer ends
+  // with an error for its requests; the instance reports itself not ready until the executor
+  // answers again.
+  uint32_t executor_step_timeout_ms = 60'000;
 };
 
 struct LoggingSection {

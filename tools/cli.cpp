@@ -1,10 +1,19 @@
 #include "tools/cli.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
 namespace tandem::cli {
+
+std::string self_exe_path() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
 
 Flags::Flags(std::string usage, std::string about)
     : usage_(std::move(usage)), about_(std::move(about)) {}

@@ -57,6 +57,9 @@ class Flags {
   std::vector<std::string> rest_;
 };
 
+// The running program's own path (/proc/self/exe resolved); "" when it cannot be read.
+std::string self_exe_path();
+
 struct Command {
   std::string_view name;
   std::string_view summary;

@@ -18,11 +18,6 @@ std::string absolute(const std::string& path) {
   return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
 }
 
-std::string self_exe() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "/usr/local/bin/tandem";
-}
 
 }  // namespace
 
@@ -51,7 +46,8 @@ int cmd_systemd(cli::Args args) {
     return 1;
   }
   const auto& manifest = std::get<config::Manifest>(loaded);
-  std::string bin = flags.has("bin") ? absolute(flags.get("bin")) : self_exe();
+  std::string bin = flags.has("bin") ? absolute(flags.get("bin")) : cli::self_exe_path();
+  if (bin.empty()) bin = "/usr/local/bin/tandem";
   auto unit = systemd_unit(manifest, flags.get("node"), bin, manifest_path);
   if (!unit.ok()) {
     std::fprintf(stderr, "tandem systemd: %s\n", unit.error().message.c_str());

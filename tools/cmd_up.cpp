@@ -35,9 +35,8 @@ std::vector<std::string> only_values(cli::Args args) {
 
 std::string resolve_bin(const std::string& flag_value) {
   if (flag_value != "/proc/self/exe") return flag_value;
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : flag_value;
+  std::string self = cli::self_exe_path();
+  return self.empty() ? flag_value : self;
 }
 
 bool want_color() {

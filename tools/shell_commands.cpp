@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <thread>
 
 #include "runtime/node/diagnostics.hpp"
@@ -72,15 +73,15 @@ int print_answer(ShellContext& ctx, const Result<AdminAnswer>& answer, bool say_
   return answer->ok ? 0 : 1;
 }
 
-int cmd_nodes(ShellContext& ctx, const std::vector<std::string>&) {
-  return print_answer(ctx, ctx.client->admin_any("nodes", ctx.timeout), true);
-}
-
-int cmd_actors(ShellContext& ctx, const std::vector<std::string>& args) {
-  if (!args.empty()) return print_answer(ctx, ctx.client->admin(args[0], "actors", {}, ctx.timeout), false);
+// Asks every node that `keep` accepts; with --json each answer is collected as JSON, otherwise
+// `show` prints it (an unreachable node is said so). 0 when every node asked answered ok.
+int ask_each_node(ShellContext& ctx, const std::function<bool(const config::Node&)>& keep,
+                  const std::string& command, const std::vector<std::string>& args,
+                  const std::function<void(const AdminAnswer&)>& show) {
   int rc = 0;
   for (const auto& node : ctx.manifest->nodes) {
-    auto answer = ctx.client->admin(node.name, "actors", {}, ctx.timeout);
+    if (!keep(node)) continue;
+    auto answer = ctx.client->admin(node.name, command, args, ctx.timeout);
     if (ctx.json) {
       rc |= print_answer(ctx, answer, false);
       continue;
@@ -90,9 +91,23 @@ int cmd_actors(ShellContext& ctx, const std::vector<std::string>& args) {
       rc = 1;
       continue;
     }
-    for (size_t r = 1; r < answer->rows.size(); ++r) std::printf("%s\n", answer->rows[r][0].c_str());
+    show(*answer);
+    if (!answer->ok) rc = 1;
   }
   return rc;
+}
+
+bool any_node(const config::Node&) { return true; }
+
+int cmd_nodes(ShellContext& ctx, const std::vector<std::string>&) {
+  return print_answer(ctx, ctx.client->admin_any("nodes", ctx.timeout), true);
+}
+
+int cmd_actors(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (!args.empty()) return print_answer(ctx, ctx.client->admin(args[0], "actors", {}, ctx.timeout), false);
+  return ask_each_node(ctx, any_node, "actors", {}, [](const AdminAnswer& answer) {
+    for (size_t r = 1; r < answer.rows.size(); ++r) std::printf("%s\n", answer.rows[r][0].c_str());
+  });
 }
 
 int cmd_ping(ShellContext& ctx, const std::vector<std::string>& args) {
@@ -371,21 +386,9 @@ int cmd_instances(ShellContext& ctx, const std::vector<std::string>& args) {
     return 1;
   }
   if (args.size() == 1) return print_answer(ctx, ctx.client->admin(args[0], "instances", {}, ctx.timeout), false);
-  int rc = 0;
-  for (const auto& node : ctx.manifest->nodes) {
-    auto answer = ctx.client->admin(node.name, "instances", {}, ctx.timeout);
-    if (ctx.json) {
-      rc |= print_answer(ctx, answer, false);
-      continue;
-    }
-    if (!answer.ok()) {
-      std::printf("%s: unreachable (%s)\n", node.name.c_str(), answer.error().message.c_str());
-      rc = 1;
-      continue;
-    }
-    if (answer->rows.size() > 1) std::fputs(answer->text.c_str(), stdout);
-  }
-  return rc;
+  return ask_each_node(ctx, any_node, "instances", {}, [](const AdminAnswer& answer) {
+    if (answer.rows.size() > 1 || !answer.ok) std::fputs(answer.text.c_str(), stdout);
+  });
 }
 
 // status: nodes, instances (state, load, KV, prefix hit rate), gateways (requests running and
@@ -418,25 +421,13 @@ int cmd_requests(ShellContext& ctx, const std::vector<std::string>& args) {
     std::printf("usage: requests [INSTANCE]\n");
     return 1;
   }
-  int rc = 0;
   std::vector<std::vector<std::string>> rows;
-  for (const auto& node : ctx.manifest->nodes) {
-    if (!runs_gateway(node)) continue;
-    auto answer = ctx.client->admin(node.name, "requests", args, ctx.timeout);
-    if (ctx.json) {
-      rc |= print_answer(ctx, answer, false);
-      continue;
-    }
-    if (!answer.ok() || !answer->ok) {
-      std::printf("%s: %s", node.name.c_str(),
-                  answer.ok() ? answer->text.c_str()
-                              : ("unreachable (" + answer.error().message + ")\n").c_str());
-      rc = 1;
-      continue;
-    }
-    if (rows.empty() && !answer->rows.empty()) rows.push_back(answer->rows[0]);
-    rows.insert(rows.end(), answer->rows.begin() + (answer->rows.empty() ? 0 : 1), answer->rows.end());
-  }
+  int rc = ask_each_node(ctx, runs_gateway, "requests", args, [&rows](const AdminAnswer& answer) {
+    if (!answer.ok) return (void)std::fputs(answer.text.c_str(), stdout);
+    if (answer.rows.empty()) return;
+    if (rows.empty()) rows.push_back(answer.rows[0]);
+    rows.insert(rows.end(), answer.rows.begin() + 1, answer.rows.end());
+  });
   if (ctx.json) return rc;
   if (rows.size() <= 1) {
     std::printf("no request in flight%s\n", args.empty() ? "" : (" on " + args[0]).c_str());
@@ -491,24 +482,10 @@ int cmd_router(ShellContext& ctx, const std::vector<std::string>& args) {
     std::printf("usage: router show | router set KEY VALUE\n");
     return 1;
   }
-  int rc = 0;
-  for (const auto& node : ctx.manifest->nodes) {
-    if (!runs_router(node)) continue;
-    auto answer = show ? ctx.client->admin(node.name, "router-show", {}, ctx.timeout)
-                       : ctx.client->admin(node.name, "router-set", {args[1], args[2]},
-                                           ctx.timeout);
-    if (ctx.json) {
-      rc |= print_answer(ctx, answer, false);
-      continue;
-    }
-    if (!answer.ok()) {
-      std::printf("%s: unreachable (%s)\n", node.name.c_str(), answer.error().message.c_str());
-      rc = 1;
-      continue;
-    }
-    std::fputs(answer->text.c_str(), stdout);
-    if (!answer->ok) rc = 1;
-  }
+  int rc = ask_each_node(ctx, runs_router, show ? "router-show" : "router-set",
+                         show ? std::vector<std::string>{}
+                              : std::vector<std::string>{args[1], args[2]},
+                         [](const AdminAnswer& answer) { std::fputs(answer.text.c_str(), stdout); });
   if (set && rc == 0 && !ctx.json) {
     std::printf("(live only: the manifest is unchanged and is what the next start uses)\n");
   }
@@ -516,6 +493,17 @@ int cmd_router(ShellContext& ctx, const std::vector<std::string>& args) {
 }
 
 // help [COMMAND]: every command's forms, or one command's.
+// TEST HOOK: answered only by nodes started with `tandem node --test-hooks`.
+int cmd_debug_stall_executor(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.size() != 3) {
+    std::printf("usage: debug-stall-executor NODE EXECUTOR MS\n");
+    return 1;
+  }
+  return print_answer(ctx, ctx.client->admin(args[0], "debug-stall-executor", {args[1], args[2]},
+                                             ctx.timeout),
+                      false);
+}
+
 int cmd_help(ShellContext&, const std::vector<std::string>& args) {
   bool found = false;
   for (const auto& c : shell_commands()) {
@@ -571,6 +559,9 @@ const std::vector<ShellCommand>& shell_commands() {
       {"debug-drop-kv-events", "debug-drop-kv-events NODE N [tier2|device]",
        "TEST HOOK (nodes run with --test-hooks): lose NODE's next N KV event frames",
        cmd_debug_drop_kv_events},
+      {"debug-stall-executor", "debug-stall-executor NODE EXECUTOR MS",
+       "TEST HOOK (nodes run with --test-hooks): the executor's next pass answers MS late",
+       cmd_debug_stall_executor},
       {"help", "help [COMMAND]", "this list, or one command's forms", cmd_help},
       {"quit", "quit", "leave the shell (also: exit, Ctrl-D)", cmd_quit},
       {"exit", "exit", "leave the shell", cmd_quit},

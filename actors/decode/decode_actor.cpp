@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/common/exec_watch.hpp"
 #include "actors/decode/decode_scheduler.hpp"
 #include "actors/decode/pd_policy.hpp"
 #include "actors/decode/spec_manifest.hpp"
@@ -108,6 +109,8 @@ struct DecodeMetrics {
   decode::DecodeCounters exported;  // the scheduler's counters last exported
 };
 
+struct StepRun;  // one planned step in flight (below)
+
 struct DecodeState {
   ShellContext ctx;
   ActorName self_name;
@@ -123,6 +126,10 @@ struct DecodeState {
   std::set<std::string> down_nodes;
   uint64_t seqs_created = 0;  // Seq::serial
   bool stepping = false;
+  // The executor request in flight ([supervisor] executor_step_timeout_ms), and its step (for
+  // ending the step's requests when it times out; null for a draft request).
+  std::optional<ExecWatch> watch;
+  std::shared_ptr<StepRun> exec_run;
   std::unique_ptr<DecodeMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // precise cache events to the routers
   // Requests cancelled because their tokens could not be sent: the error for the gateway is
@@ -445,6 +452,26 @@ struct StepRun {
 
 bool request_drafts(DecodeActor* self, const std::vector<decode::SampledTokens>& sampled,
                     const std::vector<size_t>& decoded);
+void pump(DecodeActor* self);
+
+// An executor request goes out for `run` (null: drafts); its generation for watch_answered.
+uint64_t watch_start(DecodeState& st, std::shared_ptr<StepRun> run) {
+  st.exec_run = std::move(run);
+  return st.watch->start(ExecWatch::Clock::now());
+}
+
+// True when the answer is for the request in flight; false for a late one (its request timed
+// out and its step already ended): the executor answers again, so steps resume.
+bool watch_answered(DecodeActor* self, uint64_t gen) {
+  auto& st = self->state;
+  if (st.watch->answered(gen, ExecWatch::Clock::now())) {
+    st.exec_run.reset();
+    return true;
+  }
+  st.ctx.log->warn("decode {}: {}", st.self_name.instance, st.watch->late_text());
+  pump(self);
+  return false;
+}
 
 void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const std::string& error) {
   auto& st = self->state;
@@ -532,10 +559,12 @@ bool request_drafts(DecodeActor* self, const std::vector<decode::SampledTokens>&
   auto forget = std::make_shared<std::vector<uint64_t>>(std::move(st.draft_forget));
   st.draft_forget.clear();
   st.stepping = true;
+  uint64_t gen = watch_start(st, nullptr);
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::draft, nullptr, nullptr, batch, forget})
       .then(
-          [self](const ExecResult& r) {
+          [self, gen](const ExecResult& r) {
+            if (!watch_answered(self, gen)) return;
             auto& st = self->state;
             st.stepping = false;
             if (r.ok && r.drafts) {
@@ -547,7 +576,8 @@ bool request_drafts(DecodeActor* self, const std::vector<decode::SampledTokens>&
             }
             pump(self);
           },
-          [self](caf::error& e) {
+          [self, gen](caf::error& e) {
+            if (!watch_answered(self, gen)) return;
             auto& st = self->state;
             st.stepping = false;
             if (st.draft_failures++ == 0) {
@@ -574,15 +604,19 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
     batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
                       e.tokens, argmax_only, top_n});
   }
+  uint64_t gen = watch_start(st, run);
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::decode, nullptr, batch})
       .then(
-          [self, run](const ExecResult& r) {
+          [self, run, gen](const ExecResult& r) {
+            if (!watch_answered(self, gen)) return;
             bool sized = r.ok && r.output->seqs.size() == run->decode_entries.size();
             run->decode_out = r.output;
             finish_step(self, run, sized ? "" : (r.ok ? "wrong batch size" : r.error));
           },
-          [self, run](caf::error& e) { finish_step(self, run, "executor: " + to_string(e)); });
+          [self, run, gen](caf::error& e) {
+            if (watch_answered(self, gen)) finish_step(self, run, "executor: " + to_string(e));
+          });
 }
 
 void run_step(DecodeActor* self, decode::DecodePlan plan) {
@@ -608,22 +642,26 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
   }
   st.stepping = true;
   if (batch->empty()) return run_decode_part(self, run);
+  uint64_t gen = watch_start(st, run);
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then(
-          [self, run](const ExecResult& r) {
+          [self, run, gen](const ExecResult& r) {
+            if (!watch_answered(self, gen)) return;
             if (!r.ok || r.output->seqs.size() != run->prefill_entries.size()) {
               return finish_step(self, run, r.ok ? "wrong batch size" : r.error);
             }
             run->prefill_out = r.output;
             run_decode_part(self, run);
           },
-          [self, run](caf::error& e) { finish_step(self, run, "executor: " + to_string(e)); });
+          [self, run, gen](caf::error& e) {
+            if (watch_answered(self, gen)) finish_step(self, run, "executor: " + to_string(e));
+          });
 }
 
 void pump(DecodeActor* self) {
   auto& st = self->state;
-  if (st.stepping || !st.scheduler) return;
+  if (st.stepping || !st.scheduler || st.watch->stalled()) return;
   auto plan = st.scheduler->plan_step();
   auto pulls = std::move(plan.pulls);
   // The step goes first: a pull that ends synchronously below (a failed prefill) calls
@@ -889,9 +927,24 @@ caf::behavior running(DecodeActor* self) {
         }
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
         if (!st.lost.empty()) retry_lost(st);
+        if (st.watch->expired(ExecWatch::Clock::now())) {
+          st.ctx.log->error("decode {}: {}; its step's requests end with an error and no step "
+                            "runs until it answers",
+                            st.self_name.instance, st.watch->stall_reason());
+          auto run = std::exchange(st.exec_run, nullptr);
+          if (run) {
+            finish_step(self, run, st.watch->stall_reason());
+          } else {
+            st.stepping = false;  // a draft request: decoding goes on without its drafts
+          }
+        }
         update_metrics(st);
-        report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->waiting_count(),
-                    st.scheduler->active_count());
+        if (st.watch->stalled()) {
+          report_not_ready(self, st.ctx, st.self_name, st.watch->stall_reason());
+        } else {
+          report_load(self, st.ctx, st.self_name, *st.cache, st.scheduler->waiting_count(),
+                      st.scheduler->active_count());
+        }
         self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
       },
   };
@@ -907,6 +960,7 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
     st.ctx = ctx;
     st.self_name = name;
     st.guard.emplace(ctx, "decode");
+    st.watch.emplace(std::chrono::milliseconds(ctx.manifest->supervisor.executor_step_timeout_ms));
     st.executor = executor;
     if (ctx.node_actor) {
       self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));

@@ -61,6 +61,7 @@ namespace {
 struct PendingPass {
   caf::response_promise promise;
   ExecResult result;
+  std::chrono::steady_clock::time_point answer_at;  // its modelled end (or later: a stall)
 };
 
 // Passes answered later. The prefill or decode instance that owns the executor has one pass
@@ -71,7 +72,8 @@ struct ExecutorState {
   std::unique_ptr<devices::Device> device;
   std::unique_ptr<runtime::MemoryRegion> registration;
   ExecInfo info;
-  std::deque<PendingPass> pending;  // in ready_at order: the device runs passes one at a time
+  std::deque<PendingPass> pending;  // in answer_at order: the device runs passes one at a time
+  uint32_t stall_next_ms = 0;       // TEST HOOK (atoms::stall): the next pass answers this late
   static inline const char* name = "tandem.executor";
 };
 
@@ -166,13 +168,12 @@ ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
 void deliver_ready(ExecutorActor* self) {
   auto& st = self->state;
   auto now = self->clock().now();
-  while (!st.pending.empty() && st.pending.front().result.output->ready_at <= now) {
+  while (!st.pending.empty() && st.pending.front().answer_at <= now) {
     st.pending.front().promise.deliver(std::move(st.pending.front().result));
     st.pending.pop_front();
   }
   if (!st.pending.empty()) {
-    self->delayed_send(self, st.pending.front().result.output->ready_at - now,
-                       runtime::atoms::tick::value);
+    self->delayed_send(self, st.pending.front().answer_at - now, runtime::atoms::tick::value);
   }
 }
 
@@ -196,18 +197,23 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
           return ExecResult{false, "executor: too many passes in flight", nullptr, 0};
         }
         ExecResult result = run_batch(*st.device, batch);
-        if (!result.ok || !result.output) return result;  // drafts: computed, no modelled time
-        auto ready_at = result.output->ready_at;
         auto now = self->clock().now();
-        if (ready_at <= now && st.pending.empty()) return result;
-        // A modelled pass (sim, time_factor > 0): answer at its end, from a timer.
+        auto answer_at = result.output ? result.output->ready_at : now;  // drafts: no model time
+        if (st.stall_next_ms > 0) {
+          answer_at = std::max(answer_at, now + std::chrono::milliseconds(st.stall_next_ms));
+          st.stall_next_ms = 0;
+        }
+        if (answer_at <= now && st.pending.empty()) return result;
+        // A modelled pass (sim, time_factor > 0) or a stalled one: answer at its end.
         auto promise = self->make_response_promise();
-        st.pending.push_back({promise, std::move(result)});
-        self->delayed_send(self, std::max(ready_at - now, std::chrono::steady_clock::duration{}),
+        answer_at = std::max(answer_at, st.pending.empty() ? answer_at : st.pending.back().answer_at);
+        st.pending.push_back({promise, std::move(result), answer_at});
+        self->delayed_send(self, std::max(answer_at - now, std::chrono::steady_clock::duration{}),
                            runtime::atoms::tick::value);
         return promise;
       },
       [self](runtime::atoms::tick) { deliver_ready(self); },
+      [self](runtime::atoms::stall, uint32_t ms) { self->state.stall_next_ms = ms; },
       [self, context, inst](const runtime::InboundFrame& in) {
         auto envelope = in.frame->envelope();
         if (envelope.getBody().which() == wire::Envelope::Body::PING) {

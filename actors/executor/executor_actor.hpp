@@ -79,8 +79,9 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::ExecResult)
 
 // exec_run requests carry no CAF timeout (caf::infinite): a timed request costs two wakeups
 // of CAF's clock thread per device step (set and cancel), on the latency path of every
-// token. A dead executor still answers with an error (request_receiver_down); a device call
-// that hangs is caught per request by the gateway's gateway.request_timeout_ms.
+// token. A dead executor still answers with an error (request_receiver_down); a device step
+// that hangs is timed out by the shell's own tick ([supervisor] executor_step_timeout_ms,
+// actors/common/exec_watch.hpp), which ends the step's requests and reports not ready.
 namespace tandem::actors::atoms {
 using exec_info = caf::atom_constant<caf::atom("execinfo")>;
 using exec_run = caf::atom_constant<caf::atom("execrun")>;

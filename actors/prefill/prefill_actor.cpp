@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "actors/executor/executor_actor.hpp"
+#include "actors/common/exec_watch.hpp"
 #include "actors/prefill/prefill_scheduler.hpp"
 #include "actors/prefill/tier2_policy.hpp"
 #include "messages/convert.hpp"
@@ -77,6 +78,9 @@ struct PrefillState {
   std::unique_ptr<prefill::PrefillScheduler> scheduler;
   std::unordered_map<uint64_t, Pending> pending;
   bool stepping = false;
+  // The executor request in flight ([supervisor] executor_step_timeout_ms) and its plan.
+  std::optional<ExecWatch> watch;
+  std::shared_ptr<prefill::PrefillPlan> exec_plan;
   std::unique_ptr<InstanceMetrics> metrics;
   std::unique_ptr<KvEventReporter> kv_events;  // precise cache events to the routers
   // Tier 2 (issue 13): this node's kv-offload instance when kv_offload.enabled.
@@ -185,9 +189,22 @@ void on_step(PrefillActor* self, const prefill::PrefillPlan& plan, const ExecRes
   pump(self);
 }
 
+// True when the answer is for the request in flight; false for a late one (it timed out and its
+// step already ended): the executor answers again, so steps resume.
+bool watch_answered(PrefillActor* self, uint64_t gen) {
+  auto& st = self->state;
+  if (st.watch->answered(gen, ExecWatch::Clock::now())) {
+    st.exec_plan.reset();
+    return true;
+  }
+  st.ctx.log->warn("prefill {}: {}", st.self_name.instance, st.watch->late_text());
+  pump(self);
+  return false;
+}
+
 void pump(PrefillActor* self) {
   auto& st = self->state;
-  if (st.stepping || !st.scheduler) return;
+  if (st.stepping || !st.scheduler || st.watch->stalled()) return;
   auto plan = st.scheduler->plan_step();
   if (!plan) return;
   auto batch = std::make_shared<std::vector<devices::PrefillSeq>>();
@@ -198,12 +215,18 @@ void pump(PrefillActor* self) {
   }
   st.stepping = true;
   auto kept = std::make_shared<prefill::PrefillPlan>(std::move(*plan));
+  st.exec_plan = kept;
+  uint64_t gen = st.watch->start(ExecWatch::Clock::now());
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})
-      .then([self, kept](const ExecResult& r) { on_step(self, *kept, r); },
-            [self, kept](caf::error& e) {
-              on_step(self, *kept, ExecResult{false, "executor: " + to_string(e), nullptr, 0});
-            });
+      .then(
+          [self, kept, gen](const ExecResult& r) {
+            if (watch_answered(self, gen)) on_step(self, *kept, r);
+          },
+          [self, kept, gen](caf::error& e) {
+            if (!watch_answered(self, gen)) return;
+            on_step(self, *kept, ExecResult{false, "executor: " + to_string(e), nullptr, 0});
+          });
 }
 
 // --- Tier 2 (issue 13) ---
@@ -620,8 +643,21 @@ caf::behavior running(PrefillActor* self) {
                            st.self_name.instance, id);
           st.pending.erase(id);
         }
+        if (st.watch->expired(ExecWatch::Clock::now())) {
+          st.ctx.log->error("prefill {}: {}; its step's requests end with an error and no step "
+                            "runs until it answers",
+                            st.self_name.instance, st.watch->stall_reason());
+          if (auto plan = std::exchange(st.exec_plan, nullptr)) {
+            on_step(self, *plan, ExecResult{false, st.watch->stall_reason(), nullptr, 0});
+          }
+        }
         update_metrics(st);
         pump(self);
+        if (st.watch->stalled()) {
+          report_not_ready(self, st.ctx, st.self_name, st.watch->stall_reason());
+          self->delayed_send(self, shell_tick_interval, runtime::atoms::tick::value);
+          return;
+        }
         const auto& layout = st.info.layout;
         Tier2Reads reads{
             prefill::tier2_reads_pay(layout.block_bytes(), layout.block_tokens, st.rates.local),
@@ -650,6 +686,7 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
     st.ctx = ctx;
     st.self_name = name;
     st.guard.emplace(ctx, "prefill");
+    st.watch.emplace(std::chrono::milliseconds(ctx.manifest->supervisor.executor_step_timeout_ms));
     st.executor = executor;
     // Messages wait in the mailbox until the executor has answered with its device.
     self->request(executor, caf::infinite, atoms::exec_info::value)

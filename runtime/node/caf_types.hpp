@@ -77,4 +77,7 @@ using subscribe = caf::atom_constant<caf::atom("subscribe")>;
 // (drain, bool on) to the node actor: drain (or undrain) every local prefill and decode
 // instance; answered with the requests they still hold (waiting + running, last reports).
 using drain = caf::atom_constant<caf::atom("drain")>;
+// TEST HOOK (stall, uint32_t ms) to an executor: its next pass answers `ms` later than it
+// would (a hung device step, for the step timeout's tests).
+using stall = caf::atom_constant<caf::atom("stall")>;
 }  // namespace tandem::runtime::atoms

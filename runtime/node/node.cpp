@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <random>
 
@@ -57,7 +58,8 @@ int poll_stop_signal(std::chrono::milliseconds wait) {
 // row, after two heartbeats so that every router has heard of the drain), at the deadline, or
 // on a second signal. Main thread; blocking is fine here.
 void drain_node(caf::actor_system& system, caf::actor node_actor, NodeServices* services,
-                const config::Manifest& manifest, const std::shared_ptr<spdlog::logger>& log) {
+                const config::Manifest& manifest, const config::Node& node,
+                const std::shared_ptr<spdlog::logger>& log) {
   using Clock = std::chrono::steady_clock;
   auto timeout = std::chrono::milliseconds(manifest.supervisor.drain_timeout_ms);
   if (timeout.count() == 0) return;
@@ -66,7 +68,12 @@ void drain_node(caf::actor_system& system, caf::actor node_actor, NodeServices* 
             timeout.count());
   if (services) services->begin_drain();
   auto started = Clock::now();
-  auto settle = std::chrono::milliseconds(2 * manifest.membership.heartbeat_interval_ms);
+  // Routers elsewhere hear of the drain with the next heartbeat: a node with prefill or decode
+  // instances waits two before it trusts "empty" (a pick made meanwhile may still arrive).
+  bool serves = std::any_of(node.instances.begin(), node.instances.end(), [](const auto& i) {
+    return i.role == config::Role::prefill || i.role == config::Role::decode;
+  });
+  auto settle = std::chrono::milliseconds(serves ? 2 * manifest.membership.heartbeat_interval_ms : 0);
   caf::scoped_actor self{system};
   int empty_in_a_row = 0;
   while (true) {
@@ -190,7 +197,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
               manifest.nodes.size());
     int sig = wait_for_stop_signal();
     log->info("stopping on signal {}", sig);
-    drain_node(system, node_actor, services.get(), manifest, log);
+    drain_node(system, node_actor, services.get(), manifest, *node, log);
   }
   if (services) services->stop();
   if (admin) admin->stop();

@@ -321,6 +321,28 @@ void debug_crash(NodeActor* self, const AdminCaller& caller, const std::vector<s
       });
 }
 
+// TEST HOOK `debug-stall-executor EXECUTOR MS`: the local executor's next pass answers MS
+// later (up to 10 minutes), as a hung device step would.
+AdminResult debug_stall_executor(NodeActor* self, const std::vector<std::string>& args) {
+  auto& st = self->state;
+  if (!st.deps.test_hooks_supervisor) {
+    return {false, "debug-stall-executor is a test hook; this node runs without --test-hooks\n", {}};
+  }
+  bool number = args.size() == 2 && !args[1].empty() && args[1].size() <= 6 &&
+                args[1].find_first_not_of("0123456789") == std::string::npos;
+  if (!number) return {false, "usage: debug-stall-executor EXECUTOR MS (0 .. 600000)\n", {}};
+  auto ms = static_cast<uint32_t>(std::stoul(args[1]));
+  if (ms > 600000) return {false, "usage: debug-stall-executor EXECUTOR MS (0 .. 600000)\n", {}};
+  for (const auto& [name, actor] : st.deps.bridge->local_actors_with_role("executor")) {
+    if (name.instance != args[0]) continue;
+    self->send(actor, atoms::stall::value, ms);
+    st.deps.log->warn("TEST HOOK debug-stall-executor: {}'s next pass answers {} ms late",
+                      name.to_string(), ms);
+    return {true, name.to_string() + ": the next pass answers " + args[1] + " ms late\n", {}};
+  }
+  return {false, "node " + st.deps.bridge->node() + " has no executor '" + args[0] + "'\n", {}};
+}
+
 // TEST HOOK `debug-drop-kv-events N [tier2|device]`: the next N numbered KvEvents frames of
 // that tier (default tier2) this node sends are lost (Bridge::drop_next_kv_events).
 void debug_drop_kv_events(NodeActor* self, const AdminCaller& caller,
@@ -454,6 +476,8 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
     return st.diagnostics->rma_release(caller, args);
   } else if (command == "debug-crash") {
     return debug_crash(self, caller, args);
+  } else if (command == "debug-stall-executor") {
+    result = debug_stall_executor(self, args);
   } else if (command == "debug-drop-kv-events") {
     return debug_drop_kv_events(self, caller, args);
   } else if (auto f = std::find_if(std::begin(forwarded_commands), std::end(forwarded_commands),

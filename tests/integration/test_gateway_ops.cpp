@@ -432,8 +432,12 @@ TEST_CASE("gateway_ops: a prompt of megabytes gets the context-length 400") {
   CHECK(node.running());
 }
 
-TEST_CASE("gateway_ops: SIGTERM ends every open stream with its API's error event") {
-  SimNode node("gwops-term", "time_factor = 10\nkv_scale = 0.0078125", "");
+TEST_CASE("gateway_ops: SIGTERM ends every open stream with its API's error event once the "
+          "drain's deadline has passed") {
+  // The node drains first (docs/operations.md): streams that do not end within
+  // drain_timeout_ms are then ended with their API's error event, never cut.
+  SimNode node("gwops-term", "time_factor = 10\nkv_scale = 0.0078125", "",
+               "[supervisor]\ndrain_timeout_ms = 300");
   REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
   const std::string chat_body =
       R"({"model":"stories15M","messages":[{"role":"user","content":"Once upon a time"}],)"

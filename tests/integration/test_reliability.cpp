@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tests/support/http_client.hpp"
 #include "tests/support/tandem_node.hpp"
 #include "tests/unit/http_test_client.hpp"
 
@@ -215,4 +216,55 @@ TEST_CASE("reliability: debug-crash needs --test-hooks and a supervised name") {
                           20000ms);
   CHECK(refused.output.find("runs without --test-hooks") != std::string::npos);
   CHECK(plain.wait_healthy(1s));
+}
+
+TEST_CASE("reliability: a device step that hangs past [supervisor] executor_step_timeout_ms ends "
+          "its step's requests; the instance reports not ready until the executor answers") {
+  TandemNode n("[supervisor]\nexecutor_step_timeout_ms = 500", "reliability-stall",
+               {"--test-hooks"});
+  REQUIRE_MESSAGE(n.wait_healthy(60s), n.log());
+  RunResult stall = run({tandem_bin(), "shell", "--manifest", n.manifest_path(), "-c",
+                         "debug-stall-executor local exec-decode 4000"},
+                        20000ms);
+  REQUIRE_MESSAGE(stall.exit_code == 0, stall.output);
+  CHECK(stall.output.find("local/executor/exec-decode: the next pass answers 4000 ms late") !=
+        std::string::npos);
+  auto started = std::chrono::steady_clock::now();
+  int status = 0;
+  std::thread request([&] {
+    status = tandem::testing::http::post(
+                 n.http_port(), "/v1/completions",
+                 R"({"model":"stories15M","prompt":"Once upon a time","max_tokens":4})", 30000ms)
+                 .status;
+  });
+  // The step times out after 0.5 s: /health and `instances` say why, long before the 4 s stall
+  // ends; the executor's late answer then ends the stall.
+  bool unhealthy_seen = eventually(3500ms, [&] {
+    auto h = tandem::testing::http::get(n.http_port(), "/health", 1000ms);
+    return h.status == 503 && h.body.find("executor step timed out after 500 ms") != std::string::npos;
+  });
+  double unhealthy_after_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  CHECK_MESSAGE(unhealthy_seen, n.log());
+  CHECK(unhealthy_after_s < 3.9);
+  RunResult listed = run({tandem_bin(), "shell", "--manifest", n.manifest_path(), "-c",
+                          "instances"},
+                         20000ms);
+  if (std::chrono::steady_clock::now() - started < 3500ms) {
+    CHECK(listed.output.find("not ready: executor step timed out") != std::string::npos);
+  }
+  request.join();
+  // It ended (served once the executor was back, or refused while no decode could take it),
+  // and did not wait for the gateway's request timeout.
+  CHECK((status == 200 || status == 429 || status == 503 || status == 500));
+  CHECK_MESSAGE(n.wait_healthy(20s), n.log());
+  CHECK(eventually(10000ms, [&] {
+    return tandem::testing::http::post(
+               n.http_port(), "/v1/completions",
+               R"({"model":"stories15M","prompt":"Once upon a time","max_tokens":4})", 30000ms)
+               .status == 200;
+  }));
+  std::string log = n.log();
+  CHECK(log.find("executor step timed out after 500 ms") != std::string::npos);
+  CHECK(log.find("after its step timed out; serving again") != std::string::npos);
 }

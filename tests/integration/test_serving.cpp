@@ -530,6 +530,15 @@ TEST_CASE("serving: precise KV index: the router's index equals the device cache
   (void)c.node("prefill").wait(5000ms);
   c.restart("prefill");
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  // /health and a completion need decode only, and the router learns of the SIGKILL only after
+  // missed heartbeats: wait until it has taken the new prefill process in (its snapshot asked,
+  // eligible again), or the new prompts go to the dead one and prefill on decode.
+  REQUIRE_MESSAGE(eventually(10s, [&] {
+                    return c.metric("front", "tandem_router_kv_resyncs_total") > resyncs &&
+                           c.metric("front", "tandem_router_instance_eligible",
+                                    "target=\"prefill/prefill/prefill\"") == 1;
+                  }),
+                  c.logs());
   traffic("Fresh", 0, 8);  // new prompts: prefill computes (and caches) them
   CHECK_MESSAGE(eventually(20s, [&] {
                   return exact() && c.metric("prefill", "tandem:prefix_cache_entries") > 0;
