@@ -195,9 +195,14 @@ class Runner {
  public:
   Runner(const std::vector<workload::Request>& requests, const ServeBenchOptions& o,
          ServeBenchResult& result)
-      : requests_(requests), o_(o), result_(result), replay_(plan_replay(requests, o)),
-        client_(o.target, o.timeout_s * 1000.0), progress_(o.progress),
-        slot_of_(requests.size(), SIZE_MAX), attempts_(requests.size(), 0),
+      : requests_(requests),
+        o_(o),
+        result_(result),
+        replay_(plan_replay(requests, o)),
+        client_(o.target, o.timeout_s * 1000.0),
+        progress_(o.progress),
+        slot_of_(requests.size(), SIZE_MAX),
+        attempts_(requests.size(), 0),
         first_send_ms_(requests.size(), -1.0),
         stop_ms_(o.duration_s > 0 ? o.duration_s * 1000.0 : INFINITY) {}
 
@@ -272,7 +277,8 @@ class Runner {
     RT_ASSERT(tag < slot_of_.size() && slot_of_[tag] != SIZE_MAX, "finished call started", tag);
     if (refused(outcome) && attempts_[tag] < o_.retries_max) {
       // Still in flight (its concurrency slot stays taken) until the retry's outcome.
-      double backoff_ms = std::min(4000.0, 250.0 * static_cast<double>(1u << std::min(attempts_[tag], 4u)));
+      double backoff_ms =
+          std::min(4000.0, 250.0 * static_cast<double>(1u << std::min(attempts_[tag], 4u)));
       ++attempts_[tag];
       ++result_.retries;
       ++result_.retried_by_kind[outcome.error_kind];
@@ -306,8 +312,8 @@ class Runner {
   StreamClient client_;
   Progress progress_;
   std::vector<size_t> slot_of_;  // workload index -> timeline index
-  std::vector<uint32_t> attempts_;      // retries so far, per workload index
-  std::vector<double> first_send_ms_;   // per workload index; -1 before it is sent
+  std::vector<uint32_t> attempts_;            // retries so far, per workload index
+  std::vector<double> first_send_ms_;         // per workload index; -1 before it is sent
   std::multimap<double, uint32_t> retry_at_;  // due time -> workload index; <= in flight
   double stop_ms_;
   size_t in_flight_ = 0;

@@ -71,8 +71,8 @@ struct ServeBenchResult {
   // as `tandem sim`'s hit_rate. -1 when no request succeeded.
   double request_hit_rate = -1;
   std::map<std::string, std::string> error_examples;  // kind -> one detail
-  uint64_t retries = 0;                 // sends again after a refusal (retries_max)
-  std::map<std::string, uint64_t> retried_by_kind;  // what was retried: connect, http_503, ...
+  uint64_t retries = 0;                               // sends again after a refusal (retries_max)
+  std::map<std::string, uint64_t> retried_by_kind;    // what was retried: connect, http_503, ...
 };
 
 // Errors: invalid (empty workload, zero concurrency, no model found), disconnected (the

@@ -153,8 +153,7 @@ bool read_options(const cli::Flags& f, ServeBenchOptions& o) {
   uint32_t seed = 0;
   if (!get_u32(f, "concurrency", 1, 1 << 20, &o.concurrency) ||
       !get_u32(f, "requests", 0, 1 << 30, &o.requests_max) ||
-      !get_u32(f, "retries", 0, 100, &o.retries_max) ||
-      !get_u32(f, "seed", 0, UINT32_MAX, &seed)) {
+      !get_u32(f, "retries", 0, 100, &o.retries_max) || !get_u32(f, "seed", 0, UINT32_MAX, &seed)) {
     return false;
   }
   o.seed = seed;

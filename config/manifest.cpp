@@ -467,8 +467,8 @@ void Loader::read_fabric(const toml::table& table) {
 
 void Loader::read_supervisor(const toml::table& table) {
   TableReader reader(sink_, table, "supervisor",
-                     {"restarts_max", "restart_window_ms", "restart_delay_ms",
-                      "drain_timeout_ms", "executor_step_timeout_ms"});
+                     {"restarts_max", "restart_window_ms", "restart_delay_ms", "drain_timeout_ms",
+                      "executor_step_timeout_ms"});
   reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
   reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
   reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
@@ -1283,9 +1283,8 @@ std::vector<std::pair<std::string, std::string>> router_values(const RouterSecti
           {"kv_index", quoted(to_string(r.kv_index))}};
 }
 
-constexpr std::string_view router_fixed_keys[] = {"prefix_index_blocks_max",
-                                                  "tier2_index_blocks_max",
-                                                  "kv_resync_interval_ms", "kv_index"};
+constexpr std::string_view router_fixed_keys[] = {
+    "prefix_index_blocks_max", "tier2_index_blocks_max", "kv_resync_interval_ms", "kv_index"};
 
 }  // namespace
 
@@ -1304,14 +1303,15 @@ Result<RouterSection> set_router_key(const RouterSection& current, const std::st
   bool fixed = std::find(std::begin(router_fixed_keys), std::end(router_fixed_keys), key) !=
                std::end(router_fixed_keys);
   if (fixed) {
-    return make_error(ErrorKind::invalid,
-                      "router." + key + " is fixed when a router starts; change it in the "
-                                        "manifest and restart the router's node");
+    return make_error(ErrorKind::invalid, "router." + key +
+                                              " is fixed when a router starts; change it in the "
+                                              "manifest and restart the router's node");
   }
   auto it = std::find_if(all.begin(), all.end(), [&](const auto& kv) { return kv.first == key; });
   if (it == all.end()) {
     std::string known;
-    for (const auto& [name, v] : router_settings(current)) known += (known.empty() ? "" : ", ") + name;
+    for (const auto& [name, v] : router_settings(current))
+      known += (known.empty() ? "" : ", ") + name;
     return make_error(ErrorKind::invalid,
                       "router." + key + " is not a router setting; settable: " + known);
   }
@@ -1329,8 +1329,9 @@ Result<RouterSection> set_router_key(const RouterSection& current, const std::st
     read = attempt("\"" + value + "\"");
     errors = std::get_if<ManifestErrors>(&read);
     if (errors && errors->issues[0].key == "syntax") {
-      return make_error(ErrorKind::invalid, "router." + key + ": '" + value +
-                                                "' is not a value (a number, true/false or a word)");
+      return make_error(
+          ErrorKind::invalid,
+          "router." + key + ": '" + value + "' is not a value (a number, true/false or a word)");
     }
   }
   if (errors) {

@@ -158,8 +158,8 @@ ClusterStatus build_status(const std::string& cluster,
         auto type = s.labels.find("type");
         st.errors_by_type[type == s.labels.end() ? "?" : type->second] += s.value;
       } else if (s.name == "tandem:tier2_blocks_capacity" && s.value > 0) {
-        st.tier2.push_back({a.node, instance,
-                            value("tandem:tier2_blocks_used", instance).value_or(0), s.value});
+        st.tier2.push_back(
+            {a.node, instance, value("tandem:tier2_blocks_used", instance).value_or(0), s.value});
       }
     }
   }
@@ -225,24 +225,33 @@ std::string status_json(const ClusterStatus& st) {
   }
   j["instances"] = json::array();
   for (const auto& i : st.instances) {
-    j["instances"].push_back({{"name", i.name}, {"state", i.state}, {"waiting", i.waiting},
-                              {"running", i.running}, {"kv_blocks_used", i.kv_used},
+    j["instances"].push_back({{"name", i.name},
+                              {"state", i.state},
+                              {"waiting", i.waiting},
+                              {"running", i.running},
+                              {"kv_blocks_used", i.kv_used},
                               {"kv_blocks_total", i.kv_total},
                               {"prefix_hit_rate", opt(i.prefix_hit_rate)}});
   }
   j["gateways"] = json::array();
   for (const auto& g : st.gateways) {
-    j["gateways"].push_back({{"node", g.node}, {"instance", g.instance}, {"running", g.running},
-                             {"waiting", g.waiting}, {"ttft_p50_s", opt(g.ttft_p50_s)},
-                             {"ttft_p90_s", opt(g.ttft_p90_s)}, {"itl_p50_s", opt(g.itl_p50_s)},
+    j["gateways"].push_back({{"node", g.node},
+                             {"instance", g.instance},
+                             {"running", g.running},
+                             {"waiting", g.waiting},
+                             {"ttft_p50_s", opt(g.ttft_p50_s)},
+                             {"ttft_p90_s", opt(g.ttft_p90_s)},
+                             {"itl_p50_s", opt(g.itl_p50_s)},
                              {"itl_p90_s", opt(g.itl_p90_s)},
                              {"first_tokens_1m", g.first_tokens_1m},
                              {"generation_tokens_total", g.generation_tokens_total}});
   }
   j["tier2"] = json::array();
   for (const auto& t : st.tier2) {
-    j["tier2"].push_back({{"node", t.node}, {"instance", t.instance},
-                          {"blocks_used", t.blocks_used}, {"blocks_capacity", t.blocks_capacity}});
+    j["tier2"].push_back({{"node", t.node},
+                          {"instance", t.instance},
+                          {"blocks_used", t.blocks_used},
+                          {"blocks_capacity", t.blocks_capacity}});
   }
   j["errors_by_type"] = st.errors_by_type;
   return j.dump();

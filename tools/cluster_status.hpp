@@ -33,7 +33,7 @@ struct ClusterStatus {
     std::string name, address, state, uptime;
   };
   struct Instance {
-    std::string name;  // node/role/instance
+    std::string name;   // node/role/instance
     std::string state;  // serving, draining, starting, not ready: ..., unreachable
     std::string waiting, running, kv_used, kv_total;
     std::optional<double> prefix_hit_rate;  // hits / queries (token-weighted), when looked up

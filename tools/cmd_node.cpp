@@ -47,14 +47,14 @@ int cmd_node(cli::Args args) {
   options.test_hooks = flags.has("test-hooks");
   // The status page: its sampler asks the cluster as an admin client bound to this node's host.
   StatusSampler sampler(manifest, node.host);
-  options.admin_routes.push_back({"/status", [] {
-                                    return obs::AdminResponse{200, "text/html; charset=utf-8",
-                                                              status_page_html()};
-                                  }});
-  options.admin_routes.push_back({"/status.json", [&sampler] {
-                                    return obs::AdminResponse{200, "application/json",
-                                                              sampler.history_json()};
-                                  }});
+  options.admin_routes.push_back(
+      {"/status", [] {
+         return obs::AdminResponse{200, "text/html; charset=utf-8", status_page_html()};
+       }});
+  options.admin_routes.push_back(
+      {"/status.json", [&sampler] {
+         return obs::AdminResponse{200, "application/json", sampler.history_json()};
+       }});
   return runtime::run_node(manifest, flags.get("node"), actors::make_node_services, options);
 }
 

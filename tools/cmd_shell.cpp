@@ -93,10 +93,12 @@ int cmd_shell(cli::Args args) {
                    "completion; or runs one command with -c and exits with its status.");
   flags.flag("manifest", "FILE", "the cluster manifest (TOML)")
       .flag("c", "COMMAND", "run one command and exit (for scripts)")
-      .flag("json", "", "answers as JSON (rows as objects keyed by their header; status as one "
-                        "object; several nodes' answers as an array)")
-      .flag("bind", "HOST", "local address for the shell's endpoint (default: loopback when "
-                            "the cluster has loopback nodes)")
+      .flag("json", "",
+            "answers as JSON (rows as objects keyed by their header; status as one "
+            "object; several nodes' answers as an array)")
+      .flag("bind", "HOST",
+            "local address for the shell's endpoint (default: loopback when "
+            "the cluster has loopback nodes)")
       .flag("timeout-ms", "MS", "how long to wait for each answer", "1000");
   std::vector<char*> fixed(args.begin(), args.end());
   static char long_c[] = "--c";

@@ -18,7 +18,6 @@ std::string absolute(const std::string& path) {
   return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
 }
 
-
 }  // namespace
 
 int cmd_systemd(cli::Args args) {

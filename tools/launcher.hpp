@@ -12,7 +12,8 @@
 //   - a child that exits on its own (any status), with LauncherOptions::restart off
 //     (restarts_max == 0): "tandem up: node 'x' exited with status 1; stopping the cluster" on
 //     err_fd, the others are stopped as above, exit code 1;
-//   - with restart on: the child is started again after a backoff (runtime::RestartBudget, with backoff), the
+//   - with restart on: the child is started again after a backoff (runtime::RestartBudget, with
+//   backoff), the
 //     others keep running; a child that used up its restarts in the window is given up on
 //     ("... giving up on it; the other nodes keep serving"); when no child is left running or
 //     waiting to restart, the launcher ends with exit code 1. A stop signal cancels pending

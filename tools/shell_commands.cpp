@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "runtime/node/diagnostics.hpp"
@@ -97,14 +97,17 @@ int ask_each_node(ShellContext& ctx, const std::function<bool(const config::Node
   return rc;
 }
 
-bool any_node(const config::Node&) { return true; }
+bool any_node(const config::Node&) {
+  return true;
+}
 
 int cmd_nodes(ShellContext& ctx, const std::vector<std::string>&) {
   return print_answer(ctx, ctx.client->admin_any("nodes", ctx.timeout), true);
 }
 
 int cmd_actors(ShellContext& ctx, const std::vector<std::string>& args) {
-  if (!args.empty()) return print_answer(ctx, ctx.client->admin(args[0], "actors", {}, ctx.timeout), false);
+  if (!args.empty())
+    return print_answer(ctx, ctx.client->admin(args[0], "actors", {}, ctx.timeout), false);
   return ask_each_node(ctx, any_node, "actors", {}, [](const AdminAnswer& answer) {
     for (size_t r = 1; r < answer.rows.size(); ++r) std::printf("%s\n", answer.rows[r][0].c_str());
   });
@@ -164,7 +167,8 @@ int cmd_rma_test(ShellContext& ctx, const std::vector<std::string>& args) {
     return 1;
   }
   auto exposed = ctx.client->admin(args[0], "rma-expose", {std::to_string(mib << 20)}, ctx.timeout * 5);
-  if (!exposed.ok() || !exposed->ok || exposed->rows.size() != 2) return print_answer(ctx, exposed, false);
+  if (!exposed.ok() || !exposed->ok || exposed->rows.size() != 2)
+    return print_answer(ctx, exposed, false);
   const auto& e = exposed->rows[1];  // node, base, bytes, key, checksum
   auto read = ctx.client->admin(args[1], "rma-read", {e[0], e[1], e[2], e[3]},
                                 std::chrono::milliseconds(60000));
@@ -236,7 +240,8 @@ int cmd_debug_crash(ShellContext& ctx, const std::vector<std::string>& args) {
     std::printf("usage: debug-crash NODE ACTOR\n");
     return 1;
   }
-  return print_answer(ctx, ctx.client->admin(args[0], "debug-crash", {args[1]}, ctx.timeout), false);
+  return print_answer(ctx, ctx.client->admin(args[0], "debug-crash", {args[1]}, ctx.timeout),
+                      false);
 }
 
 // TEST HOOK: answered only by nodes started with `tandem node --test-hooks`.
@@ -274,8 +279,8 @@ Result<DrainTarget> drain_target(const config::Manifest& manifest, const std::st
 }
 
 // The rows of `instances` on the target's node that the drain covers.
-std::vector<std::vector<std::string>> target_rows(const DrainTarget& target,
-                                                  const std::vector<std::vector<std::string>>& rows) {
+std::vector<std::vector<std::string>> target_rows(
+    const DrainTarget& target, const std::vector<std::vector<std::string>>& rows) {
   std::vector<std::vector<std::string>> out;
   for (size_t r = 1; r < rows.size(); ++r) {
     if (rows[r].size() < 4) continue;
@@ -325,18 +330,19 @@ int cmd_drain(ShellContext& ctx, const std::vector<std::string>& args) {
     double took_s = std::chrono::duration<double>(Clock::now() - started).count();
     if (empty_in_a_row >= 2 && Clock::now() - started >= settle) {
       if (ctx.json) {
-        ctx.json_items.push_back(nlohmann::json{{"ok", true},
-                                                {"node", target->node},
-                                                {"instance", target->instance},
-                                                {"drained_after_s", took_s}}
-                                     .dump());
+        ctx.json_items.push_back(nlohmann::json{
+            {"ok", true},
+            {"node", target->node},
+            {"instance", target->instance},
+            {"drained_after_s",
+             took_s}}.dump());
         return 0;
       }
-      std::printf("drained %s on node %s: empty after %.1f s; the routers do not pick it "
-                  "(undrain %s to bring it back)\n",
-                  target->instance.empty() ? "every prefill and decode instance"
-                                           : target->instance.c_str(),
-                  target->node.c_str(), took_s, args[0].c_str());
+      std::printf(
+          "drained %s on node %s: empty after %.1f s; the routers do not pick it "
+          "(undrain %s to bring it back)\n",
+          target->instance.empty() ? "every prefill and decode instance" : target->instance.c_str(),
+          target->node.c_str(), took_s, args[0].c_str());
       return 0;
     }
     if (Clock::now() >= deadline) {
@@ -345,11 +351,11 @@ int cmd_drain(ShellContext& ctx, const std::vector<std::string>& args) {
         for (const auto& row : last) {
           held.push_back({{"instance", row[0]}, {"waiting", row[2]}, {"running", row[3]}});
         }
-        ctx.json_items.push_back(nlohmann::json{{"ok", false},
-                                                {"node", target->node},
-                                                {"deadline_s", deadline_s},
-                                                {"held", held}}
-                                     .dump());
+        ctx.json_items.push_back(nlohmann::json{
+            {"ok", false},
+            {"node", target->node},
+            {"deadline_s", deadline_s},
+            {"held", held}}.dump());
         return 1;
       }
       std::printf("deadline (%.0f s) reached; still held (the routers do not pick them):\n",
@@ -385,7 +391,8 @@ int cmd_instances(ShellContext& ctx, const std::vector<std::string>& args) {
     std::printf("usage: instances [NODE]\n");
     return 1;
   }
-  if (args.size() == 1) return print_answer(ctx, ctx.client->admin(args[0], "instances", {}, ctx.timeout), false);
+  if (args.size() == 1)
+    return print_answer(ctx, ctx.client->admin(args[0], "instances", {}, ctx.timeout), false);
   return ask_each_node(ctx, any_node, "instances", {}, [](const AdminAnswer& answer) {
     if (answer.rows.size() > 1 || !answer.ok) std::fputs(answer.text.c_str(), stdout);
   });
@@ -435,7 +442,8 @@ int cmd_requests(ShellContext& ctx, const std::vector<std::string>& args) {
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& row : rows) {
-    for (size_t i = 0; i < row.size() && i < width.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i)
+      width[i] = std::max(width[i], row[i].size());
   }
   for (const auto& row : rows) {
     std::string line;
@@ -482,10 +490,10 @@ int cmd_router(ShellContext& ctx, const std::vector<std::string>& args) {
     std::printf("usage: router show | router set KEY VALUE\n");
     return 1;
   }
-  int rc = ask_each_node(ctx, runs_router, show ? "router-show" : "router-set",
-                         show ? std::vector<std::string>{}
-                              : std::vector<std::string>{args[1], args[2]},
-                         [](const AdminAnswer& answer) { std::fputs(answer.text.c_str(), stdout); });
+  int rc =
+      ask_each_node(ctx, runs_router, show ? "router-show" : "router-set",
+                    show ? std::vector<std::string>{} : std::vector<std::string>{args[1], args[2]},
+                    [](const AdminAnswer& answer) { std::fputs(answer.text.c_str(), stdout); });
   if (set && rc == 0 && !ctx.json) {
     std::printf("(live only: the manifest is unchanged and is what the next start uses)\n");
   }
@@ -499,9 +507,9 @@ int cmd_debug_stall_executor(ShellContext& ctx, const std::vector<std::string>& 
     std::printf("usage: debug-stall-executor NODE EXECUTOR MS\n");
     return 1;
   }
-  return print_answer(ctx, ctx.client->admin(args[0], "debug-stall-executor", {args[1], args[2]},
-                                             ctx.timeout),
-                      false);
+  return print_answer(
+      ctx, ctx.client->admin(args[0], "debug-stall-executor", {args[1], args[2]}, ctx.timeout),
+      false);
 }
 
 int cmd_help(ShellContext&, const std::vector<std::string>& args) {
@@ -545,8 +553,7 @@ const std::vector<ShellCommand>& shell_commands() {
        "requests in flight at every gateway: id, state, age, tokens so far, decode, prefill",
        cmd_requests},
       {"cancel", "cancel ID", "end a request (its client gets an error)", cmd_cancel},
-      {"router", "router show", "every router's live settings (policy, weights, ...)",
-       cmd_router},
+      {"router", "router show", "every router's live settings (policy, weights, ...)", cmd_router},
       {"router", "router set KEY VALUE",
        "change a router setting on every router now, validated like the manifest", cmd_router},
       {"tier2", "tier2 [NODE]",

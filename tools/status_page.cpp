@@ -11,8 +11,11 @@ namespace tandem::tools {
 StatusSampler::StatusSampler(const config::Manifest& manifest, std::string bind_host,
                              std::chrono::milliseconds interval, size_t samples_max,
                              std::chrono::milliseconds idle_stop)
-    : manifest_(manifest), bind_host_(std::move(bind_host)), interval_(interval),
-      idle_stop_(idle_stop), samples_max_(samples_max) {
+    : manifest_(manifest),
+      bind_host_(std::move(bind_host)),
+      interval_(interval),
+      idle_stop_(idle_stop),
+      samples_max_(samples_max) {
   RT_ASSERT(interval_.count() > 0 && samples_max_ >= 1, interval_.count(), samples_max_);
 }
 

@@ -23,8 +23,8 @@ Result<std::string> systemd_unit(const config::Manifest& manifest, const std::st
   uint64_t stop_s = (uint64_t{manifest.supervisor.drain_timeout_ms} + 999) / 1000 + 15;
   std::string roles;
   for (const auto& inst : n->instances) {
-    roles += (roles.empty() ? "" : ", ") + std::string(config::to_string(inst.role)) + " " +
-             inst.name;
+    roles +=
+        (roles.empty() ? "" : ", ") + std::string(config::to_string(inst.role)) + " " + inst.name;
   }
   std::string unit;
   unit += "# Written by `tandem systemd` for node '" + node + "' of cluster '" +
@@ -36,8 +36,8 @@ Result<std::string> systemd_unit(const config::Manifest& manifest, const std::st
   // Give up restarting after 5 failures in 2 minutes (systemd then reports the unit failed).
   unit += "StartLimitIntervalSec=120\nStartLimitBurst=5\n\n";
   unit += "[Service]\nType=simple\n";
-  unit += "ExecStart=" + tandem_bin + " node --manifest " + manifest_path + " --node " + node +
-          "\n";
+  unit +=
+      "ExecStart=" + tandem_bin + " node --manifest " + manifest_path + " --node " + node + "\n";
   unit += "Restart=on-failure\nRestartSec=2\n";
   unit += "KillSignal=SIGTERM\nKillMode=mixed\nTimeoutStopSec=" + std::to_string(stop_s) + "\n";
   // RDMA (verbs) registers KV pools: locked memory must not be limited.

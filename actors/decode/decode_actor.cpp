@@ -928,9 +928,10 @@ caf::behavior running(DecodeActor* self) {
         for (uint64_t id : late) prefill_failed(self, id, "no answer in time");
         if (!st.lost.empty()) retry_lost(st);
         if (st.watch->expired(ExecWatch::Clock::now())) {
-          st.ctx.log->error("decode {}: {}; its step's requests end with an error and no step "
-                            "runs until it answers",
-                            st.self_name.instance, st.watch->stall_reason());
+          st.ctx.log->error(
+              "decode {}: {}; its step's requests end with an error and no step "
+              "runs until it answers",
+              st.self_name.instance, st.watch->stall_reason());
           auto run = std::exchange(st.exec_run, nullptr);
           if (run) {
             finish_step(self, run, st.watch->stall_reason());

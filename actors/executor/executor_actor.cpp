@@ -206,7 +206,8 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
         if (answer_at <= now && st.pending.empty()) return result;
         // A modelled pass (sim, time_factor > 0) or a stalled one: answer at its end.
         auto promise = self->make_response_promise();
-        answer_at = std::max(answer_at, st.pending.empty() ? answer_at : st.pending.back().answer_at);
+        answer_at =
+            std::max(answer_at, st.pending.empty() ? answer_at : st.pending.back().answer_at);
         st.pending.push_back({promise, std::move(result), answer_at});
         self->delayed_send(self, std::max(answer_at - now, std::chrono::steady_clock::duration{}),
                            runtime::atoms::tick::value);

@@ -7,10 +7,9 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "actors/gateway/admission.hpp"
 #include "actors/gateway/api_request.hpp"
@@ -222,8 +221,8 @@ Metrics make_metrics(obs::Registry& r, const std::string& instance) {
   constexpr const char* itl_help = "time between output tokens over the last minute (NaN: none)";
   return Metrics{
       make_histogram(r, "tandem:time_to_first_token_seconds", "time to first token", latency, l),
-      make_histogram(r, "tandem:inter_token_latency_seconds", "time between output tokens",
-                     latency, l),
+      make_histogram(r, "tandem:inter_token_latency_seconds", "time between output tokens", latency,
+                     l),
       make_histogram(r, "tandem:e2e_request_latency_seconds", "request latency", latency, l),
       make_counter(r, "tandem:prompt_tokens_total", "prompt tokens received", l),
       make_counter(r, "tandem:generation_tokens_total", "tokens generated", l),
@@ -487,10 +486,10 @@ void on_failure(GatewayActor* self, uint64_t id, ErrorKind kind, const std::stri
   if (kind == ErrorKind::overloaded && !r.head_sent) {
     // Decode refused it (full: another gateway's load, or a cancel it had not seen yet).
     // Nothing was sent: the client gets a 429 with Retry-After, never an in-stream error.
-    return fail(self, id, api_error(429, "rate_limit_error",
-                                    "no decode instance can take it now (" + message +
-                                        "); retry later",
-                                    "rate_limit_exceeded"));
+    return fail(self, id,
+                api_error(429, "rate_limit_error",
+                          "no decode instance can take it now (" + message + "); retry later",
+                          "rate_limit_exceeded"));
   }
   fail(self, id, api_error(decision.http_status, std::string(decision.type), message));
 }
@@ -1296,24 +1295,28 @@ runtime::AdminResult on_admin(GatewayActor* self, const runtime::LocalAdmin& cmd
     if (cmd.args.size() > 1) return {false, who + ": usage: requests [INSTANCE]\n", {}};
     auto on = [&](const std::string& full) {
       if (cmd.args.empty()) return true;
-      return full == cmd.args[0] || (!full.empty() && full.substr(full.rfind('/') + 1) == cmd.args[0]);
+      return full == cmd.args[0] ||
+             (!full.empty() && full.substr(full.rfind('/') + 1) == cmd.args[0]);
     };
-    runtime::AdminResult out{true, "", {{"gateway", "id", "state", "age", "prompt tokens",
-                                         "tokens", "decode", "prefill"}}};
+    runtime::AdminResult out{
+        true,
+        "",
+        {{"gateway", "id", "state", "age", "prompt tokens", "tokens", "decode", "prefill"}}};
     std::vector<std::pair<Clock::time_point, std::vector<std::string>>> rows;
     for (const auto& [id, r] : st.requests) {
       std::string decode = r.decode ? r.decode->to_string() : "";
       if (!on(decode) && !on(r.prefill)) continue;
       std::string state = !r.decode ? "routing" : r.tokens_received == 0 ? "prefill" : "decoding";
-      rows.push_back({r.start, {who, std::to_string(id), state, age_text(now - r.start),
-                                std::to_string(r.prompt.size()), std::to_string(r.tokens_received),
-                                decode.empty() ? "-" : decode, r.prefill.empty() ? "-" : r.prefill}});
+      rows.push_back({r.start,
+                      {who, std::to_string(id), state, age_text(now - r.start),
+                       std::to_string(r.prompt.size()), std::to_string(r.tokens_received),
+                       decode.empty() ? "-" : decode, r.prefill.empty() ? "-" : r.prefill}});
     }
     if (cmd.args.empty()) {
       for (const auto& [id, q] : st.queued) {
         (void)q;  // waiting for admission: listed after those in flight, in arrival (id) order
-        rows.push_back({Clock::time_point::max(), {who, std::to_string(id), "queued", "-",
-                                                   "-", "0", "-", "-"}});
+        rows.push_back({Clock::time_point::max(),
+                        {who, std::to_string(id), "queued", "-", "-", "0", "-", "-"}});
       }
     }
     std::stable_sort(rows.begin(), rows.end(),
@@ -1333,7 +1336,8 @@ runtime::AdminResult on_admin(GatewayActor* self, const runtime::LocalAdmin& cmd
   st.ctx.log->warn("gateway: request {} cancelled by an operator", id);
   // Its client gets an explicit error (in-stream when the stream has begun); decode a cancel.
   fail(self, id, api_error(503, "api_error", "cancelled by the cluster's operator", "cancelled"));
-  return {true, who + ": request " + cmd.args[0] + " cancelled\n",
+  return {true,
+          who + ": request " + cmd.args[0] + " cancelled\n",
           {{"gateway", "id", "cancelled"}, {who, cmd.args[0], "yes"}}};
 }
 
@@ -1383,7 +1387,8 @@ caf::behavior gateway_behavior(GatewayActor* self) {
       // unexpected_message (seen with `tandem shell -c requests`); here it matches.
       [self, &guard](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
         runtime::AdminResult out;
-        Status ran = guard.run("an admin command", [self, &cmd, &out] { out = on_admin(self, cmd); });
+        Status ran =
+            guard.run("an admin command", [self, &cmd, &out] { out = on_admin(self, cmd); });
         if (!ran.ok()) out = {false, ran.error().describe() + "\n", {}};
         return out;
       },

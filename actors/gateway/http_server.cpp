@@ -1089,9 +1089,9 @@ kj::Promise<void> ConnectionService::dispatch(std::shared_ptr<HttpRequest> reque
   auto core = std::make_shared<ResponseStream::Core>(
       loop_.shared.hub, loop_.limits.stream_buffer_bytes_max, loop_.shared.streams_cancelled);
   core->anthropic_errors = request->path.rfind("/v1/messages", 0) == 0;
-  auto exchange = kj::heap<Exchange>(response, *loop_.table, connection_, core,
-                                     state_->guard->closing(), loop_.close_hint,
-                                     loop_.shared.responses_open);
+  auto exchange =
+      kj::heap<Exchange>(response, *loop_.table, connection_, core, state_->guard->closing(),
+                         loop_.close_hint, loop_.shared.responses_open);
   auto stream = std::make_shared<ResponseStream>(core);
   try {
     loop_.handler.on_request(*request, stream);

@@ -3,8 +3,8 @@
 #include <map>
 #include <unordered_map>
 
-#include "actors/executor/executor_actor.hpp"
 #include "actors/common/exec_watch.hpp"
+#include "actors/executor/executor_actor.hpp"
 #include "actors/prefill/prefill_scheduler.hpp"
 #include "actors/prefill/tier2_policy.hpp"
 #include "messages/convert.hpp"
@@ -644,9 +644,10 @@ caf::behavior running(PrefillActor* self) {
           st.pending.erase(id);
         }
         if (st.watch->expired(ExecWatch::Clock::now())) {
-          st.ctx.log->error("prefill {}: {}; its step's requests end with an error and no step "
-                            "runs until it answers",
-                            st.self_name.instance, st.watch->stall_reason());
+          st.ctx.log->error(
+              "prefill {}: {}; its step's requests end with an error and no step "
+              "runs until it answers",
+              st.self_name.instance, st.watch->stall_reason());
           if (auto plan = std::exchange(st.exec_plan, nullptr)) {
             on_step(self, *plan, ExecResult{false, st.watch->stall_reason(), nullptr, 0});
           }

@@ -31,7 +31,7 @@ struct Known {
   obs::Counter* resyncs = nullptr;     // tandem_router_kv_resyncs_total{instance, source}
   obs::Counter* gaps = nullptr;        // tandem_router_kv_event_gaps_total{instance, source}
   obs::Gauge* index_blocks = nullptr;  // tandem_router_kv_index_blocks{instance, target}
-  obs::Counter* picks = nullptr;  // tandem_router_instance_picks_total{instance, target}
+  obs::Counter* picks = nullptr;       // tandem_router_instance_picks_total{instance, target}
   bool draining = false;  // its node drains it (load reports): eligible, but not picked
 };
 
@@ -160,9 +160,10 @@ void add_instances(RouterState& st) {
           {{"instance", st.self_name.instance}, {"target", name.to_string()}});
       eligible->set(0.0);
       Known known{name, core_role, node->name == st.ctx.bridge->node(), false, false, eligible};
-      known.picks = make_counter(*st.ctx.metrics, "tandem_router_instance_picks_total",
-                                 "requests this router sent to the instance (decode or prefill)",
-                                 {{"instance", st.self_name.instance}, {"target", name.to_string()}});
+      known.picks =
+          make_counter(*st.ctx.metrics, "tandem_router_instance_picks_total",
+                       "requests this router sent to the instance (decode or prefill)",
+                       {{"instance", st.self_name.instance}, {"target", name.to_string()}});
       if (st.precise) {
         obs::Labels source = {{"instance", st.self_name.instance}, {"source", name.to_string()}};
         known.sequence.emplace(std::chrono::milliseconds(m.router.kv_resync_interval_ms));
@@ -311,7 +312,8 @@ void on_load(RouterState& st, const runtime::InstanceLoadReport& r) {
   }
   k.reported = true;
   if (r.draining != k.draining) {
-    st.ctx.log->info("router: {} is {}", r.instance, r.draining ? "draining: not picked" : "undrained");
+    st.ctx.log->info("router: {} is {}", r.instance,
+                     r.draining ? "draining: not picked" : "undrained");
     k.draining = r.draining;
     Status s = st.core->set_draining({it->second}, r.draining);
     RT_ASSERT(s.ok(), r.instance);
@@ -472,7 +474,8 @@ runtime::AdminResult on_admin(RouterState& st, const runtime::LocalAdmin& cmd) {
   std::string after = config::router_setting_text(*changed, key);
   st.settings = *changed;
   st.ctx.log->info("router: {} set live: {} -> {}", key, before, after);
-  return {true, who + ": " + key + " = " + after + " (was " + before + ")\n",
+  return {true,
+          who + ": " + key + " = " + after + " (was " + before + ")\n",
           {{"router", "key", "old", "new"}, {who, key, before, after}}};
 }
 
@@ -534,8 +537,8 @@ caf::actor spawn_router(caf::actor_system& system, const ShellContext& ctx,
         [self](const runtime::InstanceLoadReport& r) { on_load(self->state, r); },
         [self](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
           runtime::AdminResult out;
-          Status ran = self->state.guard->run("an admin command",
-                                              [self, &cmd, &out] { out = on_admin(self->state, cmd); });
+          Status ran = self->state.guard->run(
+              "an admin command", [self, &cmd, &out] { out = on_admin(self->state, cmd); });
           if (!ran.ok()) out = {false, ran.error().describe() + "\n", {}};
           return out;
         },

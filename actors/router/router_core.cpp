@@ -642,10 +642,9 @@ Result<Pick> RouterCore::decide(const PickRequest& request) {
     bool draining = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) {
       return s.used && s.up && s.draining && s.role == InstanceRole::decode;
     });
-    return make_error(ErrorKind::overloaded, draining
-                                                 ? "router: every decode instance is down or "
-                                                   "draining"
-                                                 : "router: every decode instance is down");
+    return make_error(ErrorKind::overloaded, draining ? "router: every decode instance is down or "
+                                                        "draining"
+                                                      : "router: every decode instance is down");
   }
   pick.decode = slots_[*decode].id;
   pick.decode_cached_blocks = lengths[*decode];

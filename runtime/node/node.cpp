@@ -1,9 +1,9 @@
 #include "runtime/node/node.hpp"
 
-#include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <caf/all.hpp>
 #include <csignal>
 #include <random>
 
@@ -63,9 +63,10 @@ void drain_node(caf::actor_system& system, caf::actor node_actor, NodeServices* 
   using Clock = std::chrono::steady_clock;
   auto timeout = std::chrono::milliseconds(manifest.supervisor.drain_timeout_ms);
   if (timeout.count() == 0) return;
-  log->info("draining: routers stop picking this node's instances and its gateway takes no new "
-            "requests; waiting up to {} ms for what it holds (a second signal stops at once)",
-            timeout.count());
+  log->info(
+      "draining: routers stop picking this node's instances and its gateway takes no new "
+      "requests; waiting up to {} ms for what it holds (a second signal stops at once)",
+      timeout.count());
   if (services) services->begin_drain();
   auto started = Clock::now();
   // Routers elsewhere hear of the drain with the next heartbeat: a node with prefill or decode
@@ -73,7 +74,8 @@ void drain_node(caf::actor_system& system, caf::actor node_actor, NodeServices* 
   bool serves = std::any_of(node.instances.begin(), node.instances.end(), [](const auto& i) {
     return i.role == config::Role::prefill || i.role == config::Role::decode;
   });
-  auto settle = std::chrono::milliseconds(serves ? 2 * manifest.membership.heartbeat_interval_ms : 0);
+  auto settle =
+      std::chrono::milliseconds(serves ? 2 * manifest.membership.heartbeat_interval_ms : 0);
   caf::scoped_actor self{system};
   int empty_in_a_row = 0;
   while (true) {
@@ -90,9 +92,10 @@ void drain_node(caf::actor_system& system, caf::actor node_actor, NodeServices* 
       return;
     }
     if (took >= timeout) {
-      log->warn("drain timeout ({} ms): stopping with {} request(s) held by its instances and {} "
-                "open at its gateway",
-                timeout.count(), held, open);
+      log->warn(
+          "drain timeout ({} ms): stopping with {} request(s) held by its instances and {} "
+          "open at its gateway",
+          timeout.count(), held, open);
       return;
     }
     if (int sig = poll_stop_signal(std::chrono::milliseconds(100)); sig != 0) {

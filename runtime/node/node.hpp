@@ -3,7 +3,6 @@
 #pragma once
 
 #include <caf/all.hpp>
-
 #include <functional>
 #include <memory>
 #include <string>

@@ -164,8 +164,8 @@ std::vector<std::string> serving_instances(const NodeState& st) {
   RT_ASSERT(node != nullptr, st.deps.bridge->node());
   for (const auto& inst : node->instances) {
     if (inst.role != config::Role::prefill && inst.role != config::Role::decode) continue;
-    out.push_back(ActorName{node->name, std::string(config::to_string(inst.role)), inst.name}
-                      .to_string());
+    out.push_back(
+        ActorName{node->name, std::string(config::to_string(inst.role)), inst.name}.to_string());
   }
   return out;
 }
@@ -237,13 +237,12 @@ AdminResult drain_command(NodeActor* self, bool on, const std::vector<std::strin
   if (chosen.empty()) {
     std::string known;
     for (const auto& name : all) known += (known.empty() ? "" : ", ") + name;
-    return AdminResult{false, args.empty() ? "node " + st.deps.bridge->node() +
-                                                 " runs no prefill or decode instance\n"
-                                           : "node " + st.deps.bridge->node() +
-                                                 " has no prefill or decode instance '" +
-                                                 args[0] + "' (it has: " +
-                                                 (known.empty() ? "none" : known) + ")\n",
-                       {}};
+    return AdminResult{
+        false,
+        args.empty() ? "node " + st.deps.bridge->node() + " runs no prefill or decode instance\n"
+                     : "node " + st.deps.bridge->node() + " has no prefill or decode instance '" +
+                           args[0] + "' (it has: " + (known.empty() ? "none" : known) + ")\n",
+        {}};
   }
   set_draining(self, chosen, on);
   AdminResult result;
@@ -326,7 +325,8 @@ void debug_crash(NodeActor* self, const AdminCaller& caller, const std::vector<s
 AdminResult debug_stall_executor(NodeActor* self, const std::vector<std::string>& args) {
   auto& st = self->state;
   if (!st.deps.test_hooks_supervisor) {
-    return {false, "debug-stall-executor is a test hook; this node runs without --test-hooks\n", {}};
+    return {
+        false, "debug-stall-executor is a test hook; this node runs without --test-hooks\n", {}};
   }
   bool number = args.size() == 2 && !args[1].empty() && args[1].size() <= 6 &&
                 args[1].find_first_not_of("0123456789") == std::string::npos;

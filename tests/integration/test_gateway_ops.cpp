@@ -432,8 +432,9 @@ TEST_CASE("gateway_ops: a prompt of megabytes gets the context-length 400") {
   CHECK(node.running());
 }
 
-TEST_CASE("gateway_ops: SIGTERM ends every open stream with its API's error event once the "
-          "drain's deadline has passed") {
+TEST_CASE(
+    "gateway_ops: SIGTERM ends every open stream with its API's error event once the "
+    "drain's deadline has passed") {
   // The node drains first (docs/operations.md): streams that do not end within
   // drain_timeout_ms are then ended with their API's error event, never cut.
   SimNode node("gwops-term", "time_factor = 10\nkv_scale = 0.0078125", "",

@@ -3,7 +3,6 @@
 // a rolling restart by SIGTERM under load, and `tandem up` restarting a node killed with -9.
 // The load is `tandem bench serve` (the bench client), whose JSON result counts failures.
 #include <doctest.h>
-
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -29,14 +28,34 @@ class BenchLoad {
   BenchLoad(const ServeCluster& c, int concurrency, int duration_s, int retries)
       : json_path_(c.dir() + "/bench.json"), log_path_(c.dir() + "/bench.log") {
     child_ = std::make_unique<Child>(
-        std::vector<std::string>{tandem_bin(), "bench", "serve", "--target",
-                                 "127.0.0.1:" + std::to_string(c.http_port()), "--model",
-                                 "stories15M", "--workload", "random", "--vocab", "32000",
-                                 "--input-tokens", "24", "--output-tokens", "24",
-                                 "--requests", "100000", "--concurrency",
-                                 std::to_string(concurrency), "--duration",
-                                 std::to_string(duration_s), "--timeout", "60", "--retries",
-                                 std::to_string(retries), "--json", json_path_, "--no-progress"},
+        std::vector<std::string>{tandem_bin(),
+                                 "bench",
+                                 "serve",
+                                 "--target",
+                                 "127.0.0.1:" + std::to_string(c.http_port()),
+                                 "--model",
+                                 "stories15M",
+                                 "--workload",
+                                 "random",
+                                 "--vocab",
+                                 "32000",
+                                 "--input-tokens",
+                                 "24",
+                                 "--output-tokens",
+                                 "24",
+                                 "--requests",
+                                 "100000",
+                                 "--concurrency",
+                                 std::to_string(concurrency),
+                                 "--duration",
+                                 std::to_string(duration_s),
+                                 "--timeout",
+                                 "60",
+                                 "--retries",
+                                 std::to_string(retries),
+                                 "--json",
+                                 json_path_,
+                                 "--no-progress"},
         log_path_);
   }
   json result() {
@@ -61,8 +80,10 @@ double picks(ServeCluster& c, const std::string& target) {
 
 }  // namespace
 
-TEST_CASE("operations: drain under steady load fails no request, empties the instance, and "
-          "undrain brings it back into picks" * doctest::timeout(300)) {
+TEST_CASE(
+    "operations: drain under steady load fails no request, empties the instance, and "
+    "undrain brings it back into picks" *
+    doctest::timeout(300)) {
   ServeCluster c(Layout::two_decode, 100000);  // decode-only picks over two decode instances
   REQUIRE_MESSAGE(c.wait_ready(60000ms), c.logs());
   const std::string target = "decode/decode/decode";
@@ -81,9 +102,8 @@ TEST_CASE("operations: drain under steady load fails no request, empties the ins
   RunResult status = c.shell("status");
   CHECK(status.output.find("cluster serve-it: 4/4 nodes up") != std::string::npos);
   CHECK(status.output.find("draining") != std::string::npos);
-  RunResult status_json = run({tandem_bin(), "shell", "--manifest", c.manifest_path(), "--json",
-                               "-c", "status"},
-                              30000ms);
+  RunResult status_json = run(
+      {tandem_bin(), "shell", "--manifest", c.manifest_path(), "--json", "-c", "status"}, 30000ms);
   json sj = json::parse(status_json.output, nullptr, false);
   REQUIRE_MESSAGE(!sj.is_discarded(), status_json.output);
   CHECK(sj["nodes_up"] == 4);
@@ -124,8 +144,10 @@ TEST_CASE("operations: drain under steady load fails no request, empties the ins
   CHECK(bad_deadline.output.find("DEADLINE_S must be a number of seconds") != std::string::npos);
 }
 
-TEST_CASE("operations: a drain that cannot empty in time says what still runs; requests lists "
-          "a stream and cancel ends it" * doctest::timeout(180)) {
+TEST_CASE(
+    "operations: a drain that cannot empty in time says what still runs; requests lists "
+    "a stream and cancel ends it" *
+    doctest::timeout(180)) {
   // The sim device, slowed (time_factor 50: ~80 ms per token), so one stream outlasts the
   // drain's deadline and the shell's round trips.
   ServeCluster c(Layout::loopback3, 100000, 0, "", "", "", false, true,
@@ -142,7 +164,8 @@ TEST_CASE("operations: a drain that cannot empty in time says what still runs; r
       streamed += *event;
     }
   });
-  REQUIRE(eventually(10000ms, [&] { return c.metric("decode", "tandem:num_requests_running") > 0; }));
+  REQUIRE(
+      eventually(10000ms, [&] { return c.metric("decode", "tandem:num_requests_running") > 0; }));
   RunResult r = c.shell("drain decode/decode/decode 0.3");
   INFO(r.output);
   CHECK(r.exit_code != 0);
@@ -158,9 +181,9 @@ TEST_CASE("operations: a drain that cannot empty in time says what still runs; r
   // requests lists the stream with its tokens so far; cancel ends it with an error event.
   std::string id;
   CHECK(eventually(20000ms, [&] {
-    RunResult listed = run({tandem_bin(), "shell", "--manifest", c.manifest_path(), "--json",
-                            "-c", "requests"},
-                           30000ms);
+    RunResult listed =
+        run({tandem_bin(), "shell", "--manifest", c.manifest_path(), "--json", "-c", "requests"},
+            30000ms);
     json j = json::parse(listed.output, nullptr, false);
     if (j.is_discarded() || !j.contains("rows")) return false;
     for (const auto& row : j["rows"]) {
@@ -188,8 +211,10 @@ TEST_CASE("operations: a drain that cannot empty in time says what still runs; r
   CHECK(eventually(10000ms, [&] { return complete(c.http_port(), "Hello", 4).error.empty(); }));
 }
 
-TEST_CASE("operations: a rolling restart of every node of loopback-3 by SIGTERM under load "
-          "fails no request" * doctest::timeout(600)) {
+TEST_CASE(
+    "operations: a rolling restart of every node of loopback-3 by SIGTERM under load "
+    "fails no request" *
+    doctest::timeout(600)) {
   ServeCluster c(Layout::loopback3, 1);
   REQUIRE_MESSAGE(c.wait_ready(60000ms), c.logs());
   // Retries as the official SDKs do: a request refused before it started (the front node's
@@ -241,7 +266,8 @@ TEST_CASE("operations: tandem up restarts a node killed with -9; the others neve
   INFO(read_file(log_path));
   CHECK(read_file(log_path).find("node 'decode' was killed by signal 9; restarting it in") !=
         std::string::npos);
-  CHECK(eventually(60000ms, [&] { return http_get_status(c.admin_port("decode"), "/health") == 200; }));
+  CHECK(eventually(60000ms,
+                   [&] { return http_get_status(c.admin_port("decode"), "/health") == 200; }));
   CHECK(c.wait_ready(60000ms));
   CHECK(pid_of("decode") != decode);
   CHECK(pid_of("decode") > 0);
@@ -254,8 +280,10 @@ TEST_CASE("operations: tandem up restarts a node killed with -9; the others neve
   CHECK(read_file(log_path).find("drained in") != std::string::npos);
 }
 
-TEST_CASE("operations: router set changes picks on the live router; bad keys and values are "
-          "refused naming the key and the allowed range" * doctest::timeout(300)) {
+TEST_CASE(
+    "operations: router set changes picks on the live router; bad keys and values are "
+    "refused naming the key and the allowed range" *
+    doctest::timeout(300)) {
   ServeCluster c(Layout::two_decode, 100000);
   REQUIRE_MESSAGE(c.wait_ready(60000ms), c.logs());
   const std::string a = "decode/decode/decode", b = "decode2/decode/decode2";

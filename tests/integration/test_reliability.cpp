@@ -218,8 +218,9 @@ TEST_CASE("reliability: debug-crash needs --test-hooks and a supervised name") {
   CHECK(plain.wait_healthy(1s));
 }
 
-TEST_CASE("reliability: a device step that hangs past [supervisor] executor_step_timeout_ms ends "
-          "its step's requests; the instance reports not ready until the executor answers") {
+TEST_CASE(
+    "reliability: a device step that hangs past [supervisor] executor_step_timeout_ms ends "
+    "its step's requests; the instance reports not ready until the executor answers") {
   TandemNode n("[supervisor]\nexecutor_step_timeout_ms = 500", "reliability-stall",
                {"--test-hooks"});
   REQUIRE_MESSAGE(n.wait_healthy(60s), n.log());
@@ -241,15 +242,15 @@ TEST_CASE("reliability: a device step that hangs past [supervisor] executor_step
   // ends; the executor's late answer then ends the stall.
   bool unhealthy_seen = eventually(3500ms, [&] {
     auto h = tandem::testing::http::get(n.http_port(), "/health", 1000ms);
-    return h.status == 503 && h.body.find("executor step timed out after 500 ms") != std::string::npos;
+    return h.status == 503 &&
+           h.body.find("executor step timed out after 500 ms") != std::string::npos;
   });
   double unhealthy_after_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   CHECK_MESSAGE(unhealthy_seen, n.log());
   CHECK(unhealthy_after_s < 3.9);
-  RunResult listed = run({tandem_bin(), "shell", "--manifest", n.manifest_path(), "-c",
-                          "instances"},
-                         20000ms);
+  RunResult listed =
+      run({tandem_bin(), "shell", "--manifest", n.manifest_path(), "-c", "instances"}, 20000ms);
   if (std::chrono::steady_clock::now() - started < 3500ms) {
     CHECK(listed.output.find("not ready: executor step timed out") != std::string::npos);
   }

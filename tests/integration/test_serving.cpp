@@ -2,7 +2,6 @@
 // running stories15M: gateway -> router -> decode (-> prefill, KV pulled by RMA). Each case
 // writes its own manifest with free ports into a temp dir (issue 4 "Tests").
 #include <doctest.h>
-
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -533,11 +532,13 @@ TEST_CASE("serving: precise KV index: the router's index equals the device cache
   // /health and a completion need decode only, and the router learns of the SIGKILL only after
   // missed heartbeats: wait until it has taken the new prefill process in (its snapshot asked,
   // eligible again), or the new prompts go to the dead one and prefill on decode.
-  REQUIRE_MESSAGE(eventually(10s, [&] {
-                    return c.metric("front", "tandem_router_kv_resyncs_total") > resyncs &&
-                           c.metric("front", "tandem_router_instance_eligible",
-                                    "target=\"prefill/prefill/prefill\"") == 1;
-                  }),
+  REQUIRE_MESSAGE(eventually(10s,
+                             [&] {
+                               return c.metric("front", "tandem_router_kv_resyncs_total") >
+                                          resyncs &&
+                                      c.metric("front", "tandem_router_instance_eligible",
+                                               "target=\"prefill/prefill/prefill\"") == 1;
+                             }),
                   c.logs());
   traffic("Fresh", 0, 8);  // new prompts: prefill computes (and caches) them
   CHECK_MESSAGE(eventually(20s, [&] {

@@ -62,15 +62,16 @@ TEST_CASE("interactive shell: completion, editing, history, quit") {
 
   // Arguments complete too: a router setting's key.
   tmux({"send-keys", "-t", "shell", "router set weight_q", "Tab"});
-  CHECK(eventually(2000ms, [] {
-    return screen().find("tty> router set weight_queue") != std::string::npos;
-  }));
+  CHECK(eventually(
+      2000ms, [] { return screen().find("tty> router set weight_queue") != std::string::npos; }));
   tmux({"send-keys", "-t", "shell", "2", "Enter"});
   CHECK(eventually(3000ms, [] {
     return screen().find("solo/router/r: weight_queue = 2.0 (was 1.0)") != std::string::npos;
   }));
   tmux({"send-keys", "-t", "shell", "help drain", "Enter"});
-  CHECK(eventually(3000ms, [] { return screen().find("drain NODE|INSTANCE [DEADLINE_S]") != std::string::npos; }));
+  CHECK(eventually(3000ms, [] {
+    return screen().find("drain NODE|INSTANCE [DEADLINE_S]") != std::string::npos;
+  }));
   tmux({"send-keys", "-t", "shell", "quit", "Enter"});
   // The shell exits, so its tmux session ends: has-session fails.
   CHECK(eventually(3000ms, [] {

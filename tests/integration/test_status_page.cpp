@@ -2,7 +2,6 @@
 // by tools/setup.sh): it loads, lists every node of loopback-3, and shows a drain within a few
 // seconds; a screenshot is kept in $TANDEM_BUILD_ROOT/test-artifacts/status-page.png.
 #include <doctest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 

@@ -29,7 +29,7 @@ struct NodePorts {
 };
 
 inline std::string instance(const std::string& role, const std::string& name,
-                     const std::string& executor = "") {
+                            const std::string& executor = "") {
   std::string text = "  [[node.instance]]\n  role = \"" + role + "\"\n  name = \"" + name + "\"\n";
   if (!executor.empty()) text += "  executor = \"" + executor + "\"\n";
   return text;
@@ -53,10 +53,15 @@ class ServeCluster {
                std::string fabric_toml = "", std::string model_toml = "",
                std::string router_toml = "", bool test_hooks = false, bool start_nodes = true,
                std::string sim_toml = "")
-      : layout_(layout), dir_(make_temp_dir("serve")), http_port_(free_port()),
-        decode_kv_blocks_(decode_kv_blocks), fabric_toml_(std::move(fabric_toml)),
-        model_toml_(std::move(model_toml)), router_toml_(std::move(router_toml)),
-        test_hooks_(test_hooks), sim_toml_(std::move(sim_toml)) {
+      : layout_(layout),
+        dir_(make_temp_dir("serve")),
+        http_port_(free_port()),
+        decode_kv_blocks_(decode_kv_blocks),
+        fabric_toml_(std::move(fabric_toml)),
+        model_toml_(std::move(model_toml)),
+        router_toml_(std::move(router_toml)),
+        test_hooks_(test_hooks),
+        sim_toml_(std::move(sim_toml)) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -114,12 +119,13 @@ class ServeCluster {
     });
     if (!ok) return false;
     return eventually(timeout, [&] {
-      nlohmann::json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},
-                   {"temperature", 0}};
+      nlohmann::json body = {
+          {"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2}, {"temperature", 0}};
       auto started = std::chrono::steady_clock::now();
       auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
-      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                            started).count();
+      double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+              .count();
       warm_up_answer_ = std::to_string(r.status) + " after " + std::to_string(ms) + " ms " +
                         r.error + " " + r.body.substr(0, 400);
       return r.ok() && r.status == 200;
@@ -128,16 +134,16 @@ class ServeCluster {
 
  private:
   void start(const std::string& name) {
-    std::vector<std::string> argv{tandem_bin(), "node", "--manifest", manifest_path_, "--node",
-                                  name};
+    std::vector<std::string> argv{tandem_bin(),   "node",   "--manifest",
+                                  manifest_path_, "--node", name};
     if (test_hooks_) argv.push_back("--test-hooks");
     nodes_[name] = std::make_unique<Child>(std::move(argv), dir_ + "/" + name + ".log");
   }
   std::string node_text(const std::string& name, const std::string& body) {
     NodePorts p = ports_.at(name);
     std::string text = "\n[[node]]\nname = \"" + name + "\"\nhost = \"127.0.0.1\"\n" +
-                       "fabric_port = " + std::to_string(p.fabric) + "\nadmin_port = " +
-                       std::to_string(p.admin) + "\n";
+                       "fabric_port = " + std::to_string(p.fabric) +
+                       "\nadmin_port = " + std::to_string(p.admin) + "\n";
     if (name == front()) text += "http_port = " + std::to_string(http_port_) + "\n";
     return text + body;
   }
@@ -151,24 +157,27 @@ class ServeCluster {
     return text;
   }
   std::string manifest_body(int disaggregate_tokens_min) {
-    std::string text = "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n" +
-                       fabric_toml_ +
-                       "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
-                       "[model]\nname = \"stories15M\"\npath = \"" + model_dir() + "\"\n"
-                       "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" +
-                       model_toml_ +
-                       "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
-                       std::to_string(disaggregate_tokens_min) + "\n" + router_toml_;
+    std::string text =
+        "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n" + fabric_toml_ +
+        "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
+        "[model]\nname = \"stories15M\"\npath = \"" +
+        model_dir() +
+        "\"\n"
+        "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n" +
+        model_toml_ + "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = " +
+        std::to_string(disaggregate_tokens_min) + "\n" + router_toml_;
     if (!sim_toml_.empty()) {
-      text += "[sim]\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\neos_id = 2\n"
-              "max_position = 256\n" + sim_toml_;
+      text +=
+          "[sim]\nkv_scale = 0.0078125\nvocab = 32000\nbos_id = 1\neos_id = 2\n"
+          "max_position = 256\n" +
+          sim_toml_;
     }
     std::string front_roles = instance("gateway", "gateway") + instance("router", "router");
     if (layout_ == Layout::one_node) {
-      return text + node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
-                                          instance("decode", "decode", "exec-d") +
-                                          executor("exec-p") +
-                                          executor("exec-d", 1, decode_kv_blocks_));
+      return text +
+             node_text("solo", front_roles + instance("prefill", "prefill", "exec-p") +
+                                   instance("decode", "decode", "exec-d") + executor("exec-p") +
+                                   executor("exec-d", 1, decode_kv_blocks_));
     }
     text += node_text("front", front_roles) +
             node_text("prefill", instance("prefill", "prefill", "exec-p") + executor("exec-p")) +
@@ -195,9 +204,10 @@ class ServeCluster {
   std::string warm_up_answer_ = "(none)";
 };
 
-inline nlohmann::json completion_body(const std::string& prompt, int max_tokens, bool stream, int logprobs = 0) {
-  nlohmann::json body = {{"model", "stories15M"}, {"prompt", prompt}, {"max_tokens", max_tokens},
-               {"temperature", 0}};
+inline nlohmann::json completion_body(const std::string& prompt, int max_tokens, bool stream,
+                                      int logprobs = 0) {
+  nlohmann::json body = {
+      {"model", "stories15M"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
   if (logprobs > 0) body["logprobs"] = logprobs;
   if (stream) {
     body["stream"] = true;
@@ -209,11 +219,11 @@ inline nlohmann::json completion_body(const std::string& prompt, int max_tokens,
 struct Completion {
   std::string text, error;  // error: transport or HTTP failure, described
   nlohmann::json usage;
-  double ttft_ms = 0;       // streaming only: request sent -> first non-empty text
+  double ttft_ms = 0;  // streaming only: request sent -> first non-empty text
 };
 
 inline Completion complete(uint16_t port, const std::string& prompt, int max_tokens,
-                    const std::string& cache_salt = "") {
+                           const std::string& cache_salt = "") {
   nlohmann::json body = completion_body(prompt, max_tokens, false);
   if (!cache_salt.empty()) body["cache_salt"] = cache_salt;
   auto r = http::post(port, "/v1/completions", body.dump(), 60000ms);

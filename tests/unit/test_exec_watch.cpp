@@ -27,7 +27,8 @@ TEST_CASE("ExecWatch: timely answers, a timeout, a late answer, and the stall in
   CHECK_FALSE(watch.answered(b, t + 4s));  // late: ignore it, the stall ends
   CHECK_FALSE(watch.stalled());
   CHECK(watch.late_by() == 2500ms);
-  CHECK(watch.late_text() == "the executor answered 2500 ms after its step timed out; serving again");
+  CHECK(watch.late_text() ==
+        "the executor answered 2500 ms after its step timed out; serving again");
 
   uint64_t c = watch.start(t + 5s);  // back to normal
   CHECK(c > b);

@@ -368,8 +368,8 @@ TEST_CASE("restart on: a child killed with SIGKILL is started again, the others 
       sh("steady", "echo $$ >> " + s.path("steady.starts") + "; exec sleep 30"),
       sh("victim", "echo $$ >> " + starts + "; echo up; exec sleep 30"),
       // SIGKILL the victim's first run, wait for its second, then stop the launcher.
-      sh("ctl", "while [ ! -s " + starts + " ]; do sleep 0.02; done; kill -9 $(head -n1 " +
-                    starts + "); while [ $(wc -l < " + starts +
+      sh("ctl", "while [ ! -s " + starts + " ]; do sleep 0.02; done; kill -9 $(head -n1 " + starts +
+                    "); while [ $(wc -l < " + starts +
                     ") -lt 2 ]; do sleep 0.02; done; kill -TERM $PPID; exec sleep 30"),
   };
   auto outcome = tandem::tools::run_cluster(children, options);
@@ -441,8 +441,8 @@ TEST_CASE("restart on: when every child is given up on, the launcher ends with e
   auto options = s.options(std::chrono::seconds(1));
   options.restart.restarts_max = 1;
   options.restart.delay_ms = std::chrono::milliseconds(10);
-  auto outcome = tandem::tools::run_cluster(
-      {ChildSpec{"ghost", {s.path("no-such-binary")}}}, options);
+  auto outcome =
+      tandem::tools::run_cluster({ChildSpec{"ghost", {s.path("no-such-binary")}}}, options);
   REQUIRE(outcome.ok());
   CHECK(outcome->exit_code == 1);
   CHECK_FALSE(outcome->stop_requested);
