@@ -1,0 +1,188 @@
+// The RBLN runtime conformance fake (tests only): a shared library exporting the C symbols
+// devices/rbln/rbln_api.hpp loads, with the semantics that header relies on: NULL from a failed
+// creation and the reason in rbln_get_last_error_msg(), request ids from rbln_async_run, and
+// rbln_async_wait with a timeout. A "compiled model" is a directory holding fake_model.json:
+//   {"inputs": N, "outputs": M, "bytes": B, "devices": D, "delay_ms": T,
+//    "fail_run": false, "never_completes": false}
+// A run writes, for every output j and byte i: (sum of input bytes i + j + 1) mod 256, after
+// delay_ms on a thread of its own. Built twice: once whole, once without rbln_async_wait
+// (RBLN_FAKE_WITHOUT_ASYNC_WAIT) for the missing-symbol path.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+thread_local std::string last_error;
+
+struct Config {
+  int inputs = 1, outputs = 1, devices = 1;
+  size_t bytes = 16;
+  int delay_ms = 0;
+  bool fail_run = false, never_completes = false;
+};
+
+struct Job {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread worker;
+};
+
+}  // namespace
+
+extern "C" {
+
+// The C API hands out raw handles that its caller destroys with the matching call, so the fake
+// allocates them with new and frees them in rbln_destroy_*: the one place new/delete appear.
+struct RBLNModel {
+  Config config;
+};
+
+struct RBLNRuntime {
+  Config config;
+  std::mutex mu;
+  int64_t next_id = 0;
+  std::map<int64_t, std::shared_ptr<Job>> jobs;
+};
+
+const char* rbln_get_last_error_msg() {
+  return last_error.c_str();
+}
+
+RBLNModel* rbln_create_model(const char* path) {
+  if (path == nullptr) {
+    last_error = "rbln_create_model: path is NULL";
+    return nullptr;
+  }
+  std::ifstream in(std::string(path) + "/fake_model.json");
+  if (!in) {
+    last_error = std::string("no compiled model at ") + path + " (fake_model.json is missing)";
+    return nullptr;
+  }
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    last_error = std::string(path) + "/fake_model.json is not a JSON object";
+    return nullptr;
+  }
+  auto* m = new RBLNModel;
+  m->config.inputs = j.value("inputs", 1);
+  m->config.outputs = j.value("outputs", 1);
+  m->config.bytes = j.value("bytes", size_t{16});
+  m->config.devices = j.value("devices", 1);
+  m->config.delay_ms = j.value("delay_ms", 0);
+  m->config.fail_run = j.value("fail_run", false);
+  m->config.never_completes = j.value("never_completes", false);
+  last_error.clear();
+  return m;
+}
+
+void rbln_destroy_model(RBLNModel* model) {
+  delete model;
+}
+
+RBLNRuntime* rbln_create_async_runtime(RBLNModel* model, const char* name, int device_id,
+                                       int /*input_info_index*/) {
+  if (model == nullptr) {
+    last_error = "rbln_create_async_runtime: model is NULL";
+    return nullptr;
+  }
+  if (device_id < 0 || device_id >= model->config.devices) {
+    last_error = "no device " + std::to_string(device_id) + " (this host has " +
+                 std::to_string(model->config.devices) + ")";
+    return nullptr;
+  }
+  (void)name;
+  auto* rt = new RBLNRuntime;
+  rt->config = model->config;
+  return rt;
+}
+
+void rbln_destroy_runtime(RBLNRuntime* rt) {
+  if (rt == nullptr) return;
+  for (auto& [id, job] : rt->jobs) {
+    if (job->worker.joinable()) job->worker.join();
+  }
+  delete rt;
+}
+
+int rbln_get_num_inputs(RBLNRuntime* rt) {
+  return rt ? rt->config.inputs : -1;
+}
+int rbln_get_num_outputs(RBLNRuntime* rt) {
+  return rt ? rt->config.outputs : -1;
+}
+
+int64_t rbln_async_run(RBLNRuntime* rt, void** inputs, void** outputs) {
+  if (rt == nullptr || inputs == nullptr || outputs == nullptr) {
+    last_error = "rbln_async_run: NULL runtime or buffers";
+    return -1;
+  }
+  if (rt->config.fail_run) {
+    last_error = "the device failed the run (fake: fail_run)";
+    return -1;
+  }
+  auto job = std::make_shared<Job>();
+  int64_t id = 0;
+  {
+    std::lock_guard lock(rt->mu);
+    id = ++rt->next_id;
+    rt->jobs[id] = job;
+  }
+  if (rt->config.never_completes) return id;
+  Config c = rt->config;
+  std::vector<const uint8_t*> in;
+  for (int k = 0; k < c.inputs; ++k) in.push_back(static_cast<const uint8_t*>(inputs[k]));
+  std::vector<uint8_t*> out;
+  for (int k = 0; k < c.outputs; ++k) out.push_back(static_cast<uint8_t*>(outputs[k]));
+  job->worker = std::thread([c, in, out, job] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(c.delay_ms));
+    for (int o = 0; o < c.outputs; ++o) {
+      for (size_t i = 0; i < c.bytes; ++i) {
+        unsigned sum = static_cast<unsigned>(o) + 1;
+        for (const uint8_t* x : in) sum += x[i];
+        out[static_cast<size_t>(o)][i] = static_cast<uint8_t>(sum & 0xff);
+      }
+    }
+    std::lock_guard lock(job->mu);
+    job->done = true;
+    job->cv.notify_all();
+  });
+  return id;
+}
+
+#ifndef RBLN_FAKE_WITHOUT_ASYNC_WAIT
+int rbln_async_wait(RBLNRuntime* rt, int64_t request_id, int64_t timeout_ms) {
+  if (rt == nullptr) {
+    last_error = "rbln_async_wait: runtime is NULL";
+    return 3;
+  }
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard lock(rt->mu);
+    auto it = rt->jobs.find(request_id);
+    if (it != rt->jobs.end()) job = it->second;
+  }
+  if (!job) {
+    last_error = "no request " + std::to_string(request_id);
+    return 3;
+  }
+  std::unique_lock lock(job->mu);
+  if (!job->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return job->done; })) {
+    last_error = "request " + std::to_string(request_id) + " did not complete within " +
+                 std::to_string(timeout_ms) + " ms";
+    return 2;
+  }
+  return 0;
+}
+#endif
+
+}  // extern "C"
