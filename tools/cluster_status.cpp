@@ -91,6 +91,7 @@ std::vector<MetricSample> parse_metrics(const std::string& text) {
       if (!parse_labels(head.substr(brace + 1, head.size() - brace - 2), s.labels)) continue;
       head.resize(brace);
     }
+    if (head.empty()) continue;  // `{a="b"} 1`: no metric name
     s.name = head;
     std::string value = line.substr(space + 1);
     char* end = nullptr;
@@ -254,7 +255,7 @@ std::string status_json(const ClusterStatus& st) {
                           {"blocks_capacity", t.blocks_capacity}});
   }
   j["errors_by_type"] = st.errors_by_type;
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace tandem::tools

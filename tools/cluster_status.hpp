@@ -63,7 +63,9 @@ ClusterStatus build_status(const std::string& cluster,
                            const std::vector<std::vector<std::string>>& nodes_rows,
                            const std::vector<NodeAnswers>& answers);
 std::string render_status(const ClusterStatus& status);  // one screen of text
-std::string status_json(const ClusterStatus& status);    // the same as one JSON object
+// The same as one JSON object; bytes that are not UTF-8 (a node's text is outside input) are
+// replaced, never thrown on.
+std::string status_json(const ClusterStatus& status);
 
 }  // namespace tandem::tools
 

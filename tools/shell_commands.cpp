@@ -43,7 +43,7 @@ std::string answer_json(const Result<AdminAnswer>& answer) {
   nlohmann::json j;
   if (!answer.ok()) {
     j = {{"ok", false}, {"error", answer.error().describe()}};
-    return j.dump();
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   j = {{"ok", answer->ok}, {"node", answer->answered_by}};
   nlohmann::json rows = nlohmann::json::array();
@@ -56,7 +56,7 @@ std::string answer_json(const Result<AdminAnswer>& answer) {
   }
   j["rows"] = std::move(rows);
   if (answer->rows.empty() || !answer->ok) j["text"] = answer->text;
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 int print_answer(ShellContext& ctx, const Result<AdminAnswer>& answer, bool say_who) {
@@ -166,7 +166,8 @@ int cmd_rma_test(ShellContext& ctx, const std::vector<std::string>& args) {
     std::printf("MIB must be 1..1024\n");
     return 1;
   }
-  auto exposed = ctx.client->admin(args[0], "rma-expose", {std::to_string(mib << 20)}, ctx.timeout * 5);
+  auto exposed =
+      ctx.client->admin(args[0], "rma-expose", {std::to_string(mib << 20)}, ctx.timeout * 5);
   if (!exposed.ok() || !exposed->ok || exposed->rows.size() != 2)
     return print_answer(ctx, exposed, false);
   const auto& e = exposed->rows[1];  // node, base, bytes, key, checksum
@@ -176,9 +177,9 @@ int cmd_rma_test(ShellContext& ctx, const std::vector<std::string>& args) {
   if (!read.ok() || !read->ok || read->rows.size() != 2) return print_answer(ctx, read, false);
   const auto& r = read->rows[1];  // bytes, checksum, micros, gb_per_s
   bool match = r[1] == e[4];
-  std::printf("%s read %s bytes from %s in %s us (%s GB/s); checksum %s %s %s\n",
-              args[1].c_str(), r[0].c_str(), args[0].c_str(), r[2].c_str(), r[3].c_str(),
-              r[1].c_str(), match ? "==" : "!=", e[4].c_str());
+  std::printf("%s read %s bytes from %s in %s us (%s GB/s); checksum %s %s %s\n", args[1].c_str(),
+              r[0].c_str(), args[0].c_str(), r[2].c_str(), r[3].c_str(), r[1].c_str(),
+              match ? "==" : "!=", e[4].c_str());
   std::printf("%s\n", match ? "OK" : "MISMATCH");
   return match ? 0 : 1;
 }
@@ -335,7 +336,7 @@ int cmd_drain(ShellContext& ctx, const std::vector<std::string>& args) {
             {"node", target->node},
             {"instance", target->instance},
             {"drained_after_s",
-             took_s}}.dump());
+             took_s}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
         return 0;
       }
       std::printf(
@@ -355,7 +356,7 @@ int cmd_drain(ShellContext& ctx, const std::vector<std::string>& args) {
             {"ok", false},
             {"node", target->node},
             {"deadline_s", deadline_s},
-            {"held", held}}.dump());
+            {"held", held}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
         return 1;
       }
       std::printf("deadline (%.0f s) reached; still held (the routers do not pick them):\n",
@@ -468,7 +469,8 @@ int cmd_cancel(ShellContext& ctx, const std::vector<std::string>& args) {
     misses += answer.ok() ? answer->text : node.name + ": unreachable\n";
   }
   if (ctx.json) {
-    ctx.json_items.push_back(nlohmann::json{{"ok", false}, {"error", misses}}.dump());
+    ctx.json_items.push_back(nlohmann::json{{"ok", false}, {"error", misses}}.dump(
+        -1, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     std::printf("%s", misses.c_str());
   }

@@ -36,9 +36,13 @@ std::string StatusSampler::history_json() {
     running_ = true;
     thread_ = std::thread([this] { run(); });
   }
-  std::string out = "{\"cluster\":" + nlohmann::json(manifest_.cluster.name).dump() +
+  std::string out = "{\"cluster\":" +
+                    nlohmann::json(manifest_.cluster.name)
+                        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                     ",\"interval_ms\":" + std::to_string(interval_.count());
-  if (!error_.empty()) out += ",\"error\":" + nlohmann::json(error_).dump();
+  if (!error_.empty())
+    out += ",\"error\":" +
+           nlohmann::json(error_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   out += ",\"samples\":[";
   bool first = true;
   for (const auto& [t_ms, status] : samples_) {
@@ -64,7 +68,12 @@ void StatusSampler::run() {
         error = "the status client cannot join the cluster: " + made.error().describe();
       }
     }
-    if (client) status = status_json(gather_status(*client, manifest_, std::chrono::seconds(1)));
+    // A failure while gathering (whatever the nodes answered) costs this sample, never the node.
+    try {
+      if (client) status = status_json(gather_status(*client, manifest_, std::chrono::seconds(1)));
+    } catch (const std::exception& e) {
+      error = std::string("gathering the status failed: ") + e.what();
+    }
     int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch())
                          .count();

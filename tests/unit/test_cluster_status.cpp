@@ -10,7 +10,7 @@ using namespace tandem::tools;
 TEST_CASE("parse_metrics reads samples with labels and skips the rest") {
   auto samples = parse_metrics(
       "# HELP x y\n# TYPE x counter\nx 3\ny{a=\"1\",b=\"q\\\"z\"} 2.5\nbroken{a=\"1\" 4\n"
-      "nan_gauge{instance=\"g\"} NaN\n\nz{} 7\n");
+      "nan_gauge{instance=\"g\"} NaN\n\nz{} 7\n{a=\"1\"} 3\n");
   REQUIRE(samples.size() == 4);
   CHECK(samples[0].name == "x");
   CHECK(samples[0].value == 3);
