@@ -118,6 +118,14 @@ class ServeCluster {
       return h.ok() && h.status == 200;
     });
     if (!ok) return false;
+    // /health needs one ready decode instance only: also wait until the router may pick every
+    // prefill and decode instance (a request routed before a prefill instance reported ready
+    // prefills on decode, which some tests tell apart).
+    size_t instances = layout_ == Layout::two_decode ? 3 : 2;
+    ok = eventually(timeout, [&] {
+      return metric(front(), "tandem_router_instance_eligible") == static_cast<double>(instances);
+    });
+    if (!ok) return false;
     return eventually(timeout, [&] {
       nlohmann::json body = {
           {"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2}, {"temperature", 0}};
