@@ -34,6 +34,14 @@ Isa detect() {
 
 const Isa isa = detect();
 
+// W streams from DRAM (stories15M's 61 MB do not stay in a 32 MB L3 between passes), and the
+// hardware prefetcher alone does not keep ahead once a chunk of W feeds several rows' FMAs: the
+// lm head (32000 x 288) at 5 rows took 2.3-2.8 ms without this and 1.2-1.4 ms with it, 1 row
+// 1.4 -> 0.9-1.0 ms (Zen 5, docs/benchmarks.md). Each load of W is paired with a prefetch of the
+// line 8 KiB further on (W's rows are contiguous, so that is a stream; past W's end it is a
+// no-op: prefetches do not fault). Prefetching changes no arithmetic: row invariance holds.
+constexpr size_t prefetch_floats = 2048;
+
 // One output column pair (j, j + 1) or a single column, for M rows. The K tail past the last
 // full vector is added in scalar, in order, after the vector sum.
 #define TANDEM_SMALL_GEMM(NAME, TARGET, VEC, LANES, ZERO, LOAD, FMA, REDUCE)                  \
@@ -52,6 +60,8 @@ const Isa isa = detect();
         y[i] = ZERO();                                                                      \
       }                                                                                     \
       _Pragma("GCC unroll 2") for (uint32_t p = 0; p < kv; p += LANES) {                   \
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + p + prefetch_floats), _MM_HINT_T0);   \
+        _mm_prefetch(reinterpret_cast<const char*>(w1 + p + prefetch_floats), _MM_HINT_T0);   \
         VEC v0 = LOAD(w0 + p), v1 = LOAD(w1 + p);                                           \
         _Pragma("GCC unroll 8") for (int i = 0; i < M; ++i) {                               \
           VEC av = LOAD(a + size_t(i) * k + p);                                             \
