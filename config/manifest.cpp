@@ -316,6 +316,8 @@ class Loader {
   void check_prefill_step(const toml::table* table);
   void read_decode(const toml::table& table);
   void read_sim(const toml::table& table);
+  void read_rbln(const toml::table& table);
+  void check_rbln();
   std::vector<std::pair<std::string, double>> read_sim_numbers(const toml::table& table,
                                                                const std::string& path);
   void read_node(const toml::table& table, size_t index);
@@ -365,6 +367,7 @@ std::variant<Manifest, ManifestErrors> Loader::run(std::string_view text) {
   check_ports();
   check_executors();
   check_devices();
+  check_rbln();
   check_nodes();
   check_roles();
   if (!sink_.empty()) return sink_.take();
@@ -402,8 +405,8 @@ const toml::array* Loader::table_array(const toml::node* node, Pos pos, const st
 void Loader::read_sections(const toml::table& root) {
   TableReader reader(sink_, root, "",
                      {"cluster", "fabric", "membership", "supervisor", "logging", "model", "router",
-                      "kv_offload", "speculative", "gateway", "prefill", "decode", "sim", "node",
-                      "instance"});
+                      "kv_offload", "speculative", "gateway", "prefill", "decode", "sim", "rbln",
+                      "node", "instance"});
   if (auto* t = section(root, "cluster", true)) read_cluster(*t);
   if (auto* t = section(root, "fabric", false)) read_fabric(*t);
   if (auto* t = section(root, "membership", false)) read_membership(*t);
@@ -421,6 +424,7 @@ void Loader::read_sections(const toml::table& root) {
   check_prefill_step(prefill);
   if (auto* t = section(root, "decode", false)) read_decode(*t);
   if (auto* t = section(root, "sim", false)) read_sim(*t);
+  if (auto* t = section(root, "rbln", false)) read_rbln(*t);
   if (const toml::array* nodes = table_array(root.get("node"), {}, "node")) {
     for (size_t i = 0; i < nodes->size(); ++i) read_node(*nodes->get(i)->as_table(), i);
   }
@@ -802,6 +806,47 @@ void Loader::read_decode(const toml::table& table) {
 }
 
 // [sim] is free-form (the sim device knows its names); every value must be a finite number.
+void Loader::read_rbln(const toml::table& table) {
+  TableReader reader(sink_, table, "rbln", {"library", "artifacts"});
+  RblnSection& rbln = manifest_.rbln;
+  rbln.line = table.source().begin ? table.source().begin.line : 0;
+  auto absolute = [&](std::string& path) {
+    fs::path p(path);
+    if (p.is_relative()) p = fs::path(manifest_.dir) / p;
+    path = p.lexically_normal().string();
+  };
+  if (reader.read_string("library", rbln.library)) absolute(rbln.library);
+  if (reader.read_string("artifacts", rbln.artifacts)) absolute(rbln.artifacts);
+}
+
+// Executors with device "rbln" need [rbln] artifacts; their decode instances cannot speculate
+// (the decode graphs take one token per sequence).
+void Loader::check_rbln() {
+  for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
+    const auto& instances = manifest_.nodes[n].instances;
+    for (size_t i = 0; i < instances.size(); ++i) {
+      const Instance& inst = instances[i];
+      if (inst.role != Role::executor || inst.device != DeviceKind::rbln) continue;
+      const InstanceDecl& decl = decls_[origins_[n][i].decl_index];
+      if (manifest_.rbln.artifacts.empty()) {
+        sink_.add(decl.pos, decl.path + ".device",
+                  "executor '" + inst.name + "' has device \"rbln\": [rbln] artifacts (the "
+                  "compiled model directory) must be set");
+        return;
+      }
+      if (manifest_.speculative.method == SpeculativeMethod::none) continue;
+      for (const Instance& user : instances) {
+        if (user.role != Role::decode || user.executor != inst.name) continue;
+        sink_.add(decl.pos, decl.path + ".device",
+                  "decode instance '" + user.name + "' runs on executor '" + inst.name +
+                      "' with device \"rbln\", whose decode graphs take one token per "
+                      "sequence: [speculative] method must be \"none\" (speculative "
+                      "verification is not built for rbln)");
+      }
+    }
+  }
+}
+
 void Loader::read_sim(const toml::table& table) {
   manifest_.sim.params = read_sim_numbers(table, "sim");
 }

@@ -210,6 +210,14 @@ struct SimSection {
   std::vector<std::pair<std::string, double>> params;
 };
 
+// [rbln]: the RBLN runtime and the compiled model that executors with device = "rbln" use
+// (devices/rbln/; docs/rbln.md). Required (artifacts) when any executor has device "rbln".
+struct RblnSection {
+  std::string library = "/usr/local/lib/librbln_runtime.so";  // the SDK's default
+  std::string artifacts;  // compiled model directory; absolute once loaded
+  uint32_t line = 0;      // of the [rbln] table; 0 when absent
+};
+
 struct Instance {
   Role role = Role::gateway;
   std::string name;                  // unique in the cluster (after count expansion)
@@ -266,6 +274,7 @@ struct Manifest {
   PrefillSection prefill;
   DecodeSection decode;
   SimSection sim;
+  RblnSection rbln;
   std::vector<Node> nodes;
 
   const Node* find_node(std::string_view name) const;        // nullptr if absent

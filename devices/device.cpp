@@ -1,5 +1,7 @@
 #include "devices/device.hpp"
 
+#include <sys/mman.h>
+
 #include <cstring>
 #include <string>
 #include <thread>
@@ -38,6 +40,70 @@ uint32_t dtype_bytes(DType dtype) {
 }
 
 bool holds_thread(config::DeviceKind kind) { return kind != config::DeviceKind::sim; }
+
+Status check_seq(const std::string& what, size_t index, const SeqCheck& s,
+                 const ModelConfig& c, const KvLayout& layout) {
+  std::string where =
+      what + ": seq " + std::to_string(index) + " (id " + std::to_string(s.seq_id) + ")";
+  if (s.tokens.empty()) return make_error(ErrorKind::invalid, where + ": no tokens");
+  for (int32_t t : s.tokens) {
+    if (t < 0 || static_cast<uint32_t>(t) >= c.vocab_size) {
+      return make_error(ErrorKind::invalid, where + ": token id " + std::to_string(t) +
+                                                " outside [0, " + std::to_string(c.vocab_size) +
+                                                ")");
+    }
+  }
+  uint64_t end_pos = uint64_t{s.start_pos} + s.tokens.size();
+  if (end_pos > c.max_position) {
+    return make_error(ErrorKind::invalid, where + ": positions up to " + std::to_string(end_pos) +
+                                              " exceed max_position " +
+                                              std::to_string(c.max_position));
+  }
+  uint64_t blocks_needed = (end_pos + layout.block_tokens - 1) / layout.block_tokens;
+  if (s.block_table.size() < blocks_needed) {
+    return make_error(ErrorKind::invalid,
+                      where + ": block table has " + std::to_string(s.block_table.size()) +
+                          " blocks, positions up to " + std::to_string(end_pos) + " need " +
+                          std::to_string(blocks_needed));
+  }
+  for (uint32_t b : s.block_table) {
+    if (b >= layout.blocks_total) {
+      return make_error(ErrorKind::invalid, where + ": block id " + std::to_string(b) +
+                                                " >= blocks_total " +
+                                                std::to_string(layout.blocks_total));
+    }
+  }
+  return {};
+}
+
+Status check_block_copy(std::span<const uint32_t> blocks, uint64_t bytes, const KvLayout& layout,
+                    const char* what) {
+  for (uint32_t b : blocks) {
+    if (b >= layout.blocks_total) {
+      return make_error(ErrorKind::invalid, std::string(what) + ": block id " + std::to_string(b) +
+                                                " >= blocks_total " +
+                                                std::to_string(layout.blocks_total));
+    }
+  }
+  if (bytes != blocks.size() * layout.block_bytes()) {
+    return make_error(ErrorKind::invalid, std::string(what) + ": buffer has " +
+                                              std::to_string(bytes) + " bytes, " +
+                                              std::to_string(blocks.size()) + " blocks need " +
+                                              std::to_string(blocks.size() * layout.block_bytes()));
+  }
+  return {};
+}
+
+Result<std::unique_ptr<PoolMemory>> PoolMemory::allocate(uint64_t bytes, const std::string& who) {
+  void* addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (addr == MAP_FAILED) {
+    return make_error(ErrorKind::failed,
+                      who + ": cannot allocate a KV pool of " + std::to_string(bytes) + " bytes");
+  }
+  return std::unique_ptr<PoolMemory>(new PoolMemory(static_cast<std::byte*>(addr), bytes));
+}
+
+PoolMemory::~PoolMemory() { munmap(base_, bytes_); }
 
 void wait_ready(const StepOutput& out) { std::this_thread::sleep_until(out.ready_at); }
 

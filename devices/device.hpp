@@ -188,6 +188,41 @@ struct StepOutput {
   std::chrono::steady_clock::time_point ready_at{};
 };
 
+// One sequence of a pass, as the checks every backend makes see it.
+struct SeqCheck {
+  uint64_t seq_id = 0;
+  std::span<const int32_t> tokens;
+  uint32_t start_pos = 0;
+  std::span<const uint32_t> block_table;
+};
+// The checks of Device::prefill/decode's contract for sequence `index` of a pass: tokens not
+// empty and inside the vocabulary, positions within max_position, a block table covering
+// them with ids < blocks_total. invalid, prefixed "`what`: seq INDEX (id ID)", naming the value.
+Status check_seq(const std::string& what, size_t index, const SeqCheck& seq,
+                 const ModelConfig& model, const KvLayout& layout);
+
+// The checks of copy_blocks_out/in: ids < blocks_total and `bytes` == blocks x block_bytes.
+// invalid, prefixed `what`.
+Status check_block_copy(std::span<const uint32_t> blocks, uint64_t bytes, const KvLayout& layout,
+                        const char* what);
+
+// Anonymous page-aligned memory for a KV pool (or its host staging); zero-filled by the kernel.
+class PoolMemory {
+ public:
+  // failed when the memory cannot be mapped, naming `who` and the size.
+  static Result<std::unique_ptr<PoolMemory>> allocate(uint64_t bytes, const std::string& who);
+  ~PoolMemory();
+  PoolMemory(const PoolMemory&) = delete;
+  PoolMemory& operator=(const PoolMemory&) = delete;
+  std::byte* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  PoolMemory(std::byte* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
+  std::byte* base_;
+  uint64_t bytes_;
+};
+
 // Sleeps the calling thread until out.ready_at (returns at once when it has passed).
 void wait_ready(const StepOutput& out);
 
@@ -208,6 +243,19 @@ struct SimMarkup {
   friend bool operator==(const SimMarkup&, const SimMarkup&) = default;
 };
 
+// rbln only: where the runtime and the compiled model are, and what the manifest expects of
+// the compiled model (devices/rbln/rbln_artifact.hpp checks it).
+struct RblnSpec {
+  std::string library;    // librbln_runtime.so to dlopen
+  std::string artifacts;  // the compiled model directory
+  std::vector<uint32_t> device_ids;  // the instance's devices; runtimes open on the first
+  std::string model_name;
+  std::vector<std::string> served_names;
+  uint32_t max_model_tokens = 0;
+  uint32_t decode_seqs_max = 0;      // 0: the executor serves no decode instance
+  uint32_t run_timeout_ms = 60000;   // one graph run's wait bound
+};
+
 struct DeviceSpec {
   config::DeviceKind kind = config::DeviceKind::cpu;
   std::string model_path;     // cpu: llama2.c .bin file or HF directory
@@ -224,6 +272,7 @@ struct DeviceSpec {
   // cpu: an EAGLE-3 draft head directory (devices/cpu/eagle3.hpp) for this target; empty:
   // none. Other kinds refuse one (unimplemented).
   std::string draft_model_path;
+  RblnSpec rbln;
 };
 
 class Device {

@@ -2,6 +2,7 @@
 #include "devices/device.hpp"
 #include "devices/sim/sim_device.hpp"
 #include "devices/cpu/cpu_device.hpp"
+#include "devices/rbln/rbln_device.hpp"
 
 namespace tandem::devices {
 
@@ -17,7 +18,12 @@ Result<std::unique_ptr<Device>> make_device(const DeviceSpec& spec) {
       }
       return sim::make_sim_device(spec);
     case config::DeviceKind::rbln:
-      return make_error(ErrorKind::unimplemented, "device kind 'rbln' is not built in");
+      if (!spec.draft_model_path.empty()) {
+        return make_error(ErrorKind::unimplemented,
+                          "rbln device: a draft model (" + spec.draft_model_path +
+                              ") is not supported; EAGLE-3 needs device \"cpu\"");
+      }
+      return rbln::make_rbln_device(spec);
   }
   return make_error(ErrorKind::invalid, "unknown device kind");
 }

@@ -22,6 +22,21 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.threads = instance.threads;
   spec.seed = std::hash<std::string>{}(instance.name);
   spec.sim = manifest.sim_params(instance);
+  spec.rbln.library = manifest.rbln.library;
+  spec.rbln.artifacts = manifest.rbln.artifacts;
+  spec.rbln.device_ids = instance.device_ids;
+  spec.rbln.model_name = manifest.model.name;
+  spec.rbln.served_names = manifest.model.served_names;
+  spec.rbln.max_model_tokens = manifest.model.max_model_tokens;
+  spec.rbln.run_timeout_ms = manifest.supervisor.executor_step_timeout_ms;
+  // rbln: a decode instance's steps must fit the largest compiled decode bucket.
+  for (const auto& node : manifest.nodes) {
+    for (const auto& user : node.instances) {
+      if (user.role == config::Role::decode && user.executor == instance.name) {
+        spec.rbln.decode_seqs_max = manifest.decode.seqs_max;
+      }
+    }
+  }
   // EAGLE-3: the draft head sits beside the executor of each decode instance.
   if (manifest.speculative.method == config::SpeculativeMethod::eagle3) {
     for (const auto& node : manifest.nodes) {

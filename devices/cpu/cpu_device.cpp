@@ -23,30 +23,6 @@ extern "C" __attribute__((weak)) void gotoblas_dynamic_quit(void);
 namespace tandem::devices::cpu {
 namespace {
 
-// Anonymous page-aligned memory for the KV pool; zero-filled by the kernel.
-class PoolMemory {
- public:
-  static Result<std::unique_ptr<PoolMemory>> allocate(uint64_t bytes) {
-    void* addr = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (addr == MAP_FAILED) {
-      return make_error(ErrorKind::failed,
-                        "cpu device: cannot allocate a KV pool of " + std::to_string(bytes) +
-                            " bytes");
-    }
-    return std::unique_ptr<PoolMemory>(new PoolMemory(static_cast<std::byte*>(addr), bytes));
-  }
-  ~PoolMemory() { munmap(base_, bytes_); }
-  PoolMemory(const PoolMemory&) = delete;
-  PoolMemory& operator=(const PoolMemory&) = delete;
-  std::byte* base() const { return base_; }
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  PoolMemory(std::byte* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
-  std::byte* base_;
-  uint64_t bytes_;
-};
-
 // Sequences whose draft KV the EAGLE-3 head keeps (least recently used out beyond).
 constexpr uint32_t kDraftContextsMax = 1024;
 
@@ -175,39 +151,14 @@ class CpuDevice final : public Device {
 };
 
 Status CpuDevice::validate(const std::vector<SeqView>& seqs, const char* what) const {
-  const ModelConfig& c = w_.config;
   std::string w = std::string("cpu device ") + what;
   if (seqs.empty()) return make_error(ErrorKind::invalid, w + ": empty batch");
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqView& s = seqs[i];
-    std::string where = w + ": seq " + std::to_string(i) + " (id " + std::to_string(s.seq_id) + ")";
-    if (s.tokens->empty()) return make_error(ErrorKind::invalid, where + ": no tokens");
-    for (int32_t t : *s.tokens) {
-      if (t < 0 || static_cast<uint32_t>(t) >= c.vocab_size) {
-        return make_error(ErrorKind::invalid, where + ": token id " + std::to_string(t) +
-                                                  " outside [0, " + std::to_string(c.vocab_size) +
-                                                  ")");
-      }
-    }
-    uint64_t end_pos = uint64_t{s.start_pos} + s.tokens->size();
-    if (end_pos > c.max_position) {
-      return make_error(ErrorKind::invalid, where + ": positions up to " + std::to_string(end_pos) +
-                                                " exceed max_position " +
-                                                std::to_string(c.max_position));
-    }
-    uint64_t blocks_needed = (end_pos + layout_.block_tokens - 1) / layout_.block_tokens;
-    if (s.block_table->size() < blocks_needed) {
-      return make_error(ErrorKind::invalid,
-                        where + ": block table has " + std::to_string(s.block_table->size()) +
-                            " blocks, positions up to " + std::to_string(end_pos) + " need " +
-                            std::to_string(blocks_needed));
-    }
-    for (uint32_t b : *s.block_table) {
-      if (b >= layout_.blocks_total) {
-        return make_error(ErrorKind::invalid, where + ": block id " + std::to_string(b) +
-                                                  " >= blocks_total " +
-                                                  std::to_string(layout_.blocks_total));
-      }
+    if (auto st = check_seq(w, i, {s.seq_id, *s.tokens, s.start_pos, *s.block_table}, w_.config,
+                            layout_);
+        !st) {
+      return st;
     }
   }
   return {};
@@ -571,26 +522,9 @@ StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint
   return out;
 }
 
-Status check_blocks(std::span<const uint32_t> blocks, uint64_t bytes, const KvLayout& layout,
-                    const char* what) {
-  for (uint32_t b : blocks) {
-    if (b >= layout.blocks_total) {
-      return make_error(ErrorKind::invalid, std::string(what) + ": block id " + std::to_string(b) +
-                                                " >= blocks_total " +
-                                                std::to_string(layout.blocks_total));
-    }
-  }
-  if (bytes != blocks.size() * layout.block_bytes()) {
-    return make_error(ErrorKind::invalid, std::string(what) + ": buffer has " +
-                                              std::to_string(bytes) + " bytes, " +
-                                              std::to_string(blocks.size()) + " blocks need " +
-                                              std::to_string(blocks.size() * layout.block_bytes()));
-  }
-  return {};
-}
 
 Status CpuDevice::copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) {
-  if (auto st = check_blocks(blocks, dst.size(), layout_, "copy_blocks_out"); !st) return st;
+  if (auto st = check_block_copy(blocks, dst.size(), layout_, "copy_blocks_out"); !st) return st;
   uint64_t bb = layout_.block_bytes();
   for (size_t i = 0; i < blocks.size(); ++i) {
     std::memcpy(dst.data() + i * bb, pool_->base() + uint64_t{blocks[i]} * bb, bb);
@@ -600,7 +534,7 @@ Status CpuDevice::copy_blocks_out(std::span<const uint32_t> blocks, std::span<st
 
 Status CpuDevice::copy_blocks_in(std::span<const uint32_t> blocks,
                                  std::span<const std::byte> src) {
-  if (auto st = check_blocks(blocks, src.size(), layout_, "copy_blocks_in"); !st) return st;
+  if (auto st = check_block_copy(blocks, src.size(), layout_, "copy_blocks_in"); !st) return st;
   uint64_t bb = layout_.block_bytes();
   for (size_t i = 0; i < blocks.size(); ++i) {
     std::memcpy(pool_->base() + uint64_t{blocks[i]} * bb, src.data() + i * bb, bb);
@@ -666,7 +600,7 @@ Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
     }
     layout.blocks_total = static_cast<uint32_t>(blocks);
   }
-  auto pool = PoolMemory::allocate(layout.pool_bytes());
+  auto pool = PoolMemory::allocate(layout.pool_bytes(), "cpu device");
   if (!pool) return pool.error();
   // OpenBLAS's own thread count at load is all cores (or OPENBLAS_NUM_THREADS).
   static const int blas_threads_at_load = openblas_get_num_threads();

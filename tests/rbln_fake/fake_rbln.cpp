@@ -5,7 +5,8 @@
 //   {"inputs": N, "outputs": M, "bytes": B, "devices": D, "delay_ms": T,
 //    "fail_run": false, "never_completes": false}
 // A run writes, for every output j and byte i: (sum of input bytes i + j + 1) mod 256, after
-// delay_ms on a thread of its own. Built twice: once whole, once without rbln_async_wait
+// delay_ms on a thread of its own. A path ending in ".rbln" is instead a graph of a compiled
+// model directory, computed by Tandem's cpu transformer (fake_graph.hpp). Built twice: once whole, once without rbln_async_wait
 // (RBLN_FAKE_WITHOUT_ASYNC_WAIT) for the missing-symbol path.
 #include <chrono>
 #include <condition_variable>
@@ -18,6 +19,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/rbln_fake/fake_graph.hpp"
 
 namespace {
 
@@ -34,6 +37,7 @@ struct Job {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::string error;  // a graph run that failed
   std::thread worker;
 };
 
@@ -45,10 +49,12 @@ extern "C" {
 // allocates them with new and frees them in rbln_destroy_*: the one place new/delete appear.
 struct RBLNModel {
   Config config;
+  std::shared_ptr<tandem::rbln_fake::FakeGraph> graph;  // a .rbln graph; null: byte mode
 };
 
 struct RBLNRuntime {
   Config config;
+  std::shared_ptr<tandem::rbln_fake::FakeGraph> graph;
   std::mutex mu;
   int64_t next_id = 0;
   std::map<int64_t, std::shared_ptr<Job>> jobs;
@@ -63,7 +69,22 @@ RBLNModel* rbln_create_model(const char* path) {
     last_error = "rbln_create_model: path is NULL";
     return nullptr;
   }
-  std::ifstream in(std::string(path) + "/fake_model.json");
+  std::string p(path);
+  if (p.size() > 5 && p.compare(p.size() - 5, 5, ".rbln") == 0) {
+    std::string error;
+    auto graph = tandem::rbln_fake::open_fake_graph(p, error);
+    if (!graph) {
+      last_error = error;
+      return nullptr;
+    }
+    auto* m = new RBLNModel;
+    m->config.inputs = graph->inputs();
+    m->config.outputs = 1;
+    m->graph = std::move(graph);
+    last_error.clear();
+    return m;
+  }
+  std::ifstream in(p + "/fake_model.json");
   if (!in) {
     last_error = std::string("no compiled model at ") + path + " (fake_model.json is missing)";
     return nullptr;
@@ -103,6 +124,7 @@ RBLNRuntime* rbln_create_async_runtime(RBLNModel* model, const char* name, int d
   (void)name;
   auto* rt = new RBLNRuntime;
   rt->config = model->config;
+  rt->graph = model->graph;
   return rt;
 }
 
@@ -137,7 +159,18 @@ int64_t rbln_async_run(RBLNRuntime* rt, void** inputs, void** outputs) {
     id = ++rt->next_id;
     rt->jobs[id] = job;
   }
-  if (rt->config.never_completes) return id;
+  if (rt->config.never_completes || (rt->graph && rt->graph->hangs())) return id;
+  if (rt->graph) {
+    std::vector<void*> in(inputs, inputs + rt->config.inputs);
+    job->worker = std::thread([graph = rt->graph, in, out = outputs[0], job] {
+      std::string error = graph->run(in, out);
+      std::lock_guard lock(job->mu);
+      job->error = std::move(error);
+      job->done = true;
+      job->cv.notify_all();
+    });
+    return id;
+  }
   Config c = rt->config;
   std::vector<const uint8_t*> in;
   for (int k = 0; k < c.inputs; ++k) in.push_back(static_cast<const uint8_t*>(inputs[k]));
@@ -180,6 +213,10 @@ int rbln_async_wait(RBLNRuntime* rt, int64_t request_id, int64_t timeout_ms) {
     last_error = "request " + std::to_string(request_id) + " did not complete within " +
                  std::to_string(timeout_ms) + " ms";
     return 2;
+  }
+  if (!job->error.empty()) {
+    last_error = job->error;
+    return 1;
   }
   return 0;
 }

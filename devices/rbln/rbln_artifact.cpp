@@ -1,0 +1,207 @@
+#include "devices/rbln/rbln_artifact.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace tandem::devices::rbln {
+namespace fs = std::filesystem;
+
+std::string RblnArtifact::prefill_graph() const { return dir + "/prefill.rbln"; }
+
+std::string RblnArtifact::decode_graph(uint32_t bucket) const {
+  return dir + "/decoder_batch_" + std::to_string(bucket) + ".rbln";
+}
+
+uint32_t RblnArtifact::bucket_for(uint32_t rows) const {
+  for (uint32_t b : buckets) {
+    if (b >= rows) return b;
+  }
+  return 0;
+}
+
+namespace {
+
+// Reads an unsigned key of `j` into `out`; an error names the file and key.
+Status read_uint(const nlohmann::json& j, const std::string& file, const char* key,
+                 uint32_t& out, bool required, uint32_t min = 1) {
+  auto it = j.find(key);
+  if (it == j.end()) {
+    if (!required) return {};
+    return make_error(ErrorKind::invalid, file + ": key '" + key + "' is missing");
+  }
+  if (!it->is_number_integer() || it->get<int64_t>() < min ||
+      it->get<int64_t>() > int64_t{UINT32_MAX}) {
+    return make_error(ErrorKind::invalid, file + ": key '" + key + "' must be an integer >= " +
+                                              std::to_string(min) + ", got " + it->dump());
+  }
+  out = it->get<uint32_t>();
+  return {};
+}
+
+Status read_string(const nlohmann::json& j, const std::string& file, const char* key,
+                   std::string& out) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string() || it->get<std::string>().empty()) {
+    return make_error(ErrorKind::invalid,
+                      file + ": key '" + key + "' must be a non-empty string" +
+                          (it == j.end() ? " (missing)" : ", got " + it->dump()));
+  }
+  out = it->get<std::string>();
+  return {};
+}
+
+Status read_model(const nlohmann::json& j, const std::string& file, ModelConfig& m) {
+  auto it = j.find("model");
+  if (it == j.end() || !it->is_object()) {
+    return make_error(ErrorKind::invalid, file + ": key 'model' must be an object");
+  }
+  const nlohmann::json& o = *it;
+  std::string f = file + " model";
+  for (auto [key, field] : {std::pair{"vocab_size", &m.vocab_size}, {"hidden", &m.hidden},
+                            {"layers", &m.layers}, {"heads", &m.heads}, {"kv_heads", &m.kv_heads},
+                            {"head_dim", &m.head_dim}, {"max_position", &m.max_position}}) {
+    if (auto st = read_uint(o, f, key, *field, true); !st) return st;
+  }
+  uint32_t bos = 1, eos = 2;
+  if (auto st = read_uint(o, f, "bos_id", bos, false, 0); !st) return st;
+  if (auto st = read_uint(o, f, "eos_id", eos, false, 0); !st) return st;
+  m.bos_id = static_cast<int32_t>(bos);
+  m.eos_id = static_cast<int32_t>(eos);
+  // Fields the backend does not compute with; set so ModelConfig::validate() holds.
+  m.intermediate = m.hidden;
+  m.rotary_dim = m.head_dim;
+  if (auto st = m.validate(); !st) {
+    return make_error(ErrorKind::invalid, file + ": " + st.error().message);
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<RblnArtifact> load_artifact(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return make_error(ErrorKind::not_found, "rbln: no compiled model directory at " + dir);
+  }
+  std::string file = dir + "/rbln_config.json";
+  std::ifstream in(file);
+  if (!in) return make_error(ErrorKind::not_found, "rbln: " + file + " is missing");
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return make_error(ErrorKind::invalid, file + ": not a JSON object");
+  }
+  RblnArtifact a;
+  a.dir = dir;
+  if (auto st = read_string(j, file, "model_name", a.model_name); !st) return st.error();
+  if (auto st = read_string(j, file, "compiler_version", a.compiler_version); !st) {
+    return st.error();
+  }
+  if (auto st = read_model(j, file, a.model); !st) return st.error();
+  struct Key {
+    const char* name;
+    uint32_t* out;
+  };
+  for (Key k : {Key{"kvcache_block_size", &a.block_tokens}, Key{"kvcache_num_blocks", &a.kv_blocks},
+                Key{"max_seq_len", &a.max_seq_len}, Key{"prefill_chunk_size", &a.prefill_chunk}}) {
+    if (auto st = read_uint(j, file, k.name, *k.out, true); !st) return st.error();
+  }
+  if (auto st = read_uint(j, file, "kv_element_bytes", a.kv_element_bytes, false); !st) {
+    return st.error();
+  }
+  if (auto st = read_uint(j, file, "tensor_parallel_size", a.devices, false); !st) {
+    return st.error();
+  }
+  if (a.kv_element_bytes != 1 && a.kv_element_bytes != 2 && a.kv_element_bytes != 4) {
+    return make_error(ErrorKind::invalid, file + ": kv_element_bytes must be 1, 2 or 4, got " +
+                                              std::to_string(a.kv_element_bytes));
+  }
+  if (a.max_seq_len % a.block_tokens != 0) {
+    return make_error(ErrorKind::invalid,
+                      file + ": max_seq_len " + std::to_string(a.max_seq_len) +
+                          " is not a multiple of kvcache_block_size " +
+                          std::to_string(a.block_tokens));
+  }
+  if (a.prefill_chunk % 64 != 0) {
+    return make_error(ErrorKind::invalid, file + ": prefill_chunk_size " +
+                                              std::to_string(a.prefill_chunk) +
+                                              " is not a multiple of 64");
+  }
+  if (a.kv_blocks < 2) {
+    return make_error(ErrorKind::invalid, file + ": kvcache_num_blocks must be >= 2 (one is the "
+                                                 "padding rows' dummy block), got " +
+                                              std::to_string(a.kv_blocks));
+  }
+  if (a.max_seq_len > a.model.max_position) {
+    return make_error(ErrorKind::invalid, file + ": max_seq_len " + std::to_string(a.max_seq_len) +
+                                              " exceeds model max_position " +
+                                              std::to_string(a.model.max_position));
+  }
+  auto b = j.find("decoder_batch_sizes");
+  if (b == j.end() || !b->is_array() || b->empty()) {
+    return make_error(ErrorKind::invalid,
+                      file + ": key 'decoder_batch_sizes' must be a non-empty array");
+  }
+  for (const auto& v : *b) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 4096) {
+      return make_error(ErrorKind::invalid, file + ": decoder_batch_sizes holds " + v.dump() +
+                                                ", not a batch size in [1, 4096]");
+    }
+    uint32_t size = v.get<uint32_t>();
+    if (!a.buckets.empty() && size <= a.buckets.back()) {
+      return make_error(ErrorKind::invalid,
+                        file + ": decoder_batch_sizes must ascend, " + std::to_string(size) +
+                            " follows " + std::to_string(a.buckets.back()));
+    }
+    a.buckets.push_back(size);
+  }
+  std::vector<std::string> graphs{a.prefill_graph()};
+  for (uint32_t bucket : a.buckets) graphs.push_back(a.decode_graph(bucket));
+  for (const std::string& g : graphs) {
+    if (!fs::is_regular_file(g, ec)) {
+      return make_error(ErrorKind::not_found,
+                        "rbln: compiled graph " + g + " is missing (" + file + " lists it)");
+    }
+  }
+  return a;
+}
+
+Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
+  std::string who = "rbln artifact " + a.dir + ": ";
+  auto mismatch = [&](const std::string& ours, const std::string& theirs) {
+    return make_error(ErrorKind::invalid, who + ours + ", manifest " + theirs);
+  };
+  bool named = a.model_name == e.model_name ||
+               std::find(e.served_names.begin(), e.served_names.end(), a.model_name) !=
+                   e.served_names.end();
+  if (!named) {
+    return mismatch("model_name '" + a.model_name + "'", "[model] name '" + e.model_name + "'");
+  }
+  if (a.block_tokens != e.block_tokens) {
+    return mismatch("kvcache_block_size " + std::to_string(a.block_tokens),
+                    "[model] block_tokens " + std::to_string(e.block_tokens));
+  }
+  if (a.max_seq_len < e.max_model_tokens) {
+    return mismatch("max_seq_len " + std::to_string(a.max_seq_len),
+                    "[model] max_model_tokens " + std::to_string(e.max_model_tokens) +
+                        " (a context longer than the graphs were compiled for)");
+  }
+  if (a.devices != e.devices) {
+    return mismatch("tensor_parallel_size " + std::to_string(a.devices),
+                    "instance devices count " + std::to_string(e.devices));
+  }
+  if (e.decode_seqs_max > 0 && a.buckets.back() < e.decode_seqs_max) {
+    return mismatch("largest decoder_batch_sizes bucket " + std::to_string(a.buckets.back()),
+                    "[decode] seqs_max " + std::to_string(e.decode_seqs_max) +
+                        " (a decode step of seqs_max sequences fits no graph)");
+  }
+  if (a.kv_blocks < uint64_t{e.kv_blocks} + 1) {
+    return mismatch("kvcache_num_blocks " + std::to_string(a.kv_blocks),
+                    "executor kv_blocks " + std::to_string(e.kv_blocks) +
+                        " (+ 1 dummy block for padded rows)");
+  }
+  return {};
+}
+
+}  // namespace tandem::devices::rbln

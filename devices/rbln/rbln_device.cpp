@@ -1,0 +1,273 @@
+#include "devices/rbln/rbln_device.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "devices/rbln/rbln_api.hpp"
+#include "devices/rbln/rbln_artifact.hpp"
+
+namespace tandem::devices::rbln {
+namespace {
+
+constexpr int kPrefillInputs = 5;  // input_ids, cache_position, block_tables, query_position, kv
+constexpr int kDecodeInputs = 4;   // input_ids, cache_position, block_tables, kv
+
+class RblnDevice final : public Device {
+ public:
+  RblnDevice(std::shared_ptr<const RblnApi> api, RblnArtifact artifact, KvLayout layout,
+             std::unique_ptr<PoolMemory> pool, RblnRuntime prefill,
+             std::map<uint32_t, RblnRuntime> decode, std::chrono::milliseconds timeout)
+      : api_(std::move(api)),
+        art_(std::move(artifact)),
+        layout_(layout),
+        pool_(std::move(pool)),
+        prefill_(std::move(prefill)),
+        decode_(std::move(decode)),
+        timeout_(timeout) {
+    model_ = art_.model;
+    model_.max_position = art_.max_seq_len;
+    dummy_ = layout_.blocks_total;  // the one block past what the executor allocates from
+  }
+
+  const ModelConfig& model_config() const override { return model_; }
+  const KvLayout& kv_layout() const override { return layout_; }
+  MemoryRegion kv_region() override { return {pool_->base(), layout_.pool_bytes()}; }
+
+  Result<StepOutput> prefill(std::span<const PrefillSeq> batch) override;
+  Result<StepOutput> decode(std::span<const DecodeSeq> batch) override;
+  Status copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) override;
+  Status copy_blocks_in(std::span<const uint32_t> blocks, std::span<const std::byte> src) override;
+
+ private:
+  // Submits one run and waits for it; a timeout poisons the device.
+  Status run(RblnRuntime& runtime, const std::string& graph, std::vector<void*> inputs,
+             void* logits);
+  Status usable() const {
+    if (poisoned_.empty()) return {};
+    return make_error(ErrorKind::failed, "rbln device: " + poisoned_ +
+                                             "; the runtime may still write its buffers, so "
+                                             "this device takes no more runs (restart the node)");
+  }
+  void fill_table(std::span<const uint32_t> table, int32_t* out) const {
+    const uint32_t n = art_.table_blocks();
+    for (uint32_t i = 0; i < n; ++i) {
+      out[i] = static_cast<int32_t>(i < table.size() ? table[i] : dummy_);
+    }
+  }
+
+  std::shared_ptr<const RblnApi> api_;
+  RblnArtifact art_;
+  ModelConfig model_;
+  KvLayout layout_;
+  std::unique_ptr<PoolMemory> pool_;  // layout_.blocks_total + 1 blocks: the last is the dummy
+  RblnRuntime prefill_;
+  std::map<uint32_t, RblnRuntime> decode_;  // by bucket
+  std::chrono::milliseconds timeout_;
+  uint32_t dummy_ = 0;
+  std::string poisoned_;  // non-empty: a run that never completed
+  std::vector<int32_t> ids_, pos_, tables_, qpos_;
+  std::vector<float> logits_;
+};
+
+Status RblnDevice::run(RblnRuntime& runtime, const std::string& graph, std::vector<void*> inputs,
+                       void* logits) {
+  inputs.push_back(pool_->base());
+  auto id = runtime.submit(inputs, {logits});
+  if (!id.ok()) return make_error(ErrorKind::failed, "rbln " + graph + ": " + id.error().message);
+  Status waited = runtime.wait(*id, timeout_);
+  if (waited.ok()) return {};
+  if (waited.error().kind == ErrorKind::timed_out) {
+    poisoned_ = graph + " run " + std::to_string(*id) + " did not complete within " +
+                std::to_string(timeout_.count()) + " ms";
+  }
+  return make_error(waited.error().kind, "rbln " + graph + ": " + waited.error().message);
+}
+
+Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
+  if (auto st = usable(); !st) return st.error();
+  if (batch.empty()) return make_error(ErrorKind::invalid, "rbln device prefill: empty batch");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const PrefillSeq& s = batch[i];
+    if (auto st = check_seq("rbln device prefill", i,
+                            {s.seq_id, s.tokens, s.start_pos, s.block_table}, model_, layout_);
+        !st) {
+      return st.error();
+    }
+  }
+  if (auto st = check_copies(batch, layout_); !st) return st.error();
+  apply_copies(batch, layout_, kv_region());
+  const uint32_t chunk = art_.prefill_chunk, vocab = model_.vocab_size;
+  ids_.resize(chunk);
+  pos_.resize(chunk);
+  tables_.resize(art_.table_blocks());
+  qpos_.resize(1);
+  logits_.resize(vocab);
+  StepOutput out;
+  for (const PrefillSeq& s : batch) {
+    fill_table(s.block_table, tables_.data());
+    const size_t n = s.tokens.size();
+    for (size_t c = 0; c < n; c += chunk) {
+      const size_t len = std::min<size_t>(chunk, n - c);
+      for (size_t i = 0; i < chunk; ++i) {
+        ids_[i] = i < len ? s.tokens[c + i] : 0;
+        pos_[i] = i < len ? static_cast<int32_t>(s.start_pos + c + i) : -1;
+      }
+      qpos_[0] = static_cast<int32_t>(len - 1);
+      std::string graph = "prefill (seq " + std::to_string(s.seq_id) + ", positions " +
+                          std::to_string(s.start_pos + c) + ".." +
+                          std::to_string(s.start_pos + c + len) + ")";
+      if (auto st = run(prefill_, graph, {ids_.data(), pos_.data(), tables_.data(), qpos_.data()},
+                        logits_.data());
+          !st) {
+        return st.error();
+      }
+    }
+    SeqOutput so;
+    so.seq_id = s.seq_id;
+    so.rows_count = 1;
+    so.logits = logits_;
+    out.seqs.push_back(std::move(so));
+  }
+  return out;
+}
+
+Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
+  if (auto st = usable(); !st) return st.error();
+  if (batch.empty()) return make_error(ErrorKind::invalid, "rbln device decode: empty batch");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const DecodeSeq& s = batch[i];
+    if (auto st = check_seq("rbln device decode", i,
+                            {s.seq_id, s.tokens, s.start_pos, s.block_table}, model_, layout_);
+        !st) {
+      return st.error();
+    }
+    if (s.tokens.size() != 1) {
+      return make_error(ErrorKind::invalid,
+                        "rbln device decode: seq " + std::to_string(i) + " (id " +
+                            std::to_string(s.seq_id) + ") has " + std::to_string(s.tokens.size()) +
+                            " tokens; the decode graphs take one per sequence (speculative "
+                            "verification is not built for rbln)");
+    }
+  }
+  const uint32_t vocab = model_.vocab_size, table = art_.table_blocks();
+  const uint32_t largest = art_.buckets.back();
+  StepOutput out;
+  for (size_t first = 0; first < batch.size(); first += largest) {
+    const uint32_t rows = static_cast<uint32_t>(std::min<size_t>(largest, batch.size() - first));
+    const uint32_t bucket = art_.bucket_for(rows);
+    ids_.assign(bucket, 0);
+    pos_.assign(bucket, 0);
+    tables_.assign(size_t{bucket} * table, static_cast<int32_t>(dummy_));
+    logits_.resize(size_t{bucket} * vocab);
+    for (uint32_t r = 0; r < rows; ++r) {
+      const DecodeSeq& s = batch[first + r];
+      ids_[r] = s.tokens[0];
+      pos_[r] = static_cast<int32_t>(s.start_pos);
+      fill_table(s.block_table, tables_.data() + size_t{r} * table);
+    }
+    std::string graph = "decoder_batch_" + std::to_string(bucket) + " (" + std::to_string(rows) +
+                        " rows)";
+    if (auto st = run(decode_.at(bucket), graph, {ids_.data(), pos_.data(), tables_.data()},
+                      logits_.data());
+        !st) {
+      return st.error();
+    }
+    for (uint32_t r = 0; r < rows; ++r) {
+      SeqOutput so;
+      so.seq_id = batch[first + r].seq_id;
+      so.rows_count = 1;
+      auto begin = logits_.begin() + static_cast<std::ptrdiff_t>(size_t{r} * vocab);
+      so.logits.assign(begin, begin + vocab);
+      out.seqs.push_back(std::move(so));
+    }
+  }
+  return out;
+}
+
+Status RblnDevice::copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) {
+  if (auto st = check_block_copy(blocks, dst.size(), layout_, "rbln copy_blocks_out"); !st) {
+    return st;
+  }
+  const uint64_t bb = layout_.block_bytes();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(dst.data() + i * bb, pool_->base() + uint64_t{blocks[i]} * bb, bb);
+  }
+  return {};
+}
+
+Status RblnDevice::copy_blocks_in(std::span<const uint32_t> blocks,
+                                  std::span<const std::byte> src) {
+  if (auto st = check_block_copy(blocks, src.size(), layout_, "rbln copy_blocks_in"); !st) {
+    return st;
+  }
+  const uint64_t bb = layout_.block_bytes();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    std::memcpy(pool_->base() + uint64_t{blocks[i]} * bb, src.data() + i * bb, bb);
+  }
+  return {};
+}
+
+// Opens one graph's runtime and checks its input and output counts.
+Result<RblnRuntime> open_graph(const std::shared_ptr<const RblnApi>& api, const std::string& path,
+                               const std::string& name, int device_id, int inputs) {
+  auto rt = RblnRuntime::open(api, path, name, device_id);
+  if (!rt.ok()) return rt.error();
+  if (rt->inputs_count() != inputs || rt->outputs_count() != 1) {
+    return make_error(ErrorKind::invalid,
+                      "rbln graph " + path + " has " + std::to_string(rt->inputs_count()) +
+                          " inputs and " + std::to_string(rt->outputs_count()) +
+                          " outputs; Tandem drives it with " + std::to_string(inputs) +
+                          " inputs and 1 output (docs/rbln.md)");
+  }
+  return rt;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
+  const RblnSpec& r = spec.rbln;
+  if (spec.blocks_total == 0) {
+    return make_error(ErrorKind::invalid, "rbln device: kv_blocks must be > 0");
+  }
+  auto artifact = load_artifact(r.artifacts);
+  if (!artifact.ok()) return artifact.error();
+  ArtifactExpect expect;
+  expect.model_name = r.model_name;
+  expect.served_names = r.served_names;
+  expect.block_tokens = spec.block_tokens;
+  expect.max_model_tokens = r.max_model_tokens;
+  expect.devices = r.device_ids.empty() ? 1 : static_cast<uint32_t>(r.device_ids.size());
+  expect.decode_seqs_max = r.decode_seqs_max;
+  expect.kv_blocks = spec.blocks_total;
+  if (auto st = check_artifact(*artifact, expect); !st) return st.error();
+  auto api = RblnApi::load(r.library);
+  if (!api.ok()) return api.error();
+
+  KvLayout layout;
+  layout.block_tokens = artifact->block_tokens;
+  layout.blocks_total = spec.blocks_total;
+  layout.layers = artifact->model.layers;
+  layout.kv_heads = artifact->model.kv_heads;
+  layout.head_dim = artifact->model.head_dim;
+  layout.element_bytes = artifact->kv_element_bytes;
+  auto pool = PoolMemory::allocate(layout.pool_bytes() + layout.block_bytes(), "rbln device");
+  if (!pool.ok()) return pool.error();
+
+  const int device_id = r.device_ids.empty() ? 0 : static_cast<int>(r.device_ids.front());
+  auto prefill = open_graph(*api, artifact->prefill_graph(), "prefill", device_id, kPrefillInputs);
+  if (!prefill.ok()) return prefill.error();
+  std::map<uint32_t, RblnRuntime> decode;
+  for (uint32_t bucket : artifact->buckets) {
+    auto rt = open_graph(*api, artifact->decode_graph(bucket),
+                         "decoder_batch_" + std::to_string(bucket), device_id, kDecodeInputs);
+    if (!rt.ok()) return rt.error();
+    decode.emplace(bucket, std::move(rt).value());
+  }
+  return std::unique_ptr<Device>(new RblnDevice(
+      std::move(api).value(), std::move(artifact).value(), layout, std::move(pool).value(),
+      std::move(prefill).value(), std::move(decode),
+      std::chrono::milliseconds(r.run_timeout_ms)));
+}
+
+}  // namespace tandem::devices::rbln

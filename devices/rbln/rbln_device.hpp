@@ -1,0 +1,38 @@
+// tandem/devices/rbln: the Device backend on the RBLN runtime (rbln_api.hpp) and a compiled
+// model directory (rbln_artifact.hpp).
+//
+// - Prefill runs one sequence at a time through the prefill graph, in the artifact's chunk
+//   size: input_ids and cache_position filled from the chunk's tokens and positions (padding:
+//   token 0, position -1), the sequence's block table (padded with the dummy block) and the
+//   query position (the chunk's last real token). The last chunk's logits row is the output.
+// - Decode runs one token per sequence through the decode graph of the smallest bucket that
+//   holds the step (a step larger than the largest bucket runs in several graph runs); padded
+//   rows carry token 0 at position 0 with every block-table entry the dummy block, the one
+//   block past the pool the executor allocates from, so they write only there.
+// - Every run is submitted with rbln_async_run and waited for up to spec.rbln.run_timeout_ms.
+//   A run that fails ends the pass with the library's message; a run that does not complete in
+//   time ends it with timed_out and poisons the device (the runtime may still write the
+//   buffers it was given): every later pass fails, naming that run, until the node restarts.
+// - KV: the graphs take the pool as their last input (kv_cache), in Tandem's block layout
+//   (device.hpp KvLayout, element_bytes from the artifact), in host memory that kv_region()
+//   exposes for RMA. That is what the conformance fake implements; on a Rebel100 the KV cache
+//   is a device buffer in per-layer layout and reaching it needs the staging copies
+//   (docs/rbln.md, docs/STATUS.md: Absent).
+// - Speculation: the decode graphs take one token per sequence; a decode sequence with drafts
+//   is refused (the manifest refuses [speculative] for decode instances on rbln executors).
+// - Returns logits always (the runtime writes them to host memory; argmax_only is ignored, as
+//   device.hpp allows).
+#pragma once
+
+#include <memory>
+
+#include "devices/device.hpp"
+
+namespace tandem::devices::rbln {
+
+// Errors: failed (library or symbol missing, model or runtime creation failed, naming the path
+// and the library's message), not_found / invalid (the artifact, or a mismatch with the
+// manifest naming both values), invalid (blocks_total 0).
+Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec);
+
+}  // namespace tandem::devices::rbln

@@ -1,0 +1,191 @@
+#include "tests/rbln_fake/fake_graph.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "devices/cpu/cpu_device.hpp"
+
+namespace tandem::rbln_fake {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One compiled directory's model: the cpu device (weights and a scratch KV pool of the
+// artifact's block count) and the shapes the graphs were "compiled" for.
+struct FakeModel {
+  std::mutex mu;  // one run at a time (the cpu device is not thread-safe)
+  std::unique_ptr<devices::Device> cpu;
+  uint32_t block_tokens = 0, table_blocks = 0, chunk = 0, vocab = 0, kv_blocks = 0;
+  std::string fail_graph, hang_graph;
+};
+
+std::mutex models_mu;
+std::map<std::string, std::weak_ptr<FakeModel>> models;  // by directory
+
+std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
+  std::lock_guard lock(models_mu);
+  if (auto m = models[dir].lock()) return m;
+  std::ifstream in(dir + "/rbln_config.json");
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!in || j.is_discarded() || !j.is_object() || !j.contains("fake_model_path")) {
+    error = dir + "/rbln_config.json: missing, not JSON, or without fake_model_path";
+    return nullptr;
+  }
+  auto m = std::make_shared<FakeModel>();
+  m->block_tokens = j.value("kvcache_block_size", 0u);
+  m->kv_blocks = j.value("kvcache_num_blocks", 0u);
+  m->chunk = j.value("prefill_chunk_size", 0u);
+  uint32_t max_len = j.value("max_seq_len", 0u);
+  m->fail_graph = j.value("fake_fail_graph", std::string());
+  m->hang_graph = j.value("fake_hang_graph", std::string());
+  if (m->block_tokens == 0 || m->kv_blocks == 0 || m->chunk == 0 || max_len == 0 ||
+      j.value("kv_element_bytes", 2u) != 4) {
+    error = dir + "/rbln_config.json: the fake needs kvcache_block_size, kvcache_num_blocks, "
+                  "prefill_chunk_size, max_seq_len and kv_element_bytes 4 (fp32, the cpu pool's)";
+    return nullptr;
+  }
+  m->table_blocks = max_len / m->block_tokens;
+  devices::DeviceSpec spec;
+  spec.kind = config::DeviceKind::cpu;
+  spec.model_path = j["fake_model_path"].get<std::string>();
+  spec.block_tokens = m->block_tokens;
+  spec.blocks_total = m->kv_blocks;
+  spec.threads = 1;
+  auto cpu = devices::cpu::make_cpu_device(spec);
+  if (!cpu.ok()) {
+    error = "fake model " + spec.model_path + ": " + cpu.error().describe();
+    return nullptr;
+  }
+  m->cpu = std::move(cpu).value();
+  m->vocab = m->cpu->model_config().vocab_size;
+  models[dir] = m;
+  return m;
+}
+
+class Graph final : public FakeGraph {
+ public:
+  Graph(std::shared_ptr<FakeModel> model, std::string name, uint32_t bucket)
+      : m_(std::move(model)), name_(std::move(name)), bucket_(bucket) {}
+  int inputs() const override { return bucket_ == 0 ? 5 : 4; }
+  bool hangs() const override { return m_->hang_graph == name_; }
+
+  std::string run(const std::vector<void*>& in, void* logits) override {
+    if (m_->fail_graph == name_) return name_ + ": the device failed the run (fake_fail_graph)";
+    std::lock_guard lock(m_->mu);
+    auto* kv = static_cast<std::byte*>(in.back());
+    return bucket_ == 0 ? prefill(in, kv, static_cast<float*>(logits))
+                        : decode(in, kv, static_cast<float*>(logits));
+  }
+
+ private:
+  // The block ids a row's table names for positions [0, end).
+  std::vector<uint32_t> table(const int32_t* row, uint32_t end) const {
+    uint32_t n = std::min((end + m_->block_tokens - 1) / m_->block_tokens, m_->table_blocks);
+    return {row, row + n};
+  }
+  bool bad(const std::vector<uint32_t>& blocks) const {
+    return std::any_of(blocks.begin(), blocks.end(),
+                       [&](uint32_t b) { return b >= m_->kv_blocks; });
+  }
+  // KV in: the device's (kv_cache) blocks into the cpu pool; out: the written ones back.
+  void blocks_in(const std::set<uint32_t>& ids, const std::byte* kv) {
+    const uint64_t bb = m_->cpu->kv_layout().block_bytes();
+    std::byte* pool = m_->cpu->kv_region().base;
+    for (uint32_t b : ids) std::memcpy(pool + b * bb, kv + b * bb, bb);
+  }
+  void blocks_out(const std::set<uint32_t>& ids, std::byte* kv) {
+    const uint64_t bb = m_->cpu->kv_layout().block_bytes();
+    const std::byte* pool = m_->cpu->kv_region().base;
+    for (uint32_t b : ids) std::memcpy(kv + b * bb, pool + b * bb, bb);
+  }
+
+  std::string prefill(const std::vector<void*>& in, std::byte* kv, float* logits) {
+    const auto* ids = static_cast<const int32_t*>(in[0]);
+    const auto* pos = static_cast<const int32_t*>(in[1]);
+    const auto* tables = static_cast<const int32_t*>(in[2]);
+    const int32_t q = *static_cast<const int32_t*>(in[3]);
+    if (q < 0 || static_cast<uint32_t>(q) >= m_->chunk || pos[0] < 0) {
+      return "prefill: query_position " + std::to_string(q) + " or cache_position " +
+             std::to_string(pos[0]) + " out of range";
+    }
+    devices::PrefillSeq s;
+    s.start_pos = static_cast<uint32_t>(pos[0]);
+    for (int32_t i = 0; i <= q; ++i) {
+      if (pos[i] != pos[0] + i) return "prefill: cache_position is not consecutive";
+      s.tokens.push_back(ids[i]);
+    }
+    s.block_table = table(tables, s.start_pos + static_cast<uint32_t>(s.tokens.size()));
+    if (bad(s.block_table)) return "prefill: a block table entry is out of range";
+    blocks_in({s.block_table.begin(), s.block_table.end()}, kv);
+    auto out = m_->cpu->prefill(std::span<const devices::PrefillSeq>(&s, 1));
+    if (!out.ok()) return "prefill: " + out.error().describe();
+    std::set<uint32_t> written(s.block_table.begin() + s.start_pos / m_->block_tokens,
+                               s.block_table.end());
+    blocks_out(written, kv);
+    std::memcpy(logits, out->seqs[0].logits.data(), sizeof(float) * m_->vocab);
+    return "";
+  }
+
+  std::string decode(const std::vector<void*>& in, std::byte* kv, float* logits) {
+    const auto* ids = static_cast<const int32_t*>(in[0]);
+    const auto* pos = static_cast<const int32_t*>(in[1]);
+    const auto* tables = static_cast<const int32_t*>(in[2]);
+    std::vector<devices::DecodeSeq> batch(bucket_);
+    std::set<uint32_t> read, written;
+    for (uint32_t r = 0; r < bucket_; ++r) {
+      devices::DecodeSeq& s = batch[r];
+      if (pos[r] < 0) return "decode: row " + std::to_string(r) + " has a negative position";
+      s.seq_id = r;
+      s.start_pos = static_cast<uint32_t>(pos[r]);
+      s.tokens = {ids[r]};
+      s.block_table = table(tables + size_t{r} * m_->table_blocks, s.start_pos + 1);
+      if (bad(s.block_table)) return "decode: a block table entry is out of range";
+      read.insert(s.block_table.begin(), s.block_table.end());
+      written.insert(s.block_table[s.start_pos / m_->block_tokens]);
+    }
+    blocks_in(read, kv);
+    auto out = m_->cpu->decode(batch);
+    if (!out.ok()) return "decode: " + out.error().describe();
+    blocks_out(written, kv);
+    for (uint32_t r = 0; r < bucket_; ++r) {
+      std::memcpy(logits + size_t{r} * m_->vocab, out->seqs[r].logits.data(),
+                  sizeof(float) * m_->vocab);
+    }
+    return "";
+  }
+
+  std::shared_ptr<FakeModel> m_;
+  std::string name_;
+  uint32_t bucket_;  // 0: the prefill graph
+};
+
+}  // namespace
+
+std::shared_ptr<FakeGraph> open_fake_graph(const std::string& path, std::string& error) {
+  fs::path p(path);
+  std::string name = p.stem().string();
+  uint32_t bucket = 0;
+  if (name.rfind("decoder_batch_", 0) == 0) {
+    std::string digits = name.substr(14);
+    if (digits.empty() || digits.size() > 4 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      error = path + ": no batch size in the graph's name";
+      return nullptr;
+    }
+    bucket = static_cast<uint32_t>(std::stoul(digits));
+  } else if (name != "prefill") {
+    error = path + ": not a graph the fake knows (prefill.rbln, decoder_batch_N.rbln)";
+    return nullptr;
+  }
+  auto model = load(p.parent_path().string(), error);
+  if (!model) return nullptr;
+  return std::make_shared<Graph>(std::move(model), name, bucket);
+}
+
+}  // namespace tandem::rbln_fake

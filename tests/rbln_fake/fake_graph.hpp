@@ -1,0 +1,34 @@
+// The conformance fake's model side: a `.rbln` graph file of a compiled model directory
+// (devices/rbln/rbln_artifact.hpp) run by Tandem's cpu transformer, so `device = "rbln"` can be
+// compared token for token with `device = "cpu"`.
+//
+// The directory's rbln_config.json carries, besides what the backend reads, "fake_model_path"
+// (the weights: a llama2.c .bin or an HF directory) and optional fault switches:
+//   "fake_fail_graph": "prefill" | "decoder_batch_N"  -- that graph's runs fail with a message
+//   "fake_hang_graph": "..."                          -- that graph's runs never complete
+// A graph run reads the blocks its block tables name from the kv_cache input into the cpu
+// device's pool, computes the real rows (prefill: positions 0..query_position of the chunk;
+// decode: every row of the bucket, padded ones included), and writes the blocks it wrote back.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem::rbln_fake {
+
+class FakeGraph {
+ public:
+  virtual ~FakeGraph() = default;
+  virtual int inputs() const = 0;
+  virtual bool hangs() const = 0;
+  // "" on success, else the error message.
+  virtual std::string run(const std::vector<void*>& inputs, void* logits) = 0;
+};
+
+// The graph at `path` (DIR/prefill.rbln or DIR/decoder_batch_N.rbln). Null with `error` set
+// when the directory's config or model cannot be loaded. Graphs of one directory share one
+// model (weights loaded once per process).
+std::shared_ptr<FakeGraph> open_fake_graph(const std::string& path, std::string& error);
+
+}  // namespace tandem::rbln_fake

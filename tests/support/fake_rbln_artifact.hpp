@@ -1,0 +1,69 @@
+// Writes a compiled-model directory (devices/rbln/rbln_artifact.hpp) for the conformance fake
+// (tests/rbln_fake/fake_graph.hpp): rbln_config.json with the model's shape read from its
+// weights, and one placeholder `.rbln` file per graph (the fake computes with the cpu
+// transformer; the graph files only have to exist).
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "devices/cpu/weights.hpp"
+
+namespace tandem::testing {
+
+struct FakeRblnArtifact {
+  std::string model_path;  // llama2.c .bin or HF directory
+  std::string model_name = "stories15M";
+  std::string compiler_version = "fake-0.1";
+  uint32_t block_tokens = 16;
+  uint32_t kv_blocks = 129;  // the dummy block included
+  uint32_t max_seq_len = 256;
+  uint32_t prefill_chunk = 64;
+  std::vector<uint32_t> buckets{1, 2, 4, 8};
+  uint32_t devices = 1;
+  nlohmann::json extra = nlohmann::json::object();  // merged last (fault switches, overrides)
+};
+
+// Writes the directory `dir` (created) and returns it. Throws std::runtime_error when the model
+// cannot be read.
+inline std::string write_fake_rbln_artifact(const std::filesystem::path& dir,
+                                            const FakeRblnArtifact& a) {
+  auto weights = devices::cpu::load_model(a.model_path);
+  if (!weights.ok()) throw std::runtime_error(weights.error().describe());
+  const devices::ModelConfig& m = weights->config;
+  std::filesystem::create_directories(dir);
+  nlohmann::json j = {
+      {"model_name", a.model_name},
+      {"compiler_version", a.compiler_version},
+      {"model",
+       {{"vocab_size", m.vocab_size},
+        {"hidden", m.hidden},
+        {"layers", m.layers},
+        {"heads", m.heads},
+        {"kv_heads", m.kv_heads},
+        {"head_dim", m.head_dim},
+        {"max_position", m.max_position},
+        {"bos_id", m.bos_id},
+        {"eos_id", m.eos_id}}},
+      {"kvcache_block_size", a.block_tokens},
+      {"kvcache_num_blocks", a.kv_blocks},
+      {"kv_element_bytes", 4},
+      {"max_seq_len", a.max_seq_len},
+      {"prefill_chunk_size", a.prefill_chunk},
+      {"decoder_batch_sizes", a.buckets},
+      {"tensor_parallel_size", a.devices},
+      {"fake_model_path", a.model_path},
+  };
+  j.merge_patch(a.extra);
+  std::ofstream(dir / "rbln_config.json") << j.dump(2);
+  std::ofstream(dir / "prefill.rbln") << "fake graph\n";
+  for (uint32_t b : a.buckets) {
+    std::ofstream(dir / ("decoder_batch_" + std::to_string(b) + ".rbln")) << "fake graph\n";
+  }
+  return dir.string();
+}
+
+}  // namespace tandem::testing

@@ -1,0 +1,268 @@
+// The rbln Device backend (devices/rbln/rbln_device.hpp) on the conformance fake, whose graphs
+// are computed by the cpu transformer: greedy tokens equal the cpu device's at every batch size
+// 1..8 (bucket padding) and across prefill chunks; the compiled directory checked against the
+// manifest (each mismatch naming both values); and every error path (missing library or symbol,
+// missing graph, a failing run with its message, a run that never completes, drafts) an error,
+// never a crash.
+#include <doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "devices/cpu/cpu_device.hpp"
+#include "devices/device.hpp"
+#include "devices/rbln/rbln_artifact.hpp"
+#include "tests/support/fake_rbln_artifact.hpp"
+
+using namespace tandem;
+using namespace tandem::devices;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  REQUIRE_MESSAGE(v != nullptr, name, " is not set (meson sets it)");
+  return v;
+}
+
+std::string model_path() {
+  return env("TANDEM_SOURCE_ROOT") + "/models/stories15M/stories15M.bin";
+}
+
+fs::path scratch(const std::string& tag) {
+  auto dir = fs::temp_directory_path() / ("tandem-rbln-dev-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+testing::FakeRblnArtifact artifact() {
+  testing::FakeRblnArtifact a;
+  a.model_path = model_path();
+  return a;
+}
+
+DeviceSpec rbln_spec(const std::string& dir, const std::string& library = "") {
+  DeviceSpec spec;
+  spec.kind = config::DeviceKind::rbln;
+  spec.block_tokens = 16;
+  spec.blocks_total = 128;
+  spec.rbln.library = library.empty() ? env("RBLN_FAKE_LIB") : library;
+  spec.rbln.artifacts = dir;
+  spec.rbln.model_name = "stories15M";
+  spec.rbln.max_model_tokens = 256;
+  spec.rbln.decode_seqs_max = 8;
+  spec.rbln.run_timeout_ms = 20000;
+  return spec;
+}
+
+DeviceSpec cpu_spec() {
+  DeviceSpec spec;
+  spec.kind = config::DeviceKind::cpu;
+  spec.model_path = model_path();
+  spec.block_tokens = 16;
+  spec.blocks_total = 128;
+  spec.threads = 1;
+  return spec;
+}
+
+int32_t argmax(const std::vector<float>& row) {
+  size_t best = 0;
+  for (size_t i = 1; i < row.size(); ++i) {
+    if (row[i] > row[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+// Greedy generation of `steps` tokens for every prompt together (one prefill pass, then one
+// decode pass per step with every sequence), blocks handed out in order.
+std::vector<std::vector<int32_t>> generate(Device& device,
+                                           const std::vector<std::vector<int32_t>>& prompts,
+                                           uint32_t steps) {
+  const uint32_t bt = device.kv_layout().block_tokens;
+  std::vector<std::vector<uint32_t>> tables(prompts.size());
+  uint32_t next_block = 0;
+  std::vector<PrefillSeq> pre;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    uint32_t need = (static_cast<uint32_t>(prompts[i].size()) + steps + bt - 1) / bt;
+    for (uint32_t b = 0; b < need; ++b) tables[i].push_back(next_block++);
+    pre.push_back({i, tables[i], 0, prompts[i], {}});
+  }
+  REQUIRE(next_block <= device.kv_layout().blocks_total);
+  auto first = device.prefill(pre);
+  REQUIRE_MESSAGE(first.ok(), first.error().describe());
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) out[i].push_back(argmax(first->seqs[i].logits));
+  for (uint32_t s = 1; s < steps; ++s) {
+    std::vector<DecodeSeq> batch;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      DecodeSeq d;
+      d.seq_id = i;
+      d.block_table = tables[i];
+      d.start_pos = static_cast<uint32_t>(prompts[i].size()) + s - 1;
+      d.tokens = {out[i].back()};
+      batch.push_back(std::move(d));
+    }
+    auto step = device.decode(batch);
+    REQUIRE_MESSAGE(step.ok(), step.error().describe());
+    REQUIRE(step->seqs.size() == prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      CHECK(step->seqs[i].seq_id == i);
+      REQUIRE(step->seqs[i].rows_count == 1);
+      out[i].push_back(argmax(step->seqs[i].logits));
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> prompt(uint32_t seed, size_t length) {
+  std::vector<int32_t> p{1};
+  for (size_t i = 1; i < length; ++i) p.push_back(static_cast<int32_t>(100 + (seed * 131 + i * 17) % 3000));
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("rbln device: greedy tokens equal the cpu device's at every batch size 1..8") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("greedy"), artifact());
+  auto rbln = make_device(rbln_spec(dir));
+  REQUIRE_MESSAGE(rbln.ok(), rbln.error().describe());
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  CHECK((*rbln)->model_config().vocab_size == (*cpu)->model_config().vocab_size);
+  CHECK((*rbln)->kv_layout() == (*cpu)->kv_layout());
+  for (uint32_t n = 1; n <= 8; ++n) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (uint32_t i = 0; i < n; ++i) prompt(n * 10 + i, 5 + 3 * i).swap(prompts.emplace_back());
+    auto a = generate(**rbln, prompts, 12);
+    auto b = generate(**cpu, prompts, 12);
+    CHECK_MESSAGE(a == b, "batch of ", n);
+  }
+}
+
+TEST_CASE("rbln device: a prompt longer than the prefill chunk runs in chunks, same tokens") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("chunks"), artifact());
+  auto rbln = make_device(rbln_spec(dir));
+  REQUIRE_MESSAGE(rbln.ok(), rbln.error().describe());
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  std::vector<std::vector<int32_t>> prompts{prompt(7, 150), prompt(8, 64), prompt(9, 65)};
+  CHECK(generate(**rbln, prompts, 8) == generate(**cpu, prompts, 8));
+}
+
+TEST_CASE("rbln device: the compiled directory is checked against the manifest") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("check"), artifact());
+  auto expect_error = [](const DeviceSpec& spec, const std::string& text) {
+    auto d = make_device(spec);
+    REQUIRE_FALSE(d.ok());
+    CHECK_MESSAGE(d.error().message.find(text) != std::string::npos, d.error().message);
+  };
+  DeviceSpec s = rbln_spec(dir);
+  s.block_tokens = 32;
+  expect_error(s, "kvcache_block_size 16, manifest [model] block_tokens 32");
+  s = rbln_spec(dir);
+  s.rbln.max_model_tokens = 512;
+  expect_error(s, "max_seq_len 256, manifest [model] max_model_tokens 512");
+  s = rbln_spec(dir);
+  s.rbln.device_ids = {0, 1};
+  expect_error(s, "tensor_parallel_size 1, manifest instance devices count 2");
+  s = rbln_spec(dir);
+  s.rbln.decode_seqs_max = 16;
+  expect_error(s, "largest decoder_batch_sizes bucket 8, manifest [decode] seqs_max 16");
+  s = rbln_spec(dir);
+  s.blocks_total = 129;
+  expect_error(s, "kvcache_num_blocks 129, manifest executor kv_blocks 129");
+  s = rbln_spec(dir);
+  s.rbln.model_name = "other";
+  expect_error(s, "model_name 'stories15M', manifest [model] name 'other'");
+  s.rbln.served_names = {"stories15M"};
+  CHECK(make_device(s).ok());  // a served name matches too
+
+  fs::remove(fs::path(dir) / "decoder_batch_4.rbln");
+  expect_error(rbln_spec(dir), "compiled graph " + dir + "/decoder_batch_4.rbln is missing");
+  expect_error(rbln_spec("/nonexistent/compiled"), "no compiled model directory at /nonexistent");
+
+  auto bad = artifact();
+  bad.prefill_chunk = 100;
+  expect_error(rbln_spec(testing::write_fake_rbln_artifact(scratch("chunk"), bad)),
+               "prefill_chunk_size 100 is not a multiple of 64");
+  bad = artifact();
+  bad.buckets = {4, 2};
+  expect_error(rbln_spec(testing::write_fake_rbln_artifact(scratch("order"), bad)),
+               "decoder_batch_sizes must ascend, 2 follows 4");
+}
+
+TEST_CASE("rbln device: a missing library or symbol, a failing run, a run that never completes") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("errors"), artifact());
+  auto no_lib = make_device(rbln_spec(dir, "/nonexistent/librbln_runtime.so"));
+  REQUIRE_FALSE(no_lib.ok());
+  CHECK(no_lib.error().message.find("cannot load /nonexistent/librbln_runtime.so") == 0);
+  auto no_sym = make_device(rbln_spec(dir, env("RBLN_FAKE_LIB_NO_WAIT")));
+  REQUIRE_FALSE(no_sym.ok());
+  CHECK(no_sym.error().message.find("has no symbol rbln_async_wait") != std::string::npos);
+
+  auto failing = artifact();
+  failing.extra = {{"fake_fail_graph", "decoder_batch_2"}};
+  auto fdir = testing::write_fake_rbln_artifact(scratch("fail"), failing);
+  auto device = make_device(rbln_spec(fdir));
+  REQUIRE_MESSAGE(device.ok(), device.error().describe());
+  std::vector<PrefillSeq> pre{{1, {0}, 0, {1, 200, 300}, {}}, {2, {1}, 0, {1, 201}, {}}};
+  REQUIRE((*device)->prefill(pre).ok());
+  std::vector<DecodeSeq> dec(2);
+  dec[0] = {1, {0}, 3, {400}};
+  dec[1] = {2, {1}, 2, {401}};
+  auto failed = (*device)->decode(dec);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.error().kind == ErrorKind::failed);
+  CHECK_MESSAGE(failed.error().message.find("decoder_batch_2 (2 rows)") != std::string::npos,
+                failed.error().message);
+  CHECK(failed.error().message.find("the device failed the run (fake_fail_graph)") !=
+        std::string::npos);
+  // The device is still usable: a one-row step uses another graph.
+  auto one = (*device)->decode(std::span<const DecodeSeq>(dec.data(), 1));
+  CHECK_MESSAGE(one.ok(), one.error().describe());
+
+  auto hanging = artifact();
+  hanging.extra = {{"fake_hang_graph", "decoder_batch_1"}};
+  auto hdir = testing::write_fake_rbln_artifact(scratch("hang"), hanging);
+  DeviceSpec hs = rbln_spec(hdir);
+  hs.rbln.run_timeout_ms = 200;
+  auto hung = make_device(hs);
+  REQUIRE(hung.ok());
+  REQUIRE((*hung)->prefill(std::span<const PrefillSeq>(pre.data(), 1)).ok());
+  auto timed = (*hung)->decode(std::span<const DecodeSeq>(dec.data(), 1));
+  REQUIRE_FALSE(timed.ok());
+  CHECK(timed.error().kind == ErrorKind::timed_out);
+  CHECK(timed.error().message.find("did not complete within 200 ms") != std::string::npos);
+  // Poisoned: the runtime may still write what it was given; no more runs.
+  auto after = (*hung)->prefill(std::span<const PrefillSeq>(pre.data(), 1));
+  REQUIRE_FALSE(after.ok());
+  CHECK(after.error().message.find("decoder_batch_1 (1 rows) run") != std::string::npos);
+  CHECK(after.error().message.find("takes no more runs") != std::string::npos);
+}
+
+TEST_CASE("rbln device: drafts, bad tokens and block ids are refused before any run") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("refuse"), artifact());
+  auto device = make_device(rbln_spec(dir));
+  REQUIRE(device.ok());
+  std::vector<DecodeSeq> dec(1);
+  dec[0] = {1, {0}, 3, {400, 401}};
+  auto drafts = (*device)->decode(dec);
+  REQUIRE_FALSE(drafts.ok());
+  CHECK(drafts.error().message.find("the decode graphs take one per sequence") !=
+        std::string::npos);
+  dec[0] = {1, {128}, 3, {400}};
+  auto block = (*device)->decode(dec);
+  REQUIRE_FALSE(block.ok());
+  CHECK(block.error().message.find("block id 128 >= blocks_total 128") != std::string::npos);
+  dec[0] = {1, {0}, 3, {40000}};
+  auto token = (*device)->decode(dec);
+  REQUIRE_FALSE(token.ok());
+  CHECK(token.error().message.find("token id 40000 outside [0, 32000)") != std::string::npos);
+  std::vector<PrefillSeq> pre{{1, {0}, 250, std::vector<int32_t>(10, 5), {}}};
+  auto long_prompt = (*device)->prefill(pre);
+  REQUIRE_FALSE(long_prompt.ok());
+  CHECK(long_prompt.error().message.find("exceed max_position 256") != std::string::npos);
+}
