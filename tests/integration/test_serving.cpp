@@ -69,31 +69,7 @@ std::string generate(const std::string& prompt, int max_tokens) {
   return out;
 }
 
-const std::vector<std::string>& prompts() {
-  static const std::vector<std::string> p = {
-      "Once upon a time",
-      "The little dog",
-      "Tom and Sue went to the park",
-      "There was a big red ball",
-      "One day, a cat",
-      "Lily wanted to bake a cake",
-      "The sun was shining and",
-      "Ben had a toy car",
-      "In a small house lived",
-      "The bird sang a song",
-      "Mom said it was time for bed",
-      "A little boy named Tim",
-      "The tree was very tall",
-      "Sam found a shiny rock",
-      "It was a rainy day",
-      "The girl liked to draw",
-      "Once there was a fish",
-      "The bear was hungry",
-      "Anna and her friend",
-      "The old man smiled",
-  };
-  return p;
-}
+const std::vector<std::string>& prompts() { return story_prompts(); }
 
 constexpr int kTokens = 24;
 

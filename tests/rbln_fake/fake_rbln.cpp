@@ -80,6 +80,7 @@ RBLNModel* rbln_create_model(const char* path) {
     auto* m = new RBLNModel;
     m->config.inputs = graph->inputs();
     m->config.outputs = 1;
+    m->config.devices = 16;  // a host with 16 NPUs: executors may name devices 0..15
     m->graph = std::move(graph);
     last_error.clear();
     return m;

@@ -52,7 +52,7 @@ class ServeCluster {
   ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
                std::string fabric_toml = "", std::string model_toml = "",
                std::string router_toml = "", bool test_hooks = false, bool start_nodes = true,
-               std::string sim_toml = "")
+               std::string sim_toml = "", std::string rbln_toml = "")
       : layout_(layout),
         dir_(make_temp_dir("serve")),
         http_port_(free_port()),
@@ -61,7 +61,8 @@ class ServeCluster {
         model_toml_(std::move(model_toml)),
         router_toml_(std::move(router_toml)),
         test_hooks_(test_hooks),
-        sim_toml_(std::move(sim_toml)) {
+        sim_toml_(std::move(sim_toml)),
+        rbln_toml_(std::move(rbln_toml)) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -157,10 +158,11 @@ class ServeCluster {
   }
   std::string manifest_text(int disaggregate_tokens_min) {
     std::string text = manifest_body(disaggregate_tokens_min);
-    if (sim_toml_.empty()) return text;
+    if (sim_toml_.empty() && rbln_toml_.empty()) return text;
+    const std::string kind = sim_toml_.empty() ? "device = \"rbln\"" : "device = \"sim\"";
     for (size_t at = text.find("device = \"cpu\""); at != std::string::npos;
          at = text.find("device = \"cpu\"", at)) {
-      text.replace(at, 14, "device = \"sim\"");
+      text.replace(at, 14, kind);
     }
     return text;
   }
@@ -180,6 +182,7 @@ class ServeCluster {
           "max_position = 256\n" +
           sim_toml_;
     }
+    text += rbln_toml_;
     std::string front_roles = instance("gateway", "gateway") + instance("router", "router");
     if (layout_ == Layout::one_node) {
       return text +
@@ -207,10 +210,39 @@ class ServeCluster {
   // Non-empty: every executor is on the sim device with these [sim] keys (slow, long outputs
   // on demand, e.g. time_factor); the model's tokenizer is still stories15M's.
   std::string sim_toml_;
+  // Non-empty: every executor is on the rbln device; these lines ([rbln], [decode]) are added.
+  std::string rbln_toml_;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
   std::string warm_up_answer_ = "(none)";
 };
+
+// 20 story openings for stories15M: the prompts of the greedy-identity tests.
+inline const std::vector<std::string>& story_prompts() {
+  static const std::vector<std::string> p = {
+      "Once upon a time",
+      "The little dog",
+      "Tom and Sue went to the park",
+      "There was a big red ball",
+      "One day, a cat",
+      "Lily wanted to bake a cake",
+      "The sun was shining and",
+      "Ben had a toy car",
+      "In a small house lived",
+      "The bird sang a song",
+      "Mom said it was time for bed",
+      "A little boy named Tim",
+      "The tree was very tall",
+      "Sam found a shiny rock",
+      "It was a rainy day",
+      "The girl liked to draw",
+      "Once there was a fish",
+      "The bear was hungry",
+      "Anna and her friend",
+      "The old man smiled",
+  };
+  return p;
+}
 
 inline nlohmann::json completion_body(const std::string& prompt, int max_tokens, bool stream,
                                       int logprobs = 0) {

@@ -1,0 +1,122 @@
+// device = "rbln" served end to end (issue 15): real `tandem node` processes whose executors load
+// the RBLN runtime's conformance fake (tests/rbln_fake/; its graphs computed by the cpu
+// transformer) and a compiled-model directory written for it. Greedy text equals the one-node
+// cluster on device = "cpu" for 20 prompts, on one node and on loopback-3 with P/D (KV pulled by
+// RMA out of the rbln executor's pool); a graph run that never completes ends its requests with
+// errors and leaves the node serving /health and /metrics.
+#include <doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/fake_rbln_artifact.hpp"
+#include "tests/support/http_client.hpp"
+#include "tests/support/serve_cluster.hpp"
+
+using namespace tandem::testing;
+using namespace std::chrono_literals;
+namespace http = tandem::testing::http;
+
+namespace {
+
+constexpr int kTokens = 24;
+
+std::string fake_lib() {
+  const char* v = std::getenv("RBLN_FAKE_LIB");
+  REQUIRE_MESSAGE(v != nullptr, "RBLN_FAKE_LIB is not set (meson sets it)");
+  return v;
+}
+
+// [rbln] for a fresh fake compiled directory (every executor's kv_blocks 512 + the dummy),
+// and [decode] seqs_max within its largest bucket.
+std::string rbln_toml(const std::string& tag, nlohmann::json extra = nlohmann::json::object()) {
+  FakeRblnArtifact a;
+  a.model_path = model_dir() + "/stories15M.bin";
+  a.kv_blocks = 513;
+  a.extra = std::move(extra);
+  std::string dir = write_fake_rbln_artifact(make_temp_dir("rbln-" + tag) + "/compiled", a);
+  return "[rbln]\nlibrary = \"" + fake_lib() + "\"\nartifacts = \"" + dir +
+         "\"\n[decode]\nseqs_max = 8\n";
+}
+
+std::vector<std::string> answers(ServeCluster& c) {
+  std::vector<std::string> out;
+  for (const std::string& p : story_prompts()) {
+    Completion r = complete(c.http_port(), p, kTokens);
+    REQUIRE_MESSAGE(r.error.empty(), p, ": ", r.error);
+    out.push_back(r.text);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("rbln serving: greedy text equals device cpu's, one node and loopback-3 P/D" *
+          doctest::timeout(600)) {
+  std::vector<std::string> cpu;
+  {
+    // The same [decode] seqs_max as the rbln clusters (fabric_toml may open further sections).
+    ServeCluster solo(Layout::one_node, 32, 0, "[decode]\nseqs_max = 8\n");
+    REQUIRE_MESSAGE(solo.wait_ready(30000ms), solo.logs());
+    cpu = answers(solo);
+  }
+  {
+    ServeCluster solo(Layout::one_node, 32, 0, "", "", "", false, true, "", rbln_toml("solo"));
+    REQUIRE_MESSAGE(solo.wait_ready(60000ms), solo.logs());
+    CHECK(solo.logs().find("rbln device") != std::string::npos);
+    std::vector<std::string> got = answers(solo);
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln: [", got[i], "]\ncpu:  [",
+                    cpu[i], "]");
+    }
+  }
+  {
+    ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", rbln_toml("pd"));
+    REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
+    double blocks0 = pd.metric("decode", "tandem:kv_pulled_blocks_total");
+    std::vector<std::string> got = answers(pd);
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln P/D: [", got[i], "]\ncpu: [",
+                    cpu[i], "]");
+    }
+    double blocks = pd.metric("decode", "tandem:kv_pulled_blocks_total") - blocks0;
+    MESSAGE("P/D on rbln: ", blocks, " KV blocks pulled by RMA");
+    CHECK(blocks >= 1);
+    CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
+    CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  }
+}
+
+TEST_CASE("rbln serving: a graph run that never completes ends its requests with errors; the "
+          "node keeps answering" * doctest::timeout(300)) {
+  ServeCluster c(Layout::one_node, 100000, 0, "", "", "", false, true, "",
+                 rbln_toml("hang", {{"fake_hang_graph", "decoder_batch_1"}}) +
+                     "[supervisor]\nexecutor_step_timeout_ms = 1000\n");
+  REQUIRE_MESSAGE(eventually(60000ms,
+                             [&] {
+                               auto h = http::get(c.http_port(), "/health", 1000ms);
+                               return h.ok() && h.status == 200;
+                             }),
+                  c.logs());
+  for (int i = 0; i < 2; ++i) {
+    auto started = std::chrono::steady_clock::now();
+    auto r = http::post(c.http_port(), "/v1/completions",
+                        completion_body("Once upon a time", 8, false).dump(), 30000ms);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    MESSAGE("request ", i, ": status ", r.status, " after ", s, " s: ", r.body.substr(0, 300));
+    REQUIRE(r.ok());
+    CHECK(r.status != 200);
+    CHECK(s < 20.0);  // ended by the run's timeout, not by the client's
+  }
+  CHECK(c.node("solo").running());
+  CHECK(http::get(c.admin_port("solo"), "/metrics", 3000ms).status == 200);
+  std::string log = c.logs();
+  // The device's own wait or the decode shell's step watch (the same 1 s) ended it first; later
+  // steps find the device poisoned.
+  CHECK_MESSAGE((log.find("did not complete within 1000 ms") != std::string::npos ||
+                 log.find("executor step timed out after 1000 ms") != std::string::npos),
+                log);
+}
