@@ -403,10 +403,10 @@ const toml::array* Loader::table_array(const toml::node* node, Pos pos, const st
 }
 
 void Loader::read_sections(const toml::table& root) {
-  TableReader reader(sink_, root, "",
-                     {"cluster", "fabric", "membership", "supervisor", "logging", "model", "router",
-                      "kv_offload", "speculative", "gateway", "prefill", "decode", "sim", "rbln",
-                      "node", "instance"});
+  TableReader reader(
+      sink_, root, "",
+      {"cluster", "fabric", "membership", "supervisor", "logging", "model", "router", "kv_offload",
+       "speculative", "gateway", "prefill", "decode", "sim", "rbln", "node", "instance"});
   if (auto* t = section(root, "cluster", true)) read_cluster(*t);
   if (auto* t = section(root, "fabric", false)) read_fabric(*t);
   if (auto* t = section(root, "membership", false)) read_membership(*t);
@@ -830,8 +830,9 @@ void Loader::check_rbln() {
       const InstanceDecl& decl = decls_[origins_[n][i].decl_index];
       if (manifest_.rbln.artifacts.empty()) {
         sink_.add(decl.pos, decl.path + ".device",
-                  "executor '" + inst.name + "' has device \"rbln\": [rbln] artifacts (the "
-                  "compiled model directory) must be set");
+                  "executor '" + inst.name +
+                      "' has device \"rbln\": [rbln] artifacts (the "
+                      "compiled model directory) must be set");
         return;
       }
       if (manifest_.speculative.method == SpeculativeMethod::none) continue;

@@ -41,8 +41,8 @@ uint32_t dtype_bytes(DType dtype) {
 
 bool holds_thread(config::DeviceKind kind) { return kind != config::DeviceKind::sim; }
 
-Status check_seq(const std::string& what, size_t index, const SeqCheck& s,
-                 const ModelConfig& c, const KvLayout& layout) {
+Status check_seq(const std::string& what, size_t index, const SeqCheck& s, const ModelConfig& c,
+                 const KvLayout& layout) {
   std::string where =
       what + ": seq " + std::to_string(index) + " (id " + std::to_string(s.seq_id) + ")";
   if (s.tokens.empty()) return make_error(ErrorKind::invalid, where + ": no tokens");
@@ -77,7 +77,7 @@ Status check_seq(const std::string& what, size_t index, const SeqCheck& s,
 }
 
 Status check_block_copy(std::span<const uint32_t> blocks, uint64_t bytes, const KvLayout& layout,
-                    const char* what) {
+                        const char* what) {
   for (uint32_t b : blocks) {
     if (b >= layout.blocks_total) {
       return make_error(ErrorKind::invalid, std::string(what) + ": block id " + std::to_string(b) +
@@ -103,7 +103,9 @@ Result<std::unique_ptr<PoolMemory>> PoolMemory::allocate(uint64_t bytes, const s
   return std::unique_ptr<PoolMemory>(new PoolMemory(static_cast<std::byte*>(addr), bytes));
 }
 
-PoolMemory::~PoolMemory() { munmap(base_, bytes_); }
+PoolMemory::~PoolMemory() {
+  munmap(base_, bytes_);
+}
 
 void wait_ready(const StepOutput& out) { std::this_thread::sleep_until(out.ready_at); }
 

@@ -246,14 +246,14 @@ struct SimMarkup {
 // rbln only: where the runtime and the compiled model are, and what the manifest expects of
 // the compiled model (devices/rbln/rbln_artifact.hpp checks it).
 struct RblnSpec {
-  std::string library;    // librbln_runtime.so to dlopen
-  std::string artifacts;  // the compiled model directory
+  std::string library;               // librbln_runtime.so to dlopen
+  std::string artifacts;             // the compiled model directory
   std::vector<uint32_t> device_ids;  // the instance's devices; runtimes open on the first
   std::string model_name;
   std::vector<std::string> served_names;
   uint32_t max_model_tokens = 0;
-  uint32_t decode_seqs_max = 0;      // 0: the executor serves no decode instance
-  uint32_t run_timeout_ms = 60000;   // one graph run's wait bound
+  uint32_t decode_seqs_max = 0;     // 0: the executor serves no decode instance
+  uint32_t run_timeout_ms = 60000;  // one graph run's wait bound
 };
 
 struct DeviceSpec {

@@ -1,8 +1,8 @@
 // make_device(): the one place that knows every backend.
-#include "devices/device.hpp"
-#include "devices/sim/sim_device.hpp"
 #include "devices/cpu/cpu_device.hpp"
+#include "devices/device.hpp"
 #include "devices/rbln/rbln_device.hpp"
+#include "devices/sim/sim_device.hpp"
 
 namespace tandem::devices {
 

@@ -155,8 +155,8 @@ Status CpuDevice::validate(const std::vector<SeqView>& seqs, const char* what) c
   if (seqs.empty()) return make_error(ErrorKind::invalid, w + ": empty batch");
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqView& s = seqs[i];
-    if (auto st = check_seq(w, i, {s.seq_id, *s.tokens, s.start_pos, *s.block_table}, w_.config,
-                            layout_);
+    if (auto st =
+            check_seq(w, i, {s.seq_id, *s.tokens, s.start_pos, *s.block_table}, w_.config, layout_);
         !st) {
       return st;
     }
@@ -521,7 +521,6 @@ StepOutput CpuDevice::head(const std::vector<SeqView>& seqs, bool all_rows, uint
   RT_ASSERT(row == r, "rows", row, r);
   return out;
 }
-
 
 Status CpuDevice::copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) {
   if (auto st = check_block_copy(blocks, dst.size(), layout_, "copy_blocks_out"); !st) return st;

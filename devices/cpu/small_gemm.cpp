@@ -44,9 +44,9 @@ constexpr size_t prefetch_floats = 2048;
 
 // One output column pair (j, j + 1) or a single column, for M rows. The K tail past the last
 // full vector is added in scalar, in order, after the vector sum.
-#define TANDEM_SMALL_GEMM(NAME, TARGET, VEC, LANES, ZERO, LOAD, FMA, REDUCE)                  \
+#define TANDEM_SMALL_GEMM(NAME, TARGET, VEC, LANES, ZERO, LOAD, FMA, REDUCE)                \
   template <int M>                                                                          \
-  __attribute__((target(TARGET))) void NAME(const float* a, uint32_t k, const float* w,      \
+  __attribute__((target(TARGET))) void NAME(const float* a, uint32_t k, const float* w,     \
                                             uint32_t n, float* c, float beta) {             \
     const uint32_t kv = k - k % LANES;                                                      \
     uint32_t j = 0;                                                                         \
@@ -59,9 +59,9 @@ constexpr size_t prefetch_floats = 2048;
         x[i] = ZERO();                                                                      \
         y[i] = ZERO();                                                                      \
       }                                                                                     \
-      _Pragma("GCC unroll 2") for (uint32_t p = 0; p < kv; p += LANES) {                   \
-        _mm_prefetch(reinterpret_cast<const char*>(w0 + p + prefetch_floats), _MM_HINT_T0);   \
-        _mm_prefetch(reinterpret_cast<const char*>(w1 + p + prefetch_floats), _MM_HINT_T0);   \
+      _Pragma("GCC unroll 2") for (uint32_t p = 0; p < kv; p += LANES) {                    \
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + p + prefetch_floats), _MM_HINT_T0); \
+        _mm_prefetch(reinterpret_cast<const char*>(w1 + p + prefetch_floats), _MM_HINT_T0); \
         VEC v0 = LOAD(w0 + p), v1 = LOAD(w1 + p);                                           \
         _Pragma("GCC unroll 8") for (int i = 0; i < M; ++i) {                               \
           VEC av = LOAD(a + size_t(i) * k + p);                                             \

@@ -8,7 +8,9 @@
 namespace tandem::devices::rbln {
 namespace fs = std::filesystem;
 
-std::string RblnArtifact::prefill_graph() const { return dir + "/prefill.rbln"; }
+std::string RblnArtifact::prefill_graph() const {
+  return dir + "/prefill.rbln";
+}
 
 std::string RblnArtifact::decode_graph(uint32_t bucket) const {
   return dir + "/decoder_batch_" + std::to_string(bucket) + ".rbln";
@@ -24,8 +26,8 @@ uint32_t RblnArtifact::bucket_for(uint32_t rows) const {
 namespace {
 
 // Reads an unsigned key of `j` into `out`; an error names the file and key.
-Status read_uint(const nlohmann::json& j, const std::string& file, const char* key,
-                 uint32_t& out, bool required, uint32_t min = 1) {
+Status read_uint(const nlohmann::json& j, const std::string& file, const char* key, uint32_t& out,
+                 bool required, uint32_t min = 1) {
   auto it = j.find(key);
   if (it == j.end()) {
     if (!required) return {};
@@ -59,9 +61,13 @@ Status read_model(const nlohmann::json& j, const std::string& file, ModelConfig&
   }
   const nlohmann::json& o = *it;
   std::string f = file + " model";
-  for (auto [key, field] : {std::pair{"vocab_size", &m.vocab_size}, {"hidden", &m.hidden},
-                            {"layers", &m.layers}, {"heads", &m.heads}, {"kv_heads", &m.kv_heads},
-                            {"head_dim", &m.head_dim}, {"max_position", &m.max_position}}) {
+  for (auto [key, field] : {std::pair{"vocab_size", &m.vocab_size},
+                            {"hidden", &m.hidden},
+                            {"layers", &m.layers},
+                            {"heads", &m.heads},
+                            {"kv_heads", &m.kv_heads},
+                            {"head_dim", &m.head_dim},
+                            {"max_position", &m.max_position}}) {
     if (auto st = read_uint(o, f, key, *field, true); !st) return st;
   }
   uint32_t bos = 1, eos = 2;
@@ -118,10 +124,9 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
                                               std::to_string(a.kv_element_bytes));
   }
   if (a.max_seq_len % a.block_tokens != 0) {
-    return make_error(ErrorKind::invalid,
-                      file + ": max_seq_len " + std::to_string(a.max_seq_len) +
-                          " is not a multiple of kvcache_block_size " +
-                          std::to_string(a.block_tokens));
+    return make_error(ErrorKind::invalid, file + ": max_seq_len " + std::to_string(a.max_seq_len) +
+                                              " is not a multiple of kvcache_block_size " +
+                                              std::to_string(a.block_tokens));
   }
   if (a.prefill_chunk % 64 != 0) {
     return make_error(ErrorKind::invalid, file + ": prefill_chunk_size " +
@@ -129,8 +134,9 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
                                               " is not a multiple of 64");
   }
   if (a.kv_blocks < 2) {
-    return make_error(ErrorKind::invalid, file + ": kvcache_num_blocks must be >= 2 (one is the "
-                                                 "padding rows' dummy block), got " +
+    return make_error(ErrorKind::invalid, file +
+                                              ": kvcache_num_blocks must be >= 2 (one is the "
+                                              "padding rows' dummy block), got " +
                                               std::to_string(a.kv_blocks));
   }
   if (a.max_seq_len > a.model.max_position) {
@@ -150,9 +156,9 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
     }
     uint32_t size = v.get<uint32_t>();
     if (!a.buckets.empty() && size <= a.buckets.back()) {
-      return make_error(ErrorKind::invalid,
-                        file + ": decoder_batch_sizes must ascend, " + std::to_string(size) +
-                            " follows " + std::to_string(a.buckets.back()));
+      return make_error(ErrorKind::invalid, file + ": decoder_batch_sizes must ascend, " +
+                                                std::to_string(size) + " follows " +
+                                                std::to_string(a.buckets.back()));
     }
     a.buckets.push_back(size);
   }
@@ -172,9 +178,9 @@ Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
   auto mismatch = [&](const std::string& ours, const std::string& theirs) {
     return make_error(ErrorKind::invalid, who + ours + ", manifest " + theirs);
   };
-  bool named = a.model_name == e.model_name ||
-               std::find(e.served_names.begin(), e.served_names.end(), a.model_name) !=
-                   e.served_names.end();
+  bool named =
+      a.model_name == e.model_name ||
+      std::find(e.served_names.begin(), e.served_names.end(), a.model_name) != e.served_names.end();
   if (!named) {
     return mismatch("model_name '" + a.model_name + "'", "[model] name '" + e.model_name + "'");
   }
@@ -197,9 +203,9 @@ Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
                         " (a decode step of seqs_max sequences fits no graph)");
   }
   if (a.kv_blocks < uint64_t{e.kv_blocks} + 1) {
-    return mismatch("kvcache_num_blocks " + std::to_string(a.kv_blocks),
-                    "executor kv_blocks " + std::to_string(e.kv_blocks) +
-                        " (+ 1 dummy block for padded rows)");
+    return mismatch(
+        "kvcache_num_blocks " + std::to_string(a.kv_blocks),
+        "executor kv_blocks " + std::to_string(e.kv_blocks) + " (+ 1 dummy block for padded rows)");
   }
   return {};
 }

@@ -34,18 +34,18 @@ struct RblnArtifact {
   std::string dir;
   std::string model_name;
   std::string compiler_version;
-  ModelConfig model;                   // the fields above; the rest at their defaults
-  uint32_t block_tokens = 0;           // kvcache_block_size
-  uint32_t kv_blocks = 0;              // kvcache_num_blocks, the dummy block included
+  ModelConfig model;          // the fields above; the rest at their defaults
+  uint32_t block_tokens = 0;  // kvcache_block_size
+  uint32_t kv_blocks = 0;     // kvcache_num_blocks, the dummy block included
   uint32_t kv_element_bytes = 2;
   uint32_t max_seq_len = 0;
-  uint32_t prefill_chunk = 0;          // prefill_chunk_size
-  std::vector<uint32_t> buckets;       // decoder_batch_sizes, ascending, distinct
-  uint32_t devices = 1;                // tensor_parallel_size
+  uint32_t prefill_chunk = 0;     // prefill_chunk_size
+  std::vector<uint32_t> buckets;  // decoder_batch_sizes, ascending, distinct
+  uint32_t devices = 1;           // tensor_parallel_size
 
   uint32_t table_blocks() const { return max_seq_len / block_tokens; }
-  std::string prefill_graph() const;                 // DIR/prefill.rbln
-  std::string decode_graph(uint32_t bucket) const;   // DIR/decoder_batch_B.rbln
+  std::string prefill_graph() const;                // DIR/prefill.rbln
+  std::string decode_graph(uint32_t bucket) const;  // DIR/decoder_batch_B.rbln
   // The smallest bucket >= rows; 0 when rows exceeds the largest.
   uint32_t bucket_for(uint32_t rows) const;
 };
@@ -58,13 +58,13 @@ Result<RblnArtifact> load_artifact(const std::string& dir);
 
 // What the manifest asks of the artifact.
 struct ArtifactExpect {
-  std::string model_name;          // [model] name; also accepted: any served name
+  std::string model_name;  // [model] name; also accepted: any served name
   std::vector<std::string> served_names;
-  uint32_t block_tokens = 0;       // [model] block_tokens
-  uint32_t max_model_tokens = 0;   // [model] max_model_tokens
-  uint32_t devices = 1;            // the executor's devices = [...] count (1 when empty)
-  uint32_t decode_seqs_max = 0;    // [decode] seqs_max: the largest bucket must hold it
-  uint32_t kv_blocks = 0;          // the executor's kv_blocks (+ 1 dummy must fit)
+  uint32_t block_tokens = 0;      // [model] block_tokens
+  uint32_t max_model_tokens = 0;  // [model] max_model_tokens
+  uint32_t devices = 1;           // the executor's devices = [...] count (1 when empty)
+  uint32_t decode_seqs_max = 0;   // [decode] seqs_max: the largest bucket must hold it
+  uint32_t kv_blocks = 0;         // the executor's kv_blocks (+ 1 dummy must fit)
 };
 
 // invalid naming both values at the first mismatch: "artifact DIR: kvcache_block_size 16,

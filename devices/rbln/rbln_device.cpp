@@ -166,8 +166,8 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
       pos_[r] = static_cast<int32_t>(s.start_pos);
       fill_table(s.block_table, tables_.data() + size_t{r} * table);
     }
-    std::string graph = "decoder_batch_" + std::to_string(bucket) + " (" + std::to_string(rows) +
-                        " rows)";
+    std::string graph =
+        "decoder_batch_" + std::to_string(bucket) + " (" + std::to_string(rows) + " rows)";
     if (auto st = run(decode_.at(bucket), graph, {ids_.data(), pos_.data(), tables_.data()},
                       logits_.data());
         !st) {
@@ -266,8 +266,7 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   }
   return std::unique_ptr<Device>(new RblnDevice(
       std::move(api).value(), std::move(artifact).value(), layout, std::move(pool).value(),
-      std::move(prefill).value(), std::move(decode),
-      std::chrono::milliseconds(r.run_timeout_ms)));
+      std::move(prefill).value(), std::move(decode), std::chrono::milliseconds(r.run_timeout_ms)));
 }
 
 }  // namespace tandem::devices::rbln

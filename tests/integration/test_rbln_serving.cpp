@@ -69,8 +69,8 @@ TEST_CASE("rbln serving: greedy text equals device cpu's, one node and loopback-
     CHECK(solo.logs().find("rbln device") != std::string::npos);
     std::vector<std::string> got = answers(solo);
     for (size_t i = 0; i < got.size(); ++i) {
-      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln: [", got[i], "]\ncpu:  [",
-                    cpu[i], "]");
+      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln: [", got[i], "]\ncpu:  [", cpu[i],
+                    "]");
     }
   }
   {
@@ -90,8 +90,10 @@ TEST_CASE("rbln serving: greedy text equals device cpu's, one node and loopback-
   }
 }
 
-TEST_CASE("rbln serving: a graph run that never completes ends its requests with errors; the "
-          "node keeps answering" * doctest::timeout(300)) {
+TEST_CASE(
+    "rbln serving: a graph run that never completes ends its requests with errors; the "
+    "node keeps answering" *
+    doctest::timeout(300)) {
   ServeCluster c(Layout::one_node, 100000, 0, "", "", "", false, true, "",
                  rbln_toml("hang", {{"fake_hang_graph", "decoder_batch_1"}}) +
                      "[supervisor]\nexecutor_step_timeout_ms = 1000\n");

@@ -69,7 +69,9 @@ std::string generate(const std::string& prompt, int max_tokens) {
   return out;
 }
 
-const std::vector<std::string>& prompts() { return story_prompts(); }
+const std::vector<std::string>& prompts() {
+  return story_prompts();
+}
 
 constexpr int kTokens = 24;
 

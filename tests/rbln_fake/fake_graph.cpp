@@ -46,8 +46,9 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   m->hang_graph = j.value("fake_hang_graph", std::string());
   if (m->block_tokens == 0 || m->kv_blocks == 0 || m->chunk == 0 || max_len == 0 ||
       j.value("kv_element_bytes", 2u) != 4) {
-    error = dir + "/rbln_config.json: the fake needs kvcache_block_size, kvcache_num_blocks, "
-                  "prefill_chunk_size, max_seq_len and kv_element_bytes 4 (fp32, the cpu pool's)";
+    error = dir +
+            "/rbln_config.json: the fake needs kvcache_block_size, kvcache_num_blocks, "
+            "prefill_chunk_size, max_seq_len and kv_element_bytes 4 (fp32, the cpu pool's)";
     return nullptr;
   }
   m->table_blocks = max_len / m->block_tokens;

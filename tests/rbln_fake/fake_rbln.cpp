@@ -6,8 +6,8 @@
 //    "fail_run": false, "never_completes": false}
 // A run writes, for every output j and byte i: (sum of input bytes i + j + 1) mod 256, after
 // delay_ms on a thread of its own. A path ending in ".rbln" is instead a graph of a compiled
-// model directory, computed by Tandem's cpu transformer (fake_graph.hpp). Built twice: once whole, once without rbln_async_wait
-// (RBLN_FAKE_WITHOUT_ASYNC_WAIT) for the missing-symbol path.
+// model directory, computed by Tandem's cpu transformer (fake_graph.hpp). Built twice: once whole,
+// once without rbln_async_wait (RBLN_FAKE_WITHOUT_ASYNC_WAIT) for the missing-symbol path.
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>

@@ -1852,3 +1852,30 @@ TEST_CASE("supervisor.drain_timeout_ms: read, ranged") {
   CHECK(std::get<ManifestErrors>(bad).describe().find("supervisor.drain_timeout_ms") !=
         std::string::npos);
 }
+
+TEST_CASE(
+    "rbln: [rbln] library and artifacts; required by an rbln executor; no speculation on "
+    "its decode instances") {
+  std::string rbln = replace(base_manifest, "device = \"cpu\"", "device = \"rbln\"");
+  auto missing = only_issue(rbln);
+  CHECK(missing.key == "node[0].instance[3].device");
+  CHECK(missing.line == line_of(rbln, "role = \"executor\"") - 1);
+  CHECK(missing.message.find("[rbln] artifacts (the compiled model directory) must be set") !=
+        std::string::npos);
+
+  std::string with = rbln + "[rbln]\nartifacts = \"compiled/tiny\"\n";
+  Manifest m = parse_ok(with);
+  CHECK(m.rbln.library == "/usr/local/lib/librbln_runtime.so");
+  CHECK(m.rbln.artifacts == "/etc/tandem/compiled/tiny");  // relative to the manifest
+  Manifest lib = parse_ok(rbln + "[rbln]\nartifacts = \"/c\"\nlibrary = \"/opt/rbln/lib.so\"\n");
+  CHECK(lib.rbln.library == "/opt/rbln/lib.so");
+
+  auto unknown = only_issue(with + "compiler = \"rebel-compile\"\n");
+  CHECK(unknown.key == "rbln.compiler");
+
+  std::string spec = with + "[speculative]\nmethod = \"suffix\"\n";
+  auto refused = only_issue(spec);
+  CHECK(refused.message.find("decode instance 'dec' runs on executor 'ex' with device \"rbln\"") !=
+        std::string::npos);
+  CHECK(refused.message.find("[speculative] method must be \"none\"") != std::string::npos);
+}

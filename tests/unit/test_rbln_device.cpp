@@ -33,7 +33,8 @@ std::string model_path() {
 }
 
 fs::path scratch(const std::string& tag) {
-  auto dir = fs::temp_directory_path() / ("tandem-rbln-dev-" + tag + "-" + std::to_string(::getpid()));
+  auto dir =
+      fs::temp_directory_path() / ("tandem-rbln-dev-" + tag + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir;
 }
@@ -119,7 +120,8 @@ std::vector<std::vector<int32_t>> generate(Device& device,
 
 std::vector<int32_t> prompt(uint32_t seed, size_t length) {
   std::vector<int32_t> p{1};
-  for (size_t i = 1; i < length; ++i) p.push_back(static_cast<int32_t>(100 + (seed * 131 + i * 17) % 3000));
+  for (size_t i = 1; i < length; ++i)
+    p.push_back(static_cast<int32_t>(100 + (seed * 131 + i * 17) % 3000));
   return p;
 }
 
