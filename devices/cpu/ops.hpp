@@ -11,9 +11,9 @@
 
 namespace tandem::devices::cpu {
 
-// C[M,N] = A[M,K] * W[N,K]^T + beta * C. Up to 8 rows go through small_gemm_nt (one sweep of
-// W for all rows, row-invariant: small_gemm.hpp); else one row through sgemv, more through
-// OpenBLAS sgemm.
+// C[M,N] = A[M,K] * W[N,K]^T + beta * C. Up to 64 rows go through small_gemm_nt (one sweep of
+// W per 8 rows, row-invariant: small_gemm.hpp); else (or without AVX2) one row through sgemv,
+// more through OpenBLAS sgemm.
 void gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
              float beta = 0.0f);
 

@@ -173,15 +173,19 @@ int64_t row_argmax(const float* x, uint32_t n) {
 bool small_gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
                    float beta) {
   if (isa == Isa::none || m == 0 || m > small_gemm_rows_max || k == 0 || n == 0) return false;
-  switch (m) {
-    case 1: run<1>(isa, a, k, w, n, c, beta); break;
-    case 2: run<2>(isa, a, k, w, n, c, beta); break;
-    case 3: run<3>(isa, a, k, w, n, c, beta); break;
-    case 4: run<4>(isa, a, k, w, n, c, beta); break;
-    case 5: run<5>(isa, a, k, w, n, c, beta); break;
-    case 6: run<6>(isa, a, k, w, n, c, beta); break;
-    case 7: run<7>(isa, a, k, w, n, c, beta); break;
-    default: run<8>(isa, a, k, w, n, c, beta); break;
+  for (uint32_t first = 0; first < m; first += small_gemm_block_rows) {
+    const float* ab = a + size_t{first} * k;
+    float* cb = c + size_t{first} * n;
+    switch (std::min(m - first, small_gemm_block_rows)) {
+      case 1: run<1>(isa, ab, k, w, n, cb, beta); break;
+      case 2: run<2>(isa, ab, k, w, n, cb, beta); break;
+      case 3: run<3>(isa, ab, k, w, n, cb, beta); break;
+      case 4: run<4>(isa, ab, k, w, n, cb, beta); break;
+      case 5: run<5>(isa, ab, k, w, n, cb, beta); break;
+      case 6: run<6>(isa, ab, k, w, n, cb, beta); break;
+      case 7: run<7>(isa, ab, k, w, n, cb, beta); break;
+      default: run<8>(isa, ab, k, w, n, cb, beta); break;
+    }
   }
   return true;
 }

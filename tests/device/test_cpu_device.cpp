@@ -484,6 +484,43 @@ TEST_CASE("cpu device: KV blocks copied to another device continue identically")
   }
 }
 
+TEST_CASE("cpu device: a pass of 4 sequences x 5 rows (past one 8-row block) gives each row "
+          "what a one-row pass gives, bit for bit") {
+  if (std::string(tandem::devices::cpu::small_gemm_isa()) == "none") return;  // BLAS path
+  for (Subject& s : subjects()) {
+    CAPTURE(s.name);
+    auto dev = open_device(s.path);
+    const ModelConfig& c = dev->model_config();
+    auto toks = random_tokens(c, 16, 47);
+    Blocks blocks(96);
+    constexpr uint32_t seqs = 4, rows = 5;
+    std::vector<std::vector<uint32_t>> many, single;
+    for (uint32_t q = 0; q < seqs; ++q) {
+      many.push_back(blocks.take(4));
+      single.push_back(blocks.take(4));
+      for (const auto& t : {many.back(), single.back()}) {
+        PrefillSeq p{q, t, 0, {toks.begin() + q, toks.begin() + q + 6}};
+        REQUIRE(dev->prefill(std::span(&p, 1)).ok());
+      }
+    }
+    std::vector<DecodeSeq> batch;
+    for (uint32_t q = 0; q < seqs; ++q) {
+      batch.push_back({q, many[q], 6, {toks.begin() + 6 + q, toks.begin() + 6 + q + rows}});
+    }
+    auto pass = dev->decode(batch);
+    REQUIRE_MESSAGE(pass.ok(), pass.error().describe());
+    for (uint32_t q = 0; q < seqs; ++q) {
+      REQUIRE(pass->seqs[q].rows_count == rows);
+      for (uint32_t i = 0; i < rows; ++i) {
+        DecodeSeq one{q, single[q], 6 + i, {toks[6 + q + i]}};
+        auto step = dev->decode(std::span(&one, 1));
+        REQUIRE(step.ok());
+        CHECK(row(pass->seqs[q], i, c.vocab_size) == step->seqs[0].logits);
+      }
+    }
+  }
+}
+
 TEST_CASE("cpu device: verifying k draft tokens in one pass equals k single steps") {
   for (Subject& s : subjects()) {
     CAPTURE(s.name);
