@@ -300,6 +300,11 @@ class Device {
   virtual Status copy_blocks_in(std::span<const uint32_t> blocks,
                                 std::span<const std::byte> src) = 0;
 
+  // Non-empty when the device takes no more work, and why (rbln: a run that never completed,
+  // whose buffers the runtime may still write). Every later pass fails; the executor tells its
+  // shell, which reports the instance not ready until the node restarts.
+  virtual std::string lost() const { return ""; }
+
   // A draft model is loaded (see DraftSeq).
   virtual bool has_draft_model() const { return false; }
   // The next drafts, in batch order. `forget`: sequences that ended; the draft model's state

@@ -52,9 +52,19 @@ class ExecWatch {
     ++timeouts_;
     return true;
   }
+  // The executor's device takes no more work (an answer said so: ExecResult::device_lost):
+  // for good, the shell plans no step and reports not ready with `reason`. The first reason
+  // stays. Returns true the first time (to log it once).
+  bool lose(const std::string& reason) {
+    if (!lost_.empty() || reason.empty()) return false;
+    lost_ = reason;
+    return true;
+  }
+  bool lost() const { return !lost_.empty(); }
   bool in_flight() const { return since_.has_value(); }
-  bool stalled() const { return stalled_since_.has_value(); }
+  bool stalled() const { return stalled_since_.has_value() || lost(); }
   std::string stall_reason() const {
+    if (lost()) return "executor device lost: " + lost_;
     return "executor step timed out after " + std::to_string(timeout_.count()) +
            " ms and has not answered since";
   }
@@ -75,6 +85,7 @@ class ExecWatch {
   std::optional<Clock::time_point> stalled_since_;  // abandoned then; not answered since
   Clock::duration late_by_{};
   uint64_t timeouts_ = 0;
+  std::string lost_;
 };
 
 }  // namespace tandem::actors

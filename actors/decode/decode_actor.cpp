@@ -462,8 +462,28 @@ uint64_t watch_start(DecodeState& st, std::shared_ptr<StepRun> run) {
 
 // True when the answer is for the request in flight; false for a late one (its request timed
 // out and its step already ended): the executor answers again, so steps resume.
-bool watch_answered(DecodeActor* self, uint64_t gen) {
+void on_cancel(DecodeActor* self, uint64_t id);
+
+// The executor's device is lost: every request held here ends with that error (their gateways
+// may retry them elsewhere), and new ones are refused (on_generate).
+void fail_all(DecodeActor* self) {
   auto& st = self->state;
+  std::vector<std::pair<uint64_t, ActorName>> held;
+  for (const auto& [id, s] : st.seqs) held.emplace_back(id, s.reply_to);
+  for (const auto& [id, to] : held) {
+    send_error(st.ctx, st.self_name, to, id, make_error(ErrorKind::failed, st.watch->stall_reason()));
+    on_cancel(self, id);
+  }
+}
+
+bool watch_answered(DecodeActor* self, uint64_t gen, const ExecResult* result = nullptr) {
+  auto& st = self->state;
+  if (result && st.watch->lose(result->device_lost)) {
+    st.ctx.log->error("decode {}: {}; its requests end with this error and no step runs "
+                      "until the node restarts",
+                      st.self_name.instance, st.watch->stall_reason());
+    fail_all(self);
+  }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_run.reset();
     return true;
@@ -564,7 +584,7 @@ bool request_drafts(DecodeActor* self, const std::vector<decode::SampledTokens>&
                 ExecBatch{ExecKind::draft, nullptr, nullptr, batch, forget})
       .then(
           [self, gen](const ExecResult& r) {
-            if (!watch_answered(self, gen)) return;
+            if (!watch_answered(self, gen, &r)) return;
             auto& st = self->state;
             st.stepping = false;
             if (r.ok && r.drafts) {
@@ -609,7 +629,7 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
                 ExecBatch{ExecKind::decode, nullptr, batch})
       .then(
           [self, run, gen](const ExecResult& r) {
-            if (!watch_answered(self, gen)) return;
+            if (!watch_answered(self, gen, &r)) return;
             bool sized = r.ok && r.output->seqs.size() == run->decode_entries.size();
             run->decode_out = r.output;
             finish_step(self, run, sized ? "" : (r.ok ? "wrong batch size" : r.error));
@@ -647,7 +667,7 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then(
           [self, run, gen](const ExecResult& r) {
-            if (!watch_answered(self, gen)) return;
+            if (!watch_answered(self, gen, &r)) return;
             if (!r.ok || r.output->seqs.size() != run->prefill_entries.size()) {
               return finish_step(self, run, r.ok ? "wrong batch size" : r.error);
             }
@@ -719,6 +739,10 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   auto reply_to = messages::ActorName::parse(req.getReplyTo().cStr());
   ActorName from = messages::get_name(envelope.getSource());
   if (!reply_to.ok()) return send_error(st.ctx, st.self_name, from, id, reply_to.error());
+  if (st.watch->lost()) {
+    return send_error(st.ctx, st.self_name, *reply_to, id,
+                      make_error(ErrorKind::failed, st.watch->stall_reason()));
+  }
   auto hashes = messages::get_hashes(req.getBlockHashes());
   auto sampling = messages::get_sampling(req.getSampling(), st.info.model.vocab_size);
   auto prompt = messages::get_tokens(req.getPromptTokenIds());

@@ -212,6 +212,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
           return ExecResult{false, "executor: too many passes in flight", nullptr, 0};
         }
         ExecResult result = run_batch(*st.device, batch);
+        result.device_lost = st.device->lost();
         auto now = self->clock().now();
         auto answer_at = result.output ? result.output->ready_at : now;  // drafts: no model time
         if (st.stall_next_ms > 0) {

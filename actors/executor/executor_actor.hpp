@@ -51,6 +51,9 @@ struct ExecResult {
   std::shared_ptr<const devices::StepOutput> output;
   uint64_t compute_ns = 0;
   std::shared_ptr<const std::vector<devices::DraftOutput>> drafts;  // kind draft
+  // Non-empty: the device takes no more work (Device::lost()); the shell stops stepping and
+  // reports the instance not ready with this reason.
+  std::string device_lost;
 };
 
 // Builds the device spec for `instance` (an executor) from the manifest.

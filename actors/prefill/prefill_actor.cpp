@@ -191,8 +191,12 @@ void on_step(PrefillActor* self, const prefill::PrefillPlan& plan, const ExecRes
 
 // True when the answer is for the request in flight; false for a late one (it timed out and its
 // step already ended): the executor answers again, so steps resume.
-bool watch_answered(PrefillActor* self, uint64_t gen) {
+bool watch_answered(PrefillActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
+  if (result && st.watch->lose(result->device_lost)) {
+    st.ctx.log->error("prefill {}: {}; no step runs until the node restarts",
+                      st.self_name.instance, st.watch->stall_reason());
+  }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_plan.reset();
     return true;
@@ -221,7 +225,7 @@ void pump(PrefillActor* self) {
                 ExecBatch{ExecKind::prefill, batch, nullptr})
       .then(
           [self, kept, gen](const ExecResult& r) {
-            if (watch_answered(self, gen)) on_step(self, *kept, r);
+            if (watch_answered(self, gen, &r)) on_step(self, *kept, r);
           },
           [self, kept, gen](caf::error& e) {
             if (!watch_answered(self, gen)) return;

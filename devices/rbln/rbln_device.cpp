@@ -38,6 +38,9 @@ class RblnDevice final : public Device {
   Result<StepOutput> decode(std::span<const DecodeSeq> batch) override;
   Status copy_blocks_out(std::span<const uint32_t> blocks, std::span<std::byte> dst) override;
   Status copy_blocks_in(std::span<const uint32_t> blocks, std::span<const std::byte> src) override;
+  std::string lost() const override {
+    return poisoned_.empty() ? "" : "rbln " + poisoned_ + " (restart the node)";
+  }
 
  private:
   // Submits one run and waits for it; a timeout poisons the device.

@@ -3,7 +3,8 @@
 // transformer) and a compiled-model directory written for it. Greedy text equals the one-node
 // cluster on device = "cpu" for 20 prompts, on one node and on loopback-3 with P/D (KV pulled by
 // RMA out of the rbln executor's pool); a graph run that never completes ends its requests with
-// errors and leaves the node serving /health and /metrics.
+// errors, leaves the node serving /health and /metrics, and marks the instance not ready for
+// good (its device is lost).
 #include <doctest.h>
 
 #include <cstdlib>
@@ -115,6 +116,23 @@ TEST_CASE(
   }
   CHECK(c.node("solo").running());
   CHECK(http::get(c.admin_port("solo"), "/metrics", 3000ms).status == 200);
+  // The device is lost for good (the runtime may still write what it was given): the instance
+  // reports not ready with the reason, and stays so, instead of "serving again".
+  CHECK_MESSAGE(eventually(10000ms,
+                           [&] {
+                             auto h = http::get(c.http_port(), "/health", 1000ms);
+                             return h.status == 503 &&
+                                    h.body.find("executor device lost: rbln decoder_batch_1") !=
+                                        std::string::npos;
+                           }),
+                c.logs());
+  std::this_thread::sleep_for(1500ms);
+  auto still = http::get(c.http_port(), "/health", 1000ms);
+  CHECK(still.status == 503);
+  auto refused = http::post(c.http_port(), "/v1/completions",
+                            completion_body("Once upon a time", 8, false).dump(), 30000ms);
+  CHECK(refused.status == 503);
+  CHECK(refused.body.find("device lost") != std::string::npos);
   std::string log = c.logs();
   // The device's own wait or the decode shell's step watch (the same 1 s) ended it first; later
   // steps find the device poisoned.

@@ -34,3 +34,20 @@ TEST_CASE("ExecWatch: timely answers, a timeout, a late answer, and the stall in
   CHECK(c > b);
   CHECK(watch.answered(c, t + 5100ms));
 }
+
+TEST_CASE("exec watch: a lost device stalls the shell for good, with the first reason") {
+  using namespace std::chrono_literals;
+  tandem::actors::ExecWatch w(100ms);
+  auto t0 = tandem::actors::ExecWatch::Clock::now();
+  CHECK_FALSE(w.lose(""));  // no reason: not lost
+  CHECK_FALSE(w.stalled());
+  uint64_t g = w.start(t0);
+  CHECK(w.lose("rbln decoder_batch_1 run 3 did not complete"));
+  CHECK_FALSE(w.lose("another"));  // the first reason stays; logged once
+  CHECK(w.answered(g, t0 + 10ms));  // the step in flight still ends (with its error)
+  CHECK(w.lost());
+  CHECK(w.stalled());
+  CHECK(w.stall_reason() == "executor device lost: rbln decoder_batch_1 run 3 did not complete");
+  CHECK_FALSE(w.expired(t0 + 10s));
+  CHECK(w.stalled());  // no late answer ends it
+}
