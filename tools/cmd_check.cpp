@@ -7,6 +7,7 @@
 #include "actors/executor/executor_actor.hpp"
 #include "config/manifest.hpp"
 #include "devices/kv_memory.hpp"
+#include "devices/rbln/rbln_device.hpp"
 #include "tools/commands.hpp"
 #include "tools/local_host.hpp"
 
@@ -52,6 +53,36 @@ int check_kv_memory(const config::Manifest& manifest) {
   return exit_code;
 }
 
+// Probes each rbln executor of this host's nodes (library, symbols, compiled directory against
+// the manifest) as its executor would at start. Returns the exit code.
+int check_rbln(const config::Manifest& manifest) {
+  const HostIdentity self = this_host();
+  int exit_code = 0;
+  for (const config::Node& node : manifest.nodes) {
+    for (const config::Instance& instance : node.instances) {
+      if (instance.role != config::Role::executor ||
+          instance.device != config::DeviceKind::rbln) {
+        continue;
+      }
+      if (!is_local_host(node.host, self)) {
+        std::printf("rbln      %s/%s: not probed (node %s is not this host)\n", node.name.c_str(),
+                    instance.name.c_str(), node.host.c_str());
+        continue;
+      }
+      auto probed = devices::rbln::probe_rbln(actors::device_spec(manifest, instance));
+      if (probed.ok()) {
+        std::printf("rbln      %s/%s: %s\n", node.name.c_str(), instance.name.c_str(),
+                    probed->c_str());
+      } else {
+        std::fprintf(stderr, "%s: rbln executor %s/%s: %s\n", manifest.file.c_str(),
+                     node.name.c_str(), instance.name.c_str(), probed.error().message.c_str());
+        exit_code = 1;
+      }
+    }
+  }
+  return exit_code;
+}
+
 }  // namespace
 
 int cmd_check(cli::Args args) {
@@ -64,7 +95,10 @@ int cmd_check(cli::Args args) {
       "`file:line:column: key: message`, to stderr and exits 1. Then prints each node's KV\n"
       "pool bytes; a node on this host whose pools do not fit its memory (with a margin), or\n"
       "all of this host's nodes together (as `tandem up` starts them), is an error too\n"
-      "(`tandem node` / `tandem up` refuse to start), exit 1. A bad command line exits 2.");
+      "(`tandem node` / `tandem up` refuse to start), exit 1. Executors with device\n"
+      "\"rbln\" on this host are probed as they would start: the runtime library and its\n"
+      "symbols, and the compiled model directory against the manifest (docs/rbln.md); a\n"
+      "failure is printed and exits 1. A bad command line exits 2.");
   flags.positional("MANIFEST", "path of the cluster manifest, e.g. config/examples/local.toml");
   int exit_code = 0;
   if (!flags.parse(args, &exit_code)) return exit_code;
@@ -77,7 +111,9 @@ int cmd_check(cli::Args args) {
   }
   const auto& manifest = std::get<config::Manifest>(loaded);
   std::fputs(config::summarize(manifest).c_str(), stdout);
-  return check_kv_memory(manifest);
+  int kv = check_kv_memory(manifest);
+  int rbln = check_rbln(manifest);
+  return kv != 0 ? kv : rbln;
 }
 
 }  // namespace tandem::tools

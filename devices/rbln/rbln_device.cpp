@@ -226,9 +226,8 @@ Result<RblnRuntime> open_graph(const std::shared_ptr<const RblnApi>& api, const 
   return rt;
 }
 
-}  // namespace
-
-Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
+// The compiled directory of `spec`, checked against what the manifest expects.
+Result<RblnArtifact> checked_artifact(const DeviceSpec& spec) {
   const RblnSpec& r = spec.rbln;
   if (spec.blocks_total == 0) {
     return make_error(ErrorKind::invalid, "rbln device: kv_blocks must be > 0");
@@ -244,6 +243,31 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   expect.decode_seqs_max = r.decode_seqs_max;
   expect.kv_blocks = spec.blocks_total;
   if (auto st = check_artifact(*artifact, expect); !st) return st.error();
+  return artifact;
+}
+
+}  // namespace
+
+Result<std::string> probe_rbln(const DeviceSpec& spec) {
+  auto artifact = checked_artifact(spec);
+  if (!artifact.ok()) return artifact.error();
+  auto api = RblnApi::load(spec.rbln.library);
+  if (!api.ok()) return api.error();
+  const RblnArtifact& a = *artifact;
+  std::string buckets;
+  for (uint32_t b : a.buckets) buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
+  return "library " + spec.rbln.library + " (" + std::to_string(rbln_required_symbols().size()) +
+         " symbols" + ((*api)->device_count ? ", device-memory calls present" : "") +
+         "); compiled " + a.dir + ": model " + a.model_name + ", compiler " + a.compiler_version +
+         ", block " + std::to_string(a.block_tokens) + ", max length " +
+         std::to_string(a.max_seq_len) + ", chunk " + std::to_string(a.prefill_chunk) +
+         ", buckets [" + buckets + "], devices " + std::to_string(a.devices);
+}
+
+Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
+  const RblnSpec& r = spec.rbln;
+  auto artifact = checked_artifact(spec);
+  if (!artifact.ok()) return artifact.error();
   auto api = RblnApi::load(r.library);
   if (!api.ok()) return api.error();
 

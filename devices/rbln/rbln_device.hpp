@@ -35,4 +35,11 @@ namespace tandem::devices::rbln {
 // manifest naming both values), invalid (blocks_total 0).
 Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec);
 
+// What `tandem check` probes for an rbln executor without touching a device: the compiled
+// directory loaded and checked against the manifest, and the runtime library loaded with every
+// symbol resolved. On success a one-line summary ("library L (9 symbols); compiled D: model M,
+// compiler V, block B, max length L, chunk C, buckets [..], devices N"); else the error the
+// executor would start with.
+Result<std::string> probe_rbln(const DeviceSpec& spec);
+
 }  // namespace tandem::devices::rbln

@@ -140,3 +140,32 @@ TEST_CASE(
                  log.find("executor step timed out after 1000 ms") != std::string::npos),
                 log);
 }
+
+TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled directory") {
+  std::string toml = rbln_toml("check");
+  ServeCluster ok(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
+  auto checked = run({tandem_bin(), "check", ok.manifest_path()}, 60000ms);
+  CHECK_MESSAGE(checked.exit_code == 0, checked.output);
+  CHECK(checked.output.find("rbln      solo/exec-d: library " + fake_lib() + " (9 symbols)") !=
+        std::string::npos);
+  CHECK(checked.output.find("model stories15M, compiler fake-0.1, block 16, max length 256, "
+                            "chunk 64, buckets [1, 2, 4, 8], devices 1") != std::string::npos);
+
+  // A missing library, and a manifest the compiled directory does not fit.
+  std::string no_lib = toml;
+  no_lib.replace(no_lib.find(fake_lib()), fake_lib().size(), "/nonexistent/librbln_runtime.so");
+  ServeCluster missing(Layout::one_node, 32, 0, "", "", "", false, false, "", no_lib);
+  auto refused = run({tandem_bin(), "check", missing.manifest_path()}, 60000ms);
+  CHECK(refused.exit_code == 1);
+  CHECK_MESSAGE(refused.output.find("rbln executor solo/exec-d: cannot load "
+                                    "/nonexistent/librbln_runtime.so") != std::string::npos,
+                refused.output);
+  std::string wide_toml = toml;
+  wide_toml.replace(wide_toml.find("seqs_max = 8"), 12, "seqs_max = 16");
+  ServeCluster wide(Layout::one_node, 32, 0, "", "", "", false, false, "", wide_toml);
+  auto mismatch = run({tandem_bin(), "check", wide.manifest_path()}, 60000ms);
+  CHECK(mismatch.exit_code == 1);
+  CHECK_MESSAGE(mismatch.output.find("largest decoder_batch_sizes bucket 8, manifest [decode] "
+                                     "seqs_max 16") != std::string::npos,
+                mismatch.output);
+}
