@@ -807,7 +807,9 @@ void Loader::read_decode(const toml::table& table) {
 
 // [sim] is free-form (the sim device knows its names); every value must be a finite number.
 void Loader::read_rbln(const toml::table& table) {
-  TableReader reader(sink_, table, "rbln", {"library", "artifacts"});
+  TableReader reader(sink_, table, "rbln",
+                     {"library", "artifacts", "compiler", "cache_dir", "prefill_chunk",
+                      "kv_element_bytes"});
   RblnSection& rbln = manifest_.rbln;
   rbln.line = table.source().begin ? table.source().begin.line : 0;
   auto absolute = [&](std::string& path) {
@@ -816,7 +818,26 @@ void Loader::read_rbln(const toml::table& table) {
     path = p.lexically_normal().string();
   };
   if (reader.read_string("library", rbln.library)) absolute(rbln.library);
-  if (reader.read_string("artifacts", rbln.artifacts)) absolute(rbln.artifacts);
+  if (reader.read_string("artifacts", rbln.artifacts) && !rbln.artifacts.empty()) {
+    absolute(rbln.artifacts);
+  }
+  reader.read_string("compiler", rbln.compiler);
+  rbln.cache_dir = "rbln-cache";
+  reader.read_string("cache_dir", rbln.cache_dir);
+  absolute(rbln.cache_dir);
+  if (reader.read_int("prefill_chunk", 64, 65536, rbln.prefill_chunk) &&
+      rbln.prefill_chunk % 64 != 0) {
+    reader.issue("prefill_chunk", "must be a multiple of 64, got " +
+                                      std::to_string(rbln.prefill_chunk));
+  }
+  if (reader.read_int("kv_element_bytes", 1, 4, rbln.kv_element_bytes) &&
+      rbln.kv_element_bytes == 3) {
+    reader.issue("kv_element_bytes", "must be 1, 2 or 4, got 3");
+  }
+  if (!rbln.artifacts.empty() && !rbln.compiler.empty()) {
+    reader.issue("compiler", "set artifacts (a compiled directory) or compiler (the compile "
+                             "cache), not both");
+  }
 }
 
 // Executors with device "rbln" need [rbln] artifacts; their decode instances cannot speculate
@@ -828,11 +849,11 @@ void Loader::check_rbln() {
       const Instance& inst = instances[i];
       if (inst.role != Role::executor || inst.device != DeviceKind::rbln) continue;
       const InstanceDecl& decl = decls_[origins_[n][i].decl_index];
-      if (manifest_.rbln.artifacts.empty()) {
+      if (manifest_.rbln.artifacts.empty() && manifest_.rbln.compiler.empty()) {
         sink_.add(decl.pos, decl.path + ".device",
                   "executor '" + inst.name +
-                      "' has device \"rbln\": [rbln] artifacts (the "
-                      "compiled model directory) must be set");
+                      "' has device \"rbln\": [rbln] artifacts (the compiled model directory) "
+                      "or compiler (the compile cache) must be set");
         return;
       }
       if (manifest_.speculative.method == SpeculativeMethod::none) continue;

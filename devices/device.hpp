@@ -247,7 +247,13 @@ struct SimMarkup {
 // the compiled model (devices/rbln/rbln_artifact.hpp checks it).
 struct RblnSpec {
   std::string library;               // librbln_runtime.so to dlopen
-  std::string artifacts;             // the compiled model directory
+  std::string artifacts;  // the compiled model directory; empty: from the compile cache
+  // The compile cache (devices/rbln/rbln_compile.hpp): the compiler command, its cache, and the
+  // shapes asked of it.
+  std::string compiler;
+  std::string cache_dir;
+  uint32_t prefill_chunk = 128;
+  uint32_t kv_element_bytes = 2;
   std::vector<uint32_t> device_ids;  // the instance's devices; runtimes open on the first
   std::string model_name;
   std::vector<std::string> served_names;

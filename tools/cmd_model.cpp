@@ -2,7 +2,13 @@
 #include <cstdio>
 #include <string>
 
+#include <chrono>
+#include <variant>
+
+#include "actors/executor/executor_actor.hpp"
+#include "config/manifest.hpp"
 #include "devices/cpu/weights.hpp"
+#include "devices/rbln/rbln_compile.hpp"
 #include "tools/commands.hpp"
 #include "tools/model_synth.hpp"
 
@@ -138,15 +144,79 @@ int synth(cli::Args args) {
 
 }  // namespace
 
+// `tandem model compile --manifest M`: every rbln executor's graphs into the compile cache.
+int compile(cli::Args args) {
+  cli::Flags flags("tandem model compile --manifest MANIFEST",
+                   "Runs [rbln] compiler for every graph the manifest's rbln executors need\n"
+                   "(prefill and one decode graph per bucket), into [rbln] cache_dir, keyed by\n"
+                   "the model's fingerprint, shapes, buckets, block size, max length, device\n"
+                   "count and the compiler's version (docs/rbln.md). What is cached already is\n"
+                   "kept. Prints one line per executor. Exits 1 when a compile fails or the\n"
+                   "manifest has no rbln executor with a compiler, 2 on a bad command line.");
+  flags.flag("manifest", "FILE", "the cluster manifest", "");
+  int exit_code = 0;
+  if (!flags.parse(args, &exit_code)) return exit_code;
+  if (flags.get("manifest").empty()) {
+    std::fprintf(stderr, "tandem model compile: --manifest is required\n");
+    return 2;
+  }
+  auto loaded = config::load_manifest(flags.get("manifest"));
+  if (const auto* errors = std::get_if<config::ManifestErrors>(&loaded)) {
+    for (const auto& issue : errors->issues) std::fprintf(stderr, "%s\n", issue.describe().c_str());
+    return 1;
+  }
+  const auto& manifest = std::get<config::Manifest>(loaded);
+  if (manifest.rbln.compiler.empty()) {
+    std::fprintf(stderr, "tandem model compile: %s sets no [rbln] compiler\n",
+                 manifest.file.c_str());
+    return 1;
+  }
+  int executors = 0;
+  for (const config::Node& node : manifest.nodes) {
+    for (const config::Instance& instance : node.instances) {
+      if (instance.role != config::Role::executor ||
+          instance.device != config::DeviceKind::rbln) {
+        continue;
+      }
+      ++executors;
+      auto started = std::chrono::steady_clock::now();
+      auto request = devices::rbln::compile_request(actors::device_spec(manifest, instance));
+      auto done = devices::rbln::compile(request, manifest.rbln.compiler, manifest.rbln.cache_dir);
+      if (!done.ok()) {
+        std::fprintf(stderr, "%s/%s: %s\n", node.name.c_str(), instance.name.c_str(),
+                     done.error().message.c_str());
+        exit_code = 1;
+        continue;
+      }
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (done->cached) {
+        std::printf("%s/%s: cached %s\n", node.name.c_str(), instance.name.c_str(),
+                    done->dir.c_str());
+      } else {
+        std::printf("%s/%s: compiled %u graphs in %.1f s into %s\n", node.name.c_str(),
+                    instance.name.c_str(), done->graphs, s, done->dir.c_str());
+      }
+    }
+  }
+  if (executors == 0) {
+    std::fprintf(stderr, "tandem model compile: %s has no executor with device \"rbln\"\n",
+                 manifest.file.c_str());
+    return 1;
+  }
+  return exit_code;
+}
+
 int cmd_model(cli::Args args) {
   if (args.empty() || std::string(args[0]) == "--help" || std::string(args[0]) == "-h") {
     std::fprintf(args.empty() ? stderr : stdout,
                  "usage: tandem model SUBCOMMAND\n\n  synth   write a small random model "
-                 "(tandem model synth --help)\n");
+                 "(tandem model synth --help)\n  compile compile the rbln executors' graphs "
+                 "into the compile cache (tandem model compile --help)\n");
     return args.empty() ? 2 : 0;
   }
   if (std::string(args[0]) == "synth") return synth(args.subspan(1));
-  std::fprintf(stderr, "tandem model: unknown subcommand '%s' (try: synth)\n", args[0]);
+  if (std::string(args[0]) == "compile") return compile(args.subspan(1));
+  std::fprintf(stderr, "tandem model: unknown subcommand '%s' (try: synth, compile)\n", args[0]);
   return 2;
 }
 

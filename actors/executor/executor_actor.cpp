@@ -24,6 +24,10 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.sim = manifest.sim_params(instance);
   spec.rbln.library = manifest.rbln.library;
   spec.rbln.artifacts = manifest.rbln.artifacts;
+  spec.rbln.compiler = manifest.rbln.compiler;
+  spec.rbln.cache_dir = manifest.rbln.cache_dir;
+  spec.rbln.prefill_chunk = manifest.rbln.prefill_chunk;
+  spec.rbln.kv_element_bytes = manifest.rbln.kv_element_bytes;
   spec.rbln.device_ids = instance.device_ids;
   spec.rbln.model_name = manifest.model.name;
   spec.rbln.served_names = manifest.model.served_names;

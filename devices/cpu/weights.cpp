@@ -612,6 +612,52 @@ ModelConfig llama2c_config(const Llama2cHeader& h) {
 
 }  // namespace
 
+Result<ModelShape> read_model_shape(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string file = path;
+  if (fs::is_directory(path, ec)) {
+    fs::path config = fs::path(path) / "config.json";
+    if (fs::exists(config, ec)) {
+      std::ifstream in(config, std::ios::binary);
+      std::ostringstream text;
+      text << in.rdbuf();
+      auto c = parse_hf_config(text.str(), config.string());
+      if (!c) return c.error();
+      ModelShape shape{*c, text.str()};
+      std::vector<std::string> shards;
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        if (e.path().extension() == ".safetensors") {
+          shards.push_back(e.path().filename().string() + "=" +
+                           std::to_string(fs::file_size(e.path(), ec)));
+        }
+      }
+      std::sort(shards.begin(), shards.end());
+      for (const auto& s : shards) shape.fingerprint += "\n" + s;
+      return shape;
+    }
+    file.clear();
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.path().extension() == ".bin" && e.path().filename() != "tokenizer.bin") {
+        file = e.path().string();
+      }
+    }
+    if (file.empty()) {
+      return make_error(ErrorKind::not_found,
+                        path + ": neither config.json nor a llama2.c .bin checkpoint");
+    }
+  }
+  std::ifstream in(file, std::ios::binary);
+  Llama2cHeader h{};
+  if (!in.read(reinterpret_cast<char*>(&h), sizeof h)) {
+    return make_error(ErrorKind::not_found, file + ": cannot read a llama2.c header");
+  }
+  if (auto st = check_llama2c_header(h, file); !st) return st.error();
+  ModelShape shape{llama2c_config(h), std::string(reinterpret_cast<const char*>(&h), sizeof h)};
+  shape.fingerprint += "\nsize=" + std::to_string(fs::file_size(file, ec));
+  return shape;
+}
+
 Result<ModelWeights> load_llama2c(const std::string& path) {
   auto map = MappedFile::open(path);
   if (!map) return map.error();

@@ -104,4 +104,14 @@ Result<ModelWeights> load_model(const std::string& path);
 // Reads config.json alone (no tensors). Exposed for tests and `tandem model` tools.
 Result<ModelConfig> parse_hf_config(const std::string& json_text, const std::string& file);
 
+// The model's shape and a fingerprint of its files, without reading a tensor: an HF directory's
+// config.json (fingerprint: its text plus every *.safetensors file's name and size), a llama2.c
+// file's header (or the one .bin beside tokenizer.bin in a directory; fingerprint: the header
+// and the file's size). For compile-cache keys (devices/rbln/rbln_compile.hpp).
+struct ModelShape {
+  ModelConfig config;
+  std::string fingerprint;  // bytes to hash, not printable
+};
+Result<ModelShape> read_model_shape(const std::string& path);
+
 }  // namespace tandem::devices::cpu

@@ -6,6 +6,7 @@
 
 #include "devices/rbln/rbln_api.hpp"
 #include "devices/rbln/rbln_artifact.hpp"
+#include "devices/rbln/rbln_compile.hpp"
 
 namespace tandem::devices::rbln {
 namespace {
@@ -232,8 +233,22 @@ Result<RblnArtifact> checked_artifact(const DeviceSpec& spec) {
   if (spec.blocks_total == 0) {
     return make_error(ErrorKind::invalid, "rbln device: kv_blocks must be > 0");
   }
-  auto artifact = load_artifact(r.artifacts);
+  std::string dir = r.artifacts, version;
+  if (!r.compiler.empty()) {
+    auto v = compiler_version(r.compiler);
+    if (!v.ok()) return v.error();
+    version = *v;
+    auto cached = find_cached(compile_request(spec), r.cache_dir, version);
+    if (!cached.ok()) return cached.error();
+    dir = *cached;
+  }
+  auto artifact = load_artifact(dir);
   if (!artifact.ok()) return artifact.error();
+  if (!version.empty() && artifact->compiler_version != version) {
+    return make_error(ErrorKind::invalid, "rbln artifact " + dir + ": built by compiler " +
+                                              artifact->compiler_version +
+                                              ", the installed compiler is " + version);
+  }
   ArtifactExpect expect;
   expect.model_name = r.model_name;
   expect.served_names = r.served_names;

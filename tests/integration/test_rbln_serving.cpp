@@ -169,3 +169,64 @@ TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled
                                      "seqs_max 16") != std::string::npos,
                 mismatch.output);
 }
+
+TEST_CASE("rbln: `tandem model compile` fills the cache with a stand-in compiler; nodes use it "
+          "and refuse what another compiler version built" * doctest::timeout(300)) {
+  // The stand-in compiler: its version from a file the test edits; each graph compile logged.
+  std::string dir = make_temp_dir("rbln-compile");
+  std::string script = dir + "/rbln-compile";
+  write_file(dir + "/version", "1.2.0\n");
+  write_file(script,
+             "#!/bin/sh\n"
+             "if [ \"$1\" = --version ]; then echo \"$(cat " + dir + "/version)\"; exit 0; fi\n"
+             "out=''\n"
+             "while [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=\"$2\"; shift; done\n"
+             "[ -n \"$out\" ] || { echo 'no --out' >&2; exit 3; }\n"
+             "echo compiled >> " + dir + "/calls\n"
+             "echo 'fake graph' > \"$out\"\n");
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
+                     "\"\ncache_dir = \"" + dir + "/cache\"\nprefill_chunk = 64\n"
+                     "kv_element_bytes = 4\n[decode]\nseqs_max = 8\n";
+  ServeCluster c(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
+  auto first = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
+  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  // The prefill executor serves no decode instance: prefill and decoder_batch_1; the decode
+  // executor: prefill and buckets 1, 2, 4, 8 (up to [decode] seqs_max).
+  CHECK_MESSAGE(first.output.find("solo/exec-p: compiled 2 graphs") != std::string::npos,
+                first.output);
+  CHECK(first.output.find("solo/exec-d: compiled 5 graphs") != std::string::npos);
+  CHECK(first.output.find("into " + dir + "/cache/stories15M-") != std::string::npos);
+  CHECK(first.output.find("/1.2.0\n") != std::string::npos);
+  std::string seven;
+  for (int i = 0; i < 7; ++i) seven += "compiled\n";
+  CHECK(read_file(dir + "/calls") == seven);
+  auto again = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
+  CHECK(again.exit_code == 0);
+  CHECK(again.output.find("solo/exec-p: cached") != std::string::npos);
+  CHECK(again.output.find("solo/exec-d: cached") != std::string::npos);
+  CHECK(read_file(dir + "/calls") == seven);  // nothing recompiled
+
+  // The node serves from the cache.
+  c.restart("solo");
+  REQUIRE_MESSAGE(c.wait_ready(60000ms), c.logs());
+  Completion r = complete(c.http_port(), story_prompts()[0], 8);
+  CHECK_MESSAGE(r.error.empty(), r.error);
+  CHECK(!r.text.empty());
+
+  // Another compiler version: the cached graphs are refused, naming both versions.
+  write_file(dir + "/version", "1.3.0\n");
+  auto checked = run({tandem_bin(), "check", c.manifest_path()}, 60000ms);
+  CHECK(checked.exit_code == 1);
+  CHECK_MESSAGE(checked.output.find("holds graphs built by compiler 1.2.0, the installed "
+                                    "compiler is 1.3.0") != std::string::npos,
+                checked.output);
+  // A compiler that fails says which graph and why.
+  write_file(script, "#!/bin/sh\n[ \"$1\" = --version ] && { echo 9.9; exit 0; }\n"
+                     "echo 'out of licences' >&2; exit 4\n");
+  auto failed = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 60000ms);
+  CHECK(failed.exit_code == 1);
+  CHECK_MESSAGE(failed.output.find("rbln compile of prefill failed (exit 4): out of licences") !=
+                    std::string::npos,
+                failed.output);
+}

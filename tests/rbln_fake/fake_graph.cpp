@@ -33,8 +33,10 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   if (auto m = models[dir].lock()) return m;
   std::ifstream in(dir + "/rbln_config.json");
   auto j = nlohmann::json::parse(in, nullptr, false);
-  if (!in || j.is_discarded() || !j.is_object() || !j.contains("fake_model_path")) {
-    error = dir + "/rbln_config.json: missing, not JSON, or without fake_model_path";
+  if (!in || j.is_discarded() || !j.is_object() ||
+      !(j.contains("fake_model_path") || j.contains("source_model_path"))) {
+    error = dir + "/rbln_config.json: missing, not JSON, or without fake_model_path or "
+                  "source_model_path";
     return nullptr;
   }
   auto m = std::make_shared<FakeModel>();
@@ -54,7 +56,7 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   m->table_blocks = max_len / m->block_tokens;
   devices::DeviceSpec spec;
   spec.kind = config::DeviceKind::cpu;
-  spec.model_path = j["fake_model_path"].get<std::string>();
+  spec.model_path = j.value("fake_model_path", j.value("source_model_path", std::string()));
   spec.block_tokens = m->block_tokens;
   spec.blocks_total = m->kv_blocks;
   spec.threads = 1;

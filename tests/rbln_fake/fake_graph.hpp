@@ -3,7 +3,8 @@
 // compared token for token with `device = "cpu"`.
 //
 // The directory's rbln_config.json carries, besides what the backend reads, "fake_model_path"
-// (the weights: a llama2.c .bin or an HF directory) and optional fault switches:
+// (the weights: a llama2.c .bin or an HF directory; else "source_model_path", which
+// `tandem model compile` writes) and optional fault switches:
 //   "fake_fail_graph": "prefill" | "decoder_batch_N"  -- that graph's runs fail with a message
 //   "fake_hang_graph": "..."                          -- that graph's runs never complete
 // A graph run reads the blocks its block tables name from the kv_cache input into the cpu

@@ -1860,8 +1860,8 @@ TEST_CASE(
   auto missing = only_issue(rbln);
   CHECK(missing.key == "node[0].instance[3].device");
   CHECK(missing.line == line_of(rbln, "role = \"executor\"") - 1);
-  CHECK(missing.message.find("[rbln] artifacts (the compiled model directory) must be set") !=
-        std::string::npos);
+  CHECK(missing.message.find("[rbln] artifacts (the compiled model directory) or compiler (the "
+                             "compile cache) must be set") != std::string::npos);
 
   std::string with = rbln + "[rbln]\nartifacts = \"compiled/tiny\"\n";
   Manifest m = parse_ok(with);
@@ -1870,8 +1870,18 @@ TEST_CASE(
   Manifest lib = parse_ok(rbln + "[rbln]\nartifacts = \"/c\"\nlibrary = \"/opt/rbln/lib.so\"\n");
   CHECK(lib.rbln.library == "/opt/rbln/lib.so");
 
-  auto unknown = only_issue(with + "compiler = \"rebel-compile\"\n");
-  CHECK(unknown.key == "rbln.compiler");
+  auto unknown = only_issue(with + "compile = \"rebel-compile\"\n");
+  CHECK(unknown.key == "rbln.compile");
+  auto both = only_issue(with + "compiler = \"rebel-compile\"\n");
+  CHECK(both.key == "rbln.compiler");
+  CHECK(both.message.find("not both") != std::string::npos);
+  Manifest cached = parse_ok(rbln + "[rbln]\ncompiler = \"rebel-compile --opt 2\"\n");
+  CHECK(cached.rbln.artifacts.empty());
+  CHECK(cached.rbln.compiler == "rebel-compile --opt 2");
+  CHECK(cached.rbln.cache_dir == "/etc/tandem/rbln-cache");
+  CHECK(cached.rbln.prefill_chunk == 128);
+  CHECK(only_issue(rbln + "[rbln]\ncompiler = \"c\"\nprefill_chunk = 100\n").message ==
+        "must be a multiple of 64, got 100");
 
   std::string spec = with + "[speculative]\nmethod = \"suffix\"\n";
   auto refused = only_issue(spec);

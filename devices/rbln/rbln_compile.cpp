@@ -1,0 +1,215 @@
+#include "devices/rbln/rbln_compile.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "devices/cpu/weights.hpp"
+
+namespace tandem::devices::rbln {
+namespace fs = std::filesystem;
+
+namespace {
+
+// 'text' for /bin/sh: single-quoted, embedded quotes closed and escaped.
+std::string quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Ran {
+  int status = -1;     // the command's exit status; -1: it could not run or was signalled
+  std::string output;  // stdout and stderr
+};
+
+// Runs `command` by /bin/sh, its output captured (bounded: the last 64 KiB kept).
+Ran run_shell(const std::string& command) {
+  Ran ran;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return ran;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) {
+    ran.output.append(buf, n);
+    if (ran.output.size() > 65536) ran.output.erase(0, ran.output.size() - 65536);
+  }
+  int status = ::pclose(pipe);
+  ran.status = status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return ran;
+}
+
+std::string last_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  size_t at = text.rfind('\n');
+  return at == std::string::npos ? text : text.substr(at + 1);
+}
+
+// A version as a directory name: [A-Za-z0-9._-], anything else '_'.
+std::string safe_name(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) c = '_';
+  }
+  return out.empty() ? "_" : out;
+}
+
+std::vector<std::string> graphs_of(const CompileRequest& r) {
+  std::vector<std::string> names{"prefill"};
+  for (uint32_t b : r.buckets) names.push_back("decoder_batch_" + std::to_string(b));
+  return names;
+}
+
+}  // namespace
+
+CompileRequest compile_request(const DeviceSpec& spec) {
+  CompileRequest r;
+  r.model_path = spec.model_path;
+  r.model_name = spec.rbln.model_name;
+  r.block_tokens = spec.block_tokens;
+  r.max_seq_len = spec.rbln.max_model_tokens;
+  r.prefill_chunk = spec.rbln.prefill_chunk;
+  r.devices = spec.rbln.device_ids.empty() ? 1 : static_cast<uint32_t>(spec.rbln.device_ids.size());
+  r.kv_blocks = spec.blocks_total + 1;
+  r.kv_element_bytes = spec.rbln.kv_element_bytes;
+  const uint32_t top = std::max<uint32_t>(spec.rbln.decode_seqs_max, 1);
+  for (uint32_t b = 1; b < top; b *= 2) r.buckets.push_back(b);
+  r.buckets.push_back(top);
+  return r;
+}
+
+Result<std::string> compiler_version(const std::string& compiler) {
+  Ran ran = run_shell(compiler + " --version");
+  std::string first = ran.output.substr(0, ran.output.find('\n'));
+  while (!first.empty() && (first.back() == ' ' || first.back() == '\r')) first.pop_back();
+  if (ran.status != 0 || first.empty()) {
+    return make_error(ErrorKind::failed,
+                      "rbln compiler `" + compiler + " --version` " +
+                          (ran.status != 0 ? "exited " + std::to_string(ran.status)
+                                           : std::string("printed nothing")) +
+                          (ran.output.empty() ? "" : ": " + last_line(ran.output)));
+  }
+  return first;
+}
+
+Result<std::string> shape_dir(const CompileRequest& r, const std::string& cache_dir) {
+  auto shape = cpu::read_model_shape(r.model_path);
+  if (!shape.ok()) return shape.error();
+  std::string key = shape->fingerprint + "\nblock=" + std::to_string(r.block_tokens) +
+                    ";max_seq_len=" + std::to_string(r.max_seq_len) +
+                    ";chunk=" + std::to_string(r.prefill_chunk) +
+                    ";devices=" + std::to_string(r.devices) +
+                    ";kv_blocks=" + std::to_string(r.kv_blocks) +
+                    ";kv_element_bytes=" + std::to_string(r.kv_element_bytes) + ";buckets=";
+  for (uint32_t b : r.buckets) key += std::to_string(b) + ",";
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH64(key.data(), key.size(), 0)));
+  return cache_dir + "/" + safe_name(r.model_name) + "-" + hex;
+}
+
+Result<std::string> find_cached(const CompileRequest& r, const std::string& cache_dir,
+                                const std::string& version) {
+  auto shaped = shape_dir(r, cache_dir);
+  if (!shaped.ok()) return shaped.error();
+  std::string dir = *shaped + "/" + safe_name(version);
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "rbln_config.json", ec)) return dir;
+  std::string others;
+  for (const auto& e : fs::directory_iterator(*shaped, ec)) {
+    if (!e.is_directory() || e.path().filename().string().rfind(".tmp", 0) == 0) continue;
+    others += (others.empty() ? "" : ", ") + e.path().filename().string();
+  }
+  if (!others.empty()) {
+    return make_error(ErrorKind::not_found,
+                      "rbln: " + *shaped + " holds graphs built by compiler " + others +
+                          ", the installed compiler is " + version +
+                          "; an artifact is only used with the compiler version that built it "
+                          "(run `tandem model compile --manifest ...`)");
+  }
+  return make_error(ErrorKind::not_found, "rbln: nothing compiled for this executor in " +
+                                              cache_dir + " (run `tandem model compile "
+                                                          "--manifest ...`)");
+}
+
+Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compiler,
+                               const std::string& cache_dir) {
+  auto version = compiler_version(compiler);
+  if (!version.ok()) return version.error();
+  auto found = find_cached(r, cache_dir, *version);
+  if (found.ok()) return CompileOutcome{*found, true, 0};
+  auto shape = cpu::read_model_shape(r.model_path);
+  if (!shape.ok()) return shape.error();
+  auto shaped = shape_dir(r, cache_dir);
+  if (!shaped.ok()) return shaped.error();
+  std::string final_dir = *shaped + "/" + safe_name(*version);
+  std::string tmp = *shaped + "/.tmp-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) {
+    return make_error(ErrorKind::failed, "rbln compile: cannot create " + tmp + ": " + ec.message());
+  }
+  CompileOutcome out{final_dir, false, 0};
+  for (const std::string& graph : graphs_of(r)) {
+    uint32_t batch = graph == "prefill" ? 1 : static_cast<uint32_t>(std::stoul(graph.substr(14)));
+    std::string command = compiler + " --model " + quoted(r.model_path) + " --graph " + graph +
+                          " --out " + quoted(tmp + "/" + graph + ".rbln") + " --block-tokens " +
+                          std::to_string(r.block_tokens) + " --max-seq-len " +
+                          std::to_string(r.max_seq_len) + " --prefill-chunk " +
+                          std::to_string(r.prefill_chunk) + " --batch " + std::to_string(batch) +
+                          " --devices " + std::to_string(r.devices) + " --kv-blocks " +
+                          std::to_string(r.kv_blocks) + " --kv-element-bytes " +
+                          std::to_string(r.kv_element_bytes);
+    Ran ran = run_shell(command);
+    if (ran.status != 0 || !fs::exists(tmp + "/" + graph + ".rbln", ec)) {
+      fs::remove_all(tmp, ec);
+      return make_error(ErrorKind::failed,
+                        "rbln compile of " + graph + " failed (exit " + std::to_string(ran.status) +
+                            (ran.status == 0 ? ", no output file" : "") +
+                            "): " + last_line(ran.output));
+    }
+    ++out.graphs;
+  }
+  const ModelConfig& m = shape->config;
+  nlohmann::json j = {
+      {"model_name", r.model_name},
+      {"compiler_version", *version},
+      {"model",
+       {{"vocab_size", m.vocab_size},
+        {"hidden", m.hidden},
+        {"layers", m.layers},
+        {"heads", m.heads},
+        {"kv_heads", m.kv_heads},
+        {"head_dim", m.head_dim},
+        {"max_position", m.max_position},
+        {"bos_id", m.bos_id},
+        {"eos_id", m.eos_id}}},
+      {"kvcache_block_size", r.block_tokens},
+      {"kvcache_num_blocks", r.kv_blocks},
+      {"kv_element_bytes", r.kv_element_bytes},
+      {"max_seq_len", r.max_seq_len},
+      {"prefill_chunk_size", r.prefill_chunk},
+      {"decoder_batch_sizes", r.buckets},
+      {"tensor_parallel_size", r.devices},
+      {"source_model_path", r.model_path},
+  };
+  std::ofstream(tmp + "/rbln_config.json") << j.dump(2);
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) {
+    fs::remove_all(tmp, ec);
+    return make_error(ErrorKind::failed, "rbln compile: cannot move the graphs into " + final_dir);
+  }
+  return out;
+}
+
+}  // namespace tandem::devices::rbln

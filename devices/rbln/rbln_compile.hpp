@@ -1,0 +1,70 @@
+// The rbln compile cache: `tandem model compile` runs the operator's compiler for every graph an
+// rbln executor needs, into a cache directory keyed by what the graphs depend on; a node then
+// uses what it finds there and refuses what another compiler version built.
+//
+// The compiler is the manifest's `[rbln] compiler`, a command line run by /bin/sh, called as
+//   COMPILER --version                       first line of stdout: the version
+//   COMPILER --model PATH --graph NAME --out FILE --block-tokens B --max-seq-len L
+//            --prefill-chunk C --batch N --devices D --kv-blocks K --kv-element-bytes E
+// once per graph (NAME prefill with batch 1, or decoder_batch_N), writing FILE and exiting 0.
+// Tandem writes rbln_config.json itself (rbln_artifact.hpp) from the model's shape.
+//
+// Cache layout: CACHE/<model name>-<16 hex digits of the shape key>/<compiler version>/, the
+// shape key hashing the model's fingerprint (config or header, file sizes), block size, max
+// length, chunk, buckets, device count, KV blocks and element bytes. The public stack's own
+// cache leaves the compiler version out; here an entry built by another version is found (its
+// shape directory exists) and refused, naming both versions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "devices/device.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::devices::rbln {
+
+// What one executor's graphs are compiled for.
+struct CompileRequest {
+  std::string model_path;
+  std::string model_name;
+  uint32_t block_tokens = 0;
+  uint32_t max_seq_len = 0;
+  uint32_t prefill_chunk = 128;
+  std::vector<uint32_t> buckets;  // ascending
+  uint32_t devices = 1;
+  uint32_t kv_blocks = 0;         // the directory's kvcache_num_blocks (executor's + 1 dummy)
+  uint32_t kv_element_bytes = 2;
+};
+
+// The request for an rbln executor's DeviceSpec (spec.rbln.compiler set): buckets are the powers
+// of two below [decode] seqs_max, then seqs_max (1, 2, 4, 8 for 8; 1 alone when the executor
+// serves no decode instance).
+CompileRequest compile_request(const DeviceSpec& spec);
+
+// The compiler's version (`COMPILER --version`, first line, trimmed). failed when it cannot run,
+// exits non-zero or prints nothing.
+Result<std::string> compiler_version(const std::string& compiler);
+
+// CACHE/<name>-<key> (no version).
+Result<std::string> shape_dir(const CompileRequest& request, const std::string& cache_dir);
+
+// The cached directory for `request` built by `version`: CACHE/.../<version>. not_found when
+// none; when the shape was compiled by other versions only, the error names them and `version`.
+Result<std::string> find_cached(const CompileRequest& request, const std::string& cache_dir,
+                                const std::string& version);
+
+struct CompileOutcome {
+  std::string dir;
+  bool cached = false;  // found, nothing compiled
+  uint32_t graphs = 0;  // compiled now
+};
+
+// find_cached, else runs the compiler for every graph into a temporary directory beside the
+// entry, writes rbln_config.json, and renames it into place. Errors: failed, naming the graph,
+// the command's exit status and its output's last line.
+Result<CompileOutcome> compile(const CompileRequest& request, const std::string& compiler,
+                               const std::string& cache_dir);
+
+}  // namespace tandem::devices::rbln
