@@ -807,9 +807,9 @@ void Loader::read_decode(const toml::table& table) {
 
 // [sim] is free-form (the sim device knows its names); every value must be a finite number.
 void Loader::read_rbln(const toml::table& table) {
-  TableReader reader(sink_, table, "rbln",
-                     {"library", "artifacts", "compiler", "cache_dir", "prefill_chunk",
-                      "kv_element_bytes"});
+  TableReader reader(
+      sink_, table, "rbln",
+      {"library", "artifacts", "compiler", "cache_dir", "prefill_chunk", "kv_element_bytes"});
   RblnSection& rbln = manifest_.rbln;
   rbln.line = table.source().begin ? table.source().begin.line : 0;
   auto absolute = [&](std::string& path) {
@@ -827,16 +827,17 @@ void Loader::read_rbln(const toml::table& table) {
   absolute(rbln.cache_dir);
   if (reader.read_int("prefill_chunk", 64, 65536, rbln.prefill_chunk) &&
       rbln.prefill_chunk % 64 != 0) {
-    reader.issue("prefill_chunk", "must be a multiple of 64, got " +
-                                      std::to_string(rbln.prefill_chunk));
+    reader.issue("prefill_chunk",
+                 "must be a multiple of 64, got " + std::to_string(rbln.prefill_chunk));
   }
   if (reader.read_int("kv_element_bytes", 1, 4, rbln.kv_element_bytes) &&
       rbln.kv_element_bytes == 3) {
     reader.issue("kv_element_bytes", "must be 1, 2 or 4, got 3");
   }
   if (!rbln.artifacts.empty() && !rbln.compiler.empty()) {
-    reader.issue("compiler", "set artifacts (a compiled directory) or compiler (the compile "
-                             "cache), not both");
+    reader.issue("compiler",
+                 "set artifacts (a compiled directory) or compiler (the compile "
+                 "cache), not both");
   }
 }
 

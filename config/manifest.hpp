@@ -219,9 +219,9 @@ struct RblnSection {
   // `compiler` into `cache_dir` (default DIR/rbln-cache beside the manifest); executors use it.
   std::string compiler;
   std::string cache_dir;
-  uint32_t prefill_chunk = 128;    // a multiple of 64
-  uint32_t kv_element_bytes = 2;   // 1, 2 or 4
-  uint32_t line = 0;      // of the [rbln] table; 0 when absent
+  uint32_t prefill_chunk = 128;   // a multiple of 64
+  uint32_t kv_element_bytes = 2;  // 1, 2 or 4
+  uint32_t line = 0;              // of the [rbln] table; 0 when absent
 };
 
 struct Instance {

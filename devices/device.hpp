@@ -246,7 +246,7 @@ struct SimMarkup {
 // rbln only: where the runtime and the compiled model are, and what the manifest expects of
 // the compiled model (devices/rbln/rbln_artifact.hpp checks it).
 struct RblnSpec {
-  std::string library;               // librbln_runtime.so to dlopen
+  std::string library;    // librbln_runtime.so to dlopen
   std::string artifacts;  // the compiled model directory; empty: from the compile cache
   // The compile cache (devices/rbln/rbln_compile.hpp): the compiler command, its cache, and the
   // shapes asked of it.

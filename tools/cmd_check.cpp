@@ -60,8 +60,7 @@ int check_rbln(const config::Manifest& manifest) {
   int exit_code = 0;
   for (const config::Node& node : manifest.nodes) {
     for (const config::Instance& instance : node.instances) {
-      if (instance.role != config::Role::executor ||
-          instance.device != config::DeviceKind::rbln) {
+      if (instance.role != config::Role::executor || instance.device != config::DeviceKind::rbln) {
         continue;
       }
       if (!is_local_host(node.host, self)) {

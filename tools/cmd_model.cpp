@@ -1,8 +1,7 @@
 // `tandem model synth`: writes a small HF-style model with deterministic random weights.
+#include <chrono>
 #include <cstdio>
 #include <string>
-
-#include <chrono>
 #include <variant>
 
 #include "actors/executor/executor_actor.hpp"
@@ -174,8 +173,7 @@ int compile(cli::Args args) {
   int executors = 0;
   for (const config::Node& node : manifest.nodes) {
     for (const config::Instance& instance : node.instances) {
-      if (instance.role != config::Role::executor ||
-          instance.device != config::DeviceKind::rbln) {
+      if (instance.role != config::Role::executor || instance.device != config::DeviceKind::rbln) {
         continue;
       }
       ++executors;

@@ -471,7 +471,8 @@ void fail_all(DecodeActor* self) {
   std::vector<std::pair<uint64_t, ActorName>> held;
   for (const auto& [id, s] : st.seqs) held.emplace_back(id, s.reply_to);
   for (const auto& [id, to] : held) {
-    send_error(st.ctx, st.self_name, to, id, make_error(ErrorKind::failed, st.watch->stall_reason()));
+    send_error(st.ctx, st.self_name, to, id,
+               make_error(ErrorKind::failed, st.watch->stall_reason()));
     on_cancel(self, id);
   }
 }
@@ -479,9 +480,10 @@ void fail_all(DecodeActor* self) {
 bool watch_answered(DecodeActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
   if (result && st.watch->lose(result->device_lost)) {
-    st.ctx.log->error("decode {}: {}; its requests end with this error and no step runs "
-                      "until the node restarts",
-                      st.self_name.instance, st.watch->stall_reason());
+    st.ctx.log->error(
+        "decode {}: {}; its requests end with this error and no step runs "
+        "until the node restarts",
+        st.self_name.instance, st.watch->stall_reason());
     fail_all(self);
   }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {

@@ -194,8 +194,8 @@ void on_step(PrefillActor* self, const prefill::PrefillPlan& plan, const ExecRes
 bool watch_answered(PrefillActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
   if (result && st.watch->lose(result->device_lost)) {
-    st.ctx.log->error("prefill {}: {}; no step runs until the node restarts",
-                      st.self_name.instance, st.watch->stall_reason());
+    st.ctx.log->error("prefill {}: {}; no step runs until the node restarts", st.self_name.instance,
+                      st.watch->stall_reason());
   }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_plan.reset();

@@ -177,14 +177,30 @@ bool small_gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint3
     const float* ab = a + size_t{first} * k;
     float* cb = c + size_t{first} * n;
     switch (std::min(m - first, small_gemm_block_rows)) {
-      case 1: run<1>(isa, ab, k, w, n, cb, beta); break;
-      case 2: run<2>(isa, ab, k, w, n, cb, beta); break;
-      case 3: run<3>(isa, ab, k, w, n, cb, beta); break;
-      case 4: run<4>(isa, ab, k, w, n, cb, beta); break;
-      case 5: run<5>(isa, ab, k, w, n, cb, beta); break;
-      case 6: run<6>(isa, ab, k, w, n, cb, beta); break;
-      case 7: run<7>(isa, ab, k, w, n, cb, beta); break;
-      default: run<8>(isa, ab, k, w, n, cb, beta); break;
+      case 1:
+        run<1>(isa, ab, k, w, n, cb, beta);
+        break;
+      case 2:
+        run<2>(isa, ab, k, w, n, cb, beta);
+        break;
+      case 3:
+        run<3>(isa, ab, k, w, n, cb, beta);
+        break;
+      case 4:
+        run<4>(isa, ab, k, w, n, cb, beta);
+        break;
+      case 5:
+        run<5>(isa, ab, k, w, n, cb, beta);
+        break;
+      case 6:
+        run<6>(isa, ab, k, w, n, cb, beta);
+        break;
+      case 7:
+        run<7>(isa, ab, k, w, n, cb, beta);
+        break;
+      default:
+        run<8>(isa, ab, k, w, n, cb, beta);
+        break;
     }
   }
   return true;

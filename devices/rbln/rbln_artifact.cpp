@@ -173,6 +173,31 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
   return a;
 }
 
+nlohmann::json artifact_config_json(const RblnArtifact& a) {
+  const ModelConfig& m = a.model;
+  return {
+      {"model_name", a.model_name},
+      {"compiler_version", a.compiler_version},
+      {"model",
+       {{"vocab_size", m.vocab_size},
+        {"hidden", m.hidden},
+        {"layers", m.layers},
+        {"heads", m.heads},
+        {"kv_heads", m.kv_heads},
+        {"head_dim", m.head_dim},
+        {"max_position", m.max_position},
+        {"bos_id", m.bos_id},
+        {"eos_id", m.eos_id}}},
+      {"kvcache_block_size", a.block_tokens},
+      {"kvcache_num_blocks", a.kv_blocks},
+      {"kv_element_bytes", a.kv_element_bytes},
+      {"max_seq_len", a.max_seq_len},
+      {"prefill_chunk_size", a.prefill_chunk},
+      {"decoder_batch_sizes", a.buckets},
+      {"tensor_parallel_size", a.devices},
+  };
+}
+
 Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
   std::string who = "rbln artifact " + a.dir + ": ";
   auto mismatch = [&](const std::string& ours, const std::string& theirs) {

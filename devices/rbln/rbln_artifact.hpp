@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct RblnArtifact {
 // and that every graph file exists. Errors: not_found (no directory, config or graph file,
 // naming the path), invalid (naming the key and value).
 Result<RblnArtifact> load_artifact(const std::string& dir);
+
+// The rbln_config.json that load_artifact reads back as `artifact` (`dir` is not written).
+nlohmann::json artifact_config_json(const RblnArtifact& artifact);
 
 // What the manifest asks of the artifact.
 struct ArtifactExpect {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "devices/cpu/weights.hpp"
+#include "devices/rbln/rbln_artifact.hpp"
 
 namespace tandem::devices::rbln {
 namespace fs = std::filesystem;
@@ -136,8 +137,9 @@ Result<std::string> find_cached(const CompileRequest& r, const std::string& cach
                           "(run `tandem model compile --manifest ...`)");
   }
   return make_error(ErrorKind::not_found, "rbln: nothing compiled for this executor in " +
-                                              cache_dir + " (run `tandem model compile "
-                                                          "--manifest ...`)");
+                                              cache_dir +
+                                              " (run `tandem model compile "
+                                              "--manifest ...`)");
 }
 
 Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compiler,
@@ -156,52 +158,42 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) {
-    return make_error(ErrorKind::failed, "rbln compile: cannot create " + tmp + ": " + ec.message());
+    return make_error(ErrorKind::failed,
+                      "rbln compile: cannot create " + tmp + ": " + ec.message());
   }
   CompileOutcome out{final_dir, false, 0};
   for (const std::string& graph : graphs_of(r)) {
     uint32_t batch = graph == "prefill" ? 1 : static_cast<uint32_t>(std::stoul(graph.substr(14)));
-    std::string command = compiler + " --model " + quoted(r.model_path) + " --graph " + graph +
-                          " --out " + quoted(tmp + "/" + graph + ".rbln") + " --block-tokens " +
-                          std::to_string(r.block_tokens) + " --max-seq-len " +
-                          std::to_string(r.max_seq_len) + " --prefill-chunk " +
-                          std::to_string(r.prefill_chunk) + " --batch " + std::to_string(batch) +
-                          " --devices " + std::to_string(r.devices) + " --kv-blocks " +
-                          std::to_string(r.kv_blocks) + " --kv-element-bytes " +
-                          std::to_string(r.kv_element_bytes);
+    std::string command =
+        compiler + " --model " + quoted(r.model_path) + " --graph " + graph + " --out " +
+        quoted(tmp + "/" + graph + ".rbln") + " --block-tokens " + std::to_string(r.block_tokens) +
+        " --max-seq-len " + std::to_string(r.max_seq_len) + " --prefill-chunk " +
+        std::to_string(r.prefill_chunk) + " --batch " + std::to_string(batch) + " --devices " +
+        std::to_string(r.devices) + " --kv-blocks " + std::to_string(r.kv_blocks) +
+        " --kv-element-bytes " + std::to_string(r.kv_element_bytes);
     Ran ran = run_shell(command);
     if (ran.status != 0 || !fs::exists(tmp + "/" + graph + ".rbln", ec)) {
       fs::remove_all(tmp, ec);
-      return make_error(ErrorKind::failed,
-                        "rbln compile of " + graph + " failed (exit " + std::to_string(ran.status) +
-                            (ran.status == 0 ? ", no output file" : "") +
-                            "): " + last_line(ran.output));
+      return make_error(ErrorKind::failed, "rbln compile of " + graph + " failed (exit " +
+                                               std::to_string(ran.status) +
+                                               (ran.status == 0 ? ", no output file" : "") +
+                                               "): " + last_line(ran.output));
     }
     ++out.graphs;
   }
-  const ModelConfig& m = shape->config;
-  nlohmann::json j = {
-      {"model_name", r.model_name},
-      {"compiler_version", *version},
-      {"model",
-       {{"vocab_size", m.vocab_size},
-        {"hidden", m.hidden},
-        {"layers", m.layers},
-        {"heads", m.heads},
-        {"kv_heads", m.kv_heads},
-        {"head_dim", m.head_dim},
-        {"max_position", m.max_position},
-        {"bos_id", m.bos_id},
-        {"eos_id", m.eos_id}}},
-      {"kvcache_block_size", r.block_tokens},
-      {"kvcache_num_blocks", r.kv_blocks},
-      {"kv_element_bytes", r.kv_element_bytes},
-      {"max_seq_len", r.max_seq_len},
-      {"prefill_chunk_size", r.prefill_chunk},
-      {"decoder_batch_sizes", r.buckets},
-      {"tensor_parallel_size", r.devices},
-      {"source_model_path", r.model_path},
-  };
+  RblnArtifact art;
+  art.model_name = r.model_name;
+  art.compiler_version = *version;
+  art.model = shape->config;
+  art.block_tokens = r.block_tokens;
+  art.kv_blocks = r.kv_blocks;
+  art.kv_element_bytes = r.kv_element_bytes;
+  art.max_seq_len = r.max_seq_len;
+  art.prefill_chunk = r.prefill_chunk;
+  art.buckets = r.buckets;
+  art.devices = r.devices;
+  nlohmann::json j = artifact_config_json(art);
+  j["source_model_path"] = r.model_path;
   std::ofstream(tmp + "/rbln_config.json") << j.dump(2);
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir, ec);

@@ -34,7 +34,7 @@ struct CompileRequest {
   uint32_t prefill_chunk = 128;
   std::vector<uint32_t> buckets;  // ascending
   uint32_t devices = 1;
-  uint32_t kv_blocks = 0;         // the directory's kvcache_num_blocks (executor's + 1 dummy)
+  uint32_t kv_blocks = 0;  // the directory's kvcache_num_blocks (executor's + 1 dummy)
   uint32_t kv_element_bytes = 2;
 };
 

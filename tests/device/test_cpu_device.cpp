@@ -484,8 +484,9 @@ TEST_CASE("cpu device: KV blocks copied to another device continue identically")
   }
 }
 
-TEST_CASE("cpu device: a pass of 4 sequences x 5 rows (past one 8-row block) gives each row "
-          "what a one-row pass gives, bit for bit") {
+TEST_CASE(
+    "cpu device: a pass of 4 sequences x 5 rows (past one 8-row block) gives each row "
+    "what a one-row pass gives, bit for bit") {
   if (std::string(tandem::devices::cpu::small_gemm_isa()) == "none") return;  // BLAS path
   for (Subject& s : subjects()) {
     CAPTURE(s.name);

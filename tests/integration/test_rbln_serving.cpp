@@ -170,23 +170,30 @@ TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled
                 mismatch.output);
 }
 
-TEST_CASE("rbln: `tandem model compile` fills the cache with a stand-in compiler; nodes use it "
-          "and refuse what another compiler version built" * doctest::timeout(300)) {
+TEST_CASE(
+    "rbln: `tandem model compile` fills the cache with a stand-in compiler; nodes use it "
+    "and refuse what another compiler version built" *
+    doctest::timeout(300)) {
   // The stand-in compiler: its version from a file the test edits; each graph compile logged.
   std::string dir = make_temp_dir("rbln-compile");
   std::string script = dir + "/rbln-compile";
   write_file(dir + "/version", "1.2.0\n");
   write_file(script,
              "#!/bin/sh\n"
-             "if [ \"$1\" = --version ]; then echo \"$(cat " + dir + "/version)\"; exit 0; fi\n"
-             "out=''\n"
-             "while [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=\"$2\"; shift; done\n"
-             "[ -n \"$out\" ] || { echo 'no --out' >&2; exit 3; }\n"
-             "echo compiled >> " + dir + "/calls\n"
-             "echo 'fake graph' > \"$out\"\n");
+             "if [ \"$1\" = --version ]; then echo \"$(cat " +
+                 dir +
+                 "/version)\"; exit 0; fi\n"
+                 "out=''\n"
+                 "while [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=\"$2\"; shift; done\n"
+                 "[ -n \"$out\" ] || { echo 'no --out' >&2; exit 3; }\n"
+                 "echo compiled >> " +
+                 dir +
+                 "/calls\n"
+                 "echo 'fake graph' > \"$out\"\n");
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
-                     "\"\ncache_dir = \"" + dir + "/cache\"\nprefill_chunk = 64\n"
+                     "\"\ncache_dir = \"" + dir +
+                     "/cache\"\nprefill_chunk = 64\n"
                      "kv_element_bytes = 4\n[decode]\nseqs_max = 8\n";
   ServeCluster c(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
   auto first = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
@@ -222,8 +229,9 @@ TEST_CASE("rbln: `tandem model compile` fills the cache with a stand-in compiler
                                     "compiler is 1.3.0") != std::string::npos,
                 checked.output);
   // A compiler that fails says which graph and why.
-  write_file(script, "#!/bin/sh\n[ \"$1\" = --version ] && { echo 9.9; exit 0; }\n"
-                     "echo 'out of licences' >&2; exit 4\n");
+  write_file(script,
+             "#!/bin/sh\n[ \"$1\" = --version ] && { echo 9.9; exit 0; }\n"
+             "echo 'out of licences' >&2; exit 4\n");
   auto failed = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 60000ms);
   CHECK(failed.exit_code == 1);
   CHECK_MESSAGE(failed.output.find("rbln compile of prefill failed (exit 4): out of licences") !=

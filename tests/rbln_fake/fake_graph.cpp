@@ -35,8 +35,9 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   auto j = nlohmann::json::parse(in, nullptr, false);
   if (!in || j.is_discarded() || !j.is_object() ||
       !(j.contains("fake_model_path") || j.contains("source_model_path"))) {
-    error = dir + "/rbln_config.json: missing, not JSON, or without fake_model_path or "
-                  "source_model_path";
+    error = dir +
+            "/rbln_config.json: missing, not JSON, or without fake_model_path or "
+            "source_model_path";
     return nullptr;
   }
   auto m = std::make_shared<FakeModel>();

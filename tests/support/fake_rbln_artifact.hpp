@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "devices/cpu/weights.hpp"
+#include "devices/rbln/rbln_artifact.hpp"
 
 namespace tandem::testing {
 
@@ -33,30 +34,20 @@ inline std::string write_fake_rbln_artifact(const std::filesystem::path& dir,
                                             const FakeRblnArtifact& a) {
   auto weights = devices::cpu::load_model(a.model_path);
   if (!weights.ok()) throw std::runtime_error(weights.error().describe());
-  const devices::ModelConfig& m = weights->config;
   std::filesystem::create_directories(dir);
-  nlohmann::json j = {
-      {"model_name", a.model_name},
-      {"compiler_version", a.compiler_version},
-      {"model",
-       {{"vocab_size", m.vocab_size},
-        {"hidden", m.hidden},
-        {"layers", m.layers},
-        {"heads", m.heads},
-        {"kv_heads", m.kv_heads},
-        {"head_dim", m.head_dim},
-        {"max_position", m.max_position},
-        {"bos_id", m.bos_id},
-        {"eos_id", m.eos_id}}},
-      {"kvcache_block_size", a.block_tokens},
-      {"kvcache_num_blocks", a.kv_blocks},
-      {"kv_element_bytes", 4},
-      {"max_seq_len", a.max_seq_len},
-      {"prefill_chunk_size", a.prefill_chunk},
-      {"decoder_batch_sizes", a.buckets},
-      {"tensor_parallel_size", a.devices},
-      {"fake_model_path", a.model_path},
-  };
+  devices::rbln::RblnArtifact art;
+  art.model_name = a.model_name;
+  art.compiler_version = a.compiler_version;
+  art.model = weights->config;
+  art.block_tokens = a.block_tokens;
+  art.kv_blocks = a.kv_blocks;
+  art.kv_element_bytes = 4;  // the fake computes with the cpu pool's fp32
+  art.max_seq_len = a.max_seq_len;
+  art.prefill_chunk = a.prefill_chunk;
+  art.buckets = a.buckets;
+  art.devices = a.devices;
+  nlohmann::json j = devices::rbln::artifact_config_json(art);
+  j["fake_model_path"] = a.model_path;
   j.merge_patch(a.extra);
   std::ofstream(dir / "rbln_config.json") << j.dump(2);
   std::ofstream(dir / "prefill.rbln") << "fake graph\n";

@@ -43,7 +43,7 @@ TEST_CASE("exec watch: a lost device stalls the shell for good, with the first r
   CHECK_FALSE(w.stalled());
   uint64_t g = w.start(t0);
   CHECK(w.lose("rbln decoder_batch_1 run 3 did not complete"));
-  CHECK_FALSE(w.lose("another"));  // the first reason stays; logged once
+  CHECK_FALSE(w.lose("another"));   // the first reason stays; logged once
   CHECK(w.answered(g, t0 + 10ms));  // the step in flight still ends (with its error)
   CHECK(w.lost());
   CHECK(w.stalled());
