@@ -258,11 +258,13 @@ TEST_CASE("gateway_ops: a healthy sim cluster answers /health 200 and serves") {
 }
 
 TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has no device") {
-  // The prefill executor asks for the rbln device, which this build does not have; decode
-  // runs on the sim device. P/D is forced (disaggregate_tokens_min = 1), so a router that
-  // counted the broken prefill instance would pick it.
+  // The prefill executor asks for the rbln device with a compiled directory that does not
+  // exist, so it has no device; decode runs on the sim device. P/D is forced
+  // (disaggregate_tokens_min = 1), so a router that counted the broken prefill instance would
+  // pick it.
   SimNode node("gwops-noprefill", "time_factor = 0\nkv_scale = 0.0078125", "",
-               "[router]\ndisaggregate_tokens_min = 1", "rbln");
+               "[router]\ndisaggregate_tokens_min = 1\n[rbln]\nartifacts = \"/nonexistent/compiled\"",
+               "rbln");
   bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
   INFO("node log:\n" << node.log());
   REQUIRE(healthy);  // a broken prefill instance does not make the gateway unhealthy
