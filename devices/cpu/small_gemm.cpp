@@ -2,10 +2,14 @@
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() as their masked-off source, which
 // -Wmaybe-uninitialized reports at every use (a false positive, GCC PR 105593).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>

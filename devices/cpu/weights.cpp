@@ -573,8 +573,8 @@ struct Llama2cHeader {
 };
 
 Status check_llama2c_header(const Llama2cHeader& h, const std::string& path) {
-  const int32_t limit = 1 << 20;
-  auto in_range = [limit](int32_t v) { return v > 0 && v <= limit; };
+  constexpr int32_t limit = 1 << 20;
+  auto in_range = [](int32_t v) { return v > 0 && v <= limit; };
   if (!in_range(h.dim) || !in_range(h.hidden_dim) || !in_range(h.layers) || !in_range(h.heads) ||
       !in_range(h.kv_heads) || !in_range(h.seq_len) || h.vocab == 0 || h.vocab < -limit ||
       h.vocab > limit) {

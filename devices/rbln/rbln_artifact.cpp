@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 namespace tandem::devices::rbln {
@@ -94,7 +96,24 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
   std::string file = dir + "/rbln_config.json";
   std::ifstream in(file);
   if (!in) return make_error(ErrorKind::not_found, "rbln: " + file + " is missing");
-  auto j = nlohmann::json::parse(in, nullptr, false);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto parsed = parse_artifact_config(text, dir);
+  if (!parsed.ok()) return parsed.error();
+  RblnArtifact a = std::move(parsed).value();
+  std::vector<std::string> graphs{a.prefill_graph()};
+  for (uint32_t bucket : a.buckets) graphs.push_back(a.decode_graph(bucket));
+  for (const std::string& g : graphs) {
+    if (!fs::is_regular_file(g, ec)) {
+      return make_error(ErrorKind::not_found,
+                        "rbln: compiled graph " + g + " is missing (" + file + " lists it)");
+    }
+  }
+  return a;
+}
+
+Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::string& dir) {
+  std::string file = dir + "/rbln_config.json";
+  auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return make_error(ErrorKind::invalid, file + ": not a JSON object");
   }
@@ -161,14 +180,6 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
                                                 std::to_string(a.buckets.back()));
     }
     a.buckets.push_back(size);
-  }
-  std::vector<std::string> graphs{a.prefill_graph()};
-  for (uint32_t bucket : a.buckets) graphs.push_back(a.decode_graph(bucket));
-  for (const std::string& g : graphs) {
-    if (!fs::is_regular_file(g, ec)) {
-      return make_error(ErrorKind::not_found,
-                        "rbln: compiled graph " + g + " is missing (" + file + " lists it)");
-    }
   }
   return a;
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "devices/device.hpp"
@@ -56,6 +57,9 @@ struct RblnArtifact {
 // and that every graph file exists. Errors: not_found (no directory, config or graph file,
 // naming the path), invalid (naming the key and value).
 Result<RblnArtifact> load_artifact(const std::string& dir);
+// The checks of load_artifact on rbln_config.json's text alone (no file is looked at); `dir`
+// names the file in errors and is the artifact's dir. Never throws, whatever the bytes.
+Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::string& dir);
 
 // The rbln_config.json that load_artifact reads back as `artifact` (`dir` is not written).
 nlohmann::json artifact_config_json(const RblnArtifact& artifact);
