@@ -472,13 +472,15 @@ void Loader::read_fabric(const toml::table& table) {
 void Loader::read_supervisor(const toml::table& table) {
   TableReader reader(sink_, table, "supervisor",
                      {"restarts_max", "restart_window_ms", "restart_delay_ms", "drain_timeout_ms",
-                      "executor_step_timeout_ms"});
+                      "executor_step_timeout_ms", "executor_open_timeout_ms"});
   reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
   reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
   reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
   reader.read_int("drain_timeout_ms", 0, 3'600'000, manifest_.supervisor.drain_timeout_ms);
   reader.read_int("executor_step_timeout_ms", 100, 3'600'000,
                   manifest_.supervisor.executor_step_timeout_ms);
+  reader.read_int("executor_open_timeout_ms", 100, 3'600'000,
+                  manifest_.supervisor.executor_open_timeout_ms);
 }
 
 void Loader::read_membership(const toml::table& table) {

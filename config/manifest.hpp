@@ -66,6 +66,9 @@ struct SupervisorSection {
   // with an error for its requests; the instance reports itself not ready until the executor
   // answers again.
   uint32_t executor_step_timeout_ms = 60'000;
+  // A prefill or decode instance waits this long for its executor to open its device (load the
+  // model, or the compiled graphs); past it the instance reports itself not ready with that error.
+  uint32_t executor_open_timeout_ms = 600'000;
 };
 
 struct LoggingSection {

@@ -992,15 +992,9 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
     if (ctx.node_actor) {
       self->send(ctx.node_actor, runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(self));
     }
-    self->request(executor, caf::infinite, atoms::exec_info::value)
-        .await([self](const ExecInfo& info) {
+    await_exec_info(
+        self, executor, "decode", [self](const ExecInfo& info) {
           auto& st = self->state;
-          st.info = info;
-          if (!info.ok) {
-            st.ctx.log->error("decode {}: no device: {}", st.self_name.instance, info.error);
-            self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
-            return;
-          }
           auto config = scheduler_config(*st.ctx.manifest);
           if (Status valid = config.validate(info.layout.blocks_total); !valid.ok()) {
             st.ctx.log->error("decode {}: {}", st.self_name.instance, valid.error().describe());

@@ -89,3 +89,42 @@ namespace tandem::actors::atoms {
 using exec_info = caf::atom_constant<caf::atom("execinfo")>;
 using exec_run = caf::atom_constant<caf::atom("execrun")>;
 }  // namespace tandem::actors::atoms
+
+namespace tandem::actors {
+
+// Asks the executor for its device (atoms::exec_info) and waits for it, messages staying in the
+// mailbox, at most [supervisor] executor_open_timeout_ms: a device whose open hangs (a runtime
+// loading compiled graphs that never returns) becomes the instance's error instead of a shell
+// that waits forever. On a device: `on_device(info)`, which becomes the running behavior. On no
+// device (the executor's error, the timeout, or a dead executor): logs it and starts the
+// not-ready reports (not_ready_tick); a late answer is dropped. `role` names the shell in logs.
+template <class ShellActor, class OnDevice>
+void await_exec_info(ShellActor* self, const caf::actor& executor, const char* role,
+                     OnDevice on_device) {
+  auto timeout =
+      std::chrono::milliseconds(self->state.ctx.manifest->supervisor.executor_open_timeout_ms);
+  auto fail = [self, role](const std::string& error) {
+    auto& st = self->state;
+    st.info.ok = false;
+    st.info.error = error;
+    st.ctx.log->error("{} {}: no device: {}", role, st.self_name.instance, error);
+    self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
+  };
+  self->request(executor, timeout, atoms::exec_info::value)
+      .await(
+          [self, fail, on_device](const ExecInfo& info) mutable {
+            self->state.info = info;
+            if (!info.ok) return fail(info.error);
+            on_device(info);
+          },
+          [self, fail, timeout](const caf::error& error) {
+            if (error == caf::sec::request_timeout) {
+              return fail("the executor did not open its device within " +
+                          std::to_string(timeout.count()) +
+                          " ms ([supervisor] executor_open_timeout_ms)");
+            }
+            fail("the executor did not answer: " + self->system().render(error));
+          });
+}
+
+}  // namespace tandem::actors

@@ -694,15 +694,9 @@ caf::actor spawn_prefill(caf::actor_system& system, const ShellContext& ctx,
     st.watch.emplace(std::chrono::milliseconds(ctx.manifest->supervisor.executor_step_timeout_ms));
     st.executor = executor;
     // Messages wait in the mailbox until the executor has answered with its device.
-    self->request(executor, caf::infinite, atoms::exec_info::value)
-        .await([self](const ExecInfo& info) {
+    await_exec_info(
+        self, executor, "prefill", [self](const ExecInfo& info) {
           auto& st = self->state;
-          st.info = info;
-          if (!info.ok) {
-            st.ctx.log->error("prefill {}: no device: {}", st.self_name.instance, info.error);
-            self->send(self, runtime::atoms::tick::value);  // starts the not-ready reports
-            return;
-          }
           auto config = scheduler_config(*st.ctx.manifest);
           st.cache = std::make_unique<kv::PrefixCache>(
               info.layout.blocks_total, info.layout.block_tokens,

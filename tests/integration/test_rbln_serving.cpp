@@ -141,6 +141,32 @@ TEST_CASE(
                 log);
 }
 
+TEST_CASE(
+    "rbln serving: a device that does not open within [supervisor] executor_open_timeout_ms "
+    "leaves its instances not ready with that reason; the node keeps answering" *
+    doctest::timeout(300)) {
+  ServeCluster c(Layout::one_node, 100000, 0, "", "", "", false, true, "",
+                 rbln_toml("slow-open", {{"fake_load_delay_ms", 4000}}) +
+                     "[supervisor]\nexecutor_open_timeout_ms = 1000\n");
+  auto said = [&] {
+    auto h = http::get(c.http_port(), "/health", 1000ms);
+    return h.status == 503 &&
+           h.body.find("the executor did not open its device within 1000 ms") != std::string::npos;
+  };
+  REQUIRE_MESSAGE(eventually(30000ms, said), c.logs());
+  auto r = http::post(c.http_port(), "/v1/completions",
+                      completion_body("Once upon a time", 8, false).dump(), 30000ms);
+  REQUIRE(r.ok());
+  CHECK_MESSAGE(r.status == 503, r.body);
+  // The device opens later (4 s): its answer is dropped, the instances stay not ready.
+  std::this_thread::sleep_for(5000ms);
+  CHECK_MESSAGE(said(), c.logs());
+  CHECK(c.node("solo").running());
+  CHECK(http::get(c.admin_port("solo"), "/metrics", 3000ms).status == 200);
+  CHECK(c.logs().find("no device: the executor did not open its device within 1000 ms "
+                      "([supervisor] executor_open_timeout_ms)") != std::string::npos);
+}
+
 TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled directory") {
   std::string toml = rbln_toml("check");
   ServeCluster ok(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);

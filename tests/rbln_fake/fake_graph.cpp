@@ -1,6 +1,7 @@
 #include "tests/rbln_fake/fake_graph.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <thread>
 
 #include "devices/cpu/cpu_device.hpp"
 
@@ -47,6 +50,10 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   uint32_t max_len = j.value("max_seq_len", 0u);
   m->fail_graph = j.value("fake_fail_graph", std::string());
   m->hang_graph = j.value("fake_hang_graph", std::string());
+  // A runtime slow to load its graphs (the first graph of the directory waits this long).
+  if (auto delay = j.value("fake_load_delay_ms", 0u); delay > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+  }
   if (m->block_tokens == 0 || m->kv_blocks == 0 || m->chunk == 0 || max_len == 0 ||
       j.value("kv_element_bytes", 2u) != 4) {
     error = dir +

@@ -7,6 +7,7 @@
 // `tandem model compile` writes) and optional fault switches:
 //   "fake_fail_graph": "prefill" | "decoder_batch_N"  -- that graph's runs fail with a message
 //   "fake_hang_graph": "..."                          -- that graph's runs never complete
+//   "fake_load_delay_ms": N                           -- opening the first graph takes N ms
 // A graph run reads the blocks its block tables name from the kv_cache input into the cpu
 // device's pool, computes the real rows (prefill: positions 0..query_position of the chunk;
 // decode: every row of the bucket, padded ones included), and writes the blocks it wrote back.

@@ -171,6 +171,7 @@ heartbeat_miss_max = 3
 restarts_max = 2
 restart_window_ms = 1000
 restart_delay_ms = 0
+executor_open_timeout_ms = 90000
 
 [logging]
 level = "debug"
@@ -216,6 +217,8 @@ draft_tokens_max = 16
   CHECK(m.supervisor.restarts_max == 2);
   CHECK(m.supervisor.restart_window_ms == 1000);
   CHECK(m.supervisor.restart_delay_ms == 0);
+  CHECK(m.supervisor.executor_open_timeout_ms == 90000);
+  CHECK(Manifest{}.supervisor.executor_open_timeout_ms == 600000);
   CHECK(m.logging.level == "debug");
   CHECK(m.router.policy == RouterPolicy::round_robin);
   CHECK(m.router.kv_index == tandem::config::KvIndexMode::precise);
@@ -314,6 +317,7 @@ heartbeat_interval_ms = 5
 heartbeat_miss_max = 101
 [supervisor]
 restarts_max = 0
+executor_open_timeout_ms = 50
 [speculative]
 draft_tokens_max = 17
 [router]
@@ -323,7 +327,8 @@ kv_resync_interval_ms = 1
 )";
   text = replace(text, "fabric_port = 17100", "fabric_port = 70000");
   auto issues = parse_bad(text);
-  CHECK(issues.size() == 10);
+  CHECK(issues.size() == 11);
+  find_issue(issues, "supervisor.executor_open_timeout_ms", "out of range 100..3600000");
   auto tier2 = find_issue(issues, "router.tier2_weight", "out of range");
   CHECK(tier2.line == line_of(text, "tier2_weight"));
   find_issue(issues, "router.kv_resync_interval_ms", "out of range 10..600000");
