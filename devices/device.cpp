@@ -160,13 +160,15 @@ uint64_t KvLayout::pool_bytes() const { return uint64_t{blocks_total} * block_by
 uint64_t KvLayout::offset_bytes(uint32_t block, uint32_t layer, KvPart part) const {
   RT_ASSERT(block < blocks_total, "block", block, "blocks_total", blocks_total);
   RT_ASSERT(layer < layers, "layer", layer, "layers", layers);
-  return uint64_t{block} * block_bytes() +
-         (uint64_t{layer} * 2 + static_cast<uint32_t>(part)) * part_bytes();
+  uint64_t index = uint64_t{layer} * 2 + static_cast<uint32_t>(part);
+  if (order == KvOrder::layer_major) return (index * blocks_total + block) * part_bytes();
+  return uint64_t{block} * block_bytes() + index * part_bytes();
 }
 
 uint64_t KvLayout::slot_offset_bytes(uint32_t block, uint32_t layer, KvPart part,
                                      uint32_t slot) const {
   RT_ASSERT(slot < block_tokens, "slot", slot, "block_tokens", block_tokens);
+  RT_ASSERT(inner == KvInner::slot_head_dim, "slot rows are contiguous only in slot order");
   return offset_bytes(block, layer, part) +
          uint64_t{slot} * kv_heads * head_dim * element_bytes;
 }

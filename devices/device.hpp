@@ -72,6 +72,19 @@ struct ModelConfig {
 
 enum class KvPart : uint32_t { k = 0, v = 1 };
 
+// Where a pool keeps its (block, layer, K|V) parts (each part_bytes long):
+//   block_major: a block holds every layer, contiguously (Tandem's pools: cpu, sim, the rbln
+//                host pool), so a block is one run;
+//   layer_major: one tensor per (layer, K|V) of [blocks] parts (the RBLN runtime's KV cache, a
+//                pipeline stage's layers), so a block is 2 * layers runs.
+enum class KvOrder : uint32_t { block_major = 0, layer_major = 1 };
+// The element order inside one part:
+//   slot_head_dim: [slot][kv_head][head_dim] (Tandem's);
+//   head_slot_dim: [kv_head][slot][head_dim] (the RBLN cache's [blocks, kv_heads, block_tokens,
+//                  head_dim] per layer).
+// Parts of different inner orders are not byte copies of each other: a transfer refuses them.
+enum class KvInner : uint32_t { slot_head_dim = 0, head_slot_dim = 1 };
+
 // Layout of the KV pool. A block holds block_tokens positions of ALL layers, contiguously,
 // so one block is one contiguous copy or one RMA read. Inside a block:
 //   [layer][K|V][slot (token in block)][kv_head][head_dim] elements of element_bytes each.
@@ -82,12 +95,18 @@ struct KvLayout {
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t element_bytes = 0;  // cpu: 4 (fp32); sim: whatever it models (e.g. 1 for fp8)
+  KvOrder order = KvOrder::block_major;
+  KvInner inner = KvInner::slot_head_dim;
+  // The model layers this pool holds: [layer_first, layer_first + layers). 0 and all layers for
+  // a whole-model instance; a pipeline stage holds a slice.
+  uint32_t layer_first = 0;
 
   uint64_t part_bytes() const;   // one (block, layer, K|V): block_tokens*kv_heads*head_dim*elem
   uint64_t block_bytes() const;  // layers * 2 * part_bytes()
   uint64_t pool_bytes() const;   // blocks_total * block_bytes()
   // Byte offset of (block, layer, part) from the pool base. Asserts block < blocks_total and
   // layer < layers (callers validate ids that came from outside first).
+  // `layer` counts from this pool's first layer (0 .. layers-1), in either order.
   uint64_t offset_bytes(uint32_t block, uint32_t layer, KvPart part) const;
   // Byte offset of one slot's (token's) K or V row of kv_heads*head_dim elements.
   uint64_t slot_offset_bytes(uint32_t block, uint32_t layer, KvPart part, uint32_t slot) const;

@@ -1,0 +1,67 @@
+// A KV block as a list of segments, and the copies that move one block between pools of
+// different layouts (devices/device.hpp: KvOrder, KvInner, layer_first).
+//
+// A transfer reads one block of the destination's layers from one or more sources: a decode
+// instance's pool (all layers, block-major) filled from a prefill pipelined over four devices
+// (four sources of a quarter of the layers each), or from a per-layer cache (layer-major).
+// Every (layer, K|V) part of the destination must come from exactly one source segment whose
+// part has the same shape (block tokens, kv heads, head dim, element bytes, inner order); the
+// plan is then a list of byte copies, adjacent ones merged, which RMA reads (or memcpy) carry
+// out. A mismatch is refused naming both values, before a byte moves. Pure.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "devices/device.hpp"
+#include "runtime/base/result.hpp"
+
+namespace tandem::devices {
+
+// `parts` consecutive (layer, K|V) parts, in the order layer 0 K, layer 0 V, layer 1 K, ...,
+// starting at (layer, part), contiguous from offset_bytes. Layers are model layers
+// (KvLayout::layer_first counted in).
+struct KvSegment {
+  uint32_t layer = 0;
+  KvPart part = KvPart::k;
+  uint32_t parts = 1;
+  uint64_t offset_bytes = 0;  // from the pool's (region's) base
+
+  friend bool operator==(const KvSegment&, const KvSegment&) = default;
+};
+
+// Block `block` of `layout` as segments: one run of 2 * layers parts (block-major) or 2 * layers
+// runs of one (layer-major). Asserts block < blocks_total.
+std::vector<KvSegment> block_segments(const KvLayout& layout, uint32_t block);
+
+// One source of a block transfer: the layout of its pool (the part shape and layer slice) and
+// where the block's parts are in it.
+struct KvSource {
+  KvLayout layout;  // blocks_total need not be known
+  std::vector<KvSegment> segments;
+  uint64_t length_bytes = 0;  // of the pool (region) the segments' offsets are in
+};
+
+struct KvCopy {
+  uint32_t source = 0;  // index into the sources
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
+
+  friend bool operator==(const KvCopy&, const KvCopy&) = default;
+};
+
+// The copies that fill block `dst_block` of `dst` from `sources`, in destination order, merged
+// where both sides run on. invalid naming the source and both values when a part's shape
+// differs ("source 1: kv_heads 8, ours 4"), a segment names a layer outside its source's slice,
+// a part of ours is in no segment or in two, or a segment runs past its source's pool.
+Result<std::vector<KvCopy>> plan_block_copy(std::span<const KvSource> sources, const KvLayout& dst,
+                                            uint32_t dst_block);
+
+// "block-major" / "layer-major", "slot-head-dim" / "head-slot-dim".
+std::string_view to_string(KvOrder order);
+std::string_view to_string(KvInner inner);
+
+}  // namespace tandem::devices
