@@ -20,6 +20,18 @@ struct KvLayout {
   headDim @3 :UInt32;
   elementBytes @4 :UInt32;
   blockBytes @5 :UInt64;
+  order @6 :UInt32;           # devices::KvOrder: 0 block-major, 1 layer-major
+  inner @7 :UInt32;           # devices::KvInner: 0 [slot][head][dim], 1 [head][slot][dim]
+  layerFirst @8 :UInt32;      # the pool holds model layers [layerFirst, layerFirst + layers)
+}
+
+# `parts` consecutive (layer, K|V) parts of one block (layer 0 K, layer 0 V, layer 1 K, ...)
+# from (layer, part), contiguous at offsetBytes of the descriptor's region.
+struct KvSegment {
+  layer @0 :UInt32;           # a model layer
+  part @1 :UInt32;            # 0 K, 1 V
+  parts @2 :UInt32;
+  offsetBytes @3 :UInt64;
 }
 
 # One KV block in a peer's registered pool.
@@ -29,6 +41,9 @@ struct BlockDescriptor {
   lengthBytes @2 :UInt64;
   blockHash @3 :Data;         # the chained hash of the tokens it holds
   layout @4 :KvLayout;
+  # Where the block's parts are (devices/kv_segments.hpp); a reader plans its reads from them
+  # and refuses a block whose parts it cannot place. Empty: one block-major run at offsetBytes.
+  segments @5 :List(KvSegment);
 }
 
 # Decode -> prefill: the blocks of requestId have been pulled (or abandoned); unpin them.

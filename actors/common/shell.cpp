@@ -309,6 +309,26 @@ void fill_kv_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout) 
   l.setHeadDim(layout.head_dim);
   l.setElementBytes(layout.element_bytes);
   l.setBlockBytes(layout.block_bytes());
+  l.setOrder(static_cast<uint32_t>(layout.order));
+  l.setInner(static_cast<uint32_t>(layout.inner));
+  l.setLayerFirst(layout.layer_first);
+}
+
+devices::KvLayout read_kv_layout(wire::KvLayout::Reader l) {
+  devices::KvLayout out;
+  out.block_tokens = l.getBlockTokens();
+  out.layers = l.getLayers();
+  out.kv_heads = l.getKvHeads();
+  out.head_dim = l.getHeadDim();
+  out.element_bytes = l.getElementBytes();
+  out.layer_first = l.getLayerFirst();
+  if (l.getOrder() > 1 || l.getInner() > 1) {
+    out.layers = 0;  // an order this build does not know: matches no pool
+    return out;
+  }
+  out.order = static_cast<devices::KvOrder>(l.getOrder());
+  out.inner = static_cast<devices::KvInner>(l.getInner());
+  return out;
 }
 
 void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& address,
@@ -324,14 +344,54 @@ void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& 
   d.setLengthBytes(layout.block_bytes());
   if (hash != nullptr) d.setBlockHash(kj::arrayPtr(hash->bytes.data(), hash->bytes.size()));
   fill_kv_layout(d.initLayout(), layout);
+  // Block-major pools (every pool of this build) are one run at offset_bytes; a layer-major one
+  // lists its 2 * layers parts of block offset_bytes / block_bytes (what callers pass either way).
+  if (layout.order == devices::KvOrder::block_major) {
+    auto segs = d.initSegments(1);
+    segs[0].setLayer(layout.layer_first);
+    segs[0].setPart(0);
+    segs[0].setParts(layout.layers * 2);
+    segs[0].setOffsetBytes(offset_bytes);
+    return;
+  }
+  RT_ASSERT(offset_bytes % layout.block_bytes() == 0, offset_bytes);
+  auto block = static_cast<uint32_t>(offset_bytes / layout.block_bytes());
+  RT_ASSERT(block < layout.blocks_total, block);
+  auto parts = devices::block_segments(layout, block);
+  auto segs = d.initSegments(static_cast<unsigned>(parts.size()));
+  for (unsigned i = 0; i < parts.size(); ++i) {
+    segs[i].setLayer(parts[i].layer);
+    segs[i].setPart(static_cast<uint32_t>(parts[i].part));
+    segs[i].setParts(parts[i].parts);
+    segs[i].setOffsetBytes(parts[i].offset_bytes);
+  }
 }
 
 RemoteBlock read_block_descriptor(wire::BlockDescriptor::Reader d) {
   auto r = d.getRegion();
-  return {std::string(r.getFabricAddress().cStr()),
-          {r.getBaseAddress(), r.getLengthBytes(), r.getKey()},
-          d.getOffsetBytes(),
-          d.getLengthBytes()};
+  RemoteBlock out{std::string(r.getFabricAddress().cStr()),
+                  {r.getBaseAddress(), r.getLengthBytes(), r.getKey()},
+                  d.getOffsetBytes(),
+                  d.getLengthBytes(),
+                  {}};
+  out.source.layout = read_kv_layout(d.getLayout());
+  out.source.length_bytes = r.getLengthBytes();
+  auto segs = d.getSegments();
+  if (segs.size() == 0) {  // one block-major run
+    out.source.segments.push_back({out.source.layout.layer_first, devices::KvPart::k,
+                                   out.source.layout.layers * 2, out.offset_bytes});
+    return out;
+  }
+  // At most one per part: more can only be refused (plan_block_copy bounds them too).
+  size_t max = size_t{out.source.layout.layers} * 2;
+  out.source.segments.reserve(std::min<size_t>(segs.size(), max + 1));
+  for (auto seg : segs) {
+    if (out.source.segments.size() > max) break;
+    out.source.segments.push_back({seg.getLayer(),
+                                   seg.getPart() == 0 ? devices::KvPart::k : devices::KvPart::v,
+                                   seg.getPart() > 1 ? 0u : seg.getParts(), seg.getOffsetBytes()});
+  }
+  return out;
 }
 
 }  // namespace tandem::actors

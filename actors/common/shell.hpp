@@ -70,6 +70,7 @@ obs::Histogram* make_histogram(obs::Registry& registry, const std::string& name,
 }  // namespace tandem::actors
 
 #include "devices/device.hpp"
+#include "devices/kv_segments.hpp"
 #include "devices/sampling.hpp"
 
 namespace tandem::actors {
@@ -92,8 +93,9 @@ std::chrono::nanoseconds now_ns();  // steady clock, for cores that take `now`
 
 namespace tandem::actors {
 // Describes one KV block of a registered region for a peer's RMA read: the endpoint
-// `address`, the region, the block's offset in it, its hash (none when null: a partial block)
-// and the layout of the pool it is in.
+// `address`, the region, the block's offset in it (block * block_bytes; a layer-major pool's
+// parts are listed from that block index), its hash (none when null: a partial block), the
+// layout of the pool it is in and the block's segments.
 void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& address,
                            const runtime::RemoteRegionRef& region, uint64_t offset_bytes,
                            const kv::BlockHash* hash, const devices::KvLayout& layout);
@@ -106,9 +108,14 @@ struct RemoteBlock {
   runtime::RemoteRegionRef region;
   uint64_t offset_bytes = 0;
   uint64_t length_bytes = 0;
+  // The block's layout and segments in the region (devices/kv_segments.hpp), for
+  // plan_block_copy: what a reader checks and plans its reads from.
+  devices::KvSource source;
 };
 RemoteBlock read_block_descriptor(wire::BlockDescriptor::Reader d);
-
+// The layout a descriptor or lookup carries (blocks_total unknown: 0). Orders and inner orders
+// this build does not know read as an impossible layout (0 layers), which no pool matches.
+devices::KvLayout read_kv_layout(wire::KvLayout::Reader l);
 
 // The serving metrics every prefill/decode instance exports (names modelled on vLLM's,
 // labelled by instance), refreshed from its scheduler counts and its prefix cache.

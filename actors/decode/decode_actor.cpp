@@ -23,6 +23,8 @@ struct PullChunkDone {
   uint64_t seq = 0;
   bool ok = false;
   std::string error;
+  uint64_t bytes = 0;       // the read's
+  bool ends_block = false;  // the last read of a block (pulled_blocks counts it)
 };
 
 }  // namespace tandem::actors
@@ -395,31 +397,51 @@ void try_pull(DecodeActor* self, uint64_t id) {
   s.pull_started = true;
   if (!s.remote_first || s.prefill_failed || s.cancelled) return finish_pull(self, id, false);
   const auto& order = *s.order;
-  uint64_t block_bytes = st.info.layout.block_bytes();
   if (start == decode::PullStart::fail) {
     st.ctx.log->warn("decode {}: request {}: prefill described {} blocks, expected {}",
                      st.self_name.instance, id, s.remote.size(), order.block_table.size());
     return finish_pull(self, id, false);
   }
-  caf::actor me = caf::actor_cast<caf::actor>(self);
-  if (auto done = s.reads.start(static_cast<uint32_t>(order.pull_block_indexes.size()))) {
-    return finish_pull(self, id, *done);
-  }
+  // Each block's reads, planned from its segments against our pool before any read starts: a
+  // block whose parts do not fit ours (another shape, inner order, or layers missing) is
+  // refused whole, and decode prefills locally.
+  std::vector<std::vector<devices::KvCopy>> plans;
+  plans.reserve(order.pull_block_indexes.size());
+  size_t reads = 0;
   for (uint32_t index : order.pull_block_indexes) {
     const RemoteBlock& rb = s.remote[index];
+    auto plan = devices::plan_block_copy(std::span<const devices::KvSource>(&rb.source, 1),
+                                         st.info.layout, order.block_table[index]);
+    if (!plan.ok()) {
+      st.ctx.log->warn("decode {}: request {}: prefill's KV block {} cannot be read into ours: {}",
+                       st.self_name.instance, id, index, plan.error().describe());
+      return finish_pull(self, id, false);
+    }
+    reads += plan.value().size();
+    plans.push_back(std::move(plan).value());
+  }
+  caf::actor me = caf::actor_cast<caf::actor>(self);
+  if (auto done = s.reads.start(static_cast<uint32_t>(reads))) return finish_pull(self, id, *done);
+  for (size_t b = 0; b < plans.size(); ++b) {
+    const RemoteBlock& rb = s.remote[order.pull_block_indexes[b]];
     auto peer = fabric->peer(rb.address);
-    Status started = rb.length_bytes != block_bytes
-                         ? Status(make_error(ErrorKind::invalid, "KV block size differs"))
-                         : peer.ok() ? fabric->read(*peer, rb.region, rb.offset_bytes, *st.info.local,
-                                                    uint64_t(order.block_table[index]) * block_bytes,
-                                                    block_bytes,
-                                                    [me, id](Status done) {
-                                                      caf::anon_send(me, PullChunkDone{
-                                                          id, done.ok(),
-                                                          done.ok() ? "" : done.error().describe()});
-                                                    })
-                                     : Status(peer.error());
-    if (!started.ok()) caf::anon_send(me, PullChunkDone{id, false, started.error().describe()});
+    for (size_t c = 0; c < plans[b].size(); ++c) {
+      const devices::KvCopy& copy = plans[b][c];
+      bool last = c + 1 == plans[b].size();
+      Status started =
+          peer.ok()
+              ? fabric->read(
+                    *peer, rb.region, copy.src_offset, *st.info.local, copy.dst_offset, copy.bytes,
+                    [me, id, bytes = copy.bytes, last](Status done) {
+                      caf::anon_send(
+                          me, PullChunkDone{id, done.ok(), done.ok() ? "" : done.error().describe(),
+                                            bytes, last});
+                    })
+              : Status(peer.error());
+      if (!started.ok()) {
+        caf::anon_send(me, PullChunkDone{id, false, started.error().describe(), 0, false});
+      }
+    }
   }
 }
 
@@ -434,8 +456,8 @@ void on_chunk_done(DecodeActor* self, const PullChunkDone& done) {
                      done.seq, done.error);
   }
   if (done.ok) {
-    st.metrics->pulled_bytes->inc(st.info.layout.block_bytes());
-    st.metrics->pulled_blocks->inc();
+    st.metrics->pulled_bytes->inc(static_cast<double>(done.bytes));
+    if (done.ends_block) st.metrics->pulled_blocks->inc();
   } else {
     st.metrics->pull_failures->inc();
   }

@@ -335,14 +335,10 @@ kv_offload::OffloadConfig core_config(const config::Manifest& m, uint64_t slots_
   return c;
 }
 
-devices::KvLayout layout_of(wire::KvLayout::Reader l) {
-  devices::KvLayout out;
-  out.block_tokens = l.getBlockTokens();
-  out.layers = l.getLayers();
-  out.kv_heads = l.getKvHeads();
-  out.head_dim = l.getHeadDim();
-  out.element_bytes = l.getElementBytes();
-  return out;
+// Tier 2 keeps blocks of whole-model, block-major pools: one run per block, read and written
+// whole. A pipeline stage's slice or a per-layer cache is not stored (its asks find nothing).
+bool tier2_layout(const devices::KvLayout& l) {
+  return l.layers > 0 && l.order == devices::KvOrder::block_major && l.layer_first == 0;
 }
 
 std::string fingerprint_of(const config::Manifest& m, const devices::KvLayout& l) {
@@ -353,6 +349,9 @@ std::string fingerprint_of(const config::Manifest& m, const devices::KvLayout& l
   f.layers_count = l.layers;
   f.kv_heads_count = l.kv_heads;
   f.head_dim = l.head_dim;
+  // Another element order inside a part is other bytes (kept out of the key for the original
+  // order, so stores written before it still open).
+  if (l.inner != devices::KvInner::slot_head_dim) f.dtype += "-" + std::string(to_string(l.inner));
   return kv::tier2::make_fingerprint(f);
 }
 
@@ -575,6 +574,12 @@ Result<std::vector<Offer>> parse_offers(capnp::List<wire::BlockDescriptor>::Read
     Offer o;
     std::memcpy(o.hash.bytes.data(), hash.begin(), 32);
     o.at = read_block_descriptor(d);
+    const auto& segs = o.at.source.segments;
+    if (segs.size() != 1 || segs[0].layer != 0 || segs[0].parts != o.at.source.layout.layers * 2 ||
+        segs[0].offset_bytes != o.at.offset_bytes || !tier2_layout(o.at.source.layout)) {
+      return make_error(ErrorKind::invalid,
+                        "a block is not one whole-model block-major run (tier 2 keeps no other)");
+    }
     offers.push_back(std::move(o));
   }
   return offers;
@@ -586,7 +591,9 @@ bool ready_for(OffloadActor* self, const runtime::InboundFrame& in, wire::KvLayo
                bool& queued) {
   auto& st = self->state;
   queued = false;
-  if (st.phase == OffloadState::Phase::closed) open_store(self, layout_of(l));
+  devices::KvLayout layout = read_kv_layout(l);
+  if (!tier2_layout(layout)) return false;
+  if (st.phase == OffloadState::Phase::closed) open_store(self, layout);
   if (st.phase == OffloadState::Phase::opening) {
     size_t waiting_max = st.ctx.manifest->kv_offload.stores_max +
                          st.ctx.manifest->kv_offload.lookups_max;
@@ -598,7 +605,7 @@ bool ready_for(OffloadActor* self, const runtime::InboundFrame& in, wire::KvLayo
   if (st.phase != OffloadState::Phase::open) return false;
   if (!st.maintenance.empty()) return false;  // a verify or drop holds the disk
   // Another layout than the store's never matches (and is never stored).
-  return layout_of(l) == st.layout && l.getBlockBytes() == st.layout.block_bytes();
+  return layout == st.layout && l.getBlockBytes() == st.layout.block_bytes();
 }
 
 void on_store(OffloadActor* self, const runtime::InboundFrame& in,
