@@ -1,7 +1,12 @@
 #include "actors/executor/executor_actor.hpp"
 
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
 
 #include "actors/executor/sim_markup.hpp"
 #include "devices/kv_memory.hpp"
@@ -87,10 +92,23 @@ struct PendingPass {
 // in flight at a time; more than this is a bug upstream, answered with an error.
 constexpr size_t kPendingMax = 64;
 
-struct ExecutorState {
+// The device and its KV pool registration: used by one thread at a time (the executor's, for
+// the sim; its DeviceWorker's, for a device that holds the calling thread).
+struct DeviceSlot {
   std::unique_ptr<devices::Device> device;
   std::unique_ptr<runtime::MemoryRegion> registration;
+};
+
+class DeviceWorker;
+
+struct ExecutorState {
+  DeviceSlot slot;                       // the sim's (the worker owns a threaded device's)
+  std::unique_ptr<DeviceWorker> worker;  // cpu, rbln: the device's own thread
   ExecInfo info;
+  bool opened = false;                   // info says what the device open gave
+  std::vector<caf::response_promise> info_waiting;  // exec_info asked before it opened
+  std::map<uint64_t, caf::response_promise> running;  // by ticket: passes the worker holds
+  uint64_t next_ticket = 0;
   std::deque<PendingPass> pending;  // in answer_at order: the device runs passes one at a time
   uint32_t stall_next_ms = 0;       // TEST HOOK (atoms::stall): the next pass answers this late
   static inline const char* name = "tandem.executor";
@@ -98,7 +116,7 @@ struct ExecutorState {
 
 using ExecutorActor = caf::stateful_actor<ExecutorState>;
 
-ExecInfo open_device(ExecutorState& st, const ShellContext& ctx, const config::Instance& inst,
+ExecInfo open_device(DeviceSlot& st, const ShellContext& ctx, const config::Instance& inst,
                      caf::actor_clock& clock) {
   ExecInfo info;
   devices::DeviceSpec spec = device_spec(*ctx.manifest, inst);
@@ -196,42 +214,193 @@ void deliver_ready(ExecutorActor* self) {
   }
 }
 
+// Answers pass `result` now, or at its modelled end (StepOutput::ready_at, the sim) or after a
+// test stall, behind the passes still pending.
+caf::result<ExecResult> answer(ExecutorActor* self, ExecResult result,
+                               std::optional<caf::response_promise> promise) {
+  auto& st = self->state;
+  auto now = self->clock().now();
+  auto answer_at = result.output ? result.output->ready_at : now;  // drafts: no model time
+  if (st.stall_next_ms > 0) {
+    answer_at = std::max(answer_at, now + std::chrono::milliseconds(st.stall_next_ms));
+    st.stall_next_ms = 0;
+  }
+  if (answer_at <= now && st.pending.empty()) {
+    if (!promise) return result;
+    promise->deliver(std::move(result));
+    return caf::delegated<ExecResult>();
+  }
+  if (!promise) promise = self->make_response_promise();
+  answer_at = std::max(answer_at, st.pending.empty() ? answer_at : st.pending.back().answer_at);
+  st.pending.push_back({*promise, std::move(result), answer_at});
+  self->delayed_send(self, std::max(answer_at - now, std::chrono::steady_clock::duration{}),
+                     runtime::atoms::tick::value);
+  return *promise;
+}
+
+void log_opened(const ShellContext& ctx, const config::Instance& inst, const ExecInfo& info) {
+  if (!info.ok) return ctx.log->error("{}", info.error);
+  const auto& l = info.layout;
+  ctx.log->info("executor {}: {} device, KV pool {} blocks x {} bytes ({} MiB)", inst.name,
+                config::to_string(inst.device), l.blocks_total, l.block_bytes(),
+                l.pool_bytes() >> 20);
+}
+
+
+// A device that holds the calling thread for a pass (cpu, rbln) runs on a thread of its own:
+// it opens there (loading weights or compiled graphs), then runs the passes the executor
+// submits, in order, one at a time; the open and each pass come back to the executor as a
+// message (DeviceOpened, PassDone). So the executor actor never blocks: it answers exec_info,
+// pings and further submissions while a pass runs, on the node's CAF workers. The device and
+// its registration are made and destroyed on this thread; the destructor waits for the pass
+// in flight (a hung rbln run ends at its own timeout) and drops the queued ones.
+struct DeviceOpened {
+  ExecInfo info;
+};
+struct PassDone {
+  uint64_t ticket = 0;
+  ExecResult result;
+};
+
+class DeviceWorker {
+ public:
+  using Open = std::function<ExecInfo(DeviceSlot&)>;
+  DeviceWorker(caf::actor_addr executor, Open open)
+      : executor_(std::move(executor)), open_(std::move(open)), thread_([this] { run(); }) {}
+  ~DeviceWorker() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  DeviceWorker(const DeviceWorker&) = delete;
+  DeviceWorker& operator=(const DeviceWorker&) = delete;
+
+  // Queues a pass (the executor bounds how many it holds: kPendingMax).
+  void submit(uint64_t ticket, ExecBatch batch) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back({ticket, std::move(batch)});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Job {
+    uint64_t ticket;
+    ExecBatch batch;
+  };
+  template <class Message>
+  void tell(Message message) {
+    if (auto hdl = caf::actor_cast<caf::actor>(executor_)) caf::anon_send(hdl, std::move(message));
+  }
+  void run() {
+    DeviceSlot slot;
+    tell(DeviceOpened{open_(slot)});
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (stop_) break;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      ExecResult result;
+      if (!slot.device) {
+        result.error = "executor: no device";
+      } else {
+        result = run_batch(*slot.device, job.batch);
+        result.device_lost = slot.device->lost();
+      }
+      tell(PassDone{job.ticket, std::move(result)});
+    }
+  }
+
+  caf::actor_addr executor_;  // weak: the executor owns this worker
+  Open open_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+}  // namespace
+}  // namespace tandem::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::DeviceOpened)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tandem::actors::PassDone)
+
+namespace tandem::actors {
+namespace {
+
+// Answers an exec_info: at once when the device open has ended, else when it does.
+caf::result<ExecInfo> answer_info(ExecutorActor* self) {
+  auto& st = self->state;
+  if (st.opened) return st.info;
+  if (st.info_waiting.size() >= kPendingMax) {
+    ExecInfo busy;
+    busy.error = "executor: too many callers waiting for the device to open";
+    return busy;
+  }
+  st.info_waiting.push_back(self->make_response_promise());
+  return st.info_waiting.back();
+}
+
 caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context,
                                 const config::Instance& inst) {
-  self->state.info = open_device(self->state, context, inst, self->clock());
-  if (self->state.info.ok) {
-    const auto& l = self->state.info.layout;
-    context.log->info("executor {}: {} device, KV pool {} blocks x {} bytes ({} MiB)", inst.name,
-                      config::to_string(inst.device), l.blocks_total, l.block_bytes(),
-                      l.pool_bytes() >> 20);
+  bool threaded = devices::holds_thread(inst.device);
+  if (threaded) {
+    caf::actor_clock* clock = &self->clock();  // the actor system outlives its actors
+    self->state.worker = std::make_unique<DeviceWorker>(
+        self->address(), [context, inst, clock](DeviceSlot& slot) {
+          return open_device(slot, context, inst, *clock);
+        });
   } else {
-    context.log->error("{}", self->state.info.error);
+    self->state.info = open_device(self->state.slot, context, inst, self->clock());
+    self->state.opened = true;
+    log_opened(context, inst, self->state.info);
   }
   return {
-      [self](atoms::exec_info) { return self->state.info; },
+      [self](atoms::exec_info) { return answer_info(self); },
+      [self, context, inst](DeviceOpened& opened) {
+        auto& st = self->state;
+        st.info = std::move(opened.info);
+        st.opened = true;
+        log_opened(context, inst, st.info);
+        for (auto& promise : st.info_waiting) promise.deliver(st.info);
+        st.info_waiting.clear();
+      },
       [self](atoms::exec_run, const ExecBatch& batch) -> caf::result<ExecResult> {
         auto& st = self->state;
-        if (!st.device) return ExecResult{false, st.info.error, nullptr, 0};
-        if (st.pending.size() >= kPendingMax) {
+        if (!st.opened || !st.info.ok) {
+          return ExecResult{false, st.opened ? st.info.error : "executor: the device is not open yet",
+                            nullptr, 0};
+        }
+        if (st.pending.size() + st.running.size() >= kPendingMax) {
           return ExecResult{false, "executor: too many passes in flight", nullptr, 0};
         }
-        ExecResult result = run_batch(*st.device, batch);
-        result.device_lost = st.device->lost();
-        auto now = self->clock().now();
-        auto answer_at = result.output ? result.output->ready_at : now;  // drafts: no model time
-        if (st.stall_next_ms > 0) {
-          answer_at = std::max(answer_at, now + std::chrono::milliseconds(st.stall_next_ms));
-          st.stall_next_ms = 0;
+        if (st.worker) {
+          uint64_t ticket = ++st.next_ticket;
+          auto promise = self->make_response_promise();
+          st.running.emplace(ticket, promise);
+          st.worker->submit(ticket, batch);
+          return promise;
         }
-        if (answer_at <= now && st.pending.empty()) return result;
-        // A modelled pass (sim, time_factor > 0) or a stalled one: answer at its end.
-        auto promise = self->make_response_promise();
-        answer_at =
-            std::max(answer_at, st.pending.empty() ? answer_at : st.pending.back().answer_at);
-        st.pending.push_back({promise, std::move(result), answer_at});
-        self->delayed_send(self, std::max(answer_at - now, std::chrono::steady_clock::duration{}),
-                           runtime::atoms::tick::value);
-        return promise;
+        ExecResult result = run_batch(*st.slot.device, batch);
+        result.device_lost = st.slot.device->lost();
+        return answer(self, std::move(result), std::nullopt);
+      },
+      [self](PassDone& done) {
+        auto& st = self->state;
+        auto it = st.running.find(done.ticket);
+        if (it == st.running.end()) return;
+        caf::response_promise promise = it->second;
+        st.running.erase(it);
+        answer(self, std::move(done.result), promise);
       },
       [self](runtime::atoms::tick) { deliver_ready(self); },
       [self](runtime::atoms::stall, uint32_t ms) { self->state.stall_next_ms = ms; },
@@ -253,11 +422,9 @@ caf::actor spawn_executor(caf::actor_system& system, const ShellContext& ctx,
   auto fn = [context = ctx, inst = instance](ExecutorActor* self) {
     return executor_behavior(self, context, inst);
   };
-  // A device that holds the calling thread for a pass (cpu, rbln) gets a thread of its own;
-  // the sim costs only host work and runs on the node's CAF workers.
-  auto actor = devices::holds_thread(instance.device)
-                   ? runtime::spawn_fn<caf::detached>(system, fn)
-                   : runtime::spawn_fn(system, fn);
+  // A device that holds the calling thread for a pass (cpu, rbln) runs on its DeviceWorker's
+  // thread; the actor itself, like the sim's, runs on the node's CAF workers.
+  auto actor = runtime::spawn_fn(system, fn);
   ctx.bridge->register_actor(name, actor);
   return actor;
 }
