@@ -1,7 +1,9 @@
 // The NPU executor: one per device group. It owns exactly one Device; nothing else touches
-// it. A device whose calls block for the length of a batch (cpu, rbln) gets a detached actor
-// (its own thread); the sim device, which only models time, runs on the node's CAF workers
-// and answers a pass at its modelled end (StepOutput::ready_at) from a timer. Only actors on
+// it. Passes are submitted and complete as messages; the actor itself never blocks. A device
+// whose calls block for the length of a batch (cpu, rbln) opens and runs on a thread of its
+// own (DeviceWorker: the rbln device's graph runs are the runtime's async run + a bounded
+// wait); the sim device, which only models time, runs inline and answers a pass at its
+// modelled end (StepOutput::ready_at) from a timer. Only actors on
 // the same node talk to it (plain CAF messages, never the wire): its prefill or decode
 // instance.
 #pragma once
@@ -69,8 +71,9 @@ std::optional<std::string> check_node_kv_memory(const config::Manifest& manifest
 std::vector<devices::KvPoolUse> node_kv_pools(const config::Manifest& manifest,
                                               const config::Node& node, bool with_node);
 
-// Spawns the executor for `instance` (detached when devices::holds_thread), creates its device and registers the KV
-// pool with the fabric (the bridge's endpoint must be open). Registers NODE/executor/NAME.
+// Spawns the executor for `instance`, which creates its device (on its DeviceWorker's thread
+// when devices::holds_thread) and registers the KV pool with the fabric (the bridge's endpoint
+// must be open). Registers NODE/executor/NAME.
 caf::actor spawn_executor(caf::actor_system& system, const ShellContext& ctx,
                           const config::Instance& instance);
 

@@ -7,17 +7,19 @@
 
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
-
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "actors/executor/executor_actor.hpp"
+#include "runtime/node/spawn.hpp"
 #include "tests/support/local_bridge.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/sim_cluster.hpp"
-#include "runtime/node/spawn.hpp"
 
 using namespace tandem;
 using namespace std::chrono_literals;
@@ -178,4 +180,77 @@ TEST_CASE("device_spec: an executor's own sim values override [sim]") {
   CHECK(spec.sim.at("step_overhead_us") == 1234.0);  // the executor's value
   CHECK(spec.sim.at("vocab") == 32000.0);            // from [sim]
   CHECK(spec.sim.at("time_factor") == 0.0);
+}
+
+TEST_CASE(
+    "executor over cpu: the device runs on a thread of its own; the executor answers exec_info "
+    "while passes run, and answers the passes in order") {
+  // A real scheduler (the cpu device computes in wall time), one cpu executor, three passes of
+  // a long prompt submitted back to back, then exec_info: the executor answers exec_info while
+  // the first pass is still computing, then each pass, in order. A blocking executor (the
+  // device called on the actor's thread) would answer exec_info after all three.
+  std::string text = manifest_text(0.0, 1);
+  for (const char* from : {"device = \"sim\"\ndevices = [1]\n"}) {
+    text.replace(text.find(from), std::string(from).size(),
+                 "device = \"cpu\"\ndevices = [1]\nthreads = 1\n");
+  }
+  std::string path = "path = \"" + testing::model_dir() + "\"";
+  text.replace(text.find(path), path.size(),
+               "path = \"" + testing::model_dir() + "/stories15M.bin\"");
+  text.replace(text.find("max_model_tokens = 2048"), 23, "max_model_tokens = 256");
+  config::Manifest manifest = testing::parse_manifest_or_fail(text);
+  caf::actor_system_config cfg;
+  testing::tandem_actor_config(cfg);
+  caf::actor_system system(cfg);
+  testing::LocalBridge local(manifest, "local");
+  obs::Registry registry;
+  actors::ShellContext ctx{&manifest, local.bridge.get(), local.log, &registry, {}};
+  caf::actor exec = actors::spawn_executor(system, ctx, *manifest.find_executor("ed"));
+  local.bridge->set_ready();
+
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> order;  // "info" and "pass N", as they arrived
+    std::vector<actors::ExecResult> passes;
+  };
+  auto seen = std::make_shared<Seen>();
+  auto note = [seen](std::string what, std::optional<actors::ExecResult> r) {
+    std::lock_guard lock(seen->mu);
+    seen->order.push_back(std::move(what));
+    if (r) seen->passes.push_back(std::move(*r));
+    seen->cv.notify_all();
+  };
+  // The device opens first (loading the weights); then the passes.
+  runtime::spawn_fn(system, [exec, note](caf::event_based_actor* self) {
+    self->request(exec, caf::infinite, actors::atoms::exec_info::value)
+        .then([self, exec, note](const actors::ExecInfo& info) {
+          if (!info.ok) return note("no device: " + info.error, std::nullopt);
+          for (uint64_t seq = 1; seq <= 3; ++seq) {
+            auto batch = std::make_shared<std::vector<devices::PrefillSeq>>();
+            std::vector<int32_t> tokens(240);
+            for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 100 + int32_t(i % 500);
+            std::vector<uint32_t> table;
+            for (uint32_t b = 0; b < 15; ++b) table.push_back(uint32_t(seq) * 16 + b);
+            batch->push_back({seq, table, 0, tokens});
+            self->request(exec, caf::infinite, actors::atoms::exec_run::value,
+                          actors::ExecBatch{actors::ExecKind::prefill, batch, nullptr})
+                .then([note, seq](const actors::ExecResult& r) {
+                  note("pass " + std::to_string(seq), r);
+                });
+          }
+          self->request(exec, caf::infinite, actors::atoms::exec_info::value)
+              .then([note](const actors::ExecInfo&) { note("info", std::nullopt); });
+        });
+  });
+  {
+    std::unique_lock lock(seen->mu);
+    REQUIRE(seen->cv.wait_for(lock, 120s, [&] { return seen->order.size() == 4; }));
+  }
+  CHECK(seen->order == std::vector<std::string>{"info", "pass 1", "pass 2", "pass 3"});
+  for (const auto& r : seen->passes) {
+    CHECK_MESSAGE(r.ok, r.error);
+    CHECK(r.compute_ns > 0);
+  }
+  caf::anon_send_exit(exec, caf::exit_reason::user_shutdown);
 }
