@@ -189,13 +189,35 @@ void on_step(PrefillActor* self, const prefill::PrefillPlan& plan, const ExecRes
   pump(self);
 }
 
+// The device is lost: every request not yet prefilled ends with that error now (its decode
+// instance falls back to prefilling itself), instead of waiting for decode's prefill timeout.
+// Prefilled ones stay: their KV is pulled, or released by KvPullDone or the hold timeout.
+void fail_waiting(PrefillActor* self) {
+  auto& st = self->state;
+  std::vector<uint64_t> waiting;
+  for (const auto& [id, p] : st.pending) {
+    if (!p.first) waiting.push_back(id);
+  }
+  for (uint64_t id : waiting) {
+    auto it = st.pending.find(id);
+    (void)st.scheduler->cancel(id);
+    send_error(st.ctx, st.self_name, it->second.requester, id,
+               make_error(ErrorKind::failed, st.watch->stall_reason()));
+    st.pending.erase(it);
+  }
+  update_metrics(st);
+}
+
 // True when the answer is for the request in flight; false for a late one (it timed out and its
 // step already ended): the executor answers again, so steps resume.
 bool watch_answered(PrefillActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
   if (result && st.watch->lose(result->device_lost)) {
-    st.ctx.log->error("prefill {}: {}; no step runs until the node restarts", st.self_name.instance,
-                      st.watch->stall_reason());
+    st.ctx.log->error(
+        "prefill {}: {}; requests waiting for a prefill end with this error and no step runs "
+        "until the node restarts",
+        st.self_name.instance, st.watch->stall_reason());
+    fail_waiting(self);
   }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_plan.reset();
@@ -520,6 +542,10 @@ void submit_now(PrefillActor* self, const ActorName& from, prefill::PrefillReque
                 const devices::SamplingParams& sampling, std::vector<int32_t> prompt) {
   auto& st = self->state;
   uint64_t id = core.id;
+  if (st.watch->lost()) {  // no step runs again: the requester (decode) falls back at once
+    return send_error(st.ctx, st.self_name, from, id,
+                      make_error(ErrorKind::failed, st.watch->stall_reason()));
+  }
   if (Status s = st.scheduler->submit(std::move(core)); !s.ok()) {
     return send_error(st.ctx, st.self_name, from, id, s.error());
   }

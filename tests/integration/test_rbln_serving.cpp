@@ -142,6 +142,59 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "rbln serving: a prefill instance whose device is lost ends the requests waiting for it at "
+    "once; decode prefills them itself" *
+    doctest::timeout(300)) {
+  // P/D on loopback-3 with only the prefill executor on rbln, its prefill graph hanging: the
+  // first request's step ends at the 1 s step timeout and loses the device. The two sent while
+  // that step ran wait in prefill's queue; without their explicit end they would wait for
+  // decode's 60 s prefill_timeout_ms, past these clients' 30 s.
+  std::string toml = rbln_toml("lost-prefill", {{"fake_hang_graph", "prefill"}});
+  toml.replace(toml.find("seqs_max = 8"), 12, "seqs_max = 8\nprefill_timeout_ms = 60000");
+  ServeCluster c(
+      Layout::loopback3, 1, 0, "", "", "", false, true, "",
+      "# rbln executors: exec-p\n" + toml + "[supervisor]\nexecutor_step_timeout_ms = 1000\n");
+  // Ready, without wait_ready's warm-up request (it would lose the device first).
+  REQUIRE_MESSAGE(eventually(60000ms,
+                             [&] {
+                               auto h = http::get(c.http_port(), "/health", 1000ms);
+                               return h.status == 200 &&
+                                      c.metric("front", "tandem_router_instance_eligible") == 2;
+                             }),
+                  c.logs());
+  struct Answer {
+    int status = 0;
+    double seconds = 0;
+    std::string body;
+  };
+  std::vector<Answer> answers(3);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    if (i == 1) std::this_thread::sleep_for(300ms);  // the first one's step is running
+    clients.emplace_back([&, i] {
+      auto started = std::chrono::steady_clock::now();
+      auto r = http::post(c.http_port(), "/v1/completions",
+                          completion_body(story_prompts()[i], 8, false).dump(), 30000ms);
+      answers[i] = {
+          r.status,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+          r.body.substr(0, 300)};
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < 3; ++i) {
+    MESSAGE("request ", i, ": ", answers[i].status, " after ", answers[i].seconds,
+            " s: ", answers[i].body);
+    CHECK_MESSAGE(answers[i].status == 200, c.logs());
+    CHECK(answers[i].seconds < 20.0);
+  }
+  std::string log = c.logs();
+  CHECK_MESSAGE(log.find("requests waiting for a prefill end with this error") != std::string::npos,
+                log);
+  CHECK(c.node("prefill").running());
+}
+
+TEST_CASE(
     "rbln serving: a device that does not open within [supervisor] executor_open_timeout_ms "
     "leaves its instances not ready with that reason; the node keeps answering" *
     doctest::timeout(300)) {

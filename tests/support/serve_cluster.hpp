@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,18 @@ class ServeCluster {
     std::string text = manifest_body(disaggregate_tokens_min);
     if (sim_toml_.empty() && rbln_toml_.empty()) return text;
     const std::string kind = sim_toml_.empty() ? "device = \"rbln\"" : "device = \"sim\"";
+    // "# rbln executors: A B\n" first in the rbln lines: only those executors are on rbln.
+    const std::string only = "# rbln executors:";
+    if (!rbln_toml_.empty() && rbln_toml_.rfind(only, 0) == 0) {
+      std::istringstream names(rbln_toml_.substr(only.size(), rbln_toml_.find('\n') - only.size()));
+      for (std::string name; names >> name;) {
+        size_t at = text.find("name = \"" + name + "\"\n  device = \"cpu\"");
+        REQUIRE_MESSAGE(at != std::string::npos, name);
+        at = text.find("device = \"cpu\"", at);
+        text.replace(at, 14, kind);
+      }
+      return text;
+    }
     for (size_t at = text.find("device = \"cpu\""); at != std::string::npos;
          at = text.find("device = \"cpu\"", at)) {
       text.replace(at, 14, kind);
@@ -210,7 +223,8 @@ class ServeCluster {
   // Non-empty: every executor is on the sim device with these [sim] keys (slow, long outputs
   // on demand, e.g. time_factor); the model's tokenizer is still stories15M's.
   std::string sim_toml_;
-  // Non-empty: every executor is on the rbln device; these lines ([rbln], [decode]) are added.
+  // Non-empty: every executor is on the rbln device (or those a first line "# rbln executors: A
+  // B" names); these lines ([rbln], [decode]) are added.
   std::string rbln_toml_;
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
