@@ -146,8 +146,9 @@ int synth(cli::Args args) {
 // `tandem model compile --manifest M`: every rbln executor's graphs into the compile cache.
 int compile(cli::Args args) {
   cli::Flags flags("tandem model compile --manifest MANIFEST",
-                   "Runs [rbln] compiler for every graph the manifest's rbln executors need\n"
-                   "(prefill and one decode graph per bucket), into [rbln] cache_dir, keyed by\n"
+                   "Runs [rbln] compiler once per rbln executor for all the graphs it needs\n"
+                   "(prefill and one decode graph per bucket, compiled together: they share\n"
+                   "the device's KV cache), into [rbln] cache_dir, keyed by\n"
                    "the model's fingerprint, shapes, buckets, block size, max length, device\n"
                    "count and the compiler's version (docs/rbln.md). What is cached already is\n"
                    "kept. Prints one line per executor. Exits 1 when a compile fails or the\n"

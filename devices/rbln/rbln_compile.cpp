@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "devices/cpu/weights.hpp"
 #include "devices/rbln/rbln_artifact.hpp"
@@ -162,22 +163,28 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
                       "rbln compile: cannot create " + tmp + ": " + ec.message());
   }
   CompileOutcome out{final_dir, false, 0};
+  // One call for all of the executor's graphs: they are compiled together, as the public stack
+  // does, so they share one KV cache on the device.
+  std::string buckets;
+  for (uint32_t b : r.buckets) buckets += (buckets.empty() ? "" : ",") + std::to_string(b);
+  std::string command =
+      compiler + " --model " + quoted(r.model_path) + " --out " + quoted(std::as_const(tmp)) +
+      " --block-tokens " + std::to_string(r.block_tokens) + " --max-seq-len " +
+      std::to_string(r.max_seq_len) + " --prefill-chunk " + std::to_string(r.prefill_chunk) +
+      " --buckets " + buckets + " --devices " + std::to_string(r.devices) + " --kv-blocks " +
+      std::to_string(r.kv_blocks) + " --kv-element-bytes " + std::to_string(r.kv_element_bytes);
+  Ran ran = run_shell(command);
+  if (ran.status != 0) {
+    fs::remove_all(tmp, ec);
+    return make_error(ErrorKind::failed, "rbln compile failed (exit " + std::to_string(ran.status) +
+                                             "): " + last_line(ran.output));
+  }
   for (const std::string& graph : graphs_of(r)) {
-    uint32_t batch = graph == "prefill" ? 1 : static_cast<uint32_t>(std::stoul(graph.substr(14)));
-    std::string command =
-        compiler + " --model " + quoted(r.model_path) + " --graph " + graph + " --out " +
-        quoted(tmp + "/" + graph + ".rbln") + " --block-tokens " + std::to_string(r.block_tokens) +
-        " --max-seq-len " + std::to_string(r.max_seq_len) + " --prefill-chunk " +
-        std::to_string(r.prefill_chunk) + " --batch " + std::to_string(batch) + " --devices " +
-        std::to_string(r.devices) + " --kv-blocks " + std::to_string(r.kv_blocks) +
-        " --kv-element-bytes " + std::to_string(r.kv_element_bytes);
-    Ran ran = run_shell(command);
-    if (ran.status != 0 || !fs::exists(tmp + "/" + graph + ".rbln", ec)) {
+    if (!fs::is_regular_file(tmp + "/" + graph + ".rbln", ec)) {
       fs::remove_all(tmp, ec);
-      return make_error(ErrorKind::failed, "rbln compile of " + graph + " failed (exit " +
-                                               std::to_string(ran.status) +
-                                               (ran.status == 0 ? ", no output file" : "") +
-                                               "): " + last_line(ran.output));
+      return make_error(ErrorKind::failed,
+                        "rbln compile wrote no " + graph +
+                            ".rbln (the compiler exited 0): " + last_line(ran.output));
     }
     ++out.graphs;
   }

@@ -4,9 +4,11 @@
 //
 // The compiler is the manifest's `[rbln] compiler`, a command line run by /bin/sh, called as
 //   COMPILER --version                       first line of stdout: the version
-//   COMPILER --model PATH --graph NAME --out FILE --block-tokens B --max-seq-len L
-//            --prefill-chunk C --batch N --devices D --kv-blocks K --kv-element-bytes E
-// once per graph (NAME prefill with batch 1, or decoder_batch_N), writing FILE and exiting 0.
+//   COMPILER --model PATH --out DIR --block-tokens B --max-seq-len L --prefill-chunk C
+//            --buckets N1,N2,... --devices D --kv-blocks K --kv-element-bytes E
+// once per executor, writing DIR/prefill.rbln and DIR/decoder_batch_N.rbln for every bucket
+// and exiting 0: the graphs of one model are compiled together (as optimum-rbln does) because
+// they share one KV cache on the device. tools/rbln-compile wraps optimum-rbln this way.
 // Tandem writes rbln_config.json itself (rbln_artifact.hpp) from the model's shape.
 //
 // Cache layout: CACHE/<model name>-<16 hex digits of the shape key>/<compiler version>/, the
@@ -61,9 +63,9 @@ struct CompileOutcome {
   uint32_t graphs = 0;  // compiled now
 };
 
-// find_cached, else runs the compiler for every graph into a temporary directory beside the
-// entry, writes rbln_config.json, and renames it into place. Errors: failed, naming the graph,
-// the command's exit status and its output's last line.
+// find_cached, else runs the compiler into a temporary directory beside the entry, checks every
+// graph is there, writes rbln_config.json, and renames it into place. Errors: failed, with the
+// command's exit status or the missing graph, and its output's last line.
 Result<CompileOutcome> compile(const CompileRequest& request, const std::string& compiler,
                                const std::string& cache_dir);
 

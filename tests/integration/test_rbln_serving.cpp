@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "devices/rbln/rbln_compile.hpp"
 #include "tests/support/fake_rbln_artifact.hpp"
 #include "tests/support/http_client.hpp"
 #include "tests/support/serve_cluster.hpp"
@@ -253,22 +254,32 @@ TEST_CASE(
     "rbln: `tandem model compile` fills the cache with a stand-in compiler; nodes use it "
     "and refuse what another compiler version built" *
     doctest::timeout(300)) {
-  // The stand-in compiler: its version from a file the test edits; each graph compile logged.
+  // The stand-in compiler: its version from a file the test edits; each call logged with its
+  // buckets; it writes every graph the buckets name.
   std::string dir = make_temp_dir("rbln-compile");
   std::string script = dir + "/rbln-compile";
   write_file(dir + "/version", "1.2.0\n");
-  write_file(script,
-             "#!/bin/sh\n"
-             "if [ \"$1\" = --version ]; then echo \"$(cat " +
-                 dir +
-                 "/version)\"; exit 0; fi\n"
-                 "out=''\n"
-                 "while [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=\"$2\"; shift; done\n"
-                 "[ -n \"$out\" ] || { echo 'no --out' >&2; exit 3; }\n"
-                 "echo compiled >> " +
-                 dir +
-                 "/calls\n"
-                 "echo 'fake graph' > \"$out\"\n");
+  write_file(
+      script,
+      "#!/bin/sh\n"
+      "if [ \"$1\" = --version ]; then echo \"$(cat " +
+          dir +
+          "/version)\"; exit 0; fi\n"
+          "out=''; buckets=''\n"
+          "while [ $# -gt 0 ]; do\n"
+          "  [ \"$1\" = --out ] && out=\"$2\"; [ \"$1\" = --buckets ] && buckets=\"$2\"\n"
+          "  shift\n"
+          "done\n"
+          "[ -n \"$out\" ] && [ -d \"$out\" ] || { echo 'no --out directory' >&2; exit 3; }\n"
+          "echo \"buckets $buckets\" >> " +
+          dir +
+          "/calls\n"
+          "echo 'fake graph' > \"$out/prefill.rbln\"\n"
+          "for b in $(echo \"$buckets\" | tr , ' '); do\n"
+          "  [ -f " +
+          dir +
+          "/skip-$b ] || echo 'fake graph' > \"$out/decoder_batch_$b.rbln\"\n"
+          "done\n");
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
                      "\"\ncache_dir = \"" + dir +
@@ -284,14 +295,15 @@ TEST_CASE(
   CHECK(first.output.find("solo/exec-d: compiled 5 graphs") != std::string::npos);
   CHECK(first.output.find("into " + dir + "/cache/stories15M-") != std::string::npos);
   CHECK(first.output.find("/1.2.0\n") != std::string::npos);
-  std::string seven;
-  for (int i = 0; i < 7; ++i) seven += "compiled\n";
-  CHECK(read_file(dir + "/calls") == seven);
+  // One call per executor, all its graphs together (they share the device's KV cache).
+  std::string calls = read_file(dir + "/calls");
+  CHECK_MESSAGE(
+      (calls == "buckets 1\nbuckets 1,2,4,8\n" || calls == "buckets 1,2,4,8\nbuckets 1\n"), calls);
   auto again = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
   CHECK(again.exit_code == 0);
   CHECK(again.output.find("solo/exec-p: cached") != std::string::npos);
   CHECK(again.output.find("solo/exec-d: cached") != std::string::npos);
-  CHECK(read_file(dir + "/calls") == seven);  // nothing recompiled
+  CHECK(read_file(dir + "/calls") == calls);  // nothing recompiled
 
   // The node serves from the cache.
   c.restart("solo");
@@ -307,13 +319,101 @@ TEST_CASE(
   CHECK_MESSAGE(checked.output.find("holds graphs built by compiler 1.2.0, the installed "
                                     "compiler is 1.3.0") != std::string::npos,
                 checked.output);
-  // A compiler that fails says which graph and why.
+  // A compiler that exits 0 without a graph: named; nothing enters the cache.
+  write_file(dir + "/version", "1.4.0\n");
+  write_file(dir + "/skip-4", "");
+  auto partial = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 60000ms);
+  CHECK(partial.exit_code == 1);
+  CHECK_MESSAGE(partial.output.find("rbln compile wrote no decoder_batch_4.rbln (the compiler "
+                                    "exited 0)") != std::string::npos,
+                partial.output);
+  auto still = run({tandem_bin(), "check", c.manifest_path()}, 60000ms);
+  CHECK(still.exit_code == 1);
+  CHECK(still.output.find("the installed compiler is 1.4.0") != std::string::npos);
+  // A compiler that fails says why.
   write_file(script,
              "#!/bin/sh\n[ \"$1\" = --version ] && { echo 9.9; exit 0; }\n"
              "echo 'out of licences' >&2; exit 4\n");
   auto failed = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 60000ms);
   CHECK(failed.exit_code == 1);
-  CHECK_MESSAGE(failed.output.find("rbln compile of prefill failed (exit 4): out of licences") !=
-                    std::string::npos,
-                failed.output);
+  CHECK_MESSAGE(
+      failed.output.find("rbln compile failed (exit 4): out of licences") != std::string::npos,
+      failed.output);
+}
+
+TEST_CASE(
+    "rbln: tools/rbln-compile maps the compiler protocol onto optimum-rbln (against stand-in "
+    "packages: the real SDK is not here)") {
+  namespace rb = tandem::devices::rbln;
+  std::string dir = make_temp_dir("rbln-wrapper");
+  auto synth =
+      run({tandem_bin(), "model", "synth", "--arch", "llama", "--out", dir + "/hf"}, 120000ms);
+  REQUIRE_MESSAGE(synth.exit_code == 0, synth.output);
+  std::string wrapper = source_root() + "/tools/rbln-compile";
+  std::string stubs = "PYTHONPATH=" + source_root() +
+                      "/tests/rbln_fake/stub_python RBLN_STUB_LOG=" + dir + "/log.json ";
+  rb::CompileRequest r;
+  r.model_path = dir + "/hf";
+  r.model_name = "synth";
+  r.block_tokens = 16;
+  r.max_seq_len = 256;
+  r.prefill_chunk = 64;
+  r.buckets = {1, 2, 4};
+  r.kv_blocks = 65;
+  r.kv_element_bytes = 2;
+
+  // No RBLN compiler installed: --version says which package is missing.
+  auto none = rb::compile(r, wrapper, dir + "/cache");
+  REQUIRE_FALSE(none.ok());
+  CHECK_MESSAGE(none.error().describe().find("the RBLN compiler is not installed (python package "
+                                             "'rebel'") != std::string::npos,
+                none.error().describe());
+
+  // With the stand-ins: one from_pretrained for all graphs, with the protocol's values as
+  // optimum-rbln's rbln_config keys; the graphs moved out of save_pretrained's directory.
+  auto done = rb::compile(r, stubs + wrapper, dir + "/cache");
+  REQUIRE_MESSAGE(done.ok(), done.error().describe());
+  CHECK(done->graphs == 4);
+  auto artifact = rb::load_artifact(done->dir);
+  REQUIRE_MESSAGE(artifact.ok(), artifact.error().describe());
+  CHECK(artifact->compiler_version == "0.0-stub");
+  CHECK(artifact->buckets == std::vector<uint32_t>{1, 2, 4});
+  CHECK(read_file(done->dir + "/decoder_batch_4.rbln") == "stub graph decoder_batch_4\n");
+  auto log = nlohmann::json::parse(read_file(dir + "/log.json"));
+  CHECK(log["model_id"] == dir + "/hf");
+  CHECK(log["kwargs"]["export"] == true);
+  CHECK(log["kwargs"]["rbln_create_runtimes"] == false);
+  CHECK(log["kwargs"]["rbln_config"] == nlohmann::json{{"max_seq_len", 256},
+                                                       {"kvcache_block_size", 16},
+                                                       {"kvcache_num_blocks", 65},
+                                                       {"prefill_chunk_size", 64},
+                                                       {"batch_size", 4},
+                                                       {"decoder_batch_sizes", {1, 2, 4}},
+                                                       {"tensor_parallel_size", 1}});
+  for (const auto& e : std::filesystem::directory_iterator(done->dir)) {
+    CHECK_MESSAGE(e.path().filename().string().rfind(".rbln-compile", 0) != 0, e.path());
+  }
+
+  // What it refuses or reports, each through `tandem model compile`'s error.
+  r.buckets = {1, 2, 8};
+  auto fail = [&](const std::string& env, const rb::CompileRequest& req) {
+    auto out = rb::compile(req, env + stubs + wrapper, dir + "/cache");
+    REQUIRE_FALSE(out.ok());
+    return out.error().describe();
+  };
+  CHECK(
+      fail("RBLN_STUB_FAIL='no NPU named RBLN-CA25' ", r)
+          .find(
+              "exit 1): rbln-compile: optimum-rbln failed: RuntimeError: no NPU named RBLN-CA25") !=
+      std::string::npos);
+  CHECK(fail("RBLN_STUB_SKIP=decoder_batch_8 ", r)
+            .find("optimum-rbln wrote no decoder_batch_8.rbln (it wrote: decoder_batch_1.rbln, "
+                  "decoder_batch_2.rbln, prefill.rbln)") != std::string::npos);
+  rb::CompileRequest wide = r;
+  wide.kv_element_bytes = 4;
+  CHECK(fail("", wide).find("--kv-element-bytes 4: optimum-rbln compiles 2-byte") !=
+        std::string::npos);
+  rb::CompileRequest bin = r;
+  bin.model_path = model_dir() + "/stories15M.bin";
+  CHECK(fail("", bin).find("a llama2.c checkpoint cannot be compiled") != std::string::npos);
 }

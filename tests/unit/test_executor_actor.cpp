@@ -199,11 +199,13 @@ TEST_CASE(
                "path = \"" + testing::model_dir() + "/stories15M.bin\"");
   text.replace(text.find("max_model_tokens = 2048"), 23, "max_model_tokens = 256");
   config::Manifest manifest = testing::parse_manifest_or_fail(text);
+  // Declared before the actor system, so they outlive it: its destructor waits for the executor
+  // to end, and with it the device thread and the KV pool's registration with the fabric.
+  testing::LocalBridge local(manifest, "local");
+  obs::Registry registry;
   caf::actor_system_config cfg;
   testing::tandem_actor_config(cfg);
   caf::actor_system system(cfg);
-  testing::LocalBridge local(manifest, "local");
-  obs::Registry registry;
   actors::ShellContext ctx{&manifest, local.bridge.get(), local.log, &registry, {}};
   caf::actor exec = actors::spawn_executor(system, ctx, *manifest.find_executor("ed"));
   local.bridge->set_ready();
