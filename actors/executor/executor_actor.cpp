@@ -179,7 +179,7 @@ ExecResult run_draft(devices::Device& device, const ExecBatch& batch) {
   return result;
 }
 
-ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
+ExecResult run_pass(devices::Device& device, const ExecBatch& batch) {
   if (batch.kind == ExecKind::draft) return run_draft(device, batch);
   auto start = std::chrono::steady_clock::now();
   Result<devices::StepOutput> out =
@@ -197,6 +197,13 @@ ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
   }
   result.ok = true;
   result.output = std::make_shared<const devices::StepOutput>(std::move(out).value());
+  return result;
+}
+
+// One pass, and whether the device is lost after it (ExecResult::device_lost).
+ExecResult run_batch(devices::Device& device, const ExecBatch& batch) {
+  ExecResult result = run_pass(device, batch);
+  result.device_lost = device.lost();
   return result;
 }
 
@@ -245,7 +252,6 @@ void log_opened(const ShellContext& ctx, const config::Instance& inst, const Exe
                 config::to_string(inst.device), l.blocks_total, l.block_bytes(),
                 l.pool_bytes() >> 20);
 }
-
 
 // A device that holds the calling thread for a pass (cpu, rbln) runs on a thread of its own:
 // it opens there (loading weights or compiled graphs), then runs the passes the executor
@@ -313,7 +319,6 @@ class DeviceWorker {
         result.error = "executor: no device";
       } else {
         result = run_batch(*slot.device, job.batch);
-        result.device_lost = slot.device->lost();
       }
       tell(PassDone{job.ticket, std::move(result)});
     }
@@ -352,8 +357,7 @@ caf::result<ExecInfo> answer_info(ExecutorActor* self) {
 
 caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context,
                                 const config::Instance& inst) {
-  bool threaded = devices::holds_thread(inst.device);
-  if (threaded) {
+  if (devices::holds_thread(inst.device)) {
     caf::actor_clock* clock = &self->clock();  // the actor system outlives its actors
     self->state.worker = std::make_unique<DeviceWorker>(
         self->address(), [context, inst, clock](DeviceSlot& slot) {
@@ -390,9 +394,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
           st.worker->submit(ticket, batch);
           return promise;
         }
-        ExecResult result = run_batch(*st.slot.device, batch);
-        result.device_lost = st.slot.device->lost();
-        return answer(self, std::move(result), std::nullopt);
+        return answer(self, run_batch(*st.slot.device, batch), std::nullopt);
       },
       [self](PassDone& done) {
         auto& st = self->state;

@@ -145,16 +145,21 @@ void reply_done(PrefillActor* self, const prefill::PrefillDone& done, uint64_t c
 
 void pump(PrefillActor* self);
 
+// Ends pending request `id` (if still pending) with `error` to its requester.
+void end_pending(PrefillActor* self, uint64_t id, const Error& error) {
+  auto& st = self->state;
+  auto it = st.pending.find(id);
+  if (it == st.pending.end()) return;
+  (void)st.scheduler->cancel(id);
+  send_error(st.ctx, st.self_name, it->second.requester, id, error);
+  st.pending.erase(it);
+}
+
 void fail_plan(PrefillActor* self, const prefill::PrefillPlan& plan, const std::string& why) {
   auto& st = self->state;
   st.ctx.log->error("prefill {}: step failed: {}", st.self_name.instance, why);
   for (const auto& chunk : plan.chunks) {
-    auto it = st.pending.find(chunk.request);
-    if (it == st.pending.end()) continue;
-    (void)st.scheduler->cancel(chunk.request);
-    send_error(st.ctx, st.self_name, it->second.requester, chunk.request,
-               make_error(ErrorKind::failed, "prefill failed: " + why));
-    st.pending.erase(it);
+    end_pending(self, chunk.request, make_error(ErrorKind::failed, "prefill failed: " + why));
   }
 }
 
@@ -199,11 +204,7 @@ void fail_waiting(PrefillActor* self) {
     if (!p.first) waiting.push_back(id);
   }
   for (uint64_t id : waiting) {
-    auto it = st.pending.find(id);
-    (void)st.scheduler->cancel(id);
-    send_error(st.ctx, st.self_name, it->second.requester, id,
-               make_error(ErrorKind::failed, st.watch->stall_reason()));
-    st.pending.erase(it);
+    end_pending(self, id, make_error(ErrorKind::failed, st.watch->stall_reason()));
   }
   update_metrics(st);
 }

@@ -20,18 +20,11 @@ void require(bool condition) {
   if (!condition) std::abort();  // a finding: the fuzzer (or the replay test) reports it
 }
 
+// The written form is the artifact's canonical form (every field it reads).
 bool same(const tandem::devices::rbln::RblnArtifact& a,
           const tandem::devices::rbln::RblnArtifact& b) {
-  const auto& m = a.model;
-  const auto& n = b.model;
-  return a.dir == b.dir && a.model_name == b.model_name &&
-         a.compiler_version == b.compiler_version && m.vocab_size == n.vocab_size &&
-         m.hidden == n.hidden && m.layers == n.layers && m.heads == n.heads &&
-         m.kv_heads == n.kv_heads && m.head_dim == n.head_dim &&
-         m.max_position == n.max_position && m.bos_id == n.bos_id && m.eos_id == n.eos_id &&
-         a.block_tokens == b.block_tokens && a.kv_blocks == b.kv_blocks &&
-         a.kv_element_bytes == b.kv_element_bytes && a.max_seq_len == b.max_seq_len &&
-         a.prefill_chunk == b.prefill_chunk && a.buckets == b.buckets && a.devices == b.devices;
+  namespace rb = tandem::devices::rbln;
+  return a.dir == b.dir && rb::artifact_config_json(a) == rb::artifact_config_json(b);
 }
 
 }  // namespace
