@@ -809,9 +809,9 @@ void Loader::read_decode(const toml::table& table) {
 
 // [sim] is free-form (the sim device knows its names); every value must be a finite number.
 void Loader::read_rbln(const toml::table& table) {
-  TableReader reader(
-      sink_, table, "rbln",
-      {"library", "artifacts", "compiler", "cache_dir", "prefill_chunk", "kv_element_bytes"});
+  TableReader reader(sink_, table, "rbln",
+                     {"library", "artifacts", "compiler", "cache_dir", "prefill_chunk",
+                      "kv_element_bytes", "kv_memory"});
   RblnSection& rbln = manifest_.rbln;
   rbln.line = table.source().begin ? table.source().begin.line : 0;
   auto absolute = [&](std::string& path) {
@@ -836,6 +836,9 @@ void Loader::read_rbln(const toml::table& table) {
       rbln.kv_element_bytes == 3) {
     reader.issue("kv_element_bytes", "must be 1, 2 or 4, got 3");
   }
+  static constexpr std::string_view kv_memories[] = {"host", "device"};
+  size_t kv_memory = rbln.kv_on_device ? 1 : 0;
+  if (reader.read_one_of("kv_memory", kv_memories, kv_memory)) rbln.kv_on_device = kv_memory == 1;
   if (!rbln.artifacts.empty() && !rbln.compiler.empty()) {
     reader.issue("compiler",
                  "set artifacts (a compiled directory) or compiler (the compile "

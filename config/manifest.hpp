@@ -224,6 +224,9 @@ struct RblnSection {
   std::string cache_dir;
   uint32_t prefill_chunk = 128;   // a multiple of 64
   uint32_t kv_element_bytes = 2;  // 1, 2 or 4
+  // kv_memory: "host" (false): the graphs take the host pool as their KV cache; "device"
+  // (true): a device buffer (rbln_malloc), staged to and from the host pool by rbln_memcpy.
+  bool kv_on_device = false;
   uint32_t line = 0;              // of the [rbln] table; 0 when absent
 };
 

@@ -76,6 +76,19 @@ Status check_seq(const std::string& what, size_t index, const SeqCheck& s, const
   return {};
 }
 
+Status check_imported(const std::string& what, size_t index, uint64_t seq_id,
+                      std::span<const uint32_t> imported, const KvLayout& layout) {
+  for (uint32_t b : imported) {
+    if (b >= layout.blocks_total) {
+      return make_error(ErrorKind::invalid, what + ": seq " + std::to_string(index) + " (id " +
+                                                std::to_string(seq_id) + ") imports block " +
+                                                std::to_string(b) + " >= blocks_total " +
+                                                std::to_string(layout.blocks_total));
+    }
+  }
+  return {};
+}
+
 Status check_block_copy(std::span<const uint32_t> blocks, uint64_t bytes, const KvLayout& layout,
                         const char* what) {
   for (uint32_t b : blocks) {

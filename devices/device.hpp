@@ -137,6 +137,11 @@ struct PrefillSeq {
   // Done before any sequence of the pass is computed: a prefix hit that ends inside a block
   // (sub-block matching) brings that block's KV into the sequence's own block this way.
   std::vector<BlockCopy> copies;
+  // Blocks whose pool bytes were written from outside the device since it last wrote them (an
+  // RMA pull from prefill, a tier-2 load), before this pass. A device whose KV is not the host
+  // pool itself (rbln with kv_memory = "device") copies them in before computing; the others
+  // ignore it. Ids < blocks_total (check_imported).
+  std::vector<uint32_t> imported;
 };
 
 // The copies of a prefill batch, checked (ids < blocks_total, src != dst; invalid naming
@@ -164,6 +169,7 @@ struct DecodeSeq {
   // come back scored as Sampler::score scores their argmax at temperature 0 with this top-N
   // (the token's log-softmax and the N most probable), in SeqOutput::scored. -1: tokens only.
   int32_t logprobs_top_n = -1;
+  std::vector<uint32_t> imported;  // as PrefillSeq::imported
 };
 
 // Output for one input sequence, in input order. Exactly one of the two is filled:
@@ -219,6 +225,11 @@ struct SeqCheck {
 // them with ids < blocks_total. invalid, prefixed "`what`: seq INDEX (id ID)", naming the value.
 Status check_seq(const std::string& what, size_t index, const SeqCheck& seq,
                  const ModelConfig& model, const KvLayout& layout);
+
+// Every imported block id of a pass < blocks_total; invalid, prefixed `what`, naming the
+// sequence and the id.
+Status check_imported(const std::string& what, size_t index, uint64_t seq_id,
+                      std::span<const uint32_t> imported, const KvLayout& layout);
 
 // The checks of copy_blocks_out/in: ids < blocks_total and `bytes` == blocks x block_bytes.
 // invalid, prefixed `what`.
@@ -279,6 +290,9 @@ struct RblnSpec {
   uint32_t max_model_tokens = 0;
   uint32_t decode_seqs_max = 0;     // 0: the executor serves no decode instance
   uint32_t run_timeout_ms = 60000;  // one graph run's wait bound
+  // KV in device memory (rbln_malloc) rather than the host pool: the graphs take the device
+  // buffer, and the host pool becomes its registered staging copy (devices/rbln/rbln_device.hpp).
+  bool kv_on_device = false;
 };
 
 struct DeviceSpec {

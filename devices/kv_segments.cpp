@@ -1,5 +1,7 @@
 #include "devices/kv_segments.hpp"
 
+#include <algorithm>
+
 #include "runtime/base/assert.hpp"
 
 namespace tandem::devices {
@@ -128,6 +130,33 @@ Result<std::vector<KvCopy>> plan_block_copy(std::span<const KvSource> sources, c
     copies.push_back({f.source, f.offset, dst_offset, part_bytes});
   }
   return copies;
+}
+
+std::vector<KvRun> written_runs(const KvLayout& layout, std::span<const uint32_t> table,
+                                uint32_t first, uint32_t end) {
+  RT_ASSERT(layout.inner == KvInner::slot_head_dim);
+  std::vector<KvRun> runs;
+  if (first >= end) return runs;
+  const uint32_t bt = layout.block_tokens;
+  RT_ASSERT(table.size() * uint64_t{bt} >= end, table.size(), end);
+  const uint64_t row = uint64_t{layout.kv_heads} * layout.head_dim * layout.element_bytes;
+  for (uint32_t b = first / bt; b <= (end - 1) / bt; ++b) {
+    const uint32_t block = table[b];
+    RT_ASSERT(block < layout.blocks_total, block, layout.blocks_total);
+    const uint32_t s0 = std::max(first, b * bt) - b * bt;
+    const uint32_t s1 = std::min(end, (b + 1) * bt) - b * bt;
+    for (uint32_t layer = 0; layer < layout.layers; ++layer) {
+      for (KvPart part : {KvPart::k, KvPart::v}) {
+        KvRun run{layout.slot_offset_bytes(block, layer, part, s0), (s1 - s0) * row};
+        if (!runs.empty() && runs.back().offset + runs.back().bytes == run.offset) {
+          runs.back().bytes += run.bytes;
+        } else {
+          runs.push_back(run);
+        }
+      }
+    }
+  }
+  return runs;
 }
 
 }  // namespace tandem::devices

@@ -60,6 +60,22 @@ struct KvCopy {
 Result<std::vector<KvCopy>> plan_block_copy(std::span<const KvSource> sources, const KvLayout& dst,
                                             uint32_t dst_block);
 
+// A byte range of one pool.
+struct KvRun {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  friend bool operator==(const KvRun&, const KvRun&) = default;
+};
+
+// The bytes a pass writes for positions [first, end) of a sequence with `table`: for every block
+// those positions touch, each (layer, K|V) part's rows of those slots, in pool order, adjacent
+// runs merged (positions filling whole blocks of a block-major pool come out as one run per
+// block). For staging what a pass wrote between a device's KV and its host copy. Layouts with
+// the slot_head_dim inner order only (a slot's row is contiguous); asserts it, that the table
+// covers `end` and that its ids are < blocks_total.
+std::vector<KvRun> written_runs(const KvLayout& layout, std::span<const uint32_t> table,
+                                uint32_t first, uint32_t end);
+
 // "block-major" / "layer-major", "slot-head-dim" / "head-slot-dim".
 std::string_view to_string(KvOrder order);
 std::string_view to_string(KvInner inner);

@@ -4,12 +4,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "config/manifest.hpp"
 #include "messages/envelope.hpp"
@@ -100,6 +103,26 @@ void fill_block_descriptor(wire::BlockDescriptor::Builder d, const std::string& 
                            const runtime::RemoteRegionRef& region, uint64_t offset_bytes,
                            const kv::BlockHash* hash, const devices::KvLayout& layout);
 void fill_kv_layout(wire::KvLayout::Builder l, const devices::KvLayout& layout);
+
+// Blocks written into a shell's pool from outside its device (an RMA pull from prefill, a
+// tier-2 load) and not yet handed to the executor: the shell's next pass carries them
+// (devices::PrefillSeq::imported), so a device whose KV is not the host pool copies them in
+// before any pass reads them. Passes reach the executor in the order they are sent, so that
+// is before their first use. Bounded: duplicates are dropped once it holds more than the pool.
+class ImportedBlocks {
+ public:
+  void add(uint32_t block, uint32_t blocks_total) {
+    blocks_.push_back(block);
+    if (blocks_.size() > blocks_total) {
+      std::sort(blocks_.begin(), blocks_.end());
+      blocks_.erase(std::unique(blocks_.begin(), blocks_.end()), blocks_.end());
+    }
+  }
+  std::vector<uint32_t> take() { return std::exchange(blocks_, {}); }
+
+ private:
+  std::vector<uint32_t> blocks_;
+};
 
 // Where a described block is, for an RMA read of it (fill_block_descriptor's inverse; the
 // hash and layout are the caller's to check).

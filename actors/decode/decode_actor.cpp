@@ -119,6 +119,7 @@ struct DecodeState {
   std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   caf::actor executor;
   ExecInfo info;
+  ImportedBlocks imported;  // pulled blocks the next pass hands the executor
   std::unique_ptr<kv::PrefixCache> cache;
   std::unique_ptr<decode::DecodeScheduler> scheduler;
   std::unordered_map<uint64_t, Seq> seqs;
@@ -372,6 +373,11 @@ void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
   }
   s.unsent_logprobs.clear();
   if (ok && wants_logprobs(s.sampling)) s.unsent_logprobs.push_back(s.remote_first_logprobs);
+  if (ok && s.order) {
+    for (uint32_t index : s.order->pull_block_indexes) {
+      st.imported.add(s.order->block_table[index], st.info.layout.blocks_total);
+    }
+  }
   auto update = st.scheduler->on_pull_done(id, ok, ok ? *s.remote_first : 0);
   if (s.cancelled) {
     st.seqs.erase(it);
@@ -648,6 +654,7 @@ void run_decode_part(DecodeActor* self, const std::shared_ptr<StepRun>& run) {
     batch->push_back({e.seq, {e.block_table.begin(), e.block_table.end()}, e.start_position,
                       e.tokens, argmax_only, top_n});
   }
+  batch->front().imported = st.imported.take();
   uint64_t gen = watch_start(st, run);
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::decode, nullptr, batch})
@@ -686,6 +693,7 @@ void run_step(DecodeActor* self, decode::DecodePlan plan) {
   }
   st.stepping = true;
   if (batch->empty()) return run_decode_part(self, run);
+  batch->front().imported = st.imported.take();
   uint64_t gen = watch_start(st, run);
   self->request(st.executor, caf::infinite, atoms::exec_run::value,
                 ExecBatch{ExecKind::prefill, batch, nullptr})

@@ -38,6 +38,7 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.rbln.served_names = manifest.model.served_names;
   spec.rbln.max_model_tokens = manifest.model.max_model_tokens;
   spec.rbln.run_timeout_ms = manifest.supervisor.executor_step_timeout_ms;
+  spec.rbln.kv_on_device = manifest.rbln.kv_on_device;
   // rbln: a decode instance's steps must fit the largest compiled decode bucket.
   for (const auto& node : manifest.nodes) {
     for (const auto& user : node.instances) {

@@ -74,6 +74,7 @@ struct PrefillState {
   std::optional<HandlerGuard> guard;  // the backstop of each message's handler
   caf::actor executor;
   ExecInfo info;
+  ImportedBlocks imported;  // tier-2 loaded blocks the next pass hands the executor
   std::unique_ptr<kv::PrefixCache> cache;
   std::unique_ptr<prefill::PrefillScheduler> scheduler;
   std::unordered_map<uint64_t, Pending> pending;
@@ -240,6 +241,7 @@ void pump(PrefillActor* self) {
                       c.tokens});
     if (c.copy) batch->back().copies.push_back({c.copy->src, c.copy->dst});
   }
+  if (!batch->empty()) batch->front().imported = st.imported.take();
   st.stepping = true;
   auto kept = std::make_shared<prefill::PrefillPlan>(std::move(*plan));
   st.exec_plan = kept;
@@ -409,6 +411,7 @@ void finish_reads(PrefillActor* self, std::map<uint64_t, Tier2Wait>::iterator it
   while (in_time && loaded < w.fresh.size() && w.read_ok[loaded] == 1) ++loaded;
   kv::PrefixHashes q{w.core.prefix_hashes, st.cache->sub_blocks_per_block()};
   for (size_t i = 0; i < loaded; ++i) {
+    st.imported.add(w.fresh[i], st.info.layout.blocks_total);
     size_t at = w.device_hit + i;
     const bool partial = w.partial > 0 && i + 1 == w.fresh.size();
     (void)st.cache->commit(w.fresh[i], q.slots(at, partial ? w.partial : q.k), q.parent(at));

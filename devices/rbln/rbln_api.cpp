@@ -60,8 +60,23 @@ Result<std::shared_ptr<const RblnApi>> RblnApi::load(const std::string& path) {
   // Optional: the device-memory header's calls (host staging for KV) are probed, not required.
   dlerror();
   api->device_count = reinterpret_cast<DeviceCount>(dlsym(api->handle_, "rbln_get_device_count"));
+  api->malloc_device = reinterpret_cast<Malloc>(dlsym(api->handle_, "rbln_malloc"));
+  api->free_device = reinterpret_cast<Free>(dlsym(api->handle_, "rbln_free"));
+  api->memcpy_device = reinterpret_cast<Memcpy>(dlsym(api->handle_, "rbln_memcpy"));
   RT_ASSERT(api->create_model && api->async_wait && api->last_error_msg, path);
   return std::shared_ptr<const RblnApi>(std::move(api));
+}
+
+Status RblnApi::require_device_memory() const {
+  const char* missing = !malloc_device   ? "rbln_malloc"
+                        : !free_device   ? "rbln_free"
+                        : !memcpy_device ? "rbln_memcpy"
+                                         : nullptr;
+  if (!missing) return {};
+  return make_error(ErrorKind::failed, path + " has no symbol " + missing +
+                                           ": [rbln] kv_memory = \"device\" needs the runtime's "
+                                           "device-memory calls (rbln_malloc, rbln_free, "
+                                           "rbln_memcpy)");
 }
 
 std::string RblnApi::last_error() const {

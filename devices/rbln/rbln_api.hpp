@@ -41,7 +41,13 @@ struct RblnApi {
   using AsyncRun = int64_t (*)(RBLNRuntime*, void** inputs, void** outputs);
   using AsyncWait = int (*)(RBLNRuntime*, int64_t request_id, int64_t timeout_ms);
   using LastError = const char* (*)();
-  using DeviceCount = int (*)();
+  // The device-memory header's calls (rebel/runtime/api/rbln_runtime_api.h, vendored in
+  // RBLN-SW/torch-rbln; not the documented model API): RBLNRetCode results, 0 = success.
+  using DeviceCount = int (*)(int* count);
+  using Malloc = int (*)(int device_id, uint64_t size, void** device_ptr);
+  using Free = int (*)(int device_id, void* device_ptr);
+  // type: 0 host to device, 1 device to host, 2 device to device (RBLNMemcpyType).
+  using Memcpy = int (*)(int device_id, void* dst, const void* src, uint64_t size, int type);
 
   CreateModel create_model = nullptr;
   DestroyModel destroy_model = nullptr;
@@ -52,13 +58,20 @@ struct RblnApi {
   AsyncRun async_run = nullptr;
   AsyncWait async_wait = nullptr;
   LastError last_error_msg = nullptr;
-  DeviceCount device_count = nullptr;  // optional (the device-memory header): probed, may be null
+  // Optional (the device-memory header): probed with dlsym, null when the library lacks them.
+  DeviceCount device_count = nullptr;
+  Malloc malloc_device = nullptr;
+  Free free_device = nullptr;
+  Memcpy memcpy_device = nullptr;
 
   std::string path;  // the library loaded
 
   // dlopen(path) and resolve every required symbol. Errors (failed): "cannot load PATH: why"
   // or "PATH has no symbol NAME (dlsym: why)", naming the first missing one.
   static Result<std::shared_ptr<const RblnApi>> load(const std::string& path);
+  // KV on the device (kv_memory = "device") needs rbln_malloc, rbln_free and rbln_memcpy.
+  // failed naming the first one this library lacks, and the path.
+  Status require_device_memory() const;
   // The library's last error message, "" when none.
   std::string last_error() const;
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "devices/kv_segments.hpp"
 #include "devices/rbln/rbln_api.hpp"
 #include "devices/rbln/rbln_artifact.hpp"
 #include "devices/rbln/rbln_compile.hpp"
@@ -18,18 +19,27 @@ class RblnDevice final : public Device {
  public:
   RblnDevice(std::shared_ptr<const RblnApi> api, RblnArtifact artifact, KvLayout layout,
              std::unique_ptr<PoolMemory> pool, RblnRuntime prefill,
-             std::map<uint32_t, RblnRuntime> decode, std::chrono::milliseconds timeout)
+             std::map<uint32_t, RblnRuntime> decode, std::chrono::milliseconds timeout,
+             int device_id, void* device_kv)
       : api_(std::move(api)),
         art_(std::move(artifact)),
         layout_(layout),
         pool_(std::move(pool)),
         prefill_(std::move(prefill)),
         decode_(std::move(decode)),
-        timeout_(timeout) {
+        timeout_(timeout),
+        device_id_(device_id),
+        device_kv_(device_kv) {
     model_ = art_.model;
     model_.max_position = art_.max_seq_len;
     dummy_ = layout_.blocks_total;  // the one block past what the executor allocates from
   }
+
+  ~RblnDevice() override {
+    if (device_kv_) (void)api_->free_device(device_id_, device_kv_);
+  }
+  RblnDevice(const RblnDevice&) = delete;
+  RblnDevice& operator=(const RblnDevice&) = delete;
 
   const ModelConfig& model_config() const override { return model_; }
   const KvLayout& kv_layout() const override { return layout_; }
@@ -53,6 +63,15 @@ class RblnDevice final : public Device {
                                              "; the runtime may still write its buffers, so "
                                              "this device takes no more runs (restart the node)");
   }
+  // kv_memory = "device": copies `runs` of the pool between the device's KV and the host pool
+  // (type 0 host to device, 1 device to host). A copy that fails poisons the device: the two
+  // copies of some block now disagree, and which requests read it later is not known here.
+  Status stage(int type, std::span<const KvRun> runs);
+  // Before a pass: the blocks its sequences import, and the destinations of its block copies
+  // (made in the host pool), copied in.
+  template <typename Seq>
+  Status stage_in(std::span<const Seq> batch);
+  void* kv_input() const { return device_kv_ ? device_kv_ : static_cast<void*>(pool_->base()); }
   void fill_table(std::span<const uint32_t> table, int32_t* out) const {
     const uint32_t n = art_.table_blocks();
     for (uint32_t i = 0; i < n; ++i) {
@@ -68,6 +87,8 @@ class RblnDevice final : public Device {
   RblnRuntime prefill_;
   std::map<uint32_t, RblnRuntime> decode_;  // by bucket
   std::chrono::milliseconds timeout_;
+  int device_id_ = 0;
+  void* device_kv_ = nullptr;  // kv_memory = "device": the graphs' KV (pool_ is its staging)
   uint32_t dummy_ = 0;
   std::string poisoned_;  // non-empty: a run that never completed
   std::vector<int32_t> ids_, pos_, tables_, qpos_;
@@ -76,7 +97,7 @@ class RblnDevice final : public Device {
 
 Status RblnDevice::run(RblnRuntime& runtime, const std::string& graph, std::vector<void*> inputs,
                        void* logits) {
-  inputs.push_back(pool_->base());
+  inputs.push_back(kv_input());
   auto id = runtime.submit(inputs, {logits});
   if (!id.ok()) return make_error(ErrorKind::failed, "rbln " + graph + ": " + id.error().message);
   Status waited = runtime.wait(*id, timeout_);
@@ -86,6 +107,47 @@ Status RblnDevice::run(RblnRuntime& runtime, const std::string& graph, std::vect
                 std::to_string(timeout_.count()) + " ms";
   }
   return make_error(waited.error().kind, "rbln " + graph + ": " + waited.error().message);
+}
+
+Status RblnDevice::stage(int type, std::span<const KvRun> runs) {
+  if (!device_kv_) return {};
+  auto* device = static_cast<std::byte*>(device_kv_);
+  for (const KvRun& r : runs) {
+    std::byte* host = pool_->base() + r.offset;
+    void* dst = type == 0 ? static_cast<void*>(device + r.offset) : static_cast<void*>(host);
+    const void* src = type == 0 ? static_cast<const void*>(host) : device + r.offset;
+    if (api_->memcpy_device(device_id_, dst, src, r.bytes, type) != 0) {
+      poisoned_ = std::string("rbln_memcpy (") + (type == 0 ? "host to device" : "device to host") +
+                  ", " + std::to_string(r.bytes) + " bytes at KV offset " +
+                  std::to_string(r.offset) + ") failed: " + api_->last_error();
+      return make_error(ErrorKind::failed, "rbln device: " + poisoned_);
+    }
+  }
+  return {};
+}
+
+template <typename Seq>
+Status RblnDevice::stage_in(std::span<const Seq> batch) {
+  if (!device_kv_) return {};
+  std::vector<uint32_t> blocks;
+  for (const Seq& s : batch) {
+    blocks.insert(blocks.end(), s.imported.begin(), s.imported.end());
+    if constexpr (std::is_same_v<Seq, PrefillSeq>) {
+      for (const BlockCopy& c : s.copies) blocks.push_back(c.dst);
+    }
+  }
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  std::vector<KvRun> runs;
+  const uint64_t bb = layout_.block_bytes();
+  for (uint32_t b : blocks) {
+    if (!runs.empty() && runs.back().offset + runs.back().bytes == b * bb) {
+      runs.back().bytes += bb;
+    } else {
+      runs.push_back({b * bb, bb});
+    }
+  }
+  return stage(0, runs);
 }
 
 Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
@@ -98,9 +160,13 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
         !st) {
       return st.error();
     }
+    if (auto st = check_imported("rbln device prefill", i, s.seq_id, s.imported, layout_); !st) {
+      return st.error();
+    }
   }
   if (auto st = check_copies(batch, layout_); !st) return st.error();
   apply_copies(batch, layout_, kv_region());
+  if (auto st = stage_in(batch); !st) return st.error();
   const uint32_t chunk = art_.prefill_chunk, vocab = model_.vocab_size;
   ids_.resize(chunk);
   pos_.resize(chunk);
@@ -123,6 +189,12 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
                           std::to_string(s.start_pos + c + len) + ")";
       if (auto st = run(prefill_, graph, {ids_.data(), pos_.data(), tables_.data(), qpos_.data()},
                         logits_.data());
+          !st) {
+        return st.error();
+      }
+      const auto first = static_cast<uint32_t>(s.start_pos + c);
+      if (auto st = stage(
+              1, written_runs(layout_, s.block_table, first, first + static_cast<uint32_t>(len)));
           !st) {
         return st.error();
       }
@@ -153,7 +225,11 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
                             " tokens; the decode graphs take one per sequence (speculative "
                             "verification is not built for rbln)");
     }
+    if (auto st = check_imported("rbln device decode", i, s.seq_id, s.imported, layout_); !st) {
+      return st.error();
+    }
   }
+  if (auto st = stage_in(batch); !st) return st.error();
   const uint32_t vocab = model_.vocab_size, table = art_.table_blocks();
   const uint32_t largest = art_.buckets.back();
   StepOutput out;
@@ -178,6 +254,13 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
       return st.error();
     }
     for (uint32_t r = 0; r < rows; ++r) {
+      const DecodeSeq& s = batch[first + r];
+      if (auto st = stage(1, written_runs(layout_, s.block_table, s.start_pos, s.start_pos + 1));
+          !st) {
+        return st.error();
+      }
+    }
+    for (uint32_t r = 0; r < rows; ++r) {
       SeqOutput so;
       so.seq_id = batch[first + r].seq_id;
       so.rows_count = 1;
@@ -195,7 +278,9 @@ Status RblnDevice::copy_blocks_out(std::span<const uint32_t> blocks, std::span<s
   }
   const uint64_t bb = layout_.block_bytes();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    std::memcpy(dst.data() + i * bb, pool_->base() + uint64_t{blocks[i]} * bb, bb);
+    const KvRun run{uint64_t{blocks[i]} * bb, bb};
+    if (auto st = stage(1, {&run, 1}); !st) return st;  // the host pool is current after it
+    std::memcpy(dst.data() + i * bb, pool_->base() + run.offset, bb);
   }
   return {};
 }
@@ -207,7 +292,9 @@ Status RblnDevice::copy_blocks_in(std::span<const uint32_t> blocks,
   }
   const uint64_t bb = layout_.block_bytes();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    std::memcpy(pool_->base() + uint64_t{blocks[i]} * bb, src.data() + i * bb, bb);
+    const KvRun run{uint64_t{blocks[i]} * bb, bb};
+    std::memcpy(pool_->base() + run.offset, src.data() + i * bb, bb);
+    if (auto st = stage(0, {&run, 1}); !st) return st;
   }
   return {};
 }
@@ -268,15 +355,20 @@ Result<std::string> probe_rbln(const DeviceSpec& spec) {
   if (!artifact.ok()) return artifact.error();
   auto api = RblnApi::load(spec.rbln.library);
   if (!api.ok()) return api.error();
+  if (spec.rbln.kv_on_device) {
+    if (auto st = (*api)->require_device_memory(); !st) return st.error();
+  }
   const RblnArtifact& a = *artifact;
   std::string buckets;
   for (uint32_t b : a.buckets) buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
   return "library " + spec.rbln.library + " (" + std::to_string(rbln_required_symbols().size()) +
-         " symbols" + ((*api)->device_count ? ", device-memory calls present" : "") +
-         "); compiled " + a.dir + ": model " + a.model_name + ", compiler " + a.compiler_version +
-         ", block " + std::to_string(a.block_tokens) + ", max length " +
-         std::to_string(a.max_seq_len) + ", chunk " + std::to_string(a.prefill_chunk) +
-         ", buckets [" + buckets + "], devices " + std::to_string(a.devices);
+         " symbols" +
+         ((*api)->require_device_memory().ok() ? ", device-memory calls present" : "") +
+         (spec.rbln.kv_on_device ? ", KV in device memory" : "") + "); compiled " + a.dir +
+         ": model " + a.model_name + ", compiler " + a.compiler_version + ", block " +
+         std::to_string(a.block_tokens) + ", max length " + std::to_string(a.max_seq_len) +
+         ", chunk " + std::to_string(a.prefill_chunk) + ", buckets [" + buckets + "], devices " +
+         std::to_string(a.devices);
 }
 
 Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
@@ -297,6 +389,20 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   if (!pool.ok()) return pool.error();
 
   const int device_id = r.device_ids.empty() ? 0 : static_cast<int>(r.device_ids.front());
+  // The device KV buffer, owned here until the device takes it (a failed open frees it).
+  std::unique_ptr<void, std::function<void(void*)>> device_kv(nullptr, [](void*) {});
+  if (r.kv_on_device) {
+    if (auto st = (*api)->require_device_memory(); !st) return st.error();
+    const uint64_t bytes = layout.pool_bytes() + layout.block_bytes();
+    void* ptr = nullptr;
+    if ((*api)->malloc_device(device_id, bytes, &ptr) != 0 || ptr == nullptr) {
+      return make_error(ErrorKind::failed,
+                        "rbln_malloc(device " + std::to_string(device_id) + ", " +
+                            std::to_string(bytes) +
+                            " bytes for the KV cache) failed: " + (*api)->last_error());
+    }
+    device_kv = {ptr, [api = *api, device_id](void* p) { (void)api->free_device(device_id, p); }};
+  }
   auto prefill = open_graph(*api, artifact->prefill_graph(), "prefill", device_id, kPrefillInputs);
   if (!prefill.ok()) return prefill.error();
   std::map<uint32_t, RblnRuntime> decode;
@@ -306,9 +412,10 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
     if (!rt.ok()) return rt.error();
     decode.emplace(bucket, std::move(rt).value());
   }
-  return std::unique_ptr<Device>(new RblnDevice(
-      std::move(api).value(), std::move(artifact).value(), layout, std::move(pool).value(),
-      std::move(prefill).value(), std::move(decode), std::chrono::milliseconds(r.run_timeout_ms)));
+  return std::unique_ptr<Device>(
+      new RblnDevice(std::move(api).value(), std::move(artifact).value(), layout,
+                     std::move(pool).value(), std::move(prefill).value(), std::move(decode),
+                     std::chrono::milliseconds(r.run_timeout_ms), device_id, device_kv.release()));
 }
 
 }  // namespace tandem::devices::rbln

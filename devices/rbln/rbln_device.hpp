@@ -13,11 +13,14 @@
 //   A run that fails ends the pass with the library's message; a run that does not complete in
 //   time ends it with timed_out and poisons the device (the runtime may still write the
 //   buffers it was given): every later pass fails, naming that run, until the node restarts.
-// - KV: the graphs take the pool as their last input (kv_cache), in Tandem's block layout
-//   (device.hpp KvLayout, element_bytes from the artifact), in host memory that kv_region()
-//   exposes for RMA. That is what the conformance fake implements; on a Rebel100 the KV cache
-//   is a device buffer in per-layer layout and reaching it needs the staging copies
-//   (docs/rbln.md, docs/STATUS.md: Absent).
+// - KV: the graphs take the cache as their last input (kv_cache), in Tandem's block layout
+//   (device.hpp KvLayout, element_bytes from the artifact). kv_memory "host": the host pool that
+//   kv_region() exposes for RMA. kv_memory "device" (spec.rbln.kv_on_device): a device buffer
+//   from rbln_malloc, and the host pool is its staging copy: the bytes each pass writes are
+//   copied device -> host after it (write-through, so RMA readers see current bytes); the
+//   blocks a pass imports (PrefillSeq/DecodeSeq::imported) and its block copies' destinations
+//   are copied host -> device before it; copy_blocks_out/in go through the device. A copy that
+//   fails poisons the device like a run that never completes.
 // - Speculation: the decode graphs take one token per sequence; a decode sequence with drafts
 //   is refused (the manifest refuses [speculative] for decode instances on rbln executors).
 // - Returns logits always (the runtime writes them to host memory; argmax_only is ignored, as
@@ -37,9 +40,10 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec);
 
 // What `tandem check` probes for an rbln executor without touching a device: the compiled
 // directory loaded and checked against the manifest, and the runtime library loaded with every
-// symbol resolved. On success a one-line summary ("library L (9 symbols); compiled D: model M,
-// compiler V, block B, max length L, chunk C, buckets [..], devices N"); else the error the
-// executor would start with.
+// symbol resolved (and with kv_memory "device", the device-memory calls). On success a one-line
+// summary ("library L (9 symbols[, device-memory calls present][, KV in device memory]);
+// compiled D: model M, compiler V, block B, max length L, chunk C, buckets [..], devices N");
+// else the error the executor would start with.
 Result<std::string> probe_rbln(const DeviceSpec& spec);
 
 }  // namespace tandem::devices::rbln

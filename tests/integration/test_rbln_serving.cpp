@@ -56,8 +56,10 @@ std::vector<std::string> answers(ServeCluster& c) {
 
 }  // namespace
 
-TEST_CASE("rbln serving: greedy text equals device cpu's, one node and loopback-3 P/D" *
-          doctest::timeout(600)) {
+TEST_CASE(
+    "rbln serving: greedy text equals device cpu's, one node and loopback-3 P/D, and P/D with the "
+    "KV in device memory (staged through the host pool)" *
+    doctest::timeout(600)) {
   std::vector<std::string> cpu;
   {
     // The same [decode] seqs_max as the rbln clusters (fabric_toml may open further sections).
@@ -87,6 +89,24 @@ TEST_CASE("rbln serving: greedy text equals device cpu's, one node and loopback-
     double blocks = pd.metric("decode", "tandem:kv_pulled_blocks_total") - blocks0;
     MESSAGE("P/D on rbln: ", blocks, " KV blocks pulled by RMA");
     CHECK(blocks >= 1);
+    CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
+    CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  }
+  {
+    // kv_memory = "device": the graphs compute on rbln_malloc'd buffers (the fake fills them with
+    // 0xA5); prefill's writes reach its registered host pool by rbln_memcpy, decode pulls them by
+    // RMA into its host pool and copies them in before its first pass reads them. A missing
+    // stage in either direction changes the text.
+    std::string toml = rbln_toml("pd-device");
+    toml.replace(toml.find("\n[decode]"), 1, "\nkv_memory = \"device\"\n");
+    ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", toml);
+    REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
+    std::vector<std::string> got = answers(pd);
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln P/D, device KV: [", got[i],
+                    "]\ncpu: [", cpu[i], "]");
+    }
+    CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
     CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
     CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
   }
@@ -226,8 +246,10 @@ TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled
   ServeCluster ok(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
   auto checked = run({tandem_bin(), "check", ok.manifest_path()}, 60000ms);
   CHECK_MESSAGE(checked.exit_code == 0, checked.output);
-  CHECK(checked.output.find("rbln      solo/exec-d: library " + fake_lib() + " (9 symbols)") !=
-        std::string::npos);
+  CHECK_MESSAGE(
+      checked.output.find("rbln      solo/exec-d: library " + fake_lib() +
+                          " (9 symbols, device-memory calls present)") != std::string::npos,
+      checked.output);
   CHECK(checked.output.find("model stories15M, compiler fake-0.1, block 16, max length 256, "
                             "chunk 64, buckets [1, 2, 4, 8], devices 1") != std::string::npos);
 
@@ -248,6 +270,26 @@ TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled
   CHECK_MESSAGE(mismatch.output.find("largest decoder_batch_sizes bucket 8, manifest [decode] "
                                      "seqs_max 16") != std::string::npos,
                 mismatch.output);
+  // kv_memory = "device" needs the device-memory calls: with them the probe says so, without
+  // them it names the first one missing.
+  std::string device_kv = toml;
+  device_kv.replace(device_kv.find("\n[decode]"), 1, "\nkv_memory = \"device\"\n");
+  ServeCluster staged(Layout::one_node, 32, 0, "", "", "", false, false, "", device_kv);
+  auto probed = run({tandem_bin(), "check", staged.manifest_path()}, 60000ms);
+  CHECK_MESSAGE(probed.exit_code == 0, probed.output);
+  CHECK_MESSAGE(
+      probed.output.find("(9 symbols, device-memory calls present, KV in device memory)") !=
+          std::string::npos,
+      probed.output);
+  const char* no_memory_lib = std::getenv("RBLN_FAKE_LIB_NO_MEMORY");
+  REQUIRE(no_memory_lib != nullptr);
+  device_kv.replace(device_kv.find(fake_lib()), fake_lib().size(), no_memory_lib);
+  ServeCluster lacking(Layout::one_node, 32, 0, "", "", "", false, false, "", device_kv);
+  auto lacks = run({tandem_bin(), "check", lacking.manifest_path()}, 60000ms);
+  CHECK(lacks.exit_code == 1);
+  CHECK_MESSAGE(lacks.output.find(std::string(no_memory_lib) + " has no symbol rbln_malloc") !=
+                    std::string::npos,
+                lacks.output);
 }
 
 TEST_CASE(
@@ -416,4 +458,85 @@ TEST_CASE(
   rb::CompileRequest bin = r;
   bin.model_path = model_dir() + "/stories15M.bin";
   CHECK(fail("", bin).find("a llama2.c checkpoint cannot be compiled") != std::string::npos);
+}
+
+TEST_CASE(
+    "rbln serving, KV in device memory: a prompt evicted from prefill comes back from tier 2, same "
+    "text" *
+    doctest::timeout(300)) {
+  // One node: prefill on rbln with kv_memory = "device" and 40 blocks (four 11-block prompts
+  // evict the first), decode on cpu with 16 (the next prompt evicts it). Tier 2's RMA reads land
+  // in prefill's host pool; the device computes on its own buffer, so the prompt's answer the
+  // second time depends on prefill copying those blocks in before its pass.
+  std::string dir = make_temp_dir("rbln-tier2");
+  FakeRblnArtifact a;
+  a.model_path = model_dir() + "/stories15M.bin";
+  a.kv_blocks = 41;
+  std::string compiled = write_fake_rbln_artifact(dir + "/compiled", a);
+  uint16_t http_port = free_port(), admin_port = free_port(), fabric_port = free_port();
+  auto inst = [](const std::string& role, const std::string& name, const std::string& extra) {
+    return "[[node.instance]]\nrole = \"" + role + "\"\nname = \"" + name + "\"\n" + extra;
+  };
+  std::string manifest = dir + "/cluster.toml";
+  write_file(manifest,
+             "[cluster]\nname = \"rbln-tier2\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n"
+             "[model]\nname = \"stories15M\"\npath = \"" +
+                 model_dir() +
+                 "\"\nblock_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
+                 "[router]\npolicy = \"prefix-aware\"\ndisaggregate_tokens_min = 1\n"
+                 "[kv_offload]\nenabled = true\npath = \"" +
+                 dir +
+                 "/tier2\"\ncapacity_bytes = 67108864\nstaging_blocks = 32\n"
+                 "[rbln]\nlibrary = \"" +
+                 fake_lib() + "\"\nartifacts = \"" + compiled +
+                 "\"\nkv_memory = \"device\"\n"
+                 "[[node]]\nname = \"solo\"\nhost = \"127.0.0.1\"\nfabric_port = " +
+                 std::to_string(fabric_port) + "\nadmin_port = " + std::to_string(admin_port) +
+                 "\nhttp_port = " + std::to_string(http_port) + "\n" +
+                 inst("gateway", "gateway", "") + inst("router", "router", "") +
+                 inst("prefill", "prefill", "executor = \"exec-p\"\n") +
+                 inst("decode", "decode", "executor = \"exec-d\"\n") +
+                 inst("kv-offload", "kv-offload", "") +
+                 inst("executor", "exec-p", "device = \"rbln\"\ndevices = [0]\nkv_blocks = 40\n") +
+                 inst("executor", "exec-d", "device = \"cpu\"\ndevices = [1]\nkv_blocks = 16\n"));
+  Child node({tandem_bin(), "node", "--manifest", manifest, "--node", "solo"}, dir + "/solo.log");
+  auto metric = [&](const std::string& series) {
+    auto r = http::get(admin_port, "/metrics", 3000ms);
+    return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, "");
+  };
+  bool ready = eventually(90s, [&] {
+    if (metric("tandem_router_instance_eligible") < 2) return false;
+    return complete(http_port, "Warm", 1).error.empty();
+  });
+  REQUIRE_MESSAGE(ready, node.log());
+  auto story = [](int seed) {
+    static const char* vocab[] = {"the", "little", "dog",  "ran", "to",    "a",    "big",  "tree",
+                                  "and", "saw",    "bird", "sky", "happy", "girl", "park", "sun"};
+    std::string out = "Once upon a time";
+    uint32_t x = static_cast<uint32_t>(seed) * 2654435761u + 7;
+    for (int i = 0; i < 180; ++i) {
+      x = x * 1664525u + 1013904223u;
+      out += std::string(" ") + vocab[(x >> 16) % 16];
+    }
+    return out;
+  };
+  Completion first = complete(http_port, story(1), 16);
+  REQUIRE_MESSAGE(first.error.empty(), first.error);
+  const int full_blocks = first.usage["prompt_tokens"].get<int>() / 16;
+  REQUIRE(full_blocks >= 8);
+  REQUIRE_MESSAGE(
+      eventually(10s, [&] { return metric("tandem:tier2_stored_blocks_total") >= full_blocks; }),
+      node.log());
+  for (int seed = 2; seed <= 5; ++seed) {
+    Completion other = complete(http_port, story(seed), 16);
+    REQUIRE_MESSAGE(other.error.empty(), other.error);
+  }
+  double loaded_before = metric("tandem:prefill_tier2_loaded_blocks_total");
+  Completion again = complete(http_port, story(1), 16);
+  REQUIRE_MESSAGE(again.error.empty(), again.error);
+  INFO(node.log());
+  CHECK(metric("tandem:prefill_tier2_loaded_blocks_total") - loaded_before == full_blocks);
+  CHECK(again.text == first.text);
+  node.signal(SIGTERM);
+  node.wait(10000ms);
 }

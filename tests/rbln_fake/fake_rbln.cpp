@@ -6,11 +6,19 @@
 //    "fail_run": false, "never_completes": false}
 // A run writes, for every output j and byte i: (sum of input bytes i + j + 1) mod 256, after
 // delay_ms on a thread of its own. A path ending in ".rbln" is instead a graph of a compiled
-// model directory, computed by Tandem's cpu transformer (fake_graph.hpp). Built twice: once whole,
-// once without rbln_async_wait (RBLN_FAKE_WITHOUT_ASYNC_WAIT) for the missing-symbol path.
+// model directory, computed by Tandem's cpu transformer (fake_graph.hpp).
+// Device memory (the optional calls rbln_malloc, rbln_free, rbln_memcpy, rbln_get_device_count):
+// host memory handed out as "device" buffers, filled with 0xA5 (so nothing relies on zeroes);
+// rbln_memcpy checks its device side lies inside one live allocation. With the environment
+// variable RBLN_FAKE_FAIL_MEMCPY_AFTER=N, every rbln_memcpy after the first N fails.
+// Built three times: whole, without rbln_async_wait (RBLN_FAKE_WITHOUT_ASYNC_WAIT) and without the
+// device-memory calls (RBLN_FAKE_WITHOUT_DEVICE_MEMORY), for the missing-symbol paths.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -219,6 +227,84 @@ int rbln_async_wait(RBLNRuntime* rt, int64_t request_id, int64_t timeout_ms) {
     last_error = job->error;
     return 1;
   }
+  return 0;
+}
+#endif
+
+#ifndef RBLN_FAKE_WITHOUT_DEVICE_MEMORY
+}  // extern "C"
+
+namespace {
+
+std::mutex allocations_mu;
+std::map<uintptr_t, uint64_t> allocations;  // base -> size, the live "device" buffers
+std::atomic<int64_t> memcpy_calls{0};
+
+// True when [p, p + size) lies in one live allocation.
+bool on_device(const void* p, uint64_t size) {
+  auto at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard lock(allocations_mu);
+  auto it = allocations.upper_bound(at);
+  if (it == allocations.begin()) return false;
+  --it;
+  return at + size <= it->first + it->second;
+}
+
+}  // namespace
+
+extern "C" {
+
+int rbln_get_device_count(int* count) {
+  if (count == nullptr) return 2;
+  *count = 16;
+  return 0;
+}
+
+int rbln_malloc(int device_id, uint64_t size, void** device_ptr) {
+  if (device_ptr == nullptr || size == 0 || device_id < 0 || device_id >= 16) {
+    last_error = "rbln_malloc: bad arguments (device " + std::to_string(device_id) + ", " +
+                 std::to_string(size) + " bytes)";
+    return 2;
+  }
+  void* p = std::malloc(size);
+  if (p == nullptr) {
+    last_error = "rbln_malloc: out of device memory for " + std::to_string(size) + " bytes";
+    return 1;
+  }
+  std::memset(p, 0xA5, size);
+  std::lock_guard lock(allocations_mu);
+  allocations[reinterpret_cast<uintptr_t>(p)] = size;
+  *device_ptr = p;
+  return 0;
+}
+
+int rbln_free(int /*device_id*/, void* device_ptr) {
+  std::lock_guard lock(allocations_mu);
+  auto it = allocations.find(reinterpret_cast<uintptr_t>(device_ptr));
+  if (it == allocations.end()) {
+    last_error = "rbln_free: not a device buffer";
+    return 2;
+  }
+  allocations.erase(it);
+  std::free(device_ptr);
+  return 0;
+}
+
+int rbln_memcpy(int /*device_id*/, void* dst, const void* src, uint64_t size, int type) {
+  if (const char* after = std::getenv("RBLN_FAKE_FAIL_MEMCPY_AFTER")) {
+    if (memcpy_calls.fetch_add(1) >= std::atoll(after)) {
+      last_error = "the device faulted during a copy (fake: RBLN_FAKE_FAIL_MEMCPY_AFTER)";
+      return 1;
+    }
+  }
+  if (type < 0 || type > 2 || dst == nullptr || src == nullptr ||
+      ((type == 0 || type == 2) && !on_device(dst, size)) ||
+      ((type == 1 || type == 2) && !on_device(src, size))) {
+    last_error = "rbln_memcpy: type " + std::to_string(type) + ", " + std::to_string(size) +
+                 " bytes: the device side is not inside a device buffer";
+    return 2;
+  }
+  std::memmove(dst, src, size);
   return 0;
 }
 #endif

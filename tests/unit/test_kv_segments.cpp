@@ -208,3 +208,36 @@ TEST_CASE("kv segments: every mismatch is refused naming both values") {
   CHECK(plan_error(std::vector<KvSource>{}, dst) ==
         "invalid: KV transfer: layer 0 K is in no source");
 }
+
+TEST_CASE("kv segments: written_runs covers exactly the rows of the positions a pass wrote") {
+  const KvLayout l = layout(2, 8);  // row 12 bytes, part 48, block 192
+  const std::vector<uint32_t> table{5, 2};
+  // Two slots inside one block: one run per (layer, K|V) part.
+  auto inside = written_runs(l, table, 1, 3);
+  REQUIRE(inside.size() == 4);
+  CHECK(inside[0] == KvRun{5 * 192 + 12, 24});
+  CHECK(inside[3] == KvRun{5 * 192 + 2 * 48 + 48 + 12, 24});
+  // Whole blocks merge into one run each.
+  CHECK(written_runs(l, table, 0, 8) == std::vector<KvRun>{{5 * 192, 192}, {2 * 192, 192}});
+  CHECK(written_runs(l, table, 4, 4).empty());
+  // Every range: the runs are exactly the positions' rows, in order, none adjacent.
+  for (uint32_t first = 0; first < 8; ++first) {
+    for (uint32_t end = first + 1; end <= 8; ++end) {
+      std::vector<int> want(l.pool_bytes(), 0), got(l.pool_bytes(), 0);
+      for (uint32_t p = first; p < end; ++p) {
+        for (uint32_t layer = 0; layer < 2; ++layer) {
+          for (KvPart part : {KvPart::k, KvPart::v}) {
+            uint64_t at = l.slot_offset_bytes(table[p / 4], layer, part, p % 4);
+            for (uint64_t i = 0; i < 12; ++i) want[at + i] = 1;
+          }
+        }
+      }
+      auto runs = written_runs(l, table, first, end);
+      for (size_t r = 0; r < runs.size(); ++r) {
+        for (uint64_t i = 0; i < runs[r].bytes; ++i) ++got[runs[r].offset + i];
+        if (r > 0) CHECK(runs[r - 1].offset + runs[r - 1].bytes != runs[r].offset);
+      }
+      CHECK_MESSAGE(got == want, "positions ", first, "..", end);
+    }
+  }
+}

@@ -1874,6 +1874,12 @@ TEST_CASE(
   CHECK(m.rbln.artifacts == "/etc/tandem/compiled/tiny");  // relative to the manifest
   Manifest lib = parse_ok(rbln + "[rbln]\nartifacts = \"/c\"\nlibrary = \"/opt/rbln/lib.so\"\n");
   CHECK(lib.rbln.library == "/opt/rbln/lib.so");
+  CHECK_FALSE(m.rbln.kv_on_device);  // kv_memory = "host" by default
+  CHECK(parse_ok(with + "kv_memory = \"device\"\n").rbln.kv_on_device);
+  CHECK_FALSE(parse_ok(with + "kv_memory = \"host\"\n").rbln.kv_on_device);
+  auto memory = only_issue(with + "kv_memory = \"hbm\"\n");
+  CHECK(memory.key == "rbln.kv_memory");
+  CHECK(memory.message.find("unknown value 'hbm'; accepted: host, device") == 0);
 
   auto unknown = only_issue(with + "compile = \"rebel-compile\"\n");
   CHECK(unknown.key == "rbln.compile");

@@ -44,8 +44,16 @@ TEST_CASE("rbln api: a missing library or symbol is one error naming it and the 
   CHECK(missing.error().message.find(partial + " has no symbol rbln_async_wait (dlsym: ") == 0);
   auto whole = RblnApi::load(env("RBLN_FAKE_LIB"));
   REQUIRE_MESSAGE(whole.ok(), whole.error().describe());
-  bool probed = (*whole)->device_count != nullptr;
-  CHECK_FALSE(probed);  // optional: the fake has no device-memory calls
+  // Optional: the device-memory calls are probed; the whole fake has them, one build lacks them.
+  CHECK((*whole)->require_device_memory().ok());
+  CHECK(bool((*whole)->device_count));
+  auto no_memory = RblnApi::load(env("RBLN_FAKE_LIB_NO_MEMORY"));
+  REQUIRE_MESSAGE(no_memory.ok(), no_memory.error().describe());
+  CHECK_FALSE(bool((*no_memory)->device_count));
+  Status needed = (*no_memory)->require_device_memory();
+  REQUIRE_FALSE(needed.ok());
+  CHECK(needed.error().message.find(env("RBLN_FAKE_LIB_NO_MEMORY") +
+                                    " has no symbol rbln_malloc") == 0);
   CHECK(rbln_required_symbols().size() == 9);
 }
 

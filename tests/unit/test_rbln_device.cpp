@@ -6,7 +6,9 @@
 // never a crash.
 #include <doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -56,6 +58,12 @@ DeviceSpec rbln_spec(const std::string& dir, const std::string& library = "") {
   spec.rbln.max_model_tokens = 256;
   spec.rbln.decode_seqs_max = 8;
   spec.rbln.run_timeout_ms = 20000;
+  return spec;
+}
+
+DeviceSpec device_kv_spec(const std::string& dir, const std::string& library = "") {
+  DeviceSpec spec = rbln_spec(dir, library);
+  spec.rbln.kv_on_device = true;
   return spec;
 }
 
@@ -267,4 +275,101 @@ TEST_CASE("rbln device: drafts, bad tokens and block ids are refused before any 
   auto long_prompt = (*device)->prefill(pre);
   REQUIRE_FALSE(long_prompt.ok());
   CHECK(long_prompt.error().message.find("exceed max_position 256") != std::string::npos);
+}
+
+TEST_CASE("rbln device, KV in device memory: same tokens as cpu; the host pool is its copy") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("devkv"), artifact());
+  auto rbln = make_device(device_kv_spec(dir));
+  REQUIRE_MESSAGE(rbln.ok(), rbln.error().describe());
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  std::vector<std::vector<int32_t>> prompts{prompt(7, 150), prompt(8, 5), prompt(9, 33)};
+  CHECK(generate(**rbln, prompts, 10) == generate(**cpu, prompts, 10));
+  // Every byte prefill and decode wrote reached the host pool (write-through), so it equals the
+  // pool of an rbln device whose graphs wrote the host pool directly.
+  auto host_kv = make_device(rbln_spec(dir));
+  REQUIRE(host_kv.ok());
+  generate(**host_kv, prompts, 10);
+  const KvLayout& layout = (*rbln)->kv_layout();
+  const uint64_t used = 16 * layout.block_bytes();  // the blocks generate() handed out
+  std::byte* staged = (*rbln)->kv_region().base;
+  std::byte* direct = (*host_kv)->kv_region().base;
+  CHECK(std::memcmp(staged, direct, used) == 0);
+  CHECK(std::count(staged, staged + used, std::byte{0}) < static_cast<std::ptrdiff_t>(used / 2));
+  std::vector<std::byte> out(2 * layout.block_bytes());
+  std::vector<uint32_t> blocks{3, 12};
+  REQUIRE((*rbln)->copy_blocks_out(blocks, out).ok());
+  CHECK(std::memcmp(out.data(), direct + 3 * layout.block_bytes(), layout.block_bytes()) == 0);
+  CHECK(std::memcmp(out.data() + layout.block_bytes(), direct + 12 * layout.block_bytes(),
+                    layout.block_bytes()) == 0);
+}
+
+TEST_CASE("rbln device, KV in device memory: blocks written into the host pool are imported") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("import"), artifact());
+  auto prefill = make_device(device_kv_spec(dir));
+  auto decode = make_device(device_kv_spec(dir));
+  REQUIRE((prefill.ok() && decode.ok()));
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  const std::vector<int32_t> p = prompt(3, 40);  // 3 blocks of 16
+  std::vector<PrefillSeq> pre{{1, {4, 5, 6}, 0, p, {}}};
+  auto first = (*prefill)->prefill(pre);
+  REQUIRE(first.ok());
+  auto reference = (*cpu)->prefill(pre);
+  REQUIRE(reference.ok());
+  // The P/D pull: prefill's host pool blocks 4..6 land in decode's blocks 20..22 by RMA.
+  const uint64_t bb = (*prefill)->kv_layout().block_bytes();
+  for (uint32_t i = 0; i < 3; ++i) {
+    std::memcpy((*decode)->kv_region().base + (20 + i) * bb,
+                (*prefill)->kv_region().base + (4 + i) * bb, bb);
+  }
+  DecodeSeq d;
+  d.seq_id = 1;
+  d.block_table = {20, 21, 22};
+  d.start_pos = 40;
+  d.tokens = {argmax(first->seqs[0].logits)};
+  std::vector<DecodeSeq> cpu_batch{d};
+  cpu_batch[0].block_table = {4, 5, 6};
+  auto want = (*cpu)->decode(cpu_batch);
+  REQUIRE(want.ok());
+  // Not imported: the device computes on its own (0xA5) bytes, and the row differs.
+  std::vector<DecodeSeq> batch{d};
+  auto stale = (*decode)->decode(batch);
+  REQUIRE(stale.ok());
+  CHECK(stale->seqs[0].logits != want->seqs[0].logits);
+  batch[0].imported = {20, 21, 22};
+  auto fresh = (*decode)->decode(batch);
+  REQUIRE(fresh.ok());
+  CHECK(fresh->seqs[0].logits == want->seqs[0].logits);
+
+  batch[0].imported = {128};
+  auto bad = (*decode)->decode(batch);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("imports block 128 >= blocks_total 128") != std::string::npos);
+}
+
+TEST_CASE("rbln device, KV in device memory: no device-memory calls, a copy that fails") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("devkv-err"), artifact());
+  auto missing = make_device(device_kv_spec(dir, env("RBLN_FAKE_LIB_NO_MEMORY")));
+  REQUIRE_FALSE(missing.ok());
+  CHECK_MESSAGE(missing.error().message.find("has no symbol rbln_malloc") != std::string::npos,
+                missing.error().message);
+  CHECK(missing.error().message.find("kv_memory = \"device\"") != std::string::npos);
+  // The same library serves KV in host memory.
+  CHECK(make_device(rbln_spec(dir, env("RBLN_FAKE_LIB_NO_MEMORY"))).ok());
+
+  auto device = make_device(device_kv_spec(dir));
+  REQUIRE(device.ok());
+  ::setenv("RBLN_FAKE_FAIL_MEMCPY_AFTER", "0", 1);
+  std::vector<PrefillSeq> pre{{1, {0}, 0, {1, 200, 300}, {}}};
+  auto failed = (*device)->prefill(pre);
+  ::unsetenv("RBLN_FAKE_FAIL_MEMCPY_AFTER");
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.error().kind == ErrorKind::failed);
+  CHECK_MESSAGE(failed.error().message.find("rbln_memcpy (device to host") != std::string::npos,
+                failed.error().message);
+  CHECK(failed.error().message.find("the device faulted during a copy") != std::string::npos);
+  // The host pool and the device disagree on a block now: the device takes no more work.
+  CHECK((*device)->lost().find("rbln_memcpy") != std::string::npos);
+  CHECK_FALSE((*device)->prefill(pre).ok());
 }
