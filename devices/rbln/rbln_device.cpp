@@ -117,9 +117,10 @@ Status RblnDevice::stage(int type, std::span<const KvRun> runs) {
     void* dst = type == 0 ? static_cast<void*>(device + r.offset) : static_cast<void*>(host);
     const void* src = type == 0 ? static_cast<const void*>(host) : device + r.offset;
     if (api_->memcpy_device(device_id_, dst, src, r.bytes, type) != 0) {
-      poisoned_ = std::string("rbln_memcpy (") + (type == 0 ? "host to device" : "device to host") +
-                  ", " + std::to_string(r.bytes) + " bytes at KV offset " +
-                  std::to_string(r.offset) + ") failed: " + api_->last_error();
+      poisoned_ = std::string("KV staging: rbln_memcpy (") +
+                  (type == 0 ? "host to device" : "device to host") + ", " +
+                  std::to_string(r.bytes) + " bytes at KV offset " + std::to_string(r.offset) +
+                  ") failed: " + api_->last_error();
       return make_error(ErrorKind::failed, "rbln device: " + poisoned_);
     }
   }
