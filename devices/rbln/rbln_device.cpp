@@ -349,6 +349,23 @@ Result<RblnArtifact> checked_artifact(const DeviceSpec& spec) {
   return artifact;
 }
 
+// When the library reports its device count (rbln_get_device_count, optional), every device the
+// instance names must be below it. invalid naming the device and the count.
+Status check_device_ids(const RblnApi& api, const std::vector<uint32_t>& ids) {
+  int count = 0;
+  if (!api.device_count || api.device_count(&count) != 0) return {};
+  for (uint32_t id : ids) {
+    if (id >= static_cast<uint32_t>(std::max(count, 0))) {
+      return make_error(ErrorKind::invalid, "rbln device " + std::to_string(id) +
+                                                ": this host has " + std::to_string(count) +
+                                                " RBLN devices (rbln_get_device_count); "
+                                                "the executor's devices must be 0.." +
+                                                std::to_string(count - 1));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::string> probe_rbln(const DeviceSpec& spec) {
@@ -359,6 +376,7 @@ Result<std::string> probe_rbln(const DeviceSpec& spec) {
   if (spec.rbln.kv_on_device) {
     if (auto st = (*api)->require_device_memory(); !st) return st.error();
   }
+  if (auto st = check_device_ids(**api, spec.rbln.device_ids); !st) return st.error();
   const RblnArtifact& a = *artifact;
   std::string buckets;
   for (uint32_t b : a.buckets) buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
@@ -378,6 +396,7 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   if (!artifact.ok()) return artifact.error();
   auto api = RblnApi::load(r.library);
   if (!api.ok()) return api.error();
+  if (auto st = check_device_ids(**api, r.device_ids); !st) return st.error();
 
   KvLayout layout;
   layout.block_tokens = artifact->block_tokens;

@@ -348,7 +348,9 @@ TEST_CASE("rbln device, KV in device memory: blocks written into the host pool a
   CHECK(bad.error().message.find("imports block 128 >= blocks_total 128") != std::string::npos);
 }
 
-TEST_CASE("rbln device, KV in device memory: no device-memory calls, a copy that fails") {
+TEST_CASE(
+    "rbln device, KV in device memory: no device-memory calls, a device not on the host, a copy "
+    "that fails") {
   auto dir = testing::write_fake_rbln_artifact(scratch("devkv-err"), artifact());
   auto missing = make_device(device_kv_spec(dir, env("RBLN_FAKE_LIB_NO_MEMORY")));
   REQUIRE_FALSE(missing.ok());
@@ -357,6 +359,15 @@ TEST_CASE("rbln device, KV in device memory: no device-memory calls, a copy that
   CHECK(missing.error().message.find("kv_memory = \"device\"") != std::string::npos);
   // The same library serves KV in host memory.
   CHECK(make_device(rbln_spec(dir, env("RBLN_FAKE_LIB_NO_MEMORY"))).ok());
+
+  // The library reports 16 devices: device 16 is named before anything opens.
+  DeviceSpec far = device_kv_spec(dir);
+  far.rbln.device_ids = {16};
+  auto beyond = make_device(far);
+  REQUIRE_FALSE(beyond.ok());
+  CHECK_MESSAGE(beyond.error().message.find("rbln device 16: this host has 16 RBLN devices "
+                                            "(rbln_get_device_count)") == 0,
+                beyond.error().message);
 
   auto device = make_device(device_kv_spec(dir));
   REQUIRE(device.ok());
