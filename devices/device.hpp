@@ -293,6 +293,10 @@ struct RblnSpec {
   // KV in device memory (rbln_malloc) rather than the host pool: the graphs take the device
   // buffer, and the host pool becomes its registered staging copy (devices/rbln/rbln_device.hpp).
   bool kv_on_device = false;
+  // With kv_on_device: others read this pool by RMA (the executor serves a prefill instance),
+  // so every pass's writes are staged back to the host pool. false: nothing reads the host
+  // pool but copy_blocks_out, which stages its blocks itself.
+  bool pool_read_remotely = true;
 };
 
 struct DeviceSpec {

@@ -39,11 +39,17 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
   spec.rbln.max_model_tokens = manifest.model.max_model_tokens;
   spec.rbln.run_timeout_ms = manifest.supervisor.executor_step_timeout_ms;
   spec.rbln.kv_on_device = manifest.rbln.kv_on_device;
+  spec.rbln.pool_read_remotely = false;  // until a prefill instance below uses this executor
   // rbln: a decode instance's steps must fit the largest compiled decode bucket.
   for (const auto& node : manifest.nodes) {
     for (const auto& user : node.instances) {
       if (user.role == config::Role::decode && user.executor == instance.name) {
         spec.rbln.decode_seqs_max = manifest.decode.seqs_max;
+      }
+      // Only a prefill instance's blocks are read out of the pool by RMA (decode's P/D pull,
+      // tier-2 write-behind): KV in device memory is staged back to the host pool only then.
+      if (user.role == config::Role::prefill && user.executor == instance.name) {
+        spec.rbln.pool_read_remotely = true;
       }
     }
   }

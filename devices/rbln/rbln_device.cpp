@@ -20,7 +20,7 @@ class RblnDevice final : public Device {
   RblnDevice(std::shared_ptr<const RblnApi> api, RblnArtifact artifact, KvLayout layout,
              std::unique_ptr<PoolMemory> pool, RblnRuntime prefill,
              std::map<uint32_t, RblnRuntime> decode, std::chrono::milliseconds timeout,
-             int device_id, void* device_kv)
+             int device_id, void* device_kv, bool write_through)
       : api_(std::move(api)),
         art_(std::move(artifact)),
         layout_(layout),
@@ -29,7 +29,8 @@ class RblnDevice final : public Device {
         decode_(std::move(decode)),
         timeout_(timeout),
         device_id_(device_id),
-        device_kv_(device_kv) {
+        device_kv_(device_kv),
+        write_through_(write_through) {
     model_ = art_.model;
     model_.max_position = art_.max_seq_len;
     dummy_ = layout_.blocks_total;  // the one block past what the executor allocates from
@@ -89,6 +90,7 @@ class RblnDevice final : public Device {
   std::chrono::milliseconds timeout_;
   int device_id_ = 0;
   void* device_kv_ = nullptr;  // kv_memory = "device": the graphs' KV (pool_ is its staging)
+  bool write_through_ = true;  // stage every pass's writes back (spec.rbln.pool_read_remotely)
   uint32_t dummy_ = 0;
   std::string poisoned_;  // non-empty: a run that never completed
   std::vector<int32_t> ids_, pos_, tables_, qpos_;
@@ -194,6 +196,7 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
         return st.error();
       }
       const auto first = static_cast<uint32_t>(s.start_pos + c);
+      if (!write_through_) continue;
       if (auto st = stage(
               1, written_runs(layout_, s.block_table, first, first + static_cast<uint32_t>(len)));
           !st) {
@@ -254,7 +257,7 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
         !st) {
       return st.error();
     }
-    for (uint32_t r = 0; r < rows; ++r) {
+    for (uint32_t r = 0; r < rows && write_through_; ++r) {
       const DecodeSeq& s = batch[first + r];
       if (auto st = stage(1, written_runs(layout_, s.block_table, s.start_pos, s.start_pos + 1));
           !st) {
@@ -432,10 +435,10 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
     if (!rt.ok()) return rt.error();
     decode.emplace(bucket, std::move(rt).value());
   }
-  return std::unique_ptr<Device>(
-      new RblnDevice(std::move(api).value(), std::move(artifact).value(), layout,
-                     std::move(pool).value(), std::move(prefill).value(), std::move(decode),
-                     std::chrono::milliseconds(r.run_timeout_ms), device_id, device_kv.release()));
+  return std::unique_ptr<Device>(new RblnDevice(
+      std::move(api).value(), std::move(artifact).value(), layout, std::move(pool).value(),
+      std::move(prefill).value(), std::move(decode), std::chrono::milliseconds(r.run_timeout_ms),
+      device_id, device_kv.release(), r.pool_read_remotely));
 }
 
 }  // namespace tandem::devices::rbln

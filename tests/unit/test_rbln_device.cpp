@@ -302,6 +302,19 @@ TEST_CASE("rbln device, KV in device memory: same tokens as cpu; the host pool i
   CHECK(std::memcmp(out.data(), direct + 3 * layout.block_bytes(), layout.block_bytes()) == 0);
   CHECK(std::memcmp(out.data() + layout.block_bytes(), direct + 12 * layout.block_bytes(),
                     layout.block_bytes()) == 0);
+
+  // A pool nobody reads by RMA (a decode-only executor) is not staged back after passes: the
+  // host pool stays as it was, the tokens are the same, and copy_blocks_out still reads the
+  // device's bytes.
+  DeviceSpec quiet = device_kv_spec(dir);
+  quiet.rbln.pool_read_remotely = false;
+  auto unstaged = make_device(quiet);
+  REQUIRE(unstaged.ok());
+  CHECK(generate(**unstaged, prompts, 10) == generate(**cpu, prompts, 10));
+  std::byte* untouched = (*unstaged)->kv_region().base;
+  CHECK(std::count(untouched, untouched + used, std::byte{0}) == static_cast<std::ptrdiff_t>(used));
+  REQUIRE((*unstaged)->copy_blocks_out(blocks, out).ok());
+  CHECK(std::memcmp(out.data(), direct + 3 * layout.block_bytes(), layout.block_bytes()) == 0);
 }
 
 TEST_CASE("rbln device, KV in device memory: blocks written into the host pool are imported") {
