@@ -413,7 +413,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
       },
       [self](runtime::atoms::tick) { deliver_ready(self); },
       [self](runtime::atoms::stall, uint32_t ms) { self->state.stall_next_ms = ms; },
-      [self, context, inst](const runtime::InboundFrame& in) {
+      [context, inst](const runtime::InboundFrame& in) {
         auto envelope = in.frame->envelope();
         if (envelope.getBody().which() == wire::Envelope::Body::PING) {
           runtime::answer_ping(context.bridge, {context.bridge->node(), "executor", inst.name},

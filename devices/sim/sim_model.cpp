@@ -146,8 +146,9 @@ Result<SimParams> params_from_map(const devices::SimParams& map) {
   SimParams params;
   const std::vector<Field> known = fields();
   for (const auto& [key, value] : map) {
+    const std::string& name = key;  // clang 14 cannot capture a structured binding
     auto it = std::find_if(known.begin(), known.end(),
-                           [&key](const Field& f) { return key == f.name; });
+                           [&name](const Field& f) { return name == f.name; });
     if (it == known.end()) {
       return make_error(ErrorKind::invalid, "sim: unknown parameter '" + key + "'");
     }
