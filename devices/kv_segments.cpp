@@ -132,6 +132,14 @@ Result<std::vector<KvCopy>> plan_block_copy(std::span<const KvSource> sources, c
   return copies;
 }
 
+void append_run(std::vector<KvRun>& runs, KvRun run) {
+  if (!runs.empty() && runs.back().offset + runs.back().bytes == run.offset) {
+    runs.back().bytes += run.bytes;
+  } else {
+    runs.push_back(run);
+  }
+}
+
 std::vector<KvRun> written_runs(const KvLayout& layout, std::span<const uint32_t> table,
                                 uint32_t first, uint32_t end) {
   RT_ASSERT(layout.inner == KvInner::slot_head_dim);
@@ -147,12 +155,7 @@ std::vector<KvRun> written_runs(const KvLayout& layout, std::span<const uint32_t
     const uint32_t s1 = std::min(end, (b + 1) * bt) - b * bt;
     for (uint32_t layer = 0; layer < layout.layers; ++layer) {
       for (KvPart part : {KvPart::k, KvPart::v}) {
-        KvRun run{layout.slot_offset_bytes(block, layer, part, s0), (s1 - s0) * row};
-        if (!runs.empty() && runs.back().offset + runs.back().bytes == run.offset) {
-          runs.back().bytes += run.bytes;
-        } else {
-          runs.push_back(run);
-        }
+        append_run(runs, {layout.slot_offset_bytes(block, layer, part, s0), (s1 - s0) * row});
       }
     }
   }

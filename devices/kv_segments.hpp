@@ -67,6 +67,9 @@ struct KvRun {
   friend bool operator==(const KvRun&, const KvRun&) = default;
 };
 
+// Appends `run` to `runs`, extending the last one when `run` starts where it ends.
+void append_run(std::vector<KvRun>& runs, KvRun run);
+
 // The bytes a pass writes for positions [first, end) of a sequence with `table`: for every block
 // those positions touch, each (layer, K|V) part's rows of those slots, in pool order, adjacent
 // runs merged (positions filling whole blocks of a block-major pool come out as one run per

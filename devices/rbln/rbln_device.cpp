@@ -143,13 +143,7 @@ Status RblnDevice::stage_in(std::span<const Seq> batch) {
   blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
   std::vector<KvRun> runs;
   const uint64_t bb = layout_.block_bytes();
-  for (uint32_t b : blocks) {
-    if (!runs.empty() && runs.back().offset + runs.back().bytes == b * bb) {
-      runs.back().bytes += bb;
-    } else {
-      runs.push_back({b * bb, bb});
-    }
-  }
+  for (uint32_t b : blocks) append_run(runs, {b * bb, bb});
   return stage(0, runs);
 }
 
@@ -412,19 +406,8 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   if (!pool.ok()) return pool.error();
 
   const int device_id = r.device_ids.empty() ? 0 : static_cast<int>(r.device_ids.front());
-  // The device KV buffer, owned here until the device takes it (a failed open frees it).
-  std::unique_ptr<void, std::function<void(void*)>> device_kv(nullptr, [](void*) {});
   if (r.kv_on_device) {
     if (auto st = (*api)->require_device_memory(); !st) return st.error();
-    const uint64_t bytes = layout.pool_bytes() + layout.block_bytes();
-    void* ptr = nullptr;
-    if ((*api)->malloc_device(device_id, bytes, &ptr) != 0 || ptr == nullptr) {
-      return make_error(ErrorKind::failed,
-                        "rbln_malloc(device " + std::to_string(device_id) + ", " +
-                            std::to_string(bytes) +
-                            " bytes for the KV cache) failed: " + (*api)->last_error());
-    }
-    device_kv = {ptr, [api = *api, device_id](void* p) { (void)api->free_device(device_id, p); }};
   }
   auto prefill = open_graph(*api, artifact->prefill_graph(), "prefill", device_id, kPrefillInputs);
   if (!prefill.ok()) return prefill.error();
@@ -435,10 +418,21 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
     if (!rt.ok()) return rt.error();
     decode.emplace(bucket, std::move(rt).value());
   }
+  // The device KV buffer last: nothing after it can fail, and the device frees it.
+  void* device_kv = nullptr;
+  if (r.kv_on_device) {
+    const uint64_t bytes = layout.pool_bytes() + layout.block_bytes();
+    if ((*api)->malloc_device(device_id, bytes, &device_kv) != 0 || device_kv == nullptr) {
+      return make_error(ErrorKind::failed,
+                        "rbln_malloc(device " + std::to_string(device_id) + ", " +
+                            std::to_string(bytes) +
+                            " bytes for the KV cache) failed: " + (*api)->last_error());
+    }
+  }
   return std::unique_ptr<Device>(new RblnDevice(
       std::move(api).value(), std::move(artifact).value(), layout, std::move(pool).value(),
       std::move(prefill).value(), std::move(decode), std::chrono::milliseconds(r.run_timeout_ms),
-      device_id, device_kv.release(), r.pool_read_remotely));
+      device_id, device_kv, r.pool_read_remotely));
 }
 
 }  // namespace tandem::devices::rbln
