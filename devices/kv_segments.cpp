@@ -162,4 +162,37 @@ std::vector<KvRun> written_runs(const KvLayout& layout, std::span<const uint32_t
   return runs;
 }
 
+std::vector<KvCopy> slice_runs(const KvLayout& whole, const KvLayout& slice,
+                               std::span<const KvRun> runs) {
+  RT_ASSERT(whole.order == KvOrder::block_major && slice.order == KvOrder::block_major);
+  RT_ASSERT(whole.part_bytes() == slice.part_bytes() && whole.inner == slice.inner);
+  RT_ASSERT(slice.layer_first >= whole.layer_first &&
+                slice.layer_first + slice.layers <= whole.layer_first + whole.layers,
+            slice.layer_first, slice.layers, whole.layer_first, whole.layers);
+  const uint64_t pb = whole.part_bytes(), whole_bb = whole.block_bytes();
+  const uint64_t slice_bb = slice.block_bytes();
+  std::vector<KvCopy> copies;
+  for (const KvRun& run : runs) {
+    for (uint64_t at = run.offset, end = run.offset + run.bytes; at < end;) {
+      const uint64_t block = at / whole_bb, within = at % whole_bb;
+      const uint64_t part = within / pb, part_off = within % pb;
+      const uint64_t piece = std::min(end - at, pb - part_off);
+      RT_ASSERT(block < whole.blocks_total && block < slice.blocks_total, block);
+      const uint64_t layer = whole.layer_first + part / 2;
+      if (layer >= slice.layer_first && layer < slice.layer_first + slice.layers) {
+        const uint64_t dst =
+            block * slice_bb + ((layer - slice.layer_first) * 2 + part % 2) * pb + part_off;
+        KvCopy* last = copies.empty() ? nullptr : &copies.back();
+        if (last && last->src_offset + last->bytes == at && last->dst_offset + last->bytes == dst) {
+          last->bytes += piece;
+        } else {
+          copies.push_back({0, at, dst, piece});
+        }
+      }
+      at += piece;
+    }
+  }
+  return copies;
+}
+
 }  // namespace tandem::devices

@@ -79,6 +79,16 @@ void append_run(std::vector<KvRun>& runs, KvRun run);
 std::vector<KvRun> written_runs(const KvLayout& layout, std::span<const uint32_t> table,
                                 uint32_t first, uint32_t end);
 
+// The bytes of `runs` (ranges of a pool laid out as `whole`) that belong to the layers of
+// `slice` (a pipeline stage's pool: the same part shape, a sub-range of whole's model layers),
+// as copies from whole's offsets (src_offset) to the slice's (dst_offset), in run order, adjacent
+// ones merged; parts of other layers are left out. For staging a pass's writes between the host
+// pool of a pipelined instance and its stages' KV buffers. Both layouts block-major; asserts
+// it, the shapes, that the slice's layers lie in whole's and that the runs' blocks are below
+// both blocks_total (the caller made the runs from whole).
+std::vector<KvCopy> slice_runs(const KvLayout& whole, const KvLayout& slice,
+                               std::span<const KvRun> runs);
+
 // "block-major" / "layer-major", "slot-head-dim" / "head-slot-dim".
 std::string_view to_string(KvOrder order);
 std::string_view to_string(KvInner inner);

@@ -110,6 +110,12 @@ class CpuDevice final : public Device {
 
   Status validate(const std::vector<SeqView>& seqs, const char* what) const;
   Result<StepOutput> run(const std::vector<SeqView>& seqs, bool all_rows, const char* what);
+
+ public:
+  Result<StageOutput> run_stage(const PrefillSeq& seq, uint32_t layer_first, uint32_t layer_end,
+                                std::span<const float> hidden_in);
+
+ private:
   void attention_block(uint32_t layer, const std::vector<SeqView>& seqs,
                        const std::vector<TokenSlot>& slots);
   void qkv_project(const LayerWeights& lw, uint32_t tokens_count);
@@ -193,6 +199,52 @@ Result<StepOutput> CpuDevice::run(const std::vector<SeqView>& seqs, bool all_row
   if (keep) keep_rows(seqs);
   StepOutput out = head(seqs, all_rows, n);
   RT_ASSERT(out.seqs.size() == seqs.size(), "one output per sequence");
+  return out;
+}
+
+Result<StageOutput> CpuDevice::run_stage(const PrefillSeq& seq, uint32_t layer_first,
+                                         uint32_t layer_end, std::span<const float> hidden_in) {
+  const ModelConfig& c = w_.config;
+  if (layer_first >= layer_end || layer_end > c.layers) {
+    return make_error(ErrorKind::invalid,
+                      "cpu device stage: layers [" + std::to_string(layer_first) + ", " +
+                          std::to_string(layer_end) + ") of " + std::to_string(c.layers));
+  }
+  views_.clear();
+  views_.push_back({seq.seq_id, &seq.block_table, seq.start_pos, &seq.tokens});
+  if (auto st = validate(views_, "stage"); !st) return st.error();
+  const auto n = static_cast<uint32_t>(seq.tokens.size());
+  if (layer_first > 0 && hidden_in.size() != uint64_t{n} * c.hidden) {
+    return make_error(ErrorKind::invalid, "cpu device stage: " + std::to_string(hidden_in.size()) +
+                                              " hidden values for " + std::to_string(n) +
+                                              " tokens of width " + std::to_string(c.hidden));
+  }
+  slots_.clear();
+  for (uint32_t j = 0; j < n; ++j) slots_.push_back({0, seq.start_pos + j});
+  set_blas_threads(n);
+  x_.resize(uint64_t{n} * c.hidden);
+  if (layer_first == 0) {
+    for (uint32_t t = 0; t < n; ++t) {
+      std::memcpy(&x_[uint64_t{t} * c.hidden], w_.embed + uint64_t(seq.tokens[t]) * c.hidden,
+                  sizeof(float) * c.hidden);
+    }
+  } else {
+    std::copy(hidden_in.begin(), hidden_in.end(), x_.begin());
+  }
+  for (uint32_t l = layer_first; l < layer_end; ++l) {
+    attention_block(l, views_, slots_);
+    ffn_block(l, n);
+  }
+  StageOutput out;
+  if (layer_end < c.layers) {
+    out.hidden = x_;
+    return out;
+  }
+  StepOutput logits = head(views_, false, n);
+  out.logits = std::move(logits.seqs[0].logits);
+  if (out.logits.empty()) {  // the head sampled greedily: never for a prefill view
+    return make_error(ErrorKind::failed, "cpu device stage: no logits row");
+  }
   return out;
 }
 
@@ -626,6 +678,13 @@ Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec) {
   CpuDeviceOptions options{spec.block_tokens, spec.blocks_total, spec.kv_bytes_max, spec.threads};
   options.draft_model_path = spec.draft_model_path;
   return make_cpu_device(std::move(*weights), options);
+}
+
+Result<StageOutput> run_stage(Device& cpu_device, const PrefillSeq& seq, uint32_t layer_first,
+                              uint32_t layer_end, std::span<const float> hidden_in) {
+  auto* cpu = dynamic_cast<CpuDevice*>(&cpu_device);
+  RT_ASSERT(cpu != nullptr, "run_stage: not a cpu device");
+  return cpu->run_stage(seq, layer_first, layer_end, hidden_in);
 }
 
 uint64_t weight_bytes_per_token(const Device& device) {

@@ -42,6 +42,20 @@ Result<std::unique_ptr<Device>> make_cpu_device(ModelWeights weights,
 // Loads spec.model_path with load_model() and builds the device.
 Result<std::unique_ptr<Device>> make_cpu_device(const DeviceSpec& spec);
 
+// One pipeline stage of a prefill pass: layers [layer_first, layer_end) of `seq` (whose earlier
+// positions' KV of those layers is in the pool), from the token embeddings when layer_first is
+// 0, else from `hidden_in` (tokens x hidden, the previous stage's output). The KV of those
+// layers is written as a whole pass writes it. Output: the residual stream after layer_end - 1
+// (tokens x hidden), or, for the last stage, the logits of the last token. For the conformance
+// fake's pipeline-stage graphs (tests/rbln_fake). Errors: invalid (a layer range outside the
+// model, a hidden size that is not tokens x hidden, the checks of a prefill pass).
+struct StageOutput {
+  std::vector<float> hidden;  // layer_end < layers
+  std::vector<float> logits;  // layer_end == layers: vocab values
+};
+Result<StageOutput> run_stage(Device& cpu_device, const PrefillSeq& seq, uint32_t layer_first,
+                              uint32_t layer_end, std::span<const float> hidden_in);
+
 // Weight bytes one single-token decode step reads (the memory-bandwidth bound's numerator).
 uint64_t weight_bytes_per_token(const Device& cpu_device);
 

@@ -14,6 +14,16 @@ std::string RblnArtifact::prefill_graph() const {
   return dir + "/prefill.rbln";
 }
 
+std::string RblnArtifact::stage_graph(uint32_t stage) const {
+  return dir + "/prefill_stage_" + std::to_string(stage) + ".rbln";
+}
+
+uint32_t RblnArtifact::stage_first_layer(uint32_t stage) const {
+  uint32_t first = 0;
+  for (uint32_t s = 0; s < stage && s < stage_layers.size(); ++s) first += stage_layers[s];
+  return first;
+}
+
 std::string RblnArtifact::decode_graph(uint32_t bucket) const {
   return dir + "/decoder_batch_" + std::to_string(bucket) + ".rbln";
 }
@@ -86,6 +96,51 @@ Status read_model(const nlohmann::json& j, const std::string& file, ModelConfig&
   return {};
 }
 
+// pipeline_stage_layers: absent, an equal split of the model's layers into a.stages; else one
+// count >= 1 per stage, summing to the layers.
+Status read_stage_layers(const nlohmann::json& j, const std::string& file, RblnArtifact& a) {
+  const uint32_t layers = a.model.layers;
+  if (a.stages > layers) {
+    return make_error(ErrorKind::invalid, file + ": pipeline_parallel_size " +
+                                              std::to_string(a.stages) + " exceeds the model's " +
+                                              std::to_string(layers) + " layers");
+  }
+  auto it = j.find("pipeline_stage_layers");
+  if (it == j.end()) {
+    if (layers % a.stages != 0) {
+      return make_error(ErrorKind::invalid,
+                        file + ": " + std::to_string(layers) + " layers do not split evenly into " +
+                            std::to_string(a.stages) +
+                            " pipeline stages; list them in pipeline_stage_layers");
+    }
+    a.stage_layers.assign(a.stages, layers / a.stages);
+    return {};
+  }
+  if (!it->is_array() || it->size() != a.stages) {
+    return make_error(ErrorKind::invalid, file +
+                                              ": pipeline_stage_layers must be an array of "
+                                              "pipeline_parallel_size (" +
+                                              std::to_string(a.stages) + ") counts, got " +
+                                              it->dump());
+  }
+  uint64_t sum = 0;
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > layers) {
+      return make_error(ErrorKind::invalid, file + ": pipeline_stage_layers holds " + v.dump() +
+                                                ", not a layer count in [1, " +
+                                                std::to_string(layers) + "]");
+    }
+    a.stage_layers.push_back(v.get<uint32_t>());
+    sum += a.stage_layers.back();
+  }
+  if (sum != layers) {
+    return make_error(ErrorKind::invalid, file + ": pipeline_stage_layers sum to " +
+                                              std::to_string(sum) + ", the model has " +
+                                              std::to_string(layers) + " layers");
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<RblnArtifact> load_artifact(const std::string& dir) {
@@ -100,7 +155,11 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
   auto parsed = parse_artifact_config(text, dir);
   if (!parsed.ok()) return parsed.error();
   RblnArtifact a = std::move(parsed).value();
-  std::vector<std::string> graphs{a.prefill_graph()};
+  std::vector<std::string> graphs;
+  if (a.stages == 1) graphs.push_back(a.prefill_graph());
+  for (uint32_t stage = 0; a.stages > 1 && stage < a.stages; ++stage) {
+    graphs.push_back(a.stage_graph(stage));
+  }
   for (uint32_t bucket : a.buckets) graphs.push_back(a.decode_graph(bucket));
   for (const std::string& g : graphs) {
     if (!fs::is_regular_file(g, ec)) {
@@ -163,7 +222,20 @@ Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::str
                                               " exceeds model max_position " +
                                               std::to_string(a.model.max_position));
   }
+  if (auto st = read_uint(j, file, "pipeline_parallel_size", a.stages, false); !st) {
+    return st.error();
+  }
+  if (auto st = read_stage_layers(j, file, a); !st) return st.error();
   auto b = j.find("decoder_batch_sizes");
+  if (a.stages > 1) {
+    if (b != j.end()) {
+      return make_error(ErrorKind::invalid,
+                        file + ": pipeline_parallel_size " + std::to_string(a.stages) +
+                            " with decoder_batch_sizes: a pipelined artifact is prefill-only "
+                            "(decode runs one instance per device)");
+    }
+    return a;
+  }
   if (b == j.end() || !b->is_array() || b->empty()) {
     return make_error(ErrorKind::invalid,
                       file + ": key 'decoder_batch_sizes' must be a non-empty array");
@@ -186,7 +258,7 @@ Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::str
 
 nlohmann::json artifact_config_json(const RblnArtifact& a) {
   const ModelConfig& m = a.model;
-  return {
+  nlohmann::json j = {
       {"model_name", a.model_name},
       {"compiler_version", a.compiler_version},
       {"model",
@@ -204,9 +276,15 @@ nlohmann::json artifact_config_json(const RblnArtifact& a) {
       {"kv_element_bytes", a.kv_element_bytes},
       {"max_seq_len", a.max_seq_len},
       {"prefill_chunk_size", a.prefill_chunk},
-      {"decoder_batch_sizes", a.buckets},
       {"tensor_parallel_size", a.devices},
   };
+  if (a.stages > 1) {
+    j["pipeline_parallel_size"] = a.stages;
+    if (!a.stage_layers.empty()) j["pipeline_stage_layers"] = a.stage_layers;
+  } else {
+    j["decoder_batch_sizes"] = a.buckets;
+  }
+  return j;
 }
 
 Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
@@ -229,9 +307,16 @@ Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
                     "[model] max_model_tokens " + std::to_string(e.max_model_tokens) +
                         " (a context longer than the graphs were compiled for)");
   }
-  if (a.devices != e.devices) {
-    return mismatch("tensor_parallel_size " + std::to_string(a.devices),
+  if (a.devices_total() != e.devices) {
+    return mismatch(a.stages == 1 ? "tensor_parallel_size " + std::to_string(a.devices)
+                                  : "tensor_parallel_size " + std::to_string(a.devices) +
+                                        " x pipeline_parallel_size " + std::to_string(a.stages) +
+                                        " = " + std::to_string(a.devices_total()) + " devices",
                     "instance devices count " + std::to_string(e.devices));
+  }
+  if (a.stages > 1 && e.decode_seqs_max > 0) {
+    return mismatch("pipeline_parallel_size " + std::to_string(a.stages) + " (prefill-only graphs)",
+                    "a decode instance runs on this executor");
   }
   if (e.decode_seqs_max > 0 && a.buckets.back() < e.decode_seqs_max) {
     return mismatch("largest decoder_batch_sizes bucket " + std::to_string(a.buckets.back()),

@@ -8,11 +8,22 @@
 //                                 "head_dim", "max_position", "bos_id", "eos_id"},
 //                       "kvcache_block_size", "kvcache_num_blocks", "kv_element_bytes",
 //                       "max_seq_len", "prefill_chunk_size", "decoder_batch_sizes": [..],
-//                       "tensor_parallel_size"}
+//                       "tensor_parallel_size",
+//                       "pipeline_parallel_size", "pipeline_stage_layers": [..]}
 //   prefill.rbln        inputs: input_ids[chunk], cache_position[chunk], block_tables[blocks],
 //                       query_position[1], kv_cache; output: logits[vocab] (the query row)
 //   decoder_batch_B.rbln inputs: input_ids[B], cache_position[B], block_tables[B x blocks],
 //                       kv_cache; output: logits[B x vocab]
+//
+// A pipelined prefill artifact (pipeline_parallel_size P > 1, Tandem's convention: the public
+// stack's pipeline-stage format is not published) has instead of prefill.rbln one graph per
+// stage, and no decode graphs (decode runs data-parallel: one instance per device):
+//   prefill_stage_S.rbln inputs: stage 0 input_ids[chunk], later stages hidden[chunk x hidden]
+//                       (fp32, the previous stage's output); then cache_position, block_tables,
+//                       query_position, kv_cache (the stage's layers only, block-major);
+//                       output: hidden[chunk x hidden], the last stage logits[vocab]
+// Stage S holds pipeline_stage_layers[S] consecutive layers (default: an equal split) and runs
+// on the instance's devices [S x tensor_parallel_size, (S + 1) x tensor_parallel_size).
 //
 // All index inputs are int32, logits fp32; `blocks` = max_seq_len / kvcache_block_size. The
 // keys are the ones optimum-rbln writes where it has one (its `rbln_config`), plus the model's
@@ -43,10 +54,15 @@ struct RblnArtifact {
   uint32_t max_seq_len = 0;
   uint32_t prefill_chunk = 0;     // prefill_chunk_size
   std::vector<uint32_t> buckets;  // decoder_batch_sizes, ascending, distinct
-  uint32_t devices = 1;           // tensor_parallel_size
+  uint32_t devices = 1;           // tensor_parallel_size: devices per stage
+  uint32_t stages = 1;            // pipeline_parallel_size
+  std::vector<uint32_t> stage_layers;  // layers per stage, summing to model.layers
 
   uint32_t table_blocks() const { return max_seq_len / block_tokens; }
+  uint32_t devices_total() const { return devices * stages; }
+  uint32_t stage_first_layer(uint32_t stage) const;
   std::string prefill_graph() const;                // DIR/prefill.rbln
+  std::string stage_graph(uint32_t stage) const;    // DIR/prefill_stage_S.rbln
   std::string decode_graph(uint32_t bucket) const;  // DIR/decoder_batch_B.rbln
   // The smallest bucket >= rows; 0 when rows exceeds the largest.
   uint32_t bucket_for(uint32_t rows) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "devices/kv_segments.hpp"
 #include "devices/rbln/rbln_api.hpp"
@@ -15,10 +16,24 @@ namespace {
 constexpr int kPrefillInputs = 5;  // input_ids, cache_position, block_tables, query_position, kv
 constexpr int kDecodeInputs = 4;   // input_ids, cache_position, block_tables, kv
 
+// One stage of a pipelined prefill (artifact stages > 1): its graph's runtime on the stage's
+// first device, and the KV of its layers (block-major, the pool's blocks plus the dummy) in a
+// buffer of its own: on that device (kv_memory "device") or in host memory. The instance's host
+// pool stays whole (all layers, what kv_region() exposes for RMA) and is the stages' staging
+// copy, as a device buffer's is.
+struct PipeStage {
+  std::optional<RblnRuntime> runtime;
+  int device_id = 0;
+  KvLayout layout;
+  void* kv = nullptr;                // the graph's kv_cache
+  std::unique_ptr<PoolMemory> host;  // kv_memory "host": kv's memory
+  std::vector<float> hidden[2];      // output (not the last stage), double-buffered by item
+};
+
 class RblnDevice final : public Device {
  public:
   RblnDevice(std::shared_ptr<const RblnApi> api, RblnArtifact artifact, KvLayout layout,
-             std::unique_ptr<PoolMemory> pool, RblnRuntime prefill,
+             std::unique_ptr<PoolMemory> pool, std::optional<RblnRuntime> prefill,
              std::map<uint32_t, RblnRuntime> decode, std::chrono::milliseconds timeout,
              int device_id, void* device_kv, bool write_through)
       : api_(std::move(api)),
@@ -38,7 +53,12 @@ class RblnDevice final : public Device {
 
   ~RblnDevice() override {
     if (device_kv_) (void)api_->free_device(device_id_, device_kv_);
+    for (PipeStage& st : stages_) {
+      if (!st.host && st.kv) (void)api_->free_device(st.device_id, st.kv);
+    }
   }
+  // A pipelined prefill: the stages replace the prefill graph (and there are no decode graphs).
+  void set_stages(std::vector<PipeStage> stages) { stages_ = std::move(stages); }
   RblnDevice(const RblnDevice&) = delete;
   RblnDevice& operator=(const RblnDevice&) = delete;
 
@@ -68,6 +88,15 @@ class RblnDevice final : public Device {
   // (type 0 host to device, 1 device to host). A copy that fails poisons the device: the two
   // copies of some block now disagree, and which requests read it later is not known here.
   Status stage(int type, std::span<const KvRun> runs);
+  // The same for one pipeline stage's buffer: the parts of `runs` (host-pool ranges) that hold
+  // its layers.
+  Status stage_one(PipeStage& st, int type, std::span<const KvRun> runs);
+  // One copy between a KV buffer and the host pool (memcpy when the buffer is in host memory);
+  // a failed rbln_memcpy poisons the device.
+  Status copy_kv(int device_id, bool device_side, int type, void* dst, const void* src,
+                 uint64_t bytes, uint64_t pool_offset);
+  bool staged() const { return device_kv_ != nullptr || !stages_.empty(); }
+  Result<StepOutput> prefill_pipelined(std::span<const PrefillSeq> batch);
   // Before a pass: the blocks its sequences import, and the destinations of its block copies
   // (made in the host pool), copied in.
   template <typename Seq>
@@ -85,13 +114,14 @@ class RblnDevice final : public Device {
   ModelConfig model_;
   KvLayout layout_;
   std::unique_ptr<PoolMemory> pool_;  // layout_.blocks_total + 1 blocks: the last is the dummy
-  RblnRuntime prefill_;
+  std::optional<RblnRuntime> prefill_;      // empty when pipelined
   std::map<uint32_t, RblnRuntime> decode_;  // by bucket
   std::chrono::milliseconds timeout_;
   int device_id_ = 0;
   void* device_kv_ = nullptr;  // kv_memory = "device": the graphs' KV (pool_ is its staging)
   bool write_through_ = true;  // stage every pass's writes back (spec.rbln.pool_read_remotely)
   uint32_t dummy_ = 0;
+  std::vector<PipeStage> stages_;  // pipelined prefill: prefill_ is unused
   std::string poisoned_;  // non-empty: a run that never completed
   std::vector<int32_t> ids_, pos_, tables_, qpos_;
   std::vector<float> logits_;
@@ -111,19 +141,44 @@ Status RblnDevice::run(RblnRuntime& runtime, const std::string& graph, std::vect
   return make_error(waited.error().kind, "rbln " + graph + ": " + waited.error().message);
 }
 
+Status RblnDevice::copy_kv(int device_id, bool device_side, int type, void* dst, const void* src,
+                           uint64_t bytes, uint64_t pool_offset) {
+  if (!device_side) {
+    std::memcpy(dst, src, bytes);
+    return {};
+  }
+  if (api_->memcpy_device(device_id, dst, src, bytes, type) == 0) return {};
+  poisoned_ = std::string("KV staging: rbln_memcpy (") +
+              (type == 0 ? "host to device" : "device to host") + ", " + std::to_string(bytes) +
+              " bytes at KV offset " + std::to_string(pool_offset) +
+              (stages_.empty() ? "" : ", device " + std::to_string(device_id)) +
+              ") failed: " + api_->last_error();
+  return make_error(ErrorKind::failed, "rbln device: " + poisoned_);
+}
+
 Status RblnDevice::stage(int type, std::span<const KvRun> runs) {
+  for (PipeStage& st : stages_) {
+    if (auto s = stage_one(st, type, runs); !s) return s;
+  }
   if (!device_kv_) return {};
   auto* device = static_cast<std::byte*>(device_kv_);
   for (const KvRun& r : runs) {
     std::byte* host = pool_->base() + r.offset;
     void* dst = type == 0 ? static_cast<void*>(device + r.offset) : static_cast<void*>(host);
     const void* src = type == 0 ? static_cast<const void*>(host) : device + r.offset;
-    if (api_->memcpy_device(device_id_, dst, src, r.bytes, type) != 0) {
-      poisoned_ = std::string("KV staging: rbln_memcpy (") +
-                  (type == 0 ? "host to device" : "device to host") + ", " +
-                  std::to_string(r.bytes) + " bytes at KV offset " + std::to_string(r.offset) +
-                  ") failed: " + api_->last_error();
-      return make_error(ErrorKind::failed, "rbln device: " + poisoned_);
+    if (auto s = copy_kv(device_id_, true, type, dst, src, r.bytes, r.offset); !s) return s;
+  }
+  return {};
+}
+
+Status RblnDevice::stage_one(PipeStage& st, int type, std::span<const KvRun> runs) {
+  auto* buffer = static_cast<std::byte*>(st.kv);
+  for (const KvCopy& c : slice_runs(layout_, st.layout, runs)) {
+    std::byte* host = pool_->base() + c.src_offset;
+    void* dst = type == 0 ? static_cast<void*>(buffer + c.dst_offset) : static_cast<void*>(host);
+    const void* src = type == 0 ? static_cast<const void*>(host) : buffer + c.dst_offset;
+    if (auto s = copy_kv(st.device_id, !st.host, type, dst, src, c.bytes, c.src_offset); !s) {
+      return s;
     }
   }
   return {};
@@ -131,7 +186,7 @@ Status RblnDevice::stage(int type, std::span<const KvRun> runs) {
 
 template <typename Seq>
 Status RblnDevice::stage_in(std::span<const Seq> batch) {
-  if (!device_kv_) return {};
+  if (!staged()) return {};
   std::vector<uint32_t> blocks;
   for (const Seq& s : batch) {
     blocks.insert(blocks.end(), s.imported.begin(), s.imported.end());
@@ -164,6 +219,7 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
   if (auto st = check_copies(batch, layout_); !st) return st.error();
   apply_copies(batch, layout_, kv_region());
   if (auto st = stage_in(batch); !st) return st.error();
+  if (!stages_.empty()) return prefill_pipelined(batch);
   const uint32_t chunk = art_.prefill_chunk, vocab = model_.vocab_size;
   ids_.resize(chunk);
   pos_.resize(chunk);
@@ -184,7 +240,7 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
       std::string graph = "prefill (seq " + std::to_string(s.seq_id) + ", positions " +
                           std::to_string(s.start_pos + c) + ".." +
                           std::to_string(s.start_pos + c + len) + ")";
-      if (auto st = run(prefill_, graph, {ids_.data(), pos_.data(), tables_.data(), qpos_.data()},
+      if (auto st = run(*prefill_, graph, {ids_.data(), pos_.data(), tables_.data(), qpos_.data()},
                         logits_.data());
           !st) {
         return st.error();
@@ -206,9 +262,115 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
   return out;
 }
 
+// Items are the batch's chunks in order; in wave t, stage s runs item t - s, so the stages work
+// on consecutive chunks at once (a sequence's next chunk enters stage 0 while its previous one
+// is in stage 1: stage s of chunk c needs stage s of chunk c - 1, done a wave earlier on the same
+// runtime, and stage s - 1 of chunk c, done the wave before). A wave submits every stage's run,
+// then waits for all of them, so no buffer is reused while a run may still read it.
+Result<StepOutput> RblnDevice::prefill_pipelined(std::span<const PrefillSeq> batch) {
+  struct Item {
+    size_t seq = 0;
+    uint32_t first = 0, len = 0;  // positions [first, first + len)
+    bool last = false;            // the sequence's last chunk: its logits are the output
+  };
+  const uint32_t chunk = art_.prefill_chunk, vocab = model_.vocab_size;
+  const uint32_t table = art_.table_blocks();
+  std::vector<Item> items;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto n = static_cast<uint32_t>(batch[i].tokens.size());
+    for (uint32_t c = 0; c < n; c += chunk) {
+      items.push_back({i, batch[i].start_pos + c, std::min(chunk, n - c), c + chunk >= n});
+    }
+  }
+  const size_t count = items.size();
+  ids_.assign(count * chunk, 0);
+  pos_.assign(count * chunk, -1);
+  tables_.assign(count * table, 0);
+  qpos_.assign(count, 0);
+  for (size_t k = 0; k < count; ++k) {
+    const Item& it = items[k];
+    const PrefillSeq& s = batch[it.seq];
+    for (uint32_t i = 0; i < it.len; ++i) {
+      ids_[k * chunk + i] = s.tokens[it.first - s.start_pos + i];
+      pos_[k * chunk + i] = static_cast<int32_t>(it.first + i);
+    }
+    qpos_[k] = static_cast<int32_t>(it.len - 1);
+    fill_table(s.block_table, tables_.data() + k * table);
+  }
+  StepOutput out;
+  for (const PrefillSeq& s : batch) {
+    SeqOutput so;
+    so.seq_id = s.seq_id;
+    so.rows_count = 1;
+    out.seqs.push_back(std::move(so));
+  }
+  logits_.resize(vocab);
+  const auto stages = static_cast<uint32_t>(stages_.size());
+  for (size_t wave = 0; wave + 1 < count + stages; ++wave) {
+    struct Launched {
+      uint32_t stage = 0;
+      size_t item = 0;
+      int64_t id = 0;
+      std::string graph;
+    };
+    std::vector<Launched> launched;
+    Status failed;
+    for (uint32_t st = 0; st < stages; ++st) {
+      if (wave < st || wave - st >= count) continue;
+      const size_t k = wave - st;
+      const Item& it = items[k];
+      PipeStage& ps = stages_[st];
+      void* first_input = st == 0 ? static_cast<void*>(ids_.data() + k * chunk)
+                                  : stages_[st - 1].hidden[k % 2].data();
+      void* output = st + 1 < stages ? static_cast<void*>(ps.hidden[k % 2].data())
+                                     : static_cast<void*>(logits_.data());
+      std::string graph = "prefill_stage_" + std::to_string(st) + " (seq " +
+                          std::to_string(batch[it.seq].seq_id) + ", positions " +
+                          std::to_string(it.first) + ".." + std::to_string(it.first + it.len) +
+                          ", device " + std::to_string(ps.device_id) + ")";
+      auto id = ps.runtime->submit({first_input, pos_.data() + k * chunk,
+                                    tables_.data() + k * table, qpos_.data() + k, ps.kv},
+                                   {output});
+      if (!id.ok()) {
+        failed = make_error(ErrorKind::failed, "rbln " + graph + ": " + id.error().message);
+        break;
+      }
+      launched.push_back({st, k, *id, std::move(graph)});
+    }
+    // Every submitted run is waited for, even after a failure: its buffers are ours.
+    for (const Launched& l : launched) {
+      Status waited = stages_[l.stage].runtime->wait(l.id, timeout_);
+      if (waited.ok()) continue;
+      if (waited.error().kind == ErrorKind::timed_out && poisoned_.empty()) {
+        poisoned_ = l.graph + " run " + std::to_string(l.id) + " did not complete within " +
+                    std::to_string(timeout_.count()) + " ms";
+      }
+      if (failed.ok()) {
+        failed = make_error(waited.error().kind, "rbln " + l.graph + ": " + waited.error().message);
+      }
+    }
+    if (!failed.ok()) return failed.error();
+    for (const Launched& l : launched) {
+      const Item& it = items[l.item];
+      if (write_through_) {
+        auto runs = written_runs(layout_, batch[it.seq].block_table, it.first, it.first + it.len);
+        if (auto st = stage_one(stages_[l.stage], 1, runs); !st) return st.error();
+      }
+      if (l.stage + 1 == stages && it.last) out.seqs[it.seq].logits = logits_;
+    }
+  }
+  return out;
+}
+
 Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
   if (auto st = usable(); !st) return st.error();
   if (batch.empty()) return make_error(ErrorKind::invalid, "rbln device decode: empty batch");
+  if (!stages_.empty()) {
+    return make_error(ErrorKind::invalid,
+                      "rbln device decode: the artifact is a pipelined prefill "
+                      "(pipeline_parallel_size " +
+                          std::to_string(stages_.size()) + "), with no decode graphs");
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     const DecodeSeq& s = batch[i];
     if (auto st = check_seq("rbln device decode", i,
@@ -363,6 +525,59 @@ Status check_device_ids(const RblnApi& api, const std::vector<uint32_t>& ids) {
   return {};
 }
 
+// A pipelined prefill (artifact stages > 1): stage s's graph opened on the instance's device
+// s x tensor_parallel_size, with a KV buffer of its layers there (kv_memory "device") or in host
+// memory.
+Result<std::unique_ptr<Device>> make_pipelined(const DeviceSpec& spec,
+                                               std::shared_ptr<const RblnApi> api,
+                                               const RblnArtifact& art, const KvLayout& layout) {
+  const RblnSpec& r = spec.rbln;
+  auto pool = PoolMemory::allocate(layout.pool_bytes() + layout.block_bytes(), "rbln device");
+  if (!pool.ok()) return pool.error();
+  std::vector<PipeStage> stages;
+  for (uint32_t st = 0; st < art.stages; ++st) {
+    PipeStage ps;
+    const uint32_t index = st * art.devices;
+    ps.device_id = index < r.device_ids.size() ? static_cast<int>(r.device_ids[index]) : 0;
+    auto rt = open_graph(api, art.stage_graph(st), "prefill_stage_" + std::to_string(st),
+                         ps.device_id, kPrefillInputs);
+    if (!rt.ok()) return rt.error();
+    ps.runtime.emplace(std::move(rt).value());
+    stages.push_back(std::move(ps));
+  }
+  for (uint32_t st = 0; st < art.stages; ++st) {
+    PipeStage& ps = stages[st];
+    ps.layout = layout;
+    ps.layout.layer_first = art.stage_first_layer(st);
+    ps.layout.layers = art.stage_layers[st];
+    ps.layout.blocks_total = layout.blocks_total + 1;  // the dummy block
+    if (st + 1 < art.stages) {
+      for (auto& h : ps.hidden) h.assign(size_t{art.prefill_chunk} * art.model.hidden, 0.0f);
+    }
+    if (!r.kv_on_device) {
+      auto host = PoolMemory::allocate(ps.layout.pool_bytes(), "rbln pipeline stage KV");
+      if (!host.ok()) return host.error();
+      ps.host = std::move(host).value();
+      ps.kv = ps.host->base();
+    } else if (api->malloc_device(ps.device_id, ps.layout.pool_bytes(), &ps.kv) != 0 ||
+               ps.kv == nullptr) {
+      ps.kv = nullptr;
+      for (PipeStage& done : stages) {
+        if (done.kv && !done.host) (void)api->free_device(done.device_id, done.kv);
+      }
+      return make_error(ErrorKind::failed, "rbln_malloc(device " + std::to_string(ps.device_id) +
+                                               ", " + std::to_string(ps.layout.pool_bytes()) +
+                                               " bytes for stage " + std::to_string(st) +
+                                               "'s KV) failed: " + api->last_error());
+    }
+  }
+  auto device = std::make_unique<RblnDevice>(
+      api, art, layout, std::move(pool).value(), std::nullopt, std::map<uint32_t, RblnRuntime>{},
+      std::chrono::milliseconds(r.run_timeout_ms), 0, nullptr, r.pool_read_remotely);
+  device->set_stages(std::move(stages));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
 }  // namespace
 
 Result<std::string> probe_rbln(const DeviceSpec& spec) {
@@ -409,6 +624,7 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   if (r.kv_on_device) {
     if (auto st = (*api)->require_device_memory(); !st) return st.error();
   }
+  if (artifact->stages > 1) return make_pipelined(spec, std::move(api).value(), *artifact, layout);
   auto prefill = open_graph(*api, artifact->prefill_graph(), "prefill", device_id, kPrefillInputs);
   if (!prefill.ok()) return prefill.error();
   std::map<uint32_t, RblnRuntime> decode;

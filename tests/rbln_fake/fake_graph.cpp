@@ -24,8 +24,10 @@ namespace fs = std::filesystem;
 struct FakeModel {
   std::mutex mu;  // one run at a time (the cpu device is not thread-safe)
   std::unique_ptr<devices::Device> cpu;
-  uint32_t block_tokens = 0, table_blocks = 0, chunk = 0, vocab = 0, kv_blocks = 0;
+  uint32_t block_tokens = 0, table_blocks = 0, chunk = 0, vocab = 0, kv_blocks = 0, hidden = 0;
+  std::vector<uint32_t> stage_layers;  // pipeline_parallel_size > 1: layers per stage
   std::string fail_graph, hang_graph;
+  uint32_t run_delay_ms = 0;  // every run waits this long before it computes
 };
 
 std::mutex models_mu;
@@ -50,6 +52,7 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   uint32_t max_len = j.value("max_seq_len", 0u);
   m->fail_graph = j.value("fake_fail_graph", std::string());
   m->hang_graph = j.value("fake_hang_graph", std::string());
+  m->run_delay_ms = j.value("fake_run_delay_ms", 0u);
   // A runtime slow to load its graphs (the first graph of the directory waits this long).
   if (auto delay = j.value("fake_load_delay_ms", 0u); delay > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -75,21 +78,38 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   }
   m->cpu = std::move(cpu).value();
   m->vocab = m->cpu->model_config().vocab_size;
+  m->hidden = m->cpu->model_config().hidden;
+  const uint32_t layers = m->cpu->model_config().layers;
+  const uint32_t stages = j.value("pipeline_parallel_size", 1u);
+  if (stages > 1) {
+    m->stage_layers = j.value("pipeline_stage_layers", std::vector<uint32_t>());
+    if (m->stage_layers.empty() && layers % stages == 0) {
+      m->stage_layers.assign(stages, layers / stages);
+    }
+    uint32_t sum = 0;
+    for (uint32_t l : m->stage_layers) sum += l;
+    if (m->stage_layers.size() != stages || sum != layers) {
+      error = dir + "/rbln_config.json: the pipeline stages do not split the model's layers";
+      return nullptr;
+    }
+  }
   models[dir] = m;
   return m;
 }
 
 class Graph final : public FakeGraph {
  public:
-  Graph(std::shared_ptr<FakeModel> model, std::string name, uint32_t bucket)
-      : m_(std::move(model)), name_(std::move(name)), bucket_(bucket) {}
+  Graph(std::shared_ptr<FakeModel> model, std::string name, uint32_t bucket, int stage = -1)
+      : m_(std::move(model)), name_(std::move(name)), bucket_(bucket), stage_(stage) {}
   int inputs() const override { return bucket_ == 0 ? 5 : 4; }
   bool hangs() const override { return m_->hang_graph == name_; }
 
   std::string run(const std::vector<void*>& in, void* logits) override {
     if (m_->fail_graph == name_) return name_ + ": the device failed the run (fake_fail_graph)";
+    std::this_thread::sleep_for(std::chrono::milliseconds(m_->run_delay_ms));
     std::lock_guard lock(m_->mu);
     auto* kv = static_cast<std::byte*>(in.back());
+    if (stage_ >= 0) return stage_run(in, kv, static_cast<float*>(logits));
     return bucket_ == 0 ? prefill(in, kv, static_cast<float*>(logits))
                         : decode(in, kv, static_cast<float*>(logits));
   }
@@ -143,6 +163,45 @@ class Graph final : public FakeGraph {
     return "";
   }
 
+  // A pipeline stage: its layers' KV is a block-major pool of those layers only (kv), moved
+  // to and from the cpu pool (all layers) around the stage's layers' forward.
+  std::string stage_run(const std::vector<void*>& in, std::byte* kv, float* out) {
+    const auto stage = static_cast<uint32_t>(stage_);
+    uint32_t first = 0;
+    for (uint32_t s = 0; s < stage; ++s) first += m_->stage_layers[s];
+    const uint32_t end = first + m_->stage_layers[stage];
+    const auto* pos = static_cast<const int32_t*>(in[1]);
+    const auto* tables = static_cast<const int32_t*>(in[2]);
+    const int32_t q = *static_cast<const int32_t*>(in[3]);
+    if (q < 0 || static_cast<uint32_t>(q) >= m_->chunk || pos[0] < 0) return name_ + ": bad query";
+    devices::PrefillSeq s;
+    s.start_pos = static_cast<uint32_t>(pos[0]);
+    const auto* ids = static_cast<const int32_t*>(in[0]);
+    for (int32_t i = 0; i <= q; ++i) {
+      if (pos[i] != pos[0] + i) return name_ + ": cache_position is not consecutive";
+      s.tokens.push_back(stage == 0 ? ids[i] : 0);  // later stages read the hidden input
+    }
+    s.block_table = table(tables, s.start_pos + static_cast<uint32_t>(s.tokens.size()));
+    if (bad(s.block_table)) return name_ + ": a block table entry is out of range";
+    const uint64_t part = m_->cpu->kv_layout().part_bytes();
+    const uint64_t bb = m_->cpu->kv_layout().block_bytes(), sbb = (end - first) * 2 * part;
+    std::byte* pool = m_->cpu->kv_region().base;
+    for (uint32_t b : s.block_table)
+      std::memcpy(pool + b * bb + first * 2 * part, kv + b * sbb, sbb);
+    const auto n = static_cast<uint32_t>(s.tokens.size());
+    std::span<const float> hidden;
+    if (stage > 0) hidden = {static_cast<const float*>(in[0]), size_t{n} * m_->hidden};
+    auto r = devices::cpu::run_stage(*m_->cpu, s, first, end, hidden);
+    if (!r.ok()) return name_ + ": " + r.error().describe();
+    for (size_t i = s.start_pos / m_->block_tokens; i < s.block_table.size(); ++i) {
+      const uint32_t b = s.block_table[i];
+      std::memcpy(kv + b * sbb, pool + b * bb + first * 2 * part, sbb);
+    }
+    const std::vector<float>& values = r->logits.empty() ? r->hidden : r->logits;
+    std::memcpy(out, values.data(), sizeof(float) * values.size());
+    return "";
+  }
+
   std::string decode(const std::vector<void*>& in, std::byte* kv, float* logits) {
     const auto* ids = static_cast<const int32_t*>(in[0]);
     const auto* pos = static_cast<const int32_t*>(in[1]);
@@ -174,6 +233,7 @@ class Graph final : public FakeGraph {
   std::shared_ptr<FakeModel> m_;
   std::string name_;
   uint32_t bucket_;  // 0: the prefill graph
+  int stage_;        // >= 0: prefill_stage_N
 };
 
 }  // namespace
@@ -190,8 +250,19 @@ std::shared_ptr<FakeGraph> open_fake_graph(const std::string& path, std::string&
       return nullptr;
     }
     bucket = static_cast<uint32_t>(std::stoul(digits));
+  } else if (name.rfind("prefill_stage_", 0) == 0 && name.size() == 15 && name[14] >= '0' &&
+             name[14] <= '9') {
+    auto model = load(p.parent_path().string(), error);
+    if (!model) return nullptr;
+    if (static_cast<size_t>(name[14] - '0') >= model->stage_layers.size()) {
+      error = path + ": no such pipeline stage in rbln_config.json";
+      return nullptr;
+    }
+    return std::make_shared<Graph>(std::move(model), name, 0, name[14] - '0');
   } else if (name != "prefill") {
-    error = path + ": not a graph the fake knows (prefill.rbln, decoder_batch_N.rbln)";
+    error = path +
+            ": not a graph the fake knows (prefill.rbln, prefill_stage_N.rbln, "
+            "decoder_batch_N.rbln)";
     return nullptr;
   }
   auto model = load(p.parent_path().string(), error);

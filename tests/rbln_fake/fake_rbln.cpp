@@ -41,6 +41,8 @@ struct Config {
   bool fail_run = false, never_completes = false;
 };
 
+std::atomic<int64_t> graph_runs_in_flight{0}, graph_runs_in_flight_max{0};
+
 struct Job {
   std::mutex mu;
   std::condition_variable cv;
@@ -67,6 +69,15 @@ struct RBLNRuntime {
   int64_t next_id = 0;
   std::map<int64_t, std::shared_ptr<Job>> jobs;
 };
+
+// Not in the RBLN API: the most graph runs submitted and not yet complete at once, across every
+// runtime of the process since the last reset (a test reads it with dlsym to see a pipelined
+// prefill keep its stages busy together).
+int64_t rbln_fake_graph_runs_in_flight_max(int reset) {
+  int64_t seen = graph_runs_in_flight_max.load();
+  if (reset) graph_runs_in_flight_max = 0;
+  return seen;
+}
 
 const char* rbln_get_last_error_msg() {
   return last_error.c_str();
@@ -171,8 +182,13 @@ int64_t rbln_async_run(RBLNRuntime* rt, void** inputs, void** outputs) {
   if (rt->config.never_completes || (rt->graph && rt->graph->hangs())) return id;
   if (rt->graph) {
     std::vector<void*> in(inputs, inputs + rt->config.inputs);
+    int64_t now = ++graph_runs_in_flight;
+    for (int64_t seen = graph_runs_in_flight_max.load();
+         now > seen && !graph_runs_in_flight_max.compare_exchange_weak(seen, now);) {
+    }
     job->worker = std::thread([graph = rt->graph, in, out = outputs[0], job] {
       std::string error = graph->run(in, out);
+      --graph_runs_in_flight;
       std::lock_guard lock(job->mu);
       job->error = std::move(error);
       job->done = true;

@@ -25,6 +25,10 @@ struct FakeRblnArtifact {
   uint32_t prefill_chunk = 64;
   std::vector<uint32_t> buckets{1, 2, 4, 8};
   uint32_t devices = 1;
+  // > 1: a pipelined prefill artifact: prefill_stage_S.rbln graphs, no decode graphs (buckets
+  // are not written); stage_layers empty: an equal split.
+  uint32_t stages = 1;
+  std::vector<uint32_t> stage_layers;
   nlohmann::json extra = nlohmann::json::object();  // merged last (fault switches, overrides)
 };
 
@@ -46,10 +50,21 @@ inline std::string write_fake_rbln_artifact(const std::filesystem::path& dir,
   art.prefill_chunk = a.prefill_chunk;
   art.buckets = a.buckets;
   art.devices = a.devices;
+  art.stages = a.stages;
+  art.stage_layers = a.stage_layers;
+  if (art.stages > 1 && art.stage_layers.empty() && art.model.layers % art.stages == 0) {
+    art.stage_layers.assign(art.stages, art.model.layers / art.stages);
+  }
   nlohmann::json j = devices::rbln::artifact_config_json(art);
   j["fake_model_path"] = a.model_path;
   j.merge_patch(a.extra);
   std::ofstream(dir / "rbln_config.json") << j.dump(2);
+  if (a.stages > 1) {
+    for (uint32_t s = 0; s < a.stages; ++s) {
+      std::ofstream(dir / ("prefill_stage_" + std::to_string(s) + ".rbln")) << "fake graph\n";
+    }
+    return dir.string();
+  }
   std::ofstream(dir / "prefill.rbln") << "fake graph\n";
   for (uint32_t b : a.buckets) {
     std::ofstream(dir / ("decoder_batch_" + std::to_string(b) + ".rbln")) << "fake graph\n";

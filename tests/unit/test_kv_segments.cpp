@@ -241,3 +241,59 @@ TEST_CASE("kv segments: written_runs covers exactly the rows of the positions a 
     }
   }
 }
+
+TEST_CASE("kv segments: slice_runs maps a whole pool's runs onto a pipeline stage's layers") {
+  const KvLayout whole = layout(6, 5);                           // part 48, block 576
+  const KvLayout stage = layout(2, 6, KvOrder::block_major, 3);  // layers 3..4, one more block
+  const auto pool = marked_pool(whole);
+  // Every range of positions of a two-block table, and whole blocks: each copy lands the whole
+  // pool's bytes of the stage's layers in their place in the stage's pool, nothing else moves,
+  // and every byte of those layers the runs cover is copied exactly once.
+  const std::vector<uint32_t> table{4, 1};
+  std::vector<std::vector<KvRun>> cases{{{4 * whole.block_bytes(), whole.block_bytes()}},
+                                        {{0, whole.pool_bytes()}}};
+  for (uint32_t first = 0; first < 8; ++first) {
+    for (uint32_t end = first + 1; end <= 8; ++end)
+      cases.push_back(written_runs(whole, table, first, end));
+  }
+  for (const auto& runs : cases) {
+    std::vector<int> covered(whole.pool_bytes(), 0), copied(whole.pool_bytes(), 0);
+    for (const KvRun& r : runs) {
+      for (uint64_t i = 0; i < r.bytes; ++i) covered[r.offset + i] = 1;
+    }
+    std::vector<uint8_t> out(stage.pool_bytes(), 0xee);
+    auto copies = slice_runs(whole, stage, runs);
+    for (size_t c = 0; c < copies.size(); ++c) {
+      const KvCopy& k = copies[c];
+      REQUIRE(k.dst_offset + k.bytes <= out.size());
+      std::memcpy(out.data() + k.dst_offset, pool.data() + k.src_offset, k.bytes);
+      for (uint64_t i = 0; i < k.bytes; ++i) ++copied[k.src_offset + i];
+      if (c > 0) {  // merged where both sides run on
+        const KvCopy& p = copies[c - 1];
+        CHECK_FALSE(
+            (p.src_offset + p.bytes == k.src_offset && p.dst_offset + p.bytes == k.dst_offset));
+      }
+    }
+    for (uint64_t at = 0; at < whole.pool_bytes(); ++at) {
+      const uint64_t layer = at % whole.block_bytes() / whole.part_bytes() / 2;
+      const bool ours = layer >= 3 && layer < 5;
+      REQUIRE(copied[at] == (ours ? covered[at] : 0));
+    }
+    // Where bytes landed they carry the mark of the same (block, model layer, part).
+    for (uint32_t b = 0; b < whole.blocks_total; ++b) {
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        for (KvPart part : {KvPart::k, KvPart::v}) {
+          const uint8_t want =
+              static_cast<uint8_t>(b * 64 + (3 + layer) * 2 + static_cast<uint32_t>(part));
+          const uint8_t* p = out.data() + stage.offset_bytes(b, layer, part);
+          for (uint64_t i = 0; i < stage.part_bytes(); ++i) REQUIRE((p[i] == want || p[i] == 0xee));
+        }
+      }
+    }
+  }
+  // A whole block is one copy of the stage's contiguous layers.
+  auto one =
+      slice_runs(whole, stage, std::vector<KvRun>{{4 * whole.block_bytes(), whole.block_bytes()}});
+  REQUIRE(one.size() == 1);
+  CHECK(one[0] == KvCopy{0, 4 * 576 + 3 * 2 * 48, 4 * stage.block_bytes(), stage.block_bytes()});
+}

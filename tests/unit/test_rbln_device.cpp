@@ -4,6 +4,7 @@
 // manifest (each mismatch naming both values); and every error path (missing library or symbol,
 // missing graph, a failing run with its message, a run that never completes, drafts) an error,
 // never a crash.
+#include <dlfcn.h>
 #include <doctest.h>
 
 #include <algorithm>
@@ -396,4 +397,229 @@ TEST_CASE(
   // The host pool and the device disagree on a block now: the device takes no more work.
   CHECK((*device)->lost().find("rbln_memcpy") != std::string::npos);
   CHECK_FALSE((*device)->prefill(pre).ok());
+}
+
+namespace {
+
+testing::FakeRblnArtifact pipelined(uint32_t stages, std::vector<uint32_t> layers = {}) {
+  testing::FakeRblnArtifact a = artifact();
+  a.stages = stages;
+  a.stage_layers = std::move(layers);
+  return a;
+}
+
+DeviceSpec pipelined_spec(const std::string& dir, std::vector<uint32_t> devices) {
+  DeviceSpec spec = rbln_spec(dir);
+  spec.rbln.decode_seqs_max = 0;  // a prefill executor
+  spec.rbln.device_ids = std::move(devices);
+  return spec;
+}
+
+// The fake's count of graph runs submitted and not complete at once (not an RBLN call).
+int64_t runs_in_flight_max(bool reset) {
+  void* lib = ::dlopen(env("RBLN_FAKE_LIB").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE_MESSAGE(lib != nullptr, "the fake is loaded by the device");
+  auto fn = reinterpret_cast<int64_t (*)(int)>(::dlsym(lib, "rbln_fake_graph_runs_in_flight_max"));
+  const bool exported = fn != nullptr;
+  REQUIRE_MESSAGE(exported, "the fake exports rbln_fake_graph_runs_in_flight_max");
+  int64_t seen = fn(reset ? 1 : 0);
+  ::dlclose(lib);
+  return seen;
+}
+
+std::vector<PrefillSeq> pipeline_batch() {
+  // 150 tokens: three chunks of 64 through the stages; 5 and 64: one each.
+  return {{1, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 0, prompt(7, 150), {}},
+          {2, {20}, 0, prompt(8, 5), {}},
+          {3, {30, 31, 32, 33}, 0, prompt(9, 64), {}}};
+}
+
+}  // namespace
+
+TEST_CASE("rbln device, pipelined prefill: the stages give the one-graph device's logits and KV") {
+  auto whole_dir = testing::write_fake_rbln_artifact(scratch("pp-whole"), artifact());
+  auto whole = make_device(rbln_spec(whole_dir));
+  REQUIRE(whole.ok());
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  auto batch = pipeline_batch();
+  auto want = (*whole)->prefill(batch);
+  REQUIRE(want.ok());
+  auto reference = (*cpu)->prefill(batch);
+  REQUIRE(reference.ok());
+  const KvLayout& layout = (*whole)->kv_layout();
+  const uint64_t used = 40 * layout.block_bytes();
+
+  struct Case {
+    const char* name;
+    uint32_t stages;
+    std::vector<uint32_t> layers, devices;
+    bool device_kv;
+  };
+  for (const Case& c :
+       {Case{"PP2, host KV", 2, {}, {0, 1}, false},
+        Case{"PP3 uneven (1, 2, 3 layers), device KV", 3, {1, 2, 3}, {4, 5, 6}, true},
+        Case{"PP2 of TP2 (devices 8..11), device KV", 2, {}, {8, 9, 10, 11}, true}}) {
+    CAPTURE(c.name);
+    auto a = pipelined(c.stages, c.layers);
+    if (c.devices.size() == 4) a.devices = 2;
+    auto dir = testing::write_fake_rbln_artifact(scratch("pp" + std::to_string(c.stages)), a);
+    DeviceSpec spec = pipelined_spec(dir, c.devices);
+    spec.rbln.kv_on_device = c.device_kv;
+    auto device = make_device(spec);
+    REQUIRE_MESSAGE(device.ok(), device.error().describe());
+    CHECK((*device)->kv_layout() == layout);  // P/D and tier 2 see one whole-model pool
+    auto got = (*device)->prefill(batch);
+    REQUIRE_MESSAGE(got.ok(), got.error().describe());
+    REQUIRE(got->seqs.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+      CHECK(got->seqs[i].seq_id == batch[i].seq_id);
+      CHECK(got->seqs[i].logits == want->seqs[i].logits);
+      CHECK(argmax(got->seqs[i].logits) == argmax(reference->seqs[i].logits));
+    }
+    // Every stage's writes reached the whole pool the decode side pulls from.
+    CHECK(std::memcmp((*device)->kv_region().base, (*whole)->kv_region().base, used) == 0);
+    // A prefill continuing the first sequence (positions 150..160) reads the stages' own KV.
+    std::vector<PrefillSeq> more{{1, batch[0].block_table, 150, prompt(10, 10), {}}};
+    auto next = (*device)->prefill(more);
+    auto next_want = (*whole)->prefill(more);
+    REQUIRE((next.ok() && next_want.ok()));
+    CHECK(next->seqs[0].logits == next_want->seqs[0].logits);
+    // No decode graphs.
+    std::vector<DecodeSeq> dec{{1, batch[0].block_table, 160, {400}}};
+    auto refused = (*device)->decode(dec);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().message.find("pipelined prefill (pipeline_parallel_size " +
+                                       std::to_string(c.stages) + ")") != std::string::npos);
+    // Re-run the whole-model device's continuation off the same state for the next case.
+    auto w = make_device(rbln_spec(whole_dir));
+    REQUIRE(w.ok());
+    REQUIRE((*w)->prefill(batch).ok());
+    whole = std::move(w);
+  }
+}
+
+TEST_CASE("rbln device, pipelined prefill: the stages work on consecutive chunks at once") {
+  auto a = pipelined(2);
+  a.extra = {{"fake_run_delay_ms", 30}};
+  auto dir = testing::write_fake_rbln_artifact(scratch("pp-overlap"), a);
+  auto device = make_device(pipelined_spec(dir, {0, 1}));
+  REQUIRE(device.ok());
+  runs_in_flight_max(true);
+  std::vector<PrefillSeq> one{pipeline_batch()[0]};  // three chunks: waves of 1, 2, 2, 1 runs
+  REQUIRE((*device)->prefill(one).ok());
+  CHECK(runs_in_flight_max(true) == 2);
+  // The counter tells: one graph, one run at a time.
+  auto whole_art = artifact();
+  whole_art.extra = {{"fake_run_delay_ms", 30}};
+  auto whole =
+      make_device(rbln_spec(testing::write_fake_rbln_artifact(scratch("pp-serial"), whole_art)));
+  REQUIRE(whole.ok());
+  REQUIRE((*whole)->prefill(one).ok());
+  CHECK(runs_in_flight_max(true) == 1);
+}
+
+TEST_CASE("rbln device, pipelined prefill: artifact checks, a failing stage, a hung stage") {
+  auto expect_error = [](const DeviceSpec& spec, const std::string& text) {
+    auto d = make_device(spec);
+    REQUIRE_FALSE(d.ok());
+    CHECK_MESSAGE(d.error().message.find(text) != std::string::npos, d.error().message);
+  };
+  auto dir = testing::write_fake_rbln_artifact(scratch("pp-check"), pipelined(2));
+  expect_error(pipelined_spec(dir, {0}),
+               "tensor_parallel_size 1 x pipeline_parallel_size 2 = 2 devices, manifest instance "
+               "devices count 1");
+  DeviceSpec decoding = pipelined_spec(dir, {0, 1});
+  decoding.rbln.decode_seqs_max = 8;
+  expect_error(decoding,
+               "pipeline_parallel_size 2 (prefill-only graphs), manifest a decode instance runs on "
+               "this executor");
+  fs::remove(fs::path(dir) / "prefill_stage_1.rbln");
+  expect_error(pipelined_spec(dir, {0, 1}),
+               "compiled graph " + dir + "/prefill_stage_1.rbln is missing");
+  auto uneven = pipelined(4);  // stories15M has 6 layers
+  expect_error(
+      pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-uneven"), uneven), {0, 1, 2, 3}),
+      "6 layers do not split evenly into 4 pipeline stages");
+  auto sum = pipelined(2, {2, 3});
+  expect_error(pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-sum"), sum), {0, 1}),
+               "pipeline_stage_layers sum to 5, the model has 6 layers");
+  auto with_decode = pipelined(2);
+  with_decode.extra = {{"decoder_batch_sizes", {1, 2}}};
+  expect_error(
+      pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-dec"), with_decode), {0, 1}),
+      "pipelined artifact is prefill-only");
+
+  auto failing = pipelined(3);
+  failing.extra = {{"fake_fail_graph", "prefill_stage_1"}};
+  auto device = make_device(
+      pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-fail"), failing), {3, 4, 5}));
+  REQUIRE(device.ok());
+  auto batch = pipeline_batch();
+  auto failed = (*device)->prefill(batch);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.error().kind == ErrorKind::failed);
+  CHECK_MESSAGE(failed.error().message.find("prefill_stage_1 (seq 1, positions 0..64, device 4)") !=
+                    std::string::npos,
+                failed.error().message);
+  CHECK((*device)->lost().empty());  // a failed run is the pass's error, not the device's
+
+  auto hanging = pipelined(2);
+  hanging.extra = {{"fake_hang_graph", "prefill_stage_1"}};
+  DeviceSpec hs =
+      pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-hang"), hanging), {0, 1});
+  hs.rbln.run_timeout_ms = 200;
+  auto hung = make_device(hs);
+  REQUIRE(hung.ok());
+  auto timed = (*hung)->prefill(batch);
+  REQUIRE_FALSE(timed.ok());
+  CHECK(timed.error().kind == ErrorKind::timed_out);
+  CHECK((*hung)->lost().find("prefill_stage_1 (seq 1, positions 0..64, device 1) run") !=
+        std::string::npos);
+  CHECK_FALSE((*hung)->prefill(batch).ok());
+
+  // Device KV: a stage's staging copy that fails names its device and loses the device.
+  DeviceSpec staged =
+      pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-copy"), pipelined(2)), {6, 7});
+  staged.rbln.kv_on_device = true;
+  auto copying = make_device(staged);
+  REQUIRE(copying.ok());
+  ::setenv("RBLN_FAKE_FAIL_MEMCPY_AFTER", "0", 1);
+  auto lost = (*copying)->prefill(batch);
+  ::unsetenv("RBLN_FAKE_FAIL_MEMCPY_AFTER");
+  REQUIRE_FALSE(lost.ok());
+  CHECK_MESSAGE(lost.error().message.find("rbln_memcpy (device to host, ") != std::string::npos,
+                lost.error().message);
+  CHECK(lost.error().message.find(", device 6) failed") != std::string::npos);
+  CHECK_FALSE((*copying)->lost().empty());
+}
+
+TEST_CASE(
+    "rbln device, pipelined prefill with device KV: blocks written into the host pool are "
+    "imported") {
+  auto dir = testing::write_fake_rbln_artifact(scratch("pp-import"), pipelined(2));
+  DeviceSpec spec = pipelined_spec(dir, {0, 1});
+  spec.rbln.kv_on_device = true;
+  auto a = make_device(spec);
+  auto b = make_device(spec);
+  REQUIRE((a.ok() && b.ok()));
+  const std::vector<int32_t> p = prompt(5, 48), tail = prompt(6, 8);
+  std::vector<PrefillSeq> first{{1, {0, 1, 2, 3}, 0, p, {}}};
+  REQUIRE((*a)->prefill(first).ok());
+  std::vector<PrefillSeq> cont{{1, {0, 1, 2, 3}, 48, tail, {}}};
+  auto want = (*a)->prefill(cont);
+  REQUIRE(want.ok());
+  // Tier 2 brings the first 48 positions' blocks into b's host pool as blocks 10..12.
+  const uint64_t bb = (*a)->kv_layout().block_bytes();
+  for (uint32_t i = 0; i < 3; ++i) {
+    std::memcpy((*b)->kv_region().base + (10 + i) * bb, (*a)->kv_region().base + i * bb, bb);
+  }
+  std::vector<PrefillSeq> on_b{{1, {10, 11, 12, 13}, 48, tail, {}}};
+  auto stale = (*b)->prefill(on_b);
+  REQUIRE(stale.ok());
+  CHECK(stale->seqs[0].logits != want->seqs[0].logits);  // the stages computed on 0xA5 bytes
+  on_b[0].imported = {10, 11, 12};
+  auto fresh = (*b)->prefill(on_b);
+  REQUIRE(fresh.ok());
+  CHECK(fresh->seqs[0].logits == want->seqs[0].logits);
 }
