@@ -318,6 +318,7 @@ class Loader {
   void read_sim(const toml::table& table);
   void read_rbln(const toml::table& table);
   void check_rbln();
+  Pos prefill_artifacts_pos_;  // of [rbln] prefill_artifacts, for check_rbln
   std::vector<std::pair<std::string, double>> read_sim_numbers(const toml::table& table,
                                                                const std::string& path);
   void read_node(const toml::table& table, size_t index);
@@ -810,8 +811,8 @@ void Loader::read_decode(const toml::table& table) {
 // [sim] is free-form (the sim device knows its names); every value must be a finite number.
 void Loader::read_rbln(const toml::table& table) {
   TableReader reader(sink_, table, "rbln",
-                     {"library", "artifacts", "compiler", "cache_dir", "prefill_chunk",
-                      "kv_element_bytes", "kv_memory"});
+                     {"library", "artifacts", "compiler", "cache_dir", "prefill_artifacts",
+                      "prefill_chunk", "kv_element_bytes", "kv_memory"});
   RblnSection& rbln = manifest_.rbln;
   rbln.line = table.source().begin ? table.source().begin.line : 0;
   auto absolute = [&](std::string& path) {
@@ -822,6 +823,11 @@ void Loader::read_rbln(const toml::table& table) {
   if (reader.read_string("library", rbln.library)) absolute(rbln.library);
   if (reader.read_string("artifacts", rbln.artifacts) && !rbln.artifacts.empty()) {
     absolute(rbln.artifacts);
+  }
+  if (reader.read_string("prefill_artifacts", rbln.prefill_artifacts) &&
+      !rbln.prefill_artifacts.empty()) {
+    absolute(rbln.prefill_artifacts);
+    prefill_artifacts_pos_ = pos_of(table.get("prefill_artifacts")->source());
   }
   reader.read_string("compiler", rbln.compiler);
   rbln.cache_dir = "rbln-cache";
@@ -849,17 +855,26 @@ void Loader::read_rbln(const toml::table& table) {
 // Executors with device "rbln" need [rbln] artifacts; their decode instances cannot speculate
 // (the decode graphs take one token per sequence).
 void Loader::check_rbln() {
+  const RblnSection& rbln = manifest_.rbln;
+  bool prefill_on_rbln = false;
   for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
     const auto& instances = manifest_.nodes[n].instances;
     for (size_t i = 0; i < instances.size(); ++i) {
       const Instance& inst = instances[i];
       if (inst.role != Role::executor || inst.device != DeviceKind::rbln) continue;
       const InstanceDecl& decl = decls_[origins_[n][i].decl_index];
-      if (manifest_.rbln.artifacts.empty() && manifest_.rbln.compiler.empty()) {
+      const bool serves_prefill =
+          std::any_of(instances.begin(), instances.end(), [&](const Instance& user) {
+            return user.role == Role::prefill && user.executor == inst.name;
+          });
+      prefill_on_rbln = prefill_on_rbln || serves_prefill;
+      const bool has_prefill_dir = serves_prefill && !rbln.prefill_artifacts.empty();
+      if (rbln.artifacts.empty() && rbln.compiler.empty() && !has_prefill_dir) {
         sink_.add(decl.pos, decl.path + ".device",
                   "executor '" + inst.name +
                       "' has device \"rbln\": [rbln] artifacts (the compiled model directory) "
-                      "or compiler (the compile cache) must be set");
+                      "or compiler (the compile cache) must be set" +
+                      (serves_prefill ? " (or prefill_artifacts, for prefill executors)" : ""));
         return;
       }
       if (manifest_.speculative.method == SpeculativeMethod::none) continue;
@@ -872,6 +887,11 @@ void Loader::check_rbln() {
                       "verification is not built for rbln)");
       }
     }
+  }
+  if (!rbln.prefill_artifacts.empty() && !prefill_on_rbln) {
+    sink_.add(prefill_artifacts_pos_, "rbln.prefill_artifacts",
+              "no prefill instance runs on an executor with device \"rbln\", so "
+              "prefill_artifacts would be unused");
   }
 }
 

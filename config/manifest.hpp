@@ -222,6 +222,10 @@ struct RblnSection {
   // `compiler` into `cache_dir` (default DIR/rbln-cache beside the manifest); executors use it.
   std::string compiler;
   std::string cache_dir;
+  // A compiled directory for the executors of prefill instances only (e.g. a pipelined prefill,
+  // pipeline_parallel_size in its rbln_config.json); absolute once loaded. Empty: they use
+  // artifacts or the compile cache like the others.
+  std::string prefill_artifacts;
   uint32_t prefill_chunk = 128;   // a multiple of 64
   uint32_t kv_element_bytes = 2;  // 1, 2 or 4
   // kv_memory: "host" (false): the graphs take the host pool as their KV cache; "device"

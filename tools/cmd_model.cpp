@@ -179,7 +179,13 @@ int compile(cli::Args args) {
       }
       ++executors;
       auto started = std::chrono::steady_clock::now();
-      auto request = devices::rbln::compile_request(actors::device_spec(manifest, instance));
+      const devices::DeviceSpec spec = actors::device_spec(manifest, instance);
+      if (spec.rbln.compiler.empty()) {  // a prefill executor on [rbln] prefill_artifacts
+        std::printf("%s/%s: uses %s (prefill_artifacts), nothing to compile\n", node.name.c_str(),
+                    instance.name.c_str(), spec.rbln.artifacts.c_str());
+        continue;
+      }
+      auto request = devices::rbln::compile_request(spec);
       auto done = devices::rbln::compile(request, manifest.rbln.compiler, manifest.rbln.cache_dir);
       if (!done.ok()) {
         std::fprintf(stderr, "%s/%s: %s\n", node.name.c_str(), instance.name.c_str(),

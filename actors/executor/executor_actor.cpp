@@ -50,6 +50,11 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
       // tier-2 write-behind): KV in device memory is staged back to the host pool only then.
       if (user.role == config::Role::prefill && user.executor == instance.name) {
         spec.rbln.pool_read_remotely = true;
+        // A prefill executor's own compiled directory (a pipelined prefill): not the cache.
+        if (!manifest.rbln.prefill_artifacts.empty()) {
+          spec.rbln.artifacts = manifest.rbln.prefill_artifacts;
+          spec.rbln.compiler.clear();
+        }
       }
     }
   }

@@ -590,16 +590,22 @@ Result<std::string> probe_rbln(const DeviceSpec& spec) {
   }
   if (auto st = check_device_ids(**api, spec.rbln.device_ids); !st) return st.error();
   const RblnArtifact& a = *artifact;
-  std::string buckets;
+  std::string buckets, shape;
   for (uint32_t b : a.buckets) buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
+  if (a.stages > 1) {
+    for (uint32_t l : a.stage_layers) shape += (shape.empty() ? "" : ", ") + std::to_string(l);
+    shape = "pipeline stages " + std::to_string(a.stages) + " (layers " + shape + ")";
+  } else {
+    shape = "buckets [" + buckets + "]";
+  }
   return "library " + spec.rbln.library + " (" + std::to_string(rbln_required_symbols().size()) +
          " symbols" +
          ((*api)->require_device_memory().ok() ? ", device-memory calls present" : "") +
          (spec.rbln.kv_on_device ? ", KV in device memory" : "") + "); compiled " + a.dir +
          ": model " + a.model_name + ", compiler " + a.compiler_version + ", block " +
          std::to_string(a.block_tokens) + ", max length " + std::to_string(a.max_seq_len) +
-         ", chunk " + std::to_string(a.prefill_chunk) + ", buckets [" + buckets + "], devices " +
-         std::to_string(a.devices);
+         ", chunk " + std::to_string(a.prefill_chunk) + ", " + shape + ", devices " +
+         std::to_string(a.devices_total());
 }
 
 Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {

@@ -21,6 +21,16 @@
 //   blocks a pass imports (PrefillSeq/DecodeSeq::imported) and its block copies' destinations
 //   are copied host -> device before it; copy_blocks_out/in go through the device. A copy that
 //   fails poisons the device like a run that never completes.
+// - Pipelined prefill (the artifact's pipeline_parallel_size P > 1, rbln_artifact.hpp): one
+//   graph per stage, opened on the instance's device S x tensor_parallel_size, each with a KV
+//   buffer of its own layers (block-major, the pool's blocks and the dummy) on that device
+//   (kv_memory "device") or in host memory. The host pool stays the whole model's, what RMA
+//   readers see, and is the stages' staging copy: after each stage's run the rows it wrote go
+//   stage -> host (slice_runs in kv_segments.hpp picks its layers' parts), imports and block
+//   copies go host -> every stage before a pass. A pass's chunks go through the stages as a
+//   wavefront: in wave t stage s runs chunk t - s, all of a wave's runs submitted before any
+//   is waited for, so P stages are busy at once on a pass of P chunks or more. No decode graphs:
+//   decode on such an executor is refused (the manifest refuses a decode instance on it).
 // - Speculation: the decode graphs take one token per sequence; a decode sequence with drafts
 //   is refused (the manifest refuses [speculative] for decode instances on rbln executors).
 // - Returns logits always (the runtime writes them to host memory; argmax_only is ignored, as
@@ -42,7 +52,8 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec);
 // directory loaded and checked against the manifest, and the runtime library loaded with every
 // symbol resolved (and with kv_memory "device", the device-memory calls). On success a one-line
 // summary ("library L (9 symbols[, device-memory calls present][, KV in device memory]);
-// compiled D: model M, compiler V, block B, max length L, chunk C, buckets [..], devices N");
+// compiled D: model M, compiler V, block B, max length L, chunk C, buckets [..] | pipeline
+// stages P (layers ..), devices N");
 // else the error the executor would start with.
 Result<std::string> probe_rbln(const DeviceSpec& spec);
 

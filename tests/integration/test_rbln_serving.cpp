@@ -113,6 +113,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "rbln serving: loopback-3 P/D with a prefill pipelined over two devices (KV in device memory) "
+    "gives device cpu's text" *
+    doctest::timeout(600)) {
+  std::vector<std::string> cpu;
+  {
+    ServeCluster pd(Layout::loopback3, 1, 0, "[decode]\nseqs_max = 8\n");
+    REQUIRE_MESSAGE(pd.wait_ready(30000ms), pd.logs());
+    cpu = answers(pd);
+  }
+  // The prefill executor: [rbln] prefill_artifacts, a PP2 directory (three layers per stage),
+  // on devices [2, 3], each stage's KV in its own device buffer staged to the host pool that
+  // decode pulls from; the decode executor: the one-graph directory of [rbln] artifacts.
+  FakeRblnArtifact pp;
+  pp.model_path = model_dir() + "/stories15M.bin";
+  pp.kv_blocks = 513;
+  pp.stages = 2;
+  std::string pp_dir = write_fake_rbln_artifact(make_temp_dir("rbln-pp") + "/compiled", pp);
+  std::string toml =
+      "# rbln executors: exec-p exec-d\n# devices exec-p: [2, 3]\n" + rbln_toml("pp-decode");
+  toml.replace(toml.find("\n[decode]"), 1,
+               "\nprefill_artifacts = \"" + pp_dir + "\"\nkv_memory = \"device\"\n");
+  ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", toml);
+  REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
+  std::vector<std::string> got = answers(pd);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln PP2 P/D: [", got[i], "]\ncpu: [",
+                  cpu[i], "]");
+  }
+  CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
+  CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
+  CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  // `tandem check` reports the prefill executor's stages.
+  auto check = run({tandem_bin(), "check", pd.manifest_path()}, 60000ms);
+  CHECK_MESSAGE(check.output.find("pipeline stages 2 (layers 3, 3)") != std::string::npos,
+                check.output);
+}
+
+TEST_CASE(
     "rbln serving: a graph run that never completes ends its requests with errors; the "
     "node keeps answering" *
     doctest::timeout(300)) {

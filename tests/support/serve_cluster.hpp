@@ -160,6 +160,18 @@ class ServeCluster {
   std::string manifest_text(int disaggregate_tokens_min) {
     std::string text = manifest_body(disaggregate_tokens_min);
     if (sim_toml_.empty() && rbln_toml_.empty()) return text;
+    // "# devices NAME: [0, 1]" lines in the rbln lines: that executor's devices.
+    const std::string devices = "# devices ";
+    for (size_t at = rbln_toml_.find(devices); at != std::string::npos;
+         at = rbln_toml_.find(devices, at + 1)) {
+      const size_t colon = rbln_toml_.find(": ", at), end = rbln_toml_.find('\n', at);
+      REQUIRE((colon != std::string::npos && colon < end));
+      const std::string name = rbln_toml_.substr(at + devices.size(), colon - at - devices.size());
+      size_t line = text.find("devices = [", text.find("name = \"" + name + "\"\n  device = "));
+      REQUIRE_MESSAGE(line != std::string::npos, name);
+      text.replace(line, text.find('\n', line) - line,
+                   "devices = " + rbln_toml_.substr(colon + 2, end - colon - 2));
+    }
     const std::string kind = sim_toml_.empty() ? "device = \"rbln\"" : "device = \"sim\"";
     // "# rbln executors: A B\n" first in the rbln lines: only those executors are on rbln.
     const std::string only = "# rbln executors:";

@@ -1900,3 +1900,36 @@ TEST_CASE(
         std::string::npos);
   CHECK(refused.message.find("[speculative] method must be \"none\"") != std::string::npos);
 }
+
+TEST_CASE("rbln: [rbln] prefill_artifacts serves prefill executors; unused, it is refused") {
+  std::string rbln = replace(base_manifest, "device = \"cpu\"", "device = \"rbln\"");
+  // Only a decode instance runs on rbln: the key would do nothing, and says so where it is.
+  std::string unused =
+      rbln + "[rbln]\nartifacts = \"compiled/d\"\nprefill_artifacts = \"compiled/pp4\"\n";
+  auto issue = only_issue(unused);
+  CHECK(issue.key == "rbln.prefill_artifacts");
+  CHECK(issue.line == line_of(unused, "prefill_artifacts"));
+  CHECK(issue.message.find("no prefill instance runs on an executor with device \"rbln\"") == 0);
+
+  // A prefill instance on its own rbln executor with four devices: prefill_artifacts alone
+  // covers it, the decode executor still needs artifacts or compiler.
+  std::string pd = rbln + R"(
+  [[node.instance]]
+  role = "prefill"
+  name = "pre"
+  executor = "px"
+
+  [[node.instance]]
+  role = "executor"
+  name = "px"
+  device = "rbln"
+  devices = [1, 2, 3, 4]
+)";
+  auto decode_needs = only_issue(pd + "[rbln]\nprefill_artifacts = \"compiled/pp4\"\n");
+  CHECK(decode_needs.key == "node[0].instance[3].device");
+  CHECK(decode_needs.message.find("executor 'ex' has device \"rbln\"") == 0);
+  Manifest m = parse_ok(pd + "[rbln]\ncompiler = \"c\"\nprefill_artifacts = \"compiled/pp4\"\n");
+  CHECK(m.rbln.prefill_artifacts == "/etc/tandem/compiled/pp4");
+  // The prefill executor uses the directory, not the cache (actors/executor: device_spec).
+  CHECK(m.rbln.compiler == "c");
+}
