@@ -226,6 +226,17 @@ Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::str
     return st.error();
   }
   if (auto st = read_stage_layers(j, file, a); !st) return st.error();
+  if (auto st = read_uint(j, file, "data_parallel_size", a.ranks, false); !st) return st.error();
+  if (a.ranks > 1 && a.stages > 1) {
+    return make_error(ErrorKind::invalid, file + ": data_parallel_size " + std::to_string(a.ranks) +
+                                              " with pipeline_parallel_size " +
+                                              std::to_string(a.stages) +
+                                              ": a pipelined prefill has one rank");
+  }
+  if (a.ranks > 64) {
+    return make_error(ErrorKind::invalid,
+                      file + ": data_parallel_size " + std::to_string(a.ranks) + " exceeds 64");
+  }
   auto b = j.find("decoder_batch_sizes");
   if (a.stages > 1) {
     if (b != j.end()) {
@@ -278,6 +289,7 @@ nlohmann::json artifact_config_json(const RblnArtifact& a) {
       {"prefill_chunk_size", a.prefill_chunk},
       {"tensor_parallel_size", a.devices},
   };
+  if (a.ranks > 1) j["data_parallel_size"] = a.ranks;
   if (a.stages > 1) {
     j["pipeline_parallel_size"] = a.stages;
     if (!a.stage_layers.empty()) j["pipeline_stage_layers"] = a.stage_layers;
@@ -308,11 +320,14 @@ Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
                         " (a context longer than the graphs were compiled for)");
   }
   if (a.devices_total() != e.devices) {
-    return mismatch(a.stages == 1 ? "tensor_parallel_size " + std::to_string(a.devices)
-                                  : "tensor_parallel_size " + std::to_string(a.devices) +
-                                        " x pipeline_parallel_size " + std::to_string(a.stages) +
-                                        " = " + std::to_string(a.devices_total()) + " devices",
-                    "instance devices count " + std::to_string(e.devices));
+    return mismatch(
+        a.stages == 1 && a.ranks == 1
+            ? "tensor_parallel_size " + std::to_string(a.devices)
+            : "tensor_parallel_size " + std::to_string(a.devices) +
+                  (a.stages > 1 ? " x pipeline_parallel_size " + std::to_string(a.stages)
+                                : " x data_parallel_size " + std::to_string(a.ranks)) +
+                  " = " + std::to_string(a.devices_total()) + " devices",
+        "instance devices count " + std::to_string(e.devices));
   }
   if (a.stages > 1 && e.decode_seqs_max > 0) {
     return mismatch("pipeline_parallel_size " + std::to_string(a.stages) + " (prefill-only graphs)",

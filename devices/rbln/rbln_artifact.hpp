@@ -9,7 +9,8 @@
 //                       "kvcache_block_size", "kvcache_num_blocks", "kv_element_bytes",
 //                       "max_seq_len", "prefill_chunk_size", "decoder_batch_sizes": [..],
 //                       "tensor_parallel_size",
-//                       "pipeline_parallel_size", "pipeline_stage_layers": [..]}
+//                       "pipeline_parallel_size", "pipeline_stage_layers": [..],
+//                       "data_parallel_size"}
 //   prefill.rbln        inputs: input_ids[chunk], cache_position[chunk], block_tables[blocks],
 //                       query_position[1], kv_cache; output: logits[vocab] (the query row)
 //   decoder_batch_B.rbln inputs: input_ids[B], cache_position[B], block_tables[B x blocks],
@@ -24,6 +25,11 @@
 //                       output: hidden[chunk x hidden], the last stage logits[vocab]
 // Stage S holds pipeline_stage_layers[S] consecutive layers (default: an equal split) and runs
 // on the instance's devices [S x tensor_parallel_size, (S + 1) x tensor_parallel_size).
+//
+// A data-parallel artifact (data_parallel_size D > 1, Tandem's convention too) has the usual
+// graphs, opened once per rank on the instance's devices [R x tensor_parallel_size, ...); the
+// ranks run every graph in lockstep (an expert-parallel step exchanges tokens between them inside
+// the run), each on its own sequences, an idle rank on a padding input.
 //
 // All index inputs are int32, logits fp32; `blocks` = max_seq_len / kvcache_block_size. The
 // keys are the ones optimum-rbln writes where it has one (its `rbln_config`), plus the model's
@@ -56,10 +62,11 @@ struct RblnArtifact {
   std::vector<uint32_t> buckets;  // decoder_batch_sizes, ascending, distinct
   uint32_t devices = 1;           // tensor_parallel_size: devices per stage
   uint32_t stages = 1;            // pipeline_parallel_size
+  uint32_t ranks = 1;             // data_parallel_size
   std::vector<uint32_t> stage_layers;  // layers per stage, summing to model.layers
 
   uint32_t table_blocks() const { return max_seq_len / block_tokens; }
-  uint32_t devices_total() const { return devices * stages; }
+  uint32_t devices_total() const { return devices * stages * ranks; }
   uint32_t stage_first_layer(uint32_t stage) const;
   std::string prefill_graph() const;                // DIR/prefill.rbln
   std::string stage_graph(uint32_t stage) const;    // DIR/prefill_stage_S.rbln

@@ -30,6 +30,19 @@ struct PipeStage {
   std::vector<float> hidden[2];      // output (not the last stage), double-buffered by item
 };
 
+// One data-parallel rank (artifact ranks > 1): the graphs opened on the rank's first device,
+// its KV (kv_memory "device": a buffer on that device, the whole pool plus the dummy; else the
+// host pool, shared: ranks run disjoint sequences), and its own input and output buffers.
+struct DpRank {
+  int device_id = 0;
+  std::optional<RblnRuntime> prefill;
+  std::map<uint32_t, RblnRuntime> decode;
+  void* kv = nullptr;
+  bool on_device = false;
+  std::vector<int32_t> ids, pos, tables, qpos;
+  std::vector<float> logits;
+};
+
 class RblnDevice final : public Device {
  public:
   RblnDevice(std::shared_ptr<const RblnApi> api, RblnArtifact artifact, KvLayout layout,
@@ -56,6 +69,14 @@ class RblnDevice final : public Device {
     for (PipeStage& st : stages_) {
       if (!st.host && st.kv) (void)api_->free_device(st.device_id, st.kv);
     }
+    for (DpRank& r : ranks_) {
+      if (r.on_device && r.kv) (void)api_->free_device(r.device_id, r.kv);
+    }
+  }
+  // Data-parallel ranks: they replace the one set of graphs.
+  void set_ranks(std::vector<DpRank> ranks) {
+    ranks_ = std::move(ranks);
+    block_rank_.assign(layout_.blocks_total, 0);
   }
   // A pipelined prefill: the stages replace the prefill graph (and there are no decode graphs).
   void set_stages(std::vector<PipeStage> stages) { stages_ = std::move(stages); }
@@ -95,8 +116,25 @@ class RblnDevice final : public Device {
   // a failed rbln_memcpy poisons the device.
   Status copy_kv(int device_id, bool device_side, int type, void* dst, const void* src,
                  uint64_t bytes, uint64_t pool_offset);
-  bool staged() const { return device_kv_ != nullptr || !stages_.empty(); }
+  bool staged() const {
+    return device_kv_ != nullptr || !stages_.empty() || (!ranks_.empty() && ranks_[0].on_device);
+  }
   Result<StepOutput> prefill_pipelined(std::span<const PrefillSeq> batch);
+  // Data parallel: a sequence runs on rank seq_id % ranks; every graph run is a lockstep round
+  // of all ranks, an idle rank on padding (token 0 at position 0, every table entry the dummy).
+  uint32_t rank_of(uint64_t seq_id) const { return static_cast<uint32_t>(seq_id % ranks_.size()); }
+  Result<StepOutput> prefill_parallel(std::span<const PrefillSeq> batch);
+  Result<StepOutput> decode_parallel(std::span<const DecodeSeq> batch);
+  // Submits one run per rank (runtimes[r] with rank r's buffers), then waits for every one.
+  Status lockstep(const std::vector<RblnRuntime*>& runtimes, bool prefill,
+                  const std::string& graph);
+  Status stage_ranks(int type, std::span<const KvRun> runs);
+  Status stage_rank(DpRank& rank, int type, std::span<const KvRun> runs);
+  void note_ranks(std::span<const uint32_t> table, uint32_t rank) {
+    for (uint32_t b : table) {
+      if (b < block_rank_.size()) block_rank_[b] = static_cast<uint8_t>(rank);
+    }
+  }
   // Before a pass: the blocks its sequences import, and the destinations of its block copies
   // (made in the host pool), copied in.
   template <typename Seq>
@@ -122,6 +160,8 @@ class RblnDevice final : public Device {
   bool write_through_ = true;  // stage every pass's writes back (spec.rbln.pool_read_remotely)
   uint32_t dummy_ = 0;
   std::vector<PipeStage> stages_;  // pipelined prefill: prefill_ is unused
+  std::vector<DpRank> ranks_;      // data parallel: prefill_ and decode_ are unused
+  std::vector<uint8_t> block_rank_;  // data parallel: the rank whose buffer last wrote a block
   std::string poisoned_;  // non-empty: a run that never completed
   std::vector<int32_t> ids_, pos_, tables_, qpos_;
   std::vector<float> logits_;
@@ -157,6 +197,7 @@ Status RblnDevice::copy_kv(int device_id, bool device_side, int type, void* dst,
 }
 
 Status RblnDevice::stage(int type, std::span<const KvRun> runs) {
+  if (!ranks_.empty()) return stage_ranks(type, runs);
   for (PipeStage& st : stages_) {
     if (auto s = stage_one(st, type, runs); !s) return s;
   }
@@ -220,6 +261,7 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
   apply_copies(batch, layout_, kv_region());
   if (auto st = stage_in(batch); !st) return st.error();
   if (!stages_.empty()) return prefill_pipelined(batch);
+  if (!ranks_.empty()) return prefill_parallel(batch);
   const uint32_t chunk = art_.prefill_chunk, vocab = model_.vocab_size;
   ids_.resize(chunk);
   pos_.resize(chunk);
@@ -362,6 +404,200 @@ Result<StepOutput> RblnDevice::prefill_pipelined(std::span<const PrefillSeq> bat
   return out;
 }
 
+Status RblnDevice::stage_rank(DpRank& rank, int type, std::span<const KvRun> runs) {
+  if (!rank.on_device) return {};
+  auto* device = static_cast<std::byte*>(rank.kv);
+  for (const KvRun& r : runs) {
+    std::byte* host = pool_->base() + r.offset;
+    void* dst = type == 0 ? static_cast<void*>(device + r.offset) : static_cast<void*>(host);
+    const void* src = type == 0 ? static_cast<const void*>(host) : device + r.offset;
+    if (auto s = copy_kv(rank.device_id, true, type, dst, src, r.bytes, r.offset); !s) return s;
+  }
+  return {};
+}
+
+// Host -> device: to every rank (imports ride on a pass's first sequence, whichever rank reads
+// them). Device -> host: each block from the rank that last computed on it.
+Status RblnDevice::stage_ranks(int type, std::span<const KvRun> runs) {
+  if (type == 0) {
+    for (DpRank& r : ranks_) {
+      if (auto s = stage_rank(r, 0, runs); !s) return s;
+    }
+    return {};
+  }
+  const uint64_t bb = layout_.block_bytes();
+  for (const KvRun& run : runs) {
+    for (uint64_t at = run.offset, end = run.offset + run.bytes; at < end;) {
+      const uint64_t block = at / bb, piece = std::min(end, (block + 1) * bb) - at;
+      const KvRun one{at, piece};
+      const uint32_t rank = block < block_rank_.size() ? block_rank_[block] : 0;
+      if (auto s = stage_rank(ranks_[rank], 1, {&one, 1}); !s) return s;
+      at += piece;
+    }
+  }
+  return {};
+}
+
+Status RblnDevice::lockstep(const std::vector<RblnRuntime*>& runtimes, bool prefill,
+                            const std::string& graph) {
+  std::vector<std::pair<uint32_t, int64_t>> submitted;
+  Status failed;
+  for (uint32_t r = 0; r < ranks_.size(); ++r) {
+    DpRank& k = ranks_[r];
+    std::vector<void*> inputs{k.ids.data(), k.pos.data(), k.tables.data()};
+    if (prefill) inputs.push_back(k.qpos.data());
+    inputs.push_back(k.kv);
+    auto id = runtimes[r]->submit(inputs, {k.logits.data()});
+    if (!id.ok()) {
+      failed = make_error(ErrorKind::failed, "rbln " + graph + " (rank " + std::to_string(r) +
+                                                 ", device " + std::to_string(k.device_id) +
+                                                 "): " + id.error().message);
+      break;
+    }
+    submitted.emplace_back(r, *id);
+  }
+  // Every submitted run is waited for, even after a failure: its buffers are ours.
+  for (const auto& [r, id] : submitted) {
+    Status waited = runtimes[r]->wait(id, timeout_);
+    if (waited.ok()) continue;
+    const std::string which = graph + " (rank " + std::to_string(r) + ", device " +
+                              std::to_string(ranks_[r].device_id) + ")";
+    if (waited.error().kind == ErrorKind::timed_out && poisoned_.empty()) {
+      poisoned_ = which + " run " + std::to_string(id) + " did not complete within " +
+                  std::to_string(timeout_.count()) + " ms";
+    }
+    if (failed.ok()) {
+      failed = make_error(waited.error().kind, "rbln " + which + ": " + waited.error().message);
+    }
+  }
+  return failed;
+}
+
+Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batch) {
+  struct Item {
+    size_t seq = 0;
+    uint32_t first = 0, len = 0;
+    bool last = false;
+  };
+  const uint32_t chunk = art_.prefill_chunk, table = art_.table_blocks();
+  const auto count = static_cast<uint32_t>(ranks_.size());
+  std::vector<std::vector<Item>> items(count);
+  size_t rounds = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const PrefillSeq& s = batch[i];
+    const uint32_t r = rank_of(s.seq_id);
+    note_ranks(s.block_table, r);
+    const auto n = static_cast<uint32_t>(s.tokens.size());
+    for (uint32_t c = 0; c < n; c += chunk) {
+      items[r].push_back({i, s.start_pos + c, std::min(chunk, n - c), c + chunk >= n});
+    }
+    rounds = std::max(rounds, items[r].size());
+  }
+  StepOutput out;
+  out.seqs.resize(batch.size());
+  for (size_t round = 0; round < rounds; ++round) {
+    std::vector<RblnRuntime*> runtimes;
+    for (uint32_t r = 0; r < count; ++r) {
+      DpRank& k = ranks_[r];
+      runtimes.push_back(&*k.prefill);
+      k.ids.assign(chunk, 0);
+      k.pos.assign(chunk, -1);
+      k.tables.assign(table, static_cast<int32_t>(dummy_));
+      k.qpos.assign(1, 0);
+      k.logits.resize(model_.vocab_size);
+      if (round >= items[r].size()) {
+        k.pos[0] = 0;  // padding: token 0 at position 0 of the dummy block
+        continue;
+      }
+      const Item& it = items[r][round];
+      const PrefillSeq& s = batch[it.seq];
+      for (uint32_t i = 0; i < it.len; ++i) {
+        k.ids[i] = s.tokens[it.first - s.start_pos + i];
+        k.pos[i] = static_cast<int32_t>(it.first + i);
+      }
+      k.qpos[0] = static_cast<int32_t>(it.len - 1);
+      fill_table(s.block_table, k.tables.data());
+    }
+    if (auto st = lockstep(runtimes, true, "prefill round " + std::to_string(round)); !st) {
+      return st.error();
+    }
+    for (uint32_t r = 0; r < count; ++r) {
+      if (round >= items[r].size()) continue;
+      const Item& it = items[r][round];
+      const PrefillSeq& s = batch[it.seq];
+      if (write_through_) {
+        auto runs = written_runs(layout_, s.block_table, it.first, it.first + it.len);
+        if (auto st = stage_rank(ranks_[r], 1, runs); !st) return st.error();
+      }
+      if (it.last) {
+        out.seqs[it.seq].seq_id = s.seq_id;
+        out.seqs[it.seq].rows_count = 1;
+        out.seqs[it.seq].logits = ranks_[r].logits;
+      }
+    }
+  }
+  return out;
+}
+
+Result<StepOutput> RblnDevice::decode_parallel(std::span<const DecodeSeq> batch) {
+  const auto count = static_cast<uint32_t>(ranks_.size());
+  const uint32_t vocab = model_.vocab_size, table = art_.table_blocks();
+  const uint32_t largest = art_.buckets.back();
+  std::vector<std::vector<size_t>> rows(count);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const uint32_t r = rank_of(batch[i].seq_id);
+    rows[r].push_back(i);
+    note_ranks(batch[i].block_table, r);
+  }
+  StepOutput out;
+  out.seqs.resize(batch.size());
+  for (size_t done = 0;; done += largest) {
+    uint32_t widest = 0;
+    for (const auto& mine : rows) {
+      if (mine.size() > done) {
+        widest =
+            std::max(widest, static_cast<uint32_t>(std::min<size_t>(largest, mine.size() - done)));
+      }
+    }
+    if (widest == 0) break;
+    const uint32_t bucket = art_.bucket_for(widest);
+    std::vector<RblnRuntime*> runtimes;
+    for (uint32_t r = 0; r < count; ++r) {
+      DpRank& k = ranks_[r];
+      runtimes.push_back(&k.decode.at(bucket));
+      k.ids.assign(bucket, 0);
+      k.pos.assign(bucket, 0);
+      k.tables.assign(size_t{bucket} * table, static_cast<int32_t>(dummy_));
+      k.logits.resize(size_t{bucket} * vocab);
+      for (uint32_t j = 0; done + j < rows[r].size() && j < bucket; ++j) {
+        const DecodeSeq& s = batch[rows[r][done + j]];
+        k.ids[j] = s.tokens[0];
+        k.pos[j] = static_cast<int32_t>(s.start_pos);
+        fill_table(s.block_table, k.tables.data() + size_t{j} * table);
+      }
+    }
+    if (auto st = lockstep(runtimes, false, "decoder_batch_" + std::to_string(bucket)); !st) {
+      return st.error();
+    }
+    for (uint32_t r = 0; r < count; ++r) {
+      for (uint32_t j = 0; done + j < rows[r].size() && j < bucket; ++j) {
+        const size_t index = rows[r][done + j];
+        const DecodeSeq& s = batch[index];
+        if (write_through_) {
+          auto runs = written_runs(layout_, s.block_table, s.start_pos, s.start_pos + 1);
+          if (auto st = stage_rank(ranks_[r], 1, runs); !st) return st.error();
+        }
+        SeqOutput& so = out.seqs[index];
+        so.seq_id = s.seq_id;
+        so.rows_count = 1;
+        auto begin = ranks_[r].logits.begin() + static_cast<std::ptrdiff_t>(size_t{j} * vocab);
+        so.logits.assign(begin, begin + vocab);
+      }
+    }
+  }
+  return out;
+}
+
 Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
   if (auto st = usable(); !st) return st.error();
   if (batch.empty()) return make_error(ErrorKind::invalid, "rbln device decode: empty batch");
@@ -390,6 +626,7 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
     }
   }
   if (auto st = stage_in(batch); !st) return st.error();
+  if (!ranks_.empty()) return decode_parallel(batch);
   const uint32_t vocab = model_.vocab_size, table = art_.table_blocks();
   const uint32_t largest = art_.buckets.back();
   StepOutput out;
@@ -578,6 +815,58 @@ Result<std::unique_ptr<Device>> make_pipelined(const DeviceSpec& spec,
   return std::unique_ptr<Device>(std::move(device));
 }
 
+// Data parallel (artifact ranks > 1): rank r's graphs on the instance's device r x
+// tensor_parallel_size, with its own KV buffer there (kv_memory "device") or the shared host pool.
+Result<std::unique_ptr<Device>> make_data_parallel(const DeviceSpec& spec,
+                                                   std::shared_ptr<const RblnApi> api,
+                                                   const RblnArtifact& art,
+                                                   const KvLayout& layout) {
+  const RblnSpec& r = spec.rbln;
+  auto pool = PoolMemory::allocate(layout.pool_bytes() + layout.block_bytes(), "rbln device");
+  if (!pool.ok()) return pool.error();
+  std::vector<DpRank> ranks(art.ranks);
+  auto free_all = [&] {
+    for (DpRank& k : ranks) {
+      if (k.on_device && k.kv) (void)api->free_device(k.device_id, k.kv);
+      k.kv = nullptr;
+    }
+  };
+  for (uint32_t rank = 0; rank < art.ranks; ++rank) {
+    DpRank& k = ranks[rank];
+    const uint32_t index = rank * art.devices;
+    k.device_id = index < r.device_ids.size() ? static_cast<int>(r.device_ids[index]) : 0;
+    auto prefill = open_graph(api, art.prefill_graph(), "prefill", k.device_id, kPrefillInputs);
+    if (!prefill.ok()) return prefill.error();
+    k.prefill.emplace(std::move(prefill).value());
+    for (uint32_t bucket : art.buckets) {
+      auto rt = open_graph(api, art.decode_graph(bucket), "decoder_batch_" + std::to_string(bucket),
+                           k.device_id, kDecodeInputs);
+      if (!rt.ok()) return rt.error();
+      k.decode.emplace(bucket, std::move(rt).value());
+    }
+  }
+  for (DpRank& k : ranks) {
+    k.kv = (*pool)->base();
+    if (!r.kv_on_device) continue;
+    const uint64_t bytes = layout.pool_bytes() + layout.block_bytes();
+    void* buffer = nullptr;
+    if (api->malloc_device(k.device_id, bytes, &buffer) != 0 || buffer == nullptr) {
+      free_all();
+      return make_error(
+          ErrorKind::failed,
+          "rbln_malloc(device " + std::to_string(k.device_id) + ", " + std::to_string(bytes) +
+              " bytes for a data-parallel rank's KV cache) failed: " + api->last_error());
+    }
+    k.kv = buffer;
+    k.on_device = true;
+  }
+  auto device = std::make_unique<RblnDevice>(
+      api, art, layout, std::move(pool).value(), std::nullopt, std::map<uint32_t, RblnRuntime>{},
+      std::chrono::milliseconds(r.run_timeout_ms), 0, nullptr, r.pool_read_remotely);
+  device->set_ranks(std::move(ranks));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
 }  // namespace
 
 Result<std::string> probe_rbln(const DeviceSpec& spec) {
@@ -598,6 +887,7 @@ Result<std::string> probe_rbln(const DeviceSpec& spec) {
   } else {
     shape = "buckets [" + buckets + "]";
   }
+  if (a.ranks > 1) shape += ", data parallel " + std::to_string(a.ranks);
   return "library " + spec.rbln.library + " (" + std::to_string(rbln_required_symbols().size()) +
          " symbols" +
          ((*api)->require_device_memory().ok() ? ", device-memory calls present" : "") +
@@ -631,6 +921,9 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
     if (auto st = (*api)->require_device_memory(); !st) return st.error();
   }
   if (artifact->stages > 1) return make_pipelined(spec, std::move(api).value(), *artifact, layout);
+  if (artifact->ranks > 1) {
+    return make_data_parallel(spec, std::move(api).value(), *artifact, layout);
+  }
   auto prefill = open_graph(*api, artifact->prefill_graph(), "prefill", device_id, kPrefillInputs);
   if (!prefill.ok()) return prefill.error();
   std::map<uint32_t, RblnRuntime> decode;

@@ -113,8 +113,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "rbln serving: loopback-3 P/D with a prefill pipelined over two devices (KV in device memory) "
-    "gives device cpu's text" *
+    "rbln serving: loopback-3 P/D with a prefill pipelined over two devices, then with decode "
+    "data-parallel over two (KV in device memory), gives device cpu's text" *
     doctest::timeout(600)) {
   std::vector<std::string> cpu;
   {
@@ -148,6 +148,35 @@ TEST_CASE(
   auto check = run({tandem_bin(), "check", pd.manifest_path()}, 60000ms);
   CHECK_MESSAGE(check.output.find("pipeline stages 2 (layers 3, 3)") != std::string::npos,
                 check.output);
+
+  // Decode data-parallel over devices [0, 1] (two ranks in lockstep, each with its own device
+  // KV: the pulled blocks are copied into both, each sequence computes on its rank's), prefill
+  // the one-graph directory through prefill_artifacts.
+  FakeRblnArtifact dp;
+  dp.model_path = model_dir() + "/stories15M.bin";
+  dp.kv_blocks = 513;
+  dp.ranks = 2;
+  std::string dp_dir = write_fake_rbln_artifact(make_temp_dir("rbln-dp") + "/compiled", dp);
+  std::string one = rbln_toml("dp-prefill");
+  std::string one_dir = one.substr(one.find("artifacts = \"") + 13);
+  one_dir = one_dir.substr(0, one_dir.find('"'));
+  std::string dp_toml =
+      "# rbln executors: exec-p exec-d\n# devices exec-d: [0, 1]\n[rbln]\nlibrary = \"" +
+      fake_lib() + "\"\nartifacts = \"" + dp_dir + "\"\nprefill_artifacts = \"" + one_dir +
+      "\"\nkv_memory = \"device\"\n[decode]\nseqs_max = 8\n";
+  ServeCluster dpc(Layout::loopback3, 1, 0, "", "", "", false, true, "", dp_toml);
+  REQUIRE_MESSAGE(dpc.wait_ready(60000ms), dpc.logs());
+  got = answers(dpc);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln DP2 decode: [", got[i], "]\ncpu: [",
+                  cpu[i], "]");
+  }
+  CHECK(dpc.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
+  CHECK(dpc.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  auto dp_check = run({tandem_bin(), "check", dpc.manifest_path()}, 60000ms);
+  CHECK_MESSAGE(
+      dp_check.output.find("buckets [1, 2, 4, 8], data parallel 2, devices 2") != std::string::npos,
+      dp_check.output);
 }
 
 TEST_CASE(

@@ -29,6 +29,7 @@ struct FakeRblnArtifact {
   // are not written); stage_layers empty: an equal split.
   uint32_t stages = 1;
   std::vector<uint32_t> stage_layers;
+  uint32_t ranks = 1;                               // data_parallel_size
   nlohmann::json extra = nlohmann::json::object();  // merged last (fault switches, overrides)
 };
 
@@ -51,6 +52,7 @@ inline std::string write_fake_rbln_artifact(const std::filesystem::path& dir,
   art.buckets = a.buckets;
   art.devices = a.devices;
   art.stages = a.stages;
+  art.ranks = a.ranks;
   art.stage_layers = a.stage_layers;
   if (art.stages > 1 && art.stage_layers.empty() && art.model.layers % art.stages == 0) {
     art.stage_layers.assign(art.stages, art.model.layers / art.stages);

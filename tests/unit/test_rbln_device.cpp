@@ -451,7 +451,7 @@ TEST_CASE("rbln device, pipelined prefill: the stages give the one-graph device'
   const uint64_t used = 40 * layout.block_bytes();
 
   struct Case {
-    const char* name;
+    std::string name;
     uint32_t stages;
     std::vector<uint32_t> layers, devices;
     bool device_kv;
@@ -622,4 +622,136 @@ TEST_CASE(
   auto fresh = (*b)->prefill(on_b);
   REQUIRE(fresh.ok());
   CHECK(fresh->seqs[0].logits == want->seqs[0].logits);
+}
+
+TEST_CASE("rbln device, data parallel: ranks in lockstep give the cpu device's tokens") {
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  struct Case {
+    std::string name;
+    uint32_t ranks;
+    std::vector<uint32_t> devices;
+    bool device_kv;
+  };
+  for (const Case& c :
+       {Case{"DP2, host KV", 2, {0, 1}, false}, Case{"DP4, device KV", 4, {4, 5, 6, 7}, true},
+        Case{"DP2 of TP2, device KV", 2, {8, 9, 10, 11}, true}}) {
+    CAPTURE(c.name);
+    auto a = artifact();
+    a.ranks = c.ranks;
+    if (c.devices.size() == 4 && c.ranks == 2) a.devices = 2;
+    auto dir = testing::write_fake_rbln_artifact(scratch("dp" + std::to_string(c.ranks)), a);
+    DeviceSpec spec = rbln_spec(dir);
+    spec.rbln.device_ids = c.devices;
+    spec.rbln.kv_on_device = c.device_kv;
+    auto device = make_device(spec);
+    REQUIRE_MESSAGE(device.ok(), device.error().describe());
+    // Every batch size 1..8 (uneven shares: the ranks pad to the widest share's bucket; idle
+    // ranks run padding), prompts across prefill chunks.
+    for (uint32_t n = 1; n <= 8; ++n) {
+      std::vector<std::vector<int32_t>> prompts;
+      for (uint32_t i = 0; i < n; ++i) {
+        prompt(n * 10 + i, i == 0 ? 70 : 5 + 3 * i).swap(prompts.emplace_back());
+      }
+      CHECK_MESSAGE(generate(**device, prompts, 10) == generate(**cpu, prompts, 10), "batch of ",
+                    n);
+    }
+  }
+}
+
+TEST_CASE("rbln device, data parallel: every rank runs every round; a rank's failure names it") {
+  auto a = artifact();
+  a.ranks = 3;
+  a.extra = {{"fake_run_delay_ms", 30}};
+  auto dir = testing::write_fake_rbln_artifact(scratch("dp-lockstep"), a);
+  DeviceSpec spec = rbln_spec(dir);
+  spec.rbln.device_ids = {0, 1, 2};
+  auto device = make_device(spec);
+  REQUIRE(device.ok());
+  runs_in_flight_max(true);
+  // One sequence: the other two ranks run padding beside it, at once.
+  std::vector<PrefillSeq> one{{3, {0, 1}, 0, prompt(1, 20), {}}};
+  REQUIRE((*device)->prefill(one).ok());
+  CHECK(runs_in_flight_max(true) == 3);
+  std::vector<DecodeSeq> step{{3, {0, 1}, 20, {500}}};
+  REQUIRE((*device)->decode(step).ok());
+  CHECK(runs_in_flight_max(true) == 3);
+
+  DeviceSpec wrong = rbln_spec(dir);
+  wrong.rbln.device_ids = {0, 1};
+  auto refused = make_device(wrong);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.error().message.find("tensor_parallel_size 1 x data_parallel_size 3 = 3 "
+                                             "devices, manifest instance devices count 2") !=
+                    std::string::npos,
+                refused.error().message);
+  auto both = artifact();
+  both.ranks = 2;
+  both.stages = 2;
+  auto bad = make_device(
+      pipelined_spec(testing::write_fake_rbln_artifact(scratch("dp-pp"), both), {0, 1, 2, 3}));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("data_parallel_size 2 with pipeline_parallel_size 2") !=
+        std::string::npos);
+
+  auto failing = artifact();
+  failing.ranks = 2;
+  failing.extra = {{"fake_fail_graph", "decoder_batch_1"}};
+  DeviceSpec fs_ = rbln_spec(testing::write_fake_rbln_artifact(scratch("dp-fail"), failing));
+  fs_.rbln.device_ids = {6, 7};
+  auto f = make_device(fs_);
+  REQUIRE(f.ok());
+  std::vector<PrefillSeq> two{{4, {0}, 0, prompt(2, 5), {}}, {5, {1}, 0, prompt(3, 5), {}}};
+  REQUIRE((*f)->prefill(two).ok());
+  std::vector<DecodeSeq> dec{{4, {0}, 5, {500}}, {5, {1}, 5, {501}}};
+  auto failed = (*f)->decode(dec);
+  REQUIRE_FALSE(failed.ok());
+  CHECK_MESSAGE(failed.error().message.find("rbln decoder_batch_1 (rank 0, device 6): ") == 0,
+                failed.error().message);
+  CHECK((*f)->lost().empty());
+}
+
+TEST_CASE(
+    "rbln device, data parallel with device KV: imports reach the ranks; blocks come back from "
+    "theirs") {
+  auto a = artifact();
+  a.ranks = 2;
+  auto dir = testing::write_fake_rbln_artifact(scratch("dp-import"), a);
+  DeviceSpec spec = rbln_spec(dir);
+  spec.rbln.device_ids = {0, 1};
+  spec.rbln.kv_on_device = true;
+  spec.rbln.pool_read_remotely = false;  // a decode executor: nothing staged back after passes
+  auto cpu = make_device(cpu_spec());
+  auto prefill = make_device(cpu_spec());
+  auto decode = make_device(spec);
+  REQUIRE((cpu.ok() && prefill.ok() && decode.ok()));
+  // Two sequences (seq 6 on rank 0, seq 7 on rank 1), prefilled elsewhere; their blocks pulled
+  // into decode's host pool and handed to the first pass as imports.
+  const std::vector<int32_t> p6 = prompt(6, 40), p7 = prompt(7, 20);
+  std::vector<PrefillSeq> pre{{6, {0, 1, 2}, 0, p6, {}}, {7, {3, 4}, 0, p7, {}}};
+  auto first = (*prefill)->prefill(pre);
+  REQUIRE(first.ok());
+  const uint64_t bb = (*prefill)->kv_layout().block_bytes();
+  std::memcpy((*decode)->kv_region().base, (*prefill)->kv_region().base, 5 * bb);
+  std::vector<DecodeSeq> batch{{6, {0, 1, 2}, 40, {argmax(first->seqs[0].logits)}},
+                               {7, {3, 4}, 20, {argmax(first->seqs[1].logits)}}};
+  REQUIRE((*cpu)->prefill(pre).ok());
+  auto want = (*cpu)->decode(batch);
+  REQUIRE(want.ok());
+  auto stale = (*decode)->decode(batch);
+  REQUIRE(stale.ok());
+  CHECK(stale->seqs[0].logits != want->seqs[0].logits);
+  CHECK(stale->seqs[1].logits != want->seqs[1].logits);
+  batch[0].imported = {0, 1, 2, 3, 4};  // on the first sequence, as the shells hand them over
+  auto fresh = (*decode)->decode(batch);
+  REQUIRE(fresh.ok());
+  CHECK(fresh->seqs[0].logits == want->seqs[0].logits);
+  CHECK(fresh->seqs[1].logits == want->seqs[1].logits);
+  // copy_blocks_out reads each block from the rank that computed on it: block 2 (seq 6's row 40
+  // written on rank 0) and block 4 (seq 7's row 20, rank 1) equal the cpu pool's.
+  std::vector<std::byte> out(2 * bb);
+  std::vector<uint32_t> blocks{2, 4};
+  REQUIRE((*decode)->copy_blocks_out(blocks, out).ok());
+  CHECK(std::memcmp(out.data(), (*cpu)->kv_region().base + 2 * bb, bb) == 0);
+  CHECK(std::memcmp(out.data() + bb, (*cpu)->kv_region().base + 4 * bb, bb) == 0);
 }
