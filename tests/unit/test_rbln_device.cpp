@@ -447,7 +447,7 @@ TEST_CASE("rbln device, pipelined prefill: the stages give the one-graph device'
   REQUIRE(want.ok());
   auto reference = (*cpu)->prefill(batch);
   REQUIRE(reference.ok());
-  const KvLayout& layout = (*whole)->kv_layout();
+  const KvLayout layout = (*whole)->kv_layout();  // a copy: `whole` is replaced below
   const uint64_t used = 40 * layout.block_bytes();
 
   struct Case {
