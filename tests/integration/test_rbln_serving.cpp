@@ -54,38 +54,42 @@ std::vector<std::string> answers(ServeCluster& c) {
   return out;
 }
 
+// The answers of a cluster on device cpu with the rbln clusters' [decode] seqs_max (fabric_toml
+// may open further sections).
+std::vector<std::string> cpu_answers(Layout layout, int disaggregate_tokens_min) {
+  ServeCluster c(layout, disaggregate_tokens_min, 0, "[decode]\nseqs_max = 8\n");
+  REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
+  return answers(c);
+}
+
+// Each of `c`'s answers equals the cpu cluster's.
+void check_same_text(ServeCluster& c, const std::vector<std::string>& cpu, const char* label) {
+  std::vector<std::string> got = answers(c);
+  REQUIRE(got.size() == cpu.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\n", label, ": [", got[i], "]\ncpu: [",
+                  cpu[i], "]");
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
     "rbln serving: greedy text equals device cpu's, one node and loopback-3 P/D, and P/D with the "
     "KV in device memory (staged through the host pool)" *
     doctest::timeout(600)) {
-  std::vector<std::string> cpu;
-  {
-    // The same [decode] seqs_max as the rbln clusters (fabric_toml may open further sections).
-    ServeCluster solo(Layout::one_node, 32, 0, "[decode]\nseqs_max = 8\n");
-    REQUIRE_MESSAGE(solo.wait_ready(30000ms), solo.logs());
-    cpu = answers(solo);
-  }
+  const std::vector<std::string> cpu = cpu_answers(Layout::one_node, 32);
   {
     ServeCluster solo(Layout::one_node, 32, 0, "", "", "", false, true, "", rbln_toml("solo"));
     REQUIRE_MESSAGE(solo.wait_ready(60000ms), solo.logs());
     CHECK(solo.logs().find("rbln device") != std::string::npos);
-    std::vector<std::string> got = answers(solo);
-    for (size_t i = 0; i < got.size(); ++i) {
-      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln: [", got[i], "]\ncpu:  [", cpu[i],
-                    "]");
-    }
+    check_same_text(solo, cpu, "rbln");
   }
   {
     ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", rbln_toml("pd"));
     REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
     double blocks0 = pd.metric("decode", "tandem:kv_pulled_blocks_total");
-    std::vector<std::string> got = answers(pd);
-    for (size_t i = 0; i < got.size(); ++i) {
-      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln P/D: [", got[i], "]\ncpu: [",
-                    cpu[i], "]");
-    }
+    check_same_text(pd, cpu, "rbln P/D");
     double blocks = pd.metric("decode", "tandem:kv_pulled_blocks_total") - blocks0;
     MESSAGE("P/D on rbln: ", blocks, " KV blocks pulled by RMA");
     CHECK(blocks >= 1);
@@ -101,11 +105,7 @@ TEST_CASE(
     toml.replace(toml.find("\n[decode]"), 1, "\nkv_memory = \"device\"\n");
     ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", toml);
     REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
-    std::vector<std::string> got = answers(pd);
-    for (size_t i = 0; i < got.size(); ++i) {
-      CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln P/D, device KV: [", got[i],
-                    "]\ncpu: [", cpu[i], "]");
-    }
+    check_same_text(pd, cpu, "rbln P/D, device KV");
     CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
     CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
     CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
@@ -116,12 +116,7 @@ TEST_CASE(
     "rbln serving: loopback-3 P/D with a prefill pipelined over two devices, then with decode "
     "data-parallel over two (KV in device memory), gives device cpu's text" *
     doctest::timeout(600)) {
-  std::vector<std::string> cpu;
-  {
-    ServeCluster pd(Layout::loopback3, 1, 0, "[decode]\nseqs_max = 8\n");
-    REQUIRE_MESSAGE(pd.wait_ready(30000ms), pd.logs());
-    cpu = answers(pd);
-  }
+  const std::vector<std::string> cpu = cpu_answers(Layout::loopback3, 1);
   // The prefill executor: [rbln] prefill_artifacts, a PP2 directory (three layers per stage),
   // on devices [2, 3], each stage's KV in its own device buffer staged to the host pool that
   // decode pulls from; the decode executor: the one-graph directory of [rbln] artifacts.
@@ -136,11 +131,7 @@ TEST_CASE(
                "\nprefill_artifacts = \"" + pp_dir + "\"\nkv_memory = \"device\"\n");
   ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", toml);
   REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
-  std::vector<std::string> got = answers(pd);
-  for (size_t i = 0; i < got.size(); ++i) {
-    CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln PP2 P/D: [", got[i], "]\ncpu: [",
-                  cpu[i], "]");
-  }
+  check_same_text(pd, cpu, "rbln PP2 P/D");
   CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
   CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
   CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
@@ -166,11 +157,7 @@ TEST_CASE(
       "\"\nkv_memory = \"device\"\n[decode]\nseqs_max = 8\n";
   ServeCluster dpc(Layout::loopback3, 1, 0, "", "", "", false, true, "", dp_toml);
   REQUIRE_MESSAGE(dpc.wait_ready(60000ms), dpc.logs());
-  got = answers(dpc);
-  for (size_t i = 0; i < got.size(); ++i) {
-    CHECK_MESSAGE(got[i] == cpu[i], story_prompts()[i], "\nrbln DP2 decode: [", got[i], "]\ncpu: [",
-                  cpu[i], "]");
-  }
+  check_same_text(dpc, cpu, "rbln DP2 decode");
   CHECK(dpc.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
   CHECK(dpc.metric("decode", "tandem:prefill_fallbacks_total") == 0);
   auto dp_check = run({tandem_bin(), "check", dpc.manifest_path()}, 60000ms);
