@@ -12,6 +12,7 @@
 #include "bench/device_bench.hpp"
 #include "bench/hash_bench.hpp"
 #include "bench/overhead_bench.hpp"
+#include "bench/rbln_pipeline_bench.hpp"
 #include "bench/router_bench.hpp"
 #include "bench/serve_bench.hpp"
 #include "bench/spec_bench.hpp"
@@ -107,6 +108,7 @@ int cmd_bench(cli::Args args) {
       {"agent-turns", run_agent_turns},
       {"overload", run_overload},
       {"tier2-ttft", run_tier2_ttft},
+      {"rbln-pipeline", bench::run_rbln_pipeline_bench},
   };
   if (!args.empty()) {
     for (const auto& e : entries) {

@@ -106,7 +106,11 @@ class Graph final : public FakeGraph {
 
   std::string run(const std::vector<void*>& in, void* logits) override {
     if (m_->fail_graph == name_) return name_ + ": the device failed the run (fake_fail_graph)";
-    std::this_thread::sleep_for(std::chrono::milliseconds(m_->run_delay_ms));
+    // A stage's share of the delay is its share of the layers (a device computing fewer layers).
+    const uint64_t layers = m_->cpu->model_config().layers;
+    const uint64_t share = stage_ >= 0 ? m_->stage_layers[static_cast<size_t>(stage_)] : layers;
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(m_->run_delay_ms * 1000 * share / layers));
     std::lock_guard lock(m_->mu);
     auto* kv = static_cast<std::byte*>(in.back());
     if (stage_ >= 0) return stage_run(in, kv, static_cast<float*>(logits));

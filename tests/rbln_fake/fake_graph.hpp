@@ -8,7 +8,9 @@
 //   "fake_fail_graph": "prefill" | "decoder_batch_N"  -- that graph's runs fail with a message
 //   "fake_hang_graph": "..."                          -- that graph's runs never complete
 //   "fake_load_delay_ms": N                           -- opening the first graph takes N ms
-//   "fake_run_delay_ms": N                            -- every run waits N ms, then computes
+//   "fake_run_delay_ms": N                            -- every run waits N ms (a pipeline
+//                                                        stage: its share of the layers of
+//                                                        it), then computes
 // With "pipeline_parallel_size" P > 1 (and optional "pipeline_stage_layers"), the graphs
 // DIR/prefill_stage_S.rbln run stage S's layers (devices/rbln/rbln_artifact.hpp): kv_cache holds
 // only those layers, the first input of a later stage is the previous stage's hidden output.
