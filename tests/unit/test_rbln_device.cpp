@@ -659,7 +659,8 @@ TEST_CASE("rbln device, data parallel: ranks in lockstep give the cpu device's t
   }
 }
 
-TEST_CASE("rbln device, data parallel: every rank runs every round; a rank's failure names it") {
+TEST_CASE(
+    "rbln device, data parallel: every rank runs every round; a rank's failure or hang names it") {
   auto a = artifact();
   a.ranks = 3;
   a.extra = {{"fake_run_delay_ms", 30}};
@@ -709,6 +710,26 @@ TEST_CASE("rbln device, data parallel: every rank runs every round; a rank's fai
   CHECK_MESSAGE(failed.error().message.find("rbln decoder_batch_1 (rank 0, device 6): ") == 0,
                 failed.error().message);
   CHECK((*f)->lost().empty());
+
+  // A round that never completes: every rank's run is waited for, then the device is lost.
+  auto hanging = artifact();
+  hanging.ranks = 2;
+  hanging.extra = {{"fake_hang_graph", "decoder_batch_2"}};
+  DeviceSpec hs = rbln_spec(testing::write_fake_rbln_artifact(scratch("dp-hang"), hanging));
+  hs.rbln.device_ids = {2, 3};
+  hs.rbln.run_timeout_ms = 200;
+  auto hung = make_device(hs);
+  REQUIRE(hung.ok());
+  REQUIRE((*hung)->prefill(two).ok());
+  auto single = (*hung)->decode(dec);  // one row per rank: decoder_batch_1 completes
+  REQUIRE(single.ok());
+  std::vector<DecodeSeq> wide{{4, {0}, 6, {502}}, {6, {2}, 0, {503}}};  // both on rank 0
+  auto timed = (*hung)->decode(wide);
+  REQUIRE_FALSE(timed.ok());
+  CHECK(timed.error().kind == ErrorKind::timed_out);
+  CHECK_MESSAGE((*hung)->lost().find("decoder_batch_2 (rank 0, device 2) run") != std::string::npos,
+                (*hung)->lost());
+  CHECK_FALSE((*hung)->decode(dec).ok());
 }
 
 TEST_CASE(
