@@ -233,9 +233,9 @@ Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::str
                                               std::to_string(a.stages) +
                                               ": a pipelined prefill has one rank");
   }
-  if (a.ranks > 64) {
+  if (a.ranks > 32) {
     return make_error(ErrorKind::invalid,
-                      file + ": data_parallel_size " + std::to_string(a.ranks) + " exceeds 64");
+                      file + ": data_parallel_size " + std::to_string(a.ranks) + " exceeds 32");
   }
   auto b = j.find("decoder_batch_sizes");
   if (a.stages > 1) {

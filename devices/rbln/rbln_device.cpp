@@ -1,6 +1,7 @@
 #include "devices/rbln/rbln_device.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -76,7 +77,7 @@ class RblnDevice final : public Device {
   // Data-parallel ranks: they replace the one set of graphs.
   void set_ranks(std::vector<DpRank> ranks) {
     ranks_ = std::move(ranks);
-    block_rank_.assign(layout_.blocks_total, 0);
+    block_copies_.assign(layout_.blocks_total, ~uint64_t{0});  // nothing written yet
   }
   // A pipelined prefill: the stages replace the prefill graph (and there are no decode graphs).
   void set_stages(std::vector<PipeStage> stages) { stages_ = std::move(stages); }
@@ -130,11 +131,17 @@ class RblnDevice final : public Device {
                   const std::string& graph);
   Status stage_ranks(int type, std::span<const KvRun> runs);
   Status stage_rank(DpRank& rank, int type, std::span<const KvRun> runs);
-  void note_ranks(std::span<const uint32_t> table, uint32_t rank) {
-    for (uint32_t b : table) {
-      if (b < block_rank_.size()) block_rank_[b] = static_cast<uint8_t>(rank);
-    }
-  }
+  // Data parallel with KV in device memory: before a sequence on `rank` runs from start_pos,
+  // the blocks holding its positions before start_pos are made current on that rank (a prefix
+  // shared with a sequence of another rank was computed there): from the host pool when it is
+  // current, else from a rank that is, through the host pool.
+  Status bring(uint32_t rank, std::span<const uint32_t> table, uint32_t start_pos);
+  // The host pool's copy of `block` made current (from a rank that is).
+  Status host_current(uint32_t block);
+  // After `rank` wrote positions [first, end) of a sequence: its copy of those blocks is the
+  // current one (and the host pool's, when write-through staged the rows onto a current copy).
+  void wrote(uint32_t rank, std::span<const uint32_t> table, uint32_t first, uint32_t end);
+  bool ranks_on_device() const { return !ranks_.empty() && ranks_[0].on_device; }
   // Before a pass: the blocks its sequences import, and the destinations of its block copies
   // (made in the host pool), copied in.
   template <typename Seq>
@@ -161,7 +168,10 @@ class RblnDevice final : public Device {
   uint32_t dummy_ = 0;
   std::vector<PipeStage> stages_;  // pipelined prefill: prefill_ is unused
   std::vector<DpRank> ranks_;      // data parallel: prefill_ and decode_ are unused
-  std::vector<uint8_t> block_rank_;  // data parallel: the rank whose buffer last wrote a block
+  // Data parallel, KV in device memory: per block, which copies hold its current bytes (bit r:
+  // rank r's buffer; kHostCopy: the host pool).
+  static constexpr uint64_t kHostCopy = uint64_t{1} << 63;
+  std::vector<uint64_t> block_copies_;
   std::string poisoned_;  // non-empty: a run that never completed
   std::vector<int32_t> ids_, pos_, tables_, qpos_;
   std::vector<float> logits_;
@@ -191,7 +201,7 @@ Status RblnDevice::copy_kv(int device_id, bool device_side, int type, void* dst,
   poisoned_ = std::string("KV staging: rbln_memcpy (") +
               (type == 0 ? "host to device" : "device to host") + ", " + std::to_string(bytes) +
               " bytes at KV offset " + std::to_string(pool_offset) +
-              (stages_.empty() ? "" : ", device " + std::to_string(device_id)) +
+              (stages_.empty() && ranks_.empty() ? "" : ", device " + std::to_string(device_id)) +
               ") failed: " + api_->last_error();
   return make_error(ErrorKind::failed, "rbln device: " + poisoned_);
 }
@@ -258,6 +268,12 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
     }
   }
   if (auto st = check_copies(batch, layout_); !st) return st.error();
+  for (const PrefillSeq& s : batch) {  // data parallel: the sources' host copies made current
+    for (const BlockCopy& c : s.copies) {
+      if (!ranks_on_device()) break;
+      if (auto st = host_current(c.src); !st) return st.error();
+    }
+  }
   apply_copies(batch, layout_, kv_region());
   if (auto st = stage_in(batch); !st) return st.error();
   if (!stages_.empty()) return prefill_pipelined(batch);
@@ -416,26 +432,66 @@ Status RblnDevice::stage_rank(DpRank& rank, int type, std::span<const KvRun> run
   return {};
 }
 
-// Host -> device: to every rank (imports ride on a pass's first sequence, whichever rank reads
-// them). Device -> host: each block from the rank that last computed on it.
+// Host -> device (whole blocks: imports, which ride on a pass's first sequence whichever rank
+// reads them, and copy_blocks_in): to every rank, and every copy is then current. Device -> host
+// (copy_blocks_out): each block from a rank whose copy is current.
 Status RblnDevice::stage_ranks(int type, std::span<const KvRun> runs) {
-  if (type == 0) {
-    for (DpRank& r : ranks_) {
-      if (auto s = stage_rank(r, 0, runs); !s) return s;
-    }
-    return {};
-  }
+  if (!ranks_on_device()) return {};
   const uint64_t bb = layout_.block_bytes();
   for (const KvRun& run : runs) {
     for (uint64_t at = run.offset, end = run.offset + run.bytes; at < end;) {
       const uint64_t block = at / bb, piece = std::min(end, (block + 1) * bb) - at;
-      const KvRun one{at, piece};
-      const uint32_t rank = block < block_rank_.size() ? block_rank_[block] : 0;
-      if (auto s = stage_rank(ranks_[rank], 1, {&one, 1}); !s) return s;
       at += piece;
+      if (block >= block_copies_.size()) continue;  // the dummy block
+      if (type == 1) {
+        if (auto s = host_current(static_cast<uint32_t>(block)); !s) return s;
+        continue;
+      }
+      const KvRun one{block * bb, bb};
+      for (DpRank& r : ranks_) {
+        if (auto s = stage_rank(r, 0, {&one, 1}); !s) return s;
+      }
+      block_copies_[block] = ~uint64_t{0};
     }
   }
   return {};
+}
+
+Status RblnDevice::host_current(uint32_t block) {
+  uint64_t& copies = block_copies_[block];
+  if (copies & kHostCopy) return {};
+  const KvRun one{uint64_t{block} * layout_.block_bytes(), layout_.block_bytes()};
+  const auto owner = static_cast<uint32_t>(std::countr_zero(copies & ~kHostCopy));
+  RT_ASSERT(owner < ranks_.size(), "a written block has a current copy", block, copies);
+  if (auto s = stage_rank(ranks_[owner], 1, {&one, 1}); !s) return s;
+  copies |= kHostCopy;
+  return {};
+}
+
+Status RblnDevice::bring(uint32_t rank, std::span<const uint32_t> table, uint32_t start_pos) {
+  if (!ranks_on_device()) return {};
+  const uint32_t bt = layout_.block_tokens;
+  const uint64_t bit = uint64_t{1} << rank;
+  for (size_t i = 0; i < table.size() && i * bt < start_pos; ++i) {
+    const uint32_t block = table[i];
+    if (block >= block_copies_.size() || (block_copies_[block] & bit)) continue;
+    if (auto s = host_current(block); !s) return s;
+    const KvRun one{uint64_t{block} * layout_.block_bytes(), layout_.block_bytes()};
+    if (auto s = stage_rank(ranks_[rank], 0, {&one, 1}); !s) return s;
+    block_copies_[block] |= bit;
+  }
+  return {};
+}
+
+void RblnDevice::wrote(uint32_t rank, std::span<const uint32_t> table, uint32_t first,
+                       uint32_t end) {
+  if (!ranks_on_device() || first >= end) return;
+  const uint32_t bt = layout_.block_tokens;
+  for (uint32_t i = first / bt; i <= (end - 1) / bt && i < table.size(); ++i) {
+    if (table[i] >= block_copies_.size()) continue;
+    uint64_t& copies = block_copies_[table[i]];
+    copies = (uint64_t{1} << rank) | (write_through_ && (copies & kHostCopy) ? kHostCopy : 0);
+  }
 }
 
 Status RblnDevice::lockstep(const std::vector<RblnRuntime*>& runtimes, bool prefill,
@@ -486,7 +542,7 @@ Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batc
   for (size_t i = 0; i < batch.size(); ++i) {
     const PrefillSeq& s = batch[i];
     const uint32_t r = rank_of(s.seq_id);
-    note_ranks(s.block_table, r);
+    if (auto st = bring(r, s.block_table, s.start_pos); !st) return st.error();
     const auto n = static_cast<uint32_t>(s.tokens.size());
     for (uint32_t c = 0; c < n; c += chunk) {
       items[r].push_back({i, s.start_pos + c, std::min(chunk, n - c), c + chunk >= n});
@@ -529,6 +585,7 @@ Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batc
         auto runs = written_runs(layout_, s.block_table, it.first, it.first + it.len);
         if (auto st = stage_rank(ranks_[r], 1, runs); !st) return st.error();
       }
+      wrote(r, s.block_table, it.first, it.first + it.len);
       if (it.last) {
         out.seqs[it.seq].seq_id = s.seq_id;
         out.seqs[it.seq].rows_count = 1;
@@ -547,7 +604,7 @@ Result<StepOutput> RblnDevice::decode_parallel(std::span<const DecodeSeq> batch)
   for (size_t i = 0; i < batch.size(); ++i) {
     const uint32_t r = rank_of(batch[i].seq_id);
     rows[r].push_back(i);
-    note_ranks(batch[i].block_table, r);
+    if (auto st = bring(r, batch[i].block_table, batch[i].start_pos); !st) return st.error();
   }
   StepOutput out;
   out.seqs.resize(batch.size());
@@ -587,6 +644,7 @@ Result<StepOutput> RblnDevice::decode_parallel(std::span<const DecodeSeq> batch)
           auto runs = written_runs(layout_, s.block_table, s.start_pos, s.start_pos + 1);
           if (auto st = stage_rank(ranks_[r], 1, runs); !st) return st.error();
         }
+        wrote(r, s.block_table, s.start_pos, s.start_pos + 1);
         SeqOutput& so = out.seqs[index];
         so.seq_id = s.seq_id;
         so.rows_count = 1;

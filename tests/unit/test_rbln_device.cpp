@@ -775,4 +775,22 @@ TEST_CASE(
   REQUIRE((*decode)->copy_blocks_out(blocks, out).ok());
   CHECK(std::memcmp(out.data(), (*cpu)->kv_region().base + 2 * bb, bb) == 0);
   CHECK(std::memcmp(out.data() + bb, (*cpu)->kv_region().base + 4 * bb, bb) == 0);
+
+  // A prefix computed on one rank, shared by a sequence of the other (the instance's prefix
+  // cache knows no ranks): seq 8 (rank 0) prefills 40 tokens into blocks 10..12; seq 9 (rank 1)
+  // reuses blocks 10 and 11 (positions 0..31) and goes on from position 32 in block 13, then
+  // decodes. Its rank gets those blocks first (found live: otherwise it computes on 0xA5).
+  const std::vector<int32_t> shared = prompt(8, 40), own = prompt(9, 12);
+  std::vector<PrefillSeq> a_pre{{8, {10, 11, 12}, 0, shared, {}}};
+  std::vector<PrefillSeq> b_pre{{9, {10, 11, 13}, 32, own, {}}};
+  for (Device* d : {cpu->get(), decode->get()}) REQUIRE(d->prefill(a_pre).ok());
+  auto b_want = (*cpu)->prefill(b_pre);
+  auto b_got = (*decode)->prefill(b_pre);
+  REQUIRE((b_want.ok() && b_got.ok()));
+  CHECK(b_got->seqs[0].logits == b_want->seqs[0].logits);
+  std::vector<DecodeSeq> b_dec{{9, {10, 11, 13}, 44, {argmax(b_want->seqs[0].logits)}}};
+  auto d_want = (*cpu)->decode(b_dec);
+  auto d_got = (*decode)->decode(b_dec);
+  REQUIRE((d_want.ok() && d_got.ok()));
+  CHECK(d_got->seqs[0].logits == d_want->seqs[0].logits);
 }
