@@ -17,6 +17,25 @@ namespace {
 constexpr int kPrefillInputs = 5;  // input_ids, cache_position, block_tables, query_position, kv
 constexpr int kDecodeInputs = 4;   // input_ids, cache_position, block_tables, kv
 
+// One chunk of a prefill pass: sequence `seq` of the batch, positions [first, first + len).
+struct ChunkItem {
+  size_t seq = 0;
+  uint32_t first = 0, len = 0;
+  bool last = false;  // the sequence's last chunk: its logits are the output
+};
+
+// The batch's chunks of at most `chunk` tokens, in batch order.
+std::vector<ChunkItem> chunk_items(std::span<const PrefillSeq> batch, uint32_t chunk) {
+  std::vector<ChunkItem> items;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto n = static_cast<uint32_t>(batch[i].tokens.size());
+    for (uint32_t c = 0; c < n; c += chunk) {
+      items.push_back({i, batch[i].start_pos + c, std::min(chunk, n - c), c + chunk >= n});
+    }
+  }
+  return items;
+}
+
 // One stage of a pipelined prefill (artifact stages > 1): its graph's runtime on the stage's
 // first device, and the KV of its layers (block-major, the pool's blocks plus the dummy) in a
 // buffer of its own: on that device (kv_memory "device") or in host memory. The instance's host
@@ -113,10 +132,15 @@ class RblnDevice final : public Device {
   // The same for one pipeline stage's buffer: the parts of `runs` (host-pool ranges) that hold
   // its layers.
   Status stage_one(PipeStage& st, int type, std::span<const KvRun> runs);
-  // One copy between a KV buffer and the host pool (memcpy when the buffer is in host memory);
-  // a failed rbln_memcpy poisons the device.
-  Status copy_kv(int device_id, bool device_side, int type, void* dst, const void* src,
-                 uint64_t bytes, uint64_t pool_offset);
+  // One copy between `buffer` + buffer_offset (a KV buffer, on `device_id` when device_side,
+  // else in host memory: memcpy) and the host pool at pool_offset; type 0 host to buffer, 1 back.
+  // A failed rbln_memcpy poisons the device.
+  Status copy_kv(int device_id, bool device_side, int type, void* buffer, uint64_t buffer_offset,
+                 uint64_t pool_offset, uint64_t bytes);
+  // copy_kv for `runs` of a device buffer laid out as the host pool (same offsets).
+  Status stage_buffer(int device_id, void* buffer, int type, std::span<const KvRun> runs);
+  // The error of a graph run's wait (`which` names it); a timeout poisons the device.
+  Status settle(const Status& waited, const std::string& which, int64_t id);
   bool staged() const {
     return device_kv_ != nullptr || !stages_.empty() || (!ranks_.empty() && ranks_[0].on_device);
   }
@@ -182,17 +206,24 @@ Status RblnDevice::run(RblnRuntime& runtime, const std::string& graph, std::vect
   inputs.push_back(kv_input());
   auto id = runtime.submit(inputs, {logits});
   if (!id.ok()) return make_error(ErrorKind::failed, "rbln " + graph + ": " + id.error().message);
-  Status waited = runtime.wait(*id, timeout_);
-  if (waited.ok()) return {};
-  if (waited.error().kind == ErrorKind::timed_out) {
-    poisoned_ = graph + " run " + std::to_string(*id) + " did not complete within " +
-                std::to_string(timeout_.count()) + " ms";
-  }
-  return make_error(waited.error().kind, "rbln " + graph + ": " + waited.error().message);
+  return settle(runtime.wait(*id, timeout_), graph, *id);
 }
 
-Status RblnDevice::copy_kv(int device_id, bool device_side, int type, void* dst, const void* src,
-                           uint64_t bytes, uint64_t pool_offset) {
+Status RblnDevice::settle(const Status& waited, const std::string& which, int64_t id) {
+  if (waited.ok()) return {};
+  if (waited.error().kind == ErrorKind::timed_out && poisoned_.empty()) {
+    poisoned_ = which + " run " + std::to_string(id) + " did not complete within " +
+                std::to_string(timeout_.count()) + " ms";
+  }
+  return make_error(waited.error().kind, "rbln " + which + ": " + waited.error().message);
+}
+
+Status RblnDevice::copy_kv(int device_id, bool device_side, int type, void* buffer,
+                           uint64_t buffer_offset, uint64_t pool_offset, uint64_t bytes) {
+  std::byte* host = pool_->base() + pool_offset;
+  std::byte* kv = static_cast<std::byte*>(buffer) + buffer_offset;
+  void* dst = type == 0 ? static_cast<void*>(kv) : static_cast<void*>(host);
+  const void* src = type == 0 ? static_cast<const void*>(host) : static_cast<const void*>(kv);
   if (!device_side) {
     std::memcpy(dst, src, bytes);
     return {};
@@ -212,23 +243,21 @@ Status RblnDevice::stage(int type, std::span<const KvRun> runs) {
     if (auto s = stage_one(st, type, runs); !s) return s;
   }
   if (!device_kv_) return {};
-  auto* device = static_cast<std::byte*>(device_kv_);
+  return stage_buffer(device_id_, device_kv_, type, runs);
+}
+
+Status RblnDevice::stage_buffer(int device_id, void* buffer, int type,
+                                std::span<const KvRun> runs) {
   for (const KvRun& r : runs) {
-    std::byte* host = pool_->base() + r.offset;
-    void* dst = type == 0 ? static_cast<void*>(device + r.offset) : static_cast<void*>(host);
-    const void* src = type == 0 ? static_cast<const void*>(host) : device + r.offset;
-    if (auto s = copy_kv(device_id_, true, type, dst, src, r.bytes, r.offset); !s) return s;
+    if (auto s = copy_kv(device_id, true, type, buffer, r.offset, r.offset, r.bytes); !s) return s;
   }
   return {};
 }
 
 Status RblnDevice::stage_one(PipeStage& st, int type, std::span<const KvRun> runs) {
-  auto* buffer = static_cast<std::byte*>(st.kv);
   for (const KvCopy& c : slice_runs(layout_, st.layout, runs)) {
-    std::byte* host = pool_->base() + c.src_offset;
-    void* dst = type == 0 ? static_cast<void*>(buffer + c.dst_offset) : static_cast<void*>(host);
-    const void* src = type == 0 ? static_cast<const void*>(host) : buffer + c.dst_offset;
-    if (auto s = copy_kv(st.device_id, !st.host, type, dst, src, c.bytes, c.src_offset); !s) {
+    if (auto s = copy_kv(st.device_id, !st.host, type, st.kv, c.dst_offset, c.src_offset, c.bytes);
+        !s) {
       return s;
     }
   }
@@ -326,27 +355,16 @@ Result<StepOutput> RblnDevice::prefill(std::span<const PrefillSeq> batch) {
 // runtime, and stage s - 1 of chunk c, done the wave before). A wave submits every stage's run,
 // then waits for all of them, so no buffer is reused while a run may still read it.
 Result<StepOutput> RblnDevice::prefill_pipelined(std::span<const PrefillSeq> batch) {
-  struct Item {
-    size_t seq = 0;
-    uint32_t first = 0, len = 0;  // positions [first, first + len)
-    bool last = false;            // the sequence's last chunk: its logits are the output
-  };
   const uint32_t chunk = art_.prefill_chunk, vocab = model_.vocab_size;
   const uint32_t table = art_.table_blocks();
-  std::vector<Item> items;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const auto n = static_cast<uint32_t>(batch[i].tokens.size());
-    for (uint32_t c = 0; c < n; c += chunk) {
-      items.push_back({i, batch[i].start_pos + c, std::min(chunk, n - c), c + chunk >= n});
-    }
-  }
+  const std::vector<ChunkItem> items = chunk_items(batch, chunk);
   const size_t count = items.size();
   ids_.assign(count * chunk, 0);
   pos_.assign(count * chunk, -1);
   tables_.assign(count * table, 0);
   qpos_.assign(count, 0);
   for (size_t k = 0; k < count; ++k) {
-    const Item& it = items[k];
+    const ChunkItem& it = items[k];
     const PrefillSeq& s = batch[it.seq];
     for (uint32_t i = 0; i < it.len; ++i) {
       ids_[k * chunk + i] = s.tokens[it.first - s.start_pos + i];
@@ -376,7 +394,7 @@ Result<StepOutput> RblnDevice::prefill_pipelined(std::span<const PrefillSeq> bat
     for (uint32_t st = 0; st < stages; ++st) {
       if (wave < st || wave - st >= count) continue;
       const size_t k = wave - st;
-      const Item& it = items[k];
+      const ChunkItem& it = items[k];
       PipeStage& ps = stages_[st];
       void* first_input = st == 0 ? static_cast<void*>(ids_.data() + k * chunk)
                                   : stages_[st - 1].hidden[k % 2].data();
@@ -397,19 +415,12 @@ Result<StepOutput> RblnDevice::prefill_pipelined(std::span<const PrefillSeq> bat
     }
     // Every submitted run is waited for, even after a failure: its buffers are ours.
     for (const Launched& l : launched) {
-      Status waited = stages_[l.stage].runtime->wait(l.id, timeout_);
-      if (waited.ok()) continue;
-      if (waited.error().kind == ErrorKind::timed_out && poisoned_.empty()) {
-        poisoned_ = l.graph + " run " + std::to_string(l.id) + " did not complete within " +
-                    std::to_string(timeout_.count()) + " ms";
-      }
-      if (failed.ok()) {
-        failed = make_error(waited.error().kind, "rbln " + l.graph + ": " + waited.error().message);
-      }
+      Status waited = settle(stages_[l.stage].runtime->wait(l.id, timeout_), l.graph, l.id);
+      if (failed.ok()) failed = waited;
     }
     if (!failed.ok()) return failed.error();
     for (const Launched& l : launched) {
-      const Item& it = items[l.item];
+      const ChunkItem& it = items[l.item];
       if (write_through_) {
         auto runs = written_runs(layout_, batch[it.seq].block_table, it.first, it.first + it.len);
         if (auto st = stage_one(stages_[l.stage], 1, runs); !st) return st.error();
@@ -422,14 +433,7 @@ Result<StepOutput> RblnDevice::prefill_pipelined(std::span<const PrefillSeq> bat
 
 Status RblnDevice::stage_rank(DpRank& rank, int type, std::span<const KvRun> runs) {
   if (!rank.on_device) return {};
-  auto* device = static_cast<std::byte*>(rank.kv);
-  for (const KvRun& r : runs) {
-    std::byte* host = pool_->base() + r.offset;
-    void* dst = type == 0 ? static_cast<void*>(device + r.offset) : static_cast<void*>(host);
-    const void* src = type == 0 ? static_cast<const void*>(host) : device + r.offset;
-    if (auto s = copy_kv(rank.device_id, true, type, dst, src, r.bytes, r.offset); !s) return s;
-  }
-  return {};
+  return stage_buffer(rank.device_id, rank.kv, type, runs);
 }
 
 // Host -> device (whole blocks: imports, which ride on a pass's first sequence whichever rank
@@ -516,38 +520,27 @@ Status RblnDevice::lockstep(const std::vector<RblnRuntime*>& runtimes, bool pref
   for (const auto& [r, id] : submitted) {
     Status waited = runtimes[r]->wait(id, timeout_);
     if (waited.ok()) continue;
-    const std::string which = graph + " (rank " + std::to_string(r) + ", device " +
-                              std::to_string(ranks_[r].device_id) + ")";
-    if (waited.error().kind == ErrorKind::timed_out && poisoned_.empty()) {
-      poisoned_ = which + " run " + std::to_string(id) + " did not complete within " +
-                  std::to_string(timeout_.count()) + " ms";
-    }
-    if (failed.ok()) {
-      failed = make_error(waited.error().kind, "rbln " + which + ": " + waited.error().message);
-    }
+    waited = settle(waited,
+                    graph + " (rank " + std::to_string(r) + ", device " +
+                        std::to_string(ranks_[r].device_id) + ")",
+                    id);
+    if (failed.ok()) failed = waited;
   }
   return failed;
 }
 
 Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batch) {
-  struct Item {
-    size_t seq = 0;
-    uint32_t first = 0, len = 0;
-    bool last = false;
-  };
   const uint32_t chunk = art_.prefill_chunk, table = art_.table_blocks();
   const auto count = static_cast<uint32_t>(ranks_.size());
-  std::vector<std::vector<Item>> items(count);
+  for (const PrefillSeq& s : batch) {
+    if (auto st = bring(rank_of(s.seq_id), s.block_table, s.start_pos); !st) return st.error();
+  }
+  std::vector<std::vector<ChunkItem>> items(count);
   size_t rounds = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const PrefillSeq& s = batch[i];
-    const uint32_t r = rank_of(s.seq_id);
-    if (auto st = bring(r, s.block_table, s.start_pos); !st) return st.error();
-    const auto n = static_cast<uint32_t>(s.tokens.size());
-    for (uint32_t c = 0; c < n; c += chunk) {
-      items[r].push_back({i, s.start_pos + c, std::min(chunk, n - c), c + chunk >= n});
-    }
-    rounds = std::max(rounds, items[r].size());
+  for (const ChunkItem& it : chunk_items(batch, chunk)) {
+    auto& mine = items[rank_of(batch[it.seq].seq_id)];
+    mine.push_back(it);
+    rounds = std::max(rounds, mine.size());
   }
   StepOutput out;
   out.seqs.resize(batch.size());
@@ -565,7 +558,7 @@ Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batc
         k.pos[0] = 0;  // padding: token 0 at position 0 of the dummy block
         continue;
       }
-      const Item& it = items[r][round];
+      const ChunkItem& it = items[r][round];
       const PrefillSeq& s = batch[it.seq];
       for (uint32_t i = 0; i < it.len; ++i) {
         k.ids[i] = s.tokens[it.first - s.start_pos + i];
@@ -579,7 +572,7 @@ Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batc
     }
     for (uint32_t r = 0; r < count; ++r) {
       if (round >= items[r].size()) continue;
-      const Item& it = items[r][round];
+      const ChunkItem& it = items[r][round];
       const PrefillSeq& s = batch[it.seq];
       if (write_through_) {
         auto runs = written_runs(layout_, s.block_table, it.first, it.first + it.len);
