@@ -22,7 +22,8 @@ class Services final : public runtime::NodeServices {
                    std::vector<caf::actor>& actors) override {
     const config::Node* node = manifest_.find_node(node_);
     RT_ASSERT(node != nullptr, node_);
-    ShellContext ctx{&manifest_, env_.bridge, env_.log, env_.metrics, node_actor, env_.health};
+    ShellContext ctx{&manifest_, env_.bridge, env_.log,        env_.metrics,
+                     node_actor, env_.health, env_.device_lost};
     std::map<std::string, caf::actor> executors;
     for (const auto& inst : node->instances) {
       if (inst.role != config::Role::executor) continue;

@@ -284,6 +284,8 @@ constexpr SpeculativeMethod speculative_methods_all[] = {
     SpeculativeMethod::none, SpeculativeMethod::ngram, SpeculativeMethod::suffix,
     SpeculativeMethod::eagle3};
 constexpr DeviceKind device_kinds_all[] = {DeviceKind::cpu, DeviceKind::sim, DeviceKind::rbln};
+constexpr DeviceLostAction device_lost_actions_all[] = {DeviceLostAction::restart_node,
+                                                        DeviceLostAction::stay};
 
 class Loader {
  public:
@@ -473,7 +475,7 @@ void Loader::read_fabric(const toml::table& table) {
 void Loader::read_supervisor(const toml::table& table) {
   TableReader reader(sink_, table, "supervisor",
                      {"restarts_max", "restart_window_ms", "restart_delay_ms", "drain_timeout_ms",
-                      "executor_step_timeout_ms", "executor_open_timeout_ms"});
+                      "executor_step_timeout_ms", "executor_open_timeout_ms", "device_lost"});
   reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
   reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
   reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
@@ -482,6 +484,7 @@ void Loader::read_supervisor(const toml::table& table) {
                   manifest_.supervisor.executor_step_timeout_ms);
   reader.read_int("executor_open_timeout_ms", 100, 3'600'000,
                   manifest_.supervisor.executor_open_timeout_ms);
+  reader.read_enum("device_lost", device_lost_actions_all, manifest_.supervisor.device_lost);
 }
 
 void Loader::read_membership(const toml::table& table) {

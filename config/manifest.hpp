@@ -51,6 +51,16 @@ struct MembershipSection {
   uint32_t heartbeat_miss_max = 5;  // peer declared down after this many missed heartbeats
 };
 
+// What a node does when one of its executors' devices is lost for good (Device::lost(): a run
+// that failed or never completed left the device unusable; only a new process reopens it).
+//   restart-node: the node marks itself unhealthy, drains ([supervisor] drain_timeout_ms) and
+//                 exits with status 75, for its supervisor (`tandem up`, systemd) to start it
+//                 again, which reopens the device;
+//   stay:         the instance stays not ready and the node keeps serving with what is left,
+//                 until the operator restarts it.
+enum class DeviceLostAction { restart_node, stay };
+std::string_view to_string(DeviceLostAction action);  // "restart-node", "stay"
+
 // The node's supervisor (runtime/node/supervisor.hpp): a serving actor that dies is
 // restarted restart_delay_ms later, at most restarts_max times within restart_window_ms;
 // beyond that it stays down (and /health says so) until the node restarts.
@@ -69,6 +79,7 @@ struct SupervisorSection {
   // A prefill or decode instance waits this long for its executor to open its device (load the
   // model, or the compiled graphs); past it the instance reports itself not ready with that error.
   uint32_t executor_open_timeout_ms = 600'000;
+  DeviceLostAction device_lost = DeviceLostAction::restart_node;
 };
 
 struct LoggingSection {

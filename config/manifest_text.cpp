@@ -77,6 +77,17 @@ std::string_view to_string(RouterPolicy policy) {
   return {};
 }
 
+std::string_view to_string(DeviceLostAction action) {
+  switch (action) {
+    case DeviceLostAction::restart_node:
+      return "restart-node";
+    case DeviceLostAction::stay:
+      return "stay";
+  }
+  RT_ASSERT(false, "unknown DeviceLostAction", static_cast<int>(action));
+  return {};
+}
+
 std::string_view to_string(SpeculativeMethod method) {
   switch (method) {
     case SpeculativeMethod::none: return "none";

@@ -17,8 +17,12 @@ namespace tandem::tools {
 
 std::string describe_exit(std::string_view name, int wait_status) {
   std::string out = "node '" + std::string(name) + "' ";
-  if (WIFEXITED(wait_status))
-    return out + "exited with status " + std::to_string(WEXITSTATUS(wait_status));
+  if (WIFEXITED(wait_status)) {
+    int code = WEXITSTATUS(wait_status);
+    out += "exited with status " + std::to_string(code);
+    if (code == runtime::kExitDeviceLost) out += " (an executor's device was lost)";
+    return out;
+  }
   if (WIFSIGNALED(wait_status))
     return out + "was killed by signal " + std::to_string(WTERMSIG(wait_status));
   return out + "ended with wait status " + std::to_string(wait_status);

@@ -31,6 +31,8 @@ struct ShellContext {
   caf::actor node_actor;  // subscribe here for membership events and peer loads
   // What is down on this node (the supervisor writes it; the gateway's /health reads it).
   std::shared_ptr<const runtime::NodeHealth> node_health;
+  // The executor's device is lost for good (runtime::NodeEnv::device_lost); may be empty.
+  std::function<void(const std::string& instance, const std::string& reason)> device_lost;
 };
 
 // The backstop at a handler's boundary (STYLE section 8: one bad message costs one answer,

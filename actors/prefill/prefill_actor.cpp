@@ -217,9 +217,10 @@ bool watch_answered(PrefillActor* self, uint64_t gen, const ExecResult* result =
   if (result && st.watch->lose(result->device_lost)) {
     st.ctx.log->error(
         "prefill {}: {}; requests waiting for a prefill end with this error and no step runs "
-        "until the node restarts",
+        "until the node restarts ([supervisor] device_lost)",
         st.self_name.instance, st.watch->stall_reason());
     fail_waiting(self);
+    if (st.ctx.device_lost) st.ctx.device_lost(st.self_name.to_string(), st.watch->stall_reason());
   }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_plan.reset();

@@ -3,9 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <caf/all.hpp>
 #include <csignal>
+#include <cstdlib>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "runtime/node/bridge.hpp"
 #include "runtime/node/caf_types.hpp"
@@ -32,16 +36,6 @@ uint64_t new_incarnation() {
          uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
-int wait_for_stop_signal() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  int sig = 0;
-  sigwait(&set, &sig);
-  return sig;
-}
-
 // A second SIGINT/SIGTERM within `wait`: the number, or 0.
 int poll_stop_signal(std::chrono::milliseconds wait) {
   sigset_t set;
@@ -52,6 +46,21 @@ int poll_stop_signal(std::chrono::milliseconds wait) {
               static_cast<long>((wait.count() % 1000) * 1'000'000)};
   int sig = sigtimedwait(&set, nullptr, &ts);
   return sig > 0 ? sig : 0;
+}
+
+// Set by NodeEnv::device_lost when [supervisor] device_lost = "restart-node". Any thread.
+struct LostDeviceStop {
+  std::atomic<bool> requested{false};
+  std::mutex mu;
+  std::string why;  // the first lost device: "instance: reason"
+};
+
+// Waits for SIGINT/SIGTERM (returns its number) or a lost device's stop (returns 0).
+int wait_for_stop(const LostDeviceStop& lost) {
+  while (!lost.requested.load()) {
+    if (int sig = poll_stop_signal(std::chrono::milliseconds(100)); sig != 0) return sig;
+  }
+  return 0;
 }
 
 // The graceful part of a stop (see run_node): returns once this node holds nothing (twice in a
@@ -148,6 +157,19 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
     return registry.render_prometheus();
   };
   auto health = std::make_shared<NodeHealth>();
+  const bool restart_on_loss =
+      manifest.supervisor.device_lost == config::DeviceLostAction::restart_node;
+  auto lost_stop = std::make_shared<LostDeviceStop>();
+  auto device_lost = [health, lost_stop, restart_on_loss](const std::string& instance,
+                                                          const std::string& reason) {
+    health->set_device_lost(instance, reason);
+    if (!restart_on_loss) return;
+    {
+      std::lock_guard<std::mutex> lock(lost_stop->mu);
+      if (lost_stop->why.empty()) lost_stop->why = instance + ": " + reason;
+    }
+    lost_stop->requested.store(true);
+  };
   const config::SupervisorSection& sup = manifest.supervisor;
   RestartPolicy policy{sup.restarts_max, std::chrono::milliseconds(sup.restart_window_ms),
                        std::chrono::milliseconds(sup.restart_delay_ms)};
@@ -155,12 +177,21 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   std::unique_ptr<obs::AdminHttpServer> admin;
   if (node->admin_port) {
     std::vector<obs::AdminRoute> routes = {
-        {"/metrics", [render] {
+        {"/metrics",
+         [render] {
            return obs::AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
          }},
-        obs::health_route([health] {
-          return health->whole() ? obs::HealthStatus{true, "node running"}
-                                 : obs::HealthStatus{false, health->reason()};
+        obs::health_route([health, restart_on_loss] {
+          std::string why = health->reason();
+          if (std::string lost = health->devices_lost(); !lost.empty()) {
+            why += (why.empty() ? "" : "; ") + lost +
+                   (restart_on_loss ? "; the node drains and restarts ([supervisor] "
+                                      "device_lost = \"restart-node\")"
+                                    : "; restart the node to reopen it ([supervisor] "
+                                      "device_lost = \"stay\")");
+          }
+          return why.empty() ? obs::HealthStatus{true, "node running"}
+                             : obs::HealthStatus{false, why};
         })};
     routes.insert(routes.end(), options.admin_routes.begin(), options.admin_routes.end());
     admin = std::make_unique<obs::AdminHttpServer>(node->host, *node->admin_port, routes);
@@ -179,7 +210,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   actors.push_back(node_actor);
   actors.push_back(supervisor);  // stops the replacements it spawned when it exits
   if (options.test_hooks) log->warn("TEST HOOKS are on (debug-crash, debug-drop-kv-events); not for production");
-  NodeEnv env{&bridge, &registry, log, supervisor, health};
+  NodeEnv env{&bridge, &registry, log, supervisor, health, device_lost};
   std::unique_ptr<NodeServices> services = make_services ? make_services(manifest, node_name, env)
                                                          : nullptr;
   int code = 0;
@@ -198,8 +229,28 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
     log->info("node {} serving {} actor(s) on {} worker thread(s); cluster '{}', {} node(s)",
               node_name, actors.size(), node->workers_count(), manifest.cluster.name,
               manifest.nodes.size());
-    int sig = wait_for_stop_signal();
-    log->info("stopping on signal {}", sig);
+    if (int sig = wait_for_stop(*lost_stop); sig != 0) {
+      log->info("stopping on signal {}", sig);
+    } else {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lock(lost_stop->mu);
+        why = lost_stop->why;
+      }
+      code = kExitDeviceLost;
+      log->error(
+          "restarting the node: {} ([supervisor] device_lost = \"restart-node\"); draining, "
+          "then exiting with status {} for its supervisor (tandem up, systemd) to start it "
+          "again and reopen the device",
+          why, code);
+      // A device that hangs may hold its thread past any orderly stop: the restart must not
+      // wait on it. Past the drain's bound and a grace, the process ends anyway.
+      std::thread([bound = std::chrono::milliseconds(manifest.supervisor.drain_timeout_ms) +
+                           std::chrono::seconds(30)] {
+        std::this_thread::sleep_for(bound);
+        std::_Exit(kExitDeviceLost);
+      }).detach();
+    }
     drain_node(system, node_actor, services.get(), manifest, *node, log);
   }
   if (services) services->stop();

@@ -21,7 +21,12 @@ namespace tandem::runtime {
 // On the signal the node drains first ([supervisor] drain_timeout_ms; 0 skips it): the routers
 // stop picking its prefill and decode instances, its gateway refuses new requests, and it
 // waits until what it holds has ended or the timeout passed; a second signal ends the wait.
-// Returns the process exit code: 0 after a requested stop, 1 on a startup fault (logged).
+// With [supervisor] device_lost = "restart-node", an executor whose device is lost for good
+// (NodeEnv::device_lost) stops the node the same way, unasked: it drains and returns
+// kExitDeviceLost, for its supervisor (`tandem up`, systemd's Restart=on-failure) to start it
+// again, which reopens the device.
+// Returns the process exit code: 0 after a requested stop, 1 on a startup fault (logged),
+// kExitDeviceLost (restart_budget.hpp) after a lost device.
 int run_node(const config::Manifest& manifest, const std::string& node_name);
 
 // Spawns the actors of one role instance (the serving roles live in actors/, above this
@@ -48,6 +53,10 @@ struct NodeEnv {
   std::shared_ptr<spdlog::logger> log;
   caf::actor supervisor;
   std::shared_ptr<NodeHealth> health;
+  // A prefill or decode instance says its executor's device is lost for good (once per
+  // instance; any thread): /health on the admin port says so, and with [supervisor]
+  // device_lost = "restart-node" the node drains and exits (run_node).
+  std::function<void(const std::string& instance, const std::string& reason)> device_lost;
 };
 struct NodeOptions {
   // More routes for the admin HTTP endpoint (tools' status page); each handler runs on the

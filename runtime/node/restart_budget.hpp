@@ -15,6 +15,11 @@
 
 namespace tandem::runtime {
 
+// A node process's exit status after one of its executors' devices was lost for good and
+// [supervisor] device_lost = "restart-node" (run_node): EX_TEMPFAIL, "start me again". `tandem up`
+// names it in its message; systemd's Restart=on-failure restarts it like any failure.
+inline constexpr int kExitDeviceLost = 75;
+
 // From the manifest's [supervisor] section (config/manifest.hpp: SupervisorSection) for actors;
 // from `tandem up`'s flags for node processes.
 struct RestartPolicy {

@@ -34,6 +34,23 @@ std::string NodeHealth::reason() const {
   return out;
 }
 
+void NodeHealth::set_device_lost(const std::string& instance, std::string reason) {
+  RT_ASSERT(!instance.empty());
+  RT_ASSERT(!reason.empty(), instance);
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_.emplace(instance, std::move(reason));
+}
+
+std::string NodeHealth::devices_lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const auto& [instance, why] : lost_) {
+    if (!out.empty()) out += "; ";
+    out += instance + ": " + why;
+  }
+  return out;
+}
+
 namespace {
 
 struct RestartChild {

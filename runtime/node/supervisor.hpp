@@ -35,10 +35,18 @@ class NodeHealth {
   bool whole() const;
   // "" when whole, else "local/router/router is down (...); ..." (every actor down, by name).
   std::string reason() const;
+  // An instance whose executor's device is lost for good (ExecWatch::lose). Only the admin
+  // endpoint's /health reads it: the gateway already sees the instance not ready through its
+  // router, and a node whose prefill device is lost may still serve (decode prefills itself).
+  // The first reason per instance stays; at most one entry per instance.
+  void set_device_lost(const std::string& instance, std::string reason);
+  // "" when none, else "decode/decode/decode: executor device lost: ...; ...".
+  std::string devices_lost() const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::string, std::string> down_;  // name -> why; at most the supervised actors
+  std::map<std::string, std::string> lost_;  // instance -> why; at most the node's instances
 };
 
 // The current actor of one supervised name; empty while it is down. Thread-safe.

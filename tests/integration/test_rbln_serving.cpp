@@ -6,6 +6,7 @@
 // errors, leaves the node serving /health and /metrics, and marks the instance not ready for
 // good (its device is lost).
 #include <doctest.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "devices/rbln/rbln_compile.hpp"
 #include "tests/support/fake_rbln_artifact.hpp"
 #include "tests/support/http_client.hpp"
+#include "tests/support/process.hpp"
 #include "tests/support/serve_cluster.hpp"
 
 using namespace tandem::testing;
@@ -172,7 +174,7 @@ TEST_CASE(
     doctest::timeout(300)) {
   ServeCluster c(Layout::one_node, 100000, 0, "", "", "", false, true, "",
                  rbln_toml("hang", {{"fake_hang_graph", "decoder_batch_1"}}) +
-                     "[supervisor]\nexecutor_step_timeout_ms = 1000\n");
+                     "[supervisor]\nexecutor_step_timeout_ms = 1000\ndevice_lost = \"stay\"\n");
   REQUIRE_MESSAGE(eventually(60000ms,
                              [&] {
                                auto h = http::get(c.http_port(), "/health", 1000ms);
@@ -208,6 +210,16 @@ TEST_CASE(
                             completion_body("Once upon a time", 8, false).dump(), 30000ms);
   CHECK(refused.status == 503);
   CHECK(refused.body.find("device lost") != std::string::npos);
+  // The node's own /health (the admin port, what a load balancer or systemd probe asks) says
+  // which instance lost its device and that the node stays up ([supervisor] device_lost).
+  auto admin = http::get(c.admin_port("solo"), "/health", 1000ms);
+  CHECK(admin.status == 503);
+  CHECK_MESSAGE(
+      admin.body.find(": executor device lost: rbln decoder_batch_1") != std::string::npos,
+      admin.body);
+  CHECK_MESSAGE(admin.body.find("restart the node to reopen it ([supervisor] device_lost = "
+                                "\"stay\")") != std::string::npos,
+                admin.body);
   std::string log = c.logs();
   // The device's own wait or the decode shell's step watch (the same 1 s) ended it first; later
   // steps find the device poisoned.
@@ -226,9 +238,9 @@ TEST_CASE(
   // decode's 60 s prefill_timeout_ms, past these clients' 30 s.
   std::string toml = rbln_toml("lost-prefill", {{"fake_hang_graph", "prefill"}});
   toml.replace(toml.find("seqs_max = 8"), 12, "seqs_max = 8\nprefill_timeout_ms = 60000");
-  ServeCluster c(
-      Layout::loopback3, 1, 0, "", "", "", false, true, "",
-      "# rbln executors: exec-p\n" + toml + "[supervisor]\nexecutor_step_timeout_ms = 1000\n");
+  ServeCluster c(Layout::loopback3, 1, 0, "", "", "", false, true, "",
+                 "# rbln executors: exec-p\n" + toml +
+                     "[supervisor]\nexecutor_step_timeout_ms = 1000\ndevice_lost = \"stay\"\n");
   // Ready, without wait_ready's warm-up request (it would lose the device first).
   REQUIRE_MESSAGE(eventually(60000ms,
                              [&] {
@@ -267,6 +279,62 @@ TEST_CASE(
   CHECK_MESSAGE(log.find("requests waiting for a prefill end with this error") != std::string::npos,
                 log);
   CHECK(c.node("prefill").running());
+  auto admin = http::get(c.admin_port("prefill"), "/health", 1000ms);
+  CHECK(admin.status == 503);
+  CHECK_MESSAGE(admin.body.find("executor device lost: rbln prefill") != std::string::npos,
+                admin.body);
+}
+
+TEST_CASE(
+    "rbln serving: [supervisor] device_lost = \"restart-node\" (the default): the node whose "
+    "device is lost drains, exits 75, and `tandem up` starts it again with the device reopened" *
+    doctest::timeout(300)) {
+  // P/D on loopback-3, the prefill executor on rbln; its prefill graph hangs once (the fault the
+  // new process does not meet again). The first request's prefill step ends at the 1 s step
+  // timeout and loses the device; decode prefills that request itself.
+  std::string once = make_temp_dir("rbln-once") + "/hung";
+  std::string toml =
+      rbln_toml("restart", {{"fake_hang_graph", "prefill"}, {"fake_hang_once_file", once}});
+  ServeCluster c(Layout::loopback3, 1, 0, "", "", "", false, /*start_nodes=*/false, "",
+                 "# rbln executors: exec-p\n" + toml +
+                     "[supervisor]\nexecutor_step_timeout_ms = 1000\ndrain_timeout_ms = 5000\n");
+  std::string log_path = c.dir() + "/up.log";
+  Child up({tandem_bin(), "up", c.manifest_path(), "--restarts", "3"}, log_path);
+  auto pd_ready = [&] {
+    auto h = http::get(c.http_port(), "/health", 1000ms);
+    return h.status == 200 && c.metric("front", "tandem_router_instance_eligible") == 2 &&
+           http::get(c.admin_port("prefill"), "/health", 1000ms).status == 200;
+  };
+  // Ready, without wait_ready's warm-up request (it would lose the device first).
+  REQUIRE_MESSAGE(eventually(60000ms, pd_ready), read_file(log_path));
+  Completion first = complete(c.http_port(), story_prompts()[0], 8);
+  CHECK_MESSAGE(first.error.empty(), first.error);
+  CHECK(std::filesystem::exists(once));
+  CHECK_MESSAGE(
+      eventually(30000ms,
+                 [&] {
+                   return read_file(log_path).find("node 'prefill' exited with status 75") !=
+                          std::string::npos;
+                 }),
+      read_file(log_path));
+  std::string log = read_file(log_path);
+  CHECK_MESSAGE(log.find("restarting the node: prefill/prefill/prefill: executor device lost: "
+                         "rbln prefill") != std::string::npos,
+                log);
+  CHECK(log.find("drained in") != std::string::npos);
+  // Started again: its device opens, the router picks it, and P/D pulls from it once more.
+  REQUIRE_MESSAGE(eventually(60000ms, pd_ready), read_file(log_path));
+  double pulled = c.metric("decode", "tandem:kv_pulled_blocks_total");
+  double fallbacks = c.metric("decode", "tandem:prefill_fallbacks_total");
+  for (int i = 1; i < 4; ++i) {
+    Completion r = complete(c.http_port(), story_prompts()[i], 8);
+    CHECK_MESSAGE(r.error.empty(), r.error);
+  }
+  CHECK(c.metric("decode", "tandem:kv_pulled_blocks_total") > pulled);
+  CHECK(c.metric("decode", "tandem:prefill_fallbacks_total") == fallbacks);
+  up.signal(SIGTERM);
+  int status = up.wait(60000ms);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
 
 TEST_CASE(

@@ -1,5 +1,8 @@
 #include "tests/rbln_fake/fake_graph.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -27,6 +30,7 @@ struct FakeModel {
   uint32_t block_tokens = 0, table_blocks = 0, chunk = 0, vocab = 0, kv_blocks = 0, hidden = 0;
   std::vector<uint32_t> stage_layers;  // pipeline_parallel_size > 1: layers per stage
   std::string fail_graph, hang_graph;
+  std::string hang_once_file;  // set: hang_graph hangs only while this file does not exist
   uint32_t run_delay_ms = 0;  // every run waits this long before it computes
 };
 
@@ -52,6 +56,7 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   uint32_t max_len = j.value("max_seq_len", 0u);
   m->fail_graph = j.value("fake_fail_graph", std::string());
   m->hang_graph = j.value("fake_hang_graph", std::string());
+  m->hang_once_file = j.value("fake_hang_once_file", std::string());
   m->run_delay_ms = j.value("fake_run_delay_ms", 0u);
   // A runtime slow to load its graphs (the first graph of the directory waits this long).
   if (auto delay = j.value("fake_load_delay_ms", 0u); delay > 0) {
@@ -102,7 +107,16 @@ class Graph final : public FakeGraph {
   Graph(std::shared_ptr<FakeModel> model, std::string name, uint32_t bucket, int stage = -1)
       : m_(std::move(model)), name_(std::move(name)), bucket_(bucket), stage_(stage) {}
   int inputs() const override { return bucket_ == 0 ? 5 : 4; }
-  bool hangs() const override { return m_->hang_graph == name_; }
+  bool hangs() const override {
+    if (m_->hang_graph != name_) return false;
+    if (m_->hang_once_file.empty()) return true;
+    // A fault that a new process clears: the first run to create the file hangs (in whichever
+    // process), every later one runs.
+    int fd = ::open(m_->hang_once_file.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd < 0) return false;
+    ::close(fd);
+    return true;
+  }
 
   std::string run(const std::vector<void*>& in, void* logits) override {
     if (m_->fail_graph == name_) return name_ + ": the device failed the run (fake_fail_graph)";

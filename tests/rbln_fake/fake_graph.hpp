@@ -7,6 +7,9 @@
 // `tandem model compile` writes) and optional fault switches:
 //   "fake_fail_graph": "prefill" | "decoder_batch_N"  -- that graph's runs fail with a message
 //   "fake_hang_graph": "..."                          -- that graph's runs never complete
+//   "fake_hang_once_file": "PATH"                     -- with fake_hang_graph: only the run
+//                                                        that creates PATH hangs (a fault a
+//                                                        restart clears)
 //   "fake_load_delay_ms": N                           -- opening the first graph takes N ms
 //   "fake_run_delay_ms": N                            -- every run waits N ms (a pipeline
 //                                                        stage: its share of the layers of

@@ -110,6 +110,8 @@ TEST_CASE("prefixes are padded to the longest name; colour wraps only the tag") 
   CHECK(make_prefix("a", 3, 0, true) == "\x1b[36m[a]\x1b[0m ");
   CHECK(tandem::tools::describe_exit("prefill", 1 << 8) == "node 'prefill' exited with status 1");
   CHECK(tandem::tools::describe_exit("d", SIGKILL) == "node 'd' was killed by signal 9");
+  CHECK(tandem::tools::describe_exit("p", 75 << 8) ==
+        "node 'p' exited with status 75 (an executor's device was lost)");
 }
 
 TEST_CASE("every line of every child is forwarded with its node's prefix, none lost") {

@@ -1859,6 +1859,21 @@ TEST_CASE("supervisor.drain_timeout_ms: read, ranged") {
 }
 
 TEST_CASE(
+    "supervisor.device_lost: restart-node by default, stay, anything else refused at its line") {
+  CHECK(Manifest{}.supervisor.device_lost == DeviceLostAction::restart_node);
+  auto stay = parse_manifest(base_manifest + "[supervisor]\ndevice_lost = \"stay\"\n", "m.toml");
+  REQUIRE(std::holds_alternative<Manifest>(stay));
+  CHECK(std::get<Manifest>(stay).supervisor.device_lost == DeviceLostAction::stay);
+  std::string text = base_manifest + "[supervisor]\ndevice_lost = \"reboot\"\n";
+  ManifestIssue issue = only_issue(text);
+  CHECK(issue.key == "supervisor.device_lost");
+  CHECK(issue.line == line_of(text, "device_lost = "));
+  CHECK(issue.message.find("unknown value 'reboot'") != std::string::npos);
+  CHECK(issue.message.find("restart-node") != std::string::npos);
+  CHECK(issue.message.find("stay") != std::string::npos);
+}
+
+TEST_CASE(
     "rbln: [rbln] library and artifacts; required by an rbln executor; no speculation on "
     "its decode instances") {
   std::string rbln = replace(base_manifest, "device = \"cpu\"", "device = \"rbln\"");

@@ -48,6 +48,22 @@ TEST_CASE("supervisor: NodeHealth names every actor that is down") {
   CHECK(health.whole());
 }
 
+TEST_CASE(
+    "supervisor: NodeHealth keeps each instance's first device-lost reason, apart from "
+    "what is down") {
+  NodeHealth health;
+  CHECK(health.devices_lost().empty());
+  health.set_device_lost("n/prefill/p", "executor device lost: rbln prefill timed out");
+  health.set_device_lost("n/prefill/p", "executor device lost: a later reason");
+  health.set_device_lost("n/decode/d", "executor device lost: rbln_memcpy failed");
+  CHECK(health.devices_lost() ==
+        "n/decode/d: executor device lost: rbln_memcpy failed; n/prefill/p: executor device "
+        "lost: rbln prefill timed out");
+  // The gateway's reason (actors down) does not include them: a node may still serve.
+  CHECK(health.whole());
+  CHECK(health.reason().empty());
+}
+
 namespace {
 
 struct Fixture {
