@@ -437,8 +437,10 @@ Status RblnDevice::stage_rank(DpRank& rank, int type, std::span<const KvRun> run
 }
 
 // Host -> device (whole blocks: imports, which ride on a pass's first sequence whichever rank
-// reads them, and copy_blocks_in): to every rank, and every copy is then current. Device -> host
-// (copy_blocks_out): each block from a rank whose copy is current.
+// reads them, and copy_blocks_in): lazily. The host pool becomes the block's only current copy
+// and bring() hands it to the rank whose sequence reads it, before that rank's pass: one copy
+// per reading rank instead of one per rank. Device -> host (copy_blocks_out): each block from a
+// rank whose copy is current.
 Status RblnDevice::stage_ranks(int type, std::span<const KvRun> runs) {
   if (!ranks_on_device()) return {};
   const uint64_t bb = layout_.block_bytes();
@@ -451,11 +453,7 @@ Status RblnDevice::stage_ranks(int type, std::span<const KvRun> runs) {
         if (auto s = host_current(static_cast<uint32_t>(block)); !s) return s;
         continue;
       }
-      const KvRun one{block * bb, bb};
-      for (DpRank& r : ranks_) {
-        if (auto s = stage_rank(r, 0, {&one, 1}); !s) return s;
-      }
-      block_copies_[block] = ~uint64_t{0};
+      block_copies_[block] = kHostCopy;
     }
   }
   return {};

@@ -255,6 +255,8 @@ namespace {
 std::mutex allocations_mu;
 std::map<uintptr_t, uint64_t> allocations;  // base -> size, the live "device" buffers
 std::atomic<int64_t> memcpy_calls{0};
+constexpr int kDevices = 16;                      // rbln_get_device_count's answer
+std::atomic<uint64_t> memcpy_bytes[kDevices][3];  // per device and copy type, since the reset
 
 // True when [p, p + size) lies in one live allocation.
 bool on_device(const void* p, uint64_t size) {
@@ -272,12 +274,12 @@ extern "C" {
 
 int rbln_get_device_count(int* count) {
   if (count == nullptr) return 2;
-  *count = 16;
+  *count = kDevices;
   return 0;
 }
 
 int rbln_malloc(int device_id, uint64_t size, void** device_ptr) {
-  if (device_ptr == nullptr || size == 0 || device_id < 0 || device_id >= 16) {
+  if (device_ptr == nullptr || size == 0 || device_id < 0 || device_id >= kDevices) {
     last_error = "rbln_malloc: bad arguments (device " + std::to_string(device_id) + ", " +
                  std::to_string(size) + " bytes)";
     return 2;
@@ -306,7 +308,15 @@ int rbln_free(int /*device_id*/, void* device_ptr) {
   return 0;
 }
 
-int rbln_memcpy(int /*device_id*/, void* dst, const void* src, uint64_t size, int type) {
+// Not in the RBLN API: the bytes rbln_memcpy copied for `device_id` with `type` (0 host to
+// device, 1 device to host, 2 device to device) since the last reset (a test reads it with dlsym
+// to see which ranks a copy went to).
+uint64_t rbln_fake_memcpy_bytes(int device_id, int type, int reset) {
+  if (device_id < 0 || device_id >= kDevices || type < 0 || type > 2) return 0;
+  return reset ? memcpy_bytes[device_id][type].exchange(0) : memcpy_bytes[device_id][type].load();
+}
+
+int rbln_memcpy(int device_id, void* dst, const void* src, uint64_t size, int type) {
   if (const char* after = std::getenv("RBLN_FAKE_FAIL_MEMCPY_AFTER")) {
     if (memcpy_calls.fetch_add(1) >= std::atoll(after)) {
       last_error = "the device faulted during a copy (fake: RBLN_FAKE_FAIL_MEMCPY_AFTER)";
@@ -321,6 +331,7 @@ int rbln_memcpy(int /*device_id*/, void* dst, const void* src, uint64_t size, in
     return 2;
   }
   std::memmove(dst, src, size);
+  if (device_id >= 0 && device_id < kDevices) memcpy_bytes[device_id][type] += size;
   return 0;
 }
 #endif

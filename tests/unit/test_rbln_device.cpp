@@ -427,6 +427,19 @@ int64_t runs_in_flight_max(bool reset) {
   return seen;
 }
 
+// The fake's bytes copied by rbln_memcpy for `device` with `type` (0: host to device) since the
+// last reset (not an RBLN call).
+uint64_t memcpy_bytes(int device, int type, bool reset) {
+  void* lib = ::dlopen(env("RBLN_FAKE_LIB").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE_MESSAGE(lib != nullptr, "the fake is loaded by the device");
+  auto fn = reinterpret_cast<uint64_t (*)(int, int, int)>(::dlsym(lib, "rbln_fake_memcpy_bytes"));
+  const bool exported = fn != nullptr;
+  REQUIRE_MESSAGE(exported, "the fake exports rbln_fake_memcpy_bytes");
+  uint64_t bytes = fn(device, type, reset ? 1 : 0);
+  ::dlclose(lib);
+  return bytes;
+}
+
 std::vector<PrefillSeq> pipeline_batch() {
   // 150 tokens: three chunks of 64 through the stages; 5 and 64: one each.
   return {{1, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 0, prompt(7, 150), {}},
@@ -733,8 +746,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "rbln device, data parallel with device KV: imports reach the ranks; blocks come back from "
-    "theirs") {
+    "rbln device, data parallel with device KV: imports reach the ranks that read them; blocks "
+    "come back from theirs") {
   auto a = artifact();
   a.ranks = 2;
   auto dir = testing::write_fake_rbln_artifact(scratch("dp-import"), a);
@@ -764,10 +777,16 @@ TEST_CASE(
   CHECK(stale->seqs[0].logits != want->seqs[0].logits);
   CHECK(stale->seqs[1].logits != want->seqs[1].logits);
   batch[0].imported = {0, 1, 2, 3, 4};  // on the first sequence, as the shells hand them over
+  memcpy_bytes(0, 0, true);
+  memcpy_bytes(1, 0, true);
   auto fresh = (*decode)->decode(batch);
   REQUIRE(fresh.ok());
   CHECK(fresh->seqs[0].logits == want->seqs[0].logits);
   CHECK(fresh->seqs[1].logits == want->seqs[1].logits);
+  // Each imported block went only to the rank that reads it: blocks 0..2 to rank 0 (device 0),
+  // 3 and 4 to rank 1 (device 1), not all five to both.
+  CHECK(memcpy_bytes(0, 0, false) == 3 * (*decode)->kv_layout().block_bytes());
+  CHECK(memcpy_bytes(1, 0, false) == 2 * (*decode)->kv_layout().block_bytes());
   // copy_blocks_out reads each block from the rank that computed on it: block 2 (seq 6's row 40
   // written on rank 0) and block 4 (seq 7's row 20, rank 1) equal the cpu pool's.
   std::vector<std::byte> out(2 * bb);
