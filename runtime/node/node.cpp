@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <atomic>
 #include <caf/all.hpp>
 #include <csignal>
 #include <cstdlib>
@@ -49,15 +48,26 @@ int poll_stop_signal(std::chrono::milliseconds wait) {
 }
 
 // Set by NodeEnv::device_lost when [supervisor] device_lost = "restart-node". Any thread.
-struct LostDeviceStop {
-  std::atomic<bool> requested{false};
-  std::mutex mu;
-  std::string why;  // the first lost device: "instance: reason"
+class LostDeviceStop {
+ public:
+  void request(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (why_.empty()) why_ = why;
+  }
+  // The first lost device ("instance: reason"), "" while none.
+  std::string why() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return why_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::string why_;
 };
 
 // Waits for SIGINT/SIGTERM (returns its number) or a lost device's stop (returns 0).
 int wait_for_stop(const LostDeviceStop& lost) {
-  while (!lost.requested.load()) {
+  while (lost.why().empty()) {
     if (int sig = poll_stop_signal(std::chrono::milliseconds(100)); sig != 0) return sig;
   }
   return 0;
@@ -163,12 +173,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   auto device_lost = [health, lost_stop, restart_on_loss](const std::string& instance,
                                                           const std::string& reason) {
     health->set_device_lost(instance, reason);
-    if (!restart_on_loss) return;
-    {
-      std::lock_guard<std::mutex> lock(lost_stop->mu);
-      if (lost_stop->why.empty()) lost_stop->why = instance + ": " + reason;
-    }
-    lost_stop->requested.store(true);
+    if (restart_on_loss) lost_stop->request(instance + ": " + reason);
   };
   const config::SupervisorSection& sup = manifest.supervisor;
   RestartPolicy policy{sup.restarts_max, std::chrono::milliseconds(sup.restart_window_ms),
@@ -232,11 +237,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
     if (int sig = wait_for_stop(*lost_stop); sig != 0) {
       log->info("stopping on signal {}", sig);
     } else {
-      std::string why;
-      {
-        std::lock_guard<std::mutex> lock(lost_stop->mu);
-        why = lost_stop->why;
-      }
+      const std::string why = lost_stop->why();
       code = kExitDeviceLost;
       log->error(
           "restarting the node: {} ([supervisor] device_lost = \"restart-node\"); draining, "
