@@ -319,8 +319,13 @@ class Loader {
   void read_decode(const toml::table& table);
   void read_sim(const toml::table& table);
   void read_rbln(const toml::table& table);
+  void read_rbln_parallel(TableReader& reader);
   void check_rbln();
+  void check_rbln_split(const Instance& inst, const InstanceDecl& decl, bool serves_prefill,
+                        bool serves_decode);
   Pos prefill_artifacts_pos_;  // of [rbln] prefill_artifacts, for check_rbln
+  Pos pipeline_stages_pos_;    // of [rbln] prefill_pipeline_stages
+  Pos data_parallel_pos_;      // of [rbln] decode_data_parallel
   std::vector<std::pair<std::string, double>> read_sim_numbers(const toml::table& table,
                                                                const std::string& path);
   void read_node(const toml::table& table, size_t index);
@@ -815,6 +820,7 @@ void Loader::read_decode(const toml::table& table) {
 void Loader::read_rbln(const toml::table& table) {
   TableReader reader(sink_, table, "rbln",
                      {"library", "artifacts", "compiler", "cache_dir", "prefill_artifacts",
+                      "prefill_pipeline_stages", "prefill_stage_layers", "decode_data_parallel",
                       "prefill_chunk", "kv_element_bytes", "kv_memory"});
   RblnSection& rbln = manifest_.rbln;
   rbln.line = table.source().begin ? table.source().begin.line : 0;
@@ -853,13 +859,57 @@ void Loader::read_rbln(const toml::table& table) {
                  "set artifacts (a compiled directory) or compiler (the compile "
                  "cache), not both");
   }
+  read_rbln_parallel(reader);
+}
+
+// [rbln] prefill_pipeline_stages, prefill_stage_layers and decode_data_parallel: shapes the
+// compile cache compiles, so they need `compiler`; a compiled directory says its own.
+void Loader::read_rbln_parallel(TableReader& reader) {
+  RblnSection& rbln = manifest_.rbln;
+  pipeline_stages_pos_ = reader.pos("prefill_pipeline_stages");
+  data_parallel_pos_ = reader.pos("decode_data_parallel");
+  reader.read_int("prefill_pipeline_stages", 1, 64, rbln.prefill_pipeline_stages);
+  reader.read_int("decode_data_parallel", 1, 32, rbln.decode_data_parallel);
+  if (const toml::node* node = reader.find("prefill_stage_layers")) {
+    const toml::array* array = node->as_array();
+    bool ok = array != nullptr && !array->empty();
+    for (size_t i = 0; ok && i < array->size(); ++i) {
+      std::optional<int64_t> v = array->get(i)->value_exact<int64_t>();
+      ok = v && *v >= 1 && *v <= 65535;
+      if (ok) rbln.prefill_stage_layers.push_back(static_cast<uint32_t>(*v));
+    }
+    if (!ok) {
+      rbln.prefill_stage_layers.clear();
+      reader.issue("prefill_stage_layers",
+                   "expected a non-empty array of layer counts (integers 1..65535), one per "
+                   "pipeline stage");
+    } else if (rbln.prefill_stage_layers.size() != rbln.prefill_pipeline_stages) {
+      reader.issue("prefill_stage_layers", "lists " +
+                                               std::to_string(rbln.prefill_stage_layers.size()) +
+                                               " stages, prefill_pipeline_stages is " +
+                                               std::to_string(rbln.prefill_pipeline_stages));
+    }
+  }
+  const bool parallel = rbln.prefill_pipeline_stages > 1 || rbln.decode_data_parallel > 1;
+  if (parallel && rbln.compiler.empty()) {
+    reader.issue(
+        rbln.prefill_pipeline_stages > 1 ? "prefill_pipeline_stages" : "decode_data_parallel",
+        "says what the compile cache compiles, and [rbln] compiler is not set; a "
+        "compiled directory (artifacts, prefill_artifacts) carries its own "
+        "pipeline_parallel_size or data_parallel_size in rbln_config.json");
+  }
+  if (rbln.prefill_pipeline_stages > 1 && !rbln.prefill_artifacts.empty()) {
+    reader.issue("prefill_pipeline_stages",
+                 "the prefill executors use prefill_artifacts, not the compile cache; set one "
+                 "of the two");
+  }
 }
 
 // Executors with device "rbln" need [rbln] artifacts; their decode instances cannot speculate
 // (the decode graphs take one token per sequence).
 void Loader::check_rbln() {
   const RblnSection& rbln = manifest_.rbln;
-  bool prefill_on_rbln = false;
+  bool prefill_on_rbln = false, decode_on_rbln = false;
   for (size_t n = 0; n < manifest_.nodes.size(); ++n) {
     const auto& instances = manifest_.nodes[n].instances;
     for (size_t i = 0; i < instances.size(); ++i) {
@@ -870,7 +920,13 @@ void Loader::check_rbln() {
           std::any_of(instances.begin(), instances.end(), [&](const Instance& user) {
             return user.role == Role::prefill && user.executor == inst.name;
           });
+      const bool serves_decode =
+          std::any_of(instances.begin(), instances.end(), [&](const Instance& user) {
+            return user.role == Role::decode && user.executor == inst.name;
+          });
       prefill_on_rbln = prefill_on_rbln || serves_prefill;
+      decode_on_rbln = decode_on_rbln || serves_decode;
+      check_rbln_split(inst, decl, serves_prefill, serves_decode);
       const bool has_prefill_dir = serves_prefill && !rbln.prefill_artifacts.empty();
       if (rbln.artifacts.empty() && rbln.compiler.empty() && !has_prefill_dir) {
         sink_.add(decl.pos, decl.path + ".device",
@@ -895,6 +951,40 @@ void Loader::check_rbln() {
     sink_.add(prefill_artifacts_pos_, "rbln.prefill_artifacts",
               "no prefill instance runs on an executor with device \"rbln\", so "
               "prefill_artifacts would be unused");
+  }
+  if (rbln.prefill_pipeline_stages > 1 && !prefill_on_rbln) {
+    sink_.add(pipeline_stages_pos_, "rbln.prefill_pipeline_stages",
+              "no prefill instance runs on an executor with device \"rbln\", so "
+              "prefill_pipeline_stages would be unused");
+  }
+  if (rbln.decode_data_parallel > 1 && !decode_on_rbln) {
+    sink_.add(data_parallel_pos_, "rbln.decode_data_parallel",
+              "no decode instance runs on an executor with device \"rbln\", so "
+              "decode_data_parallel would be unused");
+  }
+}
+
+// An rbln executor's devices split into the compile cache's pipeline stages (prefill) or
+// data-parallel ranks (decode), each of the same tensor-parallel width.
+void Loader::check_rbln_split(const Instance& inst, const InstanceDecl& decl, bool serves_prefill,
+                              bool serves_decode) {
+  const RblnSection& rbln = manifest_.rbln;
+  const size_t devices = inst.device_ids.size();
+  auto refuse_split = [&](uint32_t parts, const std::string& key, const char* what) {
+    if (parts <= 1 || devices % parts == 0) return;
+    sink_.add(decl.devices_pos, decl.path + ".devices",
+              "executor '" + inst.name + "' has " + std::to_string(devices) +
+                  (devices == 1 ? " device" : " devices") + ", which do not split into [rbln] " +
+                  key + " = " + std::to_string(parts) + " " + what +
+                  " of equal tensor-parallel width (list a multiple of " + std::to_string(parts) +
+                  " devices)");
+  };
+  // (An executor serves one prefill or decode instance, so never both.)
+  if (serves_prefill && rbln.prefill_artifacts.empty()) {
+    refuse_split(rbln.prefill_pipeline_stages, "prefill_pipeline_stages", "pipeline stages");
+  }
+  if (serves_decode) {
+    refuse_split(rbln.decode_data_parallel, "decode_data_parallel", "data-parallel ranks");
   }
 }
 

@@ -237,6 +237,13 @@ struct RblnSection {
   // pipeline_parallel_size in its rbln_config.json); absolute once loaded. Empty: they use
   // artifacts or the compile cache like the others.
   std::string prefill_artifacts;
+  // What the compile cache compiles (with `compiler`): the executors of prefill instances as a
+  // pipeline of this many stages (prefill_stage_S.rbln, devices = stages x tensor parallel),
+  // optionally with the layers of each stage; the executors of decode instances as this many
+  // data-parallel ranks (devices = ranks x tensor parallel). 1: one graph set on all devices.
+  uint32_t prefill_pipeline_stages = 1;
+  std::vector<uint32_t> prefill_stage_layers;  // empty: an equal split
+  uint32_t decode_data_parallel = 1;
   uint32_t prefill_chunk = 128;   // a multiple of 64
   uint32_t kv_element_bytes = 2;  // 1, 2 or 4
   // kv_memory: "host" (false): the graphs take the host pool as their KV cache; "device"

@@ -284,6 +284,11 @@ struct RblnSpec {
   std::string cache_dir;
   uint32_t prefill_chunk = 128;
   uint32_t kv_element_bytes = 2;
+  // The compile cache's split of device_ids: pipeline stages (an executor of prefill instances
+  // only) with their layers (empty: equal), or data-parallel ranks (an executor of decode).
+  uint32_t pipeline_stages = 1;
+  std::vector<uint32_t> stage_layers;
+  uint32_t data_parallel = 1;
   std::vector<uint32_t> device_ids;  // the instance's devices; runtimes open on the first
   std::string model_name;
   std::vector<std::string> served_names;

@@ -148,9 +148,11 @@ int compile(cli::Args args) {
   cli::Flags flags("tandem model compile --manifest MANIFEST",
                    "Runs [rbln] compiler once per rbln executor for all the graphs it needs\n"
                    "(prefill and one decode graph per bucket, compiled together: they share\n"
-                   "the device's KV cache), into [rbln] cache_dir, keyed by\n"
-                   "the model's fingerprint, shapes, buckets, block size, max length, device\n"
-                   "count and the compiler's version (docs/rbln.md). What is cached already is\n"
+                   "the device's KV cache; a prefill executor's pipeline stages under [rbln]\n"
+                   "prefill_pipeline_stages; a decode executor's rank graphs under\n"
+                   "decode_data_parallel), into [rbln] cache_dir, keyed by the model's\n"
+                   "fingerprint, shapes, buckets, block size, max length, device split and the\n"
+                   "compiler's version (docs/rbln.md). What is cached already is\n"
                    "kept. Prints one line per executor. Exits 1 when a compile fails or the\n"
                    "manifest has no rbln executor with a compiler, 2 on a bad command line.");
   flags.flag("manifest", "FILE", "the cluster manifest", "");
@@ -194,12 +196,21 @@ int compile(cli::Args args) {
         continue;
       }
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      // How the executor's devices split (rbln_compile.hpp), when they do.
+      std::string split;
+      const uint32_t parts = std::max(request.stages, request.ranks);
+      if (parts > 1) {
+        split = " for " + std::to_string(parts) +
+                (request.stages > 1 ? " pipeline stages" : " data-parallel ranks") + " of " +
+                std::to_string(request.devices) +
+                (request.devices == 1 ? " device each" : " devices each");
+      }
       if (done->cached) {
-        std::printf("%s/%s: cached %s\n", node.name.c_str(), instance.name.c_str(),
+        std::printf("%s/%s: cached%s %s\n", node.name.c_str(), instance.name.c_str(), split.c_str(),
                     done->dir.c_str());
       } else {
-        std::printf("%s/%s: compiled %u graphs in %.1f s into %s\n", node.name.c_str(),
-                    instance.name.c_str(), done->graphs, s, done->dir.c_str());
+        std::printf("%s/%s: compiled %u graphs%s in %.1f s into %s\n", node.name.c_str(),
+                    instance.name.c_str(), done->graphs, split.c_str(), s, done->dir.c_str());
       }
     }
   }

@@ -45,6 +45,7 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
     for (const auto& user : node.instances) {
       if (user.role == config::Role::decode && user.executor == instance.name) {
         spec.rbln.decode_seqs_max = manifest.decode.seqs_max;
+        spec.rbln.data_parallel = manifest.rbln.decode_data_parallel;
       }
       // Only a prefill instance's blocks are read out of the pool by RMA (decode's P/D pull,
       // tier-2 write-behind): KV in device memory is staged back to the host pool only then.
@@ -54,6 +55,9 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
         if (!manifest.rbln.prefill_artifacts.empty()) {
           spec.rbln.artifacts = manifest.rbln.prefill_artifacts;
           spec.rbln.compiler.clear();
+        } else {  // the compile cache's pipelined prefill (the manifest refuses it beside decode)
+          spec.rbln.pipeline_stages = manifest.rbln.prefill_pipeline_stages;
+          spec.rbln.stage_layers = manifest.rbln.prefill_stage_layers;
         }
       }
     }

@@ -65,9 +65,20 @@ std::string safe_name(const std::string& text) {
 }
 
 std::vector<std::string> graphs_of(const CompileRequest& r) {
-  std::vector<std::string> names{"prefill"};
+  std::vector<std::string> names;
+  if (r.stages > 1) {
+    for (uint32_t s = 0; s < r.stages; ++s) names.push_back("prefill_stage_" + std::to_string(s));
+    return names;
+  }
+  names.push_back("prefill");
   for (uint32_t b : r.buckets) names.push_back("decoder_batch_" + std::to_string(b));
   return names;
+}
+
+std::string comma_list(const std::vector<uint32_t>& values) {
+  std::string out;
+  for (uint32_t v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
 }
 
 }  // namespace
@@ -79,13 +90,46 @@ CompileRequest compile_request(const DeviceSpec& spec) {
   r.block_tokens = spec.block_tokens;
   r.max_seq_len = spec.rbln.max_model_tokens;
   r.prefill_chunk = spec.rbln.prefill_chunk;
-  r.devices = spec.rbln.device_ids.empty() ? 1 : static_cast<uint32_t>(spec.rbln.device_ids.size());
+  r.stages = std::max<uint32_t>(spec.rbln.pipeline_stages, 1);
+  r.stage_layers = spec.rbln.stage_layers;
+  r.ranks = std::max<uint32_t>(spec.rbln.data_parallel, 1);
+  const uint32_t all =
+      spec.rbln.device_ids.empty() ? 1 : static_cast<uint32_t>(spec.rbln.device_ids.size());
+  // The manifest refuses a split that leaves a remainder; a part is never narrower than one.
+  r.devices = std::max<uint32_t>(all / (r.stages * r.ranks), 1);
   r.kv_blocks = spec.blocks_total + 1;
   r.kv_element_bytes = spec.rbln.kv_element_bytes;
+  if (r.stages > 1) return r;  // a pipelined prefill compiles no decode graph
   const uint32_t top = std::max<uint32_t>(spec.rbln.decode_seqs_max, 1);
   for (uint32_t b = 1; b < top; b *= 2) r.buckets.push_back(b);
   r.buckets.push_back(top);
   return r;
+}
+
+Result<std::vector<uint32_t>> stage_layers_for(const CompileRequest& r, uint32_t layers) {
+  if (r.stages <= 1) return std::vector<uint32_t>{};
+  if (r.stage_layers.empty()) {
+    if (r.stages > layers || layers % r.stages != 0) {
+      return make_error(ErrorKind::invalid,
+                        "rbln compile: the model's " + std::to_string(layers) +
+                            " layers do not split evenly into [rbln] prefill_pipeline_stages = " +
+                            std::to_string(r.stages) +
+                            "; list each stage's layers in [rbln] "
+                            "prefill_stage_layers");
+    }
+    return std::vector<uint32_t>(r.stages, layers / r.stages);
+  }
+  uint64_t sum = 0;
+  for (uint32_t n : r.stage_layers) sum += n;
+  if (r.stage_layers.size() != r.stages || sum != layers) {
+    return make_error(ErrorKind::invalid,
+                      "rbln compile: [rbln] prefill_stage_layers [" + comma_list(r.stage_layers) +
+                          "] sum to " + std::to_string(sum) + " layers over " +
+                          std::to_string(r.stage_layers.size()) + " stages; the model has " +
+                          std::to_string(layers) + " layers and prefill_pipeline_stages is " +
+                          std::to_string(r.stages));
+  }
+  return r.stage_layers;
 }
 
 Result<std::string> compiler_version(const std::string& compiler) {
@@ -105,12 +149,16 @@ Result<std::string> compiler_version(const std::string& compiler) {
 Result<std::string> shape_dir(const CompileRequest& r, const std::string& cache_dir) {
   auto shape = cpu::read_model_shape(r.model_path);
   if (!shape.ok()) return shape.error();
-  std::string key = shape->fingerprint + "\nblock=" + std::to_string(r.block_tokens) +
-                    ";max_seq_len=" + std::to_string(r.max_seq_len) +
-                    ";chunk=" + std::to_string(r.prefill_chunk) +
-                    ";devices=" + std::to_string(r.devices) +
-                    ";kv_blocks=" + std::to_string(r.kv_blocks) +
-                    ";kv_element_bytes=" + std::to_string(r.kv_element_bytes) + ";buckets=";
+  // The resolved split: an equal split written out or left implicit is one entry.
+  auto layers = stage_layers_for(r, shape->config.layers);
+  if (!layers.ok()) return layers.error();
+  std::string key =
+      shape->fingerprint + "\nblock=" + std::to_string(r.block_tokens) +
+      ";max_seq_len=" + std::to_string(r.max_seq_len) +
+      ";chunk=" + std::to_string(r.prefill_chunk) + ";devices=" + std::to_string(r.devices) +
+      ";stages=" + std::to_string(r.stages) + ":" + comma_list(*layers) +
+      ";ranks=" + std::to_string(r.ranks) + ";kv_blocks=" + std::to_string(r.kv_blocks) +
+      ";kv_element_bytes=" + std::to_string(r.kv_element_bytes) + ";buckets=";
   for (uint32_t b : r.buckets) key += std::to_string(b) + ",";
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
@@ -151,6 +199,8 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   if (found.ok()) return CompileOutcome{*found, true, 0};
   auto shape = cpu::read_model_shape(r.model_path);
   if (!shape.ok()) return shape.error();
+  auto layers = stage_layers_for(r, shape->config.layers);
+  if (!layers.ok()) return layers.error();
   auto shaped = shape_dir(r, cache_dir);
   if (!shaped.ok()) return shaped.error();
   std::string final_dir = *shaped + "/" + safe_name(*version);
@@ -165,14 +215,16 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   CompileOutcome out{final_dir, false, 0};
   // One call for all of the executor's graphs: they are compiled together, as the public stack
   // does, so they share one KV cache on the device.
-  std::string buckets;
-  for (uint32_t b : r.buckets) buckets += (buckets.empty() ? "" : ",") + std::to_string(b);
   std::string command =
       compiler + " --model " + quoted(r.model_path) + " --out " + quoted(std::as_const(tmp)) +
       " --block-tokens " + std::to_string(r.block_tokens) + " --max-seq-len " +
       std::to_string(r.max_seq_len) + " --prefill-chunk " + std::to_string(r.prefill_chunk) +
-      " --buckets " + buckets + " --devices " + std::to_string(r.devices) + " --kv-blocks " +
-      std::to_string(r.kv_blocks) + " --kv-element-bytes " + std::to_string(r.kv_element_bytes);
+      (r.stages > 1 ? " --pipeline-stages " + std::to_string(r.stages) + " --stage-layers " +
+                          comma_list(*layers)
+                    : " --buckets " + comma_list(r.buckets)) +
+      " --devices " + std::to_string(r.devices) + " --kv-blocks " + std::to_string(r.kv_blocks) +
+      " --kv-element-bytes " + std::to_string(r.kv_element_bytes) +
+      (r.ranks > 1 ? " --data-parallel " + std::to_string(r.ranks) : std::string());
   Ran ran = run_shell(command);
   if (ran.status != 0) {
     fs::remove_all(tmp, ec);
@@ -199,6 +251,9 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   art.prefill_chunk = r.prefill_chunk;
   art.buckets = r.buckets;
   art.devices = r.devices;
+  art.stages = r.stages;
+  art.stage_layers = *layers;
+  art.ranks = r.ranks;
   nlohmann::json j = artifact_config_json(art);
   j["source_model_path"] = r.model_path;
   std::ofstream(tmp + "/rbln_config.json") << j.dump(2);

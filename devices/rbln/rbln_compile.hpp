@@ -6,14 +6,25 @@
 //   COMPILER --version                       first line of stdout: the version
 //   COMPILER --model PATH --out DIR --block-tokens B --max-seq-len L --prefill-chunk C
 //            --buckets N1,N2,... --devices D --kv-blocks K --kv-element-bytes E
+//            [--data-parallel R]
 // once per executor, writing DIR/prefill.rbln and DIR/decoder_batch_N.rbln for every bucket
 // and exiting 0: the graphs of one model are compiled together (as optimum-rbln does) because
-// they share one KV cache on the device. tools/rbln-compile wraps optimum-rbln this way.
-// Tandem writes rbln_config.json itself (rbln_artifact.hpp) from the model's shape.
+// they share one KV cache on the device. With --data-parallel R (R > 1, [rbln]
+// decode_data_parallel) the graph set is one rank's, on D devices; the node opens it once per
+// rank. A pipelined prefill ([rbln] prefill_pipeline_stages P > 1) is called instead as
+//   COMPILER --model PATH --out DIR --block-tokens B --max-seq-len L --prefill-chunk C
+//            --pipeline-stages P --stage-layers L0,L1,... --devices D --kv-blocks K
+//            --kv-element-bytes E
+// writing DIR/prefill_stage_S.rbln for S = 0..P-1 (stage S: layers L0+..+L(S-1) onward, on D
+// devices; rbln_artifact.hpp has their inputs) and no decode graph.
+// tools/rbln-compile wraps optimum-rbln this way (it refuses --pipeline-stages: optimum-rbln
+// publishes no stage export). Tandem writes rbln_config.json itself (rbln_artifact.hpp) from
+// the model's shape.
 //
 // Cache layout: CACHE/<model name>-<16 hex digits of the shape key>/<compiler version>/, the
 // shape key hashing the model's fingerprint (config or header, file sizes), block size, max
-// length, chunk, buckets, device count, KV blocks and element bytes. The public stack's own
+// length, chunk, buckets, device count, stages and their layers, ranks, KV blocks and element
+// bytes. The public stack's own
 // cache leaves the compiler version out; here an entry built by another version is found (its
 // shape directory exists) and refused, naming both versions.
 #pragma once
@@ -34,16 +45,25 @@ struct CompileRequest {
   uint32_t block_tokens = 0;
   uint32_t max_seq_len = 0;
   uint32_t prefill_chunk = 128;
-  std::vector<uint32_t> buckets;  // ascending
-  uint32_t devices = 1;
+  std::vector<uint32_t> buckets;       // ascending; empty for a pipelined prefill
+  uint32_t devices = 1;                // tensor parallel: devices per stage or rank
+  uint32_t stages = 1;                 // pipeline stages (a prefill-only executor)
+  std::vector<uint32_t> stage_layers;  // per stage; empty: an equal split of the model's
+  uint32_t ranks = 1;                  // data-parallel ranks
   uint32_t kv_blocks = 0;  // the directory's kvcache_num_blocks (executor's + 1 dummy)
   uint32_t kv_element_bytes = 2;
 };
 
 // The request for an rbln executor's DeviceSpec (spec.rbln.compiler set): buckets are the powers
 // of two below [decode] seqs_max, then seqs_max (1, 2, 4, 8 for 8; 1 alone when the executor
-// serves no decode instance).
+// serves no decode instance; none for a pipelined prefill). The executor's devices split into
+// spec.rbln.pipeline_stages or data_parallel parts of `devices` each.
 CompileRequest compile_request(const DeviceSpec& spec);
+
+// The layers of each pipeline stage for a model of `layers` layers: request.stage_layers, or an
+// equal split. invalid naming [rbln] prefill_stage_layers or prefill_pipeline_stages when they
+// do not fit the model.
+Result<std::vector<uint32_t>> stage_layers_for(const CompileRequest& request, uint32_t layers);
 
 // The compiler's version (`COMPILER --version`, first line, trimmed). failed when it cannot run,
 // exits non-zero or prints nothing.

@@ -414,37 +414,55 @@ TEST_CASE("rbln: `tandem check` probes the library, its symbols and the compiled
                 lacks.output);
 }
 
+// The stand-in compiler at DIR/rbln-compile: its version from DIR/version (the caller writes
+// it; the tests edit it); each call logged to DIR/calls with its buckets, stages, stage layers,
+// ranks and devices; it writes every graph those name, except decoder_batch_N when DIR/skip-N
+// exists.
+std::string write_stand_in_compiler(const std::string& dir) {
+  std::string script = dir + "/rbln-compile";
+  write_file(script,
+             "#!/bin/sh\n"
+             "if [ \"$1\" = --version ]; then echo \"$(cat " +
+                 dir +
+                 "/version)\"; exit 0; fi\n"
+                 "out=''; buckets=''; stages=1; layers=''; ranks=1; devices=''\n"
+                 "while [ $# -gt 0 ]; do\n"
+                 "  case \"$1\" in\n"
+                 "    --out) out=\"$2\";; --buckets) buckets=\"$2\";;\n"
+                 "    --pipeline-stages) stages=\"$2\";; --stage-layers) layers=\"$2\";;\n"
+                 "    --data-parallel) ranks=\"$2\";; --devices) devices=\"$2\";;\n"
+                 "  esac\n"
+                 "  shift\n"
+                 "done\n"
+                 "[ -n \"$out\" ] && [ -d \"$out\" ] || { echo 'no --out directory' >&2; "
+                 "exit 3; }\n"
+                 "echo \"buckets $buckets stages $stages layers $layers ranks $ranks "
+                 "devices $devices\" >> " +
+                 dir +
+                 "/calls\n"
+                 "if [ \"$stages\" -gt 1 ]; then\n"
+                 "  s=0; while [ $s -lt $stages ]; do\n"
+                 "    echo 'fake graph' > \"$out/prefill_stage_$s.rbln\"; s=$((s + 1))\n"
+                 "  done\n"
+                 "  exit 0\n"
+                 "fi\n"
+                 "echo 'fake graph' > \"$out/prefill.rbln\"\n"
+                 "for b in $(echo \"$buckets\" | tr , ' '); do\n"
+                 "  [ -f " +
+                 dir +
+                 "/skip-$b ] || echo 'fake graph' > \"$out/decoder_batch_$b.rbln\"\n"
+                 "done\n");
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  return script;
+}
+
 TEST_CASE(
     "rbln: `tandem model compile` fills the cache with a stand-in compiler; nodes use it "
     "and refuse what another compiler version built" *
     doctest::timeout(300)) {
-  // The stand-in compiler: its version from a file the test edits; each call logged with its
-  // buckets; it writes every graph the buckets name.
   std::string dir = make_temp_dir("rbln-compile");
-  std::string script = dir + "/rbln-compile";
+  std::string script = write_stand_in_compiler(dir);
   write_file(dir + "/version", "1.2.0\n");
-  write_file(
-      script,
-      "#!/bin/sh\n"
-      "if [ \"$1\" = --version ]; then echo \"$(cat " +
-          dir +
-          "/version)\"; exit 0; fi\n"
-          "out=''; buckets=''\n"
-          "while [ $# -gt 0 ]; do\n"
-          "  [ \"$1\" = --out ] && out=\"$2\"; [ \"$1\" = --buckets ] && buckets=\"$2\"\n"
-          "  shift\n"
-          "done\n"
-          "[ -n \"$out\" ] && [ -d \"$out\" ] || { echo 'no --out directory' >&2; exit 3; }\n"
-          "echo \"buckets $buckets\" >> " +
-          dir +
-          "/calls\n"
-          "echo 'fake graph' > \"$out/prefill.rbln\"\n"
-          "for b in $(echo \"$buckets\" | tr , ' '); do\n"
-          "  [ -f " +
-          dir +
-          "/skip-$b ] || echo 'fake graph' > \"$out/decoder_batch_$b.rbln\"\n"
-          "done\n");
-  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
                      "\"\ncache_dir = \"" + dir +
                      "/cache\"\nprefill_chunk = 64\n"
@@ -461,8 +479,9 @@ TEST_CASE(
   CHECK(first.output.find("/1.2.0\n") != std::string::npos);
   // One call per executor, all its graphs together (they share the device's KV cache).
   std::string calls = read_file(dir + "/calls");
-  CHECK_MESSAGE(
-      (calls == "buckets 1\nbuckets 1,2,4,8\n" || calls == "buckets 1,2,4,8\nbuckets 1\n"), calls);
+  const std::string p_call = "buckets 1 stages 1 layers  ranks 1 devices 1\n",
+                    d_call = "buckets 1,2,4,8 stages 1 layers  ranks 1 devices 1\n";
+  CHECK_MESSAGE((calls == p_call + d_call || calls == d_call + p_call), calls);
   auto again = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
   CHECK(again.exit_code == 0);
   CHECK(again.output.find("solo/exec-p: cached") != std::string::npos);
@@ -503,6 +522,59 @@ TEST_CASE(
   CHECK_MESSAGE(
       failed.output.find("rbln compile failed (exit 4): out of licences") != std::string::npos,
       failed.output);
+}
+
+TEST_CASE(
+    "rbln: `tandem model compile` compiles a pipelined prefill and a data-parallel decode; "
+    "loopback-3 serves device cpu's text from them" *
+    doctest::timeout(600)) {
+  const std::vector<std::string> cpu = cpu_answers(Layout::loopback3, 1);
+  std::string dir = make_temp_dir("rbln-compile-split");
+  std::string script = write_stand_in_compiler(dir);
+  write_file(dir + "/version", "2.0.0\n");
+  // The prefill executor's devices [2, 3] as two stages of layers 2 and 4 (stories15M has 6);
+  // the decode executor's [0, 1] as two data-parallel ranks; KV in device memory.
+  std::string toml =
+      "# rbln executors: exec-p exec-d\n# devices exec-p: [2, 3]\n# devices exec-d: [0, 1]\n"
+      "[rbln]\nlibrary = \"" +
+      fake_lib() + "\"\ncompiler = \"" + script + "\"\ncache_dir = \"" + dir +
+      "/cache\"\nprefill_chunk = 64\nkv_element_bytes = 4\nkv_memory = \"device\"\n"
+      "prefill_pipeline_stages = 2\nprefill_stage_layers = [2, 4]\ndecode_data_parallel = 2\n"
+      "[decode]\nseqs_max = 8\n";
+  ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, false, "", toml);
+  auto compiled =
+      run({tandem_bin(), "model", "compile", "--manifest", pd.manifest_path()}, 120000ms);
+  REQUIRE_MESSAGE(compiled.exit_code == 0, compiled.output);
+  CHECK_MESSAGE(compiled.output.find("prefill/exec-p: compiled 2 graphs for 2 pipeline stages of "
+                                     "1 device each") != std::string::npos,
+                compiled.output);
+  CHECK(compiled.output.find("decode/exec-d: compiled 5 graphs for 2 data-parallel ranks of 1 "
+                             "device each") != std::string::npos);
+  // The compiler was asked for the stages with their layers (no decode graph), and for one
+  // rank's graph set with the rank count.
+  std::string calls = read_file(dir + "/calls");
+  CHECK_MESSAGE(calls.find("buckets  stages 2 layers 2,4 ranks 1 devices 1\n") != std::string::npos,
+                calls);
+  CHECK(calls.find("buckets 1,2,4,8 stages 1 layers  ranks 2 devices 1\n") != std::string::npos);
+  // The nodes find those entries, and serve what device cpu serves.
+  for (const std::string& name : pd.node_names()) pd.restart(name);
+  REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
+  check_same_text(pd, cpu, "rbln PP2 prefill + DP2 decode from the compile cache");
+  CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
+  CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
+  CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  auto check = run({tandem_bin(), "check", pd.manifest_path()}, 60000ms);
+  CHECK_MESSAGE(check.output.find("pipeline stages 2 (layers 2, 4)") != std::string::npos,
+                check.output);
+  CHECK(check.output.find("data parallel 2, devices 2") != std::string::npos);
+  // Another split of the same devices is another cache entry: nothing is found until compiled.
+  std::string other = read_file(pd.manifest_path());
+  other.replace(other.find("prefill_stage_layers = [2, 4]"), 29, "prefill_stage_layers = [3, 3]");
+  write_file(pd.manifest_path(), other);
+  auto stale = run({tandem_bin(), "check", pd.manifest_path()}, 60000ms);
+  CHECK(stale.exit_code == 1);
+  CHECK_MESSAGE(stale.output.find("nothing compiled for this executor") != std::string::npos,
+                stale.output);
 }
 
 TEST_CASE(
@@ -580,6 +652,38 @@ TEST_CASE(
   rb::CompileRequest bin = r;
   bin.model_path = model_dir() + "/stories15M.bin";
   CHECK(fail("", bin).find("a llama2.c checkpoint cannot be compiled") != std::string::npos);
+  // A pipelined prefill: optimum-rbln has no stage export; the wrapper says what to do instead.
+  rb::CompileRequest staged = r;
+  staged.stages = 2;
+  staged.buckets.clear();
+  CHECK_MESSAGE(fail("", staged)
+                        .find("--pipeline-stages 2: optimum-rbln publishes no export of "
+                              "pipeline stages") != std::string::npos,
+                fail("", staged));
+  // Stages that do not fit the model's two layers are refused before the compiler runs.
+  rb::CompileRequest three = staged;
+  three.stages = 3;
+  CHECK(fail("", three).find("the model's 2 layers do not split evenly into [rbln] "
+                             "prefill_pipeline_stages = 3") != std::string::npos);
+  rb::CompileRequest listed = staged;
+  listed.stage_layers = {1, 2};
+  CHECK(fail("", listed)
+            .find("[rbln] prefill_stage_layers [1,2] sum to 3 layers over 2 stages; "
+                  "the model has 2 layers") != std::string::npos);
+  // Data parallel: one rank's graph set, compiled on the rank's devices; the directory says
+  // how many ranks open it.
+  rb::CompileRequest ranked = r;
+  ranked.buckets = {1, 2};
+  ranked.ranks = 2;
+  auto dp = rb::compile(ranked, stubs + wrapper, dir + "/cache");
+  REQUIRE_MESSAGE(dp.ok(), dp.error().describe());
+  CHECK(dp->dir != done->dir);
+  auto dp_artifact = rb::load_artifact(dp->dir);
+  REQUIRE_MESSAGE(dp_artifact.ok(), dp_artifact.error().describe());
+  CHECK(dp_artifact->ranks == 2);
+  CHECK(dp_artifact->devices == 1);
+  CHECK(nlohmann::json::parse(
+            read_file(dir + "/log.json"))["kwargs"]["rbln_config"]["tensor_parallel_size"] == 1);
 }
 
 TEST_CASE(

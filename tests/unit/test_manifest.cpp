@@ -1948,3 +1948,73 @@ TEST_CASE("rbln: [rbln] prefill_artifacts serves prefill executors; unused, it i
   // The prefill executor uses the directory, not the cache (actors/executor: device_spec).
   CHECK(m.rbln.compiler == "c");
 }
+
+TEST_CASE(
+    "rbln: [rbln] prefill_pipeline_stages, prefill_stage_layers and decode_data_parallel split "
+    "an executor's devices for the compile cache; what does not fit is refused where it is") {
+  std::string rbln = replace(base_manifest, "device = \"cpu\"", "device = \"rbln\"");
+  // The prefill instance on its own rbln executor with four devices; decode on one.
+  std::string pd = rbln + R"(
+  [[node.instance]]
+  role = "prefill"
+  name = "pre"
+  executor = "px"
+
+  [[node.instance]]
+  role = "executor"
+  name = "px"
+  device = "rbln"
+  devices = [1, 2, 3, 4]
+)";
+  Manifest plain = parse_ok(pd + "[rbln]\ncompiler = \"c\"\n");
+  CHECK(plain.rbln.prefill_pipeline_stages == 1);
+  CHECK(plain.rbln.decode_data_parallel == 1);
+  CHECK(plain.rbln.prefill_stage_layers.empty());
+  Manifest staged = parse_ok(pd +
+                             "[rbln]\ncompiler = \"c\"\nprefill_pipeline_stages = 2\n"
+                             "prefill_stage_layers = [10, 22]\n");
+  CHECK(staged.rbln.prefill_pipeline_stages == 2);
+  CHECK(staged.rbln.prefill_stage_layers == std::vector<uint32_t>{10, 22});
+
+  // Four devices do not split into three stages: refused at the executor's devices.
+  std::string three = pd + "[rbln]\ncompiler = \"c\"\nprefill_pipeline_stages = 3\n";
+  auto uneven = only_issue(three);
+  CHECK(uneven.key == "node[0].instance[5].devices");
+  CHECK(uneven.line == line_of(three, "devices = [1, 2, 3, 4]"));
+  CHECK(uneven.message ==
+        "executor 'px' has 4 devices, which do not split into [rbln] prefill_pipeline_stages = 3 "
+        "pipeline stages of equal tensor-parallel width (list a multiple of 3 devices)");
+  // The decode executor's one device into two ranks: the same, naming decode_data_parallel.
+  auto ranks = only_issue(pd + "[rbln]\ncompiler = \"c\"\ndecode_data_parallel = 2\n");
+  CHECK(ranks.key == "node[0].instance[3].devices");
+  CHECK(ranks.message.find("executor 'ex' has 1 device, which do not split into [rbln] "
+                           "decode_data_parallel = 2 data-parallel ranks") == 0);
+  // Layers per stage: one count per stage.
+  std::string counts = pd +
+                       "[rbln]\ncompiler = \"c\"\nprefill_pipeline_stages = 2\n"
+                       "prefill_stage_layers = [32]\n";
+  auto listed = only_issue(counts);
+  CHECK(listed.key == "rbln.prefill_stage_layers");
+  CHECK(listed.line == line_of(counts, "prefill_stage_layers"));
+  CHECK(listed.message == "lists 1 stages, prefill_pipeline_stages is 2");
+  CHECK(only_issue(pd + "[rbln]\ncompiler = \"c\"\nprefill_stage_layers = [0, \"x\"]\n")
+            .message.find("expected a non-empty array of layer counts") == 0);
+  // They shape the compile cache: with a compiled directory they would do nothing.
+  auto no_cache = only_issue(pd +
+                             "[rbln]\nartifacts = \"a\"\ndecode_data_parallel = 1\n"
+                             "prefill_pipeline_stages = 2\n");
+  CHECK(no_cache.key == "rbln.prefill_pipeline_stages");
+  CHECK(no_cache.message.find("says what the compile cache compiles, and [rbln] compiler is not "
+                              "set") == 0);
+  auto beside = only_issue(pd +
+                           "[rbln]\ncompiler = \"c\"\nprefill_artifacts = \"pp\"\n"
+                           "prefill_pipeline_stages = 2\n");
+  CHECK(beside.key == "rbln.prefill_pipeline_stages");
+  CHECK(beside.message.find("the prefill executors use prefill_artifacts") == 0);
+  // No prefill instance on rbln: stages would be unused.
+  std::string decode_only = rbln + "[rbln]\ncompiler = \"c\"\nprefill_pipeline_stages = 2\n";
+  auto unused = only_issue(decode_only);
+  CHECK(unused.key == "rbln.prefill_pipeline_stages");
+  CHECK(unused.line == line_of(decode_only, "prefill_pipeline_stages"));
+  CHECK(unused.message.find("no prefill instance runs on an executor with device \"rbln\"") == 0);
+}
