@@ -480,7 +480,8 @@ void Loader::read_fabric(const toml::table& table) {
 void Loader::read_supervisor(const toml::table& table) {
   TableReader reader(sink_, table, "supervisor",
                      {"restarts_max", "restart_window_ms", "restart_delay_ms", "drain_timeout_ms",
-                      "executor_step_timeout_ms", "executor_open_timeout_ms", "device_lost"});
+                      "executor_step_timeout_ms", "executor_open_timeout_ms", "device_lost",
+                      "device_lost_restarts_max", "device_lost_window_ms"});
   reader.read_int("restarts_max", 1, 1000, manifest_.supervisor.restarts_max);
   reader.read_int("restart_window_ms", 100, 3'600'000, manifest_.supervisor.restart_window_ms);
   reader.read_int("restart_delay_ms", 0, 60'000, manifest_.supervisor.restart_delay_ms);
@@ -490,6 +491,19 @@ void Loader::read_supervisor(const toml::table& table) {
   reader.read_int("executor_open_timeout_ms", 100, 3'600'000,
                   manifest_.supervisor.executor_open_timeout_ms);
   reader.read_enum("device_lost", device_lost_actions_all, manifest_.supervisor.device_lost);
+  reader.read_int("device_lost_restarts_max", 1, 100,
+                  manifest_.supervisor.device_lost_restarts_max);
+  reader.read_int("device_lost_window_ms", 1000, 7 * 24 * 3'600'000,
+                  manifest_.supervisor.device_lost_window_ms);
+  if (manifest_.supervisor.device_lost == DeviceLostAction::stay) {
+    for (std::string_view key : {"device_lost_restarts_max", "device_lost_window_ms"}) {
+      if (reader.find(key)) {
+        reader.issue(key,
+                     "bounds the restarts of device_lost = \"restart-node\"; with "
+                     "device_lost = \"stay\" a lost device never restarts the node");
+      }
+    }
+  }
 }
 
 void Loader::read_membership(const toml::table& table) {

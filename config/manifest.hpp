@@ -80,6 +80,11 @@ struct SupervisorSection {
   // model, or the compiled graphs); past it the instance reports itself not ready with that error.
   uint32_t executor_open_timeout_ms = 600'000;
   DeviceLostAction device_lost = DeviceLostAction::restart_node;
+  // With restart_node: at most this many device-lost restarts of one node within the window
+  // (kept across its processes, runtime/node/device_lost_record.hpp); the next loss keeps the
+  // node up without the device, as "stay" does, instead of restarting it again.
+  uint32_t device_lost_restarts_max = 3;
+  uint32_t device_lost_window_ms = 3'600'000;
 };
 
 struct LoggingSection {

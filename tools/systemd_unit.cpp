@@ -39,6 +39,9 @@ Result<std::string> systemd_unit(const config::Manifest& manifest, const std::st
   unit +=
       "ExecStart=" + tandem_bin + " node --manifest " + manifest_path + " --node " + node + "\n";
   unit += "Restart=on-failure\nRestartSec=2\n";
+  // $STATE_DIRECTORY: where the node keeps its device-lost restarts across processes
+  // (runtime/node/device_lost_record.hpp), so a device broken for good stops restarting it.
+  unit += "StateDirectory=tandem\n";
   unit += "KillSignal=SIGTERM\nKillMode=mixed\nTimeoutStopSec=" + std::to_string(stop_s) + "\n";
   // RDMA (verbs) registers KV pools: locked memory must not be limited.
   unit += "LimitMEMLOCK=infinity\nLimitNOFILE=1048576\n";

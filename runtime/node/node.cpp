@@ -12,6 +12,7 @@
 
 #include "runtime/node/bridge.hpp"
 #include "runtime/node/caf_types.hpp"
+#include "runtime/node/device_lost_record.hpp"
 #include "runtime/node/node_actor.hpp"
 #include "runtime/node/node_metrics.hpp"
 #include "runtime/obs/admin_http.hpp"
@@ -48,21 +49,63 @@ int poll_stop_signal(std::chrono::milliseconds wait) {
 }
 
 // Set by NodeEnv::device_lost when [supervisor] device_lost = "restart-node". Any thread.
+// The first loss decides, against the node's device-lost record (device_lost_record.hpp):
+// restart the node, or (its restarts spent) stay up without the device.
 class LostDeviceStop {
  public:
+  LostDeviceStop(const config::Manifest& manifest, const std::string& node,
+                 std::shared_ptr<spdlog::logger> log)
+      : record_(device_lost_record_path(manifest.cluster.name, node, manifest.file)),
+        max_(manifest.supervisor.device_lost_restarts_max),
+        window_ms_(manifest.supervisor.device_lost_window_ms),
+        log_(std::move(log)) {}
+
   void request(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (why_.empty()) why_ = why;
+    if (!why_.empty() || !kept_up_.empty()) return;
+    std::vector<int64_t> stamps = read_device_lost_record(record_);
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    const bool restart = allow_device_lost_restart(stamps, now, window_ms_, max_);
+    if (!restart) {
+      kept_up_ =
+          "the node restarted " +
+          (stamps.size() == 1 ? std::string("once") : std::to_string(stamps.size()) + " times") +
+          " within " + std::to_string(window_ms_) +
+          " ms for lost devices ([supervisor] "
+          "device_lost_restarts_max = " +
+          std::to_string(max_) +
+          "), so it stays up without this one; fix the device, then restart the node";
+      log_->error("{}: {}", why, kept_up_);
+      return;
+    }
+    if (Status st = write_device_lost_record(record_, stamps); !st.ok()) {
+      log_->warn(
+          "cannot keep the device-lost record ({}): a device lost for good restarts this "
+          "node until its supervisor gives up",
+          st.error().describe());
+    }
+    why_ = why;
   }
-  // The first lost device ("instance: reason"), "" while none.
+  // The first lost device ("instance: reason") when it restarts the node, "" while none.
   std::string why() const {
     std::lock_guard<std::mutex> lock(mu_);
     return why_;
   }
+  // Why a loss did not restart the node (device_lost_restarts_max reached), "" otherwise.
+  std::string kept_up() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kept_up_;
+  }
 
  private:
+  const std::string record_;
+  const uint32_t max_;
+  const int64_t window_ms_;
+  std::shared_ptr<spdlog::logger> log_;
   mutable std::mutex mu_;
-  std::string why_;
+  std::string why_, kept_up_;
 };
 
 // Waits for SIGINT/SIGTERM (returns its number) or a lost device's stop (returns 0).
@@ -169,7 +212,7 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
   auto health = std::make_shared<NodeHealth>();
   const bool restart_on_loss =
       manifest.supervisor.device_lost == config::DeviceLostAction::restart_node;
-  auto lost_stop = std::make_shared<LostDeviceStop>();
+  auto lost_stop = std::make_shared<LostDeviceStop>(manifest, node_name, log);
   auto device_lost = [health, lost_stop, restart_on_loss](const std::string& instance,
                                                           const std::string& reason) {
     health->set_device_lost(instance, reason);
@@ -186,14 +229,16 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
          [render] {
            return obs::AdminResponse{200, "text/plain; version=0.0.4; charset=utf-8", render()};
          }},
-        obs::health_route([health, restart_on_loss] {
+        obs::health_route([health, restart_on_loss, lost_stop] {
           std::string why = health->reason();
           if (std::string lost = health->devices_lost(); !lost.empty()) {
+            std::string kept_up = lost_stop->kept_up();
             why += (why.empty() ? "" : "; ") + lost +
-                   (restart_on_loss ? "; the node drains and restarts ([supervisor] "
-                                      "device_lost = \"restart-node\")"
-                                    : "; restart the node to reopen it ([supervisor] "
-                                      "device_lost = \"stay\")");
+                   (!kept_up.empty()  ? "; " + kept_up
+                    : restart_on_loss ? std::string("; the node drains and restarts ([supervisor] "
+                                                    "device_lost = \"restart-node\")")
+                                      : std::string("; restart the node to reopen it ([supervisor] "
+                                                    "device_lost = \"stay\")"));
           }
           return why.empty() ? obs::HealthStatus{true, "node running"}
                              : obs::HealthStatus{false, why};

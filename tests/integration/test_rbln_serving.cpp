@@ -338,6 +338,75 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "rbln serving: a device lost for good restarts its node at most "
+    "[supervisor] device_lost_restarts_max times; then the node stays up without it and says "
+    "why" *
+    doctest::timeout(300)) {
+  // The prefill graph hangs on every run (no restart clears it). One device-lost restart is
+  // allowed: the first loss restarts the node, the second keeps it up, its prefill instance not
+  // ready, and decode prefills every request itself.
+  std::string toml = rbln_toml("lost-for-good", {{"fake_hang_graph", "prefill"}});
+  ServeCluster c(Layout::loopback3, 1, 0, "", "", "", false, /*start_nodes=*/false, "",
+                 "# rbln executors: exec-p\n" + toml +
+                     "[supervisor]\nexecutor_step_timeout_ms = 1000\ndrain_timeout_ms = 5000\n"
+                     "device_lost_restarts_max = 1\n");
+  // The record of device-lost restarts goes where a systemd unit's StateDirectory= would put it.
+  std::string state = c.dir() + "/state";
+  ::setenv("STATE_DIRECTORY", state.c_str(), 1);
+  std::string log_path = c.dir() + "/up.log";
+  Child up({tandem_bin(), "up", c.manifest_path(), "--restarts", "3"}, log_path);
+  ::unsetenv("STATE_DIRECTORY");
+  auto pd_ready = [&] {
+    auto h = http::get(c.http_port(), "/health", 1000ms);
+    return h.status == 200 && c.metric("front", "tandem_router_instance_eligible") == 2 &&
+           http::get(c.admin_port("prefill"), "/health", 1000ms).status == 200;
+  };
+  auto exits_75 = [&] {
+    std::string log = read_file(log_path);
+    size_t n = 0;
+    for (size_t at = log.find("exited with status 75"); at != std::string::npos;
+         at = log.find("exited with status 75", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  REQUIRE_MESSAGE(eventually(60000ms, pd_ready), read_file(log_path));
+  Completion first = complete(c.http_port(), story_prompts()[0], 8);
+  CHECK_MESSAGE(first.error.empty(), first.error);
+  REQUIRE_MESSAGE(eventually(30000ms, [&] { return exits_75() == 1; }), read_file(log_path));
+  // Restarted; the device hangs again on the next request, and this time the node stays up.
+  REQUIRE_MESSAGE(eventually(60000ms, pd_ready), read_file(log_path));
+  Completion second = complete(c.http_port(), story_prompts()[1], 8);
+  CHECK_MESSAGE(second.error.empty(), second.error);
+  const std::string kept =
+      "the node restarted once within 3600000 ms for lost devices ([supervisor] "
+      "device_lost_restarts_max = 1), so it stays up without this one";
+  CHECK_MESSAGE(eventually(10000ms,
+                           [&] {
+                             auto h = http::get(c.admin_port("prefill"), "/health", 1000ms);
+                             return h.status == 503 && h.body.find(kept) != std::string::npos;
+                           }),
+                http::get(c.admin_port("prefill"), "/health", 1000ms).body);
+  CHECK(read_file(log_path).find(kept) != std::string::npos);
+  // Still up, serving through decode's own prefill; no further restart.
+  for (int i = 2; i < 4; ++i) {
+    Completion r = complete(c.http_port(), story_prompts()[i], 8);
+    CHECK_MESSAGE(r.error.empty(), r.error);
+  }
+  CHECK(exits_75() == 1);
+  CHECK(http::get(c.admin_port("prefill"), "/metrics", 3000ms).status == 200);
+  std::vector<std::string> records;
+  for (const auto& e : std::filesystem::directory_iterator(state)) {
+    records.push_back(e.path().filename().string());
+  }
+  REQUIRE(records.size() == 1);
+  CHECK_MESSAGE(records[0].rfind("serve-it-prefill-", 0) == 0, records[0]);
+  up.signal(SIGTERM);
+  int status = up.wait(60000ms);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+}
+
+TEST_CASE(
     "rbln serving: a device that does not open within [supervisor] executor_open_timeout_ms "
     "leaves its instances not ready with that reason; the node keeps answering" *
     doctest::timeout(300)) {

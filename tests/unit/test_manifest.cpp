@@ -1871,6 +1871,24 @@ TEST_CASE(
   CHECK(issue.message.find("unknown value 'reboot'") != std::string::npos);
   CHECK(issue.message.find("restart-node") != std::string::npos);
   CHECK(issue.message.find("stay") != std::string::npos);
+  // The bound on device-lost restarts: defaults, values, and refused beside "stay".
+  CHECK(Manifest{}.supervisor.device_lost_restarts_max == 3);
+  CHECK(Manifest{}.supervisor.device_lost_window_ms == 3'600'000);
+  Manifest bounded = parse_ok(base_manifest +
+                              "[supervisor]\ndevice_lost_restarts_max = 1\n"
+                              "device_lost_window_ms = 600000\n");
+  CHECK(bounded.supervisor.device_lost_restarts_max == 1);
+  CHECK(bounded.supervisor.device_lost_window_ms == 600000);
+  CHECK(only_issue(base_manifest + "[supervisor]\ndevice_lost_restarts_max = 0\n").message ==
+        "value 0 is out of range 1..100");
+  std::string beside = base_manifest +
+                       "[supervisor]\ndevice_lost = \"stay\"\n"
+                       "device_lost_window_ms = 60000\n";
+  ManifestIssue unused = only_issue(beside);
+  CHECK(unused.key == "supervisor.device_lost_window_ms");
+  CHECK(unused.line == line_of(beside, "device_lost_window_ms"));
+  CHECK(unused.message.find("with device_lost = \"stay\" a lost device never restarts") !=
+        std::string::npos);
 }
 
 TEST_CASE(

@@ -4,16 +4,16 @@
 // budget leaves the child down and says so; a user_shutdown exit is not a crash.
 #include <doctest.h>
 
-#include <caf/all.hpp>
-
 #include <atomic>
+#include <caf/all.hpp>
 #include <chrono>
 
 #include "runtime/node/caf_types.hpp"
+#include "runtime/node/device_lost_record.hpp"
+#include "runtime/node/spawn.hpp"
 #include "runtime/node/supervisor.hpp"
 #include "runtime/obs/log.hpp"
 #include "tests/support/process.hpp"
-#include "runtime/node/spawn.hpp"
 
 using namespace tandem;
 using namespace tandem::runtime;
@@ -156,4 +156,41 @@ TEST_CASE("supervisor: a user_shutdown exit is not a crash; the supervisor's exi
   self->receive([&](const caf::down_msg& d) { b_down = d.source == b_actor.address(); },
                 caf::after(2s) >> [] {});
   CHECK(b_down);
+}
+
+TEST_CASE(
+    "device-lost record: a node restarts for lost devices at most device_lost_restarts_max times "
+    "in the window, kept in a file across processes; a damaged file counts as empty") {
+  using tandem::runtime::allow_device_lost_restart;
+  std::vector<int64_t> stamps;
+  // Three restarts allowed in a 10 s window; the fourth loss within it stays up.
+  CHECK(allow_device_lost_restart(stamps, 1000, 10000, 3));
+  CHECK(allow_device_lost_restart(stamps, 2000, 10000, 3));
+  CHECK(allow_device_lost_restart(stamps, 3000, 10000, 3));
+  CHECK_FALSE(allow_device_lost_restart(stamps, 4000, 10000, 3));
+  CHECK(stamps == std::vector<int64_t>{1000, 2000, 3000});  // a refusal records nothing
+  // Once the first leaves the window, one more restart is allowed.
+  CHECK(allow_device_lost_restart(stamps, 11001, 10000, 3));
+  CHECK(stamps == std::vector<int64_t>{2000, 3000, 11001});
+  // Stamps from the future (a clock set back) do not count; the kept list never exceeds max.
+  std::vector<int64_t> skewed{50000, 60000, 5, 6, 7, 8};
+  CHECK_FALSE(allow_device_lost_restart(skewed, 10, 100, 3));
+  CHECK(skewed.size() == 3);
+
+  // The file: written, read back, damaged lines skipped.
+  std::string dir = tandem::testing::make_temp_dir("device-lost");
+  ::setenv("STATE_DIRECTORY", dir.c_str(), 1);
+  std::string path = tandem::runtime::device_lost_record_path("c", "n1", "/etc/t/m.toml");
+  CHECK(path.rfind(dir + "/c-n1-", 0) == 0);
+  CHECK(path != tandem::runtime::device_lost_record_path("c", "n1", "/etc/t/other.toml"));
+  ::unsetenv("STATE_DIRECTORY");
+  CHECK(tandem::runtime::read_device_lost_record(path).empty());  // none yet
+  REQUIRE(tandem::runtime::write_device_lost_record(path, {7, 8, 9}).ok());
+  CHECK(tandem::runtime::read_device_lost_record(path) == std::vector<int64_t>{7, 8, 9});
+  tandem::testing::write_file(path, "12\nnot a number\n\n99999999999999999999999\n13 \n14\n");
+  CHECK(tandem::runtime::read_device_lost_record(path) == std::vector<int64_t>{12, 14});
+  // A directory that cannot be made: the error names it.
+  auto bad = tandem::runtime::write_device_lost_record(path + "/x/y", {1});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("cannot create " + path + "/x") == 0);
 }

@@ -51,6 +51,7 @@ TEST_CASE("systemd unit: restart on failure, drain-sized stop timeout, memlock, 
                "host-a\n") != std::string::npos);
   CHECK(u.find("Restart=on-failure\n") != std::string::npos);
   CHECK(u.find("StartLimitBurst=5\n") != std::string::npos);
+  CHECK(u.find("StateDirectory=tandem\n") != std::string::npos);  // the device-lost record
   CHECK(u.find("KillSignal=SIGTERM\n") != std::string::npos);
   CHECK(u.find("TimeoutStopSec=60\n") != std::string::npos);  // 45 s drain + 15
   CHECK(u.find("LimitMEMLOCK=infinity\n") != std::string::npos);

@@ -1,0 +1,88 @@
+#include "runtime/node/device_lost_record.hpp"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace tandem::runtime {
+namespace fs = std::filesystem;
+
+bool allow_device_lost_restart(std::vector<int64_t>& stamps, int64_t now_ms, int64_t window_ms,
+                               uint32_t max) {
+  std::erase_if(stamps, [&](int64_t t) { return t <= now_ms - window_ms || t > now_ms; });
+  std::sort(stamps.begin(), stamps.end());
+  if (stamps.size() >= max) {
+    stamps.erase(stamps.begin(), stamps.end() - max);
+    return false;
+  }
+  stamps.push_back(now_ms);
+  return true;
+}
+
+std::string device_lost_record_path(const std::string& cluster, const std::string& node,
+                                    const std::string& manifest_file) {
+  std::string dir;
+  if (const char* state = std::getenv("STATE_DIRECTORY"); state && *state) {
+    dir = state;
+    dir = dir.substr(0, dir.find(':'));  // several directories: the first
+  } else if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run && *run) {
+    dir = std::string(run) + "/tandem";
+  } else {
+    dir = "/tmp/tandem-" + std::to_string(::getuid());
+  }
+  std::error_code ec;
+  fs::path manifest = fs::absolute(manifest_file, ec);
+  std::string key = (ec ? fs::path(manifest_file) : manifest).lexically_normal().string();
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x",
+                static_cast<unsigned>(XXH64(key.data(), key.size(), 0) & 0xffffffffu));
+  return dir + "/" + cluster + "-" + node + "-" + hex + ".device-lost";
+}
+
+std::vector<int64_t> read_device_lost_record(const std::string& path) {
+  std::vector<int64_t> stamps;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.size() > 32) continue;
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), v);
+    if (ec != std::errc() || end != line.data() + line.size()) continue;
+    stamps.push_back(v);
+    if (stamps.size() > 1000) stamps.erase(stamps.begin());
+  }
+  return stamps;
+}
+
+Status write_device_lost_record(const std::string& path, const std::vector<int64_t>& stamps) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec) {
+    return make_error(ErrorKind::failed, "cannot create " + fs::path(path).parent_path().string() +
+                                             ": " + ec.message());
+  }
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (int64_t t : stamps) out << t << '\n';
+    out.flush();
+    if (!out) {
+      fs::remove(tmp, ec);
+      return make_error(ErrorKind::failed, "cannot write " + tmp);
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return make_error(ErrorKind::failed, "cannot rename " + tmp + " to " + path);
+  }
+  return {};
+}
+
+}  // namespace tandem::runtime
