@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/common/exec_watch.hpp"
 #include "config/manifest.hpp"
 #include "messages/envelope.hpp"
 #include "runtime/node/bridge.hpp"
@@ -34,6 +35,14 @@ struct ShellContext {
   // The executor's device is lost for good (runtime::NodeEnv::device_lost); may be empty.
   std::function<void(const std::string& instance, const std::string& reason)> device_lost;
 };
+
+// An executor answer said its device is lost for good (ExecResult::device_lost): the first
+// time (`watch` takes `reason`), logs it for `role` `self`, lets the shell end what it holds
+// (`end_requests`, whose requests `ending` names in the log) and tells the node
+// (ShellContext::device_lost). Later answers change nothing. Returns whether it was the first.
+bool lose_device(const ShellContext& ctx, ExecWatch& watch, const messages::ActorName& self,
+                 std::string_view role, const std::string& reason, std::string_view ending,
+                 const std::function<void()>& end_requests);
 
 // The backstop at a handler's boundary (STYLE section 8: one bad message costs one answer,
 // never an actor). Handlers return expected errors as values; anything `body` still throws

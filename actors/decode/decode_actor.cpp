@@ -507,13 +507,9 @@ void fail_all(DecodeActor* self) {
 
 bool watch_answered(DecodeActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
-  if (result && st.watch->lose(result->device_lost)) {
-    st.ctx.log->error(
-        "decode {}: {}; its requests end with this error and no step runs "
-        "until the node restarts ([supervisor] device_lost)",
-        st.self_name.instance, st.watch->stall_reason());
-    fail_all(self);
-    if (st.ctx.device_lost) st.ctx.device_lost(st.self_name.to_string(), st.watch->stall_reason());
+  if (result) {
+    lose_device(st.ctx, *st.watch, st.self_name, "decode", result->device_lost, "its requests",
+                [self] { fail_all(self); });
   }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_run.reset();

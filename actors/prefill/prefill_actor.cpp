@@ -214,13 +214,9 @@ void fail_waiting(PrefillActor* self) {
 // step already ended): the executor answers again, so steps resume.
 bool watch_answered(PrefillActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
-  if (result && st.watch->lose(result->device_lost)) {
-    st.ctx.log->error(
-        "prefill {}: {}; requests waiting for a prefill end with this error and no step runs "
-        "until the node restarts ([supervisor] device_lost)",
-        st.self_name.instance, st.watch->stall_reason());
-    fail_waiting(self);
-    if (st.ctx.device_lost) st.ctx.device_lost(st.self_name.to_string(), st.watch->stall_reason());
+  if (result) {
+    lose_device(st.ctx, *st.watch, st.self_name, "prefill", result->device_lost,
+                "requests waiting for a prefill", [self] { fail_waiting(self); });
   }
   if (st.watch->answered(gen, ExecWatch::Clock::now())) {
     st.exec_plan.reset();

@@ -46,6 +46,14 @@ std::string rbln_toml(const std::string& tag, nlohmann::json extra = nlohmann::j
          "\"\n[decode]\nseqs_max = 8\n";
 }
 
+// Decode pulled prefill's KV over the fabric, every pull succeeded, and nothing fell back to
+// decode's own prefill.
+void check_pd_pulled(ServeCluster& pd) {
+  CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
+  CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
+  CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+}
+
 std::vector<std::string> answers(ServeCluster& c) {
   std::vector<std::string> out;
   for (const std::string& p : story_prompts()) {
@@ -108,9 +116,7 @@ TEST_CASE(
     ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", toml);
     REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
     check_same_text(pd, cpu, "rbln P/D, device KV");
-    CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
-    CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
-    CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+    check_pd_pulled(pd);
   }
 }
 
@@ -134,9 +140,7 @@ TEST_CASE(
   ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", toml);
   REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
   check_same_text(pd, cpu, "rbln PP2 P/D");
-  CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
-  CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
-  CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  check_pd_pulled(pd);
   // `tandem check` reports the prefill executor's stages.
   auto check = run({tandem_bin(), "check", pd.manifest_path()}, 60000ms);
   CHECK_MESSAGE(check.output.find("pipeline stages 2 (layers 3, 3)") != std::string::npos,
@@ -629,9 +633,7 @@ TEST_CASE(
   for (const std::string& name : pd.node_names()) pd.restart(name);
   REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
   check_same_text(pd, cpu, "rbln PP2 prefill + DP2 decode from the compile cache");
-  CHECK(pd.metric("decode", "tandem:kv_pulled_blocks_total") >= 1);
-  CHECK(pd.metric("decode", "tandem:kv_pull_failures_total") == 0);
-  CHECK(pd.metric("decode", "tandem:prefill_fallbacks_total") == 0);
+  check_pd_pulled(pd);
   auto check = run({tandem_bin(), "check", pd.manifest_path()}, 60000ms);
   CHECK_MESSAGE(check.output.find("pipeline stages 2 (layers 2, 4)") != std::string::npos,
                 check.output);

@@ -1934,6 +1934,20 @@ TEST_CASE(
   CHECK(refused.message.find("[speculative] method must be \"none\"") != std::string::npos);
 }
 
+// A prefill instance on its own rbln executor with four devices (appended to base_manifest).
+const std::string kPrefillOnFourRblnDevices = R"(
+  [[node.instance]]
+  role = "prefill"
+  name = "pre"
+  executor = "px"
+
+  [[node.instance]]
+  role = "executor"
+  name = "px"
+  device = "rbln"
+  devices = [1, 2, 3, 4]
+)";
+
 TEST_CASE("rbln: [rbln] prefill_artifacts serves prefill executors; unused, it is refused") {
   std::string rbln = replace(base_manifest, "device = \"cpu\"", "device = \"rbln\"");
   // Only a decode instance runs on rbln: the key would do nothing, and says so where it is.
@@ -1946,18 +1960,7 @@ TEST_CASE("rbln: [rbln] prefill_artifacts serves prefill executors; unused, it i
 
   // A prefill instance on its own rbln executor with four devices: prefill_artifacts alone
   // covers it, the decode executor still needs artifacts or compiler.
-  std::string pd = rbln + R"(
-  [[node.instance]]
-  role = "prefill"
-  name = "pre"
-  executor = "px"
-
-  [[node.instance]]
-  role = "executor"
-  name = "px"
-  device = "rbln"
-  devices = [1, 2, 3, 4]
-)";
+  std::string pd = rbln + kPrefillOnFourRblnDevices;
   auto decode_needs = only_issue(pd + "[rbln]\nprefill_artifacts = \"compiled/pp4\"\n");
   CHECK(decode_needs.key == "node[0].instance[3].device");
   CHECK(decode_needs.message.find("executor 'ex' has device \"rbln\"") == 0);
@@ -1972,18 +1975,7 @@ TEST_CASE(
     "an executor's devices for the compile cache; what does not fit is refused where it is") {
   std::string rbln = replace(base_manifest, "device = \"cpu\"", "device = \"rbln\"");
   // The prefill instance on its own rbln executor with four devices; decode on one.
-  std::string pd = rbln + R"(
-  [[node.instance]]
-  role = "prefill"
-  name = "pre"
-  executor = "px"
-
-  [[node.instance]]
-  role = "executor"
-  name = "px"
-  device = "rbln"
-  devices = [1, 2, 3, 4]
-)";
+  std::string pd = rbln + kPrefillOnFourRblnDevices;
   Manifest plain = parse_ok(pd + "[rbln]\ncompiler = \"c\"\n");
   CHECK(plain.rbln.prefill_pipeline_stages == 1);
   CHECK(plain.rbln.decode_data_parallel == 1);
