@@ -52,17 +52,16 @@ void HandlerGuard::run_frame(const messages::ActorName& self_name,
   }
 }
 
-bool lose_device(const ShellContext& ctx, ExecWatch& watch, const messages::ActorName& self,
+void lose_device(const ShellContext& ctx, ExecWatch& watch, const messages::ActorName& self,
                  std::string_view role, const std::string& reason, std::string_view ending,
                  const std::function<void()>& end_requests) {
-  if (!watch.lose(reason)) return false;
+  if (!watch.lose(reason)) return;
   ctx.log->error(
       "{} {}: {}; {} end with this error and no step runs until the node restarts "
       "([supervisor] device_lost)",
       role, self.instance, watch.stall_reason(), ending);
   end_requests();
   if (ctx.device_lost) ctx.device_lost(self.to_string(), watch.stall_reason());
-  return true;
 }
 
 void send_error(const ShellContext& ctx, const messages::ActorName& from,

@@ -39,8 +39,8 @@ struct ShellContext {
 // An executor answer said its device is lost for good (ExecResult::device_lost): the first
 // time (`watch` takes `reason`), logs it for `role` `self`, lets the shell end what it holds
 // (`end_requests`, whose requests `ending` names in the log) and tells the node
-// (ShellContext::device_lost). Later answers change nothing. Returns whether it was the first.
-bool lose_device(const ShellContext& ctx, ExecWatch& watch, const messages::ActorName& self,
+// (ShellContext::device_lost). Later answers change nothing.
+void lose_device(const ShellContext& ctx, ExecWatch& watch, const messages::ActorName& self,
                  std::string_view role, const std::string& reason, std::string_view ending,
                  const std::function<void()>& end_requests);
 

@@ -55,7 +55,7 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
         if (!manifest.rbln.prefill_artifacts.empty()) {
           spec.rbln.artifacts = manifest.rbln.prefill_artifacts;
           spec.rbln.compiler.clear();
-        } else {  // the compile cache's pipelined prefill (the manifest refuses it beside decode)
+        } else {  // the compile cache's pipelined prefill (an executor serves one instance)
           spec.rbln.pipeline_stages = manifest.rbln.prefill_pipeline_stages;
           spec.rbln.stage_layers = manifest.rbln.prefill_stage_layers;
         }

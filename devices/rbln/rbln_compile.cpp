@@ -146,7 +146,17 @@ Result<std::string> compiler_version(const std::string& compiler) {
   return first;
 }
 
-Result<std::string> shape_dir(const CompileRequest& r, const std::string& cache_dir) {
+namespace {
+
+// What a request resolves to against its model: the model's shape, each stage's layers, and
+// the cache's shape directory (read and computed once per call).
+struct Resolved {
+  cpu::ModelShape shape;
+  std::vector<uint32_t> layers;
+  std::string dir;  // CACHE/<name>-<key>
+};
+
+Result<Resolved> resolve(const CompileRequest& r, const std::string& cache_dir) {
   auto shape = cpu::read_model_shape(r.model_path);
   if (!shape.ok()) return shape.error();
   // The resolved split: an equal split written out or left implicit is one entry.
@@ -163,24 +173,24 @@ Result<std::string> shape_dir(const CompileRequest& r, const std::string& cache_
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(XXH64(key.data(), key.size(), 0)));
-  return cache_dir + "/" + safe_name(r.model_name) + "-" + hex;
+  return Resolved{std::move(*shape), std::move(*layers),
+                  cache_dir + "/" + safe_name(r.model_name) + "-" + hex};
 }
 
-Result<std::string> find_cached(const CompileRequest& r, const std::string& cache_dir,
-                                const std::string& version) {
-  auto shaped = shape_dir(r, cache_dir);
-  if (!shaped.ok()) return shaped.error();
-  std::string dir = *shaped + "/" + safe_name(version);
+// find_cached in the shape directory `shaped`.
+Result<std::string> find_in(const std::string& shaped, const std::string& cache_dir,
+                            const std::string& version) {
+  std::string dir = shaped + "/" + safe_name(version);
   std::error_code ec;
   if (fs::exists(fs::path(dir) / "rbln_config.json", ec)) return dir;
   std::string others;
-  for (const auto& e : fs::directory_iterator(*shaped, ec)) {
+  for (const auto& e : fs::directory_iterator(shaped, ec)) {
     if (!e.is_directory() || e.path().filename().string().rfind(".tmp", 0) == 0) continue;
     others += (others.empty() ? "" : ", ") + e.path().filename().string();
   }
   if (!others.empty()) {
     return make_error(ErrorKind::not_found,
-                      "rbln: " + *shaped + " holds graphs built by compiler " + others +
+                      "rbln: " + shaped + " holds graphs built by compiler " + others +
                           ", the installed compiler is " + version +
                           "; an artifact is only used with the compiler version that built it "
                           "(run `tandem model compile --manifest ...`)");
@@ -191,20 +201,25 @@ Result<std::string> find_cached(const CompileRequest& r, const std::string& cach
                                               "--manifest ...`)");
 }
 
+}  // namespace
+
+Result<std::string> find_cached(const CompileRequest& r, const std::string& cache_dir,
+                                const std::string& version) {
+  auto resolved = resolve(r, cache_dir);
+  if (!resolved.ok()) return resolved.error();
+  return find_in(resolved->dir, cache_dir, version);
+}
+
 Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compiler,
                                const std::string& cache_dir) {
   auto version = compiler_version(compiler);
   if (!version.ok()) return version.error();
-  auto found = find_cached(r, cache_dir, *version);
+  auto resolved = resolve(r, cache_dir);
+  if (!resolved.ok()) return resolved.error();
+  auto found = find_in(resolved->dir, cache_dir, *version);
   if (found.ok()) return CompileOutcome{*found, true, 0};
-  auto shape = cpu::read_model_shape(r.model_path);
-  if (!shape.ok()) return shape.error();
-  auto layers = stage_layers_for(r, shape->config.layers);
-  if (!layers.ok()) return layers.error();
-  auto shaped = shape_dir(r, cache_dir);
-  if (!shaped.ok()) return shaped.error();
-  std::string final_dir = *shaped + "/" + safe_name(*version);
-  std::string tmp = *shaped + "/.tmp-" + std::to_string(::getpid());
+  std::string final_dir = resolved->dir + "/" + safe_name(*version);
+  std::string tmp = resolved->dir + "/.tmp-" + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
@@ -220,7 +235,7 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
       " --block-tokens " + std::to_string(r.block_tokens) + " --max-seq-len " +
       std::to_string(r.max_seq_len) + " --prefill-chunk " + std::to_string(r.prefill_chunk) +
       (r.stages > 1 ? " --pipeline-stages " + std::to_string(r.stages) + " --stage-layers " +
-                          comma_list(*layers)
+                          comma_list(resolved->layers)
                     : " --buckets " + comma_list(r.buckets)) +
       " --devices " + std::to_string(r.devices) + " --kv-blocks " + std::to_string(r.kv_blocks) +
       " --kv-element-bytes " + std::to_string(r.kv_element_bytes) +
@@ -243,7 +258,7 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   RblnArtifact art;
   art.model_name = r.model_name;
   art.compiler_version = *version;
-  art.model = shape->config;
+  art.model = resolved->shape.config;
   art.block_tokens = r.block_tokens;
   art.kv_blocks = r.kv_blocks;
   art.kv_element_bytes = r.kv_element_bytes;
@@ -252,7 +267,7 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   art.buckets = r.buckets;
   art.devices = r.devices;
   art.stages = r.stages;
-  art.stage_layers = *layers;
+  art.stage_layers = resolved->layers;
   art.ranks = r.ranks;
   nlohmann::json j = artifact_config_json(art);
   j["source_model_path"] = r.model_path;

@@ -69,9 +69,6 @@ Result<std::vector<uint32_t>> stage_layers_for(const CompileRequest& request, ui
 // exits non-zero or prints nothing.
 Result<std::string> compiler_version(const std::string& compiler);
 
-// CACHE/<name>-<key> (no version).
-Result<std::string> shape_dir(const CompileRequest& request, const std::string& cache_dir);
-
 // The cached directory for `request` built by `version`: CACHE/.../<version>. not_found when
 // none; when the shape was compiled by other versions only, the error names them and `version`.
 Result<std::string> find_cached(const CompileRequest& request, const std::string& cache_dir,

@@ -45,19 +45,30 @@ std::string device_lost_record_path(const std::string& cluster, const std::strin
   return dir + "/" + cluster + "-" + node + "-" + hex + ".device-lost";
 }
 
-std::vector<int64_t> read_device_lost_record(const std::string& path) {
+std::vector<int64_t> parse_device_lost_record(std::string_view text) {
   std::vector<int64_t> stamps;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.size() > 32) continue;
+  while (!text.empty()) {
+    const size_t eol = std::min(text.find('\n'), text.size());
+    const std::string_view line = text.substr(0, eol);
+    text.remove_prefix(std::min(eol + 1, text.size()));
     int64_t v = 0;
     auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), v);
-    if (ec != std::errc() || end != line.data() + line.size()) continue;
-    stamps.push_back(v);
-    if (stamps.size() > 1000) stamps.erase(stamps.begin());
+    if (!line.empty() && ec == std::errc() && end == line.data() + line.size()) {
+      stamps.push_back(v);
+    }
+  }
+  if (stamps.size() > kRecordStampsMax) {
+    stamps.erase(stamps.begin(), stamps.end() - static_cast<ptrdiff_t>(kRecordStampsMax));
   }
   return stamps;
+}
+
+std::vector<int64_t> read_device_lost_record(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text(kRecordBytesMax, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return parse_device_lost_record(text);
 }
 
 Status write_device_lost_record(const std::string& path, const std::vector<int64_t>& stamps) {

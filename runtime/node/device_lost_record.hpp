@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/base/result.hpp"
@@ -29,8 +30,14 @@ bool allow_device_lost_restart(std::vector<int64_t>& stamps_ms, int64_t now_ms, 
 std::string device_lost_record_path(const std::string& cluster, const std::string& node,
                                     const std::string& manifest_file);
 
-// The stamps in `path`: none when it does not exist; lines that are not a number are skipped,
-// and at most the last 1000 are kept (the file is ours, but a disk is not trusted).
+// The stamps in a record's text: one decimal number per line; other lines are skipped, and at
+// most the last kRecordStampsMax are kept (the file is ours, but a disk is not trusted).
+inline constexpr size_t kRecordStampsMax = 1000;
+std::vector<int64_t> parse_device_lost_record(std::string_view text);
+
+// parse_device_lost_record of the first kRecordBytesMax bytes of `path`; none when it does not
+// exist or cannot be read.
+inline constexpr size_t kRecordBytesMax = 64 * 1024;
 std::vector<int64_t> read_device_lost_record(const std::string& path);
 
 // Writes `stamps` to `path` (its directory created; a temporary file renamed into place).

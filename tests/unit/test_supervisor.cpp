@@ -189,6 +189,13 @@ TEST_CASE(
   CHECK(tandem::runtime::read_device_lost_record(path) == std::vector<int64_t>{7, 8, 9});
   tandem::testing::write_file(path, "12\nnot a number\n\n99999999999999999999999\n13 \n14\n");
   CHECK(tandem::runtime::read_device_lost_record(path) == std::vector<int64_t>{12, 14});
+  // A record grown past its bound: the last kRecordStampsMax stamps are kept.
+  std::string long_record;
+  for (int i = 0; i < 1200; ++i) long_record += std::to_string(i) + "\n";
+  auto kept = tandem::runtime::parse_device_lost_record(long_record);
+  REQUIRE(kept.size() == tandem::runtime::kRecordStampsMax);
+  CHECK(kept.front() == 200);
+  CHECK(kept.back() == 1199);
   // A directory that cannot be made: the error names it.
   auto bad = tandem::runtime::write_device_lost_record(path + "/x/y", {1});
   REQUIRE_FALSE(bad.ok());
