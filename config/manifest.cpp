@@ -919,8 +919,9 @@ void Loader::read_rbln_parallel(TableReader& reader) {
   }
 }
 
-// Executors with device "rbln" need [rbln] artifacts; their decode instances cannot speculate
-// (the decode graphs take one token per sequence).
+// Executors with device "rbln" need [rbln] artifacts (or the compile cache). A speculating
+// decode instance on one needs verify graphs: the executor checks its artifact for them
+// (devices/rbln/rbln_artifact.hpp), and the compile cache compiles them.
 void Loader::check_rbln() {
   const RblnSection& rbln = manifest_.rbln;
   bool prefill_on_rbln = false, decode_on_rbln = false;
@@ -949,15 +950,6 @@ void Loader::check_rbln() {
                       "or compiler (the compile cache) must be set" +
                       (serves_prefill ? " (or prefill_artifacts, for prefill executors)" : ""));
         return;
-      }
-      if (manifest_.speculative.method == SpeculativeMethod::none) continue;
-      for (const Instance& user : instances) {
-        if (user.role != Role::decode || user.executor != inst.name) continue;
-        sink_.add(decl.pos, decl.path + ".device",
-                  "decode instance '" + user.name + "' runs on executor '" + inst.name +
-                      "' with device \"rbln\", whose decode graphs take one token per "
-                      "sequence: [speculative] method must be \"none\" (speculative "
-                      "verification is not built for rbln)");
       }
     }
   }

@@ -294,6 +294,9 @@ struct RblnSpec {
   std::vector<std::string> served_names;
   uint32_t max_model_tokens = 0;
   uint32_t decode_seqs_max = 0;     // 0: the executor serves no decode instance
+  // The executor's decode instance speculates with up to this many drafts per sequence
+  // ([speculative] draft_tokens_max; 0: it does not): the verify graphs must take 1 + it.
+  uint32_t draft_tokens_max = 0;
   uint32_t run_timeout_ms = 60000;  // one graph run's wait bound
   // KV in device memory (rbln_malloc) rather than the host pool: the graphs take the device
   // buffer, and the host pool becomes its registered staging copy (devices/rbln/rbln_device.hpp).

@@ -205,6 +205,10 @@ int compile(cli::Args args) {
                 std::to_string(request.devices) +
                 (request.devices == 1 ? " device each" : " devices each");
       }
+      if (request.verify_tokens > 0) {
+        split += " (with verify graphs of " + std::to_string(request.verify_tokens) +
+                 " tokens per sequence)";
+      }
       if (done->cached) {
         std::printf("%s/%s: cached%s %s\n", node.name.c_str(), instance.name.c_str(), split.c_str(),
                     done->dir.c_str());

@@ -46,6 +46,9 @@ devices::DeviceSpec device_spec(const config::Manifest& manifest,
       if (user.role == config::Role::decode && user.executor == instance.name) {
         spec.rbln.decode_seqs_max = manifest.decode.seqs_max;
         spec.rbln.data_parallel = manifest.rbln.decode_data_parallel;
+        if (manifest.speculative.method != config::SpeculativeMethod::none) {
+          spec.rbln.draft_tokens_max = manifest.speculative.draft_tokens_max;
+        }
       }
       // Only a prefill instance's blocks are read out of the pool by RMA (decode's P/D pull,
       // tier-2 write-behind): KV in device memory is staged back to the host pool only then.

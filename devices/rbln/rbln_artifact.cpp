@@ -28,6 +28,10 @@ std::string RblnArtifact::decode_graph(uint32_t bucket) const {
   return dir + "/decoder_batch_" + std::to_string(bucket) + ".rbln";
 }
 
+std::string RblnArtifact::verify_graph(uint32_t bucket) const {
+  return dir + "/verify_batch_" + std::to_string(bucket) + ".rbln";
+}
+
 uint32_t RblnArtifact::bucket_for(uint32_t rows) const {
   for (uint32_t b : buckets) {
     if (b >= rows) return b;
@@ -161,6 +165,9 @@ Result<RblnArtifact> load_artifact(const std::string& dir) {
     graphs.push_back(a.stage_graph(stage));
   }
   for (uint32_t bucket : a.buckets) graphs.push_back(a.decode_graph(bucket));
+  for (uint32_t bucket : a.buckets) {
+    if (a.verify_tokens > 0) graphs.push_back(a.verify_graph(bucket));
+  }
   for (const std::string& g : graphs) {
     if (!fs::is_regular_file(g, ec)) {
       return make_error(ErrorKind::not_found,
@@ -237,13 +244,23 @@ Result<RblnArtifact> parse_artifact_config(std::string_view text, const std::str
     return make_error(ErrorKind::invalid,
                       file + ": data_parallel_size " + std::to_string(a.ranks) + " exceeds 32");
   }
+  if (auto st = read_uint(j, file, "verify_tokens", a.verify_tokens, false, 2); !st) {
+    return st.error();
+  }
+  if (a.verify_tokens > 64) {
+    return make_error(ErrorKind::invalid,
+                      file + ": verify_tokens " + std::to_string(a.verify_tokens) + " exceeds 64");
+  }
   auto b = j.find("decoder_batch_sizes");
   if (a.stages > 1) {
-    if (b != j.end()) {
-      return make_error(ErrorKind::invalid,
-                        file + ": pipeline_parallel_size " + std::to_string(a.stages) +
-                            " with decoder_batch_sizes: a pipelined artifact is prefill-only "
-                            "(decode runs one instance per device)");
+    for (const char* key : {"decoder_batch_sizes", "verify_tokens"}) {
+      if (j.contains(key)) {
+        return make_error(ErrorKind::invalid,
+                          file + ": pipeline_parallel_size " + std::to_string(a.stages) + " with " +
+                              key +
+                              ": a pipelined artifact is prefill-only (decode runs one "
+                              "instance per device)");
+      }
     }
     return a;
   }
@@ -295,6 +312,7 @@ nlohmann::json artifact_config_json(const RblnArtifact& a) {
     if (!a.stage_layers.empty()) j["pipeline_stage_layers"] = a.stage_layers;
   } else {
     j["decoder_batch_sizes"] = a.buckets;
+    if (a.verify_tokens > 0) j["verify_tokens"] = a.verify_tokens;
   }
   return j;
 }
@@ -337,6 +355,14 @@ Status check_artifact(const RblnArtifact& a, const ArtifactExpect& e) {
     return mismatch("largest decoder_batch_sizes bucket " + std::to_string(a.buckets.back()),
                     "[decode] seqs_max " + std::to_string(e.decode_seqs_max) +
                         " (a decode step of seqs_max sequences fits no graph)");
+  }
+  if (e.draft_tokens_max > 0 && a.verify_tokens < e.draft_tokens_max + 1) {
+    return mismatch(
+        a.verify_tokens == 0 ? std::string("no verify graphs (verify_tokens absent)")
+                             : "verify_tokens " + std::to_string(a.verify_tokens),
+        "[speculative] draft_tokens_max " + std::to_string(e.draft_tokens_max) +
+            " (a verify step takes the last token and up to that many drafts per sequence, " +
+            std::to_string(e.draft_tokens_max + 1) + " tokens)");
   }
   if (a.kv_blocks < uint64_t{e.kv_blocks} + 1) {
     return mismatch(

@@ -10,11 +10,18 @@
 //                       "max_seq_len", "prefill_chunk_size", "decoder_batch_sizes": [..],
 //                       "tensor_parallel_size",
 //                       "pipeline_parallel_size", "pipeline_stage_layers": [..],
-//                       "data_parallel_size"}
+//                       "data_parallel_size", "verify_tokens"}
 //   prefill.rbln        inputs: input_ids[chunk], cache_position[chunk], block_tables[blocks],
 //                       query_position[1], kv_cache; output: logits[vocab] (the query row)
 //   decoder_batch_B.rbln inputs: input_ids[B], cache_position[B], block_tables[B x blocks],
 //                       kv_cache; output: logits[B x vocab]
+//   verify_batch_B.rbln  with "verify_tokens" T >= 2 (Tandem's convention: speculative
+//                       verification), one per bucket: inputs input_ids[B x T],
+//                       cache_position[B x T], block_tables[B x blocks], kv_cache; output
+//                       logits[B x T x vocab]. Row r holds a sequence's last token and its
+//                       drafts at consecutive positions in its first slots; a slot it does not
+//                       use has cache_position -1 (the graph writes no KV for it and its logits
+//                       row is not read). Logits row (r, i) predicts the token after slot i.
 //
 // A pipelined prefill artifact (pipeline_parallel_size P > 1, Tandem's convention: the public
 // stack's pipeline-stage format is not published) has instead of prefill.rbln one graph per
@@ -64,6 +71,7 @@ struct RblnArtifact {
   uint32_t stages = 1;            // pipeline_parallel_size
   uint32_t ranks = 1;             // data_parallel_size
   std::vector<uint32_t> stage_layers;  // layers per stage, summing to model.layers
+  uint32_t verify_tokens = 0;          // > 0: verify_batch_B graphs taking this many per row
 
   uint32_t table_blocks() const { return max_seq_len / block_tokens; }
   uint32_t devices_total() const { return devices * stages * ranks; }
@@ -71,6 +79,7 @@ struct RblnArtifact {
   std::string prefill_graph() const;                // DIR/prefill.rbln
   std::string stage_graph(uint32_t stage) const;    // DIR/prefill_stage_S.rbln
   std::string decode_graph(uint32_t bucket) const;  // DIR/decoder_batch_B.rbln
+  std::string verify_graph(uint32_t bucket) const;  // DIR/verify_batch_B.rbln
   // The smallest bucket >= rows; 0 when rows exceeds the largest.
   uint32_t bucket_for(uint32_t rows) const;
 };
@@ -96,6 +105,9 @@ struct ArtifactExpect {
   uint32_t devices = 1;           // the executor's devices = [...] count (1 when empty)
   uint32_t decode_seqs_max = 0;   // [decode] seqs_max: the largest bucket must hold it
   uint32_t kv_blocks = 0;         // the executor's kv_blocks (+ 1 dummy must fit)
+  // A speculating decode instance runs on the executor: the verify graphs must take the last
+  // token plus [speculative] draft_tokens_max drafts per sequence (0: no speculation).
+  uint32_t draft_tokens_max = 0;
 };
 
 // invalid naming both values at the first mismatch: "artifact DIR: kvcache_block_size 16,

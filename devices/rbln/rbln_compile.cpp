@@ -72,6 +72,9 @@ std::vector<std::string> graphs_of(const CompileRequest& r) {
   }
   names.push_back("prefill");
   for (uint32_t b : r.buckets) names.push_back("decoder_batch_" + std::to_string(b));
+  for (uint32_t b : r.buckets) {
+    if (r.verify_tokens > 0) names.push_back("verify_batch_" + std::to_string(b));
+  }
   return names;
 }
 
@@ -103,6 +106,7 @@ CompileRequest compile_request(const DeviceSpec& spec) {
   const uint32_t top = std::max<uint32_t>(spec.rbln.decode_seqs_max, 1);
   for (uint32_t b = 1; b < top; b *= 2) r.buckets.push_back(b);
   r.buckets.push_back(top);
+  if (spec.rbln.draft_tokens_max > 0) r.verify_tokens = spec.rbln.draft_tokens_max + 1;
   return r;
 }
 
@@ -170,6 +174,8 @@ Result<Resolved> resolve(const CompileRequest& r, const std::string& cache_dir) 
       ";ranks=" + std::to_string(r.ranks) + ";kv_blocks=" + std::to_string(r.kv_blocks) +
       ";kv_element_bytes=" + std::to_string(r.kv_element_bytes) + ";buckets=";
   for (uint32_t b : r.buckets) key += std::to_string(b) + ",";
+  // Appended only when set: the keys of entries without verify graphs stay what they were.
+  if (r.verify_tokens > 0) key += ";verify_tokens=" + std::to_string(r.verify_tokens);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(XXH64(key.data(), key.size(), 0)));
@@ -239,7 +245,8 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
                     : " --buckets " + comma_list(r.buckets)) +
       " --devices " + std::to_string(r.devices) + " --kv-blocks " + std::to_string(r.kv_blocks) +
       " --kv-element-bytes " + std::to_string(r.kv_element_bytes) +
-      (r.ranks > 1 ? " --data-parallel " + std::to_string(r.ranks) : std::string());
+      (r.ranks > 1 ? " --data-parallel " + std::to_string(r.ranks) : std::string()) +
+      (r.verify_tokens > 0 ? " --verify-tokens " + std::to_string(r.verify_tokens) : std::string());
   Ran ran = run_shell(command);
   if (ran.status != 0) {
     fs::remove_all(tmp, ec);
@@ -269,6 +276,7 @@ Result<CompileOutcome> compile(const CompileRequest& r, const std::string& compi
   art.stages = r.stages;
   art.stage_layers = resolved->layers;
   art.ranks = r.ranks;
+  art.verify_tokens = r.verify_tokens;
   nlohmann::json j = artifact_config_json(art);
   j["source_model_path"] = r.model_path;
   std::ofstream(tmp + "/rbln_config.json") << j.dump(2);

@@ -6,10 +6,12 @@
 //   COMPILER --version                       first line of stdout: the version
 //   COMPILER --model PATH --out DIR --block-tokens B --max-seq-len L --prefill-chunk C
 //            --buckets N1,N2,... --devices D --kv-blocks K --kv-element-bytes E
-//            [--data-parallel R]
+//            [--data-parallel R] [--verify-tokens T]
 // once per executor, writing DIR/prefill.rbln and DIR/decoder_batch_N.rbln for every bucket
 // and exiting 0: the graphs of one model are compiled together (as optimum-rbln does) because
-// they share one KV cache on the device. With --data-parallel R (R > 1, [rbln]
+// they share one KV cache on the device. With --verify-tokens T (the executor's decode instance
+// speculates: T = [speculative] draft_tokens_max + 1) it also writes DIR/verify_batch_N.rbln
+// for every bucket (rbln_artifact.hpp has their inputs). With --data-parallel R (R > 1, [rbln]
 // decode_data_parallel) the graph set is one rank's, on D devices; the node opens it once per
 // rank. A pipelined prefill ([rbln] prefill_pipeline_stages P > 1) is called instead as
 //   COMPILER --model PATH --out DIR --block-tokens B --max-seq-len L --prefill-chunk C
@@ -24,7 +26,7 @@
 // Cache layout: CACHE/<model name>-<16 hex digits of the shape key>/<compiler version>/, the
 // shape key hashing the model's fingerprint (config or header, file sizes), block size, max
 // length, chunk, buckets, device count, stages and their layers, ranks, KV blocks and element
-// bytes. The public stack's own
+// bytes, and verify tokens when there are verify graphs. The public stack's own
 // cache leaves the compiler version out; here an entry built by another version is found (its
 // shape directory exists) and refused, naming both versions.
 #pragma once
@@ -50,6 +52,7 @@ struct CompileRequest {
   uint32_t stages = 1;                 // pipeline stages (a prefill-only executor)
   std::vector<uint32_t> stage_layers;  // per stage; empty: an equal split of the model's
   uint32_t ranks = 1;                  // data-parallel ranks
+  uint32_t verify_tokens = 0;          // > 0: verify graphs of this many tokens per sequence
   uint32_t kv_blocks = 0;  // the directory's kvcache_num_blocks (executor's + 1 dummy)
   uint32_t kv_element_bytes = 2;
 };
@@ -57,7 +60,8 @@ struct CompileRequest {
 // The request for an rbln executor's DeviceSpec (spec.rbln.compiler set): buckets are the powers
 // of two below [decode] seqs_max, then seqs_max (1, 2, 4, 8 for 8; 1 alone when the executor
 // serves no decode instance; none for a pipelined prefill). The executor's devices split into
-// spec.rbln.pipeline_stages or data_parallel parts of `devices` each.
+// spec.rbln.pipeline_stages or data_parallel parts of `devices` each. verify_tokens is
+// spec.rbln.draft_tokens_max + 1 when that is set.
 CompileRequest compile_request(const DeviceSpec& spec);
 
 // The layers of each pipeline stage for a model of `layers` layers: request.stage_layers, or an

@@ -36,6 +36,16 @@ std::vector<ChunkItem> chunk_items(std::span<const PrefillSeq> batch, uint32_t c
   return items;
 }
 
+// The decode graphs of one set (one device, or one data-parallel rank), by bucket: one token per
+// sequence, and with verify tokens T (the artifact's verify_tokens) T per sequence.
+struct DecodeGraphs {
+  std::map<uint32_t, RblnRuntime> decode, verify;
+  // The graph of `bucket` taking `per_row` tokens per sequence (1: decode).
+  RblnRuntime& at(uint32_t per_row, uint32_t bucket) {
+    return per_row == 1 ? decode.at(bucket) : verify.at(bucket);
+  }
+};
+
 // One stage of a pipelined prefill (artifact stages > 1): its graph's runtime on the stage's
 // first device, and the KV of its layers (block-major, the pool's blocks plus the dummy) in a
 // buffer of its own: on that device (kv_memory "device") or in host memory. The instance's host
@@ -56,7 +66,7 @@ struct PipeStage {
 struct DpRank {
   int device_id = 0;
   std::optional<RblnRuntime> prefill;
-  std::map<uint32_t, RblnRuntime> decode;
+  DecodeGraphs decode;
   void* kv = nullptr;
   bool on_device = false;
   std::vector<int32_t> ids, pos, tables, qpos;
@@ -67,8 +77,8 @@ class RblnDevice final : public Device {
  public:
   RblnDevice(std::shared_ptr<const RblnApi> api, RblnArtifact artifact, KvLayout layout,
              std::unique_ptr<PoolMemory> pool, std::optional<RblnRuntime> prefill,
-             std::map<uint32_t, RblnRuntime> decode, std::chrono::milliseconds timeout,
-             int device_id, void* device_kv, bool write_through)
+             DecodeGraphs decode, std::chrono::milliseconds timeout, int device_id, void* device_kv,
+             bool write_through)
       : api_(std::move(api)),
         art_(std::move(artifact)),
         layout_(layout),
@@ -171,6 +181,49 @@ class RblnDevice final : public Device {
   template <typename Seq>
   Status stage_in(std::span<const Seq> batch);
   void* kv_input() const { return device_kv_ ? device_kv_ : static_cast<void*>(pool_->base()); }
+  // Tokens per sequence of the graphs a decode step of `batch` runs: 1 (decode graphs) when no
+  // sequence has drafts, else the artifact's verify_tokens (verify graphs).
+  uint32_t per_row(std::span<const DecodeSeq> batch) const {
+    for (const DecodeSeq& s : batch) {
+      if (s.tokens.size() > 1) return art_.verify_tokens;
+    }
+    return 1;
+  }
+  static std::string decode_graph_name(uint32_t per_row, uint32_t bucket) {
+    return (per_row == 1 ? "decoder_batch_" : "verify_batch_") + std::to_string(bucket);
+  }
+  // Inputs for `bucket` rows of `per_row` slots, every row padding: token 0, its first slot at
+  // position 0 and the others at -1, every table entry the dummy block; logits sized.
+  void pad_decode(uint32_t bucket, uint32_t per_row, std::vector<int32_t>& ids,
+                  std::vector<int32_t>& pos, std::vector<int32_t>& tables,
+                  std::vector<float>& logits) const {
+    ids.assign(size_t{bucket} * per_row, 0);
+    pos.assign(size_t{bucket} * per_row, -1);
+    for (uint32_t r = 0; r < bucket; ++r) pos[size_t{r} * per_row] = 0;
+    tables.assign(size_t{bucket} * art_.table_blocks(), static_cast<int32_t>(dummy_));
+    logits.resize(size_t{bucket} * per_row * model_.vocab_size);
+  }
+  // Row `row` of those inputs for `s`: its tokens at consecutive positions from start_pos.
+  void fill_decode_row(const DecodeSeq& s, uint32_t row, uint32_t per_row, int32_t* ids,
+                       int32_t* pos, int32_t* tables) const {
+    for (size_t i = 0; i < s.tokens.size(); ++i) {
+      ids[row * per_row + i] = s.tokens[i];
+      pos[row * per_row + i] = static_cast<int32_t>(s.start_pos + i);
+    }
+    fill_table(s.block_table, tables + size_t{row} * art_.table_blocks());
+  }
+  // The output of row `row`: one logits row per token of `s`.
+  SeqOutput decode_output(const DecodeSeq& s, uint32_t row, uint32_t per_row,
+                          const std::vector<float>& logits) const {
+    SeqOutput so;
+    so.seq_id = s.seq_id;
+    so.rows_count = static_cast<uint32_t>(s.tokens.size());
+    auto begin =
+        logits.begin() + static_cast<std::ptrdiff_t>(size_t{row} * per_row * model_.vocab_size);
+    so.logits.assign(
+        begin, begin + static_cast<std::ptrdiff_t>(size_t{so.rows_count} * model_.vocab_size));
+    return so;
+  }
   void fill_table(std::span<const uint32_t> table, int32_t* out) const {
     const uint32_t n = art_.table_blocks();
     for (uint32_t i = 0; i < n; ++i) {
@@ -184,7 +237,7 @@ class RblnDevice final : public Device {
   KvLayout layout_;
   std::unique_ptr<PoolMemory> pool_;  // layout_.blocks_total + 1 blocks: the last is the dummy
   std::optional<RblnRuntime> prefill_;      // empty when pipelined
-  std::map<uint32_t, RblnRuntime> decode_;  // by bucket
+  DecodeGraphs decode_;
   std::chrono::milliseconds timeout_;
   int device_id_ = 0;
   void* device_kv_ = nullptr;  // kv_memory = "device": the graphs' KV (pool_ is its staging)
@@ -589,8 +642,7 @@ Result<StepOutput> RblnDevice::prefill_parallel(std::span<const PrefillSeq> batc
 
 Result<StepOutput> RblnDevice::decode_parallel(std::span<const DecodeSeq> batch) {
   const auto count = static_cast<uint32_t>(ranks_.size());
-  const uint32_t vocab = model_.vocab_size, table = art_.table_blocks();
-  const uint32_t largest = art_.buckets.back();
+  const uint32_t largest = art_.buckets.back(), slots = per_row(batch);
   std::vector<std::vector<size_t>> rows(count);
   for (size_t i = 0; i < batch.size(); ++i) {
     const uint32_t r = rank_of(batch[i].seq_id);
@@ -612,35 +664,27 @@ Result<StepOutput> RblnDevice::decode_parallel(std::span<const DecodeSeq> batch)
     std::vector<RblnRuntime*> runtimes;
     for (uint32_t r = 0; r < count; ++r) {
       DpRank& k = ranks_[r];
-      runtimes.push_back(&k.decode.at(bucket));
-      k.ids.assign(bucket, 0);
-      k.pos.assign(bucket, 0);
-      k.tables.assign(size_t{bucket} * table, static_cast<int32_t>(dummy_));
-      k.logits.resize(size_t{bucket} * vocab);
+      runtimes.push_back(&k.decode.at(slots, bucket));
+      pad_decode(bucket, slots, k.ids, k.pos, k.tables, k.logits);
       for (uint32_t j = 0; done + j < rows[r].size() && j < bucket; ++j) {
-        const DecodeSeq& s = batch[rows[r][done + j]];
-        k.ids[j] = s.tokens[0];
-        k.pos[j] = static_cast<int32_t>(s.start_pos);
-        fill_table(s.block_table, k.tables.data() + size_t{j} * table);
+        fill_decode_row(batch[rows[r][done + j]], j, slots, k.ids.data(), k.pos.data(),
+                        k.tables.data());
       }
     }
-    if (auto st = lockstep(runtimes, false, "decoder_batch_" + std::to_string(bucket)); !st) {
+    if (auto st = lockstep(runtimes, false, decode_graph_name(slots, bucket)); !st) {
       return st.error();
     }
     for (uint32_t r = 0; r < count; ++r) {
       for (uint32_t j = 0; done + j < rows[r].size() && j < bucket; ++j) {
         const size_t index = rows[r][done + j];
         const DecodeSeq& s = batch[index];
+        const auto end = static_cast<uint32_t>(s.start_pos + s.tokens.size());
         if (write_through_) {
-          auto runs = written_runs(layout_, s.block_table, s.start_pos, s.start_pos + 1);
+          auto runs = written_runs(layout_, s.block_table, s.start_pos, end);
           if (auto st = stage_rank(ranks_[r], 1, runs); !st) return st.error();
         }
-        wrote(r, s.block_table, s.start_pos, s.start_pos + 1);
-        SeqOutput& so = out.seqs[index];
-        so.seq_id = s.seq_id;
-        so.rows_count = 1;
-        auto begin = ranks_[r].logits.begin() + static_cast<std::ptrdiff_t>(size_t{j} * vocab);
-        so.logits.assign(begin, begin + vocab);
+        wrote(r, s.block_table, s.start_pos, end);
+        out.seqs[index] = decode_output(s, j, slots, ranks_[r].logits);
       }
     }
   }
@@ -663,12 +707,16 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
         !st) {
       return st.error();
     }
-    if (s.tokens.size() != 1) {
-      return make_error(ErrorKind::invalid,
-                        "rbln device decode: seq " + std::to_string(i) + " (id " +
-                            std::to_string(s.seq_id) + ") has " + std::to_string(s.tokens.size()) +
-                            " tokens; the decode graphs take one per sequence (speculative "
-                            "verification is not built for rbln)");
+    if (s.tokens.size() > 1 && s.tokens.size() > art_.verify_tokens) {
+      return make_error(
+          ErrorKind::invalid,
+          "rbln device decode: seq " + std::to_string(i) + " (id " + std::to_string(s.seq_id) +
+              ") has " + std::to_string(s.tokens.size()) + " tokens; " +
+              (art_.verify_tokens == 0
+                   ? std::string("the artifact has no verify graphs (verify_tokens), so its "
+                                 "decode steps take one token per sequence")
+                   : "the artifact's verify graphs take " + std::to_string(art_.verify_tokens) +
+                         " per sequence (verify_tokens)"));
     }
     if (auto st = check_imported("rbln device decode", i, s.seq_id, s.imported, layout_); !st) {
       return st.error();
@@ -676,43 +724,30 @@ Result<StepOutput> RblnDevice::decode(std::span<const DecodeSeq> batch) {
   }
   if (auto st = stage_in(batch); !st) return st.error();
   if (!ranks_.empty()) return decode_parallel(batch);
-  const uint32_t vocab = model_.vocab_size, table = art_.table_blocks();
-  const uint32_t largest = art_.buckets.back();
+  const uint32_t largest = art_.buckets.back(), slots = per_row(batch);
   StepOutput out;
   for (size_t first = 0; first < batch.size(); first += largest) {
     const uint32_t rows = static_cast<uint32_t>(std::min<size_t>(largest, batch.size() - first));
     const uint32_t bucket = art_.bucket_for(rows);
-    ids_.assign(bucket, 0);
-    pos_.assign(bucket, 0);
-    tables_.assign(size_t{bucket} * table, static_cast<int32_t>(dummy_));
-    logits_.resize(size_t{bucket} * vocab);
+    pad_decode(bucket, slots, ids_, pos_, tables_, logits_);
     for (uint32_t r = 0; r < rows; ++r) {
-      const DecodeSeq& s = batch[first + r];
-      ids_[r] = s.tokens[0];
-      pos_[r] = static_cast<int32_t>(s.start_pos);
-      fill_table(s.block_table, tables_.data() + size_t{r} * table);
+      fill_decode_row(batch[first + r], r, slots, ids_.data(), pos_.data(), tables_.data());
     }
-    std::string graph =
-        "decoder_batch_" + std::to_string(bucket) + " (" + std::to_string(rows) + " rows)";
-    if (auto st = run(decode_.at(bucket), graph, {ids_.data(), pos_.data(), tables_.data()},
+    std::string graph = decode_graph_name(slots, bucket) + " (" + std::to_string(rows) + " rows)";
+    if (auto st = run(decode_.at(slots, bucket), graph, {ids_.data(), pos_.data(), tables_.data()},
                       logits_.data());
         !st) {
       return st.error();
     }
     for (uint32_t r = 0; r < rows && write_through_; ++r) {
       const DecodeSeq& s = batch[first + r];
-      if (auto st = stage(1, written_runs(layout_, s.block_table, s.start_pos, s.start_pos + 1));
-          !st) {
+      auto end = static_cast<uint32_t>(s.start_pos + s.tokens.size());
+      if (auto st = stage(1, written_runs(layout_, s.block_table, s.start_pos, end)); !st) {
         return st.error();
       }
     }
     for (uint32_t r = 0; r < rows; ++r) {
-      SeqOutput so;
-      so.seq_id = batch[first + r].seq_id;
-      so.rows_count = 1;
-      auto begin = logits_.begin() + static_cast<std::ptrdiff_t>(size_t{r} * vocab);
-      so.logits.assign(begin, begin + vocab);
-      out.seqs.push_back(std::move(so));
+      out.seqs.push_back(decode_output(batch[first + r], r, slots, logits_));
     }
   }
   return out;
@@ -760,6 +795,24 @@ Result<RblnRuntime> open_graph(const std::shared_ptr<const RblnApi>& api, const 
   return rt;
 }
 
+// The decode graphs of `art` (and its verify graphs), opened on `device_id`.
+Result<DecodeGraphs> open_decode_graphs(const std::shared_ptr<const RblnApi>& api,
+                                        const RblnArtifact& art, int device_id) {
+  DecodeGraphs graphs;
+  for (uint32_t bucket : art.buckets) {
+    auto rt = open_graph(api, art.decode_graph(bucket), "decoder_batch_" + std::to_string(bucket),
+                         device_id, kDecodeInputs);
+    if (!rt.ok()) return rt.error();
+    graphs.decode.emplace(bucket, std::move(rt).value());
+    if (art.verify_tokens == 0) continue;
+    auto verify = open_graph(api, art.verify_graph(bucket),
+                             "verify_batch_" + std::to_string(bucket), device_id, kDecodeInputs);
+    if (!verify.ok()) return verify.error();
+    graphs.verify.emplace(bucket, std::move(verify).value());
+  }
+  return graphs;
+}
+
 // The compiled directory of `spec`, checked against what the manifest expects.
 Result<RblnArtifact> checked_artifact(const DeviceSpec& spec) {
   const RblnSpec& r = spec.rbln;
@@ -789,6 +842,7 @@ Result<RblnArtifact> checked_artifact(const DeviceSpec& spec) {
   expect.max_model_tokens = r.max_model_tokens;
   expect.devices = r.device_ids.empty() ? 1 : static_cast<uint32_t>(r.device_ids.size());
   expect.decode_seqs_max = r.decode_seqs_max;
+  expect.draft_tokens_max = r.draft_tokens_max;
   expect.kv_blocks = spec.blocks_total;
   if (auto st = check_artifact(*artifact, expect); !st) return st.error();
   return artifact;
@@ -858,7 +912,7 @@ Result<std::unique_ptr<Device>> make_pipelined(const DeviceSpec& spec,
     }
   }
   auto device = std::make_unique<RblnDevice>(
-      api, art, layout, std::move(pool).value(), std::nullopt, std::map<uint32_t, RblnRuntime>{},
+      api, art, layout, std::move(pool).value(), std::nullopt, DecodeGraphs{},
       std::chrono::milliseconds(r.run_timeout_ms), 0, nullptr, r.pool_read_remotely);
   device->set_stages(std::move(stages));
   return std::unique_ptr<Device>(std::move(device));
@@ -887,12 +941,9 @@ Result<std::unique_ptr<Device>> make_data_parallel(const DeviceSpec& spec,
     auto prefill = open_graph(api, art.prefill_graph(), "prefill", k.device_id, kPrefillInputs);
     if (!prefill.ok()) return prefill.error();
     k.prefill.emplace(std::move(prefill).value());
-    for (uint32_t bucket : art.buckets) {
-      auto rt = open_graph(api, art.decode_graph(bucket), "decoder_batch_" + std::to_string(bucket),
-                           k.device_id, kDecodeInputs);
-      if (!rt.ok()) return rt.error();
-      k.decode.emplace(bucket, std::move(rt).value());
-    }
+    auto decode = open_decode_graphs(api, art, k.device_id);
+    if (!decode.ok()) return decode.error();
+    k.decode = std::move(decode).value();
   }
   for (DpRank& k : ranks) {
     k.kv = (*pool)->base();
@@ -910,7 +961,7 @@ Result<std::unique_ptr<Device>> make_data_parallel(const DeviceSpec& spec,
     k.on_device = true;
   }
   auto device = std::make_unique<RblnDevice>(
-      api, art, layout, std::move(pool).value(), std::nullopt, std::map<uint32_t, RblnRuntime>{},
+      api, art, layout, std::move(pool).value(), std::nullopt, DecodeGraphs{},
       std::chrono::milliseconds(r.run_timeout_ms), 0, nullptr, r.pool_read_remotely);
   device->set_ranks(std::move(ranks));
   return std::unique_ptr<Device>(std::move(device));
@@ -935,6 +986,9 @@ Result<std::string> probe_rbln(const DeviceSpec& spec) {
     shape = "pipeline stages " + std::to_string(a.stages) + " (layers " + shape + ")";
   } else {
     shape = "buckets [" + buckets + "]";
+    if (a.verify_tokens > 0) {
+      shape += ", verify graphs of " + std::to_string(a.verify_tokens) + " tokens";
+    }
   }
   if (a.ranks > 1) shape += ", data parallel " + std::to_string(a.ranks);
   return "library " + spec.rbln.library + " (" + std::to_string(rbln_required_symbols().size()) +
@@ -975,13 +1029,8 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   }
   auto prefill = open_graph(*api, artifact->prefill_graph(), "prefill", device_id, kPrefillInputs);
   if (!prefill.ok()) return prefill.error();
-  std::map<uint32_t, RblnRuntime> decode;
-  for (uint32_t bucket : artifact->buckets) {
-    auto rt = open_graph(*api, artifact->decode_graph(bucket),
-                         "decoder_batch_" + std::to_string(bucket), device_id, kDecodeInputs);
-    if (!rt.ok()) return rt.error();
-    decode.emplace(bucket, std::move(rt).value());
-  }
+  auto decode = open_decode_graphs(*api, *artifact, device_id);
+  if (!decode.ok()) return decode.error();
   // The device KV buffer last: nothing after it can fail, and the device frees it.
   void* device_kv = nullptr;
   if (r.kv_on_device) {
@@ -995,8 +1044,8 @@ Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {
   }
   return std::unique_ptr<Device>(new RblnDevice(
       std::move(api).value(), std::move(artifact).value(), layout, std::move(pool).value(),
-      std::move(prefill).value(), std::move(decode), std::chrono::milliseconds(r.run_timeout_ms),
-      device_id, device_kv, r.pool_read_remotely));
+      std::move(prefill).value(), std::move(decode).value(),
+      std::chrono::milliseconds(r.run_timeout_ms), device_id, device_kv, r.pool_read_remotely));
 }
 
 }  // namespace tandem::devices::rbln

@@ -31,8 +31,11 @@
 //   wavefront: in wave t stage s runs chunk t - s, all of a wave's runs submitted before any
 //   is waited for, so P stages are busy at once on a pass of P chunks or more. No decode graphs:
 //   decode on such an executor is refused (the manifest refuses a decode instance on it).
-// - Speculation: the decode graphs take one token per sequence; a decode sequence with drafts
-//   is refused (the manifest refuses [speculative] for decode instances on rbln executors).
+// - Speculation: a decode step in which some sequence has drafts runs the verify graphs
+//   (verify_batch_B, the artifact's verify_tokens T per row: a sequence's tokens at consecutive
+//   positions in its row's first slots, the rest token 0 at position -1) and returns one logits
+//   row per token; a sequence with more than T tokens, or drafts with no verify graphs, is
+//   refused. A step without drafts runs the decode graphs.
 // - Returns logits always (the runtime writes them to host memory; argmax_only is ignored, as
 //   device.hpp allows).
 #pragma once

@@ -498,19 +498,20 @@ std::string write_stand_in_compiler(const std::string& dir) {
              "if [ \"$1\" = --version ]; then echo \"$(cat " +
                  dir +
                  "/version)\"; exit 0; fi\n"
-                 "out=''; buckets=''; stages=1; layers=''; ranks=1; devices=''\n"
+                 "out=''; buckets=''; stages=1; layers=''; ranks=1; devices=''; verify=''\n"
                  "while [ $# -gt 0 ]; do\n"
                  "  case \"$1\" in\n"
                  "    --out) out=\"$2\";; --buckets) buckets=\"$2\";;\n"
                  "    --pipeline-stages) stages=\"$2\";; --stage-layers) layers=\"$2\";;\n"
                  "    --data-parallel) ranks=\"$2\";; --devices) devices=\"$2\";;\n"
+                 "    --verify-tokens) verify=\"$2\";;\n"
                  "  esac\n"
                  "  shift\n"
                  "done\n"
                  "[ -n \"$out\" ] && [ -d \"$out\" ] || { echo 'no --out directory' >&2; "
                  "exit 3; }\n"
                  "echo \"buckets $buckets stages $stages layers $layers ranks $ranks "
-                 "devices $devices\" >> " +
+                 "devices $devices${verify:+ verify $verify}\" >> " +
                  dir +
                  "/calls\n"
                  "if [ \"$stages\" -gt 1 ]; then\n"
@@ -524,6 +525,7 @@ std::string write_stand_in_compiler(const std::string& dir) {
                  "  [ -f " +
                  dir +
                  "/skip-$b ] || echo 'fake graph' > \"$out/decoder_batch_$b.rbln\"\n"
+                 "  [ -z \"$verify\" ] || echo 'fake graph' > \"$out/verify_batch_$b.rbln\"\n"
                  "done\n");
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
   return script;
@@ -649,6 +651,86 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "rbln serving: speculative decoding verified by the verify graphs (compiled by `tandem model "
+    "compile`, or a compiled directory with P/D) gives device cpu's text and accepts drafts" *
+    doctest::timeout(600)) {
+  const std::vector<std::string> cpu = cpu_answers(Layout::one_node, 32);
+  auto accepted_drafts = [](ServeCluster& c, const std::string& node, const char* label) {
+    double drafted = c.metric(node, "tandem:spec_decode_num_draft_tokens_total");
+    double accepted = c.metric(node, "tandem:spec_decode_num_accepted_tokens_total");
+    MESSAGE(label, ": ", drafted, " draft tokens verified on rbln, ", accepted, " accepted");
+    CHECK(accepted > 0);
+    CHECK(accepted <= drafted);
+  };
+  // One node, suffix decoding, the graphs from the compile cache: the decode executor's call
+  // asks for verify graphs of [speculative] draft_tokens_max (3) + 1 tokens; the prefill
+  // executor's does not.
+  std::string dir = make_temp_dir("rbln-compile-verify");
+  std::string script = write_stand_in_compiler(dir);
+  write_file(dir + "/version", "3.0.0\n");
+  std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
+                     "\"\ncache_dir = \"" + dir +
+                     "/cache\"\nprefill_chunk = 64\nkv_element_bytes = 4\n[decode]\nseqs_max = 8\n"
+                     "[speculative]\nmethod = \"suffix\"\ndraft_tokens_max = 3\n";
+  {
+    ServeCluster c(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
+    auto compiled =
+        run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
+    REQUIRE_MESSAGE(compiled.exit_code == 0, compiled.output);
+    CHECK_MESSAGE(compiled.output.find("solo/exec-d: compiled 9 graphs (with verify graphs of 4 "
+                                       "tokens per sequence)") != std::string::npos,
+                  compiled.output);
+    std::string calls = read_file(dir + "/calls");
+    CHECK_MESSAGE(calls.find("buckets 1,2,4,8 stages 1 layers  ranks 1 devices 1 verify 4\n") !=
+                      std::string::npos,
+                  calls);
+    CHECK(calls.find("buckets 1 stages 1 layers  ranks 1 devices 1\n") != std::string::npos);
+    c.restart("solo");
+    REQUIRE_MESSAGE(c.wait_ready(60000ms), c.logs());
+    check_same_text(c, cpu, "rbln, suffix speculation");
+    accepted_drafts(c, "solo", "suffix, one node");
+    auto check = run({tandem_bin(), "check", c.manifest_path()}, 60000ms);
+    CHECK_MESSAGE(
+        check.output.find("buckets [1, 2, 4, 8], verify graphs of 4 tokens") != std::string::npos,
+        check.output);
+    // More drafts than the cached verify graphs take: another cache entry, not found until it
+    // is compiled.
+    std::string more = read_file(c.manifest_path());
+    more.replace(more.find("draft_tokens_max = 3"), 20, "draft_tokens_max = 5");
+    write_file(c.manifest_path(), more);
+    auto stale = run({tandem_bin(), "check", c.manifest_path()}, 60000ms);
+    CHECK(stale.exit_code == 1);
+    CHECK_MESSAGE(stale.output.find("nothing compiled for this executor") != std::string::npos,
+                  stale.output);
+  }
+  // Loopback-3 P/D, n-gram drafts: the decode executor's compiled directory has verify graphs of
+  // 5 tokens (draft_tokens_max 4); a directory without them is refused at start, naming both.
+  FakeRblnArtifact a;
+  a.model_path = model_dir() + "/stories15M.bin";
+  a.kv_blocks = 513;
+  a.verify_tokens = 5;
+  std::string verify_dir = write_fake_rbln_artifact(make_temp_dir("rbln-verify") + "/compiled", a);
+  std::string pd_toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\nartifacts = \"" + verify_dir +
+                        "\"\n[decode]\nseqs_max = 8\n[speculative]\nmethod = \"ngram\"\n";
+  {
+    ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, true, "", pd_toml);
+    REQUIRE_MESSAGE(pd.wait_ready(60000ms), pd.logs());
+    check_same_text(pd, cpu, "rbln P/D, ngram speculation");
+    check_pd_pulled(pd);
+    accepted_drafts(pd, "decode", "ngram, loopback-3 P/D");
+  }
+  std::string plain = rbln_toml("no-verify") + "[speculative]\nmethod = \"ngram\"\n";
+  auto checked = run(
+      {tandem_bin(), "check",
+       ServeCluster(Layout::one_node, 32, 0, "", "", "", false, false, "", plain).manifest_path()},
+      60000ms);
+  CHECK(checked.exit_code == 1);
+  CHECK_MESSAGE(checked.output.find("no verify graphs (verify_tokens absent), manifest "
+                                    "[speculative] draft_tokens_max 4") != std::string::npos,
+                checked.output);
+}
+
+TEST_CASE(
     "rbln: tools/rbln-compile maps the compiler protocol onto optimum-rbln (against stand-in "
     "packages: the real SDK is not here)") {
   namespace rb = tandem::devices::rbln;
@@ -731,6 +813,13 @@ TEST_CASE(
                         .find("--pipeline-stages 2: optimum-rbln publishes no export of "
                               "pipeline stages") != std::string::npos,
                 fail("", staged));
+  // Verify graphs (speculative decoding): no optimum-rbln export either.
+  rb::CompileRequest verify = r;
+  verify.verify_tokens = 5;
+  CHECK_MESSAGE(fail("", verify)
+                        .find("--verify-tokens 5: optimum-rbln publishes no export of a decode "
+                              "graph taking several tokens per sequence") != std::string::npos,
+                fail("", verify));
   // Stages that do not fit the model's two layers are refused before the compiler runs.
   rb::CompileRequest three = staged;
   three.stages = 3;

@@ -29,6 +29,7 @@ struct FakeModel {
   std::unique_ptr<devices::Device> cpu;
   uint32_t block_tokens = 0, table_blocks = 0, chunk = 0, vocab = 0, kv_blocks = 0, hidden = 0;
   std::vector<uint32_t> stage_layers;  // pipeline_parallel_size > 1: layers per stage
+  uint32_t verify_tokens = 0;          // verify_batch_N graphs: tokens per row
   std::string fail_graph, hang_graph;
   std::string hang_once_file;  // set: hang_graph hangs only while this file does not exist
   uint32_t run_delay_ms = 0;  // every run waits this long before it computes
@@ -58,6 +59,7 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   m->hang_graph = j.value("fake_hang_graph", std::string());
   m->hang_once_file = j.value("fake_hang_once_file", std::string());
   m->run_delay_ms = j.value("fake_run_delay_ms", 0u);
+  m->verify_tokens = j.value("verify_tokens", 0u);
   // A runtime slow to load its graphs (the first graph of the directory waits this long).
   if (auto delay = j.value("fake_load_delay_ms", 0u); delay > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -104,8 +106,13 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
 
 class Graph final : public FakeGraph {
  public:
-  Graph(std::shared_ptr<FakeModel> model, std::string name, uint32_t bucket, int stage = -1)
-      : m_(std::move(model)), name_(std::move(name)), bucket_(bucket), stage_(stage) {}
+  Graph(std::shared_ptr<FakeModel> model, std::string name, uint32_t bucket, int stage = -1,
+        uint32_t per_row = 1)
+      : m_(std::move(model)),
+        name_(std::move(name)),
+        bucket_(bucket),
+        stage_(stage),
+        per_row_(per_row) {}
   int inputs() const override { return bucket_ == 0 ? 5 : 4; }
   bool hangs() const override {
     if (m_->hang_graph != name_) return false;
@@ -220,6 +227,8 @@ class Graph final : public FakeGraph {
     return "";
   }
 
+  // Decode (per_row_ 1) or verify (per_row_ T): row r's slots [r x T, r x T + T); the slots at
+  // position >= 0 come first and are consecutive, each computed with its own logits row.
   std::string decode(const std::vector<void*>& in, std::byte* kv, float* logits) {
     const auto* ids = static_cast<const int32_t*>(in[0]);
     const auto* pos = static_cast<const int32_t*>(in[1]);
@@ -228,22 +237,37 @@ class Graph final : public FakeGraph {
     std::set<uint32_t> read, written;
     for (uint32_t r = 0; r < bucket_; ++r) {
       devices::DecodeSeq& s = batch[r];
-      if (pos[r] < 0) return "decode: row " + std::to_string(r) + " has a negative position";
+      const int32_t* row_pos = pos + size_t{r} * per_row_;
+      if (row_pos[0] < 0) return name_ + ": row " + std::to_string(r) + " has a negative position";
       s.seq_id = r;
-      s.start_pos = static_cast<uint32_t>(pos[r]);
-      s.tokens = {ids[r]};
-      s.block_table = table(tables + size_t{r} * m_->table_blocks, s.start_pos + 1);
-      if (bad(s.block_table)) return "decode: a block table entry is out of range";
+      s.start_pos = static_cast<uint32_t>(row_pos[0]);
+      for (uint32_t i = 0; i < per_row_ && row_pos[i] >= 0; ++i) {
+        if (row_pos[i] != row_pos[0] + static_cast<int32_t>(i)) {
+          return name_ + ": row " + std::to_string(r) + "'s positions are not consecutive";
+        }
+        s.tokens.push_back(ids[size_t{r} * per_row_ + i]);
+      }
+      for (uint32_t i = static_cast<uint32_t>(s.tokens.size()); i < per_row_; ++i) {
+        if (row_pos[i] >= 0) {
+          return name_ + ": row " + std::to_string(r) + " has a position after a padded slot";
+        }
+      }
+      const auto end = static_cast<uint32_t>(s.start_pos + s.tokens.size());
+      s.block_table = table(tables + size_t{r} * m_->table_blocks, end);
+      if (bad(s.block_table)) return name_ + ": a block table entry is out of range";
       read.insert(s.block_table.begin(), s.block_table.end());
-      written.insert(s.block_table[s.start_pos / m_->block_tokens]);
+      for (uint32_t b = s.start_pos / m_->block_tokens; b < s.block_table.size(); ++b) {
+        written.insert(s.block_table[b]);
+      }
     }
     blocks_in(read, kv);
     auto out = m_->cpu->decode(batch);
-    if (!out.ok()) return "decode: " + out.error().describe();
+    if (!out.ok()) return name_ + ": " + out.error().describe();
     blocks_out(written, kv);
     for (uint32_t r = 0; r < bucket_; ++r) {
-      std::memcpy(logits + size_t{r} * m_->vocab, out->seqs[r].logits.data(),
-                  sizeof(float) * m_->vocab);
+      const auto& rows = out->seqs[r].logits;
+      std::memcpy(logits + size_t{r} * per_row_ * m_->vocab, rows.data(),
+                  sizeof(float) * rows.size());
     }
     return "";
   }
@@ -252,6 +276,7 @@ class Graph final : public FakeGraph {
   std::string name_;
   uint32_t bucket_;  // 0: the prefill graph
   int stage_;        // >= 0: prefill_stage_N
+  uint32_t per_row_;  // tokens per row: 1 (decoder_batch_N) or verify_tokens (verify_batch_N)
 };
 
 }  // namespace
@@ -260,14 +285,25 @@ std::shared_ptr<FakeGraph> open_fake_graph(const std::string& path, std::string&
   fs::path p(path);
   std::string name = p.stem().string();
   uint32_t bucket = 0;
-  if (name.rfind("decoder_batch_", 0) == 0) {
-    std::string digits = name.substr(14);
+  const bool verify = name.rfind("verify_batch_", 0) == 0;
+  if (name.rfind("decoder_batch_", 0) == 0 || verify) {
+    std::string digits = name.substr(verify ? 13 : 14);
     if (digits.empty() || digits.size() > 4 ||
         !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       error = path + ": no batch size in the graph's name";
       return nullptr;
     }
     bucket = static_cast<uint32_t>(std::stoul(digits));
+    if (verify) {
+      auto model = load(p.parent_path().string(), error);
+      if (!model) return nullptr;
+      if (model->verify_tokens < 2) {
+        error = path + ": rbln_config.json has no verify_tokens (>= 2) for a verify graph";
+        return nullptr;
+      }
+      const uint32_t per_row = model->verify_tokens;
+      return std::make_shared<Graph>(std::move(model), name, bucket, -1, per_row);
+    }
   } else if (name.rfind("prefill_stage_", 0) == 0 && name.size() == 15 && name[14] >= '0' &&
              name[14] <= '9') {
     auto model = load(p.parent_path().string(), error);
@@ -280,7 +316,7 @@ std::shared_ptr<FakeGraph> open_fake_graph(const std::string& path, std::string&
   } else if (name != "prefill") {
     error = path +
             ": not a graph the fake knows (prefill.rbln, prefill_stage_N.rbln, "
-            "decoder_batch_N.rbln)";
+            "decoder_batch_N.rbln, verify_batch_N.rbln)";
     return nullptr;
   }
   auto model = load(p.parent_path().string(), error);

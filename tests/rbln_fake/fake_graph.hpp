@@ -17,9 +17,12 @@
 // With "pipeline_parallel_size" P > 1 (and optional "pipeline_stage_layers"), the graphs
 // DIR/prefill_stage_S.rbln run stage S's layers (devices/rbln/rbln_artifact.hpp): kv_cache holds
 // only those layers, the first input of a later stage is the previous stage's hidden output.
+// With "verify_tokens" T, the graphs DIR/verify_batch_N.rbln take T tokens per row (a row's
+// slots at position -1 are padding) and return T logits rows per row.
 // A graph run reads the blocks its block tables name from the kv_cache input into the cpu
 // device's pool, computes the real rows (prefill: positions 0..query_position of the chunk;
-// decode: every row of the bucket, padded ones included), and writes the blocks it wrote back.
+// decode and verify: every row of the bucket, padded ones included), and writes the blocks it
+// wrote back.
 #pragma once
 
 #include <memory>
@@ -37,7 +40,8 @@ class FakeGraph {
   virtual std::string run(const std::vector<void*>& inputs, void* logits) = 0;
 };
 
-// The graph at `path` (DIR/prefill.rbln or DIR/decoder_batch_N.rbln). Null with `error` set
+// The graph at `path` (DIR/prefill.rbln, DIR/prefill_stage_S.rbln, DIR/decoder_batch_N.rbln or
+// DIR/verify_batch_N.rbln). Null with `error` set
 // when the directory's config or model cannot be loaded. Graphs of one directory share one
 // model (weights loaded once per process).
 std::shared_ptr<FakeGraph> open_fake_graph(const std::string& path, std::string& error);

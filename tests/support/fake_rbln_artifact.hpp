@@ -30,6 +30,7 @@ struct FakeRblnArtifact {
   uint32_t stages = 1;
   std::vector<uint32_t> stage_layers;
   uint32_t ranks = 1;                               // data_parallel_size
+  uint32_t verify_tokens = 0;  // > 0: verify_batch_B graphs of this many tokens per row
   nlohmann::json extra = nlohmann::json::object();  // merged last (fault switches, overrides)
 };
 
@@ -53,6 +54,7 @@ inline std::string write_fake_rbln_artifact(const std::filesystem::path& dir,
   art.devices = a.devices;
   art.stages = a.stages;
   art.ranks = a.ranks;
+  art.verify_tokens = a.verify_tokens;
   art.stage_layers = a.stage_layers;
   if (art.stages > 1 && art.stage_layers.empty() && art.model.layers % art.stages == 0) {
     art.stage_layers.assign(art.stages, art.model.layers / art.stages);
@@ -70,6 +72,9 @@ inline std::string write_fake_rbln_artifact(const std::filesystem::path& dir,
   std::ofstream(dir / "prefill.rbln") << "fake graph\n";
   for (uint32_t b : a.buckets) {
     std::ofstream(dir / ("decoder_batch_" + std::to_string(b) + ".rbln")) << "fake graph\n";
+    if (a.verify_tokens > 0) {
+      std::ofstream(dir / ("verify_batch_" + std::to_string(b) + ".rbln")) << "fake graph\n";
+    }
   }
   return dir.string();
 }

@@ -1927,11 +1927,15 @@ TEST_CASE(
   CHECK(only_issue(rbln + "[rbln]\ncompiler = \"c\"\nprefill_chunk = 100\n").message ==
         "must be a multiple of 64, got 100");
 
-  std::string spec = with + "[speculative]\nmethod = \"suffix\"\n";
-  auto refused = only_issue(spec);
-  CHECK(refused.message.find("decode instance 'dec' runs on executor 'ex' with device \"rbln\"") !=
-        std::string::npos);
-  CHECK(refused.message.find("[speculative] method must be \"none\"") != std::string::npos);
+  // Speculation on an rbln decode instance: host-side drafters (n-gram, suffix) are accepted,
+  // the executor checks its artifact for verify graphs (test_rbln_device); EAGLE-3's draft model
+  // runs on device "cpu" only and is refused at the decode instance's executor.
+  CHECK(parse_ok(with + "[speculative]\nmethod = \"suffix\"\n").speculative.method ==
+        SpeculativeMethod::suffix);
+  CHECK(parse_ok(with + "[speculative]\nmethod = \"ngram\"\n").speculative.method ==
+        SpeculativeMethod::ngram);
+  auto eagle = only_issue(with + "[speculative]\nmethod = \"eagle3\"\ndraft_model = \"d\"\n");
+  CHECK(eagle.message.find("EAGLE-3 runs on \"cpu\"") != std::string::npos);
 }
 
 // A prefill instance on its own rbln executor with four devices (appended to base_manifest).

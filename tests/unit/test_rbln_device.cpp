@@ -262,8 +262,9 @@ TEST_CASE("rbln device: drafts, bad tokens and block ids are refused before any 
   dec[0] = {1, {0}, 3, {400, 401}};
   auto drafts = (*device)->decode(dec);
   REQUIRE_FALSE(drafts.ok());
-  CHECK(drafts.error().message.find("the decode graphs take one per sequence") !=
-        std::string::npos);
+  CHECK_MESSAGE(drafts.error().message.find("has 2 tokens; the artifact has no verify graphs") !=
+                    std::string::npos,
+                drafts.error().message);
   dec[0] = {1, {128}, 3, {400}};
   auto block = (*device)->decode(dec);
   REQUIRE_FALSE(block.ok());
@@ -276,6 +277,172 @@ TEST_CASE("rbln device: drafts, bad tokens and block ids are refused before any 
   auto long_prompt = (*device)->prefill(pre);
   REQUIRE_FALSE(long_prompt.ok());
   CHECK(long_prompt.error().message.find("exceed max_position 256") != std::string::npos);
+}
+
+namespace {
+
+// Greedy generation with speculative verification: each step, sequence i proposes up to
+// `drafts_max` drafts, the next tokens of `reference` (its greedy continuation) with the one at
+// (step + i) % (drafts_max + 1) replaced by a wrong token, and a draft count of
+// (step + 2i) % (drafts_max + 1) (0: a plain row in the verify graph's batch, or the decode graph
+// when the whole step has none). A draft is accepted while it equals the argmax of the row before
+// it; the row after the last accepted one gives the bonus token. Returns each sequence's tokens
+// and counts the accepted drafts.
+std::vector<std::vector<int32_t>> speculate(Device& device,
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            const std::vector<std::vector<int32_t>>& reference,
+                                            uint32_t drafts_max, size_t& accepted) {
+  const uint32_t bt = device.kv_layout().block_tokens;
+  const uint32_t steps = static_cast<uint32_t>(reference[0].size());
+  std::vector<std::vector<uint32_t>> tables(prompts.size());
+  uint32_t next_block = 0;
+  std::vector<PrefillSeq> pre;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    uint32_t need = (static_cast<uint32_t>(prompts[i].size()) + steps + drafts_max + bt) / bt;
+    for (uint32_t b = 0; b < need; ++b) tables[i].push_back(next_block++);
+    pre.push_back({i, tables[i], 0, prompts[i], {}});
+  }
+  REQUIRE(next_block <= device.kv_layout().blocks_total);
+  auto first = device.prefill(pre);
+  REQUIRE_MESSAGE(first.ok(), first.error().describe());
+  const uint32_t vocab = device.model_config().vocab_size;
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) out[i].push_back(argmax(first->seqs[i].logits));
+  for (uint32_t step = 0;; ++step) {
+    std::vector<DecodeSeq> batch;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const size_t have = out[i].size();
+      if (have >= steps) continue;
+      DecodeSeq d;
+      d.seq_id = i;
+      d.block_table = tables[i];
+      d.start_pos = static_cast<uint32_t>(prompts[i].size() + have - 1);
+      d.tokens = {out[i].back()};
+      const size_t count = (step + 2 * i) % (drafts_max + 1);
+      for (size_t k = 0; k < count && have + k < steps; ++k) {
+        int32_t t = reference[i][have + k];
+        if (k == (step + i) % (drafts_max + 1)) t = (t + 1) % static_cast<int32_t>(vocab);
+        d.tokens.push_back(t);
+      }
+      batch.push_back(std::move(d));
+    }
+    if (batch.empty()) break;
+    auto pass = device.decode(batch);
+    REQUIRE_MESSAGE(pass.ok(), pass.error().describe());
+    REQUIRE(pass->seqs.size() == batch.size());
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const SeqOutput& so = pass->seqs[b];
+      const DecodeSeq& d = batch[b];
+      REQUIRE(so.seq_id == d.seq_id);
+      REQUIRE(so.rows_count == d.tokens.size());
+      REQUIRE(so.logits.size() == size_t{so.rows_count} * vocab);
+      auto& seq = out[d.seq_id];
+      for (uint32_t row = 0; row < so.rows_count && seq.size() < steps; ++row) {
+        std::vector<float> r(so.logits.begin() + size_t{row} * vocab,
+                             so.logits.begin() + size_t{row + 1} * vocab);
+        const int32_t want = argmax(r);
+        seq.push_back(want);
+        if (row + 1 >= d.tokens.size() || d.tokens[row + 1] != want) break;
+        ++accepted;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "rbln device: speculative verification through the verify graphs gives the cpu device's "
+    "greedy tokens at every batch size 1..8, one graph set and data parallel over two ranks") {
+  auto cpu = make_device(cpu_spec());
+  REQUIRE(cpu.ok());
+  auto spec_artifact = artifact();
+  spec_artifact.verify_tokens = 5;  // [speculative] draft_tokens_max 4
+  auto dir = testing::write_fake_rbln_artifact(scratch("verify"), spec_artifact);
+  DeviceSpec one = rbln_spec(dir);
+  one.rbln.draft_tokens_max = 4;
+  auto rbln = make_device(one);
+  REQUIRE_MESSAGE(rbln.ok(), rbln.error().describe());
+  spec_artifact.ranks = 2;
+  auto dp_dir = testing::write_fake_rbln_artifact(scratch("verify-dp"), spec_artifact);
+  DeviceSpec two = device_kv_spec(dp_dir);
+  two.rbln.device_ids = {0, 1};
+  two.rbln.draft_tokens_max = 4;
+  auto dp = make_device(two);
+  REQUIRE_MESSAGE(dp.ok(), dp.error().describe());
+  for (uint32_t n = 1; n <= 8; ++n) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (uint32_t i = 0; i < n; ++i) prompt(n * 7 + i, 4 + 5 * i).swap(prompts.emplace_back());
+    auto greedy = generate(**cpu, prompts, 14);
+    size_t accepted = 0, accepted_dp = 0, accepted_cpu = 0;
+    CHECK_MESSAGE(speculate(**rbln, prompts, greedy, 4, accepted) == greedy, "batch of ", n);
+    CHECK_MESSAGE(speculate(**dp, prompts, greedy, 4, accepted_dp) == greedy, "DP2, batch of ", n);
+    // The same drafts on the cpu device accept the same number: every row's argmax agrees.
+    speculate(**cpu, prompts, greedy, 4, accepted_cpu);
+    CHECK(accepted == accepted_cpu);
+    CHECK(accepted_dp == accepted_cpu);
+    CHECK(accepted > 0);
+  }
+}
+
+TEST_CASE("rbln device: verify graphs are checked against [speculative] and refuse longer rows") {
+  auto expect_error = [](const DeviceSpec& spec, const std::string& text) {
+    auto d = make_device(spec);
+    REQUIRE_FALSE(d.ok());
+    CHECK_MESSAGE(d.error().message.find(text) != std::string::npos, d.error().message);
+  };
+  auto plain = testing::write_fake_rbln_artifact(scratch("verify-none"), artifact());
+  DeviceSpec s = rbln_spec(plain);
+  s.rbln.draft_tokens_max = 4;
+  expect_error(s,
+               "no verify graphs (verify_tokens absent), manifest [speculative] "
+               "draft_tokens_max 4 (a verify step takes the last token and up to that many "
+               "drafts per sequence, 5 tokens)");
+  auto short_rows = artifact();
+  short_rows.verify_tokens = 3;
+  auto dir = testing::write_fake_rbln_artifact(scratch("verify-3"), short_rows);
+  s = rbln_spec(dir);
+  s.rbln.draft_tokens_max = 4;
+  expect_error(s, "verify_tokens 3, manifest [speculative] draft_tokens_max 4");
+  s.rbln.draft_tokens_max = 2;
+  auto device = make_device(s);
+  REQUIRE_MESSAGE(device.ok(), device.error().describe());
+  std::vector<PrefillSeq> pre{{1, {0}, 0, {1, 200, 300}, {}}};
+  REQUIRE((*device)->prefill(pre).ok());
+  std::vector<DecodeSeq> dec{{1, {0}, 3, {400, 401, 402, 403}}};
+  auto long_row = (*device)->decode(dec);
+  REQUIRE_FALSE(long_row.ok());
+  CHECK(long_row.error().kind == ErrorKind::invalid);
+  CHECK_MESSAGE(long_row.error().message.find("has 4 tokens; the artifact's verify graphs take 3 "
+                                              "per sequence") != std::string::npos,
+                long_row.error().message);
+  dec[0].tokens.pop_back();
+  auto fits = (*device)->decode(dec);
+  REQUIRE_MESSAGE(fits.ok(), fits.error().describe());
+  CHECK(fits->seqs[0].rows_count == 3);
+
+  fs::remove(fs::path(dir) / "verify_batch_2.rbln");
+  expect_error(rbln_spec(dir), "compiled graph " + dir + "/verify_batch_2.rbln is missing");
+  auto bad = artifact();
+  bad.extra = {{"verify_tokens", 1}};
+  expect_error(rbln_spec(testing::write_fake_rbln_artifact(scratch("verify-1"), bad)),
+               "key 'verify_tokens' must be an integer >= 2, got 1");
+
+  // A verify graph that fails: its run's error names it, and the decode graphs still run.
+  auto failing = artifact();
+  failing.verify_tokens = 3;
+  failing.extra = {{"fake_fail_graph", "verify_batch_1"}};
+  auto fdir = testing::write_fake_rbln_artifact(scratch("verify-fail"), failing);
+  auto f = make_device(rbln_spec(fdir));
+  REQUIRE(f.ok());
+  REQUIRE((*f)->prefill(pre).ok());
+  auto failed = (*f)->decode(dec);
+  REQUIRE_FALSE(failed.ok());
+  CHECK_MESSAGE(failed.error().message.find("verify_batch_1 (1 rows)") != std::string::npos,
+                failed.error().message);
+  dec[0].tokens = {400};
+  CHECK((*f)->decode(dec).ok());
 }
 
 TEST_CASE("rbln device, KV in device memory: same tokens as cpu; the host pool is its copy") {
