@@ -531,6 +531,22 @@ std::string write_stand_in_compiler(const std::string& dir) {
   return script;
 }
 
+// [rbln] for the compile cache: the fake runtime, `script` as the compiler, the cache in
+// DIR/cache, with `rbln_keys` added; then [decode] seqs_max 8.
+std::string compile_cache_toml(const std::string& dir, const std::string& script,
+                               const std::string& rbln_keys = "") {
+  return "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script + "\"\ncache_dir = \"" +
+         dir + "/cache\"\nprefill_chunk = 64\nkv_element_bytes = 4\n" + rbln_keys +
+         "[decode]\nseqs_max = 8\n";
+}
+
+// `tandem model compile --manifest M`, which must succeed; its output.
+std::string model_compile(const std::string& manifest) {
+  auto compiled = run({tandem_bin(), "model", "compile", "--manifest", manifest}, 120000ms);
+  REQUIRE_MESSAGE(compiled.exit_code == 0, compiled.output);
+  return compiled.output;
+}
+
 TEST_CASE(
     "rbln: `tandem model compile` fills the cache with a stand-in compiler; nodes use it "
     "and refuse what another compiler version built" *
@@ -538,20 +554,15 @@ TEST_CASE(
   std::string dir = make_temp_dir("rbln-compile");
   std::string script = write_stand_in_compiler(dir);
   write_file(dir + "/version", "1.2.0\n");
-  std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
-                     "\"\ncache_dir = \"" + dir +
-                     "/cache\"\nprefill_chunk = 64\n"
-                     "kv_element_bytes = 4\n[decode]\nseqs_max = 8\n";
-  ServeCluster c(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
-  auto first = run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
-  REQUIRE_MESSAGE(first.exit_code == 0, first.output);
+  ServeCluster c(Layout::one_node, 32, 0, "", "", "", false, false, "",
+                 compile_cache_toml(dir, script));
+  const std::string first = model_compile(c.manifest_path());
   // The prefill executor serves no decode instance: prefill and decoder_batch_1; the decode
   // executor: prefill and buckets 1, 2, 4, 8 (up to [decode] seqs_max).
-  CHECK_MESSAGE(first.output.find("solo/exec-p: compiled 2 graphs") != std::string::npos,
-                first.output);
-  CHECK(first.output.find("solo/exec-d: compiled 5 graphs") != std::string::npos);
-  CHECK(first.output.find("into " + dir + "/cache/stories15M-") != std::string::npos);
-  CHECK(first.output.find("/1.2.0\n") != std::string::npos);
+  CHECK_MESSAGE(first.find("solo/exec-p: compiled 2 graphs") != std::string::npos, first);
+  CHECK(first.find("solo/exec-d: compiled 5 graphs") != std::string::npos);
+  CHECK(first.find("into " + dir + "/cache/stories15M-") != std::string::npos);
+  CHECK(first.find("/1.2.0\n") != std::string::npos);
   // One call per executor, all its graphs together (they share the device's KV cache).
   std::string calls = read_file(dir + "/calls");
   const std::string p_call = "buckets 1 stages 1 layers  ranks 1 devices 1\n",
@@ -610,21 +621,17 @@ TEST_CASE(
   // The prefill executor's devices [2, 3] as two stages of layers 2 and 4 (stories15M has 6);
   // the decode executor's [0, 1] as two data-parallel ranks; KV in device memory.
   std::string toml =
-      "# rbln executors: exec-p exec-d\n# devices exec-p: [2, 3]\n# devices exec-d: [0, 1]\n"
-      "[rbln]\nlibrary = \"" +
-      fake_lib() + "\"\ncompiler = \"" + script + "\"\ncache_dir = \"" + dir +
-      "/cache\"\nprefill_chunk = 64\nkv_element_bytes = 4\nkv_memory = \"device\"\n"
-      "prefill_pipeline_stages = 2\nprefill_stage_layers = [2, 4]\ndecode_data_parallel = 2\n"
-      "[decode]\nseqs_max = 8\n";
+      "# rbln executors: exec-p exec-d\n# devices exec-p: [2, 3]\n# devices exec-d: [0, 1]\n" +
+      compile_cache_toml(dir, script,
+                         "kv_memory = \"device\"\nprefill_pipeline_stages = 2\n"
+                         "prefill_stage_layers = [2, 4]\ndecode_data_parallel = 2\n");
   ServeCluster pd(Layout::loopback3, 1, 0, "", "", "", false, false, "", toml);
-  auto compiled =
-      run({tandem_bin(), "model", "compile", "--manifest", pd.manifest_path()}, 120000ms);
-  REQUIRE_MESSAGE(compiled.exit_code == 0, compiled.output);
-  CHECK_MESSAGE(compiled.output.find("prefill/exec-p: compiled 2 graphs for 2 pipeline stages of "
-                                     "1 device each") != std::string::npos,
-                compiled.output);
-  CHECK(compiled.output.find("decode/exec-d: compiled 5 graphs for 2 data-parallel ranks of 1 "
-                             "device each") != std::string::npos);
+  const std::string compiled = model_compile(pd.manifest_path());
+  CHECK_MESSAGE(compiled.find("prefill/exec-p: compiled 2 graphs for 2 pipeline stages of "
+                              "1 device each") != std::string::npos,
+                compiled);
+  CHECK(compiled.find("decode/exec-d: compiled 5 graphs for 2 data-parallel ranks of 1 "
+                      "device each") != std::string::npos);
   // The compiler was asked for the stages with their layers (no decode graph), and for one
   // rank's graph set with the rank count.
   std::string calls = read_file(dir + "/calls");
@@ -655,7 +662,7 @@ TEST_CASE(
     "compile`, or a compiled directory with P/D) gives device cpu's text and accepts drafts" *
     doctest::timeout(600)) {
   const std::vector<std::string> cpu = cpu_answers(Layout::one_node, 32);
-  auto accepted_drafts = [](ServeCluster& c, const std::string& node, const char* label) {
+  auto accepted_drafts = [](ServeCluster& c, const std::string& node, const std::string& label) {
     double drafted = c.metric(node, "tandem:spec_decode_num_draft_tokens_total");
     double accepted = c.metric(node, "tandem:spec_decode_num_accepted_tokens_total");
     MESSAGE(label, ": ", drafted, " draft tokens verified on rbln, ", accepted, " accepted");
@@ -668,18 +675,14 @@ TEST_CASE(
   std::string dir = make_temp_dir("rbln-compile-verify");
   std::string script = write_stand_in_compiler(dir);
   write_file(dir + "/version", "3.0.0\n");
-  std::string toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\ncompiler = \"" + script +
-                     "\"\ncache_dir = \"" + dir +
-                     "/cache\"\nprefill_chunk = 64\nkv_element_bytes = 4\n[decode]\nseqs_max = 8\n"
+  std::string toml = compile_cache_toml(dir, script) +
                      "[speculative]\nmethod = \"suffix\"\ndraft_tokens_max = 3\n";
   {
     ServeCluster c(Layout::one_node, 32, 0, "", "", "", false, false, "", toml);
-    auto compiled =
-        run({tandem_bin(), "model", "compile", "--manifest", c.manifest_path()}, 120000ms);
-    REQUIRE_MESSAGE(compiled.exit_code == 0, compiled.output);
-    CHECK_MESSAGE(compiled.output.find("solo/exec-d: compiled 9 graphs (with verify graphs of 4 "
-                                       "tokens per sequence)") != std::string::npos,
-                  compiled.output);
+    const std::string compiled = model_compile(c.manifest_path());
+    CHECK_MESSAGE(compiled.find("solo/exec-d: compiled 9 graphs (with verify graphs of 4 tokens "
+                                "per sequence)") != std::string::npos,
+                  compiled);
     std::string calls = read_file(dir + "/calls");
     CHECK_MESSAGE(calls.find("buckets 1,2,4,8 stages 1 layers  ranks 1 devices 1 verify 4\n") !=
                       std::string::npos,

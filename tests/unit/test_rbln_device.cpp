@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -428,6 +429,26 @@ TEST_CASE("rbln device: verify graphs are checked against [speculative] and refu
   bad.extra = {{"verify_tokens", 1}};
   expect_error(rbln_spec(testing::write_fake_rbln_artifact(scratch("verify-1"), bad)),
                "key 'verify_tokens' must be an integer >= 2, got 1");
+  // The config alone: too many verify tokens, and verify graphs in a prefill-only pipeline.
+  auto config = nlohmann::json::parse(std::ifstream(fs::path(dir) / "rbln_config.json"));
+  config["verify_tokens"] = 65;
+  auto many = rbln::parse_artifact_config(config.dump(), "d");
+  REQUIRE_FALSE(many.ok());
+  CHECK_MESSAGE(many.error().message == "d/rbln_config.json: verify_tokens 65 exceeds 64",
+                many.error().message);
+  config["verify_tokens"] = 5;
+  auto round_trip = rbln::parse_artifact_config(config.dump(), "d");
+  REQUIRE_MESSAGE(round_trip.ok(), round_trip.error().describe());
+  CHECK(round_trip->verify_tokens == 5);
+  CHECK(round_trip->verify_graph(2) == "d/verify_batch_2.rbln");
+  config.erase("decoder_batch_sizes");
+  config["pipeline_parallel_size"] = 2;
+  auto staged = rbln::parse_artifact_config(config.dump(), "d");
+  REQUIRE_FALSE(staged.ok());
+  CHECK_MESSAGE(
+      staged.error().message.find("pipeline_parallel_size 2 with verify_tokens: a "
+                                  "pipelined artifact is prefill-only") != std::string::npos,
+      staged.error().message);
 
   // A verify graph that fails: its run's error names it, and the decode graphs still run.
   auto failing = artifact();
