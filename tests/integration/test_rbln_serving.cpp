@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,14 +35,21 @@ std::string fake_lib() {
   return v;
 }
 
-// [rbln] for a fresh fake compiled directory (every executor's kv_blocks 512 + the dummy),
-// and [decode] seqs_max within its largest bucket.
-std::string rbln_toml(const std::string& tag, nlohmann::json extra = nlohmann::json::object()) {
+// A fresh fake compiled directory of stories15M for executors of kv_blocks 512 (+ the dummy),
+// with `shape` applied (stages, ranks, verify graphs, fault switches).
+std::string fake_compiled(const std::string& tag,
+                          const std::function<void(FakeRblnArtifact&)>& shape = {}) {
   FakeRblnArtifact a;
   a.model_path = model_dir() + "/stories15M.bin";
   a.kv_blocks = 513;
-  a.extra = std::move(extra);
-  std::string dir = write_fake_rbln_artifact(make_temp_dir("rbln-" + tag) + "/compiled", a);
+  if (shape) shape(a);
+  return write_fake_rbln_artifact(make_temp_dir("rbln-" + tag) + "/compiled", a);
+}
+
+// [rbln] for a fresh fake compiled directory (every executor's kv_blocks 512 + the dummy),
+// and [decode] seqs_max within its largest bucket.
+std::string rbln_toml(const std::string& tag, nlohmann::json extra = nlohmann::json::object()) {
+  std::string dir = fake_compiled(tag, [&](FakeRblnArtifact& a) { a.extra = std::move(extra); });
   return "[rbln]\nlibrary = \"" + fake_lib() + "\"\nartifacts = \"" + dir +
          "\"\n[decode]\nseqs_max = 8\n";
 }
@@ -128,11 +136,7 @@ TEST_CASE(
   // The prefill executor: [rbln] prefill_artifacts, a PP2 directory (three layers per stage),
   // on devices [2, 3], each stage's KV in its own device buffer staged to the host pool that
   // decode pulls from; the decode executor: the one-graph directory of [rbln] artifacts.
-  FakeRblnArtifact pp;
-  pp.model_path = model_dir() + "/stories15M.bin";
-  pp.kv_blocks = 513;
-  pp.stages = 2;
-  std::string pp_dir = write_fake_rbln_artifact(make_temp_dir("rbln-pp") + "/compiled", pp);
+  std::string pp_dir = fake_compiled("pp", [](FakeRblnArtifact& a) { a.stages = 2; });
   std::string toml =
       "# rbln executors: exec-p exec-d\n# devices exec-p: [2, 3]\n" + rbln_toml("pp-decode");
   toml.replace(toml.find("\n[decode]"), 1,
@@ -149,11 +153,7 @@ TEST_CASE(
   // Decode data-parallel over devices [0, 1] (two ranks in lockstep, each with its own device
   // KV: the pulled blocks are copied into both, each sequence computes on its rank's), prefill
   // the one-graph directory through prefill_artifacts.
-  FakeRblnArtifact dp;
-  dp.model_path = model_dir() + "/stories15M.bin";
-  dp.kv_blocks = 513;
-  dp.ranks = 2;
-  std::string dp_dir = write_fake_rbln_artifact(make_temp_dir("rbln-dp") + "/compiled", dp);
+  std::string dp_dir = fake_compiled("dp", [](FakeRblnArtifact& a) { a.ranks = 2; });
   std::string one = rbln_toml("dp-prefill");
   std::string one_dir = one.substr(one.find("artifacts = \"") + 13);
   one_dir = one_dir.substr(0, one_dir.find('"'));
@@ -708,11 +708,8 @@ TEST_CASE(
   }
   // Loopback-3 P/D, n-gram drafts: the decode executor's compiled directory has verify graphs of
   // 5 tokens (draft_tokens_max 4); a directory without them is refused at start, naming both.
-  FakeRblnArtifact a;
-  a.model_path = model_dir() + "/stories15M.bin";
-  a.kv_blocks = 513;
-  a.verify_tokens = 5;
-  std::string verify_dir = write_fake_rbln_artifact(make_temp_dir("rbln-verify") + "/compiled", a);
+  std::string verify_dir =
+      fake_compiled("verify", [](FakeRblnArtifact& a) { a.verify_tokens = 5; });
   std::string pd_toml = "[rbln]\nlibrary = \"" + fake_lib() + "\"\nartifacts = \"" + verify_dir +
                         "\"\n[decode]\nseqs_max = 8\n[speculative]\nmethod = \"ngram\"\n";
   {
