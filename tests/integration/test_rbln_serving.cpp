@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +53,18 @@ std::string rbln_toml(const std::string& tag, nlohmann::json extra = nlohmann::j
   std::string dir = fake_compiled(tag, [&](FakeRblnArtifact& a) { a.extra = std::move(extra); });
   return "[rbln]\nlibrary = \"" + fake_lib() + "\"\nartifacts = \"" + dir +
          "\"\n[decode]\nseqs_max = 8\n";
+}
+
+// `tandem up` of `c`'s manifest (up to 3 restarts per node), its output in `log_path`. The
+// record of device-lost restarts goes where a systemd unit's StateDirectory= would put it,
+// c.dir()/state (not the shared /tmp/tandem-<uid>).
+std::unique_ptr<Child> tandem_up(ServeCluster& c, const std::string& log_path) {
+  const std::string state = c.dir() + "/state";
+  ::setenv("STATE_DIRECTORY", state.c_str(), 1);
+  auto up = std::make_unique<Child>(
+      std::vector<std::string>{tandem_bin(), "up", c.manifest_path(), "--restarts", "3"}, log_path);
+  ::unsetenv("STATE_DIRECTORY");
+  return up;
 }
 
 // Decode pulled prefill's KV over the fabric, every pull succeeded, and nothing fell back to
@@ -303,7 +316,7 @@ TEST_CASE(
                  "# rbln executors: exec-p\n" + toml +
                      "[supervisor]\nexecutor_step_timeout_ms = 1000\ndrain_timeout_ms = 5000\n");
   std::string log_path = c.dir() + "/up.log";
-  Child up({tandem_bin(), "up", c.manifest_path(), "--restarts", "3"}, log_path);
+  auto up = tandem_up(c, log_path);
   auto pd_ready = [&] {
     auto h = http::get(c.http_port(), "/health", 1000ms);
     return h.status == 200 && c.metric("front", "tandem_router_instance_eligible") == 2 &&
@@ -336,8 +349,8 @@ TEST_CASE(
   }
   CHECK(c.metric("decode", "tandem:kv_pulled_blocks_total") > pulled);
   CHECK(c.metric("decode", "tandem:prefill_fallbacks_total") == fallbacks);
-  up.signal(SIGTERM);
-  int status = up.wait(60000ms);
+  up->signal(SIGTERM);
+  int status = up->wait(60000ms);
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
 
@@ -354,12 +367,9 @@ TEST_CASE(
                  "# rbln executors: exec-p\n" + toml +
                      "[supervisor]\nexecutor_step_timeout_ms = 1000\ndrain_timeout_ms = 5000\n"
                      "device_lost_restarts_max = 1\n");
-  // The record of device-lost restarts goes where a systemd unit's StateDirectory= would put it.
   std::string state = c.dir() + "/state";
-  ::setenv("STATE_DIRECTORY", state.c_str(), 1);
   std::string log_path = c.dir() + "/up.log";
-  Child up({tandem_bin(), "up", c.manifest_path(), "--restarts", "3"}, log_path);
-  ::unsetenv("STATE_DIRECTORY");
+  auto up = tandem_up(c, log_path);
   auto pd_ready = [&] {
     auto h = http::get(c.http_port(), "/health", 1000ms);
     return h.status == 200 && c.metric("front", "tandem_router_instance_eligible") == 2 &&
@@ -405,8 +415,8 @@ TEST_CASE(
   }
   REQUIRE(records.size() == 1);
   CHECK_MESSAGE(records[0].rfind("serve-it-prefill-", 0) == 0, records[0]);
-  up.signal(SIGTERM);
-  int status = up.wait(60000ms);
+  up->signal(SIGTERM);
+  int status = up->wait(60000ms);
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
 
