@@ -49,6 +49,11 @@ testing::FakeRblnArtifact artifact() {
   return a;
 }
 
+// The step timeout of the tests whose graph hangs: long enough that the runs before the hung
+// one complete in time under ASan on two loaded cores (a 64-token chunk took over 200 ms there,
+// and the wrong run timed out first), short enough to wait for.
+constexpr uint32_t kHangTimeoutMs = 2000;
+
 DeviceSpec rbln_spec(const std::string& dir, const std::string& library = "") {
   DeviceSpec spec;
   spec.kind = config::DeviceKind::rbln;
@@ -240,14 +245,14 @@ TEST_CASE("rbln device: a missing library or symbol, a failing run, a run that n
   hanging.extra = {{"fake_hang_graph", "decoder_batch_1"}};
   auto hdir = testing::write_fake_rbln_artifact(scratch("hang"), hanging);
   DeviceSpec hs = rbln_spec(hdir);
-  hs.rbln.run_timeout_ms = 200;
+  hs.rbln.run_timeout_ms = kHangTimeoutMs;
   auto hung = make_device(hs);
   REQUIRE(hung.ok());
   REQUIRE((*hung)->prefill(std::span<const PrefillSeq>(pre.data(), 1)).ok());
   auto timed = (*hung)->decode(std::span<const DecodeSeq>(dec.data(), 1));
   REQUIRE_FALSE(timed.ok());
   CHECK(timed.error().kind == ErrorKind::timed_out);
-  CHECK(timed.error().message.find("did not complete within 200 ms") != std::string::npos);
+  CHECK(timed.error().message.find("did not complete within 2000 ms") != std::string::npos);
   // Poisoned: the runtime may still write what it was given; no more runs.
   auto after = (*hung)->prefill(std::span<const PrefillSeq>(pre.data(), 1));
   REQUIRE_FALSE(after.ok());
@@ -769,7 +774,7 @@ TEST_CASE("rbln device, pipelined prefill: artifact checks, a failing stage, a h
   hanging.extra = {{"fake_hang_graph", "prefill_stage_1"}};
   DeviceSpec hs =
       pipelined_spec(testing::write_fake_rbln_artifact(scratch("pp-hang"), hanging), {0, 1});
-  hs.rbln.run_timeout_ms = 200;
+  hs.rbln.run_timeout_ms = kHangTimeoutMs;
   auto hung = make_device(hs);
   REQUIRE(hung.ok());
   auto timed = (*hung)->prefill(batch);
@@ -918,7 +923,7 @@ TEST_CASE(
   hanging.extra = {{"fake_hang_graph", "decoder_batch_2"}};
   DeviceSpec hs = rbln_spec(testing::write_fake_rbln_artifact(scratch("dp-hang"), hanging));
   hs.rbln.device_ids = {2, 3};
-  hs.rbln.run_timeout_ms = 200;
+  hs.rbln.run_timeout_ms = kHangTimeoutMs;
   auto hung = make_device(hs);
   REQUIRE(hung.ok());
   REQUIRE((*hung)->prefill(two).ok());
