@@ -46,6 +46,11 @@ struct DecodeGraphs {
   }
 };
 
+// The name of the graph of `bucket` taking `per_row` tokens per sequence.
+std::string decode_graph_name(uint32_t per_row, uint32_t bucket) {
+  return (per_row == 1 ? "decoder_batch_" : "verify_batch_") + std::to_string(bucket);
+}
+
 // One stage of a pipelined prefill (artifact stages > 1): its graph's runtime on the stage's
 // first device, and the KV of its layers (block-major, the pool's blocks plus the dummy) in a
 // buffer of its own: on that device (kv_memory "device") or in host memory. The instance's host
@@ -188,9 +193,6 @@ class RblnDevice final : public Device {
       if (s.tokens.size() > 1) return art_.verify_tokens;
     }
     return 1;
-  }
-  static std::string decode_graph_name(uint32_t per_row, uint32_t bucket) {
-    return (per_row == 1 ? "decoder_batch_" : "verify_batch_") + std::to_string(bucket);
   }
   // Inputs for `bucket` rows of `per_row` slots, every row padding: token 0, its first slot at
   // position 0 and the others at -1, every table entry the dummy block; logits sized.
@@ -800,13 +802,14 @@ Result<DecodeGraphs> open_decode_graphs(const std::shared_ptr<const RblnApi>& ap
                                         const RblnArtifact& art, int device_id) {
   DecodeGraphs graphs;
   for (uint32_t bucket : art.buckets) {
-    auto rt = open_graph(api, art.decode_graph(bucket), "decoder_batch_" + std::to_string(bucket),
-                         device_id, kDecodeInputs);
+    auto rt = open_graph(api, art.decode_graph(bucket), decode_graph_name(1, bucket), device_id,
+                         kDecodeInputs);
     if (!rt.ok()) return rt.error();
     graphs.decode.emplace(bucket, std::move(rt).value());
     if (art.verify_tokens == 0) continue;
-    auto verify = open_graph(api, art.verify_graph(bucket),
-                             "verify_batch_" + std::to_string(bucket), device_id, kDecodeInputs);
+    auto verify =
+        open_graph(api, art.verify_graph(bucket), decode_graph_name(art.verify_tokens, bucket),
+                   device_id, kDecodeInputs);
     if (!verify.ok()) return verify.error();
     graphs.verify.emplace(bucket, std::move(verify).value());
   }
