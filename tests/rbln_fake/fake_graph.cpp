@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +34,16 @@ struct FakeModel {
   std::string fail_graph, hang_graph;
   std::string hang_once_file;  // set: hang_graph hangs only while this file does not exist
   uint32_t run_delay_ms = 0;  // every run waits this long before it computes
+  // Data parallel (ranks > 1): the collective rounds (fake_graph.hpp).
+  uint32_t ranks = 1;
+  std::mutex rounds_mu;
+  std::condition_variable rounds_cv;
+  std::map<int, uint64_t> submitted;  // per device: runs submitted so far
+  struct Round {
+    std::vector<std::pair<int, std::string>> joined;  // (device, graph), in arrival order
+    uint32_t done = 0;                                // runs that left it
+  };
+  std::map<uint64_t, Round> rounds;  // bounded: a round is erased when its last run leaves
 };
 
 std::mutex models_mu;
@@ -60,6 +71,7 @@ std::shared_ptr<FakeModel> load(const std::string& dir, std::string& error) {
   m->hang_once_file = j.value("fake_hang_once_file", std::string());
   m->run_delay_ms = j.value("fake_run_delay_ms", 0u);
   m->verify_tokens = j.value("verify_tokens", 0u);
+  m->ranks = std::max(1u, j.value("data_parallel_size", 1u));
   // A runtime slow to load its graphs (the first graph of the directory waits this long).
   if (auto delay = j.value("fake_load_delay_ms", 0u); delay > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -125,8 +137,18 @@ class Graph final : public FakeGraph {
     return true;
   }
 
-  std::string run(const std::vector<void*>& in, void* logits) override {
+  uint64_t submit(int device) override {
+    if (m_->ranks < 2) return 0;
+    std::lock_guard lock(m_->rounds_mu);
+    return m_->submitted[device]++;
+  }
+
+  std::string run(const std::vector<void*>& in, void* logits, int device, uint64_t round,
+                  const std::atomic<bool>& abandon) override {
     if (m_->fail_graph == name_) return name_ + ": the device failed the run (fake_fail_graph)";
+    if (m_->ranks > 1) {
+      if (std::string error = join(device, round, abandon); !error.empty()) return error;
+    }
     // A stage's share of the delay is its share of the layers (a device computing fewer layers).
     const uint64_t layers = m_->cpu->model_config().layers;
     const uint64_t share = stage_ >= 0 ? m_->stage_layers[static_cast<size_t>(stage_)] : layers;
@@ -140,6 +162,42 @@ class Graph final : public FakeGraph {
   }
 
  private:
+  // Waits until the D ranks have joined `round` (the collective of an expert-parallel step);
+  // "" when all ran this graph, else the error.
+  std::string join(int device, uint64_t round, const std::atomic<bool>& abandon) {
+    std::unique_lock lock(m_->rounds_mu);
+    if (m_->submitted.size() > m_->ranks) {
+      return name_ + ": device " + std::to_string(device) + " is the " +
+             std::to_string(m_->submitted.size()) +
+             "th device running this data-parallel directory's graphs in this process; "
+             "data_parallel_size is " +
+             std::to_string(m_->ranks) + " (the fake runs one instance per directory)";
+    }
+    FakeModel::Round& r = m_->rounds[round];
+    r.joined.emplace_back(device, name_);
+    m_->rounds_cv.notify_all();
+    while (r.joined.size() < m_->ranks) {
+      if (abandon) {
+        if (++r.done == r.joined.size()) m_->rounds.erase(round);
+        return name_ + ": abandoned waiting for the other ranks of round " + std::to_string(round) +
+               " (the runtime was destroyed)";
+      }
+      m_->rounds_cv.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    std::string error;
+    for (const auto& [d, graph] : r.joined) {
+      if (graph != name_) {
+        error = name_ + ": collective mismatch in round " + std::to_string(round) + ":";
+        for (const auto& [d2, g2] : r.joined)
+          error += " device " + std::to_string(d2) + " ran " + g2 + ",";
+        error.pop_back();
+        break;
+      }
+    }
+    if (++r.done == r.joined.size()) m_->rounds.erase(round);
+    return error;
+  }
+
   // The block ids a row's table names for positions [0, end).
   std::vector<uint32_t> table(const int32_t* row, uint32_t end) const {
     uint32_t n = std::min((end + m_->block_tokens - 1) / m_->block_tokens, m_->table_blocks);

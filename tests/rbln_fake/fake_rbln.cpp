@@ -64,6 +64,8 @@ struct RBLNModel {
 
 struct RBLNRuntime {
   Config config;
+  int device_id = 0;
+  std::atomic<bool> destroying{false};  // a run waiting for its collective round gives up
   std::shared_ptr<tandem::rbln_fake::FakeGraph> graph;
   std::mutex mu;
   int64_t next_id = 0;
@@ -144,12 +146,14 @@ RBLNRuntime* rbln_create_async_runtime(RBLNModel* model, const char* name, int d
   (void)name;
   auto* rt = new RBLNRuntime;
   rt->config = model->config;
+  rt->device_id = device_id;
   rt->graph = model->graph;
   return rt;
 }
 
 void rbln_destroy_runtime(RBLNRuntime* rt) {
   if (rt == nullptr) return;
+  rt->destroying = true;
   for (auto& [id, job] : rt->jobs) {
     if (job->worker.joinable()) job->worker.join();
   }
@@ -182,12 +186,13 @@ int64_t rbln_async_run(RBLNRuntime* rt, void** inputs, void** outputs) {
   if (rt->config.never_completes || (rt->graph && rt->graph->hangs())) return id;
   if (rt->graph) {
     std::vector<void*> in(inputs, inputs + rt->config.inputs);
+    const uint64_t round = rt->graph->submit(rt->device_id);
     int64_t now = ++graph_runs_in_flight;
     for (int64_t seen = graph_runs_in_flight_max.load();
          now > seen && !graph_runs_in_flight_max.compare_exchange_weak(seen, now);) {
     }
-    job->worker = std::thread([graph = rt->graph, in, out = outputs[0], job] {
-      std::string error = graph->run(in, out);
+    job->worker = std::thread([rt, round, in, out = outputs[0], job] {
+      std::string error = rt->graph->run(in, out, rt->device_id, round, rt->destroying);
       --graph_runs_in_flight;
       std::lock_guard lock(job->mu);
       job->error = std::move(error);

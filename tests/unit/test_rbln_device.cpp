@@ -17,6 +17,7 @@
 
 #include "devices/cpu/cpu_device.hpp"
 #include "devices/device.hpp"
+#include "devices/rbln/rbln_api.hpp"
 #include "devices/rbln/rbln_artifact.hpp"
 #include "tests/support/fake_rbln_artifact.hpp"
 
@@ -863,6 +864,76 @@ TEST_CASE("rbln device, data parallel: ranks in lockstep give the cpu device's t
                     n);
     }
   }
+}
+
+TEST_CASE(
+    "rbln device, data parallel: the fake's ranks are collective, as an expert-parallel step's") {
+  // What the lockstep above is for: on the NPUs a rank's step exchanges tokens with every other
+  // rank, so no rank's run completes until all ranks run the same graph. The fake holds its
+  // ranks to that (tests/rbln_fake/fake_graph.hpp); here through the runtime binding itself.
+  auto a = artifact();
+  a.ranks = 2;
+  const fs::path dir = testing::write_fake_rbln_artifact(scratch("dp-collective"), a);
+  auto api = devices::rbln::RblnApi::load(env("RBLN_FAKE_LIB"));
+  REQUIRE(api.ok());
+  auto open = [&](const char* graph, int device) {
+    auto rt = devices::rbln::RblnRuntime::open(*api, (dir / graph).string(), graph, device);
+    REQUIRE_MESSAGE(rt.ok(), rt.error().describe());
+    return std::move(rt).value();
+  };
+  auto one0 = open("decoder_batch_1.rbln", 0), one1 = open("decoder_batch_1.rbln", 1);
+  auto two1 = open("decoder_batch_2.rbln", 1);
+  // Padding rows (token 0 at position 0, the dummy block), one buffer set per rank and bucket.
+  const uint32_t table = a.max_seq_len / a.block_tokens, dummy = a.kv_blocks - 1;
+  auto cpu = make_device(cpu_spec());  // for the shapes
+  REQUIRE(cpu.ok());
+  const uint64_t kv_bytes = uint64_t{a.kv_blocks} * (*cpu)->kv_layout().block_bytes();
+  const size_t vocab = (*cpu)->model_config().vocab_size;
+  struct Buffers {
+    std::vector<int32_t> ids, pos, tables;
+    std::vector<float> logits;
+    std::vector<std::byte> kv;
+  };
+  auto buffers = [&](uint32_t bucket) {
+    Buffers b{std::vector<int32_t>(bucket, 0), std::vector<int32_t>(bucket, 0),
+              std::vector<int32_t>(size_t{bucket} * table, static_cast<int32_t>(dummy)),
+              std::vector<float>(bucket * vocab), std::vector<std::byte>(kv_bytes)};
+    return b;
+  };
+  auto submit = [](devices::rbln::RblnRuntime& rt, Buffers& b) {
+    auto id =
+        rt.submit({b.ids.data(), b.pos.data(), b.tables.data(), b.kv.data()}, {b.logits.data()});
+    REQUIRE_MESSAGE(id.ok(), id.error().describe());
+    return *id;
+  };
+  Buffers r0 = buffers(1), r1 = buffers(1), r1_two = buffers(2);
+  // Rank 0 alone: its run waits for rank 1's, and completes once rank 1 runs too.
+  const int64_t first = submit(one0, r0);
+  auto alone = one0.wait(first, std::chrono::milliseconds(300));
+  REQUIRE_FALSE(alone.ok());
+  CHECK(alone.error().kind == ErrorKind::timed_out);
+  const int64_t peer = submit(one1, r1);
+  CHECK(one0.wait(first, std::chrono::milliseconds(20000)).ok());
+  CHECK(one1.wait(peer, std::chrono::milliseconds(20000)).ok());
+  // The next round with different graphs on the two ranks: both runs fail, naming both.
+  const int64_t mixed0 = submit(one0, r0), mixed1 = submit(two1, r1_two);
+  for (auto [rt, id] : {std::pair{&one0, mixed0}, std::pair{&two1, mixed1}}) {
+    auto failed = rt->wait(id, std::chrono::milliseconds(20000));
+    REQUIRE_FALSE(failed.ok());
+    CHECK_MESSAGE(
+        failed.error().message.find("collective mismatch in round 1:") != std::string::npos,
+        failed.error().message);
+    CHECK(failed.error().message.find("device 0 ran decoder_batch_1") != std::string::npos);
+    CHECK(failed.error().message.find("device 1 ran decoder_batch_2") != std::string::npos);
+  }
+  // A third device on a directory of two ranks.
+  auto third = open("decoder_batch_1.rbln", 2);
+  Buffers r2 = buffers(1);
+  const int64_t extra = submit(third, r2);
+  auto refused = third.wait(extra, std::chrono::milliseconds(20000));
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.error().message.find("data_parallel_size is 2") != std::string::npos,
+                refused.error().message);
 }
 
 TEST_CASE(
