@@ -356,6 +356,11 @@ class Device {
   // shell, which reports the instance not ready until the node restarts.
   virtual std::string lost() const { return ""; }
 
+  // What the device runs, for operators (`tandem shell executors`): rbln: the compiled
+  // directory, its compiler, graphs and where the KV lives. "" when there is nothing beyond
+  // its kind and KV pool.
+  virtual std::string describe() const { return ""; }
+
   // A draft model is loaded (see DraftSeq).
   virtual bool has_draft_model() const { return false; }
   // The next drafts, in batch order. `forget`: sequences that ended; the draft model's state

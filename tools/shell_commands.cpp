@@ -399,6 +399,25 @@ int cmd_instances(ShellContext& ctx, const std::vector<std::string>& args) {
   });
 }
 
+bool runs_executor(const config::Node& node) {
+  return std::any_of(node.instances.begin(), node.instances.end(),
+                     [](const config::Instance& i) { return i.role == config::Role::executor; });
+}
+
+// executors [NODE]: every executor (or NODE's): its device kind and ids, whether the device is
+// ready, failed to open or lost, its passes, how busy it is and what it runs.
+int cmd_executors(ShellContext& ctx, const std::vector<std::string>& args) {
+  if (args.size() > 1) {
+    std::printf("usage: executors [NODE]\n");
+    return 1;
+  }
+  if (args.size() == 1)
+    return print_answer(ctx, ctx.client->admin(args[0], "executors", {}, ctx.timeout), false);
+  return ask_each_node(ctx, runs_executor, "executors", {}, [](const AdminAnswer& answer) {
+    if (answer.rows.size() > 1 || !answer.ok) std::fputs(answer.text.c_str(), stdout);
+  });
+}
+
 // status: nodes, instances (state, load, KV, prefix hit rate), gateways (requests running and
 // queued, TTFT and ITL p50/p90 over the last minute), tier 2, errors by type: one screen.
 int cmd_status(ShellContext& ctx, const std::vector<std::string>& args) {
@@ -547,6 +566,10 @@ const std::vector<ShellCommand>& shell_commands() {
       {"stats", "stats NODE", "a node's metrics (Prometheus text)", cmd_stats},
       {"instances", "instances [NODE]",
        "prefill and decode instances: serving or draining, waiting, running, KV", cmd_instances},
+      {"executors", "executors [NODE]",
+       "every executor: device kind and ids, ready / failed / lost, passes, device busy, what it "
+       "runs",
+       cmd_executors},
       {"drain", "drain NODE|INSTANCE [DEADLINE_S]",
        "stop routing to it; returns when what it holds has ended (default deadline 60 s)",
        cmd_drain},

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <map>
@@ -130,6 +131,11 @@ struct ExecutorState {
   uint64_t next_ticket = 0;
   std::deque<PendingPass> pending;  // in answer_at order: the device runs passes one at a time
   uint32_t stall_next_ms = 0;       // TEST HOOK (atoms::stall): the next pass answers this late
+  // For `tandem shell executors`: since the device opened.
+  std::chrono::steady_clock::time_point opened_at;
+  uint64_t passes = 0, passes_failed = 0, device_ns = 0, last_ns = 0;
+  std::string last_error;  // the last failed pass's
+  std::string lost;        // the device's, once lost
   static inline const char* name = "tandem.executor";
 };
 
@@ -174,6 +180,7 @@ ExecInfo open_device(DeviceSlot& st, const ShellContext& ctx, const config::Inst
   info.fabric_address = fabric->address();
   info.local = st.registration.get();
   info.draft_model = st.device->has_draft_model();
+  info.description = st.device->describe();
   return info;
 }
 
@@ -245,6 +252,14 @@ void deliver_ready(ExecutorActor* self) {
 caf::result<ExecResult> answer(ExecutorActor* self, ExecResult result,
                                std::optional<caf::response_promise> promise) {
   auto& st = self->state;
+  ++st.passes;
+  st.device_ns += result.compute_ns;
+  st.last_ns = result.compute_ns;
+  if (!result.ok) {
+    ++st.passes_failed;
+    st.last_error = result.error;
+  }
+  if (!result.device_lost.empty()) st.lost = result.device_lost;
   auto now = self->clock().now();
   auto answer_at = result.output ? result.output->ready_at : now;  // drafts: no model time
   if (st.stall_next_ms > 0) {
@@ -374,6 +389,49 @@ caf::result<ExecInfo> answer_info(ExecutorActor* self) {
   return st.info_waiting.back();
 }
 
+// `tandem shell executors`: one row for this executor (the node actor renders the rows of all
+// of its executors as one table).
+runtime::AdminResult executor_row(const ExecutorState& st, const ShellContext& ctx,
+                                  const config::Instance& inst) {
+  std::string ids;
+  for (uint32_t id : inst.device_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  // The state in a word; why a device failed or was lost leads the detail.
+  std::string state = !st.opened         ? "opening"
+                      : !st.info.ok      ? "failed"
+                      : !st.lost.empty() ? "lost"
+                                         : "ready";
+  std::string busy = "-", last = "-", detail = st.info.description;
+  if (st.opened && !st.info.ok) detail = st.info.error;
+  if (!st.lost.empty()) detail = "lost: " + st.lost + "; " + detail;
+  if (st.opened && st.info.ok) {
+    auto up = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - st.opened_at)
+                  .count();
+    char buf[64];
+    std::snprintf(
+        buf, sizeof buf, "%.1f%%",
+        up > 0 ? 100.0 * static_cast<double>(st.device_ns) / static_cast<double>(up) : 0.0);
+    busy = buf;
+    if (st.passes > 0) {
+      std::snprintf(buf, sizeof buf, "%.2f ms", static_cast<double>(st.last_ns) / 1e6);
+      last = buf;
+    }
+    const auto& l = st.info.layout;
+    detail = (detail.empty() ? "" : detail + "; ") + "KV pool " + std::to_string(l.blocks_total) +
+             " blocks x " + std::to_string(l.block_bytes()) + " bytes";
+  }
+  if (!st.last_error.empty())
+    detail += (detail.empty() ? "" : "; ") + ("last error: " + st.last_error);
+  runtime::AdminResult r;
+  r.rows.push_back({"executor", "device", "devices", "state", "passes", "failed", "in flight",
+                    "device busy", "last pass", "detail"});
+  r.rows.push_back({ctx.bridge->node() + "/" + inst.name,
+                    std::string(config::to_string(inst.device)), ids.empty() ? "-" : ids, state,
+                    std::to_string(st.passes), std::to_string(st.passes_failed),
+                    std::to_string(st.running.size() + st.pending.size()), busy, last, detail});
+  return r;
+}
+
 caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context,
                                 const config::Instance& inst) {
   if (devices::holds_thread(inst.device)) {
@@ -385,14 +443,22 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
   } else {
     self->state.info = open_device(self->state.slot, context, inst, self->clock());
     self->state.opened = true;
+    self->state.opened_at = std::chrono::steady_clock::now();
     log_opened(context, inst, self->state.info);
   }
   return {
+      [self, context, inst](const runtime::LocalAdmin& cmd) -> runtime::AdminResult {
+        if (cmd.command != "executors" || !cmd.args.empty()) {
+          return {false, "executor " + inst.name + ": unknown command '" + cmd.command + "'\n", {}};
+        }
+        return executor_row(self->state, context, inst);
+      },
       [self](atoms::exec_info) { return answer_info(self); },
       [self, context, inst](DeviceOpened& opened) {
         auto& st = self->state;
         st.info = std::move(opened.info);
         st.opened = true;
+        st.opened_at = std::chrono::steady_clock::now();
         log_opened(context, inst, st.info);
         for (auto& promise : st.info_waiting) promise.deliver(st.info);
         st.info_waiting.clear();

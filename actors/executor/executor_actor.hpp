@@ -33,6 +33,7 @@ struct ExecInfo {
   // while it lives (the node stops actors before it stops the fabric).
   const runtime::MemoryRegion* local = nullptr;
   bool draft_model = false;  // the device drafts (EAGLE-3 head beside it): ExecKind::draft
+  std::string description;   // Device::describe(): what it runs (`tandem shell executors`)
 };
 
 // draft: the next drafts after a verified decode pass (Device::draft); its result's

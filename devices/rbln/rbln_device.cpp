@@ -14,6 +14,28 @@
 namespace tandem::devices::rbln {
 namespace {
 
+// "compiled DIR: model M, compiler V, block B, max length L, chunk C, buckets [..] (or pipeline
+// stages P (layers ..)), verify graphs of T tokens, data parallel D, devices N": what `tandem
+// check` and `tandem shell executors` say of a compiled directory.
+std::string describe_artifact(const RblnArtifact& a) {
+  std::string buckets, shape;
+  for (uint32_t b : a.buckets) buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
+  if (a.stages > 1) {
+    for (uint32_t l : a.stage_layers) shape += (shape.empty() ? "" : ", ") + std::to_string(l);
+    shape = "pipeline stages " + std::to_string(a.stages) + " (layers " + shape + ")";
+  } else {
+    shape = "buckets [" + buckets + "]";
+    if (a.verify_tokens > 0) {
+      shape += ", verify graphs of " + std::to_string(a.verify_tokens) + " tokens";
+    }
+  }
+  if (a.ranks > 1) shape += ", data parallel " + std::to_string(a.ranks);
+  return "compiled " + a.dir + ": model " + a.model_name + ", compiler " + a.compiler_version +
+         ", block " + std::to_string(a.block_tokens) + ", max length " +
+         std::to_string(a.max_seq_len) + ", chunk " + std::to_string(a.prefill_chunk) + ", " +
+         shape + ", devices " + std::to_string(a.devices_total());
+}
+
 constexpr int kPrefillInputs = 5;  // input_ids, cache_position, block_tables, query_position, kv
 constexpr int kDecodeInputs = 4;   // input_ids, cache_position, block_tables, kv
 
@@ -128,6 +150,11 @@ class RblnDevice final : public Device {
   Status copy_blocks_in(std::span<const uint32_t> blocks, std::span<const std::byte> src) override;
   std::string lost() const override {
     return poisoned_.empty() ? "" : "rbln " + poisoned_ + " (restart the node)";
+  }
+  std::string describe() const override {
+    const bool on_device = device_kv_ != nullptr || ranks_on_device() ||
+                           (!stages_.empty() && stages_[0].host == nullptr);
+    return describe_artifact(art_) + (on_device ? ", KV in device memory" : ", KV in host memory");
   }
 
  private:
@@ -981,27 +1008,11 @@ Result<std::string> probe_rbln(const DeviceSpec& spec) {
     if (auto st = (*api)->require_device_memory(); !st) return st.error();
   }
   if (auto st = check_device_ids(**api, spec.rbln.device_ids); !st) return st.error();
-  const RblnArtifact& a = *artifact;
-  std::string buckets, shape;
-  for (uint32_t b : a.buckets) buckets += (buckets.empty() ? "" : ", ") + std::to_string(b);
-  if (a.stages > 1) {
-    for (uint32_t l : a.stage_layers) shape += (shape.empty() ? "" : ", ") + std::to_string(l);
-    shape = "pipeline stages " + std::to_string(a.stages) + " (layers " + shape + ")";
-  } else {
-    shape = "buckets [" + buckets + "]";
-    if (a.verify_tokens > 0) {
-      shape += ", verify graphs of " + std::to_string(a.verify_tokens) + " tokens";
-    }
-  }
-  if (a.ranks > 1) shape += ", data parallel " + std::to_string(a.ranks);
   return "library " + spec.rbln.library + " (" + std::to_string(rbln_required_symbols().size()) +
          " symbols" +
          ((*api)->require_device_memory().ok() ? ", device-memory calls present" : "") +
-         (spec.rbln.kv_on_device ? ", KV in device memory" : "") + "); compiled " + a.dir +
-         ": model " + a.model_name + ", compiler " + a.compiler_version + ", block " +
-         std::to_string(a.block_tokens) + ", max length " + std::to_string(a.max_seq_len) +
-         ", chunk " + std::to_string(a.prefill_chunk) + ", " + shape + ", devices " +
-         std::to_string(a.devices_total());
+         (spec.rbln.kv_on_device ? ", KV in device memory" : "") + "); " +
+         describe_artifact(*artifact);
 }
 
 Result<std::unique_ptr<Device>> make_rbln_device(const DeviceSpec& spec) {

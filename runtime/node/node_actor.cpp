@@ -375,6 +375,9 @@ struct Forwarded {
   std::string_view command;
   std::string_view role;
   std::chrono::milliseconds timeout;
+  // The actors answer rows only (one header, their rows): the node renders them as one table,
+  // after the texts of those that failed.
+  bool table = false;
 };
 constexpr Forwarded forwarded_commands[] = {
     {"tier2", "kv-offload", admin_forward_timeout},
@@ -384,12 +387,14 @@ constexpr Forwarded forwarded_commands[] = {
     {"router-set", "router", admin_forward_timeout},
     {"requests", "gateway", admin_forward_timeout},
     {"cancel", "gateway", admin_forward_timeout},
+    {"executors", "executor", admin_forward_timeout, true},
 };
 
 // The answers to one forwarded command, merged into one reply when the last one is in: ok
 // when every one is; the texts in name order; one header row, then every actor's rows.
 struct Gathered {
   AdminCaller caller;
+  bool table = false;  // Forwarded::table
   size_t pending = 0;
   std::vector<AdminResult> results;  // by target
 };
@@ -407,6 +412,7 @@ void gathered_one(NodeActor* self, const std::shared_ptr<Gathered>& g) {
     if (merged.rows.empty()) merged.rows.push_back(r.rows[0]);
     merged.rows.insert(merged.rows.end(), r.rows.begin() + 1, r.rows.end());
   }
+  if (g->table) merged.text += render_rows(merged.rows);
   reply_admin(st, g->caller, merged);
 }
 
@@ -426,7 +432,7 @@ void forward_admin(NodeActor* self, const AdminCaller& caller, const Forwarded& 
     return reply_admin(st, caller, AdminResult{false, why, {}});
   }
   ++st.forwards_pending;
-  auto g = std::make_shared<Gathered>(Gathered{caller, targets.size(), {}});
+  auto g = std::make_shared<Gathered>(Gathered{caller, f.table, targets.size(), {}});
   g->results.resize(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     std::string name = targets[i].first.to_string();

@@ -282,6 +282,23 @@ TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has n
   CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"disaggregated\"") == 0);
   CHECK(node.log().find("router: local/prefill/prefill is not ready: executor failed") !=
         std::string::npos);
+  // `tandem shell executors`: the prefill executor failed, why; the decode executor is ready and
+  // has run the three requests' passes (in time, not in count: a pass holds several tokens).
+  auto shown =
+      run({tandem_bin(), "shell", "--manifest", node.manifest_path(), "-c", "executors"}, 30s);
+  CHECK(shown.exit_code == 0);
+  auto row = [&](const std::string& executor) {
+    size_t at = shown.output.find(executor + " ");
+    return at == std::string::npos ? std::string()
+                                   : shown.output.substr(at, shown.output.find('\n', at) - at);
+  };
+  const std::string ep = row("local/ep"), ed = row("local/ed");
+  CHECK_MESSAGE(ep.find("rbln    0        failed ") != std::string::npos, shown.output);
+  CHECK_MESSAGE(ep.find("executor ep: ") != std::string::npos, ep);
+  CHECK_MESSAGE(ep.find("/nonexistent/compiled") != std::string::npos, ep);
+  CHECK_MESSAGE(ed.find("sim     1        ready ") != std::string::npos, shown.output);
+  CHECK_MESSAGE(ed.find("KV pool 1024 blocks x ") != std::string::npos, ed);
+  CHECK(ed.find(" 0       0       0 ") == std::string::npos);  // it ran passes
 }
 
 TEST_CASE("gateway_ops: long prompts are prepared by their own preparers, with the same result") {

@@ -237,6 +237,27 @@ TEST_CASE(
   CHECK_MESSAGE(admin.body.find("restart the node to reopen it ([supervisor] device_lost = "
                                 "\"stay\")") != std::string::npos,
                 admin.body);
+  // `tandem shell executors`: the decode executor's device lost (its failed passes and the last
+  // error), the prefill executor's ready, each with what it runs.
+  auto shown = c.shell("executors");
+  CHECK(shown.exit_code == 0);
+  auto row = [&](const std::string& executor) {
+    size_t at = shown.output.find(executor + " ");
+    return at == std::string::npos ? std::string()
+                                   : shown.output.substr(at, shown.output.find('\n', at) - at);
+  };
+  const std::string decode_row = row("solo/exec-d"), prefill_row = row("solo/exec-p");
+  CHECK_MESSAGE(decode_row.find(" lost ") != std::string::npos, shown.output);
+  CHECK_MESSAGE(
+      decode_row.find("lost: rbln decoder_batch_1 (1 rows) run 1 did not complete "
+                      "within 1000 ms (restart the node); compiled ") != std::string::npos,
+      decode_row);
+  CHECK_MESSAGE(decode_row.find("last error: timed_out: rbln decoder_batch_1") != std::string::npos,
+                decode_row);
+  CHECK_MESSAGE(prefill_row.find(" ready ") != std::string::npos, shown.output);
+  CHECK_MESSAGE(prefill_row.find("buckets [1, 2, 4, 8], devices 1, KV in host memory; KV pool 512 "
+                                 "blocks") != std::string::npos,
+                prefill_row);
   std::string log = c.logs();
   // The device's own wait or the decode shell's step watch (the same 1 s) ended it first; later
   // steps find the device poisoned.
