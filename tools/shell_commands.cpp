@@ -386,17 +386,24 @@ int cmd_undrain(ShellContext& ctx, const std::vector<std::string>& args) {
   return print_answer(ctx, ctx.client->admin(target->node, "undrain", which, ctx.timeout), false);
 }
 
-// instances [NODE]: every prefill and decode instance (or NODE's): serving or draining, load.
-int cmd_instances(ShellContext& ctx, const std::vector<std::string>& args) {
+// A table per node: `command` asked of NODE, or of every node `keep` accepts (the nodes
+// without a row are left out).
+int rows_per_node(ShellContext& ctx, const std::vector<std::string>& args, const char* command,
+                  const std::function<bool(const config::Node&)>& keep) {
   if (args.size() > 1) {
-    std::printf("usage: instances [NODE]\n");
+    std::printf("usage: %s [NODE]\n", command);
     return 1;
   }
   if (args.size() == 1)
-    return print_answer(ctx, ctx.client->admin(args[0], "instances", {}, ctx.timeout), false);
-  return ask_each_node(ctx, any_node, "instances", {}, [](const AdminAnswer& answer) {
+    return print_answer(ctx, ctx.client->admin(args[0], command, {}, ctx.timeout), false);
+  return ask_each_node(ctx, keep, command, {}, [](const AdminAnswer& answer) {
     if (answer.rows.size() > 1 || !answer.ok) std::fputs(answer.text.c_str(), stdout);
   });
+}
+
+// instances [NODE]: every prefill and decode instance (or NODE's): serving or draining, load.
+int cmd_instances(ShellContext& ctx, const std::vector<std::string>& args) {
+  return rows_per_node(ctx, args, "instances", any_node);
 }
 
 bool runs_executor(const config::Node& node) {
@@ -407,15 +414,7 @@ bool runs_executor(const config::Node& node) {
 // executors [NODE]: every executor (or NODE's): its device kind and ids, whether the device is
 // ready, failed to open or lost, its passes, how busy it is and what it runs.
 int cmd_executors(ShellContext& ctx, const std::vector<std::string>& args) {
-  if (args.size() > 1) {
-    std::printf("usage: executors [NODE]\n");
-    return 1;
-  }
-  if (args.size() == 1)
-    return print_answer(ctx, ctx.client->admin(args[0], "executors", {}, ctx.timeout), false);
-  return ask_each_node(ctx, runs_executor, "executors", {}, [](const AdminAnswer& answer) {
-    if (answer.rows.size() > 1 || !answer.ok) std::fputs(answer.text.c_str(), stdout);
-  });
+  return rows_per_node(ctx, args, "executors", runs_executor);
 }
 
 // status: nodes, instances (state, load, KV, prefix hit rate), gateways (requests running and

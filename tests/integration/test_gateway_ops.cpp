@@ -287,12 +287,8 @@ TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has n
   auto shown =
       run({tandem_bin(), "shell", "--manifest", node.manifest_path(), "-c", "executors"}, 30s);
   CHECK(shown.exit_code == 0);
-  auto row = [&](const std::string& executor) {
-    size_t at = shown.output.find(executor + " ");
-    return at == std::string::npos ? std::string()
-                                   : shown.output.substr(at, shown.output.find('\n', at) - at);
-  };
-  const std::string ep = row("local/ep"), ed = row("local/ed");
+  const std::string ep = table_row(shown.output, "local/ep"),
+                    ed = table_row(shown.output, "local/ed");
   CHECK_MESSAGE(ep.find("rbln    0        failed ") != std::string::npos, shown.output);
   CHECK_MESSAGE(ep.find("executor ep: ") != std::string::npos, ep);
   CHECK_MESSAGE(ep.find("/nonexistent/compiled") != std::string::npos, ep);

@@ -241,12 +241,8 @@ TEST_CASE(
   // error), the prefill executor's ready, each with what it runs.
   auto shown = c.shell("executors");
   CHECK(shown.exit_code == 0);
-  auto row = [&](const std::string& executor) {
-    size_t at = shown.output.find(executor + " ");
-    return at == std::string::npos ? std::string()
-                                   : shown.output.substr(at, shown.output.find('\n', at) - at);
-  };
-  const std::string decode_row = row("solo/exec-d"), prefill_row = row("solo/exec-p");
+  const std::string decode_row = table_row(shown.output, "solo/exec-d"),
+                    prefill_row = table_row(shown.output, "solo/exec-p");
   CHECK_MESSAGE(decode_row.find(" lost ") != std::string::npos, shown.output);
   CHECK_MESSAGE(
       decode_row.find("lost: rbln decoder_batch_1 (1 rows) run 1 did not complete "

@@ -170,4 +170,14 @@ inline bool eventually(std::chrono::milliseconds timeout, const std::function<bo
   return condition();
 }
 
+// The line of `text` (a command's table) that starts with `first` and a space (its first
+// cell), without its newline; "" when there is none.
+inline std::string table_row(const std::string& text, const std::string& first) {
+  size_t at = text.rfind('\n' + first + ' ');
+  if (at != std::string::npos) ++at;
+  if (at == std::string::npos && text.compare(0, first.size() + 1, first + ' ') == 0) at = 0;
+  if (at == std::string::npos) return "";
+  return text.substr(at, text.find('\n', at) - at);
+}
+
 }  // namespace tandem::testing
