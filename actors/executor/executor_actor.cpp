@@ -121,6 +121,28 @@ struct DeviceSlot {
 
 class DeviceWorker;
 
+// What an executor exports (labelled by instance and device kind): its passes' device time, the
+// passes that failed, and whether its device is ready or lost, for alerts on a lost NPU.
+struct ExecutorMetrics {
+  obs::Histogram* pass = nullptr;  // tandem:executor_pass_seconds (its _sum: device time)
+  obs::Counter* failed = nullptr;  // tandem:executor_pass_failures_total
+  obs::Gauge* ready = nullptr;     // tandem:executor_device_ready: 1 opened and not lost
+  obs::Gauge* lost = nullptr;      // tandem:executor_device_lost: 1 once lost
+};
+
+ExecutorMetrics make_executor_metrics(obs::Registry* r, const config::Instance& inst) {
+  if (r == nullptr) return {};
+  obs::Labels l{{"instance", inst.name}, {"device", std::string(config::to_string(inst.device))}};
+  return {make_histogram(*r, "tandem:executor_pass_seconds",
+                         "device time of each executor pass (prefill, decode or draft)",
+                         obs::exponential_buckets(0.0005, 2.0, 18), l),
+          make_counter(*r, "tandem:executor_pass_failures_total", "executor passes that failed", l),
+          make_gauge(*r, "tandem:executor_device_ready",
+                     "1 when the executor's device is open and not lost", l),
+          make_gauge(*r, "tandem:executor_device_lost",
+                     "1 once the executor's device is lost (a run that never completed)", l)};
+}
+
 struct ExecutorState {
   DeviceSlot slot;                       // the sim's (the worker owns a threaded device's)
   std::unique_ptr<DeviceWorker> worker;  // cpu, rbln: the device's own thread
@@ -136,6 +158,7 @@ struct ExecutorState {
   uint64_t passes = 0, passes_failed = 0, device_ns = 0, last_ns = 0;
   std::string last_error;  // the last failed pass's
   std::string lost;        // the device's, once lost
+  ExecutorMetrics metrics;
   static inline const char* name = "tandem.executor";
 };
 
@@ -255,11 +278,17 @@ caf::result<ExecResult> answer(ExecutorActor* self, ExecResult result,
   ++st.passes;
   st.device_ns += result.compute_ns;
   st.last_ns = result.compute_ns;
+  if (st.metrics.pass) st.metrics.pass->observe(static_cast<double>(result.compute_ns) / 1e9);
   if (!result.ok) {
     ++st.passes_failed;
     st.last_error = result.error;
+    if (st.metrics.failed) st.metrics.failed->inc();
   }
-  if (!result.device_lost.empty()) st.lost = result.device_lost;
+  if (!result.device_lost.empty() && st.lost.empty()) {
+    st.lost = result.device_lost;
+    if (st.metrics.ready) st.metrics.ready->set(0);
+    if (st.metrics.lost) st.metrics.lost->set(1);
+  }
   auto now = self->clock().now();
   auto answer_at = result.output ? result.output->ready_at : now;  // drafts: no model time
   if (st.stall_next_ms > 0) {
@@ -434,6 +463,7 @@ runtime::AdminResult executor_row(const ExecutorState& st, const ShellContext& c
 
 caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context,
                                 const config::Instance& inst) {
+  self->state.metrics = make_executor_metrics(context.metrics, inst);
   if (devices::holds_thread(inst.device)) {
     caf::actor_clock* clock = &self->clock();  // the actor system outlives its actors
     self->state.worker = std::make_unique<DeviceWorker>(
@@ -444,6 +474,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
     self->state.info = open_device(self->state.slot, context, inst, self->clock());
     self->state.opened = true;
     self->state.opened_at = std::chrono::steady_clock::now();
+    if (self->state.metrics.ready) self->state.metrics.ready->set(self->state.info.ok ? 1 : 0);
     log_opened(context, inst, self->state.info);
   }
   return {
@@ -459,6 +490,7 @@ caf::behavior executor_behavior(ExecutorActor* self, const ShellContext& context
         st.info = std::move(opened.info);
         st.opened = true;
         st.opened_at = std::chrono::steady_clock::now();
+        if (st.metrics.ready) st.metrics.ready->set(st.info.ok ? 1 : 0);
         log_opened(context, inst, st.info);
         for (auto& promise : st.info_waiting) promise.deliver(st.info);
         st.info_waiting.clear();

@@ -251,6 +251,16 @@ TEST_CASE(
   CHECK_MESSAGE(decode_row.find("last error: timed_out: rbln decoder_batch_1") != std::string::npos,
                 decode_row);
   CHECK_MESSAGE(prefill_row.find(" ready ") != std::string::npos, shown.output);
+  // And in the node's metrics, for alerts: lost and not ready, its failed pass counted.
+  const std::string d = "device=\"rbln\",instance=\"exec-d\"",
+                    p = "device=\"rbln\",instance=\"exec-p\"";
+  CHECK(c.metric("solo", "tandem:executor_device_lost", d) == 1);
+  CHECK(c.metric("solo", "tandem:executor_device_ready", d) == 0);
+  CHECK(c.metric("solo", "tandem:executor_device_ready", p) == 1);
+  CHECK(c.metric("solo", "tandem:executor_device_lost", p) == 0);
+  CHECK(c.metric("solo", "tandem:executor_pass_failures_total", d) >= 1);
+  CHECK(c.metric("solo", "tandem:executor_pass_seconds_count", d) >= 2);
+  CHECK(c.metric("solo", "tandem:executor_pass_seconds_sum", d) >= 1.0);  // the 1 s timeout
   CHECK_MESSAGE(prefill_row.find("buckets [1, 2, 4, 8], devices 1, KV in host memory; KV pool 512 "
                                  "blocks") != std::string::npos,
                 prefill_row);
