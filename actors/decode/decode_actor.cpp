@@ -499,8 +499,9 @@ void fail_all(DecodeActor* self) {
   std::vector<std::pair<uint64_t, ActorName>> held;
   for (const auto& [id, s] : st.seqs) held.emplace_back(id, s.reply_to);
   for (const auto& [id, to] : held) {
+    // unimplemented: this instance cannot serve it; another may (retried), else 503.
     send_error(st.ctx, st.self_name, to, id,
-               make_error(ErrorKind::failed, st.watch->stall_reason()));
+               make_error(ErrorKind::unimplemented, st.watch->stall_reason()));
     on_cancel(self, id);
   }
 }
@@ -770,7 +771,7 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   if (!reply_to.ok()) return send_error(st.ctx, st.self_name, from, id, reply_to.error());
   if (st.watch->lost()) {
     return send_error(st.ctx, st.self_name, *reply_to, id,
-                      make_error(ErrorKind::failed, st.watch->stall_reason()));
+                      make_error(ErrorKind::unimplemented, st.watch->stall_reason()));
   }
   auto hashes = messages::get_hashes(req.getBlockHashes());
   auto sampling = messages::get_sampling(req.getSampling(), st.info.model.vocab_size);

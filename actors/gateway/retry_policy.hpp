@@ -3,9 +3,11 @@
 // simulator (tools/sim), so the simulator checks the policy the nodes run.
 //
 // Rule: a failure of kind disconnected, failed, timed_out or unimplemented (a dead decode
-// node, a decode error, no progress, an instance that cannot serve the request) is routed
-// again while no token has reached the client and the request has retries left; anything
-// else ends the request with an explicit error: 400 (invalid), 503 (overloaded) or 500.
+// node, a decode error, no progress, an instance that cannot serve the request: no device, or
+// its device lost) is routed again while no token has reached the client and the request has
+// retries left; anything else ends the request with an explicit error: 400 (invalid), 503
+// (overloaded, or unimplemented: the service is unavailable, not broken; clients retry later)
+// or 500.
 // Pure: no clocks, no I/O.
 #pragma once
 
@@ -33,7 +35,9 @@ inline bool retryable(ErrorKind kind) {
 inline RetryDecision decide_retry(ErrorKind kind, uint32_t tokens_sent, uint32_t retries_left) {
   if (tokens_sent == 0 && retries_left > 0 && retryable(kind)) return {true, 0, ""};
   if (kind == ErrorKind::invalid) return {false, 400, "invalid_request_error"};
-  if (kind == ErrorKind::overloaded) return {false, 503, "overloaded_error"};
+  if (kind == ErrorKind::overloaded || kind == ErrorKind::unimplemented) {
+    return {false, 503, "overloaded_error"};
+  }
   return {false, 500, "api_error"};
 }
 

@@ -19,7 +19,11 @@ TEST_CASE("retry: only before the first token, within the budget, for retryable 
     CHECK(gateway::decide_retry(k, 0, 1).retry);
     CHECK_FALSE(gateway::decide_retry(k, 0, 0).retry);   // budget spent
     CHECK_FALSE(gateway::decide_retry(k, 1, 2).retry);   // a token reached the client
-    CHECK(gateway::decide_retry(k, 1, 2).http_status == 500);
+    // An instance that cannot serve (no device, device lost) is unavailability: 503.
+    CHECK(gateway::decide_retry(k, 1, 2).http_status ==
+          (k == ErrorKind::unimplemented ? 503 : 500));
+    CHECK(gateway::decide_retry(k, 0, 0).http_status ==
+          (k == ErrorKind::unimplemented ? 503 : 500));
   }
   auto invalid = gateway::decide_retry(ErrorKind::invalid, 0, 2);
   CHECK_FALSE(invalid.retry);
