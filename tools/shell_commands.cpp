@@ -386,6 +386,18 @@ int cmd_undrain(ShellContext& ctx, const std::vector<std::string>& args) {
   return print_answer(ctx, ctx.client->admin(target->node, "undrain", which, ctx.timeout), false);
 }
 
+// True when `node` runs an instance of `role`.
+bool runs(const config::Node& node, config::Role role) {
+  return std::any_of(node.instances.begin(), node.instances.end(),
+                     [role](const config::Instance& i) { return i.role == role; });
+}
+bool runs_executor(const config::Node& node) {
+  return runs(node, config::Role::executor);
+}
+bool runs_gateway(const config::Node& node) {
+  return runs(node, config::Role::gateway);
+}
+
 // A table per node: `command` asked of NODE, or of every node `keep` accepts (the nodes
 // without a row are left out).
 int rows_per_node(ShellContext& ctx, const std::vector<std::string>& args, const char* command,
@@ -404,11 +416,6 @@ int rows_per_node(ShellContext& ctx, const std::vector<std::string>& args, const
 // instances [NODE]: every prefill and decode instance (or NODE's): serving or draining, load.
 int cmd_instances(ShellContext& ctx, const std::vector<std::string>& args) {
   return rows_per_node(ctx, args, "instances", any_node);
-}
-
-bool runs_executor(const config::Node& node) {
-  return std::any_of(node.instances.begin(), node.instances.end(),
-                     [](const config::Instance& i) { return i.role == config::Role::executor; });
 }
 
 // executors [NODE]: every executor (or NODE's): its device kind and ids, whether the device is
@@ -433,11 +440,6 @@ int cmd_status(ShellContext& ctx, const std::vector<std::string>& args) {
     if (!answered) std::printf("(no node answered `nodes`)\n");
   }
   return answered && status.nodes_up == status.nodes.size() ? 0 : 1;
-}
-
-bool runs_gateway(const config::Node& node) {
-  return std::any_of(node.instances.begin(), node.instances.end(),
-                     [](const config::Instance& i) { return i.role == config::Role::gateway; });
 }
 
 // requests [INSTANCE]: every gateway's requests in flight (id, state, age, tokens so far, where).
