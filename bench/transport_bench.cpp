@@ -198,7 +198,9 @@ int serve_tandem(const runtime::FabricOptions& options, const std::string& ready
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the measuring parent
   EchoServer server(options.frame_bytes_max);
   auto fabric = runtime::open_fabric(
-      options, [&server](std::span<const std::byte> bytes) { server.on_frame(bytes); });
+      options, [&server](std::span<const std::byte> bytes, const runtime::PeerIdentity*) {
+        server.on_frame(bytes);
+      });
   if (!fabric.ok()) {
     std::fprintf(stderr, "bench echo: %s\n", fabric.error().describe().c_str());
     return 1;
@@ -353,7 +355,9 @@ Result<TandemResults> measure_tandem(const Settings& s) {
   runtime::FabricOptions options = s.fabric;
   options.port = 0;
   auto fabric = runtime::open_fabric(
-      options, [&waiter](std::span<const std::byte> bytes) { waiter.on_frame(bytes); });
+      options, [&waiter](std::span<const std::byte> bytes, const runtime::PeerIdentity*) {
+        waiter.on_frame(bytes);
+      });
   if (!fabric.ok()) return fabric.error();
   auto peer = (*fabric)->peer("127.0.0.1:" + std::to_string(child_port));
   if (!peer.ok()) return peer.error();

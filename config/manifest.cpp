@@ -67,8 +67,9 @@ std::string join_words(std::span<const std::string_view> words) {
 }
 
 // Names of clusters, nodes and instances end up in logs, metrics and file names.
+// "." and ".." are not names: a node's name becomes a directory (tier 2, state files).
 bool valid_name(std::string_view name) {
-  if (name.empty()) return false;
+  if (name.empty() || name == "." || name == "..") return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
            c == '.' || c == '_' || c == '-';
@@ -174,6 +175,34 @@ class TableReader {
     return true;
   }
 
+  // An array of non-empty strings; each bad element is reported with its index. Sets `out`
+  // only when every element is good.
+  bool read_string_list(std::string_view name, std::vector<std::string>& out) {
+    const toml::node* node = find(name);
+    if (!node) return true;
+    const toml::array* array = node->as_array();
+    if (!array) {
+      issue(name, "expected an array of strings, got " + type_name(node->type()));
+      return false;
+    }
+    std::vector<std::string> values;
+    for (size_t i = 0; i < array->size(); ++i) {
+      const toml::node& element = *array->get(i);
+      std::string element_key = key(name) + "[" + std::to_string(i) + "]";
+      if (!element.is_string()) {
+        sink_.add(pos_of(element.source()), element_key,
+                  "expected a string, got " + type_name(element.type()));
+      } else if (element.as_string()->get().empty()) {
+        sink_.add(pos_of(element.source()), element_key, "must not be empty");
+      } else {
+        values.push_back(element.as_string()->get());
+      }
+    }
+    if (values.size() != array->size()) return false;
+    out = std::move(values);
+    return true;
+  }
+
   // Required strings must also be non-empty.
   bool read_string(std::string_view name, std::string& out, bool required = false) {
     const toml::node* node = typed(name, toml::node_type::string, required);
@@ -192,7 +221,8 @@ class TableReader {
     std::string value;
     if (!read_string(name, value, true)) return false;
     if (!valid_name(value)) {
-      issue(name, "'" + value + "' may use only letters, digits, '.', '_' and '-'");
+      issue(name, "'" + value + "' may use only letters, digits, '.', '_' and '-' (and is not "
+                  "'.' or '..')");
       return false;
     }
     out = std::move(value);
@@ -303,6 +333,10 @@ class Loader {
   const toml::array* table_array(const toml::node* node, Pos pos, const std::string& key);
   void read_sections(const toml::table& root);
   void read_cluster(const toml::table& table);
+  void read_admin(const toml::table& table);
+  void read_node_hosts(TableReader& reader, Node& node);
+  void check_security();
+  std::string absolute_path(const std::string& path) const;
   void read_fabric(const toml::table& table);
   void read_membership(const toml::table& table);
   void read_supervisor(const toml::table& table);
@@ -378,6 +412,7 @@ std::variant<Manifest, ManifestErrors> Loader::run(std::string_view text) {
   check_rbln();
   check_nodes();
   check_roles();
+  check_security();
   if (!sink_.empty()) return sink_.take();
   RT_ASSERT(!manifest_.nodes.empty(), "a valid manifest has nodes");
   RT_ASSERT(!manifest_.cluster.name.empty(), "a valid manifest has a cluster name");
@@ -413,9 +448,11 @@ const toml::array* Loader::table_array(const toml::node* node, Pos pos, const st
 void Loader::read_sections(const toml::table& root) {
   TableReader reader(
       sink_, root, "",
-      {"cluster", "fabric", "membership", "supervisor", "logging", "model", "router", "kv_offload",
-       "speculative", "gateway", "prefill", "decode", "sim", "rbln", "node", "instance"});
+      {"cluster", "admin", "fabric", "membership", "supervisor", "logging", "model", "router",
+       "kv_offload", "speculative", "gateway", "prefill", "decode", "sim", "rbln", "node",
+       "instance"});
   if (auto* t = section(root, "cluster", true)) read_cluster(*t);
+  if (auto* t = section(root, "admin", false)) read_admin(*t);
   if (auto* t = section(root, "fabric", false)) read_fabric(*t);
   if (auto* t = section(root, "membership", false)) read_membership(*t);
   if (auto* t = section(root, "supervisor", false)) read_supervisor(*t);
@@ -445,15 +482,47 @@ void Loader::read_sections(const toml::table& root) {
   }
 }
 
+std::string Loader::absolute_path(const std::string& path) const {
+  fs::path p(path);
+  if (p.is_relative()) p = fs::path(manifest_.dir) / p;
+  return p.lexically_normal().string();
+}
+
 void Loader::read_cluster(const toml::table& table) {
-  TableReader reader(sink_, table, "cluster", {"name", "protocol_version"});
+  TableReader reader(sink_, table, "cluster",
+                     {"name", "protocol_version", "key_file", "accept_key_files"});
   reader.read_name("name", manifest_.cluster.name);
+  ClusterSection& cluster = manifest_.cluster;
+  if (reader.read_string("key_file", cluster.key_file, reader.find("key_file") != nullptr) &&
+      !cluster.key_file.empty()) {
+    cluster.key_file = absolute_path(cluster.key_file);
+  }
+  if (reader.read_string_list("accept_key_files", cluster.accept_key_files)) {
+    for (auto& file : cluster.accept_key_files) file = absolute_path(file);
+    if (!cluster.accept_key_files.empty() && cluster.key_file.empty()) {
+      reader.issue("accept_key_files", "accepting other keys needs key_file (the key this "
+                                       "cluster connects with)");
+    }
+  }
   uint32_t version = protocol_version_current;
   if (reader.read_int("protocol_version", 0, std::numeric_limits<int32_t>::max(), version) &&
       version != protocol_version_current) {
     reader.issue("protocol_version", "unsupported protocol_version " + std::to_string(version) +
                                          "; this build speaks " +
                                          std::to_string(protocol_version_current));
+  }
+}
+
+void Loader::read_admin(const toml::table& table) {
+  TableReader reader(sink_, table, "admin", {"token_file", "http_token_required"});
+  AdminSection& admin = manifest_.admin;
+  if (reader.read_string("token_file", admin.token_file, reader.find("token_file") != nullptr) &&
+      !admin.token_file.empty()) {
+    admin.token_file = absolute_path(admin.token_file);
+  }
+  if (reader.read_bool("http_token_required", admin.http_token_required) &&
+      admin.http_token_required && admin.token_file.empty()) {
+    reader.issue("http_token_required", "needs token_file (the token the requests present)");
   }
 }
 
@@ -742,8 +811,26 @@ void Loader::read_gateway(const toml::table& table) {
                      {"api_keys", "body_bytes_max", "connections_max", "requests_max", "queue_max",
                       "request_timeout_ms", "queue_timeout_ms", "header_timeout_ms",
                       "body_timeout_ms", "connections_per_client_max", "cache_secret",
-                      "preparers", "long_prompt_preparers", "long_prompt_bytes"});
+                      "preparers", "long_prompt_preparers", "long_prompt_bytes",
+                      "share_prefix_cache_across_keys", "allowed_hosts", "cors_origins"});
   GatewaySection& gateway = manifest_.gateway;
+  reader.read_bool("share_prefix_cache_across_keys", gateway.share_prefix_cache_across_keys);
+  if (reader.read_string_list("allowed_hosts", gateway.allowed_hosts)) {
+    for (const auto& host : gateway.allowed_hosts) {
+      if (host != "*" && !valid_host(host)) {
+        reader.issue("allowed_hosts", "'" + host + "' is not a host name, an address or \"*\"");
+      }
+    }
+  }
+  if (reader.read_string_list("cors_origins", gateway.cors_origins)) {
+    for (const auto& origin : gateway.cors_origins) {
+      bool ok = origin == "*" || origin.rfind("http://", 0) == 0 || origin.rfind("https://", 0) == 0;
+      if (!ok || origin.find_first_of(" \t\r\n,") != std::string::npos) {
+        reader.issue("cors_origins", "'" + origin + "' is not an origin (scheme://host[:port]) "
+                                     "or \"*\"");
+      }
+    }
+  }
   read_api_keys(reader);
   reader.read_int("body_bytes_max", 1 << 10, 1 << 30, gateway.body_bytes_max);
   reader.read_int("connections_max", 1, 100000, gateway.connections_max);
@@ -1036,18 +1123,14 @@ std::vector<std::pair<std::string, double>> Loader::read_sim_numbers(const toml:
 void Loader::read_node(const toml::table& table, size_t index) {
   std::string path = "node[" + std::to_string(index) + "]";
   TableReader reader(sink_, table, path,
-                     {"name", "host", "fabric_port", "admin_port", "http_port", "workers",
-                      "instance"});
+                     {"name", "host", "api_host", "fabric_host", "admin_host", "fabric_port",
+                      "admin_port", "http_port", "workers", "instance"});
   Node node;
   node.line = reader.pos().line;
   NodeDecl decl{path, reader.pos(), reader.pos("name"),
                 {reader.pos("fabric_port"), reader.pos("admin_port"), reader.pos("http_port")}};
   reader.read_name("name", node.name);
-  if (reader.read_string("host", node.host, true) &&
-      node.host.find_first_of(" \t\r\n") != std::string::npos) {
-    reader.issue("host", "'" + node.host + "' contains whitespace");
-    node.host.clear();
-  }
+  read_node_hosts(reader, node);
   reader.read_int("fabric_port", 1, 65535, node.fabric_port, true);
   uint16_t port = 0;
   if (reader.find("admin_port") && reader.read_int("admin_port", 1, 65535, port)) {
@@ -1071,6 +1154,48 @@ void Loader::read_node(const toml::table& table, size_t index) {
                     node_index, false);
     }
   }
+}
+
+// host (required: where peers reach the node) and the listen address of each plane.
+void Loader::read_node_hosts(TableReader& reader, Node& node) {
+  if (reader.read_string("host", node.host, true) && !valid_host(node.host)) {
+    reader.issue("host", "'" + node.host + "' is not an IPv4 or IPv6 address or a host name");
+    node.host.clear();
+  }
+  if (!node.host.empty() && is_wildcard_host(node.host)) {
+    reader.issue("host", "'" + node.host + "' is where peers reach the node, so it cannot be "
+                         "every interface; to listen on every interface set api_host, "
+                         "fabric_host or admin_host");
+    node.host.clear();
+  }
+  for (auto [key, field] : {std::pair{"api_host", &node.api_host},
+                            std::pair{"fabric_host", &node.fabric_host},
+                            std::pair{"admin_host", &node.admin_host}}) {
+    if (reader.read_string(key, *field, reader.find(key) != nullptr) && !field->empty() &&
+        !valid_host(*field)) {
+      reader.issue(key, "'" + *field + "' is not an IPv4 or IPv6 address or a host name");
+      field->clear();
+    }
+  }
+  if (node.api_host.empty()) node.api_host = node.host;
+  if (node.fabric_host.empty()) node.fabric_host = node.host;
+  if (node.admin_host.empty()) {
+    node.admin_host = node.host.empty() || is_loopback_host(node.host) ? node.host : "127.0.0.1";
+  }
+}
+
+// Nodes on more than one host must name the cluster key: a key made on one host cannot reach
+// the others, and an unkeyed fabric would be open to anyone on the network.
+void Loader::check_security() {
+  if (!manifest_.cluster.key_file.empty() || manifest_.nodes.empty()) return;
+  if (manifest_.single_host()) return;
+  std::string hosts;
+  for (const auto& node : manifest_.nodes) {
+    if (hosts.find(node.host) == std::string::npos) hosts += (hosts.empty() ? "" : ", ") + node.host;
+  }
+  sink_.add({}, "cluster.key_file",
+            "required: the nodes are on more than one host (" + hosts +
+                "); write one with `tandem keygen FILE` and copy it to every host (mode 0600)");
 }
 
 void Loader::read_instance(const toml::table& table, std::string path, size_t node_index,

@@ -32,6 +32,24 @@ std::optional<DeviceKind> device_kind_from_string(std::string_view text);
 struct ClusterSection {
   std::string name;
   uint32_t protocol_version = protocol_version_current;
+  // The cluster key (runtime/node/credentials.hpp): every node and client proves it holds it
+  // when it connects, and every frame is sealed with keys derived from it. Absolute once
+  // loaded. Empty: only on a manifest whose nodes are all on one host, which then uses a key
+  // made beside the node's state (auto_key_path); on more than one host it is required.
+  std::string key_file;
+  // Keys also accepted from peers (never used to connect): the previous or the next key
+  // while a new one is rolled out (docs/operations.md, "Rotating the cluster key").
+  std::vector<std::string> accept_key_files;
+};
+
+// [admin]: the admin plane.
+struct AdminSection {
+  // A credential for operators that is not the cluster key: its holder may run admin
+  // commands (tandem shell) but not act as a node. Absolute once loaded; "" = none.
+  std::string token_file;
+  // The admin HTTP endpoint's /metrics, /health, /status and /status.json ask for
+  // `Authorization: Bearer <token>` (the token file's contents; token_file required).
+  bool http_token_required = false;
 };
 
 struct FabricSection {
@@ -195,6 +213,14 @@ struct GatewaySection {
   uint32_t body_timeout_ms = 60000;
   uint32_t connections_per_client_max = 256;  // open HTTP connections per peer IP
   std::string cache_secret;              // block-hash key; "" = derived from the cluster name
+  // With api_keys: prefix-cache blocks are salted per key, so one tenant cannot see through
+  // cached_tokens or timing whether another sent a prompt; true shares them across keys.
+  bool share_prefix_cache_across_keys = false;
+  // Host header values the API answers besides the node's own names and addresses
+  // (DNS-rebinding defence): e.g. a load balancer's name. "*" accepts any.
+  std::vector<std::string> allowed_hosts;
+  // Origins a browser page may call the API from (CORS); empty: no cross-origin access.
+  std::vector<std::string> cors_origins;
   // Actors that parse, tokenize and hash requests in parallel on the node's workers; 0 =
   // the node's workers, clamped to 2..16 (gateway_preparers()).
   uint32_t preparers = 0;
@@ -276,7 +302,11 @@ struct Instance {
 
 struct Node {
   std::string name;
-  std::string host;
+  std::string host;          // where peers and clients reach the node
+  // Listen addresses per plane, filled at load: api_host and fabric_host default to host;
+  // admin_host to host when host is a loopback address, else 127.0.0.1 (the admin plane stays
+  // on the machine unless the manifest says otherwise).
+  std::string api_host, fabric_host, admin_host;
   uint16_t fabric_port = 0;
   std::optional<uint16_t> admin_port;  // /metrics and health, HTTP
   std::optional<uint16_t> http_port;   // the OpenAI-compatible API (gateway nodes)
@@ -301,6 +331,7 @@ struct Manifest {
   std::string file;  // path it was loaded from
   std::string dir;   // its directory, absolute (relative paths resolve against it)
   ClusterSection cluster;
+  AdminSection admin;
   FabricSection fabric;
   MembershipSection membership;
   SupervisorSection supervisor;
@@ -317,6 +348,8 @@ struct Manifest {
   std::vector<Node> nodes;
 
   const Node* find_node(std::string_view name) const;        // nullptr if absent
+  // Every node's host is a loopback address, or all are the same host.
+  bool single_host() const;
   // Every instance of a role across the cluster, with its node.
   std::vector<std::pair<const Node*, const Instance*>> instances_of(Role role) const;
   // The executor instance named `name` (nullptr if absent or not an executor).
@@ -358,6 +391,13 @@ Result<RouterSection> set_router_key(const RouterSection& current, const std::st
                                      const std::string& value);
 // A key's value as TOML text ("" for an unknown key).
 std::string router_setting_text(const RouterSection& router, const std::string& key);
+
+// host is 127.0.0.0/8, ::1 or localhost.
+bool is_loopback_host(std::string_view host);
+// An IPv4 or IPv6 literal, or a host name (RFC 1123 labels).
+bool valid_host(std::string_view host);
+// A listen address that takes every interface (0.0.0.0, ::, [::]).
+bool is_wildcard_host(std::string_view host);
 
 // One-screen human summary (model, router, gateway limits, nodes, their addresses,
 // instances). Never prints API keys or the cache secret.

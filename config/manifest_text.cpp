@@ -127,6 +127,80 @@ uint32_t gateway_preparers(const GatewaySection& gateway, const Node& node) {
   return std::clamp(node.workers_count(), 2u, 16u);
 }
 
+bool is_loopback_host(std::string_view host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" ||
+         (host.rfind("127.", 0) == 0 && valid_host(host));
+}
+
+bool is_wildcard_host(std::string_view host) {
+  return host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+namespace {
+
+bool ipv4_literal(std::string_view text) {
+  int parts = 0;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t end = std::min(text.find('.', at), text.size());
+    std::string_view part = text.substr(at, end - at);
+    if (part.empty() || part.size() > 3 || (part.size() > 1 && part[0] == '0')) return false;
+    int value = 0;
+    for (char c : part) {
+      if (c < '0' || c > '9') return false;
+      value = value * 10 + (c - '0');
+    }
+    if (value > 255) return false;
+    ++parts;
+    at = end + 1;
+  }
+  return parts == 4;
+}
+
+bool ipv6_literal(std::string_view text) {
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']') {
+    text = text.substr(1, text.size() - 2);
+  }
+  if (text.size() < 2 || text.size() > 45 || text.find(':') == std::string_view::npos) return false;
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') ||
+           c == ':' || c == '.';
+  });
+}
+
+}  // namespace
+
+bool valid_host(std::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  if (ipv6_literal(host)) return true;
+  bool numeric = std::all_of(host.begin(), host.end(),
+                             [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
+  if (numeric) return ipv4_literal(host);
+  size_t at = 0;
+  while (at <= host.size()) {  // RFC 1123 labels
+    size_t end = std::min(host.find('.', at), host.size());
+    std::string_view label = host.substr(at, end - at);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    for (char c : label) {
+      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '-';
+      if (!ok) return false;
+    }
+    at = end + 1;
+  }
+  return true;
+}
+
+bool Manifest::single_host() const {
+  bool all_loopback = std::all_of(nodes.begin(), nodes.end(),
+                                  [](const Node& n) { return is_loopback_host(n.host); });
+  if (all_loopback) return true;
+  return std::all_of(nodes.begin(), nodes.end(),
+                     [this](const Node& n) { return n.host == nodes.front().host; });
+}
+
 const Node* Manifest::find_node(std::string_view name) const {
   for (const auto& node : nodes) {
     if (node.name == name) return &node;

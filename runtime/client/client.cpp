@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
+
+#include "runtime/node/credentials.hpp"
 
 namespace tandem::runtime {
 
@@ -21,7 +24,8 @@ ClusterClient::ClusterClient(const config::Manifest& manifest, std::string name)
 ClusterClient::~ClusterClient() { fabric_.reset(); }
 
 Result<std::unique_ptr<ClusterClient>> ClusterClient::connect(const config::Manifest& manifest,
-                                                              const std::string& bind_host) {
+                                                              const std::string& bind_host,
+                                                              const std::string& token_file) {
   std::random_device rd;
   std::string name = "client-" + std::to_string(getpid()) + "-" + std::to_string(rd() % 100000);
   auto client = std::make_unique<ClusterClient>(manifest, name);
@@ -32,17 +36,24 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::connect(const config::Mani
   options.frame_bytes_max = manifest.fabric.frame_bytes_max;
   options.recv_buffers = 8;
   options.spin_us = manifest.fabric.spin_us;
+  auto channel = client_channel(manifest, name, token_file);
+  if (!channel.ok()) return channel.error();
+  options.channel = std::move(channel).value();
   ClusterClient* raw = client.get();
-  auto fabric = open_fabric(options, [raw](std::span<const std::byte> b) { raw->on_frame(b); });
+  auto fabric = open_fabric(options, [raw](std::span<const std::byte> b, const PeerIdentity* from) {
+    raw->on_frame(b, from);
+  });
   if (!fabric.ok()) return fabric.error();
   client->fabric_ = std::move(fabric).value();
   return client;
 }
 
-void ClusterClient::on_frame(std::span<const std::byte> bytes) {
+void ClusterClient::on_frame(std::span<const std::byte> bytes, const PeerIdentity* from) {
+  if (from == nullptr) return;
   auto decoded = messages::decode_frame(bytes, manifest_.fabric.frame_bytes_max);
   if (!decoded.ok()) return;
   auto frame = std::make_shared<messages::Frame>(std::move(decoded).value());
+  if (std::string_view(frame->envelope().getSource().getNode().cStr()) != from->name) return;
   uint64_t correlation = frame->envelope().getCorrelationId();
   std::lock_guard lock(mu_);
   if (!awaited_.count(correlation)) return;
@@ -82,9 +93,36 @@ Result<std::shared_ptr<messages::Frame>> ClusterClient::call(
   fill(envelope);
   auto words = messages::encode_frame(message);
   auto bytes = messages::frame_span(words);
+  auto before = fabric_->session_info(*peer);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   Status sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()));
   std::unique_lock lock(mu_);
-  bool got = sent.ok() && cv_.wait_for(lock, timeout, [&] { return replies_.count(correlation); });
+  auto answered = [&] { return replies_.count(correlation) > 0; };
+  bool got = sent.ok() && cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
+                                                                      probe_after(timeout)),
+                                         answered);
+  if (sent.ok() && !got && before.session_id != 0) {
+    // No answer yet: a new handshake tells whether the node restarted (a new incarnation; it
+    // never saw the request, which went on a session it no longer has) or is only slow.
+    lock.unlock();
+    (void)fabric_->refresh_session(*peer);
+    lock.lock();
+    FabricEndpoint::SessionInfo now{};
+    while (!got && std::chrono::steady_clock::now() < deadline) {
+      got = cv_.wait_for(lock, std::chrono::milliseconds(10), answered);
+      lock.unlock();
+      now = fabric_->session_info(*peer);
+      lock.lock();
+      if (now.session_id != before.session_id) break;
+    }
+    if (!got && now.session_id != before.session_id &&
+        now.peer_incarnation != before.peer_incarnation) {
+      lock.unlock();
+      sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()));
+      lock.lock();
+    }
+    if (!got && sent.ok()) got = cv_.wait_until(lock, deadline, answered);
+  }
   awaited_.erase(correlation);
   if (!sent.ok()) return sent.error();
   if (!got) {
@@ -96,6 +134,10 @@ Result<std::shared_ptr<messages::Frame>> ClusterClient::call(
   auto frame = std::move(replies_[correlation]);
   replies_.erase(correlation);
   return frame;
+}
+
+std::chrono::milliseconds ClusterClient::probe_after(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(500));
 }
 
 Result<AdminAnswer> ClusterClient::admin(const std::string& node, const std::string& command,

@@ -32,9 +32,11 @@ class ClusterClient {
   static constexpr size_t pending_max = 4096;
 
   // bind_host: local address for the client's endpoint (ephemeral port). `manifest` outlives
-  // the client.
+  // the client. It connects with the cluster key, else the admin token (credentials.hpp);
+  // `token_file` names an admin token to use instead.
   static Result<std::unique_ptr<ClusterClient>> connect(const config::Manifest& manifest,
-                                                        const std::string& bind_host);
+                                                        const std::string& bind_host,
+                                                        const std::string& token_file = "");
   ClusterClient(const config::Manifest& manifest, std::string name);  // use connect()
   ~ClusterClient();
 
@@ -50,7 +52,10 @@ class ClusterClient {
                                         std::chrono::milliseconds timeout,
                                         size_t payload_bytes = 0);
 
-  // Sends an arbitrary envelope (body filled by `fill`) and waits for the reply frame.
+  // Sends an arbitrary envelope (body filled by `fill`) and waits for the reply frame. A node
+  // that has not answered after probe_after(timeout) is asked for a new session: when it
+  // turns out to have restarted (its incarnation changed), the request, lost with its old
+  // session, is sent again once; a slow node is not asked twice.
   Result<std::shared_ptr<messages::Frame>> call(
       const messages::ActorName& to, const std::function<void(wire::Envelope::Builder)>& fill,
       std::chrono::milliseconds timeout);
@@ -62,7 +67,8 @@ class ClusterClient {
   FabricEndpoint& fabric() { return *fabric_; }
 
  private:
-  void on_frame(std::span<const std::byte> bytes);
+  void on_frame(std::span<const std::byte> bytes, const PeerIdentity* from);
+  static std::chrono::milliseconds probe_after(std::chrono::milliseconds timeout);
   Result<std::string> address_of(const std::string& node) const;
 
   const config::Manifest& manifest_;

@@ -13,6 +13,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -68,6 +69,12 @@ struct PendingRead {
   std::shared_ptr<ReadJob> job;
 };
 
+// A frame waiting for the peer's session (with a channel), not sealed yet.
+struct Waiting {
+  std::vector<std::byte> frame;
+  bool control = false;
+};
+
 struct Peer {
   uint64_t id = 0;
   std::string address;
@@ -75,6 +82,10 @@ struct Peer {
   uint32_t inflight = 0;
   std::deque<std::vector<std::byte>> queue;
   uint32_t control_queued = 0;  // queue[0, control_queued) are control frames
+  std::deque<Waiting> waiting;  // with a channel: frames for a session still being made
+  // Held from sealing a frame to queueing it, so a peer's frames queue in sequence order.
+  std::shared_ptr<std::mutex> order = std::make_shared<std::mutex>();
+  uint64_t last_used = 0;  // Endpoint::use_clock_ when last sent to or resolved
 };
 
 class Region final : public MemoryRegion {
@@ -110,10 +121,13 @@ class Endpoint final : public FabricEndpoint {
 
   Status open();
   std::string address() const override { return address_; }
+  bool ordered() const { return ordered_; }
   std::string provider() const override { return provider_; }
   Result<PeerHandle> peer(const std::string& host_port) override;
   void reset_peer(const std::string& host_port) override;
   Status send(PeerHandle peer, std::vector<std::byte> frame, bool control) override;
+  SessionInfo session_info(PeerHandle peer) override;
+  Status refresh_session(PeerHandle peer) override;
   Result<std::unique_ptr<MemoryRegion>> register_memory(std::byte* base,
                                                         uint64_t length_bytes) override;
   Status read(PeerHandle peer, const RemoteRegionRef& remote, uint64_t remote_offset,
@@ -139,11 +153,21 @@ class Endpoint final : public FabricEndpoint {
   bool pump_all();  // true while RMA reads are posted or waiting
   void run_ready_callbacks();  // progress thread only; mu_ not held
   void wake();
+  // With a channel:
+  void on_received(std::span<std::byte> frame);  // progress thread
+  Peer* peer_by_address_locked(const std::string& address);  // inserting it; mu_ held
+  Status evict_one_locked();                                 // mu_ held
+  void queue_locked(Peer& peer, std::vector<std::byte> frame, bool control);  // mu_ held
+  void send_handshake(const std::string& address, std::vector<std::byte> frame);
+  void flush_waiting(const std::string& address);  // a session became usable
+  Status send_sealed(PeerHandle handle, std::vector<std::byte> frame, bool control);
+  void handshake_tick();  // progress thread: resend INITs, expire handshakes
+  uint64_t random_key();
 
   FabricOptions options_;
   FrameHandler on_frame_;
   std::string address_, provider_;
-  bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false;
+  bool virt_addr_ = false, prov_key_ = false, mr_endpoint_ = false, ordered_ = false;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;
@@ -161,7 +185,8 @@ class Endpoint final : public FabricEndpoint {
   uint64_t next_peer_id_ = 1;
   std::deque<PendingRead> reads_waiting_;
   uint32_t reads_inflight_ = 0;
-  uint64_t next_mr_key_ = 1;
+  uint64_t use_clock_ = 0;  // mu_: counts peer uses (least recently used peer entry)
+  std::mt19937_64 key_rng_{std::random_device{}()};  // mu_: memory keys (seeded per process)
   std::vector<std::pair<ReadDone, Status>> ready_;  // finished reads, callbacks not yet run
   // Send and read ops posted to the provider and not completed yet (mu_): their completion
   // takes them back; the ones still posted when the endpoint closes are freed by it.
@@ -197,19 +222,24 @@ Status Endpoint::open() {
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_MSG | FI_RMA | FI_READ | FI_REMOTE_READ;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  // Send-after-send ordering: a peer's frames arrive in the order they were posted, so the
+  // channel can refuse any frame whose sequence number is not above the last one.
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->fabric_attr->prov_name = strdup(options_.provider.c_str());
   std::string port = std::to_string(options_.port);
+  const std::string& bind = options_.bind_host.empty() ? options_.host : options_.bind_host;
   fi_info* info = nullptr;
-  int rc = fi_getinfo(FI_VERSION(1, 17), options_.host.c_str(), port.c_str(), FI_SOURCE, hints,
-                      &info);
+  int rc = fi_getinfo(FI_VERSION(1, 17), bind.c_str(), port.c_str(), FI_SOURCE, hints, &info);
   fi_freeinfo(hints);
   if (rc != 0 || info == nullptr) {
     return make_error(ErrorKind::failed, fi_error_text(("no libfabric provider '" +
                                                         options_.provider + "' for " +
-                                                        options_.host + ":" + port)
+                                                        bind + ":" + port +
+                                                        " with send-after-send ordering")
                                                            .c_str(),
                                                        rc));
   }
@@ -218,13 +248,21 @@ Status Endpoint::open() {
   virt_addr_ = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
   prov_key_ = info->domain_attr->mr_mode & FI_MR_PROV_KEY;
   mr_endpoint_ = info->domain_attr->mr_mode & FI_MR_ENDPOINT;
+  ordered_ = (info->tx_attr->msg_order & FI_ORDER_SAS) && (info->rx_attr->msg_order & FI_ORDER_SAS);
+  if (options_.channel && !ordered_) {
+    return make_error(ErrorKind::failed, "provider '" + provider_ +
+                                             "' does not keep send-after-send order, which the "
+                                             "authenticated channel needs");
+  }
   RT_ASSERT(!(info->domain_attr->mr_mode & FI_MR_LOCAL),
             "providers needing local registration of send buffers are not supported yet");
   if (Status s = open_resources(info); !s.ok()) return s;
   if (Status s = bind_address(); !s.ok()) return s;
+  if (options_.channel) options_.channel->set_self_address(address_);
   recv_buffers_.resize(options_.recv_buffers);
+  size_t overhead = options_.channel ? SecureChannel::overhead_bytes : 0;
   for (size_t i = 0; i < recv_buffers_.size(); ++i) {
-    recv_buffers_[i].resize(options_.frame_bytes_max);
+    recv_buffers_[i].resize(options_.frame_bytes_max + overhead);
     auto op = std::make_unique<Op>();
     op->kind = Op::Kind::recv;
     op->recv_index = i;
@@ -305,7 +343,13 @@ Status Endpoint::post_recv(size_t index) {
 
 Result<PeerHandle> Endpoint::peer(const std::string& host_port) {
   std::lock_guard lock(mu_);
-  if (auto it = peer_by_address_.find(host_port); it != peer_by_address_.end()) return it->second;
+  if (auto it = peer_by_address_.find(host_port); it != peer_by_address_.end()) {
+    peers_.at(it->second).last_used = ++use_clock_;
+    return it->second;
+  }
+  if (peers_.size() >= options_.peers_max) {
+    if (Status s = evict_one_locked(); !s.ok()) return s.error();
+  }
   auto parts = split_host_port(host_port);
   if (!parts.ok()) return parts.error();
   fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -322,8 +366,37 @@ Result<PeerHandle> Endpoint::peer(const std::string& host_port) {
   p.id = id;
   p.address = host_port;
   p.addr = addr;
+  p.last_used = ++use_clock_;
   peer_by_address_[host_port] = id;
+  RT_ASSERT(peers_.size() <= options_.peers_max, peers_.size());
   return id;
+}
+
+// The least recently used peer with nothing in flight leaves (a client long gone, say); a
+// peer the node talks to keeps being used, so it stays.
+Status Endpoint::evict_one_locked() {
+  Peer* victim = nullptr;
+  for (auto& [id, p] : peers_) {
+    if (p.inflight > 0 || !p.queue.empty() || !p.waiting.empty()) continue;
+    if (victim == nullptr || p.last_used < victim->last_used) victim = &p;
+  }
+  if (victim == nullptr) {
+    return make_error(ErrorKind::overloaded,
+                      "fabric: " + std::to_string(options_.peers_max) + " peers are all busy");
+  }
+  fi_addr_t addr = victim->addr;
+  (void)fi_av_remove(av_, &addr, 1, 0);
+  if (options_.channel) options_.channel->reset_peer(victim->address);
+  peer_by_address_.erase(victim->address);
+  peers_.erase(victim->id);
+  return {};
+}
+
+Peer* Endpoint::peer_by_address_locked(const std::string& address) {
+  if (auto it = peer_by_address_.find(address); it != peer_by_address_.end()) {
+    return &peers_.at(it->second);
+  }
+  return nullptr;
 }
 
 void Endpoint::reset_peer(const std::string& host_port) {
@@ -336,6 +409,26 @@ void Endpoint::reset_peer(const std::string& host_port) {
   (void)fi_av_remove(av_, &addr, 1, 0);
   peers_.erase(peer);  // completions of its posted ops find no peer and are only counted
   peer_by_address_.erase(it);
+  if (options_.channel) options_.channel->reset_peer(host_port);
+}
+
+namespace {
+
+Error queue_full(const std::string& address, uint32_t max) {
+  return make_error(ErrorKind::overloaded, "send queue to " + address + " is full (" +
+                                               std::to_string(max) + " frames)");
+}
+
+}  // namespace
+
+void Endpoint::queue_locked(Peer& peer, std::vector<std::byte> frame, bool control) {
+  if (control) {
+    peer.queue.insert(peer.queue.begin() + peer.control_queued, std::move(frame));
+    ++peer.control_queued;
+  } else {
+    peer.queue.push_back(std::move(frame));
+  }
+  pump_peer(peer);
 }
 
 Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame, bool control) {
@@ -344,6 +437,7 @@ Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame, bool cont
                                               " bytes (limit " +
                                               std::to_string(options_.frame_bytes_max) + ")");
   }
+  if (options_.channel) return send_sealed(handle, std::move(frame), control);
   {
     std::lock_guard lock(mu_);
     auto it = peers_.find(handle);
@@ -352,20 +446,213 @@ Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame, bool cont
     size_t limit = size_t{options_.send_queue_max} + (control ? control_reserve : 0);
     if (peer.queue.size() >= limit) {
       counters_.sends_refused.fetch_add(1, std::memory_order_relaxed);
-      return make_error(ErrorKind::overloaded, "send queue to " + peer.address + " is full (" +
-                                                   std::to_string(options_.send_queue_max) +
-                                                   " frames)");
+      return queue_full(peer.address, options_.send_queue_max);
     }
-    if (control) {
-      peer.queue.insert(peer.queue.begin() + peer.control_queued, std::move(frame));
-      ++peer.control_queued;
-    } else {
-      peer.queue.push_back(std::move(frame));
-    }
-    pump_peer(peer);
+    peer.last_used = ++use_clock_;
+    queue_locked(peer, std::move(frame), control);
   }
   wake();
   return {};
+}
+
+// With a channel: seal on the peer's newest session and queue, or wait for a session while
+// the handshake runs (starting it if none is in flight).
+Status Endpoint::send_sealed(PeerHandle handle, std::vector<std::byte> frame, bool control) {
+  SecureChannel& channel = *options_.channel;
+  std::shared_ptr<std::mutex> order;
+  std::shared_ptr<ChannelSession> session;
+  std::string address;
+  size_t limit = size_t{options_.send_queue_max} + (control ? control_reserve : 0);
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(handle);
+    if (it == peers_.end()) return make_error(ErrorKind::not_found, "unknown peer");
+    Peer& peer = it->second;
+    peer.last_used = ++use_clock_;
+    address = peer.address;
+    session = channel.session_for(address);
+    if (!session || !peer.waiting.empty()) {
+      if (peer.waiting.size() + peer.queue.size() >= limit) {
+        counters_.sends_refused.fetch_add(1, std::memory_order_relaxed);
+        return queue_full(address, options_.send_queue_max);
+      }
+      peer.waiting.push_back(Waiting{std::move(frame), control});
+      if (session) {
+        frame.clear();  // a flush is due: the waiting frames go first, in order
+      } else {
+        auto init = channel.initiate(address, ChannelClock::now(),
+                                     std::chrono::milliseconds(options_.handshake_resend_ms));
+        if (!init.empty()) queue_locked(peer, std::move(init), true);
+        wake();
+        return {};
+      }
+    }
+    order = peer.order;
+  }
+  if (frame.empty()) {
+    flush_waiting(address);
+    return {};
+  }
+  std::lock_guard order_lock(*order);
+  std::vector<std::byte> sealed =
+      SecureChannel::seal(*session, control ? Lane::control : Lane::data, frame);
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(handle);
+    if (it == peers_.end()) return make_error(ErrorKind::disconnected, "peer was reset");
+    if (it->second.queue.size() >= limit) {
+      counters_.sends_refused.fetch_add(1, std::memory_order_relaxed);
+      return queue_full(address, options_.send_queue_max);
+    }
+    queue_locked(it->second, std::move(sealed), control);
+  }
+  wake();
+  return {};
+}
+
+void Endpoint::send_handshake(const std::string& address, std::vector<std::byte> frame) {
+  {
+    std::lock_guard lock(mu_);
+    Peer* peer = peer_by_address_locked(address);
+    if (peer == nullptr) {
+      // A peer that introduced itself (its INIT passed its MAC and `admit`): add it.
+      auto parts = split_host_port(address);
+      if (!parts.ok()) return;
+      if (peers_.size() >= options_.peers_max && !evict_one_locked().ok()) return;
+      fi_addr_t addr = FI_ADDR_UNSPEC;
+      std::string port = std::to_string(parts->second);
+      if (fi_av_insertsvc(av_, parts->first.c_str(), port.c_str(), &addr, 0, nullptr) != 1) return;
+      uint64_t id = next_peer_id_++;
+      Peer& p = peers_[id];
+      p.id = id;
+      p.address = address;
+      p.addr = addr;
+      p.last_used = ++use_clock_;
+      peer_by_address_[address] = id;
+      peer = &p;
+    }
+    queue_locked(*peer, std::move(frame), true);
+  }
+  wake();
+}
+
+// Seals the frames that waited for a session with `address`, in order, and queues them.
+void Endpoint::flush_waiting(const std::string& address) {
+  std::shared_ptr<ChannelSession> session = options_.channel->session_for(address);
+  if (!session) return;
+  std::shared_ptr<std::mutex> order;
+  {
+    std::lock_guard lock(mu_);
+    Peer* peer = peer_by_address_locked(address);
+    if (peer == nullptr) return;
+    order = peer->order;
+  }
+  std::lock_guard order_lock(*order);
+  std::deque<Waiting> waiting;
+  {
+    std::lock_guard lock(mu_);
+    Peer* peer = peer_by_address_locked(address);
+    if (peer == nullptr) return;
+    waiting.swap(peer->waiting);
+  }
+  std::vector<std::pair<std::vector<std::byte>, bool>> sealed;
+  sealed.reserve(waiting.size());
+  for (auto& w : waiting) {
+    sealed.emplace_back(SecureChannel::seal(*session, w.control ? Lane::control : Lane::data,
+                                            w.frame),
+                        w.control);
+  }
+  {
+    std::lock_guard lock(mu_);
+    Peer* peer = peer_by_address_locked(address);
+    if (peer == nullptr) return;
+    for (auto& [frame, control] : sealed) queue_locked(*peer, std::move(frame), control);
+  }
+  wake();
+}
+
+void Endpoint::handshake_tick() {
+  SecureChannel& channel = *options_.channel;
+  auto now = ChannelClock::now();
+  for (const auto& address : channel.expire(now)) {
+    std::lock_guard lock(mu_);
+    Peer* peer = peer_by_address_locked(address);
+    if (peer == nullptr || peer->waiting.empty()) continue;
+    counters_.handshake_timeouts.fetch_add(1, std::memory_order_relaxed);
+    counters_.send_errors.fetch_add(peer->waiting.size(), std::memory_order_relaxed);
+    peer->waiting.clear();
+  }
+  std::vector<std::string> waiting_for;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, peer] : peers_) {
+      if (!peer.waiting.empty()) waiting_for.push_back(peer.address);
+    }
+  }
+  auto resend = std::chrono::milliseconds(options_.handshake_resend_ms);
+  for (const auto& address : waiting_for) {
+    if (channel.session_for(address)) {
+      flush_waiting(address);
+      continue;
+    }
+    auto init = channel.initiate(address, now, resend);
+    if (!init.empty()) send_handshake(address, std::move(init));
+  }
+}
+
+void Endpoint::on_received(std::span<std::byte> frame) {
+  auto got = options_.channel->on_frame(frame, ChannelClock::now());
+  switch (got.kind) {
+    case SecureChannel::Received::Kind::data:
+      on_frame_(got.plaintext, got.from.get());
+      return;
+    case SecureChannel::Received::Kind::handshake:
+      counters_.handshakes.fetch_add(got.established_address.empty() ? 0 : 1,
+                                     std::memory_order_relaxed);
+      if (!got.reply.empty()) send_handshake(got.reply_address, std::move(got.reply));
+      if (!got.established_address.empty()) flush_waiting(got.established_address);
+      return;
+    case SecureChannel::Received::Kind::dropped:
+      counters_.auth_dropped.fetch_add(1, std::memory_order_relaxed);
+      if (options_.on_drop) options_.on_drop(got.reason, got.peer_hint);
+      return;
+  }
+}
+
+FabricEndpoint::SessionInfo Endpoint::session_info(PeerHandle handle) {
+  if (!options_.channel) return {};
+  std::string address;
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(handle);
+    if (it == peers_.end()) return {};
+    address = it->second.address;
+  }
+  auto session = options_.channel->session_for(address);
+  if (!session) return {};
+  return {SecureChannel::id_of(*session), SecureChannel::peer_of(*session).incarnation};
+}
+
+Status Endpoint::refresh_session(PeerHandle handle) {
+  if (!options_.channel) return make_error(ErrorKind::unimplemented, "no channel");
+  std::string address;
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(handle);
+    if (it == peers_.end()) return make_error(ErrorKind::not_found, "unknown peer");
+    address = it->second.address;
+  }
+  auto init = options_.channel->initiate(address, ChannelClock::now(),
+                                         std::chrono::milliseconds(options_.handshake_resend_ms));
+  if (!init.empty()) send_handshake(address, std::move(init));
+  return {};
+}
+
+uint64_t Endpoint::random_key() {
+  std::lock_guard lock(mu_);
+  uint64_t key = 0;
+  while (key == 0) key = key_rng_();
+  return key;
 }
 
 void Endpoint::pump_peer(Peer& peer) {
@@ -397,13 +684,14 @@ Result<std::unique_ptr<MemoryRegion>> Endpoint::register_memory(std::byte* base,
     return make_error(ErrorKind::invalid, "cannot register an empty region");
   }
   fid_mr* mr = nullptr;
-  uint64_t requested_key = 0;
-  {
-    std::lock_guard lock(mu_);
-    requested_key = next_mr_key_++;
+  // Destination of our reads, source of peers' reads; no peer may write into it.
+  uint64_t access = FI_READ | FI_REMOTE_READ;
+  int rc = -FI_ENOKEY;
+  // A random key (the provider ignores it where it chooses its own): a collision with a key
+  // in use is refused by the provider (-FI_ENOKEY) and another is drawn.
+  for (int attempt = 0; attempt < 16 && rc == -FI_ENOKEY; ++attempt) {
+    rc = fi_mr_reg(domain_, base, length_bytes, access, 0, random_key(), 0, &mr, nullptr);
   }
-  uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-  int rc = fi_mr_reg(domain_, base, length_bytes, access, 0, requested_key, 0, &mr, nullptr);
   if (rc) return make_error(ErrorKind::failed, fi_error_text("fi_mr_reg", rc));
   if (mr_endpoint_) {
     rc = fi_mr_bind(mr, &ep_->fid, 0);
@@ -547,7 +835,12 @@ void Endpoint::handle_completion(const fi_cq_msg_entry& entry) {
       counters_.frames_received.fetch_add(1, std::memory_order_relaxed);
       counters_.bytes_received.fetch_add(entry.len, std::memory_order_relaxed);
       RT_ASSERT(entry.len <= recv_buffers_[raw->recv_index].size(), entry.len);
-      on_frame_(std::span<const std::byte>(recv_buffers_[raw->recv_index].data(), entry.len));
+      std::span<std::byte> frame(recv_buffers_[raw->recv_index].data(), entry.len);
+      if (options_.channel) {
+        on_received(frame);
+      } else {
+        on_frame_(frame, nullptr);
+      }
       Status s = post_recv(raw->recv_index);
       RT_ASSERT(s.ok(), s.error().describe());
       return;
@@ -604,8 +897,13 @@ void Endpoint::progress_loop() {
   using clock = std::chrono::steady_clock;
   fi_cq_msg_entry entries[32];
   auto last_activity = clock::now();
+  auto last_tick = last_activity;
   auto spin = std::chrono::microseconds(options_.spin_us);
   while (!stop_.load(std::memory_order_acquire)) {
+    if (options_.channel && clock::now() - last_tick >= std::chrono::milliseconds(20)) {
+      last_tick = clock::now();
+      handshake_tick();
+    }
     ssize_t n = fi_cq_read(cq_, entries, 32);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) handle_completion(entries[i]);

@@ -22,12 +22,14 @@
 #include <vector>
 
 #include "runtime/base/result.hpp"
+#include "runtime/fabric/secure_channel.hpp"
 
 namespace tandem::runtime {
 
 struct FabricOptions {
   std::string provider = "tcp;ofi_rxm";
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1";      // the address peers reach this endpoint at
+  std::string bind_host;               // the address to listen on; "" = host
   uint16_t port = 0;                   // 0 = an ephemeral port (clients)
   uint32_t send_queue_max = 1024;      // frames waiting per peer, beyond those posted
   uint32_t sends_inflight_max = 64;    // frames posted per peer
@@ -40,6 +42,14 @@ struct FabricOptions {
   // then sleep in the CQ wait. Posted or queued RMA reads count as activity: the progress
   // thread keeps polling until they finish (a read that never completes keeps it polling).
   uint32_t spin_us = 50;
+  // The authenticated channel (secure_channel.hpp): every frame sealed, peers authenticated
+  // at connect, frames from anyone else dropped before they are parsed. Null: plaintext frames
+  // from anyone (benchmark baselines and tests of the transport alone; never a node).
+  std::shared_ptr<SecureChannel> channel;
+  // With a channel: a frame that failed its checks (progress thread; short, thread-safe).
+  std::function<void(ChannelDrop why, const std::string& peer_hint)> on_drop;
+  uint32_t handshake_resend_ms = 250;  // an unanswered INIT is sent again this often
+  uint32_t peers_max = 4096;           // peer entries; beyond, the least recently used goes
 };
 
 // Monotonic counters, readable from any thread.
@@ -50,6 +60,9 @@ struct FabricCounters {
   std::atomic<uint64_t> send_errors{0};       // completions with an error (peer gone, ...)
   std::atomic<uint64_t> sends_refused{0};     // refused by backpressure
   std::atomic<uint64_t> rma_reads{0}, rma_bytes{0}, rma_errors{0};
+  std::atomic<uint64_t> auth_dropped{0};       // frames the channel refused (on_drop)
+  std::atomic<uint64_t> handshakes{0};         // sessions established, either side
+  std::atomic<uint64_t> handshake_timeouts{0};  // initiations that got no answer in time
 };
 
 using PeerHandle = uint64_t;  // stable for the life of a peer entry; see reset_peer()
@@ -74,9 +87,10 @@ struct RemoteRegionRef {
 
 class FabricEndpoint {
  public:
-  // Called once per received frame, on the progress thread, with the frame's bytes
-  // (valid only during the call).
-  using FrameHandler = std::function<void(std::span<const std::byte> frame)>;
+  // Called once per received frame, on the progress thread, with the frame's bytes (valid
+  // only during the call) and, with a channel, the authenticated sender (null without one).
+  using FrameHandler =
+      std::function<void(std::span<const std::byte> frame, const PeerIdentity* from)>;
   using ReadDone = std::function<void(Status)>;
 
   virtual ~FabricEndpoint() = default;
@@ -94,13 +108,30 @@ class FabricEndpoint {
 
   // Queues one frame to a peer. Errors: overloaded (queue full), not_found (unknown handle),
   // invalid (frame larger than frame_bytes_max or empty).
+  // With a channel, frames to a peer without a session wait (in the same bound) while the
+  // handshake runs; they are sealed and sent once it completes, and dropped (send_errors)
+  // when it times out.
   // `control` frames (membership: hellos, heartbeats) go ahead of the peer's queued data
   // frames and may use control_reserve slots beyond send_queue_max, so a flood of data to a
   // peer cannot get this node declared down by it.
   virtual Status send(PeerHandle peer, std::vector<std::byte> frame, bool control = false) = 0;
   static constexpr uint32_t control_reserve = 64;
 
-  // Registers [base, base+length) for local writes and remote reads.
+  // With a channel: the newest session with a peer (0s when none), and a new handshake with
+  // it although a session exists (once it completes, frames go on the new session). A client
+  // whose request went unanswered tells a restarted peer (a new incarnation: its old session
+  // and the request on it are gone) from a slow one this way.
+  struct SessionInfo {
+    uint64_t session_id = 0;
+    uint64_t peer_incarnation = 0;
+  };
+  virtual SessionInfo session_info(PeerHandle peer) = 0;
+  virtual Status refresh_session(PeerHandle peer) = 0;
+
+  // Registers [base, base+length) as the destination of this endpoint's reads and the
+  // source of peers' reads (never writable by a peer). The key is the provider's where it
+  // chooses keys (FI_MR_PROV_KEY), else a random 64-bit one: it cannot be guessed, and it
+  // travels only inside sealed frames to the peer that needs it.
   virtual Result<std::unique_ptr<MemoryRegion>> register_memory(std::byte* base,
                                                                 uint64_t length_bytes) = 0;
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "runtime/node/caf_types.hpp"
+#include "runtime/node/credentials.hpp"
 
 namespace tandem::runtime {
 
@@ -29,7 +30,12 @@ Status Bridge::start() {
   FabricOptions options;
   options.provider = manifest_.fabric.provider;
   options.host = self->host;
+  options.bind_host = self->fabric_host;
   options.port = self->fabric_port;
+  auto channel = node_channel(manifest_, node_);
+  if (!channel.ok()) return channel.error();
+  options.channel = std::move(channel).value();
+  options.on_drop = [this](ChannelDrop why, const std::string& hint) { on_auth_drop(why, hint); };
   options.send_queue_max = manifest_.fabric.send_queue_max;
   options.sends_inflight_max = manifest_.fabric.sends_inflight_max;
   options.frame_bytes_max = manifest_.fabric.frame_bytes_max;
@@ -37,10 +43,13 @@ Status Bridge::start() {
   options.rma_chunk_bytes = manifest_.fabric.rma_chunk_bytes;
   options.rma_inflight_max = manifest_.fabric.rma_inflight_max;
   options.spin_us = manifest_.fabric.spin_us;
-  auto opened = open_fabric(options, [this](std::span<const std::byte> b) { on_frame(b); });
+  auto opened = open_fabric(
+      options, [this](std::span<const std::byte> b, const PeerIdentity* from) { on_frame(b, from); });
   if (!opened.ok()) return opened.error();
   fabric_ = std::move(opened).value();
-  log_->info("fabric endpoint {} up (provider {})", fabric_->address(), fabric_->provider());
+  log_->info("fabric endpoint {} up (provider {}, listening on {}; authenticated with key {:08x})",
+             fabric_->address(), fabric_->provider(), self->fabric_host,
+             fabric_->options().channel->config().keys.front().id());
   return {};
 }
 
@@ -225,7 +234,40 @@ void Bridge::learn_client(const std::string& node, const std::string& address) {
 
 void Bridge::set_ready() { ready_.store(true, std::memory_order_release); }
 
-void Bridge::on_frame(std::span<const std::byte> bytes) {
+void Bridge::on_auth_drop(ChannelDrop why, const std::string& peer_hint) {
+  counters_.auth_failures[static_cast<size_t>(why)].fetch_add(1, std::memory_order_relaxed);
+  // A peer's own old process (unknown_session) and late handshake answers (stale) are part of
+  // restarts and retries: counted, not logged.
+  if (why == ChannelDrop::unknown_session || why == ChannelDrop::stale) return;
+  std::string who = peer_hint.empty() ? "an unknown peer" : sanitize_peer_text(peer_hint);
+  std::string key = who + "|" + std::string(to_string(why));
+  auto now = std::chrono::steady_clock::now();
+  uint64_t suppressed = 0;
+  {
+    std::lock_guard lock(auth_log_mu_);
+    auto it = auth_log_.find(key);
+    if (it != auth_log_.end() && now - it->second.logged < auth_log_interval) {
+      ++it->second.suppressed;
+      return;
+    }
+    if (it == auth_log_.end()) {
+      if (auth_log_.size() >= auth_log_max) auth_log_.erase(auth_log_.begin());
+      it = auth_log_.emplace(key, AuthLog{}).first;
+    }
+    suppressed = it->second.suppressed;
+    it->second = AuthLog{now, 0};
+    RT_ASSERT(auth_log_.size() <= auth_log_max);
+  }
+  log_->warn("fabric: refused a frame from {}: {}{}", who, to_string(why),
+             suppressed ? " (and " + std::to_string(suppressed) + " more since the last report)"
+                        : std::string());
+}
+
+void Bridge::on_frame(std::span<const std::byte> bytes, const PeerIdentity* from) {
+  if (from == nullptr) {  // the channel hands over only authenticated frames
+    counters_.auth_failures[static_cast<size_t>(ChannelDrop::not_sealed)].fetch_add(1);
+    return;
+  }
   if (!ready_.load(std::memory_order_acquire)) {
     counters_.frames_before_ready.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -239,23 +281,45 @@ void Bridge::on_frame(std::span<const std::byte> bytes) {
   }
   auto frame = std::make_shared<messages::Frame>(std::move(decoded).value());
   auto envelope = frame->envelope();
-  if (envelope.getProtocolVersion() != manifest_.cluster.protocol_version) {
-    refuse_version(*frame);
+  // The sender is the authenticated peer: a frame that names another source is refused.
+  if (std::string_view(envelope.getSource().getNode().cStr()) != from->name) {
+    counters_.identity_mismatch.fetch_add(1, std::memory_order_relaxed);
+    warn_limited("refused a frame from " + sanitize_peer_text(from->name) + " claiming to be from " +
+                 sanitize_peer_text(envelope.getSource().getNode().cStr()));
     return;
   }
-  deliver(std::move(frame));
+  if (from->key_role == KeyRole::admin) {
+    auto kind = envelope.getBody().which();
+    bool allowed = kind == wire::Envelope::Body::ADMIN_REQUEST ||
+                   kind == wire::Envelope::Body::PING || kind == wire::Envelope::Body::HELLO;
+    if (!allowed) {
+      counters_.admin_refused.fetch_add(1, std::memory_order_relaxed);
+      warn_limited("refused a message of kind " + std::to_string(static_cast<int>(kind)) +
+                   " from " + sanitize_peer_text(from->name) +
+                   ": the admin token allows admin commands and pings only");
+      return;
+    }
+  }
+  // A copy the frame keeps (the channel's identity lives as long as its session).
+  auto sender = std::make_shared<const PeerIdentity>(*from);
+  if (envelope.getProtocolVersion() != manifest_.cluster.protocol_version) {
+    refuse_version(*frame, *sender);
+    return;
+  }
+  deliver(std::move(frame), std::move(sender));
 }
 
-void Bridge::refuse_version(messages::Frame& frame) {
+void Bridge::refuse_version(messages::Frame& frame, const PeerIdentity& from) {
   auto envelope = frame.envelope();
   counters_.frames_version_refused.fetch_add(1, std::memory_order_relaxed);
   ActorName source = messages::get_name(envelope.getSource());
   uint32_t theirs = envelope.getProtocolVersion();
   uint32_t ours = manifest_.cluster.protocol_version;
   log_->error("refusing peer {} at {}: it speaks protocol version {}, this node speaks {}",
-              source.node, std::string(envelope.getSourceAddress().cStr()), theirs, ours);
+              sanitize_peer_text(source.node),
+              sanitize_peer_text(envelope.getSourceAddress().cStr()), theirs, ours);
   if (envelope.getBody().which() != wire::Envelope::Body::HELLO) return;
-  learn_client(source.node, envelope.getSourceAddress());
+  learn_client(source.node, from.address);
   ActorName self{node_, "node", ""};
   (void)send(self, source, envelope.getCorrelationId(), [&](wire::Envelope::Builder b) {
     auto ack = b.getBody().initHelloAck();
@@ -268,11 +332,12 @@ void Bridge::refuse_version(messages::Frame& frame) {
   });
 }
 
-void Bridge::deliver(std::shared_ptr<messages::Frame> frame) {
+void Bridge::deliver(std::shared_ptr<messages::Frame> frame,
+                     std::shared_ptr<const PeerIdentity> from) {
   auto envelope = frame->envelope();
   ActorName source = messages::get_name(envelope.getSource());
   ActorName destination = messages::get_name(envelope.getDestination());
-  learn_client(source.node, envelope.getSourceAddress());
+  learn_client(source.node, from->address);  // where its session answers, not what it says
   caf::actor target;
   {
     std::shared_lock lock(mu_);
@@ -282,11 +347,11 @@ void Bridge::deliver(std::shared_ptr<messages::Frame> frame) {
   }
   if (!target) {
     counters_.frames_unroutable.fetch_add(1, std::memory_order_relaxed);
-    warn_limited("no actor " + destination.to_string() + " for a frame from " +
-                 source.to_string());
+    warn_limited("no actor " + sanitize_peer_text(destination.to_string()) +
+                 " for a frame from " + sanitize_peer_text(source.to_string()));
     return;
   }
-  caf::anon_send(target, InboundFrame{std::move(frame)});
+  caf::anon_send(target, InboundFrame{std::move(frame), std::move(from)});
 }
 
 }  // namespace tandem::runtime

@@ -5,6 +5,12 @@
 // frame in its mailbox directly; a remote one gets it over the fabric. Replies to clients
 // (the admin shell) find them through the address carried in their envelopes.
 //
+// Trust: the fabric is an authenticated channel (runtime/fabric/secure_channel.hpp) keyed by
+// the cluster key (runtime/node/credentials.hpp); frames from anyone who has not proved it
+// are dropped before they are parsed. A frame's sender is the peer its session authenticated:
+// its envelope's source node must be that peer's name (else dropped, counted), and a client
+// that authenticated with the admin token may only send admin requests and pings.
+//
 // Threads: all public methods are thread-safe (called from actor handlers and from the
 // fabric progress thread). Frames for this node are validated, version-checked and delivered
 // to the destination actor's mailbox as InboundFrame; malformed, truncated, oversized and
@@ -13,8 +19,11 @@
 
 #include <caf/actor.hpp>
 
+#include <array>
 #include <functional>
+#include <chrono>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -38,6 +47,11 @@ struct BridgeCounters {
   std::atomic<uint64_t> sends_failed{0};
   std::atomic<uint64_t> frames_before_ready{0};
   std::atomic<uint64_t> kv_events_dropped{0};     // TEST HOOK drop_next_kv_events
+  // Frames the channel refused, by reason (ChannelDrop), and authenticated frames refused:
+  // a source name that is not the sender's, a kind an admin client may not send.
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(ChannelDrop::kinds_count)> auth_failures{};
+  std::atomic<uint64_t> identity_mismatch{0};
+  std::atomic<uint64_t> admin_refused{0};
 };
 
 class Bridge {
@@ -92,11 +106,12 @@ class Bridge {
   static constexpr size_t clients_max = 1024;  // remembered client addresses (LRU-ish)
 
  private:
-  void on_frame(std::span<const std::byte> bytes);
-  void deliver(std::shared_ptr<messages::Frame> frame);
+  void on_frame(std::span<const std::byte> bytes, const PeerIdentity* from);
+  void on_auth_drop(ChannelDrop why, const std::string& peer_hint);
+  void deliver(std::shared_ptr<messages::Frame> frame, std::shared_ptr<const PeerIdentity> from);
   Result<std::string> address_of_locked(const std::string& node) const;  // mu_ held
   void learn_client(const std::string& node, const std::string& address);
-  void refuse_version(messages::Frame& frame);
+  void refuse_version(messages::Frame& frame, const PeerIdentity& from);
   void warn_limited(const std::string& what);
 
   const config::Manifest& manifest_;
@@ -109,6 +124,16 @@ class Bridge {
   std::map<std::string, std::string> client_addresses_;
   std::vector<std::string> client_order_;
   std::atomic<uint64_t> warnings_{0};
+  // Auth failures logged once per (peer, reason) and interval: when each was last logged and
+  // how many were not logged since. Bounded (auth_log_max).
+  struct AuthLog {
+    std::chrono::steady_clock::time_point logged;
+    uint64_t suppressed = 0;
+  };
+  std::mutex auth_log_mu_;
+  std::map<std::string, AuthLog> auth_log_;
+  static constexpr size_t auth_log_max = 1024;
+  static constexpr std::chrono::seconds auth_log_interval{10};
   std::atomic<bool> ready_{false};
   std::atomic<uint8_t> drop_kv_tier_{2};
   std::atomic<uint32_t> drop_kv_events_{0};

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "messages/envelope.hpp"
+#include "runtime/fabric/secure_channel.hpp"
 #include "runtime/node/diagnostics.hpp"
 #include "runtime/node/membership.hpp"
 
@@ -40,8 +41,11 @@ struct InstanceLoadReport {
 
 // One received envelope for this actor. The actor converts it inside its handler and never
 // keeps readers past the handler.
+// `from` is the authenticated peer it came from (its envelope's source node is checked to be
+// that peer's name); null for a frame from an actor on this node.
 struct InboundFrame {
   std::shared_ptr<messages::Frame> frame;
+  std::shared_ptr<const PeerIdentity> from;
 };
 
 template <class Inspector>

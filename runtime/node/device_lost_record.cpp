@@ -1,5 +1,7 @@
 #include "runtime/node/device_lost_record.hpp"
 
+#include "runtime/node/state_files.hpp"
+
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -27,22 +29,7 @@ bool allow_device_lost_restart(std::vector<int64_t>& stamps, int64_t now_ms, int
 
 std::string device_lost_record_path(const std::string& cluster, const std::string& node,
                                     const std::string& manifest_file) {
-  std::string dir;
-  if (const char* state = std::getenv("STATE_DIRECTORY"); state && *state) {
-    dir = state;
-    dir = dir.substr(0, dir.find(':'));  // several directories: the first
-  } else if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run && *run) {
-    dir = std::string(run) + "/tandem";
-  } else {
-    dir = "/tmp/tandem-" + std::to_string(::getuid());
-  }
-  std::error_code ec;
-  fs::path manifest = fs::absolute(manifest_file, ec);
-  std::string key = (ec ? fs::path(manifest_file) : manifest).lexically_normal().string();
-  char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x",
-                static_cast<unsigned>(XXH64(key.data(), key.size(), 0) & 0xffffffffu));
-  return dir + "/" + cluster + "-" + node + "-" + hex + ".device-lost";
+  return state_file_path(cluster, node, manifest_file, ".device-lost");
 }
 
 std::vector<int64_t> parse_device_lost_record(std::string_view text) {

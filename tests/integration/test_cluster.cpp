@@ -278,7 +278,9 @@ TEST_CASE("three nodes on loopback: membership, pings, RMA, bad input, kill and 
     cluster.node("gamma").wait(2000ms);
     cluster.start("gamma");
     CHECK(eventually(5000ms, [&] { return gamma_state(shell_nodes().output) == "up"; }));
-    CHECK(eventually(5000ms, [&] { return cluster.all_up("beta") && cluster.all_up("gamma"); }));
+    CHECK_MESSAGE(
+        eventually(5000ms, [&] { return cluster.all_up("beta") && cluster.all_up("gamma"); }),
+        "beta's log:\n", cluster.node("beta").log(), "\ngamma's log:\n", cluster.node("gamma").log());
     auto ping = cluster.client().admin("beta", "ping", {"gamma/decode/decode"}, 3000ms);
     REQUIRE(ping.ok());
     CHECK(ping->ok);

@@ -24,7 +24,7 @@ struct Inbox {
   std::vector<std::vector<std::byte>> frames;
 
   FabricEndpoint::FrameHandler handler() {
-    return [this](std::span<const std::byte> f) {
+    return [this](std::span<const std::byte> f, const PeerIdentity*) {
       std::lock_guard lock(mu);
       frames.emplace_back(f.begin(), f.end());
       cv.notify_all();
