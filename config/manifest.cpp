@@ -1123,8 +1123,8 @@ std::vector<std::pair<std::string, double>> Loader::read_sim_numbers(const toml:
 void Loader::read_node(const toml::table& table, size_t index) {
   std::string path = "node[" + std::to_string(index) + "]";
   TableReader reader(sink_, table, path,
-                     {"name", "host", "api_host", "fabric_host", "admin_host", "fabric_port",
-                      "admin_port", "http_port", "workers", "instance"});
+                     {"name", "host", "fabric_port", "admin_port", "http_port", "workers",
+                      "instance", "api_host", "fabric_host", "admin_host"});
   Node node;
   node.line = reader.pos().line;
   NodeDecl decl{path, reader.pos(), reader.pos("name"),

@@ -108,6 +108,9 @@ struct Req {
   int64_t max_tokens = 0;
   uint32_t cached_tokens = 0;
   std::optional<ActorName> decode;
+  // The router asked for this attempt's pick, until it answers: only its reply (or error) is
+  // taken, once; anyone else's, or a second one, is dropped.
+  std::optional<ActorName> router_asked;
   std::string prefill;
   std::string tier2_source;  // the router's remote tier-2 copy ("node/kv-offload/name" or "")
   uint32_t tokens_received = 0;
@@ -142,6 +145,9 @@ struct Metrics {
   obs::Gauge* itl_recent_p50;
   obs::Gauge* itl_recent_p90;
   obs::Gauge* ttft_recent_count;
+  // Messages about a request from a peer that is not serving it (a route reply from a router
+  // not asked, an error from an instance not holding it): dropped and counted.
+  obs::Counter* protocol_refused;
   // tandem:request_errors_by_type_total{type}: an error answer's OpenAI/Anthropic error type.
   void count_error(const std::string& type) {
     errors->inc();
@@ -239,7 +245,9 @@ Metrics make_metrics(obs::Registry& r, const std::string& instance) {
       quantile("tandem:inter_token_latency_recent_seconds", itl_help, "0.5"),
       quantile("tandem:inter_token_latency_recent_seconds", itl_help, "0.9"),
       make_gauge(r, "tandem:time_to_first_token_recent_count",
-                 "first tokens sent over the last minute", l)};
+                 "first tokens sent over the last minute", l),
+      make_counter(r, "tandem:gateway_protocol_refused_total",
+                   "messages about a request from a peer not serving it (dropped)", l)};
 }
 
 void update_health(GatewayState& st) {
@@ -533,6 +541,7 @@ void route(GatewayActor* self, uint64_t id) {
   }
   const ActorName& router = st.routers[id % st.routers.size()];
   r.last_activity = Clock::now();
+  r.router_asked = router;
   Status sent = st.ctx.bridge->send(st.self_name, router, id, [&](wire::Envelope::Builder b) {
     auto q = b.getBody().initRouteRequest();
     q.setRequestId(id);
@@ -544,13 +553,22 @@ void route(GatewayActor* self, uint64_t id) {
   }
 }
 
-void on_route_reply(GatewayActor* self, uint64_t id, wire::RouteReply::Reader reply) {
+void on_route_reply(GatewayActor* self, uint64_t id, wire::RouteReply::Reader reply,
+                    const ActorName& source) {
   auto& st = self->state;
   auto it = st.requests.find(id);
   if (it == st.requests.end()) return;
-  auto decode = ActorName::parse(reply.getDecodeInstance().cStr());
-  if (!decode.ok()) return fail(self, id, api_error(500, "api_error", decode.error().message));
   Req& r = it->second;
+  if (!r.router_asked || *r.router_asked != source || r.decode) {
+    st.metrics->protocol_refused->inc();
+    return;
+  }
+  r.router_asked.reset();
+  auto decode = ActorName::parse(reply.getDecodeInstance().cStr());
+  if (!decode.ok() || decode->role != "decode" ||
+      !st.ctx.manifest->find_node(decode->node)) {
+    return fail(self, id, api_error(500, "api_error", "the router picked no decode instance"));
+  }
   r.decode = *decode;
   r.prefill = reply.getPrefillInstance();
   r.tier2_source = reply.getTier2Source();
@@ -992,7 +1010,7 @@ void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
   ActorName source = messages::get_name(envelope.getSource());
   switch (body.which()) {
     case wire::Envelope::Body::ROUTE_REPLY:
-      return on_route_reply(self, correlation, body.getRouteReply());
+      return on_route_reply(self, correlation, body.getRouteReply(), source);
     case wire::Envelope::Body::TOKEN_CHUNK:
       return on_tokens(self, body.getTokenChunk(), source);
     case wire::Envelope::Body::FINISH:
@@ -1008,11 +1026,18 @@ void on_frame(GatewayActor* self, const runtime::InboundFrame& in) {
       return;
     case wire::Envelope::Body::ERROR: {
       auto e = body.getError();
-      if (source.role == "decode") {  // the router's errors have no decode to compare with
-        auto it = self->state.requests.find(e.getRequestId());
-        if (it != self->state.requests.end() && !from_current_decode(it->second, source)) return;
+      auto it = self->state.requests.find(e.getRequestId());
+      if (it == self->state.requests.end()) return;
+      Req& r = it->second;
+      // Only the router this attempt asked, or the decode instance serving it, may end it.
+      bool from_router = r.router_asked && *r.router_asked == source;
+      if (!from_router && !from_current_decode(r, source)) {
+        self->state.metrics->protocol_refused->inc();
+        return;
       }
-      return on_failure(self, e.getRequestId(), messages::from_wire(e.getKind()), e.getMessage());
+      if (from_router) r.router_asked.reset();
+      return on_failure(self, e.getRequestId(), messages::from_wire(e.getKind()),
+                        runtime::sanitize_peer_text(e.getMessage().cStr(), 512));
     }
     case wire::Envelope::Body::PING:
       return runtime::answer_ping(self->state.ctx.bridge, self->state.self_name, envelope);

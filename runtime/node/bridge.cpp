@@ -11,6 +11,7 @@
 
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/credentials.hpp"
+#include "messages/senders.hpp"
 
 namespace tandem::runtime {
 
@@ -288,18 +289,6 @@ void Bridge::on_frame(std::span<const std::byte> bytes, const PeerIdentity* from
                  sanitize_peer_text(envelope.getSource().getNode().cStr()));
     return;
   }
-  if (from->key_role == KeyRole::admin) {
-    auto kind = envelope.getBody().which();
-    bool allowed = kind == wire::Envelope::Body::ADMIN_REQUEST ||
-                   kind == wire::Envelope::Body::PING || kind == wire::Envelope::Body::HELLO;
-    if (!allowed) {
-      counters_.admin_refused.fetch_add(1, std::memory_order_relaxed);
-      warn_limited("refused a message of kind " + std::to_string(static_cast<int>(kind)) +
-                   " from " + sanitize_peer_text(from->name) +
-                   ": the admin token allows admin commands and pings only");
-      return;
-    }
-  }
   // A copy the frame keeps (the channel's identity lives as long as its session).
   auto sender = std::make_shared<const PeerIdentity>(*from);
   if (envelope.getProtocolVersion() != manifest_.cluster.protocol_version) {
@@ -337,6 +326,15 @@ void Bridge::deliver(std::shared_ptr<messages::Frame> frame,
   auto envelope = frame->envelope();
   ActorName source = messages::get_name(envelope.getSource());
   ActorName destination = messages::get_name(envelope.getDestination());
+  if (!messages::sender_allowed(envelope.getBody().which(), source.role, destination.role,
+                                from->peer_class == PeerClass::client)) {
+    counters_.protocol_refused.fetch_add(1, std::memory_order_relaxed);
+    warn_limited("refused a message of kind " +
+                 std::to_string(static_cast<int>(envelope.getBody().which())) + " from " +
+                 sanitize_peer_text(source.to_string()) + " to " +
+                 sanitize_peer_text(destination.to_string()) + ": not something it sends");
+    return;
+  }
   learn_client(source.node, from->address);  // where its session answers, not what it says
   caf::actor target;
   {

@@ -8,8 +8,9 @@
 // Trust: the fabric is an authenticated channel (runtime/fabric/secure_channel.hpp) keyed by
 // the cluster key (runtime/node/credentials.hpp); frames from anyone who has not proved it
 // are dropped before they are parsed. A frame's sender is the peer its session authenticated:
-// its envelope's source node must be that peer's name (else dropped, counted), and a client
-// that authenticated with the admin token may only send admin requests and pings.
+// its envelope's source node must be that peer's name (else dropped, counted), and what it
+// sends must be what its role sends to the destination's (messages/senders.hpp): a client,
+// with the cluster key or the admin token, sends only hellos, pings and admin requests.
 //
 // Threads: all public methods are thread-safe (called from actor handlers and from the
 // fabric progress thread). Frames for this node are validated, version-checked and delivered
@@ -48,10 +49,10 @@ struct BridgeCounters {
   std::atomic<uint64_t> frames_before_ready{0};
   std::atomic<uint64_t> kv_events_dropped{0};     // TEST HOOK drop_next_kv_events
   // Frames the channel refused, by reason (ChannelDrop), and authenticated frames refused:
-  // a source name that is not the sender's, a kind an admin client may not send.
+  // a source name that is not the sender's, a kind its sender's role does not send there.
   std::array<std::atomic<uint64_t>, static_cast<size_t>(ChannelDrop::kinds_count)> auth_failures{};
   std::atomic<uint64_t> identity_mismatch{0};
-  std::atomic<uint64_t> admin_refused{0};
+  std::atomic<uint64_t> protocol_refused{0};  // a kind its sender's role never sends there
 };
 
 class Bridge {

@@ -1,6 +1,7 @@
 #include <doctest.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 
@@ -51,4 +52,20 @@ TEST_CASE("log levels parse from manifest strings; bad ones are errors") {
   auto logger = tandem::obs::make_node_logger("a%v", "info", sink).value();
   logger->info("x");
   CHECK(captured.str().find("[a%v] info: x\n") != std::string::npos);
+}
+
+TEST_CASE("a message cannot end its line: control characters are escaped") {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  auto logger = tandem::obs::make_node_logger("node-a", "info", sink);
+  REQUIRE(logger.ok());
+  // A peer's not-ready reason that tries to forge a second log line.
+  (*logger)->warn("decode not ready: {}",
+                  "oom\n2026-12-07 00:00:00.000 [node-a] error: FORGED\r\x1b[2J\tend");
+  std::string text = captured.str();
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+  CHECK(text.find("oom\\n2026-12-07 00:00:00.000 [node-a] error: FORGED\\r\\x1b[2J\\tend\n") !=
+        std::string::npos);
+  (*logger)->info("caf\xc3\xa9 stays UTF-8");
+  CHECK(captured.str().find("caf\xc3\xa9 stays UTF-8") != std::string::npos);
 }

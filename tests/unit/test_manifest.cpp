@@ -704,7 +704,8 @@ TEST_CASE("a gateway needs its node to have an http_port; nodes need instances")
   CHECK(issue.key == "node[0].instance[0].role");
   CHECK(issue.line == line_of(text, "role = \"gateway\"") - 1);
   CHECK(issue.message.find("must set http_port") != std::string::npos);
-  std::string empty = base_manifest + "[[node]]\nname = \"b\"\nhost = \"h\"\nfabric_port = 1\n";
+  std::string empty = base_manifest + "[[node]]\nname = \"b\"\nhost = \"127.0.0.2\"\n"
+                                      "fabric_port = 1\n";
   auto lonely = only_issue(empty);
   CHECK(lonely.key == "node[1]");
   CHECK(lonely.message == "node 'b' has no instances");
