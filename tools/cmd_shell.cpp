@@ -99,6 +99,9 @@ int cmd_shell(cli::Args args) {
       .flag("bind", "HOST",
             "local address for the shell's endpoint (default: loopback when "
             "the cluster has loopback nodes)")
+      .flag("token-file", "FILE",
+            "connect with this admin token instead of the cluster key (default: the cluster "
+            "key when readable, else [admin] token_file)")
       .flag("timeout-ms", "MS", "how long to wait for each answer", "1000");
   std::vector<char*> fixed(args.begin(), args.end());
   static char long_c[] = "--c";
@@ -125,7 +128,8 @@ int cmd_shell(cli::Args args) {
                          "cluster can reach)\n");
     return 2;
   }
-  auto client = runtime::ClusterClient::connect(manifest, bind);
+  auto client = runtime::ClusterClient::connect(
+      manifest, bind, flags.has("token-file") ? flags.get("token-file") : std::string());
   if (!client.ok()) {
     std::fprintf(stderr, "tandem shell: %s\n", client.error().describe().c_str());
     return 1;

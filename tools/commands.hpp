@@ -14,5 +14,6 @@ int cmd_generate(cli::Args args);  // run one model in-process
 int cmd_model(cli::Args args);     // model utilities (synth)
 int cmd_sim(cli::Args args);       // cluster simulator under virtual time
 int cmd_systemd(cli::Args args);   // a node's systemd unit
+int cmd_keygen(cli::Args args);    // a new cluster key or admin token
 
 }  // namespace tandem::tools

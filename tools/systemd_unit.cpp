@@ -19,6 +19,14 @@ Result<std::string> systemd_unit(const config::Manifest& manifest, const std::st
     return make_error(ErrorKind::not_found,
                       "the manifest has no node '" + node + "' (it has: " + names + ")");
   }
+  if (manifest.cluster.key_file.empty()) {
+    // The key of a keyless manifest lives in the state directory of whoever starts the node;
+    // under systemd that is the unit's own, which `tandem shell` run by an operator does
+    // not look in.
+    return make_error(ErrorKind::invalid,
+                      "a node run by systemd needs [cluster] key_file: write one with `tandem "
+                      "keygen /etc/tandem/cluster.key` and name it in the manifest");
+  }
   // SIGTERM starts a drain of up to drain_timeout_ms; give it that plus time to close.
   uint64_t stop_s = (uint64_t{manifest.supervisor.drain_timeout_ms} + 999) / 1000 + 15;
   std::string roles;

@@ -19,6 +19,7 @@ const std::vector<tandem::cli::Command>& commands() {
       {"bench", "benchmarks (transport, device, ...)", cmd_bench},
       {"sim", "simulate a cluster under virtual time (real cores, sim timing)", cmd_sim},
       {"systemd", "write the systemd unit that runs one node on this host", cmd_systemd},
+      {"keygen", "write a new cluster key or admin token (mode 0600)", cmd_keygen},
   };
   return table;
 }

@@ -769,6 +769,11 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   auto reply_to = messages::ActorName::parse(req.getReplyTo().cStr());
   ActorName from = messages::get_name(envelope.getSource());
   if (!reply_to.ok()) return send_error(st.ctx, st.self_name, from, id, reply_to.error());
+  // Tokens go back to the gateway that asked, never to one it names.
+  if (*reply_to != from) {
+    return send_error(st.ctx, st.self_name, from, id,
+                      make_error(ErrorKind::invalid, "replyTo must be the sender"));
+  }
   if (st.watch->lost()) {
     return send_error(st.ctx, st.self_name, *reply_to, id,
                       make_error(ErrorKind::unimplemented, st.watch->stall_reason()));
@@ -891,6 +896,22 @@ void on_cancel(DecodeActor* self, uint64_t id) {
   pump(self);
 }
 
+// A message about request `id` counts only from the peer it concerns: its prefill instance
+// (results, errors) or the gateway it streams to (cancels). Others are dropped.
+bool from_request_peer(DecodeState& st, uint64_t id, wire::Envelope::Reader envelope,
+                       bool prefill) {
+  auto it = st.seqs.find(id);
+  if (it == st.seqs.end()) return false;
+  ActorName from = messages::get_name(envelope.getSource());
+  const Seq& s = it->second;
+  bool ok = prefill ? (s.prefill && *s.prefill == from) : s.reply_to == from;
+  if (!ok) {
+    st.ctx.log->warn("decode {}: dropped a message about request {} from {}, which does not "
+                     "serve it", st.self_name.instance, id, from.to_string());
+  }
+  return ok;
+}
+
 void on_frame(DecodeActor* self, const runtime::InboundFrame& in) {
   auto& st = self->state;
   auto envelope = in.frame->envelope();
@@ -899,10 +920,13 @@ void on_frame(DecodeActor* self, const runtime::InboundFrame& in) {
     case wire::Envelope::Body::GENERATE_REQUEST:
       return on_generate(self, envelope);
     case wire::Envelope::Body::PREFILL_RESULT:
+      if (!from_request_peer(st, body.getPrefillResult().getRequestId(), envelope, true)) return;
       return on_prefill_result(self, body.getPrefillResult());
     case wire::Envelope::Body::ERROR:
+      if (!from_request_peer(st, body.getError().getRequestId(), envelope, true)) return;
       return prefill_failed(self, body.getError().getRequestId(), body.getError().getMessage());
     case wire::Envelope::Body::CANCEL:
+      if (!from_request_peer(st, body.getCancel().getRequestId(), envelope, false)) return;
       return on_cancel(self, body.getCancel().getRequestId());
     case wire::Envelope::Body::KV_RESYNC:  // a router lost track of this cache's events
       st.ctx.log->info("decode {}: KV snapshot for {} ({})", st.self_name.instance,

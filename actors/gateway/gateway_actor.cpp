@@ -1,5 +1,9 @@
 #include "actors/gateway/gateway_actor.hpp"
 
+#include <openssl/sha.h>
+
+#include "runtime/base/constant_time.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -832,15 +836,54 @@ GatewayState::~GatewayState() {
 // so that a long prompt (100K tokens: tens of milliseconds) does not hold up the tokens the
 // gateway streams meanwhile. It answers malformed requests and count_tokens itself and hands
 // the rest to the gateway actor, which admits, routes and streams.
+// The request's API key (Authorization: Bearer, else x-api-key) when it is one of `keys`,
+// compared in constant time against every key; nullptr otherwise.
+const std::string* matching_api_key(const gateway::HttpRequest& request,
+                                    const std::vector<std::string>& keys) {
+  std::string given;
+  if (auto bearer = request.header("authorization")) {
+    std::string_view v = *bearer;
+    if (v.rfind("Bearer ", 0) == 0) given = std::string(v.substr(7));
+  }
+  if (given.empty()) {
+    if (auto key = request.header("x-api-key")) given = std::string(*key);
+  }
+  const std::string* found = nullptr;
+  for (const auto& k : keys) {  // no early exit: which key matched takes no longer to find
+    if (base::equal_constant_time(given, k) && found == nullptr) found = &k;
+  }
+  return given.empty() ? nullptr : found;
+}
+
+// With api_keys and a cache not shared across them, the salt that keeps one key's prefix
+// blocks apart from another's (a digest of the key, never the key itself); "" otherwise.
+std::string tenant_salt(const config::GatewaySection& gateway,
+                        const gateway::HttpRequest& request) {
+  if (gateway.api_keys.empty() || gateway.share_prefix_cache_across_keys) return "";
+  const std::string* key = matching_api_key(request, gateway.api_keys);
+  if (key == nullptr) return "";
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(key->data()), key->size(), digest);
+  static const char* hex = "0123456789abcdef";
+  std::string out = "tenant:";
+  for (int i = 0; i < 16; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
+
 struct PreparerState {
   ShellContext ctx;
   std::shared_ptr<text::Tokenizer> tokenizer;  // encode only here; the gateway only decodes
   text::ChatFormat format = text::ChatFormat::plain;
   kv::HashKey key_base;  // cache_salt set per request
   std::shared_ptr<runtime::ActorSlot> gateway;  // the gateway actor now; empty while down
-  // The hasher of key_base (no cache_salt), kept across requests: its keyed HMAC contexts
-  // are set up once instead of per request. Requests with a cache_salt get their own.
-  std::unique_ptr<kv::BlockHasher> unsalted;
+  // The hashers of key_base without a cache_salt, kept across requests: their keyed HMAC
+  // contexts are set up once instead of per request. By tenant salt ("" without per-key
+  // salting; else one per API key, so at most api_keys + 1). Requests with a cache_salt get
+  // their own.
+  std::map<std::string, std::unique_ptr<kv::BlockHasher>> hashers;
   std::shared_ptr<gateway::PreparerPool> pool;  // the pool this preparer is a slot of
   obs::Counter* prepared = nullptr;              // its pool's requests prepared
   std::optional<HandlerGuard> guard;             // the backstop of prepare()
@@ -885,18 +928,24 @@ void prepare_call(PreparerActor* self, const HttpCall& call) {
   // One prefix hash per full sub-block: the granularity the caches and the router match at.
   uint32_t block_tokens = st.ctx.manifest->model.sub_block_tokens;
   std::vector<kv::BlockHash> hashes;
+  std::string tenant = tenant_salt(st.ctx.manifest->gateway, request);
   if (spec.value().cache_salt.empty()) {
-    if (!st.unsalted) {
-      auto made = kv::BlockHasher::create(st.key_base, block_tokens);
+    // One kept hasher per tenant (the unsalted one, or one per API key: a bounded set).
+    auto& hasher = st.hashers[tenant];
+    RT_ASSERT(st.hashers.size() <= st.ctx.manifest->gateway.api_keys.size() + 1);
+    if (!hasher) {
+      kv::HashKey key = st.key_base;
+      key.salt = tenant;
+      auto made = kv::BlockHasher::create(key, block_tokens);
       RT_ASSERT(made.ok(), "the key and block size are valid");
-      st.unsalted = std::make_unique<kv::BlockHasher>(std::move(made).value());
+      hasher = std::make_unique<kv::BlockHasher>(std::move(made).value());
     }
-    st.unsalted->reset();
+    hasher->reset();
     hashes.reserve(prompt.size() / block_tokens);
-    st.unsalted->append(prompt, hashes);
+    hasher->append(prompt, hashes);
   } else {
     kv::HashKey key = st.key_base;
-    key.salt = spec.value().cache_salt;
+    key.salt = tenant.empty() ? spec.value().cache_salt : tenant + "|" + spec.value().cache_salt;
     auto salted = kv::hash_blocks(prompt, block_tokens, key);
     RT_ASSERT(salted.ok(), "the key and block size are valid");
     hashes = std::move(salted).value();
@@ -1111,6 +1160,63 @@ std::string unhealthy_reason(const ShellContext& ctx, Shared& shared) {
   return serving_reason(ctx, shared);
 }
 
+// The Host header without its port ("[::1]:8000" -> "[::1]", "a:1" -> "a").
+std::string host_without_port(std::string_view host) {
+  if (!host.empty() && host.front() == '[') {
+    auto close = host.find(']');
+    return std::string(host.substr(0, close == std::string_view::npos ? host.size() : close + 1));
+  }
+  auto colon = host.find(':');
+  if (colon != std::string_view::npos && host.find(':', colon + 1) == std::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  return std::string(host);
+}
+
+// DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 sends
+// "Host: evil.example". The API answers only names this node has (host, api_host,
+// localhost, [gateway] allowed_hosts) and address literals, which a rebinding page cannot use.
+bool host_allowed(const config::Manifest& m, const config::Node& node,
+                  const gateway::HttpRequest& request) {
+  auto header = request.header("host");
+  if (!header) return true;  // HTTP/1.0 clients; every browser sends Host
+  std::string host = host_without_port(*header);
+  std::string lower;
+  for (char c : host) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  bool literal = !lower.empty() && (lower.front() == '[' ||
+                                    lower.find_first_not_of("0123456789.") == std::string::npos);
+  if (literal || lower == "localhost" || lower == node.host || lower == node.api_host) return true;
+  for (const auto& allowed : m.gateway.allowed_hosts) {
+    if (allowed == "*" || allowed == lower) return true;
+  }
+  return false;
+}
+
+// A JSON media type (application/json, application/*+json, with parameters). Browsers send
+// other bodies (text/plain, forms) across sites without asking: refusing them keeps a web
+// page from driving a keyless local endpoint.
+bool json_content_type(const gateway::HttpRequest& request) {
+  auto type = request.header("content-type");
+  if (!type) return false;
+  std::string t;
+  for (char c : type->substr(0, type->find(';'))) {
+    if (c != ' ' && c != '\t') t += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  return t == "application/json" || (t.rfind("application/", 0) == 0 && t.size() > 17 &&
+                                      t.compare(t.size() - 5, 5, "+json") == 0);
+}
+
+// CORS: the request's Origin when [gateway] cors_origins allows it, else nullopt.
+std::optional<std::string> allowed_origin(const config::GatewaySection& g,
+                                          const gateway::HttpRequest& request) {
+  auto origin = request.header("origin");
+  if (!origin || g.cors_origins.empty()) return std::nullopt;
+  for (const auto& o : g.cors_origins) {
+    if (o == "*" || o == *origin) return std::string(*origin);
+  }
+  return std::nullopt;
+}
+
 // Runs on the HTTP thread: cheap endpoints and authentication; POSTs go to a preparer (the
 // least loaded of the long-prompt pool for bodies over long_prompt_bytes, else of the other).
 class Front final : public gateway::HttpHandler {
@@ -1118,11 +1224,36 @@ class Front final : public gateway::HttpHandler {
   Front(const ShellContext& ctx, std::shared_ptr<Shared> shared,
         Preparers short_prompts, Preparers long_prompts)
       : ctx_(ctx), shared_(std::move(shared)), short_(std::move(short_prompts)),
-        long_(std::move(long_prompts)) {}
+        long_(std::move(long_prompts)),
+        node_(*ctx.manifest->find_node(ctx.bridge->node())) {}
 
   void on_request(const gateway::HttpRequest& request,
                   std::shared_ptr<gateway::ResponseStream> out) override {
     const std::string& path = request.path;
+    ApiKind api = path.rfind("/v1/messages", 0) == 0 ? ApiKind::messages : ApiKind::chat_completions;
+    if (path != "/" && path != "/health" && !host_allowed(*ctx_.manifest, node_, request)) {
+      reply_error(api, *out, api_error(400, "invalid_request_error",
+                                       "Host '" + runtime::sanitize_peer_text(
+                                                      *request.header("host"), 256) +
+                                           "' is not a name of this server; add it to "
+                                           "[gateway] allowed_hosts",
+                                       "invalid_host"));
+      return;
+    }
+    if (auto origin = allowed_origin(ctx_.manifest->gateway, request)) {
+      out->add_header("Access-Control-Allow-Origin", *origin);
+      out->add_header("Vary", "Origin");
+      if (request.method == "OPTIONS") {  // the preflight
+        auto asked = request.header("access-control-request-headers");
+        out->send(204, {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                        {"Access-Control-Allow-Headers",
+                         asked ? runtime::sanitize_peer_text(*asked, 1024)
+                               : std::string("authorization, content-type, x-api-key")},
+                        {"Access-Control-Max-Age", "600"}},
+                  "");
+        return;
+      }
+    }
     if (path == "/" && (request.method == "GET" || request.method == "HEAD")) {
       out->send(200, {{"Content-Type", "text/plain"}}, request.method == "HEAD" ? "" : "tandem\n");
       return;
@@ -1138,16 +1269,15 @@ class Front final : public gateway::HttpHandler {
       }
       return;
     }
-    if (path == "/metrics" && request.method == "GET") {
-      out->send(200, {{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}},
-                ctx_.metrics->render_prometheus());
-      return;
-    }
-    ApiKind api = path.rfind("/v1/messages", 0) == 0 ? ApiKind::messages : ApiKind::chat_completions;
     if (!authorized(request)) {
       reply_error(api, *out, api_error(401, api == ApiKind::messages ? "authentication_error"
                                                                      : "invalid_request_error",
                                        "missing or invalid API key", "invalid_api_key"));
+      return;
+    }
+    if (path == "/metrics" && request.method == "GET") {  // behind api_keys, like the API
+      out->send(200, {{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}},
+                ctx_.metrics->render_prometheus());
       return;
     }
     if (path == "/v1/models" && request.method == "GET") {
@@ -1162,6 +1292,17 @@ class Front final : public gateway::HttpHandler {
                                    : api_error(404, "not_found_error",
                                                "no route for " + request.method + " " + path,
                                                "not_found"));
+      return;
+    }
+    if (!json_content_type(request)) {
+      auto type = request.header("content-type");
+      reply_error(api, *out,
+                  api_error(415, "invalid_request_error",
+                            "the body must be JSON: Content-Type is " +
+                                (type ? "'" + runtime::sanitize_peer_text(*type, 128) + "'"
+                                      : std::string("missing")) +
+                                "; send Content-Type: application/json",
+                            "unsupported_media_type"));
       return;
     }
     if (shared_->draining.load() || shared_->closing.load()) {
@@ -1192,19 +1333,7 @@ class Front final : public gateway::HttpHandler {
  private:
   bool authorized(const gateway::HttpRequest& request) const {
     const auto& keys = ctx_.manifest->gateway.api_keys;
-    if (keys.empty()) return true;
-    std::string given;
-    if (auto bearer = request.header("authorization")) {
-      std::string_view v = *bearer;
-      if (v.rfind("Bearer ", 0) == 0) given = std::string(v.substr(7));
-    }
-    if (given.empty()) {
-      if (auto key = request.header("x-api-key")) given = std::string(*key);
-    }
-    for (const auto& k : keys) {
-      if (!given.empty() && given == k) return true;
-    }
-    return false;
+    return keys.empty() || matching_api_key(request, keys) != nullptr;
   }
 
   // Every served id: [model] name, then served_names.
@@ -1222,6 +1351,7 @@ class Front final : public gateway::HttpHandler {
   ShellContext ctx_;
   std::shared_ptr<Shared> shared_;
   Preparers short_, long_;
+  const config::Node& node_;  // this node, in the manifest (outlives the front)
 
  public:
   void close() { shared_->closing.store(true); }
@@ -1530,7 +1660,7 @@ Preparers make_preparers(const PreparerParts& parts, uint32_t count, bool own_th
       {{"instance", parts.instance}, {"pool", pool_name}});
   auto behavior = [parts, pool = p.pool, prepared](PreparerActor* self) -> caf::behavior {
     self->state = PreparerState{parts.ctx, parts.tokenizer, parts.format, parts.key_base,
-                                parts.gateway, nullptr, pool, prepared, std::nullopt};
+                                parts.gateway, {}, pool, prepared, std::nullopt};
     self->state.guard.emplace(parts.ctx, "gateway-preparer");
     return {[self](const HttpCall& call) { prepare(self, call); }};
   };
@@ -1608,10 +1738,10 @@ Result<std::unique_ptr<GatewayService>> start_gateway(caf::actor_system& system,
   limits.connections_per_client_max = m.gateway.connections_per_client_max;
   limits.header_timeout_ms = m.gateway.header_timeout_ms;
   limits.body_timeout_ms = m.gateway.body_timeout_ms;
-  if (Status s = service->start(node->host, *node->http_port, limits); !s.ok()) return s.error();
+  if (Status s = service->start(node->api_host, *node->http_port, limits); !s.ok()) return s.error();
   ctx.log->info("gateway {}: serving the API on http://{}:{} (model {}, chat format {}; "
                 "preparers: {} on the workers, {} with threads for bodies over {} bytes)",
-                instance.name, node->host, *node->http_port, m.model.name,
+                instance.name, node->api_host, *node->http_port, m.model.name,
                 text::to_string(*format), short_count, long_count,
                 m.gateway.long_prompt_bytes);
   return std::unique_ptr<GatewayService>(std::move(service));

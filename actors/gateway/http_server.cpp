@@ -55,6 +55,10 @@ kj::StringPtr status_text(uint32_t status) {
       return "Conflict";
     case 413:
       return "Payload Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 421:
+      return "Misdirected Request";
     case 422:
       return "Unprocessable Entity";
     case 429:
@@ -266,6 +270,7 @@ struct ResponseStream::Core : std::enable_shared_from_this<ResponseStream::Core>
   const std::shared_ptr<WakeHub> hub;
   const uint64_t buffer_bytes_max;
   bool anthropic_errors = false;  // the request's path is /v1/messages*: Anthropic error shape
+  HttpHeaderList extra_headers;   // add_header(): on the response, whoever sends it (mutex)
   std::atomic<uint64_t>& cancelled_count;  // the server's counter; outlives attached cores
 
   mutable std::mutex mutex;
@@ -386,10 +391,19 @@ bool ResponseStream::send(uint32_t status, HttpHeaderList headers, std::string b
   std::unique_lock lock(core_->mutex);
   RT_ASSERT(core_->phase == Core::Phase::idle, "send() after the response began");
   core_->phase = Core::Phase::done;
+  headers.insert(headers.end(), core_->extra_headers.begin(), core_->extra_headers.end());
   uint64_t bytes = body.size();
   // A whole body is already in memory: it is not held to the streaming bound.
   return core_->push_locked(lock, whole_response(status, std::move(headers), std::move(body)),
                             bytes, false);
+}
+
+void ResponseStream::add_header(std::string name, std::string value) {
+  HttpHeaderList one = {{std::move(name), std::move(value)}};
+  check_response_headers(one);
+  std::lock_guard lock(core_->mutex);
+  RT_ASSERT(core_->phase == Core::Phase::idle, "add_header() after the response began");
+  core_->extra_headers.push_back(std::move(one.front()));
 }
 
 bool ResponseStream::start(uint32_t status, HttpHeaderList headers) {
@@ -398,6 +412,7 @@ bool ResponseStream::start(uint32_t status, HttpHeaderList headers) {
   std::unique_lock lock(core_->mutex);
   RT_ASSERT(core_->phase == Core::Phase::idle, "start() after the response began");
   core_->phase = Core::Phase::streaming;
+  headers.insert(headers.end(), core_->extra_headers.begin(), core_->extra_headers.end());
   std::vector<StreamOp> ops(1);
   ops[0] = StreamOp{StreamOp::Kind::start_chunked, status, std::move(headers), {}, 0};
   return core_->push_locked(lock, std::move(ops), 0, true);

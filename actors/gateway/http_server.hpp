@@ -144,6 +144,9 @@ class ResponseStream {
   ResponseStream(const ResponseStream&) = delete;
   ResponseStream& operator=(const ResponseStream&) = delete;
 
+  // A header every response of this stream carries, whoever sends it (e.g. CORS). Before
+  // send() or start().
+  void add_header(std::string name, std::string value);
   bool send(uint32_t status, HttpHeaderList headers, std::string body);
   bool start(uint32_t status, HttpHeaderList headers);
   bool write(std::string bytes);  // one chunk; empty writes are ignored (return !cancelled)

@@ -577,6 +577,18 @@ void on_request(PrefillActor* self, wire::Envelope::Reader envelope) {
   submit_now(self, from, std::move(core), *sampling, std::move(prompt));
 }
 
+// A pull-done or cancel for request `id` counts only from the decode instance that asked for
+// it (while prefill still knows who that is).
+bool from_asker(PrefillState& st, uint64_t id, wire::Envelope::Reader envelope) {
+  auto it = st.pending.find(id);
+  if (it == st.pending.end()) return true;  // nothing of it left here that a stranger could end
+  ActorName from = messages::get_name(envelope.getSource());
+  if (it->second.requester == from) return true;
+  st.ctx.log->warn("prefill {}: dropped a message about request {} from {}, which did not ask "
+                   "for it", st.self_name.instance, id, from.to_string());
+  return false;
+}
+
 void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
   auto& st = self->state;
   auto envelope = in.frame->envelope();
@@ -586,6 +598,7 @@ void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
       return on_request(self, envelope);
     case wire::Envelope::Body::KV_PULL_DONE: {
       uint64_t id = body.getKvPullDone().getRequestId();
+      if (!from_asker(st, id, envelope)) return;
       if (st.scheduler->pull_done(id).ok()) st.pending.erase(id);
       return update_metrics(st);
     }
@@ -596,6 +609,7 @@ void on_frame(PrefillActor* self, const runtime::InboundFrame& in) {
       return release_pin(st, body.getOffloadStoreDone().getRequestId());
     case wire::Envelope::Body::CANCEL: {
       uint64_t id = body.getCancel().getRequestId();
+      if (!from_asker(st, id, envelope)) return;
       if (auto w = st.tier2.find(id); w != st.tier2.end()) {
         if (w->second.reading) {
           w->second.cancelled = true;  // its reads end first; then it is dropped

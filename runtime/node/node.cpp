@@ -1,5 +1,7 @@
 #include "runtime/node/node.hpp"
 
+#include "runtime/node/credentials.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -244,12 +246,21 @@ int run_node(const config::Manifest& manifest, const std::string& node_name,
                              : obs::HealthStatus{false, why};
         })};
     routes.insert(routes.end(), options.admin_routes.begin(), options.admin_routes.end());
-    admin = std::make_unique<obs::AdminHttpServer>(node->host, *node->admin_port, routes);
+    admin = std::make_unique<obs::AdminHttpServer>(node->admin_host, *node->admin_port, routes);
+    if (manifest.admin.http_token_required) {
+      auto token = load_key_file(manifest.admin.token_file, KeyRole::admin);
+      if (!token.ok()) {
+        log->error("cannot start the admin endpoint: {}", token.error().describe());
+        return 1;
+      }
+      admin->require_bearer_token(std::string(token->secret.begin(), token->secret.end()));
+    }
     if (Status s = admin->start(); !s.ok()) {
       log->error("cannot start the admin endpoint: {}", s.error().describe());
       return 1;
     }
-    log->info("admin endpoint http://{}:{}/metrics", node->host, *node->admin_port);
+    log->info("admin endpoint http://{}:{}/metrics{}", node->admin_host, *node->admin_port,
+              manifest.admin.http_token_required ? " (the admin token is required)" : "");
   }
   std::vector<caf::actor> actors;
   NodeActorDeps deps{&manifest, &bridge, log, render,

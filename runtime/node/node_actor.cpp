@@ -449,12 +449,42 @@ void forward_admin(NodeActor* self, const AdminCaller& caller, const Forwarded& 
   }
 }
 
-void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
+// Commands that change the cluster (or read its memory): each one leaves an audit line.
+bool changes_something(std::string_view command) {
+  static constexpr std::string_view changing[] = {
+      "drain", "undrain", "router-set", "cancel", "tier2-drop", "tier2-verify", "rma-expose",
+      "rma-read", "rma-release"};
+  return command.rfind("debug-", 0) == 0 ||
+         std::find(std::begin(changing), std::end(changing), command) != std::end(changing);
+}
+
+// The audit line: who (the authenticated peer, its class and key), what, and (the line's
+// time) when. Reads go at debug level.
+void audit(NodeState& st, const PeerIdentity* who, const std::string& command,
+           const std::vector<std::string>& args) {
+  std::string what = command;
+  for (const auto& a : args) what += " " + a;
+  std::string by = who == nullptr
+                       ? std::string("this node")
+                       : who->name + " (" + std::string(to_string(who->peer_class)) + " at " +
+                             who->address + ", " + std::string(to_string(who->key_role)) +
+                             " key " + [&] {
+                               char hex[9];
+                               std::snprintf(hex, sizeof hex, "%08x", who->key_id);
+                               return std::string(hex);
+                             }() + ")";
+  auto level = changes_something(command) ? spdlog::level::info : spdlog::level::debug;
+  st.deps.log->log(level, "audit: {} ran: {}", sanitize_peer_text(by, 256),
+                   sanitize_peer_text(what, 512));
+}
+
+void answer_admin(NodeActor* self, wire::Envelope::Reader envelope, const PeerIdentity* who) {
   auto& st = self->state;
   auto request = envelope.getBody().getAdminRequest();
   std::string command = request.getCommand();
   std::vector<std::string> args;
   for (auto arg : request.getArgs()) args.emplace_back(arg);
+  audit(st, who, command, args);
   AdminCaller caller{messages::get_name(envelope.getSource()), envelope.getCorrelationId()};
   AdminResult result;
   if (command == "nodes") {
@@ -499,9 +529,12 @@ void answer_admin(NodeActor* self, wire::Envelope::Reader envelope) {
 void on_hello(NodeActor* self, wire::Envelope::Reader envelope) {
   auto& st = self->state;
   auto hello = envelope.getBody().getHello();
-  std::string peer = hello.getNodeName();
   ActorName source = messages::get_name(envelope.getSource());
-  if (!hello.getIsClient()) {
+  // The peer is who its session authenticated (the bridge checked the source is that name);
+  // a hello naming anyone else, or a client calling itself a node, changes no membership.
+  std::string peer = source.node;
+  bool member = st.deps.manifest->find_node(peer) != nullptr;
+  if (!hello.getIsClient() && member && std::string_view(hello.getNodeName().cStr()) == peer) {
     if (auto event = st.membership->heard(peer, hello.getIncarnation(), std::chrono::milliseconds(0),
                                           Clock::now())) {
       publish(self, {*event});
@@ -530,7 +563,7 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
       auto ack = body.getHelloAck();
       if (!ack.getAccepted()) {
         st.deps.log->error("peer {} refused this node: {}", source_node,
-                           std::string(ack.getReason().cStr()));
+                           sanitize_peer_text(ack.getReason().cStr(), 512));
         return;
       }
       if (auto event = st.membership->heard(source_node, ack.getIncarnation(),
@@ -540,11 +573,15 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
     }
     case wire::Envelope::Body::HEARTBEAT: {
       auto hb = body.getHeartbeat();
+      if (st.deps.manifest->find_node(source_node) == nullptr) return;  // a client's
       for (auto l : hb.getLoad()) {
-        InstanceLoadReport report{l.getInstance(), l.getRequestsWaiting(), l.getRequestsRunning(),
+        // A node reports its own instances only ("node/role/instance").
+        std::string instance = l.getInstance();
+        if (instance.rfind(source_node + "/", 0) != 0) continue;
+        InstanceLoadReport report{instance, l.getRequestsWaiting(), l.getRequestsRunning(),
                                   l.getKvBlocksUsed(), l.getKvBlocksTotal(), l.getReady(),
-                                  l.getNotReadyReason(), l.getTier2LocalReads(),
-                                  l.getTier2RemoteReads()};
+                                  sanitize_peer_text(l.getNotReadyReason().cStr(), 512),
+                                  l.getTier2LocalReads(), l.getTier2RemoteReads()};
         if (l.getPendingTokensKnown()) report.pending_tokens = l.getPendingTokens();
         if (l.getKvBlocksFreeKnown()) report.kv_blocks_free = l.getKvBlocksFree();
         report.draining = l.getDraining();
@@ -563,7 +600,7 @@ void on_frame(NodeActor* self, const InboundFrame& in) {
       st.diagnostics->on_pong(envelope.getCorrelationId());
       return;
     case wire::Envelope::Body::ADMIN_REQUEST:
-      answer_admin(self, envelope);
+      answer_admin(self, envelope, in.from.get());
       return;
     default:
       st.deps.log->warn("node actor ignores message kind {} from {}",

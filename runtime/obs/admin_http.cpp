@@ -1,5 +1,7 @@
 #include "runtime/obs/admin_http.hpp"
 
+#include "runtime/base/constant_time.hpp"
+
 #include <kj/async-io.h>
 #include <kj/compat/http.h>
 #include <kj/debug.h>
@@ -63,12 +65,32 @@ kj::StringPtr status_text(uint32_t status) {
 class RouteService final : public kj::HttpService {
  public:
   RouteService(const std::vector<AdminRoute>& routes, const kj::HttpHeaderTable& table,
-               kj::HttpHeaderId allow_id)
-      : routes_(routes), table_(table), allow_id_(allow_id) {}
+               kj::HttpHeaderId allow_id, kj::HttpHeaderId authorization_id,
+               const std::string& token)
+      : routes_(routes), table_(table), allow_id_(allow_id), authorization_id_(authorization_id),
+        token_(token) {}
 
   kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url,
-                            const kj::HttpHeaders& /*headers*/, kj::AsyncInputStream& /*body*/,
+                            const kj::HttpHeaders& headers, kj::AsyncInputStream& /*body*/,
                             Response& response) override {
+    if (!token_.empty()) {
+      KJ_IF_MAYBE(given, headers.get(authorization_id_)) {
+        std::string_view v(given->cStr());
+        if (v.rfind("Bearer ", 0) == 0 && base::equal_constant_time(v.substr(7), token_)) {
+          return route(method, url, response);
+        }
+      }
+      return reply(response,
+                   AdminResponse{401, text_plain,
+                                 "this admin endpoint asks for the admin token: "
+                                 "Authorization: Bearer <[admin] token_file's contents>\n"},
+                   false);
+    }
+    return route(method, url, response);
+  }
+
+ private:
+  kj::Promise<void> route(kj::HttpMethod method, kj::StringPtr url, Response& response) {
     std::string path(url.cStr());
     if (auto query = path.find('?'); query != std::string::npos) path.resize(query);
     const AdminRoute* route = nullptr;
@@ -93,7 +115,6 @@ class RouteService final : public kj::HttpService {
     return reply(response, std::move(result), false);
   }
 
- private:
   kj::Promise<void> reply(Response& response, AdminResponse result, bool allow_get) {
     kj::HttpHeaders headers(table_);
     std::string content_type = result.content_type.empty() ? text_plain : result.content_type;
@@ -110,6 +131,8 @@ class RouteService final : public kj::HttpService {
   const std::vector<AdminRoute>& routes_;
   const kj::HttpHeaderTable& table_;
   kj::HttpHeaderId allow_id_;
+  kj::HttpHeaderId authorization_id_;
+  const std::string& token_;
 };
 
 }  // namespace
@@ -124,6 +147,12 @@ struct AdminHttpServer::Shared {
   // Lives on the HTTP thread's stack; non-null only while the loop can be woken through it.
   const kj::CrossThreadPromiseFulfiller<void>* stop_fulfiller = nullptr;
 };
+
+void AdminHttpServer::require_bearer_token(std::string token) {
+  RT_ASSERT(!started_, "require_bearer_token after start");
+  RT_ASSERT(!token.empty());
+  token_ = std::move(token);
+}
 
 AdminHttpServer::AdminHttpServer(std::string host, uint16_t port, std::vector<AdminRoute> routes)
     : host_(std::move(host)),
@@ -195,8 +224,9 @@ void AdminHttpServer::run() {
     kj::Own<kj::ConnectionReceiver> listener = address->listen();
     kj::HttpHeaderTable::Builder table_builder;
     kj::HttpHeaderId allow_id = table_builder.add("Allow");
+    kj::HttpHeaderId authorization_id = table_builder.add("Authorization");
     auto table = table_builder.build();
-    RouteService service(routes_, *table, allow_id);
+    RouteService service(routes_, *table, allow_id, authorization_id, token_);
     kj::HttpServer server(io.provider->getTimer(), *table, service);
     auto stop = kj::newPromiseAndCrossThreadFulfiller<void>();
     // Unpublishes the fulfiller before it is destroyed, on every exit path.

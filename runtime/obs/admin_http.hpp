@@ -56,6 +56,10 @@ class AdminHttpServer {
   AdminHttpServer(const AdminHttpServer&) = delete;
   AdminHttpServer& operator=(const AdminHttpServer&) = delete;
 
+  // Every route then asks for `Authorization: Bearer <token>` (compared in constant time)
+  // and answers 401 without it. Before start().
+  void require_bearer_token(std::string token);
+
   // Binds and starts serving; returns once the socket listens (or binding failed).
   // Errors: failed "admin http: cannot listen on HOST:PORT: <reason>" (port in use, bad
   // address). Precondition (asserted): not started before.
@@ -75,6 +79,7 @@ class AdminHttpServer {
   std::string host_;
   uint16_t port_requested_;
   std::vector<AdminRoute> routes_;
+  std::string token_;  // "" = no token asked for
   std::unique_ptr<Shared> shared_;
   std::thread thread_;
   bool started_ = false;

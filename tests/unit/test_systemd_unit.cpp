@@ -10,6 +10,7 @@ using namespace tandem;
 namespace {
 const char* manifest_text = R"([cluster]
 name = "c4"
+key_file = "/etc/tandem/cluster.key"
 [model]
 name = "m"
 path = "models/m"
@@ -61,4 +62,18 @@ TEST_CASE("systemd unit: restart on failure, drain-sized stop timeout, memlock, 
   auto missing = tools::systemd_unit(m, "host-z", "/usr/bin/tandem", "/etc/tandem/c4.toml");
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().message == "the manifest has no node 'host-z' (it has: host-a)");
+}
+
+TEST_CASE("a keyless manifest gets no unit: its key would live where the shell never looks") {
+  std::string text = manifest_text;
+  auto at = text.find("key_file = \"/etc/tandem/cluster.key\"\n");
+  REQUIRE(at != std::string::npos);
+  text.erase(at, std::string("key_file = \"/etc/tandem/cluster.key\"\n").size());
+  auto loaded = tandem::config::parse_manifest(text, "m.toml");
+  REQUIRE(std::holds_alternative<tandem::config::Manifest>(loaded));  // one host: loads
+  auto unit = tandem::tools::systemd_unit(std::get<tandem::config::Manifest>(loaded),
+                                          std::get<tandem::config::Manifest>(loaded).nodes[0].name,
+                                          "/usr/local/bin/tandem", "/etc/tandem/m.toml");
+  REQUIRE_FALSE(unit.ok());
+  CHECK(unit.error().message.find("key_file") != std::string::npos);
 }
