@@ -97,19 +97,24 @@ std::optional<std::string> check_kv_pools_fit(const std::string& who,
   uint64_t budget = kv_pool_budget_bytes(memory_bytes);
   RT_ASSERT(budget <= memory_bytes, "budget within memory");
   if (memory_bytes == 0 || total <= budget) return std::nullopt;
-  std::string out = who + ": its KV pools need " + describe_bytes(total) +
+  std::string out = who + ": its KV pools and buffers need " + describe_bytes(total) +
                     ", more than this host's memory allows: " + describe_bytes(memory_bytes) +
                     " physical, of which " + describe_bytes(budget) +
                     " for KV pools (the rest is kept for the process and the system). Pools:";
   for (const KvPoolUse& pool : pools) {
     if (pool.bytes == 0) continue;
+    if (!pool.what.empty()) {
+      out += "\n  " + pool.what + " = " + describe_bytes(pool.bytes);
+      continue;
+    }
     out += "\n  executor '" + pool.executor + "': kv_blocks " + std::to_string(pool.kv_blocks) +
            " x model.block_tokens " + std::to_string(pool.block_tokens) + " = " +
            describe_bytes(pool.bytes);
   }
   out += "\nShrink them: the executors' kv_blocks, [sim] kv_scale (or an executor's sim = "
          "{ kv_scale = ... }; KV row bytes = kv_bytes_per_token x kv_scale), or "
-         "model.block_tokens; or run fewer executors on this host.";
+         "model.block_tokens; [fabric] recv_buffers or frame_bytes_max; [kv_offload] "
+         "host_cache_bytes or staging_blocks; or run fewer executors on this host.";
   RT_ASSERT(total > budget, "reported only when over budget");
   return out;
 }

@@ -33,11 +33,14 @@ uint64_t host_memory_bytes();
 // for the rest of the process (weights, buffers, the tokenizer) and the system.
 uint64_t kv_pool_budget_bytes(uint64_t memory_bytes);
 
+// One use of a node's memory: an executor's KV pool, or (`what` set) another buffer the node
+// allocates at start (the fabric's receive buffers, tier 2's host cache and staging).
 struct KvPoolUse {
   std::string executor;  // instance name
   uint64_t bytes = 0;
   uint32_t kv_blocks = 0;
   uint32_t block_tokens = 0;
+  std::string what;  // not a KV pool: what it is and the keys that size it
 };
 
 // nullopt when the pools fit kv_pool_budget_bytes(memory_bytes) (or memory is unknown, 0).

@@ -1,4 +1,6 @@
 // `tandem check MANIFEST`: validate a cluster manifest and print its summary.
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <variant>
@@ -8,6 +10,7 @@
 #include "config/manifest.hpp"
 #include "devices/kv_memory.hpp"
 #include "devices/rbln/rbln_device.hpp"
+#include "runtime/node/credentials.hpp"
 #include "tools/commands.hpp"
 #include "tools/local_host.hpp"
 
@@ -30,10 +33,11 @@ int check_kv_memory(const config::Manifest& manifest) {
       auto bytes = devices::kv_pool_host_bytes(actors::device_spec(manifest, instance));
       if (bytes.ok()) total += *bytes;
     }
-    if (total == 0) continue;
     bool local = is_local_host(node.host, self);
-    std::printf("kv pools  node %s: %s%s\n", node.name.c_str(),
-                devices::describe_bytes(total).c_str(), local ? " (this host)" : "");
+    if (total > 0) {
+      std::printf("kv pools  node %s: %s%s\n", node.name.c_str(),
+                  devices::describe_bytes(total).c_str(), local ? " (this host)" : "");
+    }
     if (!local) continue;
     if (auto too_big = actors::check_node_kv_memory(manifest, node, memory_bytes)) {
       std::fprintf(stderr, "%s: %s\n", manifest.file.c_str(), too_big->c_str());
@@ -82,6 +86,50 @@ int check_rbln(const config::Manifest& manifest) {
   return exit_code;
 }
 
+// The fabric's key and the planes' listen addresses: the key files named are checked as a
+// node would load them (a bad mode is an error; a file not on this host yet, a warning), and
+// a plane that listens on every interface is a warning. Returns the exit code.
+int check_security(const config::Manifest& manifest) {
+  int exit_code = 0;
+  auto check_file = [&](const std::string& path, runtime::KeyRole role, const char* what) {
+    if (::access(path.c_str(), F_OK) != 0) {
+      std::printf("security  %s %s: not on this host (copy it here before starting a node)\n",
+                  what, path.c_str());
+      return;
+    }
+    auto key = runtime::load_key_file(path, role);
+    if (!key.ok()) {
+      std::fprintf(stderr, "%s: %s\n", manifest.file.c_str(), key.error().message.c_str());
+      exit_code = 1;
+      return;
+    }
+    std::printf("security  %s %s (key id %08x)\n", what, path.c_str(), key->id());
+  };
+  if (manifest.cluster.key_file.empty()) {
+    std::printf("security  cluster key: none named; one host, so each node, up and shell use %s "
+                "(made on first use, mode 0600)\n",
+                runtime::auto_key_path(manifest).c_str());
+  } else {
+    check_file(manifest.cluster.key_file, runtime::KeyRole::cluster, "cluster key");
+  }
+  for (const auto& file : manifest.cluster.accept_key_files) {
+    check_file(file, runtime::KeyRole::cluster, "also accepted");
+  }
+  if (!manifest.admin.token_file.empty()) {
+    check_file(manifest.admin.token_file, runtime::KeyRole::admin, "admin token");
+  }
+  for (const auto& node : manifest.nodes) {
+    for (auto [plane, host] : {std::pair{"api", &node.api_host}, std::pair{"fabric", &node.fabric_host},
+                               std::pair{"admin", &node.admin_host}}) {
+      if (config::is_wildcard_host(*host)) {
+        std::fprintf(stderr, "%s: warning: node %s's %s plane listens on every interface (%s)\n",
+                     manifest.file.c_str(), node.name.c_str(), plane, host->c_str());
+      }
+    }
+  }
+  return exit_code;
+}
+
 }  // namespace
 
 int cmd_check(cli::Args args) {
@@ -112,7 +160,8 @@ int cmd_check(cli::Args args) {
   std::fputs(config::summarize(manifest).c_str(), stdout);
   int kv = check_kv_memory(manifest);
   int rbln = check_rbln(manifest);
-  return kv != 0 ? kv : rbln;
+  int security = check_security(manifest);
+  return kv != 0 ? kv : rbln != 0 ? rbln : security;
 }
 
 }  // namespace tandem::tools

@@ -87,9 +87,31 @@ std::vector<devices::KvPoolUse> node_kv_pools(const config::Manifest& manifest,
     auto bytes = devices::kv_pool_host_bytes(device_spec(manifest, instance));
     if (!bytes.ok()) continue;  // the executor reports its bad parameters when it starts
     std::string name = with_node ? node.name + "/" + instance.name : instance.name;
-    pools.push_back({name, *bytes, instance.kv_blocks, manifest.model.block_tokens});
+    pools.push_back({name, *bytes, instance.kv_blocks, manifest.model.block_tokens, ""});
   }
   RT_ASSERT(pools.size() <= node.instances.size(), node.name);
+  std::string prefix = with_node ? "node '" + node.name + "': " : "";
+  const config::FabricSection& f = manifest.fabric;
+  uint64_t recv_bytes = uint64_t{f.recv_buffers} * (f.frame_bytes_max + 64);
+  pools.push_back({"", recv_bytes, 0, 0,
+                   prefix + "fabric receive buffers: [fabric] recv_buffers " +
+                       std::to_string(f.recv_buffers) + " x frame_bytes_max " +
+                       std::to_string(f.frame_bytes_max)});
+  bool offload = std::any_of(node.instances.begin(), node.instances.end(), [](const auto& i) {
+    return i.role == config::Role::kv_offload;
+  });
+  const config::KvOffloadSection& kv = manifest.kv_offload;
+  if (offload && kv.enabled) {
+    uint64_t block_bytes = 0;  // a tier-2 block is an executor pool's block
+    for (const auto& p : pools) {
+      if (p.what.empty() && p.kv_blocks > 0) block_bytes = std::max(block_bytes, p.bytes / p.kv_blocks);
+    }
+    pools.push_back({"", kv.host_cache_bytes, 0, 0,
+                     prefix + "tier-2 host cache: [kv_offload] host_cache_bytes"});
+    pools.push_back({"", uint64_t{kv.staging_blocks} * ((block_bytes + 4095) / 4096 * 4096), 0, 0,
+                     prefix + "tier-2 staging: [kv_offload] staging_blocks " +
+                         std::to_string(kv.staging_blocks) + " x a block"});
+  }
   return pools;
 }
 

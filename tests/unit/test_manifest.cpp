@@ -1686,7 +1686,7 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and u
   RunResult check = run_tandem("check " + big.string());
   INFO(check.output);
   CHECK(check.exit_code == 1);
-  for (const char* fragment : {"kv pools  node a:", "node 'a': its KV pools need",
+  for (const char* fragment : {"kv pools  node a:", "node 'a': its KV pools and buffers need",
                                "executor 'ex': kv_blocks 500 x model.block_tokens 4096 = ",
                                "executor 'ex2'", "physical", "kv_scale", "kv_blocks"}) {
     CHECK_MESSAGE(check.output.find(fragment) != std::string::npos, fragment);
@@ -1694,12 +1694,12 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and u
   RunResult node = run_tandem("node --manifest " + big.string() + " --node a");
   INFO(node.output);
   CHECK(node.exit_code == 1);
-  CHECK(node.output.find("its KV pools need") != std::string::npos);
+  CHECK(node.output.find("its KV pools and buffers need") != std::string::npos);
   // tandem up checks the nodes it starts on this host together, before starting any.
   RunResult up = run_tandem("up " + big.string());
   INFO(up.output);
   CHECK(up.exit_code == 1);
-  CHECK(up.output.find("this host's nodes a: its KV pools need") != std::string::npos);
+  CHECK(up.output.find("this host's nodes a: its KV pools and buffers need") != std::string::npos);
   CHECK(up.output.find("executor 'a/ex2'") != std::string::npos);
   // Two nodes of this host that fit alone (60% of the budget each) but not together:
   // tandem check says so (tandem up would refuse them).
@@ -1723,7 +1723,7 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and u
   INFO(both.output);
   CHECK(both.exit_code == 1);
   CHECK(both.output.find("node 'a': its KV pools") == std::string::npos);
-  CHECK(both.output.find("this host's nodes a, b: its KV pools need") != std::string::npos);
+  CHECK(both.output.find("this host's nodes a, b: its KV pools and buffers need") != std::string::npos);
   CHECK(both.output.find("executor 'b/ex2'") != std::string::npos);
   // Scaled down (1/128) the same pools fit: check passes and prints their size.
   fs::path small = dir / "small.toml";
@@ -1731,6 +1731,29 @@ TEST_CASE("KV pools that do not fit this host's memory: tandem check, node and u
   RunResult fits = run_tandem("check " + small.string());
   CHECK_MESSAGE(fits.exit_code == 0, fits.output);
   CHECK(fits.output.find("kv pools  node a: 3.8 GiB") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fabric receive buffers count: 4096 x 64 MiB is refused by check and by the node") {
+  fs::path dir = fs::temp_directory_path() / ("tandem-recvmem-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string text = replace(base_manifest, "[model]",
+                             "[fabric]\nrecv_buffers = 4096\nframe_bytes_max = 67108864\n[model]");
+  fs::path path = dir / "recv.toml";
+  std::ofstream(path) << text;
+  RunResult check = run_tandem("check " + path.string());
+  INFO(check.output);
+  CHECK(check.exit_code == 1);
+  CHECK(check.output.find("fabric receive buffers: [fabric] recv_buffers 4096 x frame_bytes_max "
+                          "67108864 = 256.") != std::string::npos);
+  RunResult node = run_tandem("node --manifest " + path.string() + " --node a");
+  INFO(node.output);
+  CHECK(node.exit_code == 1);
+  CHECK(node.output.find("fabric receive buffers") != std::string::npos);
+  // The defaults (32 x 4 MiB) pass.
+  std::ofstream(dir / "ok.toml") << base_manifest;
+  RunResult fine = run_tandem("check " + (dir / "ok.toml").string());
+  CHECK_MESSAGE(fine.exit_code == 0, fine.output);
   fs::remove_all(dir);
 }
 
