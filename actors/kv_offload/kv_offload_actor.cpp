@@ -285,6 +285,9 @@ struct Tier2Metrics {
   kv::tier2::Tier2Stats seen;  // the store's counters already added
 };
 
+constexpr int64_t open_retry_min_ns = 5'000'000'000;   // a failed open, tried again after
+constexpr int64_t open_retry_max_ns = 60'000'000'000;  // ... doubling up to
+
 struct OffloadState {
   ShellContext ctx;
   ActorName self_name;
@@ -294,6 +297,11 @@ struct OffloadState {
   std::shared_ptr<Staging> staging;
   enum class Phase { closed, opening, open, failed } phase = Phase::closed;
   std::string failure;        // why tier 2 is off (Phase::failed)
+  // A store that failed to open (a full disk, say) is opened again at the next block offered
+  // from this time on (now_ns), backing off from open_retry_min to open_retry_max; nullopt
+  // when it failed for a reason a retry cannot mend (a disk that stopped answering).
+  std::optional<int64_t> retry_open_after_ns;
+  int64_t open_retry_ns = 0;
   std::string fingerprint;    // of the layout the store opened with
   devices::KvLayout layout;   // of the store's blocks (blocks_total unused)
   std::deque<runtime::InboundFrame> waiting;  // frames that arrived while the store opened
@@ -404,6 +412,22 @@ void send_snapshot(OffloadActor* self) {
           });
 }
 
+// Forgets a store that failed to open (its I/O actor and staging), so that the next block
+// opens it again.
+void reset_store(OffloadActor* self) {
+  auto& st = self->state;
+  RT_ASSERT(st.phase == OffloadState::Phase::failed && !st.core, "only a store that never opened");
+  if (st.io) {
+    self->unlink_from(st.io);
+    self->send_exit(st.io, caf::exit_reason::user_shutdown);
+    st.io = caf::actor();
+  }
+  st.staging.reset();
+  st.phase = OffloadState::Phase::closed;
+  st.retry_open_after_ns.reset();
+  st.ctx.log->info("kv-offload {}: opening tier 2 again", st.self_name.instance);
+}
+
 // Opens the store for `layout` (the first block this node's tier 2 sees): allocates and
 // registers the staging slots, asks the I/O actor to open, replays the frames that waited.
 void open_store(OffloadActor* self, const devices::KvLayout& layout) {
@@ -448,9 +472,14 @@ void open_store(OffloadActor* self, const devices::KvLayout& layout) {
             if (!o.error.empty()) {
               st.phase = OffloadState::Phase::failed;
               st.failure = o.error;
-              st.ctx.log->error("kv-offload {}: tier 2 is off: {}", st.self_name.instance,
-                                o.error);
+              st.open_retry_ns = std::clamp<int64_t>(st.open_retry_ns * 2, open_retry_min_ns,
+                                                     open_retry_max_ns);
+              st.retry_open_after_ns = now_ns().count() + st.open_retry_ns;
+              st.ctx.log->error("kv-offload {}: tier 2 is off: {} (tried again in {} s)",
+                                st.self_name.instance, o.error, st.open_retry_ns / 1'000'000'000);
             } else {
+              st.open_retry_ns = 0;
+              st.retry_open_after_ns.reset();
               st.core.emplace(core_config(*st.ctx.manifest, o.stats.blocks_capacity_count));
               for (const auto& h : o.held) st.core->note_held(h);
               st.phase = OffloadState::Phase::open;
@@ -593,6 +622,10 @@ bool ready_for(OffloadActor* self, const runtime::InboundFrame& in, wire::KvLayo
   queued = false;
   devices::KvLayout layout = read_kv_layout(l);
   if (!tier2_layout(layout)) return false;
+  if (st.phase == OffloadState::Phase::failed && st.retry_open_after_ns &&
+      now_ns().count() >= *st.retry_open_after_ns) {
+    reset_store(self);  // a failed open: try again (the disk may have room now)
+  }
   if (st.phase == OffloadState::Phase::closed) open_store(self, layout);
   if (st.phase == OffloadState::Phase::opening) {
     size_t waiting_max = st.ctx.manifest->kv_offload.stores_max +
@@ -965,10 +998,11 @@ Status check_tier2_directory(const config::Manifest& manifest, const std::string
   auto data = dir / "tier2.data";
   if (std::filesystem::exists(data, ec)) existing = std::filesystem::file_size(data, ec);
   uint64_t needed = kv.capacity_bytes > existing ? kv.capacity_bytes - existing : 0;
-  if (needed > free_bytes) {
+  if (needed + kv::tier2::index_reserve_bytes > free_bytes) {
     return make_error(ErrorKind::invalid,
                       "kv_offload.capacity_bytes: " + std::to_string(kv.capacity_bytes) +
-                          " bytes do not fit in " + dir.string() + " (" +
+                          " bytes and " + std::to_string(kv::tier2::index_reserve_bytes) +
+                          " for the index do not fit in " + dir.string() + " (" +
                           std::to_string(free_bytes) + " bytes free)");
   }
   return {};

@@ -112,9 +112,10 @@ Status check_directory(const Tier2Config& c, uint64_t data_file_bytes) {
   uint64_t allocated_bytes = 0;  // an existing data file's blocks count as available
   std::string data_path = c.directory + "/" + data_file_name;
   if (::stat(data_path.c_str(), &st) == 0) allocated_bytes = uint64_t(st.st_blocks) * 512;
-  if (data_file_bytes > free_bytes + allocated_bytes) {
-    return invalid("capacity_bytes: " + std::to_string(c.capacity_bytes) +
-                   " exceeds the free space of " + c.directory + " (" +
+  if (data_file_bytes + index_reserve_bytes > free_bytes + allocated_bytes) {
+    return invalid("capacity_bytes: " + std::to_string(c.capacity_bytes) + " and " +
+                   std::to_string(index_reserve_bytes) + " bytes for the index exceed the free "
+                   "space of " + c.directory + " (" +
                    std::to_string(free_bytes + allocated_bytes) + " bytes available)");
   }
   return {};
@@ -210,9 +211,25 @@ Result<std::unique_ptr<Tier2Store>> Tier2Store::open(const Tier2Config& config,
   return store;
 }
 
+namespace {
+
+// RocksDB's own LOG file lives on the store's disk. When that disk fills, a log line after a
+// failed append trips an assertion in Debian's librocksdb (WritableFileWriter: "written to
+// again after an error") and aborts the node. The store reports index errors itself (its
+// events and statuses), so RocksDB's log is not kept.
+class DiscardLogger final : public rocksdb::Logger {
+ public:
+  DiscardLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::FATAL_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* /*format*/, va_list /*ap*/) override {}
+};
+
+}  // namespace
+
 Status Tier2Store::open_index() {
   RT_ASSERT(db_ == nullptr, "index opened twice");
   rocksdb::Options options;
+  options.info_log = std::make_shared<DiscardLogger>();
   options.create_if_missing = true;
   options.paranoid_checks = true;
   options.write_buffer_size = 8u << 20;    // entries are ~100 bytes: 8 MiB holds ~80k
@@ -437,7 +454,7 @@ void Tier2Store::load_entry(std::string_view key, std::string_view value, uint64
 }
 
 Result<DropReport> Tier2Store::drop_all() {
-  RT_ASSERT(db_ != nullptr, "drop_all without an index");
+  if (Status ready = index_ready(); !ready) return ready.error();
   auto deleted = delete_prefix(*db_, std::string(1, block_key_tag));
   if (!deleted) {
     note_event(Tier2EventKind::index_error, "drop of every block: " + deleted.error().message);

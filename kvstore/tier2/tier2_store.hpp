@@ -100,6 +100,10 @@ inline constexpr uint32_t puts_batch_max_bound = 4096;
 inline constexpr uint32_t index_commits_per_sync_bound = 65536;
 inline constexpr uint64_t slots_max_bound = 1ull << 28;
 inline constexpr uint64_t block_bytes_max = 1ull << 31;  // 2 GiB; the index stores u32 lengths
+// Room the RocksDB index needs beside the data file: its WAL and first files preallocate
+// about 13 MB on ext4 and tmpfs, and it grows with the blocks held. A store is refused at
+// open unless the data file and this much more fit in the free space.
+inline constexpr uint64_t index_reserve_bytes = 64ull << 20;
 
 // Why a get/pin missed (Error kind not_found; the message starts with the reason).
 enum class Tier2Miss : uint8_t {
@@ -359,7 +363,8 @@ class Tier2Store {
   uint64_t slot_bytes_;
   FingerprintDigest digest_;
   std::vector<FingerprintDigest> owners_;  // [0] = ours; foreign digests seen at open
-  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<rocksdb::DB> db_;  // null only while a reopen after a failure failed
+  Status index_ready();
   std::unique_ptr<BlockFile> file_;
   SlotTable slots_;
   HostCache cache_;
@@ -374,6 +379,7 @@ class Tier2Store {
   Tier2Miss last_miss_ = Tier2Miss::absent;
   bool data_file_created_ = false;       // open created the data file (it did not exist)
   uint32_t index_commits_unsynced_ = 0;  // < index_commits_per_sync
+  bool index_failed_ = false;  // the last index write failed: index_ready() reopens it
   Tier2Stats stats_;
   std::array<bool, tier2_event_kinds_count> event_reported_{};
   std::vector<Tier2Event> events_;  // <= tier2_event_kinds_count

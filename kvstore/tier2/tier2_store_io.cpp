@@ -72,14 +72,32 @@ void Tier2Store::record_removed(const BlockHash& hash) {
   RT_ASSERT(removed_.size() <= removed_max, "removed list over its bound");
 }
 
+// After an index write failed (a full disk), the index is closed and opened again before the
+// next write (which replays its WAL): RocksDB's writer, written to again after an error,
+// aborts the process on its own assertion, and a resumed one kept refusing. While it cannot
+// open, index writes fail at once and blocks are not stored (reads go on).
+Status Tier2Store::index_ready() {
+  if (!index_failed_) return {};
+  if (db_ != nullptr) {
+    (void)db_->Close();
+    db_.reset();
+  }
+  if (Status opened = open_index(); !opened) return opened.error();
+  index_failed_ = false;
+  index_commits_unsynced_ = 0;  // the reopen synced what the WAL held
+  note_event(Tier2EventKind::index_error, "index reopened after a failed write");
+  return {};
+}
+
 Status Tier2Store::delete_entry(OwnerIndex owner, const BlockHash& hash) {
   // Not synced: the next synced write (any put) makes it durable, as RocksDB replays a prefix
   // of its WAL; lost in a crash, the entry comes back and fails its checksum (its slot holds
   // another block's bytes).
-  RT_ASSERT(db_ != nullptr, "delete without an index");
   RT_ASSERT(!(owner == owner_self && slots_.find(hash)), "deleting the entry of a visible block");
   if (owner == owner_self) record_removed(hash);  // invisible now, whatever the write does
+  if (Status ready = index_ready(); !ready) return ready.error();
   rocksdb::Status status = db_->Delete(rocksdb::WriteOptions(), key_of(owner, hash));
+  index_failed_ = !status.ok();
   if (status.ok()) return {};
   note_event(Tier2EventKind::index_error,
              "delete of " + short_hex(hash) + ": " + status.ToString());
@@ -285,6 +303,7 @@ Status Tier2Store::make_durable(std::vector<Staged>& staged) {
   if (staged.empty()) return {};
   RT_ASSERT(staged.size() <= config_.puts_batch_max, "group over puts_batch_max");
   Status step = file_->sync_data();
+  if (step) step = index_ready();
   if (step) {
     rocksdb::WriteBatch batch;
     uint64_t generation_max = 0;
@@ -298,8 +317,10 @@ Status Tier2Store::make_durable(std::vector<Staged>& staged) {
     // a power loss can forget this entry until the next synced commit, never serve bad bytes.
     options.sync = ++index_commits_unsynced_ >= config_.index_commits_per_sync;
     rocksdb::Status status = db_->Write(options, &batch);
+    index_failed_ = !status.ok();
     if (!status.ok()) step = make_error(ErrorKind::failed, "index write: " + status.ToString());
     if (status.ok() && options.sync) index_commits_unsynced_ = 0;
+    if (!status.ok()) index_commits_unsynced_ = 0;  // nothing of this batch was committed
     RT_ASSERT(index_commits_unsynced_ < config_.index_commits_per_sync, "WAL sync overdue");
   }
   for (Staged& s : staged) {
@@ -483,8 +504,10 @@ VerifyReport Tier2Store::verify() {
 }
 
 Status Tier2Store::flush() {
+  if (Status ready = index_ready(); !ready) return ready.error();
   if (index_commits_unsynced_ > 0) {
     rocksdb::Status synced = db_->SyncWAL();
+    index_failed_ = !synced.ok();
     if (!synced.ok()) {
       note_event(Tier2EventKind::index_error, "WAL sync: " + synced.ToString());
       return make_error(ErrorKind::failed, "tier-2 index WAL sync: " + synced.ToString());
@@ -501,6 +524,7 @@ Status Tier2Store::flush() {
               encode_index_entry(IndexEntry{slot, slots_.meta(slot)}));
   }
   rocksdb::Status status = db_->Write(rocksdb::WriteOptions(), &batch);  // not synced
+  index_failed_ = !status.ok();
   if (status.ok()) return {};
   note_event(Tier2EventKind::index_error, "last-use update: " + status.ToString());
   return make_error(ErrorKind::failed, "tier-2 index last-use update: " + status.ToString());
