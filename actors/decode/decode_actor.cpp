@@ -75,6 +75,8 @@ struct DecodeMetrics {
                                    "KV blocks pulled from prefill by RMA", common.labels())),
         pull_failures(make_counter(r, "tandem:kv_pull_failures_total",
                                    "KV block reads from prefill that failed", common.labels())),
+        taken(make_counter(r, "tandem:decode_requests_total",
+                           "generate requests decode took (from a gateway)", common.labels())),
         cancelled(make_counter(r, "tandem:requests_cancelled_total",
                                "requests cancelled while decode held them (client gone)",
                                common.labels())),
@@ -102,6 +104,7 @@ struct DecodeMetrics {
   obs::Counter* pulled_bytes;
   obs::Counter* pulled_blocks;
   obs::Counter* pull_failures;
+  obs::Counter* taken;
   obs::Counter* cancelled;
   obs::Counter* spec_drafts;
   obs::Counter* spec_draft_tokens;
@@ -832,6 +835,7 @@ void on_generate(DecodeActor* self, wire::Envelope::Reader envelope) {
   }
   auto [it, inserted] = st.seqs.emplace(id, std::move(seq));
   RT_ASSERT(inserted, id);
+  st.metrics->taken->inc();
   if (it->second.prefill_failed) {
     st.ctx.log->warn("decode {}: request {}: prefill instance {} is down; prefilling locally",
                      st.self_name.instance, id, prefill_name);

@@ -56,6 +56,20 @@ NodeMetrics::NodeMetrics(obs::Registry& registry, const std::string& node) {
   rma_reads_.metric = counter(registry, "tandem_rma_reads_total", "RMA reads completed", n);
   rma_bytes_.metric = counter(registry, "tandem_rma_bytes_total", "bytes moved by RMA reads", n);
   rma_errors_.metric = counter(registry, "tandem_rma_errors_total", "RMA read chunks failed", n);
+  const char* auth_help = "frames refused by the authenticated channel or the protocol table";
+  for (size_t i = 0; i < static_cast<size_t>(ChannelDrop::kinds_count); ++i) {
+    auto reason = std::string(to_string(static_cast<ChannelDrop>(i)));
+    auth_failures_.push_back(
+        {counter(registry, "tandem:fabric_auth_failures_total", auth_help, with(reason.c_str()))});
+  }
+  auth_failures_.push_back(
+      {counter(registry, "tandem:fabric_auth_failures_total", auth_help, with("identity"))});
+  auth_failures_.push_back(
+      {counter(registry, "tandem:fabric_auth_failures_total", auth_help, with("protocol"))});
+  handshakes_.metric = counter(registry, "tandem:fabric_handshakes_total",
+                               "authenticated sessions established, either side", n);
+  handshake_timeouts_.metric = counter(registry, "tandem:fabric_handshake_timeouts_total",
+                                       "handshakes this node started that got no answer", n);
   peers_up_ = gauge(registry, "tandem_peers_up", "peer nodes currently up", n);
   peers_total_ = gauge(registry, "tandem_peers", "peer nodes in the manifest", n);
   workers_ = gauge(registry, "tandem_node_workers", "actor worker threads of the node", n);
@@ -106,6 +120,13 @@ void NodeMetrics::sync(const FabricCounters& f, const BridgeCounters& b) {
   advance(rma_reads_, f.rma_reads.load());
   advance(rma_bytes_, f.rma_bytes.load());
   advance(rma_errors_, f.rma_errors.load());
+  constexpr size_t drops = static_cast<size_t>(ChannelDrop::kinds_count);
+  RT_ASSERT(auth_failures_.size() == drops + 2, auth_failures_.size());
+  for (size_t i = 0; i < drops; ++i) advance(auth_failures_[i], b.auth_failures[i].load());
+  advance(auth_failures_[drops], b.identity_mismatch.load());
+  advance(auth_failures_[drops + 1], b.protocol_refused.load());
+  advance(handshakes_, f.handshakes.load());
+  advance(handshake_timeouts_, f.handshake_timeouts.load());
   if (auto memory = read_process_memory()) {
     rss_->set(static_cast<double>(memory->rss_bytes));
     rss_peak_->set(static_cast<double>(memory->peak_rss_bytes));

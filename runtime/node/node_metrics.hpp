@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "runtime/fabric/endpoint.hpp"
 #include "runtime/node/bridge.hpp"
@@ -35,6 +36,10 @@ class NodeMetrics {
   Pair frames_sent_, bytes_sent_, frames_received_, bytes_received_;
   Pair dropped_oversized_, dropped_malformed_, dropped_version_, dropped_unroutable_;
   Pair send_errors_, sends_refused_, rma_reads_, rma_bytes_, rma_errors_, frames_local_;
+  // tandem:fabric_auth_failures_total{reason}: the channel's drops (ChannelDrop), then
+  // "identity" (a source that is not the sender) and "protocol" (a kind its role never sends).
+  std::vector<Pair> auth_failures_;
+  Pair handshakes_, handshake_timeouts_;
   obs::Gauge* peers_up_;
   obs::Gauge* peers_total_;
   obs::Gauge* workers_;

@@ -55,6 +55,10 @@ struct DecodeScript {
   uint32_t finish_tokens = 0;  // output tokens the finish reports
   wire::FinishReason reason = wire::FinishReason::LENGTH;
   bool step_events = false;  // send as decode does: one StepEvents frame per source
+  // Before the router's reply: a reply from a router the gateway did not ask and an error
+  // from an instance not serving the request; after it, a second reply from the router.
+  // The gateway must take only the one reply it waits for.
+  bool forged_routes = false;
 };
 
 struct Exchange {
@@ -119,9 +123,22 @@ class GatewayHarness {
     REQUIRE(route_env.getBody().which() == wire::Envelope::Body::ROUTE_REQUEST);
     uint64_t id = route_env.getBody().getRouteRequest().getRequestId();
     messages::ActorName gateway = messages::get_name(route_env.getSource());
-    REQUIRE(local_.bridge->send({"a", "router", "rt"}, gateway, id, [](wire::Envelope::Builder b) {
-      b.getBody().initRouteReply().setDecodeInstance("a/decode/dec");
-    }).ok());
+    auto reply_from = [&](const messages::ActorName& from, const std::string& decode) {
+      REQUIRE(local_.bridge->send(from, gateway, id, [&decode](wire::Envelope::Builder b) {
+        b.getBody().initRouteReply().setDecodeInstance(decode);
+      }).ok());
+    };
+    if (script.forged_routes) {
+      reply_from({"a", "router", "other"}, "a/decode/old");
+      REQUIRE(local_.bridge->send({"a", "decode", "old"}, gateway, id, [id](wire::Envelope::Builder b) {
+        auto e = b.getBody().initError();
+        e.setRequestId(id);
+        e.setKind(wire::ErrorKind::FAILED);
+        e.setMessage("forged");
+      }).ok());
+    }
+    reply_from({"a", "router", "rt"}, "a/decode/dec");
+    if (script.forged_routes) reply_from({"a", "router", "rt"}, "a/decode/old");
     // The decode stand-in: the GenerateRequest (cancels for earlier requests are skipped).
     Exchange out;
     bool generated = false;

@@ -53,7 +53,8 @@ class ServeCluster {
   ServeCluster(Layout layout, int disaggregate_tokens_min, uint32_t decode_kv_blocks = 0,
                std::string fabric_toml = "", std::string model_toml = "",
                std::string router_toml = "", bool test_hooks = false, bool start_nodes = true,
-               std::string sim_toml = "", std::string rbln_toml = "")
+               std::string sim_toml = "", std::string rbln_toml = "",
+               std::string cluster_toml = "")
       : layout_(layout),
         dir_(make_temp_dir("serve")),
         http_port_(free_port()),
@@ -63,7 +64,8 @@ class ServeCluster {
         router_toml_(std::move(router_toml)),
         test_hooks_(test_hooks),
         sim_toml_(std::move(sim_toml)),
-        rbln_toml_(std::move(rbln_toml)) {
+        rbln_toml_(std::move(rbln_toml)),
+        cluster_toml_(std::move(cluster_toml)) {
     for (const auto& name : node_names()) ports_[name] = {free_port(), free_port()};
     manifest_path_ = dir_ + "/cluster.toml";
     write_file(manifest_path_, manifest_text(disaggregate_tokens_min));
@@ -87,6 +89,7 @@ class ServeCluster {
   std::string decode() const { return layout_ == Layout::one_node ? "solo" : "decode"; }
   uint16_t http_port() const { return http_port_; }
   uint16_t admin_port(const std::string& name) const { return ports_.at(name).admin; }
+  uint16_t fabric_port(const std::string& name) const { return ports_.at(name).fabric; }
   const std::string& manifest_path() const { return manifest_path_; }
   const std::string& dir() const { return dir_; }
   Child& node(const std::string& name) { return *nodes_.at(name); }
@@ -193,7 +196,8 @@ class ServeCluster {
   }
   std::string manifest_body(int disaggregate_tokens_min) {
     std::string text =
-        "[cluster]\nname = \"serve-it\"\n[fabric]\nprovider = \"tcp;ofi_rxm\"\n" + fabric_toml_ +
+        "[cluster]\nname = \"serve-it\"\n" + cluster_toml_ +
+        "[fabric]\nprovider = \"tcp;ofi_rxm\"\n" + fabric_toml_ +
         "[membership]\nheartbeat_interval_ms = 100\nheartbeat_miss_max = 5\n"
         "[model]\nname = \"stories15M\"\npath = \"" +
         model_dir() +
@@ -238,6 +242,7 @@ class ServeCluster {
   // Non-empty: every executor is on the rbln device (or those a first line "# rbln executors: A
   // B" names); these lines ([rbln], [decode]) are added.
   std::string rbln_toml_;
+  std::string cluster_toml_;  // more [cluster] lines (key_file, accept_key_files)
   std::map<std::string, NodePorts> ports_;
   std::map<std::string, std::unique_ptr<Child>> nodes_;
   std::string warm_up_answer_ = "(none)";

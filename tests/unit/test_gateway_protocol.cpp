@@ -70,3 +70,14 @@ TEST_CASE("gateway: StepEvents frames (decode's batched chunks and finish) answe
                legit);
   check_lost(h.complete({{"a/decode/dec", 0, {263}}, {"a/decode/dec", 2, {7826}}}, 3, true));
 }
+
+TEST_CASE("gateway: only the router it asked answers a route, once; others' errors are dropped") {
+  Harness h;
+  std::vector<int32_t> legit = {263, 2217, 7826};
+  testing::DecodeScript script{{{"a/decode/dec", 0, legit}}, 3, wire::FinishReason::LENGTH,
+                               false, true};
+  auto out = h.post("/v1/completions",
+                    R"({"model":"stories15M","prompt":"Once upon a time","max_tokens":8})",
+                    script);
+  check_answer(h, out.response, legit);
+}
