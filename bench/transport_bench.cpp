@@ -19,6 +19,7 @@
 #include "messages/envelope.hpp"
 #include "runtime/client/client.hpp"
 #include "runtime/fabric/endpoint.hpp"
+#include "runtime/node/credentials.hpp"
 #include "tests/support/process.hpp"
 
 namespace tandem::bench {
@@ -36,7 +37,7 @@ struct Settings {
   std::string provider = "tcp;ofi_rxm";
   std::string self_exe;  // this program, for the children
   std::string dir;       // temp dir: ready files, logs, manifest
-  std::string sides = "pingpong,raw,tandem,node";
+  std::string sides = "pingpong,raw,tandem,node,auth";
   bool wants(const std::string& side) const {
     return ("," + sides + ",").find("," + side + ",") != std::string::npos;
   }
@@ -49,7 +50,28 @@ struct Settings {
   std::vector<uint64_t> read_sizes_bytes = {4ull << 10, 64ull << 10, 1ull << 20, 16ull << 20,
                                             64ull << 20};
   runtime::FabricOptions fabric;
+  // The authenticated channel on both ends (the "auth" side), with this key file.
+  std::string key_path;
+  uint32_t auth_rounds_count = 3;        // off/on pairs, interleaved
+  uint64_t large_frame_bytes = 64 << 10;  // the throughput case's frame
+  uint32_t large_messages_count = 4000;
 };
+
+// A channel for the bench's two ends: `name` of class `cls`, the key in `key_path`; any peer
+// with the key is admitted at the address it names.
+std::shared_ptr<runtime::SecureChannel> bench_channel(const std::string& key_path,
+                                                      const std::string& name,
+                                                      runtime::PeerClass cls) {
+  auto key = runtime::load_key_file(key_path, runtime::KeyRole::cluster);
+  RT_ASSERT(key.ok(), key.ok() ? "" : key.error().describe());
+  runtime::ChannelConfig c;
+  c.cluster = "bench-transport";
+  c.self_name = name;
+  c.self_class = cls;
+  c.keys = {std::move(key).value()};
+  c.admit = [](const runtime::PeerClaim& claim) -> Result<std::string> { return claim.address; };
+  return std::make_shared<runtime::SecureChannel>(std::move(c));
+}
 
 double micros_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
@@ -93,7 +115,8 @@ Result<runtime::RemoteRegionRef> parse_region(const std::string& text) {
   return ref;
 }
 
-std::vector<std::byte> ping_frame(const std::string& source_address, uint64_t correlation) {
+std::vector<std::byte> ping_frame(const std::string& source_address, uint64_t correlation,
+                                  size_t payload_bytes = 0) {
   capnp::MallocMessageBuilder message;
   auto envelope = message.initRoot<wire::Envelope>();
   envelope.setProtocolVersion(protocol_version);
@@ -104,6 +127,7 @@ std::vector<std::byte> ping_frame(const std::string& source_address, uint64_t co
   auto ping = envelope.getBody().initPing();
   ping.setNonce(correlation);
   ping.setSentMonoNs(uint64_t(Clock::now().time_since_epoch().count()));
+  if (payload_bytes > 0) ping.initPayload(static_cast<unsigned>(payload_bytes));
   auto words = messages::encode_frame(message);
   auto bytes = messages::frame_span(words);
   return {bytes.begin(), bytes.end()};
@@ -196,7 +220,7 @@ bool write_ready(const std::string& path, const std::string& line) {
 int serve_tandem(const runtime::FabricOptions& options, const std::string& ready_path) {
   RT_ASSERT(options.port != 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the measuring parent
-  EchoServer server(options.frame_bytes_max);
+  EchoServer server(options.frame_bytes_max + (64 << 10));
   auto fabric = runtime::open_fabric(
       options, [&server](std::span<const std::byte> bytes, const runtime::PeerIdentity*) {
         server.on_frame(bytes);
@@ -235,6 +259,7 @@ struct TandemResults {
   std::vector<double> round_trip_us;
   double rate_msg_per_s = 0;
   std::vector<double> read_mb_per_s;
+  double large_mb_per_s = 0;  // windowed sends of large_frame_bytes frames (the auth side)
 };
 
 // Counts Pongs and read completions; the main thread waits on them.
@@ -296,23 +321,31 @@ Status round_trips(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer, Wa
   return {};
 }
 
-Status windowed_rate(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer, Waiter& waiter,
-                     uint64_t pongs_before, const Settings& s, TandemResults& out) {
-  RT_ASSERT(s.window_count > 0);
+// `count` pings of `payload_bytes` with at most window_count unanswered; messages per second.
+Result<double> windowed(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer, Waiter& waiter,
+                        uint64_t pongs_before, uint64_t count, size_t payload_bytes,
+                        const Settings& s) {
+  RT_ASSERT(s.window_count > 0 && count > 0);
   uint64_t sent = 0, received = 0, correlation = 1u << 30;
   auto t0 = Clock::now();
-  while (received < s.rate_messages_count) {
-    while (sent < s.rate_messages_count && sent - received < s.window_count) {
-      if (Status st = fabric.send(peer, ping_frame(fabric.address(), ++correlation)); !st.ok()) {
-        return st;
-      }
+  while (received < count) {
+    while (sent < count && sent - received < s.window_count) {
+      auto frame = ping_frame(fabric.address(), ++correlation, payload_bytes);
+      if (Status st = fabric.send(peer, std::move(frame)); !st.ok()) return st.error();
       ++sent;
     }
     uint64_t total = waiter.wait_pongs_above(pongs_before + received);
     if (total == 0) return no_reply();
     received = total - pongs_before;
   }
-  out.rate_msg_per_s = double(received) / (micros_since(t0) / 1e6);
+  return double(received) / (micros_since(t0) / 1e6);
+}
+
+Status windowed_rate(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer, Waiter& waiter,
+                     uint64_t pongs_before, const Settings& s, TandemResults& out) {
+  auto rate = windowed(fabric, peer, waiter, pongs_before, s.rate_messages_count, 0, s);
+  if (!rate.ok()) return rate.error();
+  out.rate_msg_per_s = *rate;
   return {};
 }
 
@@ -338,15 +371,21 @@ Status read_bandwidth(runtime::FabricEndpoint& fabric, runtime::PeerHandle peer,
   return {};
 }
 
-Result<TandemResults> measure_tandem(const Settings& s) {
+// `auth`: the authenticated channel on both ends; then round trips, the small-message rate
+// and the large-frame throughput are measured (the RMA reads, never sealed, are not).
+// `comparison` (the auth side): no RMA reads, and the large-frame throughput.
+Result<TandemResults> measure_tandem(const Settings& s, bool auth = false,
+                                     bool comparison = false) {
   uint16_t child_port = testing::free_port();
-  std::string ready = s.dir + "/tandem.ready";
-  testing::Child child(
-      {s.self_exe, "bench", "transport", "--serve", "tandem", "--port", std::to_string(child_port),
-       "--ready", ready, "--provider", s.provider, "--spin-us", std::to_string(s.fabric.spin_us),
-       "--rma-chunk-bytes", std::to_string(s.fabric.rma_chunk_bytes), "--rma-inflight-max",
-       std::to_string(s.fabric.rma_inflight_max)},
-      s.dir + "/tandem-echo.log");
+  std::string ready = s.dir + (auth ? "/tandem-auth.ready" : "/tandem.ready");
+  std::filesystem::remove(ready);
+  std::vector<std::string> argv = {
+      s.self_exe, "bench", "transport", "--serve", "tandem", "--port", std::to_string(child_port),
+      "--ready", ready, "--provider", s.provider, "--spin-us", std::to_string(s.fabric.spin_us),
+      "--rma-chunk-bytes", std::to_string(s.fabric.rma_chunk_bytes), "--rma-inflight-max",
+      std::to_string(s.fabric.rma_inflight_max)};
+  if (auth) argv.insert(argv.end(), {"--auth-key", s.key_path});
+  testing::Child child(argv, s.dir + (auth ? "/tandem-auth-echo.log" : "/tandem-echo.log"));
   auto line = wait_ready(ready, child, 20000ms);
   if (!line.ok()) return line.error();
   auto remote = parse_region(*line);
@@ -354,6 +393,7 @@ Result<TandemResults> measure_tandem(const Settings& s) {
   Waiter waiter(s.fabric.frame_bytes_max);
   runtime::FabricOptions options = s.fabric;
   options.port = 0;
+  if (auth) options.channel = bench_channel(s.key_path, "bench-client", runtime::PeerClass::client);
   auto fabric = runtime::open_fabric(
       options, [&waiter](std::span<const std::byte> bytes, const runtime::PeerIdentity*) {
         waiter.on_frame(bytes);
@@ -365,7 +405,14 @@ Result<TandemResults> measure_tandem(const Settings& s) {
   Status st = round_trips(**fabric, *peer, waiter, s.round_trips_count, out);
   uint64_t pongs = s.round_trips_count + s.round_trips_count / 10;
   if (st.ok()) st = windowed_rate(**fabric, *peer, waiter, pongs, s, out);
-  if (st.ok()) st = read_bandwidth(**fabric, *peer, waiter, *remote, s, out);
+  pongs += s.rate_messages_count;
+  if (st.ok() && comparison) {
+    auto rate = windowed(**fabric, *peer, waiter, pongs, s.large_messages_count,
+                         s.large_frame_bytes, s);
+    if (rate.ok()) out.large_mb_per_s = *rate * double(s.large_frame_bytes) / 1e6;
+    st = rate.ok() ? Status{} : Status(rate.error());
+  }
+  if (st.ok() && !comparison) st = read_bandwidth(**fabric, *peer, waiter, *remote, s, out);
   capnp::MallocMessageBuilder quit;
   auto envelope = quit.initRoot<wire::Envelope>();
   envelope.getBody().initAdminRequest().setCommand("quit");
@@ -552,7 +599,53 @@ struct Measured {
   std::optional<RawResults> raw;
   std::vector<std::optional<PingpongRow>> pingpong;  // [0] = 64 B, then read_sizes_bytes
   std::optional<std::vector<double>> node_us;
+  std::vector<TandemResults> auth_off, auth_on;  // interleaved rounds, the same run
 };
+
+// The authenticated channel off and on, interleaved rounds; each metric the median of its
+// rounds. Returns the lines to print.
+std::vector<std::string> auth_report(const Settings& s, const Measured& m) {
+  std::vector<std::string> lines;
+  if (m.auth_off.empty() || m.auth_on.empty()) return lines;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto metric = [&](const std::vector<TandemResults>& runs, int which) {
+    std::vector<double> v;
+    for (const auto& r : runs) {
+      if (which == 0) v.push_back(percentile(r.round_trip_us, 0.5));
+      if (which == 1) v.push_back(percentile(r.round_trip_us, 0.99));
+      if (which == 2) v.push_back(r.rate_msg_per_s);
+      if (which == 3) v.push_back(r.large_mb_per_s);
+    }
+    return median(v);
+  };
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "authenticated fabric, off vs on (the same run, %zu interleaved rounds, medians):",
+                m.auth_on.size());
+  lines.push_back(buf);
+  lines.push_back("  metric                         off         on     on/off");
+  const char* names[] = {"round trip 64 B p50 (us)", "round trip 64 B p99 (us)",
+                         "message rate 64 B (msg/s)", "64 KiB frames (MB/s)"};
+  double off[4], on[4];
+  for (int i = 0; i < 4; ++i) {
+    off[i] = metric(m.auth_off, i);
+    on[i] = metric(m.auth_on, i);
+    std::snprintf(buf, sizeof buf, "  %-26s %10.1f %10.1f %9.3f", names[i], off[i], on[i],
+                  on[i] / off[i]);
+    lines.push_back(buf);
+  }
+  std::snprintf(buf, sizeof buf, "goal: 64 KiB frames with authentication >= 0.90x off: %.3fx -> %s",
+                on[3] / off[3], on[3] / off[3] >= 0.9 ? "met" : "NOT met");
+  lines.push_back(buf);
+  std::snprintf(buf, sizeof buf, "goal: added p99 on small frames <= 5 us: %+.1f us -> %s",
+                on[1] - off[1], on[1] - off[1] <= 5 ? "met" : "NOT met");
+  lines.push_back(buf);
+  (void)s;
+  return lines;
+}
 
 std::optional<double> pp_field(const Measured& m, size_t index, bool round_trip) {
   if (index >= m.pingpong.size() || !m.pingpong[index]) return std::nullopt;
@@ -659,6 +752,18 @@ Measured measure_all(const Settings& s, std::vector<std::string>& notes) {
     else
       note_error("tandem transport", tandem.error());
   }
+  if (s.wants("auth")) {
+    for (uint32_t round = 0; round < s.auth_rounds_count; ++round) {
+      std::fprintf(stderr, "authenticated fabric, round %u: off, on ...\n", round + 1);
+      auto off = measure_tandem(s, false, true);
+      auto on = measure_tandem(s, true, true);
+      if (!off.ok()) note_error("auth off", off.error());
+      if (!on.ok()) note_error("auth on", on.error());
+      if (!off.ok() || !on.ok()) break;
+      m.auth_off.push_back(std::move(off).value());
+      m.auth_on.push_back(std::move(on).value());
+    }
+  }
   if (s.wants("node")) {
     std::fprintf(stderr, "tandem node ping ...\n");
     auto node = measure_node(s);
@@ -678,7 +783,10 @@ cli::Flags make_flags() {
   flags.flag("provider", "NAME", "libfabric provider", "tcp;ofi_rxm")
       .flag("json", "FILE", "also write the results as JSON to FILE")
       .flag("quick", "", "few iterations (a smoke run; numbers are not meaningful)")
-      .flag("sides", "LIST", "what to measure, comma-separated", "pingpong,raw,tandem,node")
+      .flag("sides", "LIST",
+            "what to measure, comma-separated (auth: the authenticated channel off and on, "
+            "interleaved, with 64 KiB frames)",
+            "pingpong,raw,tandem,node,auth")
       .flag("round-trips", "N", "64 B round trips per side", "2000")
       .flag("spin-us", "US", "FabricEndpoint busy-poll after activity (FabricOptions::spin_us)",
             std::to_string(runtime::FabricOptions{}.spin_us))
@@ -691,7 +799,8 @@ cli::Flags make_flags() {
       .flag("serve", "KIND", "(internal) run as the bench's 'raw' or 'tandem' echo child")
       .flag("port", "PORT", "(internal) the echo child's fabric port")
       .flag("peer", "HOST:PORT", "(internal) the raw echo child's parent")
-      .flag("ready", "PATH", "(internal) where the echo child writes its region");
+      .flag("ready", "PATH", "(internal) where the echo child writes its region")
+      .flag("auth-key", "PATH", "(internal) the tandem echo child seals with this key");
   return flags;
 }
 
@@ -730,6 +839,8 @@ std::optional<Settings> read_settings(const cli::Flags& flags) {
     s.node_pings_count = 50;
     s.read_bytes_per_size = 8ull << 20;
     s.read_sizes_bytes = {4ull << 10, 1ull << 20};
+    s.auth_rounds_count = 1;
+    s.large_messages_count = 200;
   }
   std::error_code ec;
   s.self_exe = fs::read_symlink("/proc/self/exe", ec).string();
@@ -754,6 +865,10 @@ int serve(const cli::Flags& flags, const Settings& s) {
   if (flags.get("serve") == "tandem") {
     runtime::FabricOptions options = s.fabric;
     options.port = uint16_t(*port);
+    options.frame_bytes_max = s.fabric.frame_bytes_max;
+    if (flags.has("auth-key")) {
+      options.channel = bench_channel(flags.get("auth-key"), "bench-echo", runtime::PeerClass::node);
+    }
     return serve_tandem(options, flags.get("ready"));
   }
   std::fprintf(stderr, "tandem bench transport: --serve must be 'raw' or 'tandem'\n");
@@ -783,6 +898,11 @@ int run_transport_bench(cli::Args args) {
   if (!settings) return 2;
   if (flags.has("serve")) return serve(flags, *settings);
   settings->dir = testing::make_temp_dir("bench-transport");
+  settings->key_path = settings->dir + "/bench.key";
+  if (Status k = runtime::write_key_file(settings->key_path); !k.ok()) {
+    std::fprintf(stderr, "tandem bench transport: %s\n", k.error().describe().c_str());
+    return 1;
+  }
   std::string machine = machine_line();
   std::vector<std::string> notes;
   Measured m = measure_all(*settings, notes);
@@ -791,6 +911,10 @@ int run_transport_bench(cli::Args args) {
   print_settings(*settings);
   std::printf("\n%s\n", render_table(rows).c_str());
   for (const auto& line : goal_lines(*settings, rows)) {
+    std::printf("%s\n", line.c_str());
+    notes.push_back(line);
+  }
+  for (const auto& line : auth_report(*settings, m)) {
     std::printf("%s\n", line.c_str());
     notes.push_back(line);
   }
@@ -812,7 +936,8 @@ int run_transport_bench(cli::Args args) {
   }
   const Settings& s = *settings;
   bool complete = (m.tandem || !s.wants("tandem")) && (m.raw || !s.wants("raw")) &&
-                  (m.node_us || !s.wants("node"));
+                  (m.node_us || !s.wants("node")) &&
+                  (m.auth_on.size() == s.auth_rounds_count || !s.wants("auth"));
   if (complete)
     fs::remove_all(settings->dir);
   else

@@ -47,8 +47,12 @@ std::string state_file_path(const std::string& cluster, const std::string& node,
 
 Status ensure_private_state_directory() {
   std::string dir = state_directory();
-  if (from_systemd()) return {};
   std::error_code ec;
+  if (from_systemd()) {  // systemd made it; someone else who set the variable may not have
+    fs::create_directories(dir, ec);
+    if (ec) return make_error(ErrorKind::failed, "cannot make " + dir + ": " + ec.message());
+    return {};
+  }
   fs::create_directories(fs::path(dir).parent_path(), ec);  // $XDG_RUNTIME_DIR exists already
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return make_error(ErrorKind::failed,

@@ -17,8 +17,8 @@ std::string state_file_path(const std::string& cluster, const std::string& node,
                             const std::string& manifest_file, const std::string& suffix);
 
 // Makes state_directory() when absent (mode 0700) and checks it is this user's and not
-// writable by anyone else, so another local user cannot plant or swap a file in it. The
-// directory systemd made ($STATE_DIRECTORY) is taken as it is.
+// writable by anyone else, so another local user cannot plant or swap a file in it.
+// $STATE_DIRECTORY (systemd's) is taken as it is, made when absent.
 Status ensure_private_state_directory();
 
 }  // namespace tandem::runtime

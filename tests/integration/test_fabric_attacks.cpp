@@ -22,6 +22,7 @@
 #include "messages/envelope.hpp"
 #include "runtime/client/client.hpp"
 #include "runtime/fabric/endpoint.hpp"
+#include "runtime/node/credentials.hpp"
 #include "tests/support/http_client.hpp"
 #include "tests/support/serve_cluster.hpp"
 
@@ -399,6 +400,37 @@ TEST_CASE("with the key but not a node: a client cannot speak for a role, nor sk
   CHECK(c.metric("decode", "tandem:fabric_auth_failures_total", "reason=\"protocol\"") ==
         refused_before + 1);
   CHECK(c.metric("front", "tandem:fabric_auth_failures_total", "reason=\"protocol\"") >= 1);
+  // With the key, speaking under another name: a heartbeat "from decode" on a client's own
+  // session is dropped (the sender is the session's peer), and decode stays up.
+  {
+    auto channel = runtime::client_channel(manifest, "impostor-1");
+    REQUIRE(channel.ok());
+    runtime::FabricOptions o;
+    o.host = "127.0.0.1";
+    o.channel = std::move(channel).value();
+    auto ep = runtime::open_fabric(o, [](std::span<const std::byte>, const runtime::PeerIdentity*) {});
+    REQUIRE(ep.ok());
+    double identity_before =
+        c.metric("front", "tandem:fabric_auth_failures_total", "reason=\"identity\"");
+    capnp::MallocMessageBuilder message;
+    auto e = message.initRoot<wire::Envelope>();
+    e.setProtocolVersion(1);
+    messages::set_name(e.initSource(), {"decode", "node", ""});
+    messages::set_name(e.initDestination(), {"front", "node", ""});
+    auto hb = e.getBody().initHeartbeat();
+    hb.setIncarnation(0xbadbad);
+    hb.setSequence(1);
+    auto words = messages::encode_frame(message);
+    auto bytes = messages::frame_span(words);
+    auto peer = (*ep)->peer(address_of(c, "front"));
+    REQUIRE(peer.ok());
+    REQUIRE((*ep)->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end())).ok());
+    CHECK(eventually(5000ms, [&] {
+      return c.metric("front", "tandem:fabric_auth_failures_total", "reason=\"identity\"") >
+             identity_before;
+    }));
+    CHECK(c.node("front").log().find("peer decode is restarted") == std::string::npos);
+  }
   // Admin commands work for it (it holds the cluster key) and leave an audit line.
   auto drained = (*client)->admin("decode", "drain", {}, 3000ms);
   REQUIRE(drained.ok());

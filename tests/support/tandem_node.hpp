@@ -66,7 +66,7 @@ class TandemNode {
   // `node_args`: extra arguments for `tandem node` (e.g. "--test-hooks").
   explicit TandemNode(const std::string& gateway_toml, const std::string& tag = "node",
                       const std::vector<std::string>& node_args = {})
-      : dir_(make_temp_dir(tag)), http_port_(free_port()) {
+      : dir_(make_temp_dir(tag)), http_port_(free_port()), admin_port_(free_port()) {
     if (access(tandem_bin().c_str(), X_OK) != 0) {
       throw std::runtime_error(tandem_bin() + " is not executable (is TANDEM_BUILD_ROOT set?)");
     }
@@ -94,6 +94,7 @@ class TandemNode {
     });
   }
   uint16_t http_port() const { return http_port_; }
+  uint16_t admin_port() const { return admin_port_; }
   std::string base_url() const { return "http://127.0.0.1:" + std::to_string(http_port_); }
   std::string log() const { return child_->log(); }
   bool running() { return child_->running(); }
@@ -109,7 +110,7 @@ class TandemNode {
                        "block_tokens = 16\nmax_model_tokens = 256\nchat_format = \"plain\"\n"
                        "[router]\npolicy = \"prefix-aware\"\n[gateway]\n" + gateway_toml + "\n";
     text += "[[node]]\nname = \"local\"\nhost = \"127.0.0.1\"\nfabric_port = " +
-            port(free_port()) + "\nadmin_port = " + port(free_port()) +
+            port(free_port()) + "\nadmin_port = " + port(admin_port_) +
             "\nhttp_port = " + port(http_port_) + "\n";
     auto instance = [](const std::string& body) { return "[[node.instance]]\n" + body + "\n"; };
     text += instance("role = \"gateway\"\nname = \"gateway\"");
@@ -127,6 +128,7 @@ class TandemNode {
   std::string dir_;
   std::string manifest_path_;
   uint16_t http_port_;
+  uint16_t admin_port_;
   std::unique_ptr<Child> child_;
 };
 
