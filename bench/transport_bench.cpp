@@ -206,7 +206,7 @@ void EchoServer::answer(wire::Envelope::Reader request) {
   pong.setSentMonoNs(ping.getSentMonoNs());
   auto words = messages::encode_frame(message);
   auto bytes = messages::frame_span(words);
-  if (!fabric->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end())).ok()) {
+  if (!fabric->send(*peer, bytes).ok()) {
     dropped_.fetch_add(1);
   }
 }
@@ -222,7 +222,7 @@ int serve_tandem(const runtime::FabricOptions& options, const std::string& ready
   prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the measuring parent
   EchoServer server(options.frame_bytes_max + (64 << 10));
   auto fabric = runtime::open_fabric(
-      options, [&server](std::span<const std::byte> bytes, const runtime::PeerIdentity*) {
+      options, [&server](std::span<const std::byte> bytes, const runtime::PeerRef&) {
         server.on_frame(bytes);
       });
   if (!fabric.ok()) {
@@ -395,7 +395,7 @@ Result<TandemResults> measure_tandem(const Settings& s, bool auth = false,
   options.port = 0;
   if (auth) options.channel = bench_channel(s.key_path, "bench-client", runtime::PeerClass::client);
   auto fabric = runtime::open_fabric(
-      options, [&waiter](std::span<const std::byte> bytes, const runtime::PeerIdentity*) {
+      options, [&waiter](std::span<const std::byte> bytes, const runtime::PeerRef&) {
         waiter.on_frame(bytes);
       });
   if (!fabric.ok()) return fabric.error();

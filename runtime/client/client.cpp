@@ -40,7 +40,7 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::connect(const config::Mani
   if (!channel.ok()) return channel.error();
   options.channel = std::move(channel).value();
   ClusterClient* raw = client.get();
-  auto fabric = open_fabric(options, [raw](std::span<const std::byte> b, const PeerIdentity* from) {
+  auto fabric = open_fabric(options, [raw](std::span<const std::byte> b, const PeerRef& from) {
     raw->on_frame(b, from);
   });
   if (!fabric.ok()) return fabric.error();
@@ -48,7 +48,7 @@ Result<std::unique_ptr<ClusterClient>> ClusterClient::connect(const config::Mani
   return client;
 }
 
-void ClusterClient::on_frame(std::span<const std::byte> bytes, const PeerIdentity* from) {
+void ClusterClient::on_frame(std::span<const std::byte> bytes, const PeerRef& from) {
   if (from == nullptr) return;
   auto decoded = messages::decode_frame(bytes, manifest_.fabric.frame_bytes_max);
   if (!decoded.ok()) return;
@@ -95,7 +95,7 @@ Result<std::shared_ptr<messages::Frame>> ClusterClient::call(
   auto bytes = messages::frame_span(words);
   auto before = fabric_->session_info(*peer);
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  Status sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  Status sent = fabric_->send(*peer, bytes);
   std::unique_lock lock(mu_);
   auto answered = [&] { return replies_.count(correlation) > 0; };
   bool got = sent.ok() && cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
@@ -118,7 +118,7 @@ Result<std::shared_ptr<messages::Frame>> ClusterClient::call(
     if (!got && now.session_id != before.session_id &&
         now.peer_incarnation != before.peer_incarnation) {
       lock.unlock();
-      sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()));
+      sent = fabric_->send(*peer, bytes);
       lock.lock();
     }
     if (!got && sent.ok()) got = cv_.wait_until(lock, deadline, answered);

@@ -67,7 +67,7 @@ class ClusterClient {
   FabricEndpoint& fabric() { return *fabric_; }
 
  private:
-  void on_frame(std::span<const std::byte> bytes, const PeerIdentity* from);
+  void on_frame(std::span<const std::byte> bytes, const PeerRef& from);
   static std::chrono::milliseconds probe_after(std::chrono::milliseconds timeout);
   Result<std::string> address_of(const std::string& node) const;
 

@@ -126,6 +126,7 @@ class Endpoint final : public FabricEndpoint {
   Result<PeerHandle> peer(const std::string& host_port) override;
   void reset_peer(const std::string& host_port) override;
   Status send(PeerHandle peer, std::vector<std::byte> frame, bool control) override;
+  Status send(PeerHandle peer, std::span<const std::byte> frame, bool control) override;
   SessionInfo session_info(PeerHandle peer) override;
   Status refresh_session(PeerHandle peer) override;
   Result<std::unique_ptr<MemoryRegion>> register_memory(std::byte* base,
@@ -160,7 +161,7 @@ class Endpoint final : public FabricEndpoint {
   void queue_locked(Peer& peer, std::vector<std::byte> frame, bool control);  // mu_ held
   void send_handshake(const std::string& address, std::vector<std::byte> frame);
   void flush_waiting(const std::string& address);  // a session became usable
-  Status send_sealed(PeerHandle handle, std::vector<std::byte> frame, bool control);
+  Status send_sealed(PeerHandle handle, std::span<const std::byte> frame, bool control);
   void handshake_tick();  // progress thread: resend INITs, expire handshakes
   uint64_t random_key();
 
@@ -437,7 +438,7 @@ Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame, bool cont
                                               " bytes (limit " +
                                               std::to_string(options_.frame_bytes_max) + ")");
   }
-  if (options_.channel) return send_sealed(handle, std::move(frame), control);
+  if (options_.channel) return send_sealed(handle, frame, control);
   {
     std::lock_guard lock(mu_);
     auto it = peers_.find(handle);
@@ -455,13 +456,26 @@ Status Endpoint::send(PeerHandle handle, std::vector<std::byte> frame, bool cont
   return {};
 }
 
+Status Endpoint::send(PeerHandle handle, std::span<const std::byte> frame, bool control) {
+  if (!options_.channel) {
+    return send(handle, std::vector<std::byte>(frame.begin(), frame.end()), control);
+  }
+  if (frame.empty() || frame.size() > options_.frame_bytes_max) {
+    return make_error(ErrorKind::invalid, "frame of " + std::to_string(frame.size()) +
+                                              " bytes (limit " +
+                                              std::to_string(options_.frame_bytes_max) + ")");
+  }
+  return send_sealed(handle, frame, control);  // sealed straight from the caller's bytes
+}
+
 // With a channel: seal on the peer's newest session and queue, or wait for a session while
 // the handshake runs (starting it if none is in flight).
-Status Endpoint::send_sealed(PeerHandle handle, std::vector<std::byte> frame, bool control) {
+Status Endpoint::send_sealed(PeerHandle handle, std::span<const std::byte> frame, bool control) {
   SecureChannel& channel = *options_.channel;
   std::shared_ptr<std::mutex> order;
   std::shared_ptr<ChannelSession> session;
   std::string address;
+  bool flush = false;
   size_t limit = size_t{options_.send_queue_max} + (control ? control_reserve : 0);
   {
     std::lock_guard lock(mu_);
@@ -476,9 +490,9 @@ Status Endpoint::send_sealed(PeerHandle handle, std::vector<std::byte> frame, bo
         counters_.sends_refused.fetch_add(1, std::memory_order_relaxed);
         return queue_full(address, options_.send_queue_max);
       }
-      peer.waiting.push_back(Waiting{std::move(frame), control});
+      peer.waiting.push_back(Waiting{std::vector<std::byte>(frame.begin(), frame.end()), control});
       if (session) {
-        frame.clear();  // a flush is due: the waiting frames go first, in order
+        flush = true;  // the waiting frames go first, in order
       } else {
         auto init = channel.initiate(address, ChannelClock::now(),
                                      std::chrono::milliseconds(options_.handshake_resend_ms));
@@ -489,7 +503,7 @@ Status Endpoint::send_sealed(PeerHandle handle, std::vector<std::byte> frame, bo
     }
     order = peer.order;
   }
-  if (frame.empty()) {
+  if (flush) {
     flush_waiting(address);
     return {};
   }
@@ -604,7 +618,7 @@ void Endpoint::on_received(std::span<std::byte> frame) {
   auto got = options_.channel->on_frame(frame, ChannelClock::now());
   switch (got.kind) {
     case SecureChannel::Received::Kind::data:
-      on_frame_(got.plaintext, got.from.get());
+      on_frame_(got.plaintext, got.from);
       return;
     case SecureChannel::Received::Kind::handshake:
       counters_.handshakes.fetch_add(got.established_address.empty() ? 0 : 1,
@@ -839,7 +853,7 @@ void Endpoint::handle_completion(const fi_cq_msg_entry& entry) {
       if (options_.channel) {
         on_received(frame);
       } else {
-        on_frame_(frame, nullptr);
+        on_frame_(frame, PeerRef());
       }
       Status s = post_recv(raw->recv_index);
       RT_ASSERT(s.ok(), s.error().describe());

@@ -90,7 +90,7 @@ class FabricEndpoint {
   // Called once per received frame, on the progress thread, with the frame's bytes (valid
   // only during the call) and, with a channel, the authenticated sender (null without one).
   using FrameHandler =
-      std::function<void(std::span<const std::byte> frame, const PeerIdentity* from)>;
+      std::function<void(std::span<const std::byte> frame, const PeerRef& from)>;
   using ReadDone = std::function<void(Status)>;
 
   virtual ~FabricEndpoint() = default;
@@ -115,6 +115,9 @@ class FabricEndpoint {
   // frames and may use control_reserve slots beyond send_queue_max, so a flood of data to a
   // peer cannot get this node declared down by it.
   virtual Status send(PeerHandle peer, std::vector<std::byte> frame, bool control = false) = 0;
+  // The same, from bytes the caller keeps: copied, or with a channel sealed straight from
+  // them (one pass over the frame instead of a copy and then the seal).
+  virtual Status send(PeerHandle peer, std::span<const std::byte> frame, bool control = false) = 0;
   static constexpr uint32_t control_reserve = 64;
 
   // With a channel: the newest session with a peer (0s when none), and a new handshake with

@@ -601,9 +601,9 @@ SecureChannel::Received SecureChannel::open(std::span<std::byte> frame, uint8_t 
     if (it != sessions_.end()) s = it->second;
   }
   if (!s) return drop(ChannelDrop::unknown_session);
-  std::string hint = s->peer->name + "@" + s->peer->address;
+  auto hint = [&s] { return s->peer->name + "@" + s->peer->address; };  // on a drop only
   std::lock_guard lock(s->rx_mu);
-  if (seq <= s->rx_seq[lane]) return drop(ChannelDrop::replayed, hint);
+  if (seq <= s->rx_seq[lane]) return drop(ChannelDrop::replayed, hint());
   size_t body = frame.size() - overhead_bytes;
   auto iv = nonce_of(lane, seq);
   int len = 0;
@@ -613,7 +613,7 @@ SecureChannel::Received SecureChannel::open(std::span<std::byte> frame, uint8_t 
             EVP_DecryptUpdate(s->rx_ctx, text, &len, text, static_cast<int>(body)) == 1 &&
             EVP_CIPHER_CTX_ctrl(s->rx_ctx, EVP_CTRL_AEAD_SET_TAG, tag_bytes, text + body) == 1 &&
             EVP_DecryptFinal_ex(s->rx_ctx, text + len, &len) > 0;
-  if (!ok) return drop(ChannelDrop::bad_tag, hint);
+  if (!ok) return drop(ChannelDrop::bad_tag, hint());
   s->rx_seq[lane] = seq;
   Received out;
   out.kind = Received::Kind::data;

@@ -90,6 +90,8 @@ struct PeerIdentity {
   uint64_t incarnation = 0;
 };
 
+using PeerRef = std::shared_ptr<const PeerIdentity>;
+
 // What a peer claims in its handshake, for `admit` to decide on.
 struct PeerClaim {
   std::string name;

@@ -45,7 +45,7 @@ Status Bridge::start() {
   options.rma_inflight_max = manifest_.fabric.rma_inflight_max;
   options.spin_us = manifest_.fabric.spin_us;
   auto opened = open_fabric(
-      options, [this](std::span<const std::byte> b, const PeerIdentity* from) { on_frame(b, from); });
+      options, [this](std::span<const std::byte> b, const PeerRef& from) { on_frame(b, from); });
   if (!opened.ok()) return opened.error();
   fabric_ = std::move(opened).value();
   log_->info("fabric endpoint {} up (provider {}, listening on {}; authenticated with key {:08x})",
@@ -200,7 +200,7 @@ Status Bridge::send(const ActorName& from, const ActorName& to, uint64_t correla
   // The node actor's frames (hellos, heartbeats, their answers) are membership traffic:
   // they must get through even when data to that peer fills its queue.
   bool control = from.role == "node" && from.node == node_;
-  Status sent = fabric_->send(*peer, std::vector<std::byte>(bytes.begin(), bytes.end()), control);
+  Status sent = fabric_->send(*peer, bytes, control);
   if (!sent.ok()) counters_.sends_failed.fetch_add(1, std::memory_order_relaxed);
   return sent;
 }
@@ -264,7 +264,7 @@ void Bridge::on_auth_drop(ChannelDrop why, const std::string& peer_hint) {
                         : std::string());
 }
 
-void Bridge::on_frame(std::span<const std::byte> bytes, const PeerIdentity* from) {
+void Bridge::on_frame(std::span<const std::byte> bytes, const PeerRef& from) {
   if (from == nullptr) {  // the channel hands over only authenticated frames
     counters_.auth_failures[static_cast<size_t>(ChannelDrop::not_sealed)].fetch_add(1);
     return;
@@ -289,13 +289,12 @@ void Bridge::on_frame(std::span<const std::byte> bytes, const PeerIdentity* from
                  sanitize_peer_text(envelope.getSource().getNode().cStr()));
     return;
   }
-  // A copy the frame keeps (the channel's identity lives as long as its session).
-  auto sender = std::make_shared<const PeerIdentity>(*from);
+  const PeerRef& sender = from;  // shared with its session: the frame keeps it alive
   if (envelope.getProtocolVersion() != manifest_.cluster.protocol_version) {
     refuse_version(*frame, *sender);
     return;
   }
-  deliver(std::move(frame), std::move(sender));
+  deliver(std::move(frame), sender);
 }
 
 void Bridge::refuse_version(messages::Frame& frame, const PeerIdentity& from) {

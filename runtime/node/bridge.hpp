@@ -107,7 +107,7 @@ class Bridge {
   static constexpr size_t clients_max = 1024;  // remembered client addresses (LRU-ish)
 
  private:
-  void on_frame(std::span<const std::byte> bytes, const PeerIdentity* from);
+  void on_frame(std::span<const std::byte> bytes, const PeerRef& from);
   void on_auth_drop(ChannelDrop why, const std::string& peer_hint);
   void deliver(std::shared_ptr<messages::Frame> frame, std::shared_ptr<const PeerIdentity> from);
   Result<std::string> address_of_locked(const std::string& node) const;  // mu_ held

@@ -42,7 +42,7 @@ class Stranger {
     o.frame_bytes_max = 4 << 20;
     o.recv_buffers = 8;
     auto opened = runtime::open_fabric(
-        o, [this](std::span<const std::byte>, const runtime::PeerIdentity*) { ++received_; });
+        o, [this](std::span<const std::byte>, const runtime::PeerRef&) { ++received_; });
     if (!opened.ok()) FAIL(opened.error().describe());
     ep_ = std::move(opened).value();
   }
@@ -408,7 +408,7 @@ TEST_CASE("with the key but not a node: a client cannot speak for a role, nor sk
     runtime::FabricOptions o;
     o.host = "127.0.0.1";
     o.channel = std::move(channel).value();
-    auto ep = runtime::open_fabric(o, [](std::span<const std::byte>, const runtime::PeerIdentity*) {});
+    auto ep = runtime::open_fabric(o, [](std::span<const std::byte>, const runtime::PeerRef&) {});
     REQUIRE(ep.ok());
     double identity_before =
         c.metric("front", "tandem:fabric_auth_failures_total", "reason=\"identity\"");

@@ -24,7 +24,7 @@ struct Inbox {
   std::vector<std::vector<std::byte>> frames;
 
   FabricEndpoint::FrameHandler handler() {
-    return [this](std::span<const std::byte> f, const PeerIdentity*) {
+    return [this](std::span<const std::byte> f, const PeerRef&) {
       std::lock_guard lock(mu);
       frames.emplace_back(f.begin(), f.end());
       cv.notify_all();
@@ -96,7 +96,7 @@ TEST_CASE("send refuses empty and oversized frames, and unknown peers") {
   REQUIRE(a.ok());
   auto self = (*a)->peer((*a)->address());
   REQUIRE(self.ok());
-  CHECK((*a)->send(*self, {}).error().kind == ErrorKind::invalid);
+  CHECK((*a)->send(*self, std::vector<std::byte>{}).error().kind == ErrorKind::invalid);
   CHECK((*a)->send(*self, std::vector<std::byte>(64 * 1024 + 1)).error().kind ==
         ErrorKind::invalid);
   CHECK((*a)->send(9999, bytes_of("x")).error().kind == ErrorKind::not_found);
