@@ -8,6 +8,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 packages=(
   build-essential g++ pkg-config meson ninja-build python3
+  ccache                          # compiler cache: meson uses it for both builds (build/, build-san/)
   libcaf-dev                      # CAF 0.17.6: actors (core + io)
   capnproto libcapnp-dev          # Cap'n Proto + KJ: wire format, kj-http servers
   libfabric-dev libfabric-bin     # libfabric: node-to-node transport and RMA; fi_pingpong
