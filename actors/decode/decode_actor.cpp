@@ -386,6 +386,7 @@ void finish_pull(DecodeActor* self, uint64_t id, bool ok) {
     st.seqs.erase(it);
   } else if (update.ok()) {
     emit(self, *update);
+    update_metrics(st);  // before the events leave (see on the step's result)
     flush_events(st);
   }
   update_metrics(st);
@@ -581,8 +582,10 @@ void finish_step(DecodeActor* self, const std::shared_ptr<StepRun>& run, const s
     }
     emit(self, update);
   }
-  flush_events(st);
+  // The step's counters are exported before its events leave, so a client that has its
+  // answer scrapes counters that include the step that produced it.
   update_metrics(st);
+  flush_events(st);
   if (st.info.draft_model && error.empty() && request_drafts(self, sampled, decoded)) return;
   pump(self);
 }

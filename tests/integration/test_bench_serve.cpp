@@ -119,7 +119,10 @@ TEST_CASE("bench serve replays a trace against a sim cluster with zero errors") 
     it->second.second = std::max(it->second.second, r["end_ms"].get<double>());
   }
   REQUIRE(span_ms.size() == 3);
-  for (const auto& [session, span] : span_ms) {
+  for (const auto& one : span_ms) {
+    // Not a structured binding: clang 14 cannot capture one in doctest's macro lambdas.
+    const auto& session = one.first;
+    const auto& span = one.second;
     int active = 0;
     for (const auto& entry : span_ms) {
       active += entry.second.first <= span.first && span.first < entry.second.second;

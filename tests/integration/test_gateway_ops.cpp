@@ -415,10 +415,13 @@ TEST_CASE("gateway_ops: a prompt of megabytes gets the context-length 400") {
                     {"max_tokens", 16},
                     {"messages", json::array({{{"role", "user"}, {"content", text}}})}};
   json completion_body = {{"model", "stories15M"}, {"prompt", text}};
-  for (const auto& [path, body] :
+  for (const auto& one :
        {std::pair{std::string("/v1/chat/completions"), chat_body},
         std::pair{std::string("/v1/completions"), completion_body},
         std::pair{std::string("/v1/messages"), chat_body}}) {
+    // Not a structured binding: clang 14 cannot capture one in doctest's macro lambdas.
+    const std::string& path = one.first;
+    const json& body = one.second;
     CAPTURE(path);
     auto reply = http::post(node.port(), path, body.dump(), 120s);
     INFO(reply.error << " " << reply.body);
@@ -477,7 +480,9 @@ TEST_CASE(
     REQUIRE(p->conn.read_body_some(&r.body, deadline));  // the stream is under way
   }
   node.terminate();
-  for (auto& [p, r] : open) {
+  for (auto& one : open) {
+    auto& p = one.first;  // clang 14: no structured binding in doctest's INFO lambda
+    auto& r = one.second;
     while (p->conn.read_body_some(&r.body, deadline)) {
     }
     INFO(r.body.substr(r.body.size() > 800 ? r.body.size() - 800 : 0) << " " << p->conn.error());

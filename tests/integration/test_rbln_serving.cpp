@@ -469,8 +469,11 @@ TEST_CASE(
                       completion_body("Once upon a time", 8, false).dump(), 30000ms);
   REQUIRE(r.ok());
   CHECK_MESSAGE(r.status == 503, r.body);
-  // The device opens later (4 s): its answer is dropped, the instances stay not ready.
-  std::this_thread::sleep_for(5000ms);
+  // The device opens later (4 s; the executor logs it): its answer is dropped, the instances
+  // stay not ready.
+  CHECK_MESSAGE(eventually(60000ms,
+                           [&] { return c.logs().find(" device, KV pool ") != std::string::npos; }),
+                c.logs());
   CHECK_MESSAGE(said(), c.logs());
   CHECK(c.node("solo").running());
   CHECK(http::get(c.admin_port("solo"), "/metrics", 3000ms).status == 200);

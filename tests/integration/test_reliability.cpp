@@ -187,7 +187,10 @@ TEST_CASE("reliability: a crashed actor is restarted, /health says so meanwhile,
       {"local/decode/decode", "decode"},
       {"local/kv-offload/kv-offload", "kv-offload"},
   };
-  for (const auto& [name, role] : victims) {
+  for (const auto& victim : victims) {
+    // Not a structured binding: clang 14 cannot capture one in doctest's macro lambdas.
+    const std::string name = victim.first;
+    const std::string role = victim.second;
     INFO("crashing " << name);
     double restarts = metric("tandem:actor_restarts_total{role=\"" + role + "\"}");
     HealthWatch watch;

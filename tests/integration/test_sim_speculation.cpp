@@ -55,7 +55,8 @@ Outputs serve(const std::string& extra, const std::vector<std::string>& prompts)
       out.texts.push_back(json::parse(r.body)["choices"][0]["text"].get<std::string>());
     }
   }
-  std::this_thread::sleep_for(300ms);  // the last step's counters are exported after its events
+  // No wait: decode exports a step's counters before the step's events leave
+  // (actors/decode/decode_actor.cpp), so the last answer orders the scrape after them.
   auto metrics = http::get(admin_port_of(manifest), "/metrics");
   REQUIRE(metrics.status == 200);
   out.drafts = http::metric_sum(metrics.body, "tandem:spec_decode_num_drafts_total");

@@ -96,7 +96,9 @@ bool response_complete(const std::string& raw) {
 }
 
 // Reads everything available on every ready socket until all responses are complete.
-void pump_clients(std::vector<Conn>& conns, int epoll_fd, Clock::time_point deadline) {
+// `with_data` counts the streams whose first body bytes have arrived.
+void pump_clients(std::vector<Conn>& conns, int epoll_fd, Clock::time_point deadline,
+                  std::atomic<int>* with_data = nullptr) {
   int complete = 0;
   std::vector<epoll_event> events(256);
   char buf[65536];
@@ -110,7 +112,10 @@ void pump_clients(std::vector<Conn>& conns, int epoll_fd, Clock::time_point dead
         c.raw.append(buf, static_cast<size_t>(got));
         if (c.first_data == Clock::time_point{}) {
           size_t head = c.raw.find("\r\n\r\n");
-          if (head != std::string::npos && c.raw.size() > head + 4) c.first_data = Clock::now();
+          if (head != std::string::npos && c.raw.size() > head + 4) {
+            c.first_data = Clock::now();
+            if (with_data) with_data->fetch_add(1);
+          }
         }
       }
       if (!c.complete && response_complete(c.raw)) {
@@ -189,6 +194,7 @@ void run_load(int writers_count, int rounds, std::chrono::milliseconds interval)
   std::atomic<uint64_t> buffered_max{0};
   std::atomic<int> failed_writes{0};
   std::vector<Clock::time_point> end_started(writers_count);
+  std::atomic<int> with_data{0};
   auto started = Clock::now();
   std::vector<std::thread> writers;
   for (int w = 0; w < writers_count; ++w) {
@@ -202,13 +208,20 @@ void run_load(int writers_count, int rounds, std::chrono::milliseconds interval)
         }
         if (interval.count() > 0) std::this_thread::sleep_for(interval);
       }
+      // Paced streams end only once every client has read body bytes (bounded): a server that
+      // held the bytes back until the end would leave them waiting, and `early` below fails.
+      // Waiting for the event, not a time window, keeps this true on a loaded machine.
+      auto wait_until = Clock::now() + 30s;
+      while (interval.count() > 0 && with_data.load() < streams_count && Clock::now() < wait_until) {
+        std::this_thread::sleep_for(5ms);
+      }
       end_started[w] = Clock::now();
       for (auto& [id, stream] : streams) {
         if (id % writers_count == w && !stream->end()) failed_writes.fetch_add(1);
       }
     });
   }
-  pump_clients(conns, epoll_fd, Clock::now() + 60s);
+  pump_clients(conns, epoll_fd, Clock::now() + 90s, &with_data);
   for (auto& t : writers) t.join();
   auto elapsed = Clock::now() - started;
   uint64_t rss_peak = rss_bytes();

@@ -221,7 +221,7 @@ TEST_CASE("SIGTERM to the launcher stops children; stragglers are killed after t
   int status = 0;
   pid_t got = 0;
   while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-         Clock::now() - begin < std::chrono::seconds(10)) {
+         Clock::now() - begin < std::chrono::seconds(20)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   auto elapsed = Clock::now() - begin;
@@ -230,7 +230,8 @@ TEST_CASE("SIGTERM to the launcher stops children; stragglers are killed after t
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);                        // a requested stop is a clean exit
   CHECK(elapsed >= std::chrono::milliseconds(grace_ms));  // the stubborn one got its grace
-  CHECK(elapsed < std::chrono::milliseconds(grace_ms + 2000));
+  // Killed after its grace rather than waited for (bounded generously: 2 noisy shared cores).
+  CHECK(elapsed < std::chrono::milliseconds(grace_ms + 8000));
   CHECK(process_gone(polite));
   CHECK(process_gone(stubborn));
   std::string err = s.read("err");
@@ -325,12 +326,12 @@ TEST_CASE("a second SIGTERM while stopping kills at once instead of waiting out 
   int status = 0;
   pid_t got = 0;
   while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-         Clock::now() - begin < std::chrono::seconds(10)) {
+         Clock::now() - begin < std::chrono::seconds(20)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (got == 0) ::kill(launcher, SIGKILL), ::waitpid(launcher, &status, 0);
   REQUIRE(got == launcher);
-  CHECK(Clock::now() - begin < std::chrono::seconds(3));  // far less than the 30 s grace
+  CHECK(Clock::now() - begin < std::chrono::seconds(10));  // far less than the 30 s grace
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(process_gone(stubborn));

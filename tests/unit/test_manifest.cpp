@@ -1569,7 +1569,10 @@ TEST_CASE("example target-4p4d-local.toml keeps target-4p4d's topology and timin
   std::map<std::string, double> l_sim(local.sim.params.begin(), local.sim.params.end());
   CHECK(l_sim.size() == local.sim.params.size());  // no key given twice
   REQUIRE(l_sim.size() == t_sim.size());
-  for (const auto& [key, value] : t_sim) {
+  for (const auto& entry : t_sim) {
+    // Not a structured binding: clang 14 cannot capture one in doctest's INFO lambda.
+    const std::string& key = entry.first;
+    const double value = entry.second;
     INFO("[sim] " << key);
     REQUIRE(l_sim.count(key) == 1);
     auto it = local_only.find(key);

@@ -55,7 +55,10 @@ Parsed parse_safetensors(const fs::path& p) {
   out.header = json::parse(out.bytes.substr(8, n));
   // Offsets tile the data region exactly, and match shape * dtype width.
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (auto& [name, e] : out.header.items()) {
+  for (auto& item : out.header.items()) {
+    // Not a structured binding: clang 14 cannot capture one in doctest's CHECK_MESSAGE lambda.
+    const std::string name = item.key();
+    auto& e = item.value();
     if (name == "__metadata__") continue;
     uint64_t elems = 1;
     for (auto d : e["shape"]) elems *= d.get<uint64_t>();
@@ -156,7 +159,9 @@ TEST_CASE("synth llama: names, shapes, config and tokenizer agree") {
     want[x + "mlp.down_proj.weight"] = {64, 128};
   }
   CHECK(p.header.size() == want.size() + 1);  // + __metadata__
-  for (auto& [name, shape] : want) {
+  for (auto& entry : want) {
+    const std::string& name = entry.first;  // clang 14: no structured binding in the lambda
+    const auto& shape = entry.second;
     REQUIRE_MESSAGE(p.header.contains(name), name);
     CHECK(p.header[name]["shape"].get<std::vector<uint64_t>>() == shape);
     CHECK(p.header[name]["dtype"] == "F32");

@@ -258,11 +258,15 @@ TEST_CASE("request plots: CDF steps, rolling p50, p50 per context bucket") {
 
   auto files = request_plots(tl, "x");
   REQUIRE(files.size() == 3);
-  for (const auto& [name, svg] : files) {
+  for (const auto& file : files) {
+    const auto& name = file.first;  // clang 14: no structured binding in doctest's INFO lambda
+    const auto& svg = file.second;
     INFO(name);
     CHECK(xml_problem(svg) == "");
   }
-  for (const auto& [name, svg] : request_plots({}, "")) {
+  for (const auto& file : request_plots({}, "")) {
+    const auto& name = file.first;  // clang 14: as above
+    const auto& svg = file.second;
     INFO(name);
     CHECK(xml_problem(svg) == "");
     CHECK(svg.find("no data") != std::string::npos);
