@@ -101,11 +101,9 @@ std::string_view to_string(SpeculativeMethod method) {
 
 std::string ManifestIssue::describe() const {
   std::string out = file;
-  // append(), not `":" + std::to_string(...)`: g++ 12 at -O3 reports a false -Wrestrict
-  // inside the inlined operator+(const char*, std::string&&) (GCC bug 105329).
   if (line > 0) {
-    out.append(":").append(std::to_string(line));
-    if (column > 0) out.append(":").append(std::to_string(column));
+    out += ":" + std::to_string(line);
+    if (column > 0) out += ":" + std::to_string(column);
   }
   out += ": " + key + ": " + message;
   return out;
@@ -336,8 +334,8 @@ std::string summarize(const Manifest& m) {
   }
   size_t instance_count = 0;
   for (const auto& node : m.nodes) instance_count += node.instances.size();
-  out.append("\n").append(std::to_string(m.nodes.size())).append(" node(s), ");
-  out.append(std::to_string(instance_count)).append(" instance(s)\n");  // see describe()
+  out += "\n" + std::to_string(m.nodes.size()) + " node(s), " + std::to_string(instance_count) +
+         " instance(s)\n";
   out += pad("NAME", name_width) + pad("FABRIC", fabric_width) + pad("ADMIN", 5) +
          pad("HTTP", 5) + pad("WORKERS", 7) + "INSTANCES\n";
   for (const auto& node : m.nodes) {
