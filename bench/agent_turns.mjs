@@ -9,6 +9,10 @@
 //   node bench/agent_turns.mjs --base-url http://127.0.0.1:8000 --model MiniMax-M2.7 \
 //        --block-tokens 256 [--turns 20] [--seed 1] [--api messages,responses] [--json]
 // (`tandem bench agent-turns ...` runs this script.)
+//
+// Exit status: 0 the goal is met; 3 the figures were printed but the goal is NOT met; 1 an
+// error (bad arguments, a failed request: no summary). Callers tell "the prefix cache reused
+// too little" (3) from "could not measure" (1).
 import { messagesBody, postStream, responsesBody, chatBody, session } from './agent_session.mjs';
 
 function parseArgs(argv) {
@@ -81,9 +85,14 @@ async function main() {
   const met = worst >= 0.95;
   console.log(`summary: ${o.apis.join('+')}, turns 2..${o.turns}: lowest share ${worst.toFixed(3)} ` +
               `(goal >= 0.95: ${met ? 'met' : 'NOT met'})`);
+  return met;
 }
 
-main().catch((err) => {
+const goalNotMetExitCode = 3;
+
+main().then((met) => {
+  if (!met) process.exitCode = goalNotMetExitCode;  // after the figures: stdout drains first
+}).catch((err) => {
   console.error(`error: ${err.message}`);
   process.exit(1);
 });

@@ -23,7 +23,8 @@ namespace {
 enum class Isa { none, avx2, avx512 };
 
 // TANDEM_CPU_KERNELS=avx2 | blas narrows the choice (an operator's escape hatch, and how the
-// kernels are compared on one machine); unset or anything else: the best the CPU has.
+// kernels are compared on one machine: `blas` is the portable path a CPU without AVX2 takes,
+// which the `cpu_device_portable` test runs); unset or anything else: the best the CPU has.
 Isa detect() {
   __builtin_cpu_init();
   const char* want = std::getenv("TANDEM_CPU_KERNELS");
@@ -36,7 +37,12 @@ Isa detect() {
   return Isa::none;
 }
 
-const Isa isa = detect();
+// Read once, on first use (not a namespace-scope initializer: a test's static-init skip
+// decorators ask small_gemm_isa() before this file's initializers may have run).
+Isa current_isa() {
+  static const Isa isa = detect();
+  return isa;
+}
 
 // W streams from DRAM (stories15M's 61 MB do not stay in a 32 MB L3 between passes), and the
 // hardware prefetcher alone does not keep ahead once a chunk of W feeds several rows' FMAs: the
@@ -170,12 +176,13 @@ __attribute__((target("avx512f"))) int64_t argmax_avx512(const float* x, uint32_
 
 int64_t row_argmax(const float* x, uint32_t n) {
   if (n == 0) return -1;
-  if (isa == Isa::avx512) return argmax_avx512(x, n);
+  if (current_isa() == Isa::avx512) return argmax_avx512(x, n);
   return argmax_scalar(x, n);
 }
 
 bool small_gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint32_t n, float* c,
                    float beta) {
+  const Isa isa = current_isa();
   if (isa == Isa::none || m == 0 || m > small_gemm_rows_max || k == 0 || n == 0) return false;
   for (uint32_t first = 0; first < m; first += small_gemm_block_rows) {
     const float* ab = a + size_t{first} * k;
@@ -211,7 +218,7 @@ bool small_gemm_nt(const float* a, uint32_t m, uint32_t k, const float* w, uint3
 }
 
 const char* small_gemm_isa() {
-  switch (isa) {
+  switch (current_isa()) {
     case Isa::avx512: return "avx512f";
     case Isa::avx2: return "avx2";
     case Isa::none: return "none";

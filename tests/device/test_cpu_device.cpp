@@ -28,6 +28,16 @@ std::string source_root() {
 
 std::string stories_dir() { return source_root() + "/models/stories15M"; }
 
+// The kernels this process runs (TANDEM_CPU_KERNELS, read once; devices/README.md): the
+// small-row AVX2/AVX-512 kernels, or "none", the portable BLAS path of a CPU without AVX2,
+// which the `cpu_device_portable` test forces. Safe in skip decorators (static init).
+bool small_kernels() { return std::string(tandem::devices::cpu::small_gemm_isa()) != "none"; }
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 std::string temp_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /
              ("tandem-cpu-test-" + std::to_string(::getpid()) + "-" + name);
@@ -263,15 +273,35 @@ TEST_CASE("cpu device: stories15M greedy from 'Once upon a time' matches the ref
   CHECK(std::vector<int32_t>(got.begin(), got.begin() + 10) == lily);
 }
 
-TEST_CASE("cpu device: OpenBLAS runs AVX2-or-better kernels on a CPU that has them") {
+TEST_CASE("cpu device: which kernels this run uses (TANDEM_CPU_KERNELS)") {
+  const char* want = std::getenv("TANDEM_CPU_KERNELS");
+  std::string isa = tandem::devices::cpu::small_gemm_isa();
+  std::string shown = want == nullptr ? "(unset)" : want;
+  std::string path = small_kernels() ? "" : " (the portable BLAS path; row-invariance skipped)";
+  MESSAGE("TANDEM_CPU_KERNELS=", shown, ": small-row kernels ", isa, path);
+  if (want != nullptr && std::string(want) == "blas") CHECK(isa == "none");
+  if (want != nullptr && std::string(want) == "avx2") {
+    CHECK(isa == (cpu_has_avx2() ? "avx2" : "none"));
+  }
+  if (want == nullptr && cpu_has_avx2()) CHECK(isa != "none");
+}
+
+TEST_CASE("cpu device: select_blas_kernels() names the OpenBLAS core in use") {
   auto dev = open_device(subjects()[1].path);  // make_cpu_device selects the kernels
   std::string description = select_blas_kernels();
   CAPTURE(description);
   CHECK(description.rfind("OpenBLAS core ", 0) == 0);
-  std::string core = openblas_get_corename();
-  CHECK(description.find(core) != std::string::npos);
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2 && std::getenv("OPENBLAS_CORETYPE") == nullptr) CHECK(core != "Prescott");
+  CHECK(description.find(openblas_get_corename()) != std::string::npos);
+}
+
+// Skipped (counted so) on a CPU without AVX2+FMA, or when the environment's
+// OPENBLAS_CORETYPE pins the core (decided at startup, before the device sets it).
+TEST_CASE("cpu device: OpenBLAS runs AVX2-or-better kernels on a CPU that has them" *
+          doctest::skip(!cpu_has_avx2() || std::getenv("OPENBLAS_CORETYPE") != nullptr)) {
+  auto dev = open_device(subjects()[1].path);  // make_cpu_device selects the kernels
+  std::string description = select_blas_kernels();
+  CAPTURE(description);
+  CHECK(std::string(openblas_get_corename()) != "Prescott");
 }
 
 TEST_CASE("cpu device: synth models' shapes are what they claim (GQA, MoE, partial rotary)") {
@@ -484,10 +514,12 @@ TEST_CASE("cpu device: KV blocks copied to another device continue identically")
   }
 }
 
+// Row invariance is the small kernels' promise (small_gemm.hpp), not BLAS's: skipped (and
+// counted as skipped) on the portable path.
 TEST_CASE(
     "cpu device: a pass of 4 sequences x 5 rows (past one 8-row block) gives each row "
-    "what a one-row pass gives, bit for bit") {
-  if (std::string(tandem::devices::cpu::small_gemm_isa()) == "none") return;  // BLAS path
+    "what a one-row pass gives, bit for bit" *
+    doctest::skip(!small_kernels())) {
   for (Subject& s : subjects()) {
     CAPTURE(s.name);
     auto dev = open_device(s.path);
@@ -539,7 +571,7 @@ TEST_CASE("cpu device: verifying k draft tokens in one pass equals k single step
     auto one_pass = dev->decode(std::span(&multi, 1));
     REQUIRE(one_pass.ok());
     REQUIRE(one_pass->seqs[0].rows_count == k + 1);
-    const bool row_invariant = std::string(tandem::devices::cpu::small_gemm_isa()) != "none";
+    const bool row_invariant = small_kernels();
     for (uint32_t i = 0; i <= k; ++i) {
       DecodeSeq single{3, t2, 10 + i, {toks[10 + i]}};
       auto step = dev->decode(std::span(&single, 1));

@@ -12,6 +12,7 @@
 #include <doctest.h>
 
 #include <filesystem>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -233,25 +234,46 @@ TEST_CASE("agents.toml: the official SDKs as agents use them (tools, function ca
   check_script_passes("tests/js/sdk_agents.mjs");
 }
 
-TEST_CASE("agents.toml: tandem bench agent-turns runs (3 turns) and reports cached shares") {
+// [model] block_tokens of config/examples/agents.toml, the manifest the node runs.
+int64_t manifest_block_tokens() {
+  std::string text = read_file(source_root() + "/config/examples/agents.toml");
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(text, m, std::regex("\\nblock_tokens = (\\d+)")),
+                  "agents.toml lacks block_tokens");
+  return std::stoll(m[1].str());
+}
+
+TEST_CASE("agents.toml: tandem bench agent-turns (3 turns): follow-up turns reuse the prefix") {
+  const int64_t block_tokens = manifest_block_tokens();
   RunResult r = run({tandem_bin(), "bench", "agent-turns", "--base-url",
                      "http://127.0.0.1:" + std::to_string(node().port()), "--model",
-                     "MiniMax-M2.7", "--block-tokens", "256", "--turns", "3", "--seed", "11",
-                     "--json"},
+                     "MiniMax-M2.7", "--block-tokens", std::to_string(block_tokens), "--turns",
+                     "3", "--seed", "11", "--json"},
                     300s);
   INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  // bench/agent_turns.mjs: 0 goal met, 3 figures printed and goal NOT met, 1 an error.
+  REQUIRE_MESSAGE((r.exit_code == 0 || r.exit_code == 3), "no figures: exit ", r.exit_code);
   size_t begin = r.output.find('[');
   size_t end = r.output.rfind(']');
   REQUIRE((begin != std::string::npos && end != std::string::npos));
   json rows = json::parse(r.output.substr(begin, end - begin + 1));
   REQUIRE(rows.size() == 6);  // messages and responses, 3 turns each
   for (const auto& row : rows) {
-    CHECK(row["prompt"].get<int64_t>() > 0);
+    CAPTURE(row.dump());
+    const int64_t prompt = row["prompt"].get<int64_t>();
+    const int64_t cached = row["cached"].get<int64_t>();
+    const int64_t previous = row["previous"].get<int64_t>();
+    CHECK(prompt > 0);
     if (row["turn"] == 1) continue;
-    // Each turn's prompt extends the last: the cached tokens can only come from it.
-    CHECK(row["cached"].get<int64_t>() <= row["previous"].get<int64_t>());
-    CHECK(row["prompt"].get<int64_t>() > row["previous"].get<int64_t>());
+    CHECK(prompt > previous);  // each turn's prompt extends the last
+    // The promise (docs/STATUS.md, docs/benchmarks.md "Prefix reuse across an agent's turns"):
+    // from turn 2 on, >= 95% of the previous turn's prompt is reported cached. Every turn's
+    // prompt here is ~28K+ tokens, so the block-aligned ceiling floor(previous / block_tokens)
+    // * block_tokens is above that share (>= 0.99); 0 cached (no prefix reuse) fails both.
+    CHECK(cached > 0);
+    CHECK(cached * 100 >= previous * 95);
+    CHECK(cached <= previous);  // the cached tokens can only come from the last prompt
   }
   CHECK(r.output.find("summary: messages+responses") != std::string::npos);
+  CHECK_MESSAGE(r.exit_code == 0, "agent_turns.mjs says the goal is NOT met");
 }

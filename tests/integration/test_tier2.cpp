@@ -11,7 +11,8 @@
 //   good, then the one whose bytes the test flipped on disk (dropped; the prompt is still
 //   answered the same), `tier2 drop solo` leaves none (the prompt is computed, same answer).
 // - SIGKILL during a burst of write-behind: after a restart every block the metrics called
-//   stored is back, `tier2 verify` drops none, and the prompts get the same answers.
+//   stored is back, `tier2 verify` drops none, each block from before the kill is served to
+//   its re-sent prompt or reported by verify (the counts add up), and the answers are the same.
 #include <doctest.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -477,17 +478,30 @@ TEST_CASE("tier 2: SIGKILL during a burst of writes loses no stored block and se
           seeds.size(), " prompts answered");
   Tier2Node node(dir, http_port, admin_port, fabric_port);  // the same tier-2 directory
   REQUIRE_MESSAGE(node.wait_ready(90s), node.log());
-  // Tier 2 opens with the first block a prefill offers or asks for: a short new prompt.
+  // Tier 2 opens with the first block a prefill offers or asks for: a short new prompt. Its
+  // blocks are written behind and indexed too: the store's stored-blocks count since the
+  // restart says how many of the indexed blocks are its, the rest were indexed before the kill.
   (void)complete(node.port(), story(999, 40));
   REQUIRE_MESSAGE(eventually(20s, [&] { return tier2_open(node); }), node.log());
+  REQUIRE(writes_settled(node));
+  const double stored_since_restart = node.metric("tandem:tier2_stored_blocks_total");
   Verified after = verify(node);
-  MESSAGE("after the restart: ", after.checked, " blocks indexed (incl. the new prompt's)");
   INFO(node.log());
-  CHECK(after.checked >= stored_at_kill);  // every block stored before the kill is back
+  // Blocks indexed before the kill and back in the index after it.
+  const double recovered = static_cast<double>(after.checked) - stored_since_restart;
+  MESSAGE("after the restart: ", after.checked, " blocks indexed, ", stored_since_restart,
+          " of them the new prompt's: ", recovered, " from before the kill (", stored_at_kill,
+          " stored when last read before it)");
   CHECK(after.checked > 0);
+  // None silently missing: every block stored before the kill is indexed again (>=: blocks
+  // stored between the last read of the count and the kill are back too).
+  CHECK(recovered >= stored_at_kill);
+  // verify accounts for each block it checked: good, or dropped as corrupt/short/unreadable.
+  CHECK(after.ok + after.dropped == after.checked);
   CHECK(after.ok == after.checked);
   CHECK(after.dropped == 0);
   double loaded_before = node.metric("tandem:prefill_tier2_loaded_blocks_total");
+  double misses_before = node.metric("tandem:tier2_miss_blocks_total");
   for (int seed : seeds) {
     Answer again = complete(node.port(), story(seed, 180));
     if (answered.count(seed)) CHECK_MESSAGE(again.text == answered[seed], "seed ", seed);
@@ -495,8 +509,15 @@ TEST_CASE("tier 2: SIGKILL during a burst of writes loses no stored block and se
   // The re-sent prompts were served from the blocks that survived the kill; each block read
   // is in the read-latency histogram.
   double loaded = node.metric("tandem:prefill_tier2_loaded_blocks_total");
+  const double served = loaded - loaded_before;
+  MESSAGE("re-sent prompts: ", served, " blocks served from tier 2");
   CHECK(loaded > loaded_before);
   CHECK(node.metric("tandem:tier2_read_seconds_count") >= loaded);
+  // They add up: each block from before the kill was served to its re-sent prompt or reported
+  // by verify; none indexed but never read (a lost predecessor makes it unreachable) or
+  // missing on read (a miss would be a third, silent outcome).
+  CHECK(served + static_cast<double>(after.dropped) == recovered);
+  CHECK(node.metric("tandem:tier2_miss_blocks_total") == misses_before);
   CHECK(node.metric("tandem:tier2_corrupt_blocks_dropped_total") == 0);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
