@@ -22,10 +22,11 @@ namespace {
 // instance (its first token and logprobs come in the PrefillResult), 100000 none.
 class LogprobCluster {
  public:
-  explicit LogprobCluster(int disaggregate_tokens_min)
+  // `extra`: more manifest tables (a [speculative] section).
+  explicit LogprobCluster(int disaggregate_tokens_min, const std::string& extra = "")
       : dir_(make_temp_dir("logprobs")), http_port_(free_port()), admin_port_(free_port()) {
     std::string manifest = dir_ + "/cluster.toml";
-    write_file(manifest, manifest_text(disaggregate_tokens_min));
+    write_file(manifest, manifest_text(disaggregate_tokens_min) + extra);
     node_ = std::make_unique<Child>(
         std::vector<std::string>{tandem_bin(), "node", "--manifest", manifest, "--node", "solo"},
         dir_ + "/solo.log");
@@ -37,16 +38,23 @@ class LogprobCluster {
   LogprobCluster(const LogprobCluster&) = delete;
   uint16_t port() const { return http_port_; }
   std::string log() { return node_->log(); }
+  // A scrape that does not answer fails the test (it would read as 0).
   double metric(const std::string& series, const std::string& labels) {
     auto r = http::get(admin_port_, "/metrics", 3000ms);
-    return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, labels);
+    REQUIRE_MESSAGE((r.ok() && r.status == 200), "/metrics did not answer: ", r.status, " ",
+                    r.error);
+    return http::metric_sum(r.body, series, labels);
   }
 
   // A warm-up completion succeeds and the router may pick both instances (a prefill that has
   // not reported ready yet is skipped, and its prompts prefilled by decode).
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
-      if (metric("tandem_router_instance_eligible", "") < 2) return false;
+      auto m = http::get(admin_port_, "/metrics", 3000ms);  // not up yet: no answer, try again
+      if (!m.ok() || m.status != 200 ||
+          http::metric_sum(m.body, "tandem_router_instance_eligible", "") < 2) {
+        return false;
+      }
       json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},
                    {"temperature", 0}};
       auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
@@ -312,4 +320,64 @@ TEST_CASE("logprobs: the first token's come from a remote prefill (P/D) and matc
   // Both requests (and the warm-up) went through the prefill instance.
   CHECK(pd.metric("tandem_router_picks_total", "kind=\"disaggregated\"") >= 3);
   CHECK(pd.metric("tandem:kv_pulled_bytes_total", "") > 0);
+}
+
+TEST_CASE("logprobs: with speculation (suffix drafts accepted) equal logprobs without" *
+          doctest::timeout(300)) {
+  require_model();
+  // The same prompt twice: the second time the suffix drafter proposes the first answer, the
+  // target verifies the drafts in one pass, and the logprobs come from the verify rows.
+  const std::string prompt = "Lily and Ben went to the park";
+  auto body = [&](bool stream) {
+    json b = completion_body(prompt, 3, stream);
+    b["max_tokens"] = 24;
+    return b;
+  };
+  json plain, plain_chat;
+  {
+    LogprobCluster off(100000);
+    REQUIRE_MESSAGE(off.wait_ready(60000ms), off.log());
+    plain = post_json(off.port(), "/v1/completions", body(false));
+    plain_chat = post_json(off.port(), "/v1/chat/completions", chat_body(4, false));
+  }
+  LogprobCluster spec(100000, "[speculative]\nmethod = \"suffix\"\n");
+  REQUIRE_MESSAGE(spec.wait_ready(60000ms), spec.log());
+  post_json(spec.port(), "/v1/completions", body(false));  // the suffix cache learns the answer
+  post_json(spec.port(), "/v1/chat/completions", chat_body(4, false));
+  double accepted_before = spec.metric("tandem:spec_decode_num_accepted_tokens_total", "");
+  json again = post_json(spec.port(), "/v1/completions", body(false));
+  std::vector<json> streamed = post_stream(spec.port(), "/v1/completions", body(true));
+  json chat = post_json(spec.port(), "/v1/chat/completions", chat_body(4, false));
+  double accepted = spec.metric("tandem:spec_decode_num_accepted_tokens_total", "") -
+                    accepted_before;
+  MESSAGE("draft tokens accepted on the repeated requests: ", accepted);
+  CHECK(accepted >= 24);  // most of the repeated answers came through accepted drafts
+  const json& want = plain["choices"][0]["logprobs"];
+  const json& got = again["choices"][0]["logprobs"];
+  REQUIRE(got["tokens"].size() == want["tokens"].size());
+  CHECK(got["tokens"] == want["tokens"]);
+  for (size_t i = 0; i < want["tokens"].size(); ++i) {
+    INFO("token " << i);
+    CHECK(std::abs(got["token_logprobs"][i].get<double>() -
+                   want["token_logprobs"][i].get<double>()) < 1e-3);
+    // The alternatives too: the same tokens, the same logprobs.
+    for (const auto& alt : want["top_logprobs"][i].items()) {
+      REQUIRE(got["top_logprobs"][i].contains(alt.key()));
+      CHECK(std::abs(got["top_logprobs"][i][alt.key()].get<double>() - alt.value().get<double>()) <
+            1e-3);
+    }
+  }
+  // Streamed with speculation: the chunks' logprobs join to the same list.
+  std::vector<double> streamed_lp;
+  for (const json& e : streamed) {
+    for (const auto& lp : e["choices"][0]["logprobs"]["token_logprobs"]) {
+      streamed_lp.push_back(lp.get<double>());
+    }
+  }
+  REQUIRE(streamed_lp.size() == want["token_logprobs"].size());
+  for (size_t i = 0; i < streamed_lp.size(); ++i) {
+    CHECK(std::abs(streamed_lp[i] - want["token_logprobs"][i].get<double>()) < 1e-3);
+  }
+  check_same_logprobs(chat["choices"][0]["logprobs"]["content"],
+                      plain_chat["choices"][0]["logprobs"]["content"]);
 }
