@@ -221,7 +221,7 @@ void blind_rma_fails(ServeCluster& c) {
   }
   // Nothing cached was poisoned: the same prompt answers the same.
   auto after = complete(c.http_port(), prompt, 24);
-  REQUIRE_MESSAGE(after.error.empty(), after.error);
+  REQUIRE_MESSAGE(after.error.empty(), after.error, "\n", c.logs());
   CHECK(after.text == before.text);
 }
 

@@ -330,7 +330,7 @@ TEST_CASE(
   CHECK(bad_key.exit_code != 0);
   CHECK(bad_key.output.find("router.weight_magic is not a router setting") != std::string::npos);
   RunResult fixed = c.shell("router set kv_index precise");
-  CHECK(fixed.exit_code != 0);
-  CHECK(fixed.output.find("fixed when a router starts") != std::string::npos);
+  CHECK_MESSAGE(fixed.exit_code != 0, fixed.output);
+  CHECK_MESSAGE(fixed.output.find("fixed when a router starts") != std::string::npos, fixed.output);
   CHECK(c.shell("router show").output.find("weight_queue = 1.0") != std::string::npos);
 }
