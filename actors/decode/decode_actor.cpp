@@ -245,12 +245,16 @@ uint64_t event_bytes_bound(const DecodeState::OutEvent& e) {
   return bytes;
 }
 
-// Tells the gateway that a stream lost tokens and was cancelled.
+// Tells the gateway that a stream lost tokens and was cancelled. Its kind is an
+// unavailability (`unimplemented`, as for a lost device), not a failed generation: the gateway
+// routes the request again while nothing was streamed, else answers 503 with Retry-After
+// (never the 500 of a server fault: the tokens were generated, the path to the client was not
+// there).
 Status send_lost(DecodeState& st, const DecodeState::LostStream& l) {
   return st.ctx.bridge->send(st.self_name, l.to, l.id, [&](wire::Envelope::Builder b) {
     auto e = b.getBody().initError();
     e.setRequestId(l.id);
-    e.setKind(messages::to_wire(ErrorKind::failed));
+    e.setKind(messages::to_wire(ErrorKind::unimplemented));
     e.setMessage("decode could not send the generated tokens; the request was cancelled");
     e.setTokensSent(l.tokens_sent);
   });

@@ -273,8 +273,10 @@ void admit_queued(GatewayActor* self);
 
 // Ends a request with an error: a whole error response before the stream started, an error
 // event in the stream after.
+// A 503 with Retry-After: the text was generated but the path from decode was full, an
+// overload the client retries, not a server fault.
 ApiError lost_tokens_error() {
-  return api_error(500, "api_error",
+  return api_error(503, "overloaded_error",
                    "part of the generated text was lost between decode and the gateway "
                    "(decode's send queue was full); retry the request",
                    "tokens_lost");
