@@ -653,6 +653,11 @@ class LoadClients {
     }
   }
   ~LoadClients() { stop(); }
+  // Requests ended so far.
+  size_t ended_count() {
+    std::lock_guard lock(mutex_);
+    return outcomes_.size();
+  }
   std::vector<LoadOutcome> stop() {
     stop_ = true;
     for (auto& t : threads_) {
@@ -729,7 +734,15 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
 
   LoadClients load(c.http_port(), 6);
-  std::this_thread::sleep_for(2500ms);
+  // Under steady load (not assumed after a delay): every client's loop has turned over a few
+  // times, and both decode nodes hold requests, some of them mid-stream.
+  REQUIRE_MESSAGE(eventually(60000ms, [&] {
+                    return load.ended_count() >= 18 &&
+                           c.metric("decode", "tandem:num_requests_running") > 0 &&
+                           c.metric("decode2", "tandem:num_requests_running") > 0;
+                  }),
+                  c.logs());
+  const size_t front_log_at_kill = kill == "front" ? 0 : c.node("front").log().size();
   auto killed = http::Clock::now();
   c.node(kill).signal(SIGKILL);
   REQUIRE(c.node(kill).wait(5000ms) >= 0);
@@ -737,14 +750,18 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
   std::vector<LoadOutcome> outcomes = load.stop();
   INFO(c.logs());
 
-  int completed = 0, errors = 0, hangs = 0, in_flight = 0, retried_ok = 0;
+  // waiting_at_kill: in flight at the kill without a token yet (waiting at decode or at the
+  // gateway, or being prefilled); retried_ok: those of them that completed.
+  int completed = 0, errors = 0, hangs = 0, in_flight = 0, waiting_at_kill = 0, retried_ok = 0;
   double last_end_ms = 0;  // the latest end of a request in flight at the kill, after the kill
   for (const LoadOutcome& o : outcomes) {
     bool at_kill = o.start <= killed && o.end >= killed;
+    bool no_token_at_kill = at_kill && (!o.got_token || o.first_token > killed);
     if (at_kill) {
       ++in_flight;
       last_end_ms = std::max(last_end_ms, ms_between(killed, o.end));
     }
+    if (no_token_at_kill) ++waiting_at_kill;
     if (ms_between(std::max(o.start, killed), o.end) > hang_ms ||
         o.detail.find("timed out") != std::string::npos) {
       ++hangs;
@@ -754,7 +771,7 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
       ++completed;
       // In flight at the kill with no token yet: it was served (retried elsewhere, or its
       // prefill fell back) rather than failed.
-      if (at_kill && (!o.got_token || o.first_token > killed)) ++retried_ok;
+      if (no_token_at_kill) ++retried_ok;
       continue;
     }
     ++errors;
@@ -772,11 +789,26 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
     }
   }
   MESSAGE("kill ", kill, ": ", outcomes.size(), " requests, ", completed, " completed, ", errors,
-          " explicit errors, ", in_flight, " in flight at the kill (", retried_ok,
-          " of them served without a token before it); the last of those ended ", last_end_ms,
-          " ms after the kill");
+          " explicit errors, ", in_flight, " in flight at the kill (", waiting_at_kill,
+          " without a token yet, ", retried_ok, " of those served); the last of those ended ",
+          last_end_ms, " ms after the kill");
   CHECK(hangs == 0);
   CHECK(in_flight >= 1);
+  if (kill != "front") {
+    // The claim itself: requests in flight at the kill that had no token yet exist (six
+    // clients for four sequences) and every one of them was served, none failed.
+    CHECK(waiting_at_kill >= 1);
+    CHECK_MESSAGE(retried_ok == waiting_at_kill, (waiting_at_kill - retried_ok),
+                  " requests without a token at the kill were not served");
+  }
+  if (kill == "decode") {
+    // Served elsewhere: the gateway routed at least one request the dead decode held (or was
+    // sent) again, to the other decode node, before its first token.
+    const std::string front_log = c.node("front").log().substr(front_log_at_kill);
+    CHECK_MESSAGE((front_log.find("failed before its first token (") != std::string::npos &&
+                   front_log.find("); routing again") != std::string::npos),
+                  "no request was routed again after the decode node died");
+  }
   if (kill != "front") {
     // The cluster kept serving: requests sent after the kill completed.
     int after = 0;
