@@ -514,6 +514,28 @@ void fail_all(DecodeActor* self) {
   }
 }
 
+// The step's executor did not answer within executor_step_timeout_ms: it is unavailable, not
+// broken. Each request in the step ends with an `unimplemented` error, as when the device is
+// lost (fail_all): its gateway routes it again while nothing was streamed, else answers 503
+// (never the 500 of a failed generation).
+void end_step_unavailable(DecodeActor* self, const StepRun& run) {
+  auto& st = self->state;
+  RT_ASSERT(run.serials.size() == run.plan.entries.size(), run.serials.size());
+  std::unordered_set<uint64_t> seen;
+  std::vector<std::pair<uint64_t, ActorName>> held;
+  for (size_t i = 0; i < run.plan.entries.size(); ++i) {
+    auto it = st.seqs.find(run.plan.entries[i].seq);
+    if (it == st.seqs.end() || it->second.serial != run.serials[i]) continue;  // gone, replaced
+    if (seen.insert(it->first).second) held.emplace_back(it->first, it->second.reply_to);
+  }
+  RT_ASSERT(held.size() <= run.plan.entries.size(), held.size());
+  for (const auto& [id, to] : held) {
+    send_error(st.ctx, st.self_name, to, id,
+               make_error(ErrorKind::unimplemented, st.watch->stall_reason()));
+    on_cancel(self, id);
+  }
+}
+
 bool watch_answered(DecodeActor* self, uint64_t gen, const ExecResult* result = nullptr) {
   auto& st = self->state;
   if (result) {
@@ -1023,6 +1045,7 @@ caf::behavior running(DecodeActor* self) {
               st.self_name.instance, st.watch->stall_reason());
           auto run = std::exchange(st.exec_run, nullptr);
           if (run) {
+            end_step_unavailable(self, *run);
             finish_step(self, run, st.watch->stall_reason());
           } else {
             st.stepping = false;  // a draft request: decoding goes on without its drafts

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/http_client.hpp"
+#include "tests/support/metric_check.hpp"
 #include "tests/support/process.hpp"
 
 using namespace tandem::testing;
@@ -34,10 +35,11 @@ constexpr uint32_t kQueueMax = 2;    // gateway.queue_max (Q)
 // `gateway` are extra lines for those sections.
 class SimNode {
  public:
-  // `extra`: more sections (e.g. "[router]\n..."); `prefill_device`: the prefill executor's.
+  // `extra`: more sections (e.g. "[router]\n..."); `prefill_device`: the prefill executor's;
+  // `decode_kv_blocks`: the decode executor's KV pool (at least 128: one full context).
   SimNode(const std::string& tag, const std::string& sim, const std::string& gateway,
           const std::string& extra = "", const std::string& prefill_device = "sim",
-          bool test_hooks = false)
+          bool test_hooks = false, uint32_t decode_kv_blocks = 1024)
       : dir_(make_temp_dir(tag)), http_port_(free_port()) {
     std::string t = "[cluster]\nname = \"" + tag + "\"\n[logging]\nlevel = \"warn\"\n"
                     "[model]\nname = \"stories15M\"\npath = \"" + source_root() +
@@ -52,11 +54,11 @@ class SimNode {
     for (const char* inst :
          {"role = \"gateway\"\nname = \"gateway\"\n", "role = \"router\"\nname = \"router\"\n",
           "role = \"prefill\"\nname = \"prefill\"\nexecutor = \"ep\"\n",
-          "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n",
-          "role = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\ndevices = [1]\n"
-          "kv_blocks = 1024\n"}) {
+          "role = \"decode\"\nname = \"decode\"\nexecutor = \"ed\"\n"}) {
       t += std::string("[[node.instance]]\n") + inst;
     }
+    t += "[[node.instance]]\nrole = \"executor\"\nname = \"ed\"\ndevice = \"sim\"\n"
+         "devices = [1]\nkv_blocks = " + std::to_string(decode_kv_blocks) + "\n";
     t += "[[node.instance]]\nrole = \"executor\"\nname = \"ep\"\ndevice = \"" + prefill_device +
          "\"\ndevices = [0]\nkv_blocks = 1024\n";
     write_file(dir_ + "/cluster.toml", t);
@@ -104,15 +106,16 @@ std::string anthropic(int max_tokens) {
 
 bool is_healthy(uint16_t port) { return http::get(port, "/health", 1000ms).status == 200; }
 
-double gauge(uint16_t port, const std::string& name) {
-  auto r = http::get(port, "/metrics");
-  return r.ok() ? http::metric_sum(r.body, name, "instance=\"gateway\"") : -1;
+// Instance `instance`'s gauge `name` from the node's /metrics; the test fails (REQUIRE) when
+// that does not answer, so a dead node never reads as 0.
+double gauge(uint16_t port, const std::string& name, const std::string& instance = "gateway") {
+  return required_metric(port, "local", name, "instance=\"" + instance + "\"");
 }
 
-// Waits until the gateway's gauge `name` equals `value`.
+// Waits until the gauge `name` of `instance` equals `value`.
 bool gauge_becomes(uint16_t port, const std::string& name, double value,
-                   std::chrono::milliseconds timeout) {
-  return eventually(timeout, [&] { return gauge(port, name) == value; });
+                   std::chrono::milliseconds timeout, const std::string& instance = "gateway") {
+  return eventually(timeout, [&] { return gauge(port, name, instance) == value; });
 }
 
 // A streaming request sent without reading its answer yet (it may wait in the queue).
@@ -181,20 +184,36 @@ TEST_CASE("gateway_ops: a decode executor without a device makes /health 503 wit
 TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
   // time_factor 10: a decode step of the modelled Rebel100 takes ~8 ms, so a stream of
   // 30 tokens is in flight for a quarter of a second and one of 2000 tokens for ~16 s.
+  std::string which;
+  SUBCASE("C + Q streams succeed, C + Q + 1 gets 429 in both API shapes") { which = "429"; }
+  SUBCASE("a waiting client that disconnects leaves the queue; a long wait gets 503") {
+    which = "503";
+  }
+  REQUIRE(!which.empty());
+  // The queue timeout: 3 s where it is what is checked, else long enough not to matter.
+  const std::string queue_timeout_ms = which == "503" ? "3000" : "60000";
   SimNode node("gwops-admit", "time_factor = 10\nkv_scale = 0.0078125",
-               "requests_max = " + std::to_string(kRunningMax) +
-                   "\nqueue_max = " + std::to_string(kQueueMax) + "\nqueue_timeout_ms = 3000");
+               "requests_max = " + std::to_string(kRunningMax) + "\nqueue_max = " +
+                   std::to_string(kQueueMax) + "\nqueue_timeout_ms = " + queue_timeout_ms);
   bool healthy = eventually(60s, [&] { return is_healthy(node.port()); });
   INFO("node log:\n" << node.log());
   REQUIRE(healthy);
 
-  SUBCASE("C + Q streams succeed, C + Q + 1 gets 429 in both API shapes") {
+  if (which == "429") {
+    // The C running streams are long (1500 tokens, ~12 s) so that the Q behind them are still
+    // waiting when the refused requests arrive, however slow the machine; each state is
+    // waited for, not assumed after a delay.
     std::vector<std::unique_ptr<Pending>> streams;
-    for (uint32_t i = 0; i < kRunningMax + kQueueMax; ++i) {
+    for (uint32_t i = 0; i < kRunningMax; ++i) {
+      streams.push_back(std::make_unique<Pending>(node.port(), completion(1500)));
+      REQUIRE(streams.back()->sent);
+    }
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_running", kRunningMax, 20s));
+    for (uint32_t i = 0; i < kQueueMax; ++i) {
       streams.push_back(std::make_unique<Pending>(node.port(), completion(40)));
       REQUIRE(streams.back()->sent);
     }
-    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", kQueueMax, 5s));
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", kQueueMax, 20s));
     CHECK(gauge(node.port(), "tandem:num_requests_running") == kRunningMax);
     auto refused = http::post(node.port(), "/v1/chat/completions", chat(4, true), 10s);
     CHECK(refused.status == 429);
@@ -212,26 +231,24 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
     CHECK(claude.value("type", "") == "error");
     CHECK(claude["error"].value("type", "") == "rate_limit_error");
     for (auto& s : streams) {
-      auto r = s->finish(30s);
+      auto r = s->finish(90s);
       INFO(r.error << " " << r.body.substr(r.body.size() > 600 ? r.body.size() - 600 : 0));
       CHECK(r.status == 200);
       CHECK(r.body.find("data: [DONE]") != std::string::npos);
       CHECK(r.body.find("\"finish_reason\":\"length\"") != std::string::npos);
     }
-    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 2s));
-  }
-
-  SUBCASE("a waiting client that disconnects leaves the queue; a long wait gets 503") {
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 10s));
+  } else {
     std::vector<std::unique_ptr<Pending>> running;
     for (uint32_t i = 0; i < kRunningMax; ++i) {
       running.push_back(std::make_unique<Pending>(node.port(), completion(2000)));
     }
-    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_running", kRunningMax, 5s));
+    REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_running", kRunningMax, 20s));
     {
       Pending waiting(node.port(), completion(4));
-      REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", 1, 5s));
+      REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", 1, 20s));
     }  // closes its socket while queued
-    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 2s));
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_waiting", 0, 10s));
     CHECK(gauge(node.port(), "tandem:num_requests_running") == kRunningMax);
     // Now one that stays: it is refused after queue_timeout_ms (3 s) with 503 + Retry-After.
     auto start = http::Clock::now();
@@ -243,7 +260,7 @@ TEST_CASE("gateway_ops: admission queue, 429, disconnects and queue timeouts") {
     CHECK(waited >= 2900ms);
     CHECK(gauge(node.port(), "tandem:num_requests_waiting") == 0);
     for (auto& r : running) r->conn.close();  // the long streams are cancelled
-    CHECK(gauge_becomes(node.port(), "tandem:num_requests_running", 0, 5s));
+    CHECK(gauge_becomes(node.port(), "tandem:num_requests_running", 0, 10s));
   }
 }
 
@@ -277,7 +294,7 @@ TEST_CASE("gateway_ops: the router skips a prefill instance whose executor has n
     CHECK(reply.status == 200);
   }
   auto metrics = http::get(node.port(), "/metrics");
-  REQUIRE(metrics.ok());
+  REQUIRE_MESSAGE((metrics.ok() && metrics.status == 200), metrics.status, " ", metrics.error);
   CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"decode_only\"") == 3);
   CHECK(http::metric_sum(metrics.body, "tandem_router_picks_total", "kind=\"disaggregated\"") == 0);
   CHECK(node.log().find("router: local/prefill/prefill is not ready: executor failed") !=
@@ -357,17 +374,20 @@ TEST_CASE("gateway_ops: overload is refused before the stream starts, with Retry
                "[decode]\nseqs_max = 1\nwaiting_max = 1\n");
   REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
   constexpr int kEach = 6;  // streaming and non-streaming: 12 requests for 4 places
+  // Each request holds decode ~1.6 s (200 tokens): all 12 arrive while the 4 places are
+  // taken, however slowly they are sent.
+  constexpr int kTokens = 200;
   std::vector<std::unique_ptr<Pending>> streams, wholes;
   for (int i = 0; i < kEach; ++i) {
-    streams.push_back(std::make_unique<Pending>(node.port(), completion(40)));
+    streams.push_back(std::make_unique<Pending>(node.port(), completion(kTokens)));
     wholes.push_back(
-        std::make_unique<Pending>(node.port(), chat(40, false), "/v1/chat/completions"));
+        std::make_unique<Pending>(node.port(), chat(kTokens, false), "/v1/chat/completions"));
     REQUIRE(streams.back()->sent);
     REQUIRE(wholes.back()->sent);
   }
   int served = 0, refused = 0;
   auto check = [&](Pending& p, bool stream) {
-    http::Response r = p.finish(60s);
+    http::Response r = p.finish(120s);
     INFO("stream " << stream << ": " << r.status << " " << r.error << "\n" << r.headers << "\n"
                    << r.body.substr(0, 600));
     CHECK(r.error.empty());
@@ -382,7 +402,7 @@ TEST_CASE("gateway_ops: overload is refused before the stream starts, with Retry
         json body = json::parse(r.body, nullptr, false);
         REQUIRE(body.is_object());
         CHECK(body["choices"][0].value("finish_reason", "") == "length");
-        CHECK(body["usage"].value("completion_tokens", 0) == 40);
+        CHECK(body["usage"].value("completion_tokens", 0) == kTokens);
       }
     } else {
       ++refused;
@@ -401,6 +421,72 @@ TEST_CASE("gateway_ops: overload is refused before the stream starts, with Retry
   CHECK(served >= 4);   // 2 running + 2 waiting fit
   CHECK(refused >= 1);  // and the rest did not
   CHECK(served + refused == 2 * kEach);
+  CHECK(node.running());
+}
+
+// A completion of `max_tokens` over a prompt of `count` token ids from `first` on (each
+// prompt its own ids: no prefix shared in the KV cache).
+std::string long_completion(int first, int count, int max_tokens, bool stream) {
+  json body = {{"model", "stories15M"}, {"temperature", 0}, {"max_tokens", max_tokens},
+               {"stream", stream}};
+  json ids = json::array();
+  for (int i = 0; i < count; ++i) ids.push_back(first + i);
+  body["prompt"] = ids;
+  return body.dump();
+}
+
+TEST_CASE("gateway_ops: decode refusing a request the gateway admitted (its waiting queue "
+          "full) is a 429 with Retry-After before any byte of the stream; the node serves on") {
+  // The gateway admits up to seqs_max + waiting_max = 3 requests for the one decode instance.
+  // Decode's KV pool (128 blocks of 16 tokens: one full context, the least allowed) holds one
+  // prompt of 1900 tokens: while request A runs (140 tokens, ~5 s at time_factor 40), B, as
+  // long, waits at decode for blocks, and C, which the gateway admits (3 fit), is refused by
+  // decode: "waiting queue full". The gateway answers it 429, as it answers its own refusals.
+  SimNode node("gwops-late", "time_factor = 40\nkv_scale = 0.0078125", "queue_timeout_ms = 60000",
+               "[decode]\nseqs_max = 2\nwaiting_max = 1\n", "sim", false, 128);
+  REQUIRE_MESSAGE(eventually(60s, [&] { return is_healthy(node.port()); }), node.log());
+  INFO("node log:\n" << node.log());
+  Pending a(node.port(), long_completion(1000, 1900, 140, true));
+  REQUIRE(a.sent);
+  REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_running", 1, 30s, "decode"));
+  Pending b(node.port(), long_completion(5000, 1900, 8, false));
+  REQUIRE(b.sent);
+  REQUIRE(gauge_becomes(node.port(), "tandem:num_requests_waiting", 1, 30s, "decode"));
+  CHECK(gauge(node.port(), "tandem:num_requests_running", "decode") == 1);
+  // C, streaming and not: each admitted by the gateway (2 of its 3 places are taken), refused
+  // by decode, and answered before the stream starts.
+  for (bool stream : {true, false}) {
+    CAPTURE(stream);
+    auto c = http::post(node.port(), "/v1/completions", long_completion(9000, 8, 4, stream),
+                        30s);
+    INFO(c.status << " " << c.error << "\n" << c.headers << "\n" << c.body);
+    CHECK(c.status == 429);
+    CHECK(c.headers.find("Retry-After: 1") != std::string::npos);
+    CHECK(c.headers.find("text/event-stream") == std::string::npos);
+    json e = json::parse(c.body, nullptr, false);
+    REQUIRE(e.is_object());
+    REQUIRE(e.contains("error"));
+    CHECK(e["error"].value("type", "") == "rate_limit_error");
+    CHECK(e["error"].value("code", "") == "rate_limit_exceeded");
+    const std::string message = e["error"].value("message", "");
+    CHECK(message.find("no decode instance can take it now (") == 0);
+    CHECK(message.find("waiting queue full (1)") != std::string::npos);
+    CHECK(message.find("retry later") != std::string::npos);
+  }
+  // B was still waiting at decode all along (so C met a full queue, not a finished A).
+  CHECK(gauge(node.port(), "tandem:num_requests_waiting", "decode") == 1);
+  // A and B are served whole, and so is a request after them: the node serves on.
+  http::Response ra = a.finish(120s), rb = b.finish(120s);
+  CHECK_MESSAGE(ra.status == 200, ra.error, " ", ra.body.substr(0, 400));
+  CHECK(ra.body.find("\"finish_reason\":\"length\"") != std::string::npos);
+  CHECK(ra.body.rfind("data: [DONE]") != std::string::npos);
+  CHECK_MESSAGE(rb.status == 200, rb.error, " ", rb.body.substr(0, 400));
+  json whole = json::parse(rb.body, nullptr, false);
+  REQUIRE(whole.is_object());
+  CHECK(whole["usage"].value("completion_tokens", 0) == 8);
+  auto after = http::post(node.port(), "/v1/completions", long_completion(9000, 8, 4, false), 30s);
+  CHECK_MESSAGE(after.status == 200, after.body);
+  CHECK(gauge_becomes(node.port(), "tandem:num_requests_running", 0, 10s));
   CHECK(node.running());
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/http_client.hpp"
+#include "tests/support/metric_check.hpp"
 #include "tests/support/process.hpp"
 
 using namespace tandem::testing;
@@ -38,21 +39,17 @@ class LogprobCluster {
   LogprobCluster(const LogprobCluster&) = delete;
   uint16_t port() const { return http_port_; }
   std::string log() { return node_->log(); }
-  // A scrape that does not answer fails the test (it would read as 0).
+  // The test fails when /metrics does not answer (a dead node must not read as 0).
   double metric(const std::string& series, const std::string& labels) {
-    auto r = http::get(admin_port_, "/metrics", 3000ms);
-    REQUIRE_MESSAGE((r.ok() && r.status == 200), "/metrics did not answer: ", r.status, " ",
-                    r.error);
-    return http::metric_sum(r.body, series, labels);
+    return required_metric(admin_port_, "solo", series, labels);
   }
 
   // A warm-up completion succeeds and the router may pick both instances (a prefill that has
   // not reported ready yet is skipped, and its prompts prefilled by decode).
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
-      auto m = http::get(admin_port_, "/metrics", 3000ms);  // not up yet: no answer, try again
-      if (!m.ok() || m.status != 200 ||
-          http::metric_sum(m.body, "tandem_router_instance_eligible", "") < 2) {
+      // Polled from the start: a node that does not answer yet is not ready.
+      if (http::scrape_metric(admin_port_, "tandem_router_instance_eligible").value_or(-1) < 2) {
         return false;
       }
       json body = {{"model", "stories15M"}, {"prompt", "Warm up"}, {"max_tokens", 2},

@@ -19,6 +19,7 @@
 #include "devices/rbln/rbln_compile.hpp"
 #include "tests/support/fake_rbln_artifact.hpp"
 #include "tests/support/http_client.hpp"
+#include "tests/support/metric_check.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/serve_cluster.hpp"
 
@@ -931,12 +932,15 @@ TEST_CASE(
                  inst("executor", "exec-p", "device = \"rbln\"\ndevices = [0]\nkv_blocks = 40\n") +
                  inst("executor", "exec-d", "device = \"cpu\"\ndevices = [1]\nkv_blocks = 16\n"));
   Child node({tandem_bin(), "node", "--manifest", manifest, "--node", "solo"}, dir + "/solo.log");
+  // The test fails when /metrics does not answer (a dead node must not read as 0).
   auto metric = [&](const std::string& series) {
-    auto r = http::get(admin_port, "/metrics", 3000ms);
-    return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, "");
+    return required_metric(admin_port, "solo", series);
   };
   bool ready = eventually(90s, [&] {
-    if (metric("tandem_router_instance_eligible") < 2) return false;
+    // Polled from the start: a node that does not answer yet is not ready.
+    if (http::scrape_metric(admin_port, "tandem_router_instance_eligible").value_or(-1) < 2) {
+      return false;
+    }
     return complete(http_port, "Warm", 1).error.empty();
   });
   REQUIRE_MESSAGE(ready, node.log());

@@ -69,6 +69,64 @@ std::string generate(const std::string& prompt, int max_tokens) {
   return out;
 }
 
+// A streamed completion read to its very end, every way it can end, as its client saw it.
+struct StreamEnd {
+  int status = 0;           // 0: no answer at all
+  std::string headers;      // the answer's head
+  std::string body;         // a non-200 answer's body
+  std::string text;         // a 200 stream's text deltas before any error event
+  std::string error_event;  // a 200 stream's first error event ("" if none)
+  bool done = false;        // a 200 stream's [DONE] arrived
+  std::string transport;    // connect/read failure, timeout, a cut or a bad event
+};
+
+StreamEnd stream_to_end(uint16_t port, const std::string& prompt, int max_tokens,
+                        int logprobs) {
+  http::SseStream s(port, "/v1/completions",
+                    completion_body(prompt, max_tokens, true, logprobs).dump(), 60000ms);
+  StreamEnd e;
+  e.status = s.status();
+  e.headers = s.headers();
+  if (!s.ok()) return e.transport = "no answer: " + s.error(), e;
+  if (s.status() != 200) {
+    // The whole (non-SSE) error body.
+    while (s.next(60000ms)) {
+    }
+    e.body = s.pending_text();
+    if (!s.finished()) e.transport = "error body cut: " + s.error();
+    return e;
+  }
+  while (auto event = s.next(60000ms)) {
+    if (*event == "[DONE]") {
+      e.done = true;
+      break;
+    }
+    json j = json::parse(*event, nullptr, false);
+    if (j.is_discarded()) return e.transport = "bad event: " + *event, e;
+    if (j.contains("error")) {
+      if (e.error_event.empty()) e.error_event = *event;
+      continue;
+    }
+    if (!e.error_event.empty()) return e.transport = "text after the error event: " + *event, e;
+    if (j.contains("choices") && !j["choices"].empty()) {
+      e.text += j["choices"][0].value("text", "");
+    }
+  }
+  if (!e.done) e.transport = "stream ended without [DONE]: " + s.error();
+  return e;
+}
+
+// An OpenAI-style error object with a message and a type, or "" with what is wrong.
+std::string openai_error_problem(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) {
+    return "not an OpenAI error object: " + text;
+  }
+  if (j["error"].value("message", "").empty()) return "error without a message: " + text;
+  if (j["error"].value("type", "").empty()) return "error without a type: " + text;
+  return "";
+}
+
 const std::vector<std::string>& prompts() {
   return story_prompts();
 }
@@ -587,31 +645,48 @@ TEST_CASE("serving: tokens decode cannot send end the stream with an error, neve
   ServeCluster c(Layout::loopback3, 1000, 0,
                  "send_queue_max = 1\nsends_inflight_max = 1\nframe_bytes_max = 4096\n");
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
-  size_t errors = 0, intact = 0;
+  // How a stream may end: whole (the expected text, [DONE]); or, once started, with text that
+  // is a prefix of the expected one, then an OpenAI-style error event and [DONE]; or, before
+  // it started, with an explicit refusal: 429/503, an OpenAI-style error body and
+  // Retry-After. Anything else (no answer, a cut, a bad event, a 500) fails.
+  size_t in_stream_errors = 0, refusals = 0, intact = 0;
   for (int round = 0; round < 3; ++round) {
-    std::vector<Completion> got(streams);
+    std::vector<StreamEnd> got(streams);
     std::vector<std::thread> clients;
     for (size_t i = 0; i < streams; ++i) {
       clients.emplace_back([&, i] {
         std::this_thread::sleep_for(5ms * i);
-        got[i] = stream_complete(c.http_port(), prompts()[i % prompts().size()], kTokens,
-                                 logprobs);
+        got[i] = stream_to_end(c.http_port(), prompts()[i % prompts().size()], kTokens,
+                               logprobs);
       });
     }
     for (auto& t : clients) t.join();
     for (size_t i = 0; i < streams; ++i) {
-      if (!got[i].error.empty()) {
-        if (errors++ == 0) MESSAGE("first error: ", got[i].error);
-        continue;
+      const StreamEnd& e = got[i];
+      INFO("prompt: " << prompts()[i % prompts().size()] << "\nstatus " << e.status << " "
+                      << e.transport << "\nserved:   [" << e.text << "]\nexpected: ["
+                      << expected[i] << "]\nerror event: " << e.error_event << "\nbody: "
+                      << e.body);
+      CHECK(e.transport.empty());
+      if (e.status == 200 && e.error_event.empty()) {
+        ++intact;
+        CHECK(e.text == expected[i]);
+      } else if (e.status == 200) {
+        if (in_stream_errors++ == 0) MESSAGE("first error event: ", e.error_event);
+        CHECK(expected[i].rfind(e.text, 0) == 0);  // no hole: a prefix of the answer
+        CHECK(openai_error_problem(e.error_event) == "");
+      } else {
+        if (refusals++ == 0) MESSAGE("first refusal: ", e.status, " ", e.body);
+        // An overload (decode's sends refused), not a broken server: never a 500.
+        CHECK((e.status == 429 || e.status == 503));
+        CHECK(openai_error_problem(e.body) == "");
+        CHECK(e.headers.find("Retry-After: ") != std::string::npos);
       }
-      ++intact;
-      CHECK_MESSAGE(got[i].text == expected[i], "prompt: ", prompts()[i % prompts().size()],
-                    "\nserved:   [", got[i].text, "]\nexpected: [", expected[i], "]");
     }
   }
   double refused = c.metric("decode", "tandem_fabric_sends_refused_total");
-  MESSAGE(intact, " streams intact, ", errors, " ended with an error; decode's sends refused: ",
-          refused);
+  MESSAGE(intact, " streams intact, ", in_stream_errors, " ended with an error event, ",
+          refusals, " refused before streaming; decode's sends refused: ", refused);
   CHECK(refused > 0);  // the path was exercised
   CHECK(intact > 0);
   // Afterwards, with nothing competing, requests are served whole again (a node whose
@@ -653,6 +728,11 @@ class LoadClients {
     }
   }
   ~LoadClients() { stop(); }
+  // Requests ended so far.
+  size_t ended_count() {
+    std::lock_guard lock(mutex_);
+    return outcomes_.size();
+  }
   std::vector<LoadOutcome> stop() {
     stop_ = true;
     for (auto& t : threads_) {
@@ -729,7 +809,15 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
   REQUIRE_MESSAGE(c.wait_ready(30000ms), c.logs());
 
   LoadClients load(c.http_port(), 6);
-  std::this_thread::sleep_for(2500ms);
+  // Under steady load (not assumed after a delay): every client's loop has turned over a few
+  // times, and both decode nodes hold requests, some of them mid-stream.
+  REQUIRE_MESSAGE(eventually(60000ms, [&] {
+                    return load.ended_count() >= 18 &&
+                           c.metric("decode", "tandem:num_requests_running") > 0 &&
+                           c.metric("decode2", "tandem:num_requests_running") > 0;
+                  }),
+                  c.logs());
+  const size_t front_log_at_kill = kill == "front" ? 0 : c.node("front").log().size();
   auto killed = http::Clock::now();
   c.node(kill).signal(SIGKILL);
   REQUIRE(c.node(kill).wait(5000ms) >= 0);
@@ -737,14 +825,18 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
   std::vector<LoadOutcome> outcomes = load.stop();
   INFO(c.logs());
 
-  int completed = 0, errors = 0, hangs = 0, in_flight = 0, retried_ok = 0;
+  // waiting_at_kill: in flight at the kill without a token yet (waiting at decode or at the
+  // gateway, or being prefilled); retried_ok: those of them that completed.
+  int completed = 0, errors = 0, hangs = 0, in_flight = 0, waiting_at_kill = 0, retried_ok = 0;
   double last_end_ms = 0;  // the latest end of a request in flight at the kill, after the kill
   for (const LoadOutcome& o : outcomes) {
     bool at_kill = o.start <= killed && o.end >= killed;
+    bool no_token_at_kill = at_kill && (!o.got_token || o.first_token > killed);
     if (at_kill) {
       ++in_flight;
       last_end_ms = std::max(last_end_ms, ms_between(killed, o.end));
     }
+    if (no_token_at_kill) ++waiting_at_kill;
     if (ms_between(std::max(o.start, killed), o.end) > hang_ms ||
         o.detail.find("timed out") != std::string::npos) {
       ++hangs;
@@ -754,7 +846,7 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
       ++completed;
       // In flight at the kill with no token yet: it was served (retried elsewhere, or its
       // prefill fell back) rather than failed.
-      if (at_kill && (!o.got_token || o.first_token > killed)) ++retried_ok;
+      if (no_token_at_kill) ++retried_ok;
       continue;
     }
     ++errors;
@@ -772,11 +864,26 @@ TEST_CASE("serving: SIGKILL of each node kind under load: no request hangs, each
     }
   }
   MESSAGE("kill ", kill, ": ", outcomes.size(), " requests, ", completed, " completed, ", errors,
-          " explicit errors, ", in_flight, " in flight at the kill (", retried_ok,
-          " of them served without a token before it); the last of those ended ", last_end_ms,
-          " ms after the kill");
+          " explicit errors, ", in_flight, " in flight at the kill (", waiting_at_kill,
+          " without a token yet, ", retried_ok, " of those served); the last of those ended ",
+          last_end_ms, " ms after the kill");
   CHECK(hangs == 0);
   CHECK(in_flight >= 1);
+  if (kill != "front") {
+    // The claim itself: requests in flight at the kill that had no token yet exist (six
+    // clients for four sequences) and every one of them was served, none failed.
+    CHECK(waiting_at_kill >= 1);
+    CHECK_MESSAGE(retried_ok == waiting_at_kill, (waiting_at_kill - retried_ok),
+                  " requests without a token at the kill were not served");
+  }
+  if (kill == "decode") {
+    // Served elsewhere: the gateway routed at least one request the dead decode held (or was
+    // sent) again, to the other decode node, before its first token.
+    const std::string front_log = c.node("front").log().substr(front_log_at_kill);
+    CHECK_MESSAGE((front_log.find("failed before its first token (") != std::string::npos &&
+                   front_log.find("); routing again") != std::string::npos),
+                  "no request was routed again after the decode node died");
+  }
   if (kill != "front") {
     // The cluster kept serving: requests sent after the kill completed.
     int after = 0;

@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "tests/support/http_client.hpp"
+#include "tests/support/metric_check.hpp"
 #include "tests/support/process.hpp"
 
 using namespace tandem::testing;
@@ -80,9 +81,9 @@ class Tier2Node {
     }
     return out;
   }
+  // The test fails when /metrics does not answer (a dead node must not read as 0).
   double metric(const std::string& series) {
-    auto r = http::get(admin_port_, "/metrics", 3000ms);
-    return http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, "");
+    return required_metric(admin_port_, "solo", series);
   }
   // The router's tier-2 view of this node equals what its store holds (and is not empty).
   bool router_view_exact() {
@@ -92,7 +93,10 @@ class Tier2Node {
   // Both instances eligible and a completion answered.
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
-      if (metric("tandem_router_instance_eligible") < 2) return false;
+      // Polled from the start: a node that does not answer yet is not ready.
+      if (http::scrape_metric(admin_port_, "tandem_router_instance_eligible").value_or(-1) < 2) {
+        return false;
+      }
       json body = {{"model", "stories15M"}, {"prompt", "Warm"}, {"max_tokens", 1}};
       auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
       return r.ok() && r.status == 200;
@@ -555,12 +559,11 @@ class RemoteTier2 {
     double used = metric("tandem:tier2_blocks_used");
     return used >= blocks_min && metric("tandem_router_tier2_blocks") == used;
   }
-  // `series` summed over both nodes' /metrics.
+  // `series` summed over both nodes' /metrics; the test fails when either does not answer.
   double metric(const std::string& series) {
     double sum = 0;
-    for (uint16_t admin : admin_) {
-      auto r = http::get(admin, "/metrics", 3000ms);
-      sum += http::metric_sum(r.ok() && r.status == 200 ? r.body : "", series, "");
+    for (size_t i = 0; i < admin_.size(); ++i) {
+      sum += required_metric(admin_[i], i == 0 ? "a" : "b", series);
     }
     return sum;
   }
@@ -568,7 +571,12 @@ class RemoteTier2 {
   // Decode and both prefill instances eligible and a completion answered.
   bool wait_ready(std::chrono::milliseconds timeout) {
     return eventually(timeout, [&] {
-      if (metric("tandem_router_instance_eligible") < 3) return false;
+      // Polled from the start: a node that does not answer yet is not ready.
+      double eligible = 0;
+      for (uint16_t admin : admin_) {
+        eligible += http::scrape_metric(admin, "tandem_router_instance_eligible").value_or(-9);
+      }
+      if (eligible < 3) return false;
       json body = {{"model", "stories15M"}, {"prompt", "Warm"}, {"max_tokens", 1}};
       auto r = http::post(http_port_, "/v1/completions", body.dump(), 30000ms);
       return r.ok() && r.status == 200;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -283,9 +284,11 @@ class SseStream {
 };
 
 // Sums every series named `name` (exactly, with or without labels) whose label block contains
-// `label_part` (e.g. `kind="disaggregated"`), in a Prometheus text exposition. 0 when absent.
-inline double metric_sum(const std::string& exposition, const std::string& name,
-                         const std::string& label_part = "") {
+// `label_part` (e.g. `kind="disaggregated"`), in a Prometheus text exposition. 0 when absent;
+// nullopt when a matching series' value does not parse (a garbled or truncated exposition).
+inline std::optional<double> metric_sum_parsed(const std::string& exposition,
+                                               const std::string& name,
+                                               const std::string& label_part = "") {
   double total = 0;
   std::istringstream lines(exposition);
   std::string line;
@@ -296,9 +299,29 @@ inline double metric_sum(const std::string& exposition, const std::string& name,
     size_t space = line.rfind(' ');
     std::string labels = line.substr(after, space - after);
     if (!label_part.empty() && labels.find(label_part) == std::string::npos) continue;
-    total += std::strtod(line.c_str() + space + 1, nullptr);
+    const char* value = line.c_str() + space + 1;
+    char* end = nullptr;
+    double v = std::strtod(value, &end);
+    if (end == value || *end != '\0') return std::nullopt;
+    total += v;
   }
   return total;
+}
+
+// metric_sum_parsed, NaN when a value does not parse (so no comparison with it holds).
+inline double metric_sum(const std::string& exposition, const std::string& name,
+                         const std::string& label_part = "") {
+  return metric_sum_parsed(exposition, name, label_part).value_or(std::nan(""));
+}
+
+// `name` (as metric_sum_parsed) in GET /metrics on 127.0.0.1:port; nullopt when that does not
+// answer 200 within `timeout` or a value does not parse. A caller must not read nullopt as 0.
+inline std::optional<double> scrape_metric(
+    uint16_t port, const std::string& name, const std::string& label_part = "",
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(3000)) {
+  Response r = get(port, "/metrics", timeout);
+  if (!r.ok() || r.status != 200) return std::nullopt;
+  return metric_sum_parsed(r.body, name, label_part);
 }
 
 }  // namespace tandem::testing::http

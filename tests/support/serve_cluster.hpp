@@ -9,12 +9,14 @@
 #include <csignal>
 #include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "tests/support/http_client.hpp"
+#include "tests/support/metric_check.hpp"
 #include "tests/support/process.hpp"
 
 namespace tandem::testing {
@@ -107,9 +109,16 @@ class ServeCluster {
     auto r = http::get(ports_.at(name).admin, "/metrics", 3000ms);
     return r.ok() && r.status == 200 ? r.body : "";
   }
-  double metric(const std::string& node, const std::string& series,
+  // `series` on node `name` (summed over label blocks containing `labels`; 0 when absent). The
+  // test fails (REQUIRE) when the node's /metrics does not answer or does not parse.
+  double metric(const std::string& name, const std::string& series,
                 const std::string& labels = "") {
-    return http::metric_sum(metrics(node), series, labels);
+    return required_metric(ports_.at(name).admin, name, series, labels);
+  }
+  // As metric(), for polling a node that may not answer yet: nullopt when it does not.
+  std::optional<double> try_metric(const std::string& name, const std::string& series,
+                                   const std::string& labels = "") {
+    return http::scrape_metric(ports_.at(name).admin, series, labels);
   }
   std::string logs() {
     std::string out = "last warm-up answer: " + warm_up_answer_ + "\n";
@@ -128,7 +137,8 @@ class ServeCluster {
     // prefills on decode, which some tests tell apart).
     size_t instances = layout_ == Layout::two_decode ? 3 : 2;
     ok = eventually(timeout, [&] {
-      return metric(front(), "tandem_router_instance_eligible") == static_cast<double>(instances);
+      return try_metric(front(), "tandem_router_instance_eligible") ==
+             static_cast<double>(instances);
     });
     if (!ok) return false;
     return eventually(timeout, [&] {
