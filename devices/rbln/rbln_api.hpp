@@ -23,12 +23,18 @@
 
 #include "runtime/base/result.hpp"
 
-namespace tandem::devices::rbln {
-
+// The C API's opaque handles, at global scope as rbln/rbln.h declares them: a type declared
+// inside our namespace would be a different type, and calling the library's functions through
+// pointers naming it is undefined (clang's -fsanitize=function reports each call).
 extern "C" {
 struct RBLNModel;
 struct RBLNRuntime;
 }
+
+namespace tandem::devices::rbln {
+
+using ::RBLNModel;
+using ::RBLNRuntime;
 
 // The resolved entry points. Names are the C symbols'.
 struct RblnApi {
