@@ -485,6 +485,7 @@ struct HttpServer::Shared {
   std::atomic<uint64_t> connections_open{0};
   std::atomic<uint64_t> connections_total{0};
   std::atomic<uint64_t> connections_rejected{0};
+  std::atomic<uint64_t> connections_unanswered{0};
   std::atomic<uint64_t> requests_total{0};
   std::atomic<uint64_t> requests_rejected{0};
   std::atomic<uint64_t> streams_cancelled{0};
@@ -697,9 +698,9 @@ kj::Promise<void> drain_input(kj::AsyncIoStream& stream, kj::byte* scratch, size
 
 // Writes `answer`, half-closes, lingers (reading and dropping input), then resolves.
 kj::Promise<void> answer_and_linger(kj::Timer& timer, kj::AsyncIoStream& stream,
-                                    std::string answer) {
+                                    std::string answer, size_t scratch_bytes = 16384) {
   auto text = kj::heap<std::string>(std::move(answer));
-  auto scratch = kj::heapArray<kj::byte>(16384);
+  auto scratch = kj::heapArray<kj::byte>(scratch_bytes);
   kj::byte* buffer = scratch.begin();
   size_t buffer_bytes = scratch.size();
   auto written = stream.write(text->data(), text->size());
@@ -919,6 +920,13 @@ struct ConnectionState {
 // to the handler, anything else gets 503 + Retry-After. Then the connection closes.
 constexpr uint32_t lane_connections_max = 64;
 constexpr uint32_t lane_timeout_ms = 1000;
+// While the lane is full, a refused connection is answered blindly: a fixed 503 with
+// Retry-After is written at once, without reading the request, then the connection lingers
+// (input read and dropped, at most refusal_linger) so the close does not reset it before the
+// client read the answer. At most this many at once (4 KiB of scratch each); past that the
+// connection is closed unanswered and counted (stats().connections_unanswered).
+constexpr uint32_t blind_refusals_max = 4096;
+constexpr size_t blind_scratch_bytes = 4096;
 const char* const lane_paths[] = {"/health"};  // served on the lane
 
 class LoopContext final : private kj::TaskSet::ErrorHandler, private kj::HttpServerCallbacks {
@@ -942,6 +950,8 @@ class LoopContext final : private kj::TaskSet::ErrorHandler, private kj::HttpSer
  private:
   void admit(kj::Own<kj::AsyncIoStream> connection);
   // Serves the connection on the refusal lane; `message`/`code`: its 503.
+  // The lane is full: answers a fixed 503 without reading the request (see blind_refusals_max).
+  void refuse_blindly(kj::Own<kj::AsyncIoStream> connection, const std::string& message);
   void refuse_connection(kj::Own<kj::AsyncIoStream> connection, std::string message,
                          std::string code);
   GuardedStream::Settings guard_settings(bool lane) const;
@@ -953,6 +963,7 @@ class LoopContext final : private kj::TaskSet::ErrorHandler, private kj::HttpSer
   ErrorAnswers error_answers_;
   std::map<std::string, uint32_t> per_client_;  // open connections by peer IP (<= connections_max)
   uint32_t lane_open_ = 0;
+  uint32_t blind_open_ = 0;  // blind refusals lingering (<= blind_refusals_max)
   std::shared_ptr<ConnectionState> next_state_;  // handed to the service factory
   kj::HttpServer server_;
   kj::HttpServer lane_server_;
@@ -1252,7 +1263,10 @@ void LoopContext::admit(kj::Own<kj::AsyncIoStream> connection) {
 void LoopContext::refuse_connection(kj::Own<kj::AsyncIoStream> connection, std::string message,
                                     std::string code) {
   shared.connections_rejected.fetch_add(1, std::memory_order_relaxed);
-  if (lane_open_ >= lane_connections_max) return;  // closed unanswered
+  if (lane_open_ >= lane_connections_max) {
+    refuse_blindly(kj::mv(connection), message);
+    return;
+  }
   ++lane_open_;
   auto state = std::make_shared<ConnectionState>();
   state->lane = true;
@@ -1268,6 +1282,26 @@ void LoopContext::refuse_connection(kj::Own<kj::AsyncIoStream> connection, std::
   tasks_.add(quiet.attach(kj::defer([this]() {
     RT_ASSERT(lane_open_ > 0, "lane count lost");
     --lane_open_;
+  })));
+}
+
+void LoopContext::refuse_blindly(kj::Own<kj::AsyncIoStream> connection,
+                                 const std::string& message) {
+  if (blind_open_ >= blind_refusals_max) {
+    shared.connections_unanswered.fetch_add(1, std::memory_order_relaxed);
+    return;  // closed unanswered: the one bound past which a client gets no answer
+  }
+  ++blind_open_;
+  shared.requests_rejected.fetch_add(1, std::memory_order_relaxed);
+  // The request is not read, so its path (and API shape) is unknown: OpenAI-shaped.
+  std::string answer =
+      raw_error_answer(503, server_error_body(503, message, "connections_max", ""), true);
+  kj::AsyncIoStream& stream = *connection;
+  auto answered = answer_and_linger(timer, stream, std::move(answer), blind_scratch_bytes);
+  auto quiet = answered.catch_([](kj::Exception&&) {});  // refused clients come and go
+  tasks_.add(quiet.attach(kj::mv(connection), kj::defer([this]() {
+    RT_ASSERT(blind_open_ > 0, "blind refusal count lost");
+    --blind_open_;
   })));
 }
 
@@ -1384,6 +1418,7 @@ HttpServerStats HttpServer::stats() const {
   out.responses_open = s.responses_open.load(std::memory_order_relaxed);
   out.connections_total = s.connections_total.load(std::memory_order_relaxed);
   out.connections_rejected = s.connections_rejected.load(std::memory_order_relaxed);
+  out.connections_unanswered = s.connections_unanswered.load(std::memory_order_relaxed);
   out.requests_total = s.requests_total.load(std::memory_order_relaxed);
   out.requests_rejected = s.requests_rejected.load(std::memory_order_relaxed);
   out.streams_cancelled = s.streams_cancelled.load(std::memory_order_relaxed);

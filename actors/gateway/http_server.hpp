@@ -54,9 +54,14 @@
 // else gets 503 with `Retry-After: 1` and a body naming the bound; then the connection
 // closes. Stalled clients cannot hold the lane: a slot is held at most 1 s for the head, 1 s
 // for the body and 1 s of lingering after a refusal (or kj's 1 s upload grace), plus, for
-// /health, the Handler's time. Only while all 64 slots are busy (more than about 64 refused
-// connections within 3 s) are further connections closed unanswered.
-// Counted in stats().connections_rejected; each lane 503 also in requests_rejected.
+// /health, the Handler's time. While all 64 slots are busy (more than about 64 refused
+// connections within 3 s), a refused connection is answered blindly: a fixed 503 with
+// Retry-After (OpenAI-shaped: its request is not read) is written at once, then the
+// connection lingers at most 1 s reading and dropping input, so the close does not reset it
+// before the client read the answer; at most 4,096 at once (4 KiB each). Only past that
+// (over ~4,000 refused connections a second) is a connection closed unanswered
+// (stats().connections_unanswered). Counted in stats().connections_rejected; each 503 also
+// in requests_rejected.
 //
 // THREADS AND OWNERSHIP
 // - HttpServer: constructed, started and stopped by its owner on any thread but its own HTTP
@@ -181,6 +186,7 @@ struct HttpServerStats {
   uint64_t connections_open = 0;
   uint64_t connections_total = 0;     // accepted and served
   uint64_t connections_rejected = 0;  // over connections_max or connections_per_client_max
+  uint64_t connections_unanswered = 0;  // of those, closed with no answer (every bound full)
   uint64_t requests_total = 0;        // handed to the handler (lane /health included)
   uint64_t requests_rejected = 0;     // answered 400/408/413/431/503 by the server itself
   uint64_t streams_cancelled = 0;     // on_cancel-worthy cancellations

@@ -14,6 +14,7 @@
 #include "devices/cpu/cpu_device.hpp"
 #include "devices/cpu/weights.hpp"
 #include "devices/sampling.hpp"
+#include "tests/support/homogeneity.hpp"
 #include "tests/support/process.hpp"
 #include "tools/model_synth.hpp"
 
@@ -124,33 +125,12 @@ std::pair<int32_t, int32_t> speculated(Fixture& f, uint64_t seed, const Tokens& 
   return {emitted[0], t2->token};
 }
 
-// Two-sample chi-square (equal sample sizes) over the bins both samples reach at least 10
-// times together, and its critical value at alpha = 1e-4 (Wilson-Hilferty).
+// The tests below: alpha = 1e-4 each (Wilson-Hilferty critical values).
 std::pair<double, double> homogeneity(const std::map<int64_t, int>& a,
                                       const std::map<int64_t, int>& b) {
-  std::map<int64_t, std::pair<int, int>> bins;
-  for (auto [k, n] : a) bins[k].first += n;
-  for (auto [k, n] : b) bins[k].second += n;
-  double chi = 0, pooled_a = 0, pooled_b = 0;
-  int df = -1;
-  for (auto [k, ab] : bins) {
-    if (ab.first + ab.second < 10) {
-      pooled_a += ab.first;
-      pooled_b += ab.second;
-      continue;
-    }
-    double d = ab.first - ab.second;
-    chi += d * d / (ab.first + ab.second);
-    ++df;
-  }
-  if (pooled_a + pooled_b > 0) {
-    chi += (pooled_a - pooled_b) * (pooled_a - pooled_b) / (pooled_a + pooled_b);
-    ++df;
-  }
-  REQUIRE(df >= 1);
-  double z = 3.719, v = 2.0 / (9.0 * df);
-  double critical = df * std::pow(1 - v + z * std::sqrt(v), 3);
-  return {chi, critical};
+  testing::Homogeneity h = testing::homogeneity(a, b);
+  REQUIRE(h.df >= 1);
+  return {h.chi2, h.critical};
 }
 
 }  // namespace

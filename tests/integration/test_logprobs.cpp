@@ -1,13 +1,19 @@
 // logprobs / top_logprobs end to end (issue 4): real `tandem node` processes on loopback, the
 // cpu device running stories15M, greedy decoding. Chat, Completions and Responses, streamed
 // and not; the first token sampled by a remote prefill (P/D) and by decode's local prefill.
+// With speculation: logprobs equal those without (greedy), and sampled tokens are distributed
+// as without (chi-square over seeded requests, through the whole decode path).
 #include <doctest.h>
 
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/homogeneity.hpp"
 #include "tests/support/http_client.hpp"
 #include "tests/support/metric_check.hpp"
 #include "tests/support/process.hpp"
@@ -377,4 +383,93 @@ TEST_CASE("logprobs: with speculation (suffix drafts accepted) equal logprobs wi
   }
   check_same_logprobs(chat["choices"][0]["logprobs"]["content"],
                       plain_chat["choices"][0]["logprobs"]["content"]);
+}
+
+namespace {
+
+// The tokens of `n` seeded, sampled completions of `prompt` (seeds seed0 .. seed0 + n - 1),
+// counted per position: at[i][token text] = how many answers had that token at i. Four
+// clients at once. An answer shorter than `tokens` (a stop) counts "<end>" at the rest.
+std::vector<std::map<std::string, int>> sample_tokens(uint16_t port, const std::string& prompt,
+                                                      int n, uint64_t seed0, size_t tokens) {
+  std::vector<std::map<std::string, int>> at(tokens);
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  std::vector<std::thread> clients;
+  constexpr int kClients = 4;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = c; i < n; i += kClients) {
+        json body = {{"model", "stories15M"}, {"prompt", prompt},
+                     {"max_tokens", tokens}, {"temperature", 1.0},
+                     {"seed", seed0 + static_cast<uint64_t>(i)}, {"logprobs", 0}};
+        auto r = http::post(port, "/v1/completions", body.dump(), 60000ms);
+        json j = r.ok() && r.status == 200 ? json::parse(r.body, nullptr, false) : json();
+        std::lock_guard lock(mutex);
+        if (!j.is_object()) {
+          if (failures.size() < 4) failures.push_back(std::to_string(r.status) + " " + r.error + " " + r.body);
+          continue;
+        }
+        const json& got = j["choices"][0]["logprobs"]["tokens"];
+        for (size_t k = 0; k < tokens; ++k) {
+          ++at[k][k < got.size() ? got[k].get<std::string>() : std::string("<end>")];
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (const auto& f : failures) MESSAGE("request failed: ", f);
+  REQUIRE(failures.empty());
+  return at;
+}
+
+}  // namespace
+
+TEST_CASE("logprobs: sampled with speculation, each position's tokens are distributed as "
+          "without (chi-square over seeded requests)" *
+          doctest::timeout(600)) {
+  require_model();
+  // The same prompt, temperature 1, 10 tokens, 600 requests a run, seeds disjoint between
+  // the runs. With suffix speculation the drafter proposes continuations of earlier answers:
+  // some drafts are accepted, some rejected (the residual distribution is sampled), so both
+  // branches of the sampled verification run. For each of the 10 positions, a two-sample
+  // chi-square test at alpha = 1e-4: a false alarm in at most 1e-3 of runs. A rule that is not
+  // lossless moves probability mass: after a rejection sampling the whole target again (not
+  // the residual) failed 5 of the 10 positions.
+  const std::string prompt = "Once upon a time";
+  constexpr int n = 600;
+  constexpr size_t tokens = 10;
+  std::vector<std::map<std::string, int>> plain, spec;
+  {
+    LogprobCluster off(100000);
+    REQUIRE_MESSAGE(off.wait_ready(60000ms), off.log());
+    plain = sample_tokens(off.port(), prompt, n, 1000000, tokens);
+  }
+  // A draft continues while its estimated probability stays above suffix_probability_min:
+  // at 0.01 the drafter proposes branches the target often rejects.
+  LogprobCluster on(100000,
+                    "[speculative]\nmethod = \"suffix\"\nsuffix_probability_min = 0.01\n");
+  REQUIRE_MESSAGE(on.wait_ready(60000ms), on.log());
+  double drafted_before = on.metric("tandem:spec_decode_num_draft_tokens_total", "");
+  double accepted_before = on.metric("tandem:spec_decode_num_accepted_tokens_total", "");
+  spec = sample_tokens(on.port(), prompt, n, 2000000, tokens);
+  double drafted = on.metric("tandem:spec_decode_num_draft_tokens_total", "") - drafted_before;
+  double accepted = on.metric("tandem:spec_decode_num_accepted_tokens_total", "") -
+                    accepted_before;
+  MESSAGE("draft tokens: ", drafted, " proposed, ", accepted, " accepted");
+  // Both branches ran many times: accepted drafts, and rejected ones.
+  CHECK(accepted >= n / 4);
+  CHECK(drafted - accepted >= n / 4);
+  for (size_t k = 0; k < tokens; ++k) {
+    Homogeneity h = homogeneity(plain[k], spec[k]);
+    std::string top;
+    for (const auto& [t, count] : plain[k]) {
+      if (count >= n / 20) top += "[" + t + "] " + std::to_string(count) + "/" +
+                                  std::to_string(spec[k].count(t) ? spec[k].at(t) : 0) + " ";
+    }
+    MESSAGE("position ", k, ": chi2 ", h.chi2, " (critical ", h.critical, ", df ", h.df,
+            "); plain/spec: ", top);
+    CHECK(h.df >= 1);
+    CHECK(h.chi2 < h.critical);
+  }
 }

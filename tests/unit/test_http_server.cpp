@@ -779,3 +779,41 @@ TEST_CASE("/health is answered while stalled clients fill connections_max; the r
   CHECK(f.handler.calls.load() == 3);
   CHECK(f.server.stats().connections_open == 3);
 }
+
+TEST_CASE("while the refusal lane is full, a refused connection still gets 503 + Retry-After") {
+  HttpLimits limits;
+  limits.connections_max = 1;
+  Fixture f(limits);
+  Client holder(f.server.port());
+  holder.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nhalf");
+  REQUIRE(eventually([&f]() { return f.server.stats().connections_open == 1; }));
+  // 64 refused clients that stall hold every lane slot for up to its 1 s deadline. A client
+  // that then sends nothing at all is answered at once (blindly, its request never read): on
+  // the lane it would get nothing before that deadline, then a silent close. Fill and probe
+  // again if the machine was so slow that the lane's deadline passed in between.
+  bool blind = false;
+  for (int attempt = 0; attempt < 5 && !blind; ++attempt) {
+    std::vector<std::unique_ptr<Client>> lane;
+    for (int i = 0; i < 64; ++i) {
+      lane.push_back(std::make_unique<Client>(f.server.port()));
+      lane.back()->send("GET /health HTTP/1.1\r\n");
+    }
+    Client probe(f.server.port());
+    auto started = std::chrono::steady_clock::now();
+    if (!probe.fill(900)) continue;  // nothing yet: the probe went to the lane
+    auto reply = probe.read_response();
+    INFO(reply.headers << "\n" << reply.body);
+    CHECK(reply.status == 503);
+    CHECK(reply.has_header("Retry-After: 1"));
+    CHECK(reply.has_header("Connection: close"));
+    CHECK(openai_error(reply, "server_overloaded"));
+    CHECK(reply.body.find("too many open connections") != std::string::npos);
+    CHECK(probe.closed_by_peer());
+    blind = std::chrono::steady_clock::now() - started < std::chrono::milliseconds(900);
+  }
+  CHECK(blind);
+  CHECK(f.server.stats().connections_unanswered == 0);
+  // The held connection is still served.
+  holder.send(std::string(96, 'x'));
+  CHECK(holder.read_response().status == 200);
+}
