@@ -1001,16 +1001,22 @@ class ConnectionService final : public kj::HttpService {
 namespace {
 
 // Reads the body into `out`; resolves false as soon as it exceeds `bytes_max`.
-kj::Promise<bool> read_body(kj::AsyncInputStream& in, std::string& out, uint64_t bytes_max) {
+// Reads the body into `out`. With a known length (`expected`, reserved by the caller) it stops
+// at that length: a read past it to see the end would grow the string to twice its size
+// (each held body would cost 2x body_bytes_max; overload_memory measured it).
+kj::Promise<bool> read_body(kj::AsyncInputStream& in, std::string& out, uint64_t bytes_max,
+                            std::optional<uint64_t> expected) {
   constexpr size_t chunk_bytes = 16384;
   size_t before = out.size();
-  out.resize(before + chunk_bytes);
-  return in.tryRead(out.data() + before, 1, chunk_bytes)
-      .then([&in, &out, bytes_max, before](size_t read_bytes) -> kj::Promise<bool> {
+  if (expected && before >= *expected) return true;
+  size_t chunk = expected ? std::min<uint64_t>(chunk_bytes, *expected - before) : chunk_bytes;
+  out.resize(before + chunk);
+  return in.tryRead(out.data() + before, 1, chunk)
+      .then([&in, &out, bytes_max, before, expected](size_t read_bytes) -> kj::Promise<bool> {
         out.resize(before + read_bytes);
         if (read_bytes == 0) return true;
         if (out.size() > bytes_max) return false;
-        return read_body(in, out, bytes_max);
+        return read_body(in, out, bytes_max, expected);
       });
 }
 
@@ -1039,11 +1045,13 @@ kj::Promise<void> ConnectionService::request(kj::HttpMethod method, kj::StringPt
     }
   }
   const HttpLimits& limits = loop_.limits;
+  std::optional<uint64_t> expected;
   KJ_IF_MAYBE (length, body.tryGetLength()) {
     RT_ASSERT(*length <= limits.body_bytes_max, "the framing checks passed a long body", *length);
     request->body.reserve(*length);
+    expected = *length;
   }
-  return read_body(body, request->body, limits.body_bytes_max)
+  return read_body(body, request->body, limits.body_bytes_max, expected)
       .then(
           [this, request, &response](bool fits) mutable -> kj::Promise<void> {
             RT_ASSERT(fits, "the framing checks passed a body over the limit");

@@ -179,6 +179,72 @@ TEST_CASE("node actor: a late subscriber learns the peers that are already up") 
   CHECK_FALSE(extra);
 }
 
+TEST_CASE("node actor: a heartbeat speaks for its own node's instances only, its text is "
+          "made safe, and one from a node not in the manifest is ignored") {
+  NodeA a;
+  a.bridge.set_ready();
+  caf::scoped_actor sub{a.system};
+  sub->send(a.node(), runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(sub));
+  // `from` sends a heartbeat carrying loads for b's decode, a's gateway (not b's to report),
+  // b's decode again with a not-ready reason that would forge a log line, and FROM/decode/dec.
+  auto heartbeat = [&](const std::string& from, uint64_t incarnation) {
+    Status sent = a.bridge.send({from, "node", ""}, {"a", "node", ""}, 0,
+                                [&](wire::Envelope::Builder b) {
+      auto hb = b.getBody().initHeartbeat();
+      hb.setIncarnation(incarnation);
+      hb.setSequence(1);
+      hb.setUptimeMs(1000);
+      auto loads = hb.initLoad(4);
+      loads[0].setInstance("b/decode/dec");
+      loads[0].setRequestsRunning(3);
+      loads[1].setInstance("a/gateway/gw");
+      loads[1].setRequestsRunning(7);
+      loads[2].setInstance("b/decode/dec");
+      loads[2].setReady(false);
+      loads[2].setNotReadyReason("stalled\n[error] node a: forged line\r\x1b[2Kgone");
+      loads[3].setInstance(from + "/decode/dec");  // its own name: b's decode, or x's
+    });
+    REQUIRE_MESSAGE(sent.ok(), sent.error().describe());
+  };
+  struct Seen {
+    std::vector<runtime::InstanceLoadReport> loads;
+    std::vector<runtime::MembershipEvent> events;
+  };
+  auto collect = [&](std::chrono::milliseconds quiet) {
+    Seen seen;
+    bool more = true;
+    while (more) {
+      sub->receive([&](const runtime::InstanceLoadReport& r) { seen.loads.push_back(r); },
+                   [&](const runtime::MembershipEvent& e) { seen.events.push_back(e); },
+                   caf::after(quiet) >> [&] { more = false; });
+    }
+    return seen;
+  };
+
+  // A node the manifest does not name: nothing of it reaches a subscriber.
+  heartbeat("x", 5);
+  Seen stranger = collect(300ms);
+  CHECK(stranger.loads.empty());
+  CHECK(stranger.events.empty());
+
+  heartbeat("b", 42);
+  Seen seen = collect(500ms);
+  REQUIRE(seen.loads.size() == 3);  // a/gateway/gw is not b's: dropped
+  for (const auto& r : seen.loads) CHECK(r.instance == "b/decode/dec");
+  CHECK(seen.loads[0].running == 3);
+  CHECK_FALSE(seen.loads[1].ready);
+  const std::string& why = seen.loads[1].not_ready_reason;
+  CHECK(why.find("stalled") == 0);
+  CHECK(why.find("forged line") != std::string::npos);  // kept, but on the same line
+  for (char c : why) {
+    auto u = static_cast<unsigned char>(c);
+    CHECK_MESSAGE((u >= 0x20 && u < 0x7f), why);
+  }
+  REQUIRE(seen.events.size() == 1);
+  CHECK(seen.events[0].kind == runtime::MembershipEvent::Kind::up);
+  CHECK(seen.events[0].node == "b");
+}
+
 TEST_CASE("read_process_memory: VmRSS and VmHWM in bytes; the peak follows touched memory") {
   auto before = runtime::read_process_memory();
   REQUIRE(before.has_value());
