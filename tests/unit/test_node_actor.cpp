@@ -245,6 +245,43 @@ TEST_CASE("node actor: a heartbeat speaks for its own node's instances only, its
   CHECK(seen.events[0].node == "b");
 }
 
+TEST_CASE("node actor: a hello changes membership only when it names its own sender, a node") {
+  NodeA a;
+  a.bridge.set_ready();
+  caf::scoped_actor sub{a.system};
+  sub->send(a.node(), runtime::atoms::subscribe::value, caf::actor_cast<caf::actor>(sub));
+  auto hello = [&](const std::string& named, bool client) {
+    Status sent = a.bridge.send({"b", "node", ""}, {"a", "node", ""}, 0,
+                                [&](wire::Envelope::Builder b) {
+      auto h = b.getBody().initHello();
+      h.setNodeName(named);
+      h.setClusterName("subs");
+      h.setProtocolVersion(1);
+      h.setIncarnation(7);
+      h.setIsClient(client);
+    });
+    REQUIRE_MESSAGE(sent.ok(), sent.error().describe());
+  };
+  auto events = [&](std::chrono::milliseconds quiet) {
+    std::vector<runtime::MembershipEvent> out;
+    bool more = true;
+    while (more) {
+      sub->receive([&](const runtime::MembershipEvent& e) { out.push_back(e); },
+                   [](const runtime::InstanceLoadReport&) {},
+                   caf::after(quiet) >> [&] { more = false; });
+    }
+    return out;
+  };
+  hello("a", false);  // b's session speaking for another node
+  hello("b", true);   // b calling itself a client
+  CHECK(events(300ms).empty());
+  hello("b", false);
+  auto seen = events(500ms);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].kind == runtime::MembershipEvent::Kind::up);
+  CHECK(seen[0].node == "b");
+}
+
 TEST_CASE("read_process_memory: VmRSS and VmHWM in bytes; the peak follows touched memory") {
   auto before = runtime::read_process_memory();
   REQUIRE(before.has_value());
