@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "devices/cpu/cpu_device.hpp"
 #include "devices/cpu/weights.hpp"
 #include "devices/device.hpp"
+#include "devices/pass_cost.hpp"
 #include "kvstore/prefix_cache.hpp"
 #include "tools/model_synth.hpp"
 #include "tools/text_codec.hpp"
@@ -223,31 +225,6 @@ class Engine {
   decode::SeqId ids_ = 0;
 };
 
-// The device's cost of a decode pass of one sequence with r rows (r = 1 .. k + 1) after a
-// 64-token context, relative to one row: median thread CPU time of `runs` passes each.
-std::vector<double> pass_costs(devices::Device& device, uint32_t rows_max, int runs) {
-  const uint32_t bt = device.kv_layout().block_tokens;
-  std::vector<uint32_t> table;
-  for (uint32_t b = 0; b * bt < 64 + rows_max + bt; ++b) table.push_back(b);
-  Tokens context(64);
-  for (size_t i = 0; i < context.size(); ++i) context[i] = static_cast<int32_t>(1 + i * 7 % 300);
-  (void)device.prefill(std::vector<devices::PrefillSeq>{{1, table, 0, context, {}}});
-  std::vector<double> cost;
-  for (uint32_t r = 1; r <= rows_max; ++r) {
-    std::vector<double> t;
-    for (int i = 0; i < runs; ++i) {
-      Tokens fed(r, 5);
-      double s = thread_seconds();
-      (void)device.decode(std::vector<devices::DecodeSeq>{{1, table, 64, fed}});
-      t.push_back(thread_seconds() - s);
-    }
-    std::sort(t.begin(), t.end());
-    cost.push_back(t[t.size() / 2]);
-  }
-  for (size_t r = cost.size(); r-- > 0;) cost[r] /= cost[0];
-  return cost;
-}
-
 // What crosses the Device seam per decode step at MiniMax-M2's vocabulary (200,064): a
 // synthesized one-layer model of that vocabulary, `batch` sequences of k + 1 rows, the full
 // logits vs each row's argmax (DecodeSeq::argmax_only). Bytes are the output's payload
@@ -354,7 +331,9 @@ int run_spec_decode_bench(cli::Args args) {
       .flag("prompts", "N", "prompts (of the 20 built in)", "20")
       .flag("threads", "N", "BLAS threads", "1")
       .flag("repeat", "N", "runs per method, interleaved; medians printed", "3")
-      .flag("row-cost", "C", "[speculative] row_cost the drafters size drafts with", "0.35")
+      .flag("row-cost", "C", "[speculative] row_cost the drafters size drafts with, or "
+                             "\"measured\": the fit to this device's pass costs, as a decode "
+                             "executor measures it when it opens", "measured")
       .flag("draft-model", "DIR", "EAGLE-3 head for --model (default: a synthesized one, "
                                   "random weights: its cost, not its acceptance)", "")
       .flag("seam", "", "instead: bytes per step across the Device seam, full logits vs argmax "
@@ -366,7 +345,8 @@ int run_spec_decode_bench(cli::Args args) {
   auto prompts_n = f.get_int("prompts");
   auto threads = f.get_int("threads");
   auto repeat = f.get_int("repeat");
-  auto row_cost_flag = f.get_double("row-cost");
+  const bool row_cost_measured = f.get("row-cost") == "measured";
+  auto row_cost_flag = row_cost_measured ? std::optional<double>(1.0) : f.get_double("row-cost");
   std::vector<uint32_t> streams = parse_list(f.get("streams"));
   std::vector<std::string> workloads;
   for (std::string w : {"fresh", "again", "echo"}) {
@@ -424,15 +404,24 @@ int run_spec_decode_bench(cli::Args args) {
   std::vector<Tokens> prompts;
   for (int64_t i = 0; i < *prompts_n; ++i) prompts.push_back((*codec)->encode(kPrompts[i]));
   const auto mt = static_cast<uint32_t>(*max_tokens);
-  const double row_cost = *row_cost_flag;
   std::printf("spec-decode bench: %s, %zu prompts x %u tokens, k = %lld, greedy, cpu device "
               "(%lld BLAS threads)\n", model.c_str(), prompts.size(), mt,
               static_cast<long long>(*k), static_cast<long long>(*threads));
-  auto costs = pass_costs(**device, static_cast<uint32_t>(*k) + 1, 40);
+  // The device's cost of a decode pass of one sequence by rows (1 .. k + 1), thread CPU time
+  // (BLAS on this thread), as an executor measures it when it opens (by wall time there).
+  auto measured = devices::measure_pass_costs(**device, std::max<uint32_t>(2, uint32_t(*k) + 1),
+                                              40, ~uint64_t{0}, thread_seconds);
+  if (!measured.ok()) {
+    std::fprintf(stderr, "tandem bench spec-decode: timing passes: %s\n",
+                 measured.error().describe().c_str());
+    return 1;
+  }
+  const std::vector<double>& costs = measured->by_rows;
+  const double row_cost = row_cost_measured ? measured->row_cost : *row_cost_flag;
   std::printf("decode pass of one sequence, cost by rows (x one row):");
   for (size_t r = 0; r < costs.size(); ++r) std::printf(" %zu: %.2f", r + 1, costs[r]);
-  std::printf("; row_cost at k = %lld: %.2f (the drafters use %.2f)\n",
-              static_cast<long long>(*k), (costs.back() - 1.0) / double(*k), row_cost);
+  std::printf("; row_cost fitted: %.3f (the drafters use %.3f%s)\n", measured->row_cost,
+              row_cost, row_cost_measured ? ", measured" : ", given");
   std::printf("%-7s %-8s %-7s %9s %8s %9s %8s %9s %11s %9s %s\n", "streams", "workload",
               "method", "tok/s", "x off", "cpu tok/s", "x off", "tok/step", "acc/drafted",
               "drafted", "text");

@@ -784,6 +784,7 @@ void Loader::read_speculative(const toml::table& table) {
   if (reader.read_double("row_cost", 0.0, 4.0, spec.row_cost) && spec.row_cost <= 0.0) {
     reader.issue("row_cost", "must be above 0 (the cost of one more row in a decode pass)");
   }
+  spec.row_cost_measured = reader.find("row_cost") == nullptr;
   reader.read_int("ngram_match_min", 1, 64, spec.ngram_match_min);
   if (reader.read_int("ngram_match_max", 1, 256, spec.ngram_match_max) &&
       spec.ngram_match_max < spec.ngram_match_min) {

@@ -185,6 +185,10 @@ struct SpeculativeSection {
   uint32_t draft_tokens_max = 4;   // 1..16
   uint32_t batch_max = 32;         // speculation off above this many running sequences
   double row_cost = 0.35;          // one more row's cost in one-row passes (drafter.hpp)
+  // row_cost not in the manifest: a cpu or rbln decode executor measures it when it opens
+  // (devices/pass_cost.hpp) and decode uses that; row_cost above is used until then, and on
+  // the sim device. Given, it is used as given.
+  bool row_cost_measured = true;
   uint32_t ngram_match_min = 2;    // n-gram: shortest suffix match
   uint32_t ngram_match_max = 8;    // n-gram: longest suffix match considered
   uint32_t ngram_candidates_max = 8;

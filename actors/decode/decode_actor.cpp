@@ -1082,6 +1082,8 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
         self, executor, "decode", [self](const ExecInfo& info) {
           auto& st = self->state;
           auto config = scheduler_config(*st.ctx.manifest);
+          // Drafts are sized with the row cost the executor measured when it opened, if it did.
+          if (info.row_cost > 0) config.spec.row_cost = info.row_cost;
           if (Status valid = config.validate(info.layout.blocks_total); !valid.ok()) {
             st.ctx.log->error("decode {}: {}", st.self_name.instance, valid.error().describe());
             st.info.ok = false;
@@ -1095,6 +1097,13 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
           st.scheduler = std::make_unique<decode::DecodeScheduler>(config, *st.cache);
           st.metrics = std::make_unique<DecodeMetrics>(*st.ctx.metrics, st.self_name.instance);
           st.metrics->registry = st.ctx.metrics;
+          if (config.spec.method != decode::SpecMethod::none) {
+            make_gauge(*st.ctx.metrics, "tandem:spec_decode_row_cost",
+                       "one more row's cost in a decode pass, in one-row passes, as drafts are "
+                       "sized (measured when the executor opened, or [speculative] row_cost)",
+                       st.metrics->common.labels())
+                ->set(config.spec.row_cost);
+          }
           st.kv_events = std::make_unique<KvEventReporter>(st.ctx, st.self_name);
           self->become(running(self));
         });

@@ -11,6 +11,7 @@
 
 #include "actors/executor/sim_markup.hpp"
 #include "devices/kv_memory.hpp"
+#include "devices/pass_cost.hpp"
 #include "runtime/node/caf_types.hpp"
 #include "runtime/node/node_actor.hpp"
 #include "runtime/node/spawn.hpp"
@@ -186,6 +187,23 @@ struct ExecutorState {
 
 using ExecutorActor = caf::stateful_actor<ExecutorState>;
 
+// True when executor `inst` of this node runs a decode instance that speculates with a
+// row_cost to measure, on a device whose passes take real time.
+bool measures_row_cost(const ShellContext& ctx, const config::Instance& inst) {
+  const config::SpeculativeSection& spec = ctx.manifest->speculative;
+  if (spec.method == config::SpeculativeMethod::none || !spec.row_cost_measured ||
+      inst.device == config::DeviceKind::sim) {
+    return false;
+  }
+  for (const auto& [node, decode] : ctx.manifest->instances_of(config::Role::decode)) {
+    if (node->name == ctx.bridge->node() && decode->executor == inst.name) return true;
+  }
+  return false;
+}
+
+// A sequence id no decode or prefill instance hands out (theirs count up from 1).
+constexpr uint64_t calibration_seq_id = ~uint64_t{0};
+
 ExecInfo open_device(DeviceSlot& st, const ShellContext& ctx, const config::Instance& inst,
                      caf::actor_clock& clock) {
   ExecInfo info;
@@ -226,6 +244,29 @@ ExecInfo open_device(DeviceSlot& st, const ShellContext& ctx, const config::Inst
   info.local = st.registration.get();
   info.draft_model = st.device->has_draft_model();
   info.description = st.device->describe();
+  if (measures_row_cost(ctx, inst)) {
+    // Before anything uses the pool (the timing writes KV into its first blocks).
+    const uint32_t rows = ctx.manifest->speculative.draft_tokens_max + 1;
+    auto costs = devices::measure_pass_costs(*st.device, std::max<uint32_t>(rows, 2), 9,
+                                             calibration_seq_id);
+    if (costs.ok()) {
+      info.pass_costs = costs->by_rows;
+      info.row_cost = costs->row_cost;
+      std::string by_rows;
+      for (double c : costs->by_rows) {
+        char cell[32];
+        std::snprintf(cell, sizeof cell, " %.2f", c);
+        by_rows += cell;
+      }
+      ctx.log->info("executor {}: decode passes of 1..{} rows cost{} one-row passes; "
+                    "row_cost {:.3f} (measured; drafts are sized with it)",
+                    inst.name, rows, by_rows, costs->row_cost);
+    } else {
+      ctx.log->warn("executor {}: could not time its decode passes ({}); drafts are sized "
+                    "with [speculative] row_cost {}",
+                    inst.name, costs.error().describe(), ctx.manifest->speculative.row_cost);
+    }
+  }
   return info;
 }
 

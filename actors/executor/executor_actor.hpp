@@ -34,6 +34,12 @@ struct ExecInfo {
   const runtime::MemoryRegion* local = nullptr;
   bool draft_model = false;  // the device drafts (EAGLE-3 head beside it): ExecKind::draft
   std::string description;   // Device::describe(): what it runs (`tandem shell executors`)
+  // A decode executor whose instance speculates, on a device whose passes take real time
+  // (cpu, rbln), with no [speculative] row_cost in the manifest: its decode passes' cost by
+  // rows, measured when it opened (devices/pass_cost.hpp), and the row_cost fitted to them;
+  // empty and 0 otherwise (decode then sizes drafts with the manifest's row_cost).
+  std::vector<double> pass_costs;
+  double row_cost = 0;
 };
 
 // draft: the next drafts after a verified decode pass (Device::draft); its result's

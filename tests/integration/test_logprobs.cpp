@@ -6,11 +6,14 @@
 #include <doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <memory>
+#include <optional>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/homogeneity.hpp"
@@ -472,4 +475,34 @@ TEST_CASE("logprobs: sampled with speculation, each position's tokens are distri
     CHECK(h.df >= 1);
     CHECK(h.chi2 < h.critical);
   }
+}
+
+TEST_CASE("speculation: a cpu decode executor measures its row cost when it opens and decode "
+          "sizes drafts with it; a row_cost in the manifest is used as given") {
+  auto logged_row_cost = [](const std::string& log) -> std::optional<double> {
+    const std::string mark = "row_cost ";
+    size_t at = log.find(" one-row passes; row_cost ");
+    if (at == std::string::npos) return std::nullopt;
+    at = log.find(mark, at) + mark.size();
+    return std::strtod(log.c_str() + at, nullptr);
+  };
+  {
+    LogprobCluster measured(100000, "[speculative]\nmethod = \"suffix\"\n");
+    REQUIRE_MESSAGE(measured.wait_ready(60000ms), measured.log());
+    std::string log = measured.log();
+    // Only the decode executor times its passes (prefill's does not speculate).
+    CHECK(log.find("executor exec-d: decode passes of 1..5 rows cost 1.00 ") != std::string::npos);
+    CHECK(log.find("executor exec-p: decode passes") == std::string::npos);
+    auto logged = logged_row_cost(log);
+    REQUIRE_MESSAGE(logged.has_value(), log);
+    MESSAGE("row_cost measured by exec-d: ", *logged);
+    CHECK(*logged >= 0.01);
+    CHECK(*logged <= 4.0);
+    CHECK(measured.metric("tandem:spec_decode_row_cost", "instance=\"decode\"") ==
+          doctest::Approx(*logged).epsilon(0.002));
+  }
+  LogprobCluster given(100000, "[speculative]\nmethod = \"suffix\"\nrow_cost = 0.5\n");
+  REQUIRE_MESSAGE(given.wait_ready(60000ms), given.log());
+  CHECK(given.log().find("decode passes of") == std::string::npos);
+  CHECK(given.metric("tandem:spec_decode_row_cost", "instance=\"decode\"") == 0.5);
 }
