@@ -76,7 +76,7 @@ struct Totals {
 class Engine {
  public:
   Engine(devices::Device& device, SpecMethod method, uint32_t k, uint32_t max_model_tokens,
-         double row_cost)
+         double row_cost, const std::vector<std::pair<uint32_t, double>>& batch_costs)
       : device_(device),
         cache_(device.kv_layout().blocks_total, device.kv_layout().block_tokens) {
     decode::DecodeConfig c;
@@ -88,6 +88,7 @@ class Engine {
     c.spec.method = method;
     c.spec.draft_tokens_max = k;
     c.spec.row_cost = row_cost;
+    c.spec.batch_row_costs = batch_costs;
     scheduler_ = std::make_unique<decode::DecodeScheduler>(c, cache_);
   }
 
@@ -410,7 +411,7 @@ int run_spec_decode_bench(cli::Args args) {
   // The device's cost of a decode pass of one sequence by rows (1 .. k + 1), thread CPU time
   // (BLAS on this thread), as an executor measures it when it opens (by wall time there).
   auto measured = devices::measure_pass_costs(**device, std::max<uint32_t>(2, uint32_t(*k) + 1),
-                                              40, ~uint64_t{0}, thread_seconds);
+                                              40, ~uint64_t{0}, 32, thread_seconds);
   if (!measured.ok()) {
     std::fprintf(stderr, "tandem bench spec-decode: timing passes: %s\n",
                  measured.error().describe().c_str());
@@ -422,6 +423,12 @@ int run_spec_decode_bench(cli::Args args) {
   for (size_t r = 0; r < costs.size(); ++r) std::printf(" %zu: %.2f", r + 1, costs[r]);
   std::printf("; row_cost fitted: %.3f (the drafters use %.3f%s)\n", measured->row_cost,
               row_cost, row_cost_measured ? ", measured" : ", given");
+  std::printf("one more row in a pass of b sequences, x the pass's cost per sequence:");
+  for (const auto& [b, c] : measured->by_batch) std::printf(" %u: %.3f", b, c);
+  std::printf(" (%s)\n", row_cost_measured ? "the drafters use these"
+                                            : "not used: --row-cost given");
+  const std::vector<std::pair<uint32_t, double>> batch_costs =
+      row_cost_measured ? measured->by_batch : std::vector<std::pair<uint32_t, double>>{};
   std::printf("%-7s %-8s %-7s %9s %8s %9s %8s %9s %11s %9s %s\n", "streams", "workload",
               "method", "tok/s", "x off", "cpu tok/s", "x off", "tok/step", "acc/drafted",
               "drafted", "text");
@@ -444,7 +451,7 @@ int run_spec_decode_bench(cli::Args args) {
       std::map<SpecMethod, Totals> last;
       for (uint32_t rep = 0; rep < repeats; ++rep) {
         for (SpecMethod m : methods) {
-          Engine engine(**device, m, static_cast<uint32_t>(*k), max_model, row_cost);
+          Engine engine(**device, m, static_cast<uint32_t>(*k), max_model, row_cost, batch_costs);
           std::vector<Tokens> timed = prompts;
           if (w != "fresh") {
             auto first = engine.run(prompts, n, mt);  // untimed: the first ask

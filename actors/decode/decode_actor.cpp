@@ -1083,7 +1083,10 @@ caf::actor spawn_decode(caf::actor_system& system, const ShellContext& ctx,
           auto& st = self->state;
           auto config = scheduler_config(*st.ctx.manifest);
           // Drafts are sized with the row cost the executor measured when it opened, if it did.
-          if (info.row_cost > 0) config.spec.row_cost = info.row_cost;
+          if (info.row_cost > 0) {
+            config.spec.row_cost = info.row_cost;
+            config.spec.batch_row_costs = info.batch_row_costs;
+          }
           if (Status valid = config.validate(info.layout.blocks_total); !valid.ok()) {
             st.ctx.log->error("decode {}: {}", st.self_name.instance, valid.error().describe());
             st.info.ok = false;

@@ -35,6 +35,13 @@ Status SpecConfig::validate() const {
                                               std::to_string(value) + " " + rule);
   };
   if (!(row_cost > 0 && row_cost <= 4)) return bad_real("row_cost", row_cost, "is outside (0, 4]");
+  for (size_t i = 0; i < batch_row_costs.size(); ++i) {
+    const auto& [b, cost] = batch_row_costs[i];
+    if (b < 1 || (i > 0 && b <= batch_row_costs[i - 1].first)) {
+      return bad("batch_row_costs", b, "is not a batch size above the one before");
+    }
+    if (!(cost > 0 && cost <= 4)) return bad_real("batch_row_costs", cost, "is outside (0, 4]");
+  }
   if (!(alpha_initial > 0 && alpha_initial < 1)) {
     return bad_real("alpha_initial", alpha_initial, "is outside (0, 1)");
   }
@@ -73,7 +80,22 @@ Proposer make_proposer(const SpecConfig& config, const SpecShared& shared) {
 
 Drafter::Drafter(const SpecConfig& config, const SpecShared& shared)
     : k_max_(config.draft_tokens_max), row_cost_(config.row_cost), alpha_(config.alpha_initial),
-      weight_(config.alpha_weight), proposer_(make_proposer(config, shared)) {}
+      weight_(config.alpha_weight), batch_costs_(config.batch_row_costs),
+      proposer_(make_proposer(config, shared)) {}
+
+double Drafter::batch_cost(uint32_t batch) const {
+  if (batch_costs_.empty()) return batch_row_cost(row_cost_, batch);
+  const double b = std::max<uint32_t>(batch, 1);
+  if (b <= batch_costs_.front().first) return batch_costs_.front().second;
+  for (size_t i = 1; i < batch_costs_.size(); ++i) {
+    const auto& [b1, c1] = batch_costs_[i];
+    if (b <= b1) {
+      const auto& [b0, c0] = batch_costs_[i - 1];
+      return c0 + (c1 - c0) * (b - b0) / double(b1 - b0);
+    }
+  }
+  return batch_costs_.back().second;
+}
 
 uint32_t Drafter::best_k(double alpha, double row_cost, uint32_t proposed) {
   uint32_t best = 0;
@@ -115,7 +137,7 @@ std::vector<int32_t> Drafter::propose(uint32_t limit, uint32_t batch) {
   }
   if (proposal.empty()) return proposal;
   const int32_t first = proposal[0];
-  proposal.resize(best_k(alpha_, batch_row_cost(row_cost_, batch),
+  proposal.resize(best_k(alpha_, batch_cost(batch),
                          static_cast<uint32_t>(proposal.size())));
   if (proposal.empty()) unsent_first_ = first;  // checked against the step's token
   return proposal;
@@ -146,7 +168,7 @@ size_t Drafter::context_size() const {
 uint32_t Drafter::model_tokens_wanted(uint32_t limit, uint32_t batch) {
   uint32_t k = std::min(k_max_, limit);
   if (k == 0) return 0;
-  if (uint32_t pays = best_k(alpha_, batch_row_cost(row_cost_, batch), k); pays > 0) {
+  if (uint32_t pays = best_k(alpha_, batch_cost(batch), k); pays > 0) {
     probe_interval_ = 1;
     probe_wait_ = 0;
     return pays;

@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -45,6 +46,13 @@ struct SpecConfig {
   // token budget left after every running sequence's one token (DecodeScheduler).
   uint32_t batch_max = 32;        // >= 1
   double row_cost = 0.35;         // (0, 4]: one more row's cost, in one-row passes
+  // Measured on the device (devices/pass_cost.hpp), by batch size b, increasing: what one
+  // more row costs in a step of b sequences, in units of that step's cost per sequence (the
+  // per-token row cost a draft is weighed against). Between two sizes it is interpolated,
+  // past the last held. Empty: batch_row_cost(row_cost, b). A device whose extra rows are
+  // cheap for one sequence (shared weights) but dear in a large batch (compute-bound) needs
+  // these: one row_cost fitted to a single sequence drafts too much at 8 streams.
+  std::vector<std::pair<uint32_t, double>> batch_row_costs;
   double alpha_initial = 0.5;     // (0, 1): a new sequence's acceptance rate
   double alpha_weight = 0.2;      // (0, 1]: the moving average's weight of each observation
   NgramConfig ngram;
@@ -100,6 +108,9 @@ class Drafter {
   // the step makes without them: the per-token row cost k is weighed against (= row_cost
   // when b = 1; towards 1 as a large batch becomes compute-bound).
   static double batch_row_cost(double row_cost, uint32_t batch);
+  // The per-token cost of one more row in a step of `batch` sequences, as drafts are sized:
+  // from config.batch_row_costs when measured, else batch_row_cost(row_cost, batch).
+  double batch_cost(uint32_t batch) const;
   // After verification: `accepted` of `drafted` (> 0) drafts were accepted.
   void on_verified(uint32_t drafted, uint32_t accepted);
   // After a step that sent no draft: the token it produced.
@@ -125,6 +136,7 @@ class Drafter {
 
   uint32_t k_max_;
   double row_cost_, alpha_, weight_;
+  std::vector<std::pair<uint32_t, double>> batch_costs_;  // config.batch_row_costs
   std::optional<int32_t> unsent_first_;  // the first token of a proposal not sent
   uint32_t probe_interval_ = 1, probe_wait_ = 0;  // eagle3 (model_tokens_wanted)
   std::variant<NgramProposer, SuffixProposer, ModelDrafts> proposer_;

@@ -248,19 +248,27 @@ ExecInfo open_device(DeviceSlot& st, const ShellContext& ctx, const config::Inst
     // Before anything uses the pool (the timing writes KV into its first blocks).
     const uint32_t rows = ctx.manifest->speculative.draft_tokens_max + 1;
     auto costs = devices::measure_pass_costs(*st.device, std::max<uint32_t>(rows, 2), 9,
-                                             calibration_seq_id);
+                                             calibration_seq_id,
+                                             ctx.manifest->speculative.batch_max);
     if (costs.ok()) {
       info.pass_costs = costs->by_rows;
       info.row_cost = costs->row_cost;
-      std::string by_rows;
+      info.batch_row_costs = costs->by_batch;
+      std::string by_rows, by_batch;
       for (double c : costs->by_rows) {
         char cell[32];
         std::snprintf(cell, sizeof cell, " %.2f", c);
         by_rows += cell;
       }
+      for (const auto& [b, c] : costs->by_batch) {
+        char cell[48];
+        std::snprintf(cell, sizeof cell, " %u: %.3f", b, c);
+        by_batch += cell;
+      }
       ctx.log->info("executor {}: decode passes of 1..{} rows cost{} one-row passes; "
-                    "row_cost {:.3f} (measured; drafts are sized with it)",
-                    inst.name, rows, by_rows, costs->row_cost);
+                    "row_cost {:.3f} (measured; drafts are sized with it); one more row in a "
+                    "pass of b sequences, per sequence's cost:{}",
+                    inst.name, rows, by_rows, costs->row_cost, by_batch);
     } else {
       ctx.log->warn("executor {}: could not time its decode passes ({}); drafts are sized "
                     "with [speculative] row_cost {}",

@@ -40,6 +40,7 @@ struct ExecInfo {
   // empty and 0 otherwise (decode then sizes drafts with the manifest's row_cost).
   std::vector<double> pass_costs;
   double row_cost = 0;
+  std::vector<std::pair<uint32_t, double>> batch_row_costs;  // PassCosts::by_batch
 };
 
 // draft: the next drafts after a verified decode pass (Device::draft); its result's

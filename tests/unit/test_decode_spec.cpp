@@ -512,3 +512,38 @@ TEST_CASE("eagle3 drafter: asks the model for the k that pays, and at least one"
   CHECK(d.model_tokens_wanted(4, 1) == 4);
   CHECK(d.propose(4).size() == 4);
 }
+
+TEST_CASE("drafter: measured row costs by batch size size drafts, interpolated between sizes") {
+  using tandem::decode::Drafter;
+  using tandem::decode::SpecConfig;
+  using tandem::decode::SpecShared;
+  SpecConfig c;
+  c.method = SpecMethod::ngram;
+  c.draft_tokens_max = 4;
+  c.row_cost = 0.35;
+  c.ngram = {2, 4, 4};
+  SpecShared shared(c);
+  {
+    Drafter formula(c, shared);  // nothing measured: derived from row_cost
+    CHECK(formula.batch_cost(1) == doctest::Approx(0.35));
+    CHECK(formula.batch_cost(8) == doctest::Approx(Drafter::batch_row_cost(0.35, 8)));
+  }
+  // A cpu-like device: extra rows nearly free for one sequence, dear in a batch of 8.
+  c.batch_row_costs = {{1, 0.07}, {8, 0.9}};
+  REQUIRE(c.validate().ok());
+  Drafter d(c, shared);
+  CHECK(d.batch_cost(1) == doctest::Approx(0.07));
+  CHECK(d.batch_cost(4) == doctest::Approx(0.07 + (0.9 - 0.07) * 3.0 / 7.0));
+  CHECK(d.batch_cost(8) == doctest::Approx(0.9));
+  CHECK(d.batch_cost(64) == doctest::Approx(0.9));  // past the last size: held
+  // So the same proposal at the same acceptance is drafted alone and not in a batch of 8.
+  std::vector<TokenId> context{1, 2, 3, 4, 5, 1, 2};
+  d.append(context);
+  CHECK(d.propose(8, 1).size() == 3);  // alpha 0.5 at 0.07 a row: 1.875 / 1.21 is best
+  CHECK(d.propose(8, 8).empty());      // at 0.9 a row none does
+  // Sizes must increase; costs lie in (0, 4].
+  c.batch_row_costs = {{2, 0.1}, {2, 0.2}};
+  CHECK_FALSE(c.validate().ok());
+  c.batch_row_costs = {{1, 0.0}};
+  CHECK_FALSE(c.validate().ok());
+}
