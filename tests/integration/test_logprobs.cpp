@@ -346,7 +346,9 @@ TEST_CASE("logprobs: with speculation (suffix drafts accepted) equal logprobs wi
     plain = post_json(off.port(), "/v1/completions", body(false));
     plain_chat = post_json(off.port(), "/v1/chat/completions", chat_body(4, false));
   }
-  LogprobCluster spec(100000, "[speculative]\nmethod = \"suffix\"\n");
+  // row_cost given: drafts are sized alike on every machine and build (a measured cost, 0.41
+  // under ASan, can leave too few drafts to compare); the measured cost has its own case.
+  LogprobCluster spec(100000, "[speculative]\nmethod = \"suffix\"\nrow_cost = 0.35\n");
   REQUIRE_MESSAGE(spec.wait_ready(60000ms), spec.log());
   post_json(spec.port(), "/v1/completions", body(false));  // the suffix cache learns the answer
   post_json(spec.port(), "/v1/chat/completions", chat_body(4, false));
@@ -451,7 +453,8 @@ TEST_CASE("logprobs: sampled with speculation, each position's tokens are distri
   // A draft continues while its estimated probability stays above suffix_probability_min:
   // at 0.01 the drafter proposes branches the target often rejects.
   LogprobCluster on(100000,
-                    "[speculative]\nmethod = \"suffix\"\nsuffix_probability_min = 0.01\n");
+                    "[speculative]\nmethod = \"suffix\"\nsuffix_probability_min = 0.01\n"
+                    "row_cost = 0.35\n");  // as above: enough drafts on every machine
   REQUIRE_MESSAGE(on.wait_ready(60000ms), on.log());
   double drafted_before = on.metric("tandem:spec_decode_num_draft_tokens_total", "");
   double accepted_before = on.metric("tandem:spec_decode_num_accepted_tokens_total", "");
