@@ -140,6 +140,20 @@ TEST_CASE("rejected drafts: one token streams, the drafts' blocks go back, k shr
   s.check_invariants();
 }
 
+namespace {
+
+// n-gram drafts of at most 4 tokens at row cost 0.35 (match 2..4, 4 candidates).
+tandem::decode::SpecConfig ngram_config() {
+  tandem::decode::SpecConfig c;
+  c.method = SpecMethod::ngram;
+  c.draft_tokens_max = 4;
+  c.row_cost = 0.35;
+  c.ngram = {2, 4, 4};
+  return c;
+}
+
+}  // namespace
+
 TEST_CASE("drafter: k is what pays at the sequence's acceptance rate; it stops drafting when "
           "drafts miss and resumes when its proposals would have been right") {
   using tandem::decode::Drafter;
@@ -152,11 +166,7 @@ TEST_CASE("drafter: k is what pays at the sequence's acceptance rate; it stops d
   CHECK(Drafter::best_k(0.5, 0.01, 4) == 4);   // rows almost free: draft all
   CHECK(Drafter::best_k(0.99, 0.35, 0) == 0);
 
-  SpecConfig c;
-  c.method = SpecMethod::ngram;
-  c.draft_tokens_max = 4;
-  c.row_cost = 0.35;
-  c.ngram = {2, 4, 4};
+  SpecConfig c = ngram_config();
   SpecShared shared(c);
   Drafter d(c, shared);
   std::vector<TokenId> context{1, 2, 3, 4, 5, 1, 2};
@@ -517,11 +527,7 @@ TEST_CASE("drafter: measured row costs by batch size size drafts, interpolated b
   using tandem::decode::Drafter;
   using tandem::decode::SpecConfig;
   using tandem::decode::SpecShared;
-  SpecConfig c;
-  c.method = SpecMethod::ngram;
-  c.draft_tokens_max = 4;
-  c.row_cost = 0.35;
-  c.ngram = {2, 4, 4};
+  SpecConfig c = ngram_config();
   SpecShared shared(c);
   {
     Drafter formula(c, shared);  // nothing measured: derived from row_cost

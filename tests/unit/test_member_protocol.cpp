@@ -249,6 +249,13 @@ void error_about(Members& m, const ActorName& from, const ActorName& to, uint64_
 
 bool finished(const Received& r) { return r.finish.has_value() || !r.errors.empty(); }
 
+// A stranger's stand-in was sent nothing.
+void expect_nothing(caf::scoped_actor& stranger) {
+  Received r;
+  drain(stranger, r);
+  CHECK(r.frames == 0);
+}
+
 }  // namespace
 
 TEST_CASE("decode: tokens go to the gateway that sent the request, never to a replyTo it names") {
@@ -256,15 +263,14 @@ TEST_CASE("decode: tokens go to the gateway that sent the request, never to a re
   auto gateway = m.stand_in(gateway_name);
   const ActorName other{"local", "gateway", "other"};
   auto impostor = m.stand_in(other);
-  Received g, i;
+  Received g;
   m.sync(*gateway, gateway_name, decode_name, g);
 
   generate(m, gateway_name, 11, other.to_string(), 8);
   REQUIRE(receive_until(*gateway, g, 5000ms, finished));
   REQUIRE(g.errors.size() == 1);
   CHECK(g.errors[0].find("replyTo must be the sender") != std::string::npos);
-  drain(*impostor, i);
-  CHECK(i.frames == 0);
+  expect_nothing(*impostor);
   CHECK(m.gauge("tandem:decode_requests_total", "decode") == 0);  // never taken
 
   // The same request naming itself is served, whole.
@@ -348,9 +354,7 @@ TEST_CASE("decode: a prefill result or error counts only from the prefill instan
   drain(*prefill, p);
   REQUIRE(p.cancels.size() == 1);
   CHECK(p.cancels[0] == 31);
-  Received nothing;
-  drain(*impostor, nothing);
-  CHECK(nothing.frames == 0);
+  expect_nothing(*impostor);
 }
 
 TEST_CASE("prefill: only the decode instance that asked releases or cancels a request") {
@@ -411,7 +415,5 @@ TEST_CASE("prefill: only the decode instance that asked releases or cancels a re
   cancel(m, decode_name, prefill_name, 42);
   m.sync(*decode, decode_name, prefill_name, d);
   CHECK(running() == 0);
-  Received nothing;
-  drain(*impostor, nothing);
-  CHECK(nothing.frames == 0);
+  expect_nothing(*impostor);
 }
